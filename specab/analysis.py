@@ -1,0 +1,461 @@
+"""The analysis data model: one experiment, its arms, its runs and what each run recorded.
+
+Everything in the analysis (stats, spec model, doctor, report) works on these dataclasses, never
+on files or SQL directly. Loaders fill them from a run directory tree (`runs/<experiment-id>/`,
+see docs/architecture.md) or from the results store.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+# Throttle / clock-event reason bits (nvml.h nvmlClocksEventReason*).
+CLOCK_REASONS = {
+    0x1: "GpuIdle", 0x2: "ApplicationsClocksSetting", 0x4: "SwPowerCap", 0x8: "HwSlowdown",
+    0x10: "SyncBoost", 0x20: "SwThermalSlowdown", 0x40: "HwThermalSlowdown",
+    0x80: "HwPowerBrakeSlowdown", 0x100: "DisplayClockSetting",
+}
+REASON_IDLE = 0x1
+
+
+class AnalysisError(ValueError):
+    """Data the analysis cannot use; the message names the file or run and what to do."""
+
+
+def reason_names(mask: int) -> list[str]:
+    names = [n for bit, n in CLOCK_REASONS.items() if mask & bit]
+    rest = mask & ~sum(CLOCK_REASONS)
+    if rest:
+        names.append(f"0x{rest:x}")
+    return names
+
+
+# --------------------------------------------------------------------------- per-request records
+
+@dataclass
+class Request:
+    """One line of bench.jsonl (contract in docs/architecture.md)."""
+    i: int
+    warmup: bool = False
+    ok: bool = True
+    error: str | None = None
+    start_ts: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    decode_tok_s: float | None = None
+    tpot_s: float | None = None
+    spec_verify_ct: int | None = None
+    accept_len: float | None = None
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Request":
+        known = {k: d.get(k) for k in cls.__dataclass_fields__ if k in d}
+        known.setdefault("i", 0)
+        return cls(**known)
+
+
+# --------------------------------------------------------------------------- server log summary
+
+@dataclass
+class LogStats:
+    """What the analysis needs from a run's server log (filled from specab.logparse)."""
+    decode_lines: int = 0
+    cuda_graph_true: int = 0
+    cuda_graph_false: int = 0
+    accept_len_mean: float | None = None      # mean of the decode lines' `accept len`
+    gen_tok_s_mean: float | None = None       # mean of `gen throughput (token/s)` while running requests
+    no_graph_example: str | None = None       # one decode line with `cuda graph: False`, quoted as evidence
+    nccl_env: dict[str, str] = field(default_factory=dict)   # `NCCL INFO <VAR> set by environment to <v>`
+
+    @property
+    def cuda_graph_share(self) -> float | None:
+        n = self.cuda_graph_true + self.cuda_graph_false
+        return self.cuda_graph_true / n if n else None
+
+
+# --------------------------------------------------------------------------- env verification
+
+@dataclass
+class EnvVarCheck:
+    name: str
+    expected: str | None
+    confirmed: bool                                         # seen with the expected value in every worker
+    evidence: list[str] = field(default_factory=list)      # e.g. "/proc/123/environ (sglang::scheduler_TP0)"
+    mismatches: list[str] = field(default_factory=list)    # "process: actual value"
+
+
+@dataclass
+class EnvCheck:
+    ok: bool
+    variables: list[EnvVarCheck] = field(default_factory=list)
+    arg_mismatches: list[str] = field(default_factory=list)
+    raw: dict = field(default_factory=dict)
+
+    def unconfirmed(self) -> list[EnvVarCheck]:
+        return [v for v in self.variables if not v.confirmed]
+
+
+# --------------------------------------------------------------------------- GPU samples
+
+@dataclass
+class GpuSample:
+    ts: float
+    index: int
+    uuid: str | None = None
+    sm_mhz: float | None = None
+    max_sm_mhz: float | None = None
+    mem_mhz: float | None = None
+    util_pct: float | None = None
+    power_w: float | None = None
+    temp_c: float | None = None
+    reasons: int | None = None          # clocks_event_reasons.active bitmask
+
+
+# --------------------------------------------------------------------------- runs, arms, experiment
+
+@dataclass
+class Run:
+    run_id: str
+    arm: str
+    seq: int = 0
+    block: int = 0
+    host: str = "localhost"
+    status: str = "ok"                       # ok | failed | running
+    started: float | None = None             # unix s
+    finished: float | None = None
+    server_args: dict[str, Any] = field(default_factory=dict)   # effective (server_info) or intended
+    env: dict[str, str] = field(default_factory=dict)
+    requests: list[Request] = field(default_factory=list)
+    log: LogStats | None = None
+    env_check: EnvCheck | None = None
+    gpu_samples: list[GpuSample] = field(default_factory=list)
+    manifest: dict = field(default_factory=dict)
+    client_cpu_s: float | None = None
+    duration_s: float | None = None
+    run_dir: Path | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and bool(self.measured)
+
+    @property
+    def measured(self) -> list[Request]:
+        return [r for r in self.requests if not r.warmup and r.ok]
+
+    @property
+    def tok_s(self) -> float | None:
+        """The run's output tok/s: median over its measured requests' decode tok/s."""
+        v = [r.decode_tok_s for r in self.measured if r.decode_tok_s]
+        return statistics.median(v) if v else None
+
+    @property
+    def accept_len(self) -> float | None:
+        """Run-scoped accept length from the requests: sum(completion tokens) / sum(verify steps)."""
+        reqs = [r for r in self.measured if r.spec_verify_ct]
+        if reqs and all(r.output_tokens for r in reqs):
+            return sum(r.output_tokens for r in reqs) / sum(r.spec_verify_ct for r in reqs)  # type: ignore[misc]
+        v = [r.accept_len for r in self.measured if r.accept_len]
+        return statistics.fmean(v) if v else None
+
+    @property
+    def window(self) -> tuple[float, float] | None:
+        """Measured window (first measured request sent .. last one finished)."""
+        rs = [r for r in self.measured if r.start_ts is not None]
+        if not rs:
+            return None
+        return (min(r.start_ts for r in rs), max(r.start_ts + (r.e2e_s or 0.0) for r in rs))  # type: ignore[operator]
+
+    @property
+    def midpoint(self) -> float | None:
+        w = self.window
+        if w:
+            return (w[0] + w[1]) / 2
+        if self.started is not None:
+            return self.started if self.finished is None else (self.started + self.finished) / 2
+        return None
+
+
+def _truthy(v: Any) -> bool:
+    return v is True or (isinstance(v, str) and v.lower() in ("true", "1", "yes"))
+
+
+@dataclass
+class Arm:
+    name: str
+    server_args: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_spec(self) -> bool:
+        return bool(self.server_args.get("speculative_algorithm"))
+
+    @property
+    def steps(self) -> int | None:
+        v = self.server_args.get("speculative_num_steps")
+        return int(v) if v is not None else None
+
+
+@dataclass
+class Experiment:
+    id: str
+    arms: list[Arm]
+    runs: list[Run]
+    order: str = "interleaved"             # interleaved | blocked
+    baseline: str = "baseline"
+    name: str = ""
+    root: Path | None = None
+    target_ci: float | None = None         # relative half-width, 0.02 = 2 %
+    max_repeats: int | None = None
+    stop_reason: str | None = None
+    meta: dict = field(default_factory=dict)
+
+    def arm(self, name: str) -> Arm:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise AnalysisError(f"experiment {self.id} has no arm {name!r} (arms: {', '.join(a.name for a in self.arms)})")
+
+    def runs_of(self, arm: str, ok_only: bool = True) -> list[Run]:
+        return [r for r in self.runs if r.arm == arm and (r.ok or not ok_only)]
+
+    @property
+    def spec_arms(self) -> list[Arm]:
+        return [a for a in self.arms if a.name != self.baseline]
+
+    @property
+    def hosts(self) -> list[str]:
+        return sorted({r.host for r in self.runs})
+
+
+# =========================================================================== loaders
+
+def read_bench_jsonl(path: Path) -> list[Request]:
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(Request.from_json(json.loads(line)))
+            except (json.JSONDecodeError, TypeError) as e:
+                raise AnalysisError(f"{path}:{n}: not a bench.jsonl record ({e}); "
+                                    "a partially written last line means the run was interrupted") from e
+    return out
+
+
+def _num(s: Any) -> float | None:
+    if s is None:
+        return None
+    s = str(s).strip()
+    if not s or s.startswith("["):             # [N/A], [Not Supported], ...
+        return None
+    try:
+        return float(s.split()[0])
+    except ValueError:
+        return None
+
+
+_SAMPLE_COLS = {
+    "ts": ("ts", "timestamp", "time", "t"),
+    "index": ("index", "gpu", "gpu_index"),
+    "uuid": ("uuid", "gpu_uuid"),
+    "sm_mhz": ("clocks.sm", "clocks.current.sm", "sm_mhz", "clocks_sm"),
+    "max_sm_mhz": ("clocks.max.sm", "clocks.max.sm_mhz", "max_sm_mhz", "clocks_max_sm"),
+    "mem_mhz": ("clocks.mem", "clocks.current.memory", "mem_mhz"),
+    "util_pct": ("utilization.gpu", "util", "util_pct"),
+    "power_w": ("power.draw", "power_w"),
+    "temp_c": ("temperature.gpu", "temp_c"),
+    "reasons": ("clocks_event_reasons.active", "clocks_throttle_reasons.active", "reasons", "throttle_reasons"),
+}
+
+
+def read_gpu_samples(path: Path) -> list[GpuSample]:
+    """GPU samples CSV with a header row (nvidia-smi query names, units in brackets tolerated)."""
+    out: list[GpuSample] = []
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        return out
+    header = [re.sub(r"\s*\[.*\]$", "", h.strip()).lower() for h in rows[0]]
+    pos: dict[str, int] = {}
+    for key, names in _SAMPLE_COLS.items():
+        for i, h in enumerate(header):
+            if h in names:
+                pos[key] = i
+                break
+    if "ts" not in pos or "index" not in pos:
+        raise AnalysisError(f"{path}: GPU samples need a timestamp and an index column (header: {rows[0]})")
+    for row in rows[1:]:
+        if not row or len(row) < len(header):
+            continue
+        cell = {k: row[i].strip() for k, i in pos.items()}
+        ts = _num(cell["ts"])
+        if ts is None:
+            continue
+        reasons = None
+        if cell.get("reasons"):
+            try:
+                reasons = int(cell["reasons"], 16) if cell["reasons"].lower().startswith("0x") else int(cell["reasons"])
+            except ValueError:
+                reasons = None
+        out.append(GpuSample(ts=ts, index=int(_num(cell["index"]) or 0), uuid=cell.get("uuid"),
+                             sm_mhz=_num(cell.get("sm_mhz")), max_sm_mhz=_num(cell.get("max_sm_mhz")),
+                             mem_mhz=_num(cell.get("mem_mhz")), util_pct=_num(cell.get("util_pct")),
+                             power_w=_num(cell.get("power_w")), temp_c=_num(cell.get("temp_c")), reasons=reasons))
+    return out
+
+
+def env_check_from_json(d: dict) -> EnvCheck:
+    """env_check.json (specab/node/envcheck.py) -> EnvCheck. Tolerates the per-variable dict or list forms."""
+    vars_in = d.get("variables", d.get("env", {}))
+    items: Iterable[tuple[str, dict]]
+    if isinstance(vars_in, dict):
+        items = vars_in.items()
+    else:
+        items = ((v.get("name", "?"), v) for v in vars_in)
+    checks = []
+    for name, v in items:
+        if not isinstance(v, dict):
+            continue
+        evidence = v.get("evidence") or v.get("confirmed_by") or []
+        if isinstance(evidence, str):
+            evidence = [evidence]
+        mism = v.get("mismatches") or []
+        mism = [m if isinstance(m, str) else json.dumps(m, sort_keys=True) for m in mism]
+        confirmed = v.get("confirmed")
+        if confirmed is None:
+            confirmed = bool(v.get("ok", not mism)) and not mism
+        checks.append(EnvVarCheck(name=name, expected=v.get("expected"), confirmed=bool(confirmed),
+                                  evidence=[str(e) for e in evidence], mismatches=mism))
+    am = d.get("arg_mismatches") or d.get("args", {}).get("mismatches", []) if isinstance(d.get("args", {}), dict) else []
+    return EnvCheck(ok=bool(d.get("ok", not any(not c.confirmed for c in checks))), variables=checks,
+                    arg_mismatches=[m if isinstance(m, str) else json.dumps(m, sort_keys=True) for m in am], raw=d)
+
+
+def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None = None) -> LogStats:
+    """LogStats from parsed log records: dicts with kind 'decode' and keys accept_len, cuda_graph,
+    gen_throughput, running_req, raw (the shape specab.logparse emits)."""
+    st = LogStats(nccl_env=dict(nccl or {}))
+    acc, gen = [], []
+    for r in records:
+        if r.get("kind") != "decode":
+            continue
+        st.decode_lines += 1
+        cg = r.get("cuda_graph")
+        if cg is True:
+            st.cuda_graph_true += 1
+        elif cg is False:
+            st.cuda_graph_false += 1
+            if st.no_graph_example is None:
+                st.no_graph_example = r.get("raw")
+        if r.get("accept_len") is not None:
+            acc.append(float(r["accept_len"]))
+        if r.get("gen_throughput") is not None and (r.get("running_req") or 0) > 0:
+            gen.append(float(r["gen_throughput"]))
+    st.accept_len_mean = statistics.fmean(acc) if acc else None
+    st.gen_tok_s_mean = statistics.fmean(gen) if gen else None
+    return st
+
+
+_NCCL_RE = re.compile(r"NCCL INFO (\w+) set by environment to (\S+?)\.?\s*$")
+
+
+def parse_server_log(path: Path) -> LogStats:
+    """Server log -> LogStats through specab.logparse (the project's one log parser)."""
+    from specab import logparse  # local import: the analysis works on in-memory data without it
+
+    text = path.read_text(encoding="utf-8", errors="replace")
+    records = logparse.adapt_for_analysis(text) if hasattr(logparse, "adapt_for_analysis") else _records_via_logparse(logparse, text)
+    nccl = {}
+    for line in text.splitlines():
+        m = _NCCL_RE.search(line)
+        if m:
+            nccl[m.group(1)] = m.group(2)
+    return log_stats_from_records(records, nccl)
+
+
+def _records_via_logparse(logparse: Any, text: str) -> list[dict]:
+    """Normalise whatever record shape logparse.parse_lines/parse_text returns into analysis dicts."""
+    fn = getattr(logparse, "parse_text", None) or getattr(logparse, "parse_lines", None)
+    if fn is None:
+        raise AnalysisError("specab.logparse has no parse_text/parse_lines function; cannot read server logs")
+    try:
+        recs = fn(text)
+    except TypeError:
+        recs = fn(text.splitlines())
+    if isinstance(recs, dict):
+        recs = recs.get("records", [])
+    out = []
+    for r in recs:
+        d = r if isinstance(r, dict) else getattr(r, "__dict__", {}) or {}
+        if hasattr(r, "to_dict"):
+            d = r.to_dict()
+        fields = d.get("fields", d)
+        kind = str(d.get("kind", d.get("type", ""))).lower()
+        out.append({
+            "kind": "decode" if "decode" in kind else kind,
+            "accept_len": fields.get("accept_len", fields.get("accept len")),
+            "cuda_graph": fields.get("cuda_graph", fields.get("cuda graph")),
+            "gen_throughput": fields.get("gen_throughput", fields.get("gen throughput (token/s)")),
+            "running_req": fields.get("running_req", fields.get("#running-req", 1)),
+            "raw": d.get("raw", d.get("line")),
+        })
+    return out
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except json.JSONDecodeError as e:
+        raise AnalysisError(f"{path}: not valid JSON ({e})") from e
+
+
+def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = None, block: int = 0,
+                 host: str = "localhost", status: str | None = None) -> Run:
+    """One `runs/<experiment>/<seq>-<arm>/` directory -> Run (missing files leave fields empty)."""
+    run_dir = Path(run_dir)
+    m = re.match(r"^(\d+)-(.+)$", run_dir.name)
+    if arm is None or seq is None:
+        if not m:
+            raise AnalysisError(f"{run_dir}: a run directory is named <seq>-<arm> (e.g. 001-baseline)")
+        seq = int(m.group(1)) if seq is None else seq
+        arm = m.group(2) if arm is None else arm
+    manifest = _read_json(run_dir / "manifest.json")
+    info = _read_json(run_dir / "server_info.json")
+    summary = _read_json(run_dir / "bench_summary.json")
+    requests = read_bench_jsonl(run_dir / "bench.jsonl") if (run_dir / "bench.jsonl").exists() else []
+    server_args = {k: v for k, v in info.items() if k not in ("internal_states", "version")} if info else {}
+    if not server_args:
+        server_args = dict(manifest.get("server_args") or manifest.get("engine_args") or {})
+    env = dict(manifest.get("env") or {})
+    log = parse_server_log(run_dir / "server.log") if (run_dir / "server.log").exists() else None
+    ec = _read_json(run_dir / "env_check.json")
+    samples = read_gpu_samples(run_dir / "gpu_samples.csv") if (run_dir / "gpu_samples.csv").exists() else []
+    starts = [r.start_ts for r in requests if r.start_ts is not None]
+    ts = manifest.get("timestamps", {}) if isinstance(manifest.get("timestamps"), dict) else {}
+    return Run(run_id=run_dir.name, arm=arm, seq=seq, block=block,
+               host=manifest.get("host", host) if isinstance(manifest.get("host"), str) else host,
+               status=status or ("ok" if requests and all(r.ok for r in requests if not r.warmup) else
+                                 "failed" if requests else "failed"),
+               started=_num(ts.get("started")) or (min(starts) if starts else None),
+               finished=_num(ts.get("finished")),
+               server_args=server_args, env=env, requests=requests, log=log,
+               env_check=env_check_from_json(ec) if ec else None, gpu_samples=samples, manifest=manifest,
+               client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
+               run_dir=run_dir)
+
+
+def is_finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
