@@ -1,0 +1,608 @@
+#!/usr/bin/env python3
+"""Streaming benchmark client for SGLang-compatible servers (stdlib only).
+
+Runs on the GPU node next to the server, so it imports nothing outside the Python standard
+library and keeps to Python 3.8 syntax. Usage (the contract in docs/architecture.md):
+
+    python3 loadgen.py --url http://127.0.0.1:30000 --api generate --num-requests 8 --warmup 2 \
+        --input-len 128 --output-len 256 --concurrency 1 --seed 1 \
+        --out bench.jsonl --summary bench_summary.json
+
+It writes one bench.jsonl line per request as soon as the request finishes (warm-up requests are
+marked ``"warmup": true``), then the summary JSON. Exit 0 when every measured request succeeded,
+1 otherwise (the records written so far are kept), 2 on bad usage.
+
+Token accounting per streamed chunk (one SSE ``data:`` event):
+  * ``generate``: ``meta_info.completion_tokens`` (cumulative) when present, else ``output_ids``
+    (cumulative or incremental, detected), else one token per non-empty chunk (flagged inexact).
+  * ``completions`` / ``chat``: ``usage.completion_tokens`` (asked per chunk with
+    ``continuous_usage_stats``), else one token per chunk with text, and the final usage chunk
+    (``include_usage``) gives the exact total.
+
+Under speculative decoding one chunk carries several tokens (one verify step), so per-chunk gaps
+are not per-token latencies; ``decode_tok_s`` and ``tpot_s`` are computed from token counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import os
+import queue
+import random
+import socket
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from urllib.parse import urlsplit
+
+APIS = ("generate", "completions", "chat")
+API_PATHS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+# A fixed vocabulary: prompts are seeded word sequences, identical on every node and arm.
+_WORDS = (
+    "the of and to in is was for on that with as by at from his it an were are which this be "
+    "or has had not have first one their its new after but who they two her she been other "
+    "when there all during into school time may years more most only over city some world would "
+    "where later up such used many can state about national out known university united then "
+    "made also under between system through three river people before north could game second "
+    "south work while four best part since early number year well member house series film "
+    "around season family group team both called life government following area war history "
+    "several until county high water music each album however team public island based center "
+    "because large small long short light dark open close river mountain valley ocean forest "
+    "garden market station bridge library museum theater village harbor castle temple tower "
+    "question answer problem reason result example method value model engine server request "
+    "token speed memory signal energy motion pressure number letter picture story journey"
+).split()
+
+
+class UsageError(Exception):
+    """Bad command-line values (exit code 2)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# prompts
+
+
+def make_prompt(seed: int, kind: str, index: int, input_len: int) -> str:
+    """A deterministic prompt of ``input_len`` words for request ``index`` of ``kind``."""
+    rng = random.Random("specab:%d:%s:%d" % (seed, kind, index))
+    return " ".join(rng.choice(_WORDS) for _ in range(input_len))
+
+
+def make_prompts(seed: int, kind: str, count: int, input_len: int) -> List[str]:
+    return [make_prompt(seed, kind, i, input_len) for i in range(count)]
+
+
+def dataset_hash(prompts: List[str]) -> str:
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(p.encode("utf-8"))
+        h.update(b"\0")
+    return "sha256:" + h.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------
+# request bodies and chunk decoding
+
+
+def build_body(api: str, prompt: str, output_len: int, model: Optional[str]) -> Dict[str, Any]:
+    if api == "generate":
+        return {
+            "text": prompt,
+            "sampling_params": {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True},
+            "stream": True,
+        }
+    body = {
+        "model": model or "default",
+        "max_tokens": output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }  # type: Dict[str, Any]
+    if api == "completions":
+        body["prompt"] = prompt
+    else:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    return body
+
+
+class ChunkCounter:
+    """Turns successive SSE event payloads into per-chunk new-token counts.
+
+    ``feed`` returns the number of new tokens the event carries; ``exact`` stays True as long as
+    every count came from a server-reported token count (not a one-token-per-chunk guess).
+    """
+
+    def __init__(self, api: str) -> None:
+        self.api = api
+        self.total = 0  # tokens counted so far
+        self.exact = True
+        self.source = None  # type: Optional[str]
+        self.reported_total = None  # type: Optional[int]  # server's completion_tokens, last seen
+        self.prompt_tokens = None  # type: Optional[int]
+        self.meta = {}  # type: Dict[str, Any]  # last meta_info (generate)
+        self._prev_ids = None  # type: Optional[List[int]]
+        self._ids_cumulative = None  # type: Optional[bool]
+
+    def _set_source(self, source: str) -> None:
+        if self.source is None:
+            self.source = source
+        elif self.source != source:
+            self.source = "mixed"
+
+    def feed(self, event: Dict[str, Any]) -> int:
+        if self.api == "generate":
+            return self._feed_generate(event)
+        return self._feed_openai(event)
+
+    def _from_cumulative(self, completion_tokens: int, source: str) -> int:
+        self._set_source(source)
+        self.reported_total = completion_tokens
+        new = completion_tokens - self.total
+        if new < 0:
+            new = 0
+        self.total += new
+        return new
+
+    def _feed_generate(self, event: Dict[str, Any]) -> int:
+        meta = event.get("meta_info") or {}
+        if meta:
+            self.meta = meta
+            if meta.get("prompt_tokens") is not None:
+                self.prompt_tokens = int(meta["prompt_tokens"])
+        ct = meta.get("completion_tokens")
+        if isinstance(ct, int):
+            return self._from_cumulative(ct, "completion_tokens")
+        ids = event.get("output_ids")
+        if isinstance(ids, list):
+            self._set_source("output_ids")
+            prev = self._prev_ids
+            if self._ids_cumulative is None and prev is not None:
+                # Cumulative lists start with the previous list; incremental ones do not (as a rule).
+                self._ids_cumulative = len(ids) >= len(prev) and ids[: len(prev)] == prev
+            self._prev_ids = ids
+            if self._ids_cumulative:
+                new = max(0, len(ids) - self.total)
+            else:
+                new = len(ids)
+            self.total += new
+            return new
+        text = event.get("text")
+        if text:
+            self._set_source("chunks")
+            self.exact = False
+            self.total += 1
+            return 1
+        return 0
+
+    def _feed_openai(self, event: Dict[str, Any]) -> int:
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            if usage.get("prompt_tokens") is not None:
+                self.prompt_tokens = int(usage["prompt_tokens"])
+            ct = usage.get("completion_tokens")
+            if isinstance(ct, int):
+                if self.source == "chunks":
+                    # The final include_usage chunk after guessed per-chunk counts: the total is
+                    # exact now, the split over chunks stays a guess.
+                    self.reported_total = ct
+                    return 0
+                return self._from_cumulative(ct, "usage")
+        text = ""
+        for choice in event.get("choices") or []:
+            if self.api == "chat":
+                text += (choice.get("delta") or {}).get("content") or ""
+            else:
+                text += choice.get("text") or ""
+        if text:
+            self._set_source("chunks")
+            self.exact = False
+            self.total += 1
+            return 1
+        return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# one streamed request
+
+
+@dataclass
+class Target:
+    host: str
+    port: int
+    scheme: str = "http"
+    base_path: str = ""
+
+    @classmethod
+    def from_url(cls, url: str) -> "Target":
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UsageError("--url %r: expected http://HOST:PORT" % url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return cls(parts.hostname, port, parts.scheme, parts.path.rstrip("/"))
+
+    def connect(self, timeout: float) -> http.client.HTTPConnection:
+        if self.scheme == "https":
+            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout)
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+
+class RequestFailed(Exception):
+    pass
+
+
+def _sse_events(resp: http.client.HTTPResponse, deadline: float, sock_timeout: Callable[[float], None]
+                ) -> Iterator[Tuple[float, Optional[Dict[str, Any]]]]:
+    """Yield (arrival perf_counter, payload) per SSE ``data:`` event; payload None for [DONE]."""
+    buf = b""
+    while True:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            raise RequestFailed("timeout: stream not finished within the request timeout")
+        sock_timeout(remaining)
+        data = resp.read1(65536)
+        now = time.perf_counter()
+        if not data:
+            if buf.strip():
+                raise RequestFailed("stream ended inside an event: %r" % buf[:200])
+            return
+        buf += data
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                break
+            line = buf[:nl].rstrip(b"\r")
+            buf = buf[nl + 1:]
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments, "event:" lines
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                yield now, None
+                continue
+            try:
+                obj = json.loads(payload)
+            except ValueError:
+                raise RequestFailed("malformed SSE data line: %r" % payload[:200])
+            if not isinstance(obj, dict):
+                raise RequestFailed("SSE data is not a JSON object: %r" % payload[:200])
+            yield now, obj
+
+
+def _error_text(obj: Dict[str, Any]) -> Optional[str]:
+    err = obj.get("error")
+    if err is None:
+        if obj.get("object") == "error":
+            return str(obj.get("message"))
+        return None
+    if isinstance(err, dict):
+        return str(err.get("message") or err)
+    return str(err)
+
+
+def run_request(target: Target, api: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+    """Send one streaming request; return the measured fields (never raises for request errors)."""
+    rec = {
+        "ok": False, "error": None, "start_ts": time.time(), "prompt_tokens": None,
+        "output_tokens": None, "ttft_s": None, "e2e_s": None, "chunk_t_s": [], "chunk_tokens": [],
+        "chunk_tokens_exact": None, "tokens_from": None, "decode_tok_s": None, "tpot_s": None,
+        "spec_verify_ct": None, "accept_len": None, "finish_reason": None,
+    }  # type: Dict[str, Any]
+    counter = ChunkCounter(api)
+    path = target.base_path + API_PATHS[api]
+    payload = json.dumps(body).encode("utf-8")
+    t0 = time.perf_counter()
+    deadline = t0 + timeout
+    conn = target.connect(timeout)
+    chunk_t = rec["chunk_t_s"]
+    chunk_n = rec["chunk_tokens"]
+    done = False
+    try:
+        conn.request("POST", path, body=payload, headers={
+            "Content-Type": "application/json", "Accept": "text/event-stream"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            text = resp.read(2000).decode("utf-8", "replace").strip()
+            raise RequestFailed("HTTP %d %s from %s: %s" % (resp.status, resp.reason, path, text))
+
+        def set_timeout(remaining: float) -> None:
+            if conn.sock is not None:
+                conn.sock.settimeout(max(0.001, min(timeout, remaining)))
+
+        for now, obj in _sse_events(resp, deadline, set_timeout):
+            if obj is None:
+                done = True
+                break
+            err = _error_text(obj)
+            if err is not None:
+                raise RequestFailed("server error in stream: %s" % err)
+            n = counter.feed(obj)
+            if n > 0:
+                chunk_t.append(round(now - t0, 6))
+                chunk_n.append(n)
+            reason = _finish_reason(api, obj)
+            if reason is not None:
+                rec["finish_reason"] = reason
+        t_end = time.perf_counter()
+        if not done:
+            raise RequestFailed("stream closed before 'data: [DONE]'")
+        if not chunk_t:
+            raise RequestFailed("stream finished without any generated token")
+        _finish_record(rec, counter, t_end - t0)
+    except RequestFailed as exc:
+        rec["error"] = str(exc)
+    except socket.timeout:
+        rec["error"] = "timeout: no data from %s:%d for the rest of the %.0f s request timeout" % (
+            target.host, target.port, timeout)
+    except (OSError, http.client.HTTPException) as exc:
+        rec["error"] = "%s talking to %s:%d%s: %s" % (type(exc).__name__, target.host, target.port, path, exc)
+    finally:
+        conn.close()
+    if rec["error"] is not None:
+        rec["e2e_s"] = round(time.perf_counter() - t0, 6)
+        rec["output_tokens"] = counter.total or None
+        rec["ttft_s"] = chunk_t[0] if chunk_t else None
+    return rec
+
+
+def _finish_reason(api: str, obj: Dict[str, Any]) -> Optional[Any]:
+    if api == "generate":
+        fr = (obj.get("meta_info") or {}).get("finish_reason")
+        if isinstance(fr, dict):
+            return fr.get("type")
+        return fr
+    for choice in obj.get("choices") or []:
+        if choice.get("finish_reason"):
+            return choice["finish_reason"]
+    return None
+
+
+def _finish_record(rec: Dict[str, Any], counter: ChunkCounter, e2e: float) -> None:
+    chunk_t = rec["chunk_t_s"]
+    chunk_n = rec["chunk_tokens"]
+    out = counter.reported_total if counter.reported_total is not None else counter.total
+    rec.update(decode_tok_s=None, tpot_s=None, spec_verify_ct=None, accept_len=None)
+    rec["ok"] = True
+    rec["output_tokens"] = out
+    rec["prompt_tokens"] = counter.prompt_tokens
+    rec["ttft_s"] = chunk_t[0]
+    rec["e2e_s"] = e2e = round(e2e, 6)  # derived values below use the stored (rounded) times
+    rec["tokens_from"] = counter.source
+    rec["chunk_tokens_exact"] = counter.exact and counter.total == out
+    # Tokens that arrived after the first chunk, over the time they took to arrive. Equals
+    # (output_tokens - 1) / (t_last - t_first) when the first chunk carries one token.
+    span = chunk_t[-1] - chunk_t[0]
+    after_first = out - chunk_n[0]
+    if span > 0 and after_first > 0:
+        rec["decode_tok_s"] = after_first / span
+    if out > 1:
+        rec["tpot_s"] = (e2e - chunk_t[0]) / (out - 1)
+    verify = counter.meta.get("spec_verify_ct")
+    if isinstance(verify, int) and verify > 0:
+        rec["spec_verify_ct"] = verify
+        ct = counter.meta.get("completion_tokens")
+        rec["accept_len"] = (ct if isinstance(ct, int) else out) / verify
+
+
+# ----------------------------------------------------------------------------------------------
+# the run
+
+
+@dataclass
+class BenchConfig:
+    url: str
+    api: str = "generate"
+    num_requests: int = 8
+    warmup: int = 2
+    input_len: int = 128
+    output_len: int = 256
+    concurrency: int = 1
+    seed: int = 1
+    out: str = "bench.jsonl"
+    summary: Optional[str] = "bench_summary.json"
+    timeout: float = 600.0
+    model: Optional[str] = None
+
+    def validate(self) -> None:
+        if self.api not in APIS:
+            raise UsageError("--api %r: choose one of %s" % (self.api, ", ".join(APIS)))
+        for name in ("num_requests", "input_len", "output_len", "concurrency"):
+            if getattr(self, name) < 1:
+                raise UsageError("--%s must be >= 1 (got %r)" % (name.replace("_", "-"), getattr(self, name)))
+        if self.warmup < 0:
+            raise UsageError("--warmup must be >= 0 (got %r)" % self.warmup)
+        if self.timeout <= 0:
+            raise UsageError("--timeout must be > 0 (got %r)" % self.timeout)
+        Target.from_url(self.url)
+
+
+@dataclass
+class _Recorder:
+    """Writes records as requests finish; thread-safe."""
+    fh: Any
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    records: List[Dict[str, Any]] = field(default_factory=list)
+
+    def write(self, rec: Dict[str, Any]) -> None:
+        line = json.dumps(rec, separators=(",", ":")) + "\n"
+        with self.lock:
+            self.fh.write(line)
+            self.fh.flush()
+            self.records.append(rec)
+
+
+def _run_phase(cfg: BenchConfig, target: Target, prompts: List[str], warmup: bool,
+               recorder: _Recorder) -> None:
+    jobs = queue.Queue()  # type: queue.Queue
+    for i, p in enumerate(prompts):
+        jobs.put((i, p))
+
+    def worker() -> None:
+        while True:
+            try:
+                i, prompt = jobs.get_nowait()
+            except queue.Empty:
+                return
+            body = build_body(cfg.api, prompt, cfg.output_len, cfg.model)
+            try:
+                rec = run_request(target, cfg.api, body, cfg.timeout)
+            except Exception as exc:  # a bug must not lose the other requests' records
+                rec = {"ok": False, "error": "client error: %s: %s" % (type(exc).__name__, exc)}
+            out = {"i": i, "warmup": warmup}
+            out.update(rec)
+            recorder.write(out)
+
+    threads = [threading.Thread(target=worker, name="loadgen-%d" % k, daemon=True)
+               for k in range(min(cfg.concurrency, len(prompts)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _median(values: List[float]) -> Optional[float]:
+    return statistics.median(values) if values else None
+
+
+def _mean(values: List[float]) -> Optional[float]:
+    return statistics.fmean(values) if values else None
+
+
+def summarize(cfg: BenchConfig, records: List[Dict[str, Any]], duration_s: float,
+              cpu_s: float, data_hash: str) -> Dict[str, Any]:
+    measured = [r for r in records if not r.get("warmup")]
+    ok = [r for r in measured if r.get("ok")]
+
+    def col(key: str) -> List[float]:
+        return [r[key] for r in ok if r.get(key) is not None]
+
+    out_tokens = sum(r.get("output_tokens") or 0 for r in ok)
+    out_tok_s = out_tokens / duration_s if duration_s > 0 else None
+    return {
+        "requests": len(measured),
+        "ok": len(ok),
+        "failed": len(measured) - len(ok),
+        "decode_tok_s_median": _median(col("decode_tok_s")),
+        "decode_tok_s_mean": _mean(col("decode_tok_s")),
+        "ttft_s_median": _median(col("ttft_s")),
+        "tpot_s_median": _median(col("tpot_s")),
+        "e2e_s_median": _median(col("e2e_s")),
+        "accept_len_mean": _mean(col("accept_len")),
+        "output_tok_s": out_tok_s,
+        "duration_s": duration_s,
+        "client_cpu_s": cpu_s,
+        "client_cpu_s_per_1k_tok_s": (cpu_s / duration_s) / (out_tok_s / 1000.0)
+        if out_tok_s and duration_s > 0 else None,
+        "output_tokens": out_tokens,
+        "warmup_requests": len(records) - len(measured),
+        "warmup_failed": sum(1 for r in records if r.get("warmup") and not r.get("ok")),
+        "errors": sorted({str(r.get("error")) for r in measured if not r.get("ok")})[:10],
+        "api": cfg.api, "url": cfg.url, "model": cfg.model, "concurrency": cfg.concurrency,
+        "input_len": cfg.input_len, "output_len": cfg.output_len, "seed": cfg.seed,
+        "dataset_hash": data_hash,
+        "tokens_from": sorted({str(r.get("tokens_from")) for r in ok}),
+    }
+
+
+def discover_model(target: Target, timeout: float) -> Optional[str]:
+    """First model id from /v1/models, or None when the server does not say."""
+    conn = target.connect(min(timeout, 10.0))
+    try:
+        conn.request("GET", target.base_path + "/v1/models")
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return None
+        data = json.loads(resp.read())
+        models = data.get("data") or []
+        return str(models[0]["id"]) if models else None
+    except (OSError, ValueError, KeyError, TypeError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> Dict[str, Any]:
+    """Run warm-up then measured requests; write cfg.out (and cfg.summary); return the summary."""
+    cfg.validate()
+    target = Target.from_url(cfg.url)
+    if cfg.api != "generate" and not cfg.model:
+        cfg.model = discover_model(target, cfg.timeout)
+    warm_prompts = make_prompts(cfg.seed, "warmup", cfg.warmup, cfg.input_len)
+    prompts = make_prompts(cfg.seed, "measure", cfg.num_requests, cfg.input_len)
+    data_hash = dataset_hash(prompts)
+    out_dir = os.path.dirname(os.path.abspath(cfg.out))
+    os.makedirs(out_dir, exist_ok=True)
+    with open(cfg.out, "w", encoding="utf-8") as fh:
+        recorder = _Recorder(fh)
+        if warm_prompts:
+            log("warm-up: %d request(s)" % len(warm_prompts))
+            _run_phase(cfg, target, warm_prompts, True, recorder)
+        log("measuring: %d request(s) at concurrency %d" % (len(prompts), cfg.concurrency))
+        cpu0 = time.process_time()
+        t0 = time.perf_counter()
+        _run_phase(cfg, target, prompts, False, recorder)
+        duration = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
+    summary = summarize(cfg, recorder.records, duration, cpu, data_hash)
+    if cfg.summary:
+        tmp = cfg.summary + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(summary, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        os.replace(tmp, cfg.summary)
+    return summary
+
+
+def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
+    ap = argparse.ArgumentParser(prog="loadgen", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
+    ap.add_argument("--api", choices=APIS, default="generate")
+    ap.add_argument("--num-requests", type=int, default=8, help="measured requests")
+    ap.add_argument("--warmup", type=int, default=2, help="warm-up requests (excluded from the summary)")
+    ap.add_argument("--input-len", type=int, default=128, help="prompt length in words")
+    ap.add_argument("--output-len", type=int, default=256, help="fixed output tokens (ignore_eos)")
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", default="bench.jsonl")
+    ap.add_argument("--summary", default="bench_summary.json")
+    ap.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    ap.add_argument("--model", default=None, help="model name for the OpenAI APIs (default: /v1/models)")
+    ns = ap.parse_args(argv)
+    return BenchConfig(url=ns.url, api=ns.api, num_requests=ns.num_requests, warmup=ns.warmup,
+                       input_len=ns.input_len, output_len=ns.output_len, concurrency=ns.concurrency,
+                       seed=ns.seed, out=ns.out, summary=ns.summary, timeout=ns.timeout, model=ns.model)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    try:
+        cfg = parse_args(argv)
+        cfg.validate()
+    except UsageError as exc:
+        print("loadgen: %s" % exc, file=sys.stderr)
+        return 2
+
+    def log(msg: str) -> None:
+        print("loadgen: " + msg, file=sys.stderr, flush=True)
+
+    try:
+        summary = run_benchmark(cfg, log)
+    except OSError as exc:
+        print("loadgen: cannot write results: %s" % exc, file=sys.stderr)
+        return 1
+    log("%d/%d ok, decode %.1f tok/s median, TTFT %s s median" % (
+        summary["ok"], summary["requests"], summary["decode_tok_s_median"] or 0.0,
+        summary["ttft_s_median"]))
+    if summary["failed"]:
+        log("%d measured request(s) failed, first errors: %s" % (summary["failed"], summary["errors"][:3]))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
