@@ -1,0 +1,340 @@
+"""The `--matrix` grammar and SGLang's speculative-decoding rules.
+
+Grammar (one `key=values` per `--matrix` option; several options form a product):
+
+    steps=1,2,3          speculative_num_steps          (alias)
+    topk=1,4             speculative_eagle_topk         (alias)
+    draft_tokens=4,8     speculative_num_draft_tokens   (alias)
+    steps=1..4           an inclusive integer range
+    mem_fraction_static=0.85,0.88   any SGLang server argument by its field name
+    env.NCCL_PROTO=LL,Simple        an environment variable
+
+Arms: speculative keys (`steps`, `topk`, `draft_tokens`, `speculative_*`) make one EAGLE-3 arm per
+combination, built on the experiment's first speculative arm (which supplies the algorithm and
+the draft model path). Other keys (engine args, env) are conditions applied to every arm,
+baseline included, so each condition has its own baseline. Without speculative keys, the
+experiment's own speculative arms are used. The baseline is always part of the experiment.
+Every combination is checked against SGLang's rules before anything runs.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from specab import engine_args
+from specab.config import ENV_NAME, Arm, Experiment, overlay, resolve_arm
+
+ALIASES = {"steps": "speculative_num_steps", "topk": "speculative_eagle_topk",
+           "draft_tokens": "speculative_num_draft_tokens"}
+SHORT = {v: k for k, v in ALIASES.items()}
+STEPS, TOPK, DRAFT = ALIASES["steps"], ALIASES["topk"], ALIASES["draft_tokens"]
+TRIPLE = (STEPS, TOPK, DRAFT)
+INT_KEYS = set(TRIPLE) | {"tp_size", "pp_size", "dp_size", "ep_size", "max_running_requests",
+                          "max_total_tokens", "chunked_prefill_size", "max_prefill_tokens", "page_size",
+                          "cuda_graph_max_bs", "decode_log_interval", "stream_interval", "port",
+                          "num_continuous_decode_steps", "context_length", "random_seed"}
+EAGLE_FAMILY = {"EAGLE", "EAGLE3", "NEXTN"}
+
+RULE_ALL_OR_NONE = "all of steps/topk/draft_tokens or none"
+RULE_TOPK1 = "topk=1 => draft_tokens = steps+1"
+RULE_MAX_DRAFT = "draft_tokens <= steps*topk+1"
+RULE_DRAFT_PATH = "EAGLE-3 needs a draft model path (speculative_draft_model_path)"
+RULE_POSITIVE = "steps, topk and draft_tokens are positive integers"
+
+
+class MatrixError(ValueError):
+    """A malformed matrix or refused combinations; the message lists every problem."""
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One `--matrix` option: a canonical key and its values."""
+    key: str            # server-arg field name, or "env.NAME"
+    label: str          # as the user wrote it (for arm names and messages)
+    values: tuple[Any, ...]
+
+    @property
+    def is_env(self) -> bool:
+        return self.key.startswith("env.")
+
+    @property
+    def is_spec(self) -> bool:
+        return not self.is_env and self.key.startswith("speculative_")
+
+
+@dataclass
+class ArmSet:
+    arms: list[Arm]
+    notices: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+
+def _parse_int(token: str, label: str) -> int:
+    try:
+        return int(token)
+    except ValueError:
+        raise MatrixError(f"--matrix {label}: {token!r} is not an integer.") from None
+
+
+def _parse_values(key: str, label: str, text: str) -> tuple[Any, ...]:
+    if text.strip() == "":
+        raise MatrixError(f"--matrix {label}=: no values. Write {label}=1,2,3 or a range {label}=1..4.")
+    values: list[Any] = []
+    for token in text.split(","):
+        token = token.strip()
+        if token == "":
+            raise MatrixError(f"--matrix {label}={text}: an empty value between commas.")
+        if "\n" in token or "\r" in token or "\x00" in token:
+            raise MatrixError(f"--matrix {label}: a value contains a newline or NUL; it cannot be passed literally.")
+        m = re.fullmatch(r"(-?\d*)\.\.(-?\d*)", token)
+        if m:
+            lo, hi = m.groups()
+            if lo == "" or hi == "":
+                raise MatrixError(f"--matrix {label}={token}: a range needs both ends, e.g. {label}=1..4.")
+            a, b = int(lo), int(hi)
+            if a > b:
+                raise MatrixError(f"--matrix {label}={token}: the range is empty (start > end).")
+            values.extend(range(a, b + 1))
+            continue
+        if key.startswith("env."):
+            values.append(token)
+        elif key in INT_KEYS:
+            values.append(_parse_int(token, label))
+        else:
+            try:
+                v = yaml.safe_load(token)
+            except yaml.YAMLError:
+                v = token
+            values.append(token if isinstance(v, (dict, list)) or v is None else v)
+    if key in TRIPLE:
+        bad = [v for v in values if v < 1]
+        if bad:
+            raise MatrixError(f"--matrix {label}: {bad[0]} is not allowed ({RULE_POSITIVE}).")
+    dup = sorted({str(v) for v in values if values.count(v) > 1})
+    if dup:
+        raise MatrixError(f"--matrix {label}: value {dup[0]} is listed twice.")
+    return tuple(values)
+
+
+def parse_matrix(specs: list[str]) -> list[Axis]:
+    """Parse `--matrix` options; refuse malformed ones, unknown keys and duplicate keys."""
+    axes: list[Axis] = []
+    errors: list[str] = []
+    seen: dict[str, str] = {}
+    for spec in specs:
+        if "=" not in spec:
+            errors.append(f"--matrix {spec}: expected key=values (e.g. steps=1,2,3).")
+            continue
+        label, text = spec.split("=", 1)
+        label = label.strip()
+        if label.startswith("env."):
+            name = label[4:]
+            if not ENV_NAME.match(name):
+                errors.append(f"--matrix {label}: {name!r} is not a valid environment variable name.")
+                continue
+            key = label
+        else:
+            key = ALIASES.get(label, label)
+            if not engine_args.is_known(key):
+                close = engine_args.suggest(label) + [a for a in ALIASES if a.startswith(label[:3])]
+                hint = f" Did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
+                errors.append(f"--matrix {label}: unknown key '{label}'. Use steps, topk, draft_tokens, an SGLang "
+                              f"server argument by its field name, or env.NAME.{hint}")
+                continue
+            if key == "model_path":
+                errors.append("--matrix model_path: the target model is fixed per experiment; use another "
+                              "experiment file.")
+                continue
+        if key in seen:
+            errors.append(f"--matrix {label}: duplicate key (already given as --matrix {seen[key]}=...). "
+                          f"List all values in one option: {label}=a,b,c.")
+            continue
+        try:
+            values = _parse_values(key, label, text)
+        except MatrixError as exc:
+            errors.append(str(exc))
+            continue
+        seen[key] = label
+        axes.append(Axis(key=key, label=label, values=values))
+    if errors:
+        raise MatrixError("invalid --matrix:\n  " + "\n  ".join(errors))
+    return axes
+
+
+def check_spec(server_args: dict[str, Any], where: str) -> tuple[dict[str, Any], list[str], list[str]]:
+    """Apply SGLang's speculative rules to resolved server args.
+
+    Returns (adjusted args, notices, refusals); each refusal names the rule that refused it.
+    """
+    args = dict(server_args)
+    notices: list[str] = []
+    refusals: list[str] = []
+    algo = args.get("speculative_algorithm")
+    present = [k for k in TRIPLE if args.get(k) is not None]
+    if algo in (None, False, ""):
+        if present:
+            refusals.append(f"{where}: {', '.join(SHORT[k] for k in present)} set without "
+                            f"speculative_algorithm (a baseline arm must not carry speculative args).")
+        return args, notices, refusals
+    if str(algo).upper() not in EAGLE_FAMILY:
+        return args, notices, refusals
+    if str(algo).upper() == "EAGLE3" and not args.get("speculative_draft_model_path"):
+        refusals.append(f"{where}: refused by rule '{RULE_DRAFT_PATH}': set speculative_draft_model_path in the "
+                        f"experiment's EAGLE-3 arm or pass --matrix speculative_draft_model_path=/path.")
+    if not present:
+        notices.append(f"{where}: steps/topk/draft_tokens unset: the engine chooses them automatically.")
+        return args, notices, refusals
+    if len(present) != 3:
+        missing = [SHORT[k] for k in TRIPLE if k not in present]
+        refusals.append(f"{where}: refused by rule '{RULE_ALL_OR_NONE}': {', '.join(missing)} missing "
+                        f"(add --matrix {missing[0]}=... or set it in the experiment's EAGLE-3 arm).")
+        return args, notices, refusals
+    try:
+        steps, topk, draft = (int(args[k]) for k in TRIPLE)
+    except (TypeError, ValueError):
+        refusals.append(f"{where}: refused by rule '{RULE_POSITIVE}': got "
+                        f"{', '.join(f'{SHORT[k]}={args[k]!r}' for k in TRIPLE)}.")
+        return args, notices, refusals
+    if min(steps, topk, draft) < 1:
+        refusals.append(f"{where}: refused by rule '{RULE_POSITIVE}': steps={steps}, topk={topk}, "
+                        f"draft_tokens={draft}.")
+        return args, notices, refusals
+    if topk == 1 and draft != steps + 1:
+        notices.append(f"{where}: draft_tokens adjusted {draft} -> {steps + 1} (rule '{RULE_TOPK1}', as SGLang "
+                       f"does: 'speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
+                       f"speculative_eagle_topk == 1').")
+        draft = steps + 1
+        args[DRAFT] = draft
+    if draft > steps * topk + 1:
+        refusals.append(f"{where}: refused by rule '{RULE_MAX_DRAFT}': draft_tokens={draft} > "
+                        f"{steps}*{topk}+1 = {steps * topk + 1}.")
+    return args, notices, refusals
+
+
+def _fmt(v: Any) -> str:
+    s = "true" if v is True else "false" if v is False else str(v)
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", s)
+
+
+def _spec_name(args: dict[str, Any]) -> str:
+    algo = str(args.get("speculative_algorithm", "spec")).lower()
+    if all(args.get(k) is not None for k in TRIPLE):
+        return f"{algo}-s{args[STEPS]}-k{args[TOPK]}-d{args[DRAFT]}"
+    return algo
+
+
+def _suffix(combo: dict[Axis, Any]) -> str:
+    parts = [f"{ax.label[4:] if ax.is_env else ax.label}={_fmt(v)}" for ax, v in combo.items()]
+    return "-".join(parts)
+
+
+def _template_arm(exp: Experiment) -> dict[str, Any] | None:
+    for arm in exp.arms:
+        if (arm.get("server_args") or {}).get("speculative_algorithm"):
+            return arm
+    return None
+
+
+def build_arms(exp: Experiment, axes: list[Axis], skip_invalid: bool = False) -> ArmSet:
+    """Arms of the experiment for this matrix (the experiment's own arms when `axes` is empty)."""
+    notices: list[str] = []
+    refused: list[str] = []
+    spec_axes = [a for a in axes if a.is_spec]
+    cond_axes = [a for a in axes if not a.is_spec]
+
+    # Speculative configurations: (name, overlay server_args, overlay env, matrix values)
+    specs: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = []
+    baseline_overlay: dict[str, Any] = {"name": "baseline"}
+    file_baseline = next((a for a in exp.arms
+                          if not (a.get("server_args") or {}).get("speculative_algorithm")), None)
+    if file_baseline is not None:
+        baseline_overlay = file_baseline
+    if spec_axes:
+        template = _template_arm(exp) or {"name": "eagle3", "server_args": {"speculative_algorithm": "EAGLE3"}}
+        for values in itertools.product(*(a.values for a in spec_axes)):
+            sargs = dict(template.get("server_args") or {})
+            if not sargs.get("speculative_algorithm"):
+                sargs["speculative_algorithm"] = "EAGLE3"
+            mvals: dict[str, Any] = {}
+            for ax, v in zip(spec_axes, values):
+                sargs[ax.key] = v
+                mvals[ax.label] = v
+            specs.append(("", sargs, dict(template.get("env") or {}), mvals))
+    else:
+        for arm in exp.arms:
+            if arm is baseline_overlay:
+                continue
+            if not (arm.get("server_args") or {}).get("speculative_algorithm"):
+                # a second non-speculative arm of the file: kept as its own arm, compared with the baseline
+                specs.append((str(arm["name"]), dict(arm.get("server_args") or {}), dict(arm.get("env") or {}), {}))
+                continue
+            specs.append((str(arm["name"]), dict(arm.get("server_args") or {}), dict(arm.get("env") or {}), {}))
+
+    conditions: list[dict[Axis, Any]] = [dict(zip(cond_axes, vals))
+                                         for vals in itertools.product(*(a.values for a in cond_axes))]
+    arms: list[Arm] = []
+    names: set[str] = set()
+    signatures: dict[str, str] = {}
+
+    def add(arm: Arm) -> None:
+        sig = repr((sorted(arm.server_args.items(), key=str), sorted(arm.env.items(), key=str)))
+        if sig in signatures:
+            notices.append(f"{arm.name}: identical to arm {signatures[sig]} after SGLang's adjustments; "
+                           f"run once.")
+            return
+        name = arm.name
+        i = 2
+        while name in names:
+            name = f"{arm.name}-{i}"
+            i += 1
+        if name != arm.name:
+            arm = Arm(name=name, server_args=arm.server_args, env=arm.env, is_baseline=arm.is_baseline,
+                      baseline=name if arm.is_baseline else arm.baseline, matrix=arm.matrix)
+        names.add(name)
+        signatures[sig] = name
+        arms.append(arm)
+
+    for cond in conditions:
+        suffix = _suffix(cond)
+        cond_args = {ax.key: v for ax, v in cond.items() if not ax.is_env}
+        cond_env = {ax.key[4:]: v for ax, v in cond.items() if ax.is_env}
+        cond_vals = {ax.label: v for ax, v in cond.items()}
+        bname = "baseline" if not suffix else f"baseline-{suffix}"
+        if not suffix and file_baseline is not None:
+            bname = str(file_baseline["name"])
+        b = resolve_arm(exp, {"name": bname,
+                              "server_args": overlay(baseline_overlay.get("server_args") or {}, cond_args),
+                              "env": overlay(baseline_overlay.get("env") or {}, cond_env)},
+                        matrix=cond_vals)
+        _, b_notices, b_refused = check_spec(b.server_args, f"arm {bname}")
+        notices += b_notices
+        refused += b_refused
+        add(b)
+        for name, sargs, senv, mvals in specs:
+            merged = overlay(sargs, cond_args)
+            resolved = resolve_arm(exp, {"name": name or "spec", "server_args": merged,
+                                         "env": overlay(senv, cond_env)}, baseline=bname,
+                                   matrix={**mvals, **cond_vals})
+            where = f"arm {name}" if name else "combination " + ", ".join(f"{k}={v}" for k, v in mvals.items())
+            adjusted, n, r = check_spec(resolved.server_args, where)
+            notices += n
+            if r:
+                refused += r
+                continue
+            aname = name or _spec_name(adjusted)
+            if suffix:
+                aname = f"{aname}-{suffix}"
+            add(Arm(name=aname, server_args=adjusted, env=resolved.env, is_baseline=False, baseline=bname,
+                    matrix=resolved.matrix))
+    if refused and not skip_invalid:
+        raise MatrixError("refused before anything runs:\n  " + "\n  ".join(refused)
+                          + "\nRemove those values, or pass --skip-invalid to run only the valid combinations.")
+    if refused:
+        notices += [f"skipped: {r}" for r in refused]
+    if not any(not a.is_baseline for a in arms) and spec_axes:
+        raise MatrixError("every speculative combination was refused; nothing to compare with the baseline.")
+    return ArmSet(arms=arms, notices=notices, refused=refused)

@@ -1,0 +1,63 @@
+"""Render the launch script and env file locally, exactly as the roles deploy them.
+
+Same templates (`templates/launch_server.sh.j2`, `templates/nccl.env.j2`), same Jinja settings as
+Ansible's template module (trim_blocks, no lstrip_blocks, no trailing newline kept) and the same
+`quote` filter (shlex.quote), so `driver.py plan` shows what will run before any GPU is touched.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from specab.config import REPO_ROOT, Arm, Host
+
+TEMPLATES = REPO_ROOT / "templates"
+LAUNCH_TEMPLATE = "launch_server.sh.j2"
+ENV_TEMPLATE = "nccl.env.j2"
+
+
+class RenderError(Exception):
+    """A template could not be rendered (missing file or variable)."""
+
+
+@dataclass(frozen=True)
+class Rendered:
+    launch_sh: str
+    env_file: str
+
+
+def _quote(value: Any) -> str:
+    return shlex.quote(str(value))
+
+
+def environment(template_dir: Path = TEMPLATES) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_dir)), trim_blocks=True,
+                             lstrip_blocks=False, keep_trailing_newline=False,
+                             undefined=jinja2.StrictUndefined, autoescape=False)
+    env.filters["quote"] = _quote
+    return env
+
+
+def render_arm(arm: Arm, host: Host, run_id: str | None = None,
+               template_dir: Path = TEMPLATES) -> Rendered:
+    """The launch script and env file of `arm` on `host` (node variables from the inventory)."""
+    env = environment(template_dir)
+    ctx = {
+        "specab_arm": arm.to_extravar(),
+        "specab_engine_cmd": host.vars.get("specab_engine_cmd", ["python3", "-m", "sglang.launch_server"]),
+        "specab_node_env": host.vars.get("specab_node_env") or {},
+    }
+    if run_id:
+        ctx["specab_run_id"] = run_id
+    try:
+        launch = env.get_template(LAUNCH_TEMPLATE).render(ctx)
+        envfile = env.get_template(ENV_TEMPLATE).render(ctx)
+    except jinja2.TemplateNotFound as exc:
+        raise RenderError(f"template {exc.name} not found in {template_dir}") from None
+    except jinja2.UndefinedError as exc:
+        raise RenderError(f"rendering the templates for arm {arm.name}: {exc}") from None
+    return Rendered(launch_sh=launch, env_file=envfile)

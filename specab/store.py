@@ -1,0 +1,463 @@
+"""The results store: one SQLite file per experiment, `runs/<experiment-id>/results.sqlite`.
+
+Written as results arrive (one transaction per finished run), so an interrupted experiment keeps
+every finished run and can be resumed. The schema is documented in docs/results.md; readers
+(stats, doctor, report, export) use the read methods below or plain SQL.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+FILENAME = "results.sqlite"
+
+# Run status values.
+PENDING, RUNNING, OK, FAILED, INTERRUPTED = "pending", "running", "ok", "failed", "interrupted"
+DONE_STATUSES = (OK, FAILED)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS experiment (
+    id              TEXT PRIMARY KEY,   -- <name>-<YYYYmmdd-HHMMSS>
+    name            TEXT NOT NULL,
+    created         REAL NOT NULL,      -- unix seconds
+    finished        REAL,
+    status          TEXT NOT NULL,      -- running | finished | interrupted
+    seed            INTEGER NOT NULL,
+    repeats         INTEGER NOT NULL,   -- blocks planned (grows when blocks are added)
+    order_mode      TEXT NOT NULL,      -- interleaved | blocked
+    experiment_file TEXT,
+    inventory_file  TEXT,
+    config_json     TEXT NOT NULL,      -- the specab_experiment mapping (secrets redacted)
+    matrix_json     TEXT NOT NULL,      -- the --matrix options as given (list of strings)
+    argv_json       TEXT NOT NULL,
+    hosts_json      TEXT NOT NULL,      -- inventory hosts of gpu_nodes
+    specab_version  TEXT,
+    git_sha         TEXT
+);
+CREATE TABLE IF NOT EXISTS arms (
+    name                 TEXT PRIMARY KEY,
+    position             INTEGER NOT NULL,  -- order of definition
+    is_baseline          INTEGER NOT NULL,  -- 1 for a non-speculative arm
+    baseline             TEXT NOT NULL,     -- the baseline arm this arm is compared with (itself for a baseline)
+    server_args_json     TEXT NOT NULL,     -- resolved server args (SGLang field names), model_path included
+    env_json             TEXT NOT NULL,     -- resolved env (secrets redacted)
+    matrix_json          TEXT NOT NULL,     -- matrix values that made this arm ({} for file arms)
+    speculative_algorithm TEXT,
+    spec_steps           INTEGER,
+    spec_topk            INTEGER,
+    spec_draft_tokens    INTEGER
+);
+CREATE TABLE IF NOT EXISTS plan (
+    seq      INTEGER PRIMARY KEY,           -- 1-based execution order
+    run_id   TEXT NOT NULL UNIQUE,          -- <seq:03d>-<arm>
+    block    INTEGER NOT NULL,              -- replicate block (1-based)
+    position INTEGER NOT NULL,              -- position within the block
+    arm      TEXT NOT NULL REFERENCES arms(name)
+);
+CREATE TABLE IF NOT EXISTS runs (
+    seq            INTEGER PRIMARY KEY REFERENCES plan(seq),
+    run_id         TEXT NOT NULL,
+    arm            TEXT NOT NULL,
+    block          INTEGER NOT NULL,
+    host           TEXT,                    -- inventory host(s), comma-separated
+    attempt        INTEGER NOT NULL DEFAULT 1,
+    status         TEXT NOT NULL,           -- running | ok | failed | interrupted
+    started        REAL NOT NULL,
+    finished       REAL,
+    duration_s     REAL,
+    failure_phase  TEXT,                    -- stopping | waiting for GPUs | starting | loading ... | collecting
+    failure_reason TEXT,
+    log_tail       TEXT,                    -- last lines of server.log (or of the Ansible output)
+    partial        INTEGER NOT NULL DEFAULT 0,  -- 1 when bench.jsonl holds fewer records than planned
+    n_requests     INTEGER,                 -- measured (non-warm-up) request records stored
+    n_ok           INTEGER,
+    decode_tok_s_median REAL,               -- from bench_summary.json, for quick looks
+    accept_len_mean     REAL,
+    run_dir        TEXT,                    -- absolute controller path runs/<experiment-id>/<run_id>
+    runner_ident   TEXT,
+    runner_status  TEXT,                    -- ansible-runner status: successful | failed | canceled | timeout
+    runner_rc      INTEGER,
+    summary_json     TEXT,                  -- bench_summary.json
+    timings_json     TEXT,                  -- node timings.json
+    load_phases_json TEXT,                  -- server load phases (weights loaded, graphs captured, ready)
+    server_info_json TEXT,                  -- /get_server_info as collected
+    stop_json        TEXT,                  -- stop.json (signals, escalation, durations)
+    gpu_free_json    TEXT                   -- gpu_free.json (time-to-free)
+);
+CREATE TABLE IF NOT EXISTS run_phases (
+    seq        INTEGER NOT NULL REFERENCES runs(seq),
+    phase      TEXT NOT NULL,               -- stopping | waiting for GPUs | starting | loading weights | capturing graphs | ready | verifying env | benchmarking | collecting
+    started    REAL NOT NULL,
+    finished   REAL,
+    duration_s REAL,
+    PRIMARY KEY (seq, phase)
+);
+CREATE TABLE IF NOT EXISTS requests (
+    seq            INTEGER NOT NULL REFERENCES runs(seq),
+    host           TEXT NOT NULL,
+    line           INTEGER NOT NULL,        -- line number in bench.jsonl (0-based)
+    i              INTEGER,
+    warmup         INTEGER NOT NULL,
+    ok             INTEGER NOT NULL,
+    error          TEXT,
+    start_ts       REAL,
+    prompt_tokens  INTEGER,
+    output_tokens  INTEGER,
+    ttft_s         REAL,
+    e2e_s          REAL,
+    decode_tok_s   REAL,
+    tpot_s         REAL,
+    spec_verify_ct INTEGER,
+    accept_len     REAL,
+    chunk_t_json      TEXT,                 -- per streamed chunk: time since send (s)
+    chunk_tokens_json TEXT,                 -- per streamed chunk: tokens carried
+    extra_json     TEXT,                    -- any other fields of the record
+    PRIMARY KEY (seq, host, line)
+);
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    seq          INTEGER NOT NULL REFERENCES runs(seq),
+    host         TEXT NOT NULL,
+    ts           REAL,                      -- unix seconds
+    gpu          INTEGER,
+    sm_clock_mhz REAL,
+    mem_clock_mhz REAL,
+    max_sm_clock_mhz REAL,
+    power_w      REAL,
+    temp_c       REAL,
+    util_pct     REAL,
+    mem_used_mib REAL,
+    throttle_reasons TEXT,
+    raw_json     TEXT NOT NULL              -- the CSV row as a {column: value} object
+);
+CREATE TABLE IF NOT EXISTS manifests (
+    seq           INTEGER NOT NULL REFERENCES runs(seq),
+    host          TEXT NOT NULL,
+    manifest_json TEXT NOT NULL,
+    PRIMARY KEY (seq, host)
+);
+CREATE TABLE IF NOT EXISTS env_checks (
+    seq        INTEGER NOT NULL REFERENCES runs(seq),
+    host       TEXT NOT NULL,
+    ok         INTEGER,
+    check_json TEXT NOT NULL,
+    PRIMARY KEY (seq, host)
+);
+CREATE TABLE IF NOT EXISTS run_files (
+    seq     INTEGER NOT NULL REFERENCES runs(seq),
+    host    TEXT NOT NULL,
+    name    TEXT NOT NULL,                  -- file name in the run directory (small text files only)
+    content TEXT NOT NULL,
+    PRIMARY KEY (seq, host, name)
+);
+CREATE INDEX IF NOT EXISTS requests_seq ON requests(seq);
+CREATE INDEX IF NOT EXISTS gpu_samples_seq ON gpu_samples(seq);
+"""
+
+REQUEST_FIELDS = ("i", "warmup", "ok", "error", "start_ts", "prompt_tokens", "output_tokens", "ttft_s", "e2e_s",
+                  "decode_tok_s", "tpot_s", "spec_verify_ct", "accept_len")
+GPU_COLUMNS = {  # gpusample CSV column (nvidia-smi query name, with or without units) -> store column
+    "timestamp": "ts", "ts": "ts", "time": "ts", "index": "gpu", "gpu": "gpu",
+    "clocks.sm": "sm_clock_mhz", "clocks.mem": "mem_clock_mhz", "clocks.max.sm": "max_sm_clock_mhz",
+    "power.draw": "power_w", "temperature.gpu": "temp_c", "utilization.gpu": "util_pct",
+    "memory.used": "mem_used_mib", "clocks_event_reasons.active": "throttle_reasons",
+    "clocks_throttle_reasons.active": "throttle_reasons",
+}
+
+
+class StoreError(Exception):
+    """The store file is missing, unreadable, or of another schema version."""
+
+
+def _dumps(v: Any) -> str | None:
+    return None if v is None else json.dumps(v, sort_keys=True)
+
+
+def _num(v: Any) -> float | None:
+    if v is None:
+        return None
+    s = str(v).strip()
+    if s == "" or s.startswith("[") or s.upper() in ("N/A", "[N/A]"):
+        return None
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+class Store:
+    """One experiment's SQLite store."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection):
+        self.path = path
+        self.conn = conn
+
+    # ----------------------------------------------------------------- open / create
+    @classmethod
+    def create(cls, path: str | Path) -> "Store":
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(p, timeout=30)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.executescript(SCHEMA)
+        conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        conn.commit()
+        return cls(p, conn)
+
+    @classmethod
+    def open(cls, path: str | Path) -> "Store":
+        p = Path(path)
+        if p.is_dir():
+            p = p / FILENAME
+        if not p.exists():
+            raise StoreError(f"{p}: no results store here. Give an experiment directory runs/<experiment-id>/ "
+                             f"or its results.sqlite.")
+        conn = sqlite3.connect(p, timeout=30)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA foreign_keys=ON")
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{p}: not a specab results store ({exc}).") from None
+        if row is None or int(row[0]) != SCHEMA_VERSION:
+            raise StoreError(f"{p}: schema version {row[0] if row else '?'}, this specab reads {SCHEMA_VERSION}.")
+        return cls(p, conn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self.conn:
+            yield self.conn
+
+    # ----------------------------------------------------------------- writes
+    def write_experiment(self, *, id: str, name: str, seed: int, repeats: int, order_mode: str,
+                         experiment_file: str, inventory_file: str, config: dict[str, Any], matrix: list[str],
+                         argv: list[str], hosts: list[str], specab_version: str | None,
+                         git_sha: str | None) -> None:
+        with self._tx() as c:
+            c.execute("INSERT INTO experiment(id, name, created, status, seed, repeats, order_mode, experiment_file,"
+                      " inventory_file, config_json, matrix_json, argv_json, hosts_json, specab_version, git_sha)"
+                      " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                      (id, name, time.time(), "running", seed, repeats, order_mode, experiment_file, inventory_file,
+                       _dumps(config), _dumps(matrix), _dumps(argv), _dumps(hosts), specab_version, git_sha))
+
+    def write_arms(self, arms: Iterable[dict[str, Any]]) -> None:
+        with self._tx() as c:
+            for pos, a in enumerate(arms, start=1):
+                sa = a["server_args"]
+                c.execute("INSERT INTO arms VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                          (a["name"], pos, int(a["is_baseline"]), a["baseline"], _dumps(sa), _dumps(a["env"]),
+                           _dumps(a.get("matrix") or {}), sa.get("speculative_algorithm"),
+                           sa.get("speculative_num_steps"), sa.get("speculative_eagle_topk"),
+                           sa.get("speculative_num_draft_tokens")))
+
+    def write_plan(self, runs: Iterable[dict[str, Any]], repeats: int | None = None) -> None:
+        with self._tx() as c:
+            for r in runs:
+                c.execute("INSERT INTO plan(seq, run_id, block, position, arm) VALUES (?,?,?,?,?)",
+                          (r["seq"], r["run_id"], r["block"], r["position"], r["arm"]))
+            if repeats is not None:
+                c.execute("UPDATE experiment SET repeats=?", (repeats,))
+
+    def set_experiment_status(self, status: str) -> None:
+        with self._tx() as c:
+            c.execute("UPDATE experiment SET status=?, finished=? ", (status, time.time()))
+
+    def start_run(self, *, seq: int, run_id: str, arm: str, block: int, host: str, run_dir: str,
+                  runner_ident: str) -> None:
+        """Record a run as running, replacing any earlier unfinished attempt of the same seq."""
+        with self._tx() as c:
+            prev = c.execute("SELECT attempt FROM runs WHERE seq=?", (seq,)).fetchone()
+            attempt = (prev["attempt"] + 1) if prev else 1
+            for table in ("run_phases", "requests", "gpu_samples", "manifests", "env_checks", "run_files"):
+                c.execute(f"DELETE FROM {table} WHERE seq=?", (seq,))
+            c.execute("DELETE FROM runs WHERE seq=?", (seq,))
+            c.execute("INSERT INTO runs(seq, run_id, arm, block, host, attempt, status, started, run_dir, runner_ident)"
+                      " VALUES (?,?,?,?,?,?,?,?,?,?)",
+                      (seq, run_id, arm, block, host, attempt, RUNNING, time.time(), run_dir, runner_ident))
+
+    def record_phase(self, seq: int, phase: str, started: float, finished: float | None) -> None:
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO run_phases(seq, phase, started, finished, duration_s) VALUES (?,?,?,?,?)",
+                      (seq, phase, started, finished, None if finished is None else finished - started))
+
+    def finish_run(self, seq: int, *, status: str, runner_status: str | None = None, runner_rc: int | None = None,
+                   failure_phase: str | None = None, failure_reason: str | None = None,
+                   log_tail: str | None = None, partial: bool = False,
+                   summary: dict[str, Any] | None = None, timings: Any = None, load_phases: Any = None,
+                   server_info: Any = None, stop: Any = None, gpu_free: Any = None) -> None:
+        now = time.time()
+        with self._tx() as c:
+            counts = c.execute("SELECT COUNT(*) AS n, COALESCE(SUM(ok), 0) AS k FROM requests"
+                               " WHERE seq=? AND warmup=0", (seq,)).fetchone()
+            c.execute("UPDATE runs SET status=?, finished=?, duration_s=?-started, failure_phase=?, failure_reason=?,"
+                      " log_tail=?, partial=?, n_requests=?, n_ok=?, decode_tok_s_median=?, accept_len_mean=?,"
+                      " runner_status=?, runner_rc=?, summary_json=?, timings_json=?, load_phases_json=?,"
+                      " server_info_json=?, stop_json=?, gpu_free_json=? WHERE seq=?",
+                      (status, now, now, failure_phase, failure_reason, log_tail, int(partial), counts["n"],
+                       counts["k"], (summary or {}).get("decode_tok_s_median"),
+                       (summary or {}).get("accept_len_mean"), runner_status, runner_rc, _dumps(summary),
+                       _dumps(timings), _dumps(load_phases), _dumps(server_info), _dumps(stop), _dumps(gpu_free),
+                       seq))
+
+    def add_requests(self, seq: int, host: str, records: Iterable[dict[str, Any]]) -> int:
+        n = 0
+        with self._tx() as c:
+            for line, rec in enumerate(records):
+                extra = {k: v for k, v in rec.items()
+                         if k not in REQUEST_FIELDS and k not in ("chunk_t_s", "chunk_tokens")}
+                c.execute("INSERT OR REPLACE INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                          (seq, host, line, rec.get("i"), int(bool(rec.get("warmup"))), int(bool(rec.get("ok"))),
+                           rec.get("error"), rec.get("start_ts"), rec.get("prompt_tokens"), rec.get("output_tokens"),
+                           rec.get("ttft_s"), rec.get("e2e_s"), rec.get("decode_tok_s"), rec.get("tpot_s"),
+                           rec.get("spec_verify_ct"), rec.get("accept_len"), _dumps(rec.get("chunk_t_s")),
+                           _dumps(rec.get("chunk_tokens")), _dumps(extra) if extra else None))
+                n += 1
+        return n
+
+    def add_gpu_samples(self, seq: int, host: str, csv_text: str) -> int:
+        rows = list(csv.reader(io.StringIO(csv_text)))
+        if not rows:
+            return 0
+        header = [h.strip() for h in rows[0]]
+        keys = [GPU_COLUMNS.get(h.split(" [")[0].strip(), None) for h in header]
+        if not any(keys):     # headerless: nothing we can map reliably
+            return 0
+        n = 0
+        with self._tx() as c:
+            for row in rows[1:]:
+                if not row or all(not x.strip() for x in row):
+                    continue
+                raw = {h: v.strip() for h, v in zip(header, row)}
+                vals: dict[str, Any] = {}
+                for k, v in zip(keys, row):
+                    if k == "throttle_reasons":
+                        vals[k] = v.strip()
+                    elif k:
+                        vals[k] = _num(v)
+                c.execute("INSERT INTO gpu_samples(seq, host, ts, gpu, sm_clock_mhz, mem_clock_mhz, max_sm_clock_mhz,"
+                          " power_w, temp_c, util_pct, mem_used_mib, throttle_reasons, raw_json)"
+                          " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                          (seq, host, vals.get("ts"), None if vals.get("gpu") is None else int(vals["gpu"]),
+                           vals.get("sm_clock_mhz"), vals.get("mem_clock_mhz"), vals.get("max_sm_clock_mhz"),
+                           vals.get("power_w"), vals.get("temp_c"), vals.get("util_pct"), vals.get("mem_used_mib"),
+                           vals.get("throttle_reasons"), _dumps(raw)))
+                n += 1
+        return n
+
+    def add_manifest(self, seq: int, host: str, manifest: dict[str, Any]) -> None:
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO manifests VALUES (?,?,?)", (seq, host, _dumps(manifest)))
+
+    def add_env_check(self, seq: int, host: str, check: dict[str, Any]) -> None:
+        ok = check.get("ok")
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO env_checks VALUES (?,?,?,?)",
+                      (seq, host, None if ok is None else int(bool(ok)), _dumps(check)))
+
+    def add_file(self, seq: int, host: str, name: str, content: str) -> None:
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO run_files VALUES (?,?,?,?)", (seq, host, name, content))
+
+    # ----------------------------------------------------------------- reads
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.conn.execute(sql, args).fetchall()]
+
+    def experiment(self) -> dict[str, Any]:
+        rows = self._rows("SELECT * FROM experiment")
+        if not rows:
+            raise StoreError(f"{self.path}: no experiment recorded.")
+        e = rows[0]
+        for k in ("config_json", "matrix_json", "argv_json", "hosts_json"):
+            e[k[:-5]] = json.loads(e.pop(k))
+        return e
+
+    def arms(self) -> list[dict[str, Any]]:
+        out = self._rows("SELECT * FROM arms ORDER BY position")
+        for a in out:
+            for k in ("server_args_json", "env_json", "matrix_json"):
+                a[k[:-5]] = json.loads(a.pop(k))
+            a["is_baseline"] = bool(a["is_baseline"])
+        return out
+
+    def plan(self) -> list[dict[str, Any]]:
+        return self._rows("SELECT * FROM plan ORDER BY seq")
+
+    def runs(self, status: str | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT * FROM runs" + (" WHERE status=?" if status else "") + " ORDER BY seq"
+        out = self._rows(sql, (status,) if status else ())
+        for r in out:
+            for k in ("summary_json", "timings_json", "load_phases_json", "server_info_json", "stop_json",
+                      "gpu_free_json"):
+                v = r.pop(k)
+                r[k[:-5]] = json.loads(v) if v else None
+            r["partial"] = bool(r["partial"])
+        return out
+
+    def missing(self) -> list[dict[str, Any]]:
+        """Planned runs without a finished (ok or failed) record, in planned order."""
+        return self._rows("SELECT p.* FROM plan p LEFT JOIN runs r ON r.seq = p.seq"
+                          " WHERE r.status IS NULL OR r.status NOT IN (?, ?) ORDER BY p.seq", DONE_STATUSES)
+
+    def phases(self, seq: int | None = None) -> list[dict[str, Any]]:
+        if seq is None:
+            return self._rows("SELECT * FROM run_phases ORDER BY seq, started")
+        return self._rows("SELECT * FROM run_phases WHERE seq=? ORDER BY started", (seq,))
+
+    def requests(self, seq: int | None = None, include_warmup: bool = False) -> list[dict[str, Any]]:
+        where = []
+        args: list[Any] = []
+        if seq is not None:
+            where.append("seq=?")
+            args.append(seq)
+        if not include_warmup:
+            where.append("warmup=0")
+        sql = "SELECT * FROM requests" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY seq, host, line"
+        out = self._rows(sql, tuple(args))
+        for r in out:
+            r["warmup"], r["ok"] = bool(r["warmup"]), bool(r["ok"])
+            r["chunk_t_s"] = json.loads(r.pop("chunk_t_json") or "null")
+            r["chunk_tokens"] = json.loads(r.pop("chunk_tokens_json") or "null")
+            r["extra"] = json.loads(r.pop("extra_json") or "null")
+        return out
+
+    def gpu_samples(self, seq: int | None = None) -> list[dict[str, Any]]:
+        if seq is None:
+            return self._rows("SELECT * FROM gpu_samples ORDER BY seq, ts")
+        return self._rows("SELECT * FROM gpu_samples WHERE seq=? ORDER BY ts", (seq,))
+
+    def manifests(self) -> list[dict[str, Any]]:
+        out = self._rows("SELECT * FROM manifests ORDER BY seq")
+        for m in out:
+            m["manifest"] = json.loads(m.pop("manifest_json"))
+        return out
+
+    def env_checks(self) -> list[dict[str, Any]]:
+        out = self._rows("SELECT * FROM env_checks ORDER BY seq")
+        for m in out:
+            m["check"] = json.loads(m.pop("check_json"))
+        return out
+
+    def files(self, seq: int) -> dict[str, str]:
+        return {r["name"]: r["content"] for r in self._rows("SELECT name, content FROM run_files WHERE seq=?", (seq,))}
