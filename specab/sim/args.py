@@ -1,0 +1,286 @@
+"""SGLang-compatible command line of the simulated server: flags, defaults and the spec rules.
+
+Flag names, dataclass field names and rule messages follow SGLang 0.5.x ``server_args.py``
+(shared/reference/sglang.md section 1). ``parse_server_args(argv)`` exits 2 on an unknown flag,
+exactly as argparse does in SGLang; ``apply_rules`` is the ``__post_init__`` part and is pure, so
+the matrix and the timing model can apply the same rules without starting a server.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+SPEC_ALGORITHMS = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
+EAGLE_FAMILY = ("EAGLE", "EAGLE3", "STANDALONE")
+
+
+class SpecRuleError(AssertionError):
+    """A combination of speculative arguments SGLang refuses (raised like its assertions)."""
+
+
+@dataclass
+class ServerArgs:
+    """The subset of SGLang's ``ServerArgs`` dataclass the simulator accepts (same field names)."""
+    model_path: str = ""
+    tokenizer_path: Optional[str] = None
+    tokenizer_mode: str = "auto"
+    load_format: str = "auto"
+    trust_remote_code: bool = False
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    quantization: Optional[str] = None
+    context_length: Optional[int] = None
+    device: str = "cuda"
+    served_model_name: Optional[str] = None
+    chat_template: Optional[str] = None
+    revision: Optional[str] = None
+    host: str = "127.0.0.1"
+    port: int = 30000
+    skip_server_warmup: bool = False
+    mem_fraction_static: Optional[float] = None
+    max_running_requests: Optional[int] = None
+    max_total_tokens: Optional[int] = None
+    chunked_prefill_size: Optional[int] = None
+    max_prefill_tokens: int = 16384
+    schedule_policy: str = "fcfs"
+    schedule_conservativeness: float = 1.0
+    page_size: int = 1
+    tp_size: int = 1
+    dp_size: int = 1
+    pp_size: int = 1
+    ep_size: int = 1
+    stream_interval: int = 1
+    stream_output: bool = False
+    random_seed: Optional[int] = None
+    watchdog_timeout: float = 300
+    base_gpu_id: int = 0
+    gpu_id_step: int = 1
+    log_level: str = "info"
+    log_level_http: Optional[str] = None
+    log_requests: bool = False
+    show_time_cost: bool = False
+    enable_metrics: bool = False
+    enable_metrics_for_all_schedulers: bool = False
+    decode_log_interval: int = 40
+    api_key: Optional[str] = None
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: Optional[str] = None
+    attention_backend: Optional[str] = None
+    speculative_algorithm: Optional[str] = None
+    speculative_draft_model_path: Optional[str] = None
+    speculative_draft_model_revision: Optional[str] = None
+    speculative_num_steps: Optional[int] = None
+    speculative_eagle_topk: Optional[int] = None
+    speculative_num_draft_tokens: Optional[int] = None
+    speculative_accept_threshold_single: float = 1.0
+    speculative_accept_threshold_acc: float = 1.0
+    speculative_token_map: Optional[str] = None
+    speculative_attention_mode: str = "prefill"
+    disable_radix_cache: bool = False
+    disable_cuda_graph: bool = False
+    disable_cuda_graph_padding: bool = False
+    cuda_graph_max_bs: Optional[int] = None
+    cuda_graph_bs: Optional[list[int]] = None
+    disable_custom_all_reduce: bool = False
+    disable_overlap_schedule: bool = False
+    enable_mixed_chunk: bool = False
+    enable_dp_attention: bool = False
+    enable_torch_compile: bool = False
+    enable_nccl_nvls: bool = False
+    enable_symm_mem: bool = False
+    num_continuous_decode_steps: int = 1
+    tool_call_parser: Optional[str] = None
+    reasoning_parser: Optional[str] = None
+    enable_cache_report: bool = False
+    allow_auto_truncate: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def speculative(self) -> bool:
+        return self.speculative_algorithm is not None
+
+
+# (flags, dest, type or "store_true", extra argparse kwargs)
+_FLAGS: list[tuple[tuple[str, ...], str, Any, dict[str, Any]]] = [
+    (("--model-path", "--model"), "model_path", str, {"required": True,
+        "help": "The path of the model weights. This can be a local folder or a Hugging Face repo ID."}),
+    (("--tokenizer-path",), "tokenizer_path", str, {}),
+    (("--tokenizer-mode",), "tokenizer_mode", str, {"choices": ["auto", "slow"]}),
+    (("--load-format",), "load_format", str, {}),
+    (("--trust-remote-code",), "trust_remote_code", "store_true", {}),
+    (("--dtype",), "dtype", str, {}),
+    (("--kv-cache-dtype",), "kv_cache_dtype", str, {}),
+    (("--quantization",), "quantization", str, {}),
+    (("--context-length",), "context_length", int, {}),
+    (("--device",), "device", str, {}),
+    (("--served-model-name",), "served_model_name", str, {}),
+    (("--chat-template",), "chat_template", str, {}),
+    (("--revision",), "revision", str, {}),
+    (("--host",), "host", str, {}),
+    (("--port",), "port", int, {}),
+    (("--skip-server-warmup",), "skip_server_warmup", "store_true", {}),
+    (("--mem-fraction-static",), "mem_fraction_static", float, {"help":
+        "The fraction of the memory used for static allocation (model weights and KV cache memory pool)."}),
+    (("--max-running-requests",), "max_running_requests", int, {}),
+    (("--max-total-tokens",), "max_total_tokens", int, {}),
+    (("--chunked-prefill-size",), "chunked_prefill_size", int, {}),
+    (("--max-prefill-tokens",), "max_prefill_tokens", int, {}),
+    (("--schedule-policy",), "schedule_policy", str, {}),
+    (("--schedule-conservativeness",), "schedule_conservativeness", float, {}),
+    (("--page-size",), "page_size", int, {}),
+    (("--tensor-parallel-size", "--tp-size"), "tp_size", int, {}),
+    (("--data-parallel-size", "--dp-size"), "dp_size", int, {}),
+    (("--pipeline-parallel-size", "--pp-size"), "pp_size", int, {}),
+    (("--expert-parallel-size", "--ep-size"), "ep_size", int, {}),
+    (("--stream-interval",), "stream_interval", int, {}),
+    (("--stream-output",), "stream_output", "store_true", {}),
+    (("--random-seed",), "random_seed", int, {}),
+    (("--watchdog-timeout",), "watchdog_timeout", float, {}),
+    (("--base-gpu-id",), "base_gpu_id", int, {}),
+    (("--gpu-id-step",), "gpu_id_step", int, {}),
+    (("--log-level",), "log_level", str, {}),
+    (("--log-level-http",), "log_level_http", str, {}),
+    (("--log-requests",), "log_requests", "store_true", {}),
+    (("--show-time-cost",), "show_time_cost", "store_true", {}),
+    (("--enable-metrics",), "enable_metrics", "store_true", {"help": "Enable log prometheus metrics."}),
+    (("--enable-metrics-for-all-schedulers",), "enable_metrics_for_all_schedulers", "store_true", {}),
+    (("--decode-log-interval",), "decode_log_interval", int, {}),
+    (("--api-key",), "api_key", str, {}),
+    (("--nnodes",), "nnodes", int, {}),
+    (("--node-rank",), "node_rank", int, {}),
+    (("--dist-init-addr", "--nccl-init-addr"), "dist_init_addr", str, {"help":
+        "The host address for initializing distributed backend (e.g., `192.168.0.2:25000`)."}),
+    (("--attention-backend",), "attention_backend", str, {}),
+    (("--speculative-algorithm",), "speculative_algorithm", str, {"choices": SPEC_ALGORITHMS}),
+    (("--speculative-draft-model-path", "--speculative-draft-model"), "speculative_draft_model_path", str, {}),
+    (("--speculative-draft-model-revision",), "speculative_draft_model_revision", str, {}),
+    (("--speculative-num-steps",), "speculative_num_steps", int, {"help":
+        "The number of steps sampled from draft model in Speculative Decoding."}),
+    (("--speculative-eagle-topk",), "speculative_eagle_topk", int, {"help":
+        "The number of tokens sampled from the draft model in eagle2 each step."}),
+    (("--speculative-num-draft-tokens",), "speculative_num_draft_tokens", int, {"help":
+        "The number of tokens sampled from the draft model in Speculative Decoding."}),
+    (("--speculative-accept-threshold-single",), "speculative_accept_threshold_single", float, {}),
+    (("--speculative-accept-threshold-acc",), "speculative_accept_threshold_acc", float, {}),
+    (("--speculative-token-map",), "speculative_token_map", str, {}),
+    (("--speculative-attention-mode",), "speculative_attention_mode", str, {"choices": ["prefill", "decode"]}),
+    (("--disable-radix-cache",), "disable_radix_cache", "store_true", {}),
+    (("--disable-cuda-graph",), "disable_cuda_graph", "store_true", {}),
+    (("--disable-cuda-graph-padding",), "disable_cuda_graph_padding", "store_true", {}),
+    (("--cuda-graph-max-bs",), "cuda_graph_max_bs", int, {}),
+    (("--cuda-graph-bs",), "cuda_graph_bs", int, {"nargs": "+"}),
+    (("--disable-custom-all-reduce",), "disable_custom_all_reduce", "store_true", {"help":
+        "Disable the custom all-reduce kernel and fall back to NCCL."}),
+    (("--disable-overlap-schedule",), "disable_overlap_schedule", "store_true", {}),
+    (("--enable-mixed-chunk",), "enable_mixed_chunk", "store_true", {}),
+    (("--enable-dp-attention",), "enable_dp_attention", "store_true", {}),
+    (("--enable-torch-compile",), "enable_torch_compile", "store_true", {}),
+    (("--enable-nccl-nvls",), "enable_nccl_nvls", "store_true", {}),
+    (("--enable-symm-mem",), "enable_symm_mem", "store_true", {}),
+    (("--num-continuous-decode-steps",), "num_continuous_decode_steps", int, {}),
+    (("--tool-call-parser",), "tool_call_parser", str, {}),
+    (("--reasoning-parser",), "reasoning_parser", str, {}),
+    (("--enable-cache-report",), "enable_cache_report", "store_true", {}),
+    (("--allow-auto-truncate",), "allow_auto_truncate", "store_true", {}),
+]
+
+
+def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog)
+    defaults = ServerArgs()
+    for flags, dest, kind, extra in _FLAGS:
+        default = getattr(defaults, dest)
+        if kind == "store_true":
+            parser.add_argument(*flags, dest=dest, action="store_true", **extra)
+        else:
+            extra = dict(extra)
+            if not extra.get("required"):
+                extra.setdefault("default", default)
+            parser.add_argument(*flags, dest=dest, type=kind, **extra)
+    return parser
+
+
+def parse_server_args(argv: list[str], prog: Optional[str] = None) -> ServerArgs:
+    """Parse SGLang flags (argparse exits 2 with "unrecognized arguments" on an unknown flag)."""
+    ns = build_parser(prog).parse_args(argv)
+    return ServerArgs(**vars(ns))
+
+
+def auto_speculative_params(architecture: str, algorithm: str) -> tuple[int, int, int]:
+    """SGLang 0.5.9+ ``auto_choose_speculative_params``: (steps, topk, draft tokens)."""
+    if algorithm == "STANDALONE":
+        return (3, 1, 4)
+    if architecture in ("LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"):
+        return (5, 4, 8)
+    return (3, 1, 4)
+
+
+def apply_rules(args: ServerArgs, architecture: str = "DeepseekV3ForCausalLM") -> tuple[ServerArgs, list[str]]:
+    """SGLang's ``__post_init__`` rules for the arguments an A/B run uses.
+
+    Returns the adjusted copy and the warnings SGLang logs. Raises :class:`SpecRuleError` for
+    combinations SGLang refuses.
+    """
+    a = dataclasses.replace(args)
+    warnings: list[str] = []
+    if a.tokenizer_path is None:
+        a.tokenizer_path = a.model_path
+    if a.served_model_name is None:
+        a.served_model_name = a.model_path
+    if a.nnodes < 1 or a.tp_size % a.nnodes != 0:
+        raise SpecRuleError("tp_size must be divisible by number of nodes")
+    if not 0 <= a.node_rank < a.nnodes:
+        raise SpecRuleError(f"node_rank ({a.node_rank}) must be in [0, nnodes={a.nnodes})")
+    if a.nnodes > 1 and not a.dist_init_addr:
+        raise SpecRuleError("--dist-init-addr is required when --nnodes > 1")
+    if a.speculative_algorithm == "NEXTN":
+        a.speculative_algorithm = "EAGLE"
+    if a.speculative_algorithm in EAGLE_FAMILY:
+        if a.max_running_requests is None:
+            a.max_running_requests = 48
+            warnings.append("Max running requests is reset to 48 for speculative decoding. "
+                            "You can override this by explicitly setting --max-running-requests.")
+        if not a.disable_overlap_schedule:
+            a.disable_overlap_schedule = True
+            warnings.append("Overlap scheduler is disabled because of using eagle speculative decoding.")
+        if a.enable_mixed_chunk:
+            a.enable_mixed_chunk = False
+            warnings.append("Mixed chunked prefill is disabled because of using eagle speculative decoding.")
+        if a.speculative_num_steps is None:
+            if not (a.speculative_eagle_topk is None and a.speculative_num_draft_tokens is None):
+                raise SpecRuleError(
+                    "speculative_eagle_topk and speculative_num_draft_tokens were given without "
+                    "speculative_num_steps: set all three of --speculative-num-steps, "
+                    "--speculative-eagle-topk, --speculative-num-draft-tokens, or none (auto-chosen)")
+            (a.speculative_num_steps, a.speculative_eagle_topk,
+             a.speculative_num_draft_tokens) = auto_speculative_params(architecture, a.speculative_algorithm)
+        elif a.speculative_eagle_topk is None or a.speculative_num_draft_tokens is None:
+            raise SpecRuleError(
+                "speculative_num_steps was given without speculative_eagle_topk/speculative_num_draft_tokens: "
+                "set all three of --speculative-num-steps, --speculative-eagle-topk, "
+                "--speculative-num-draft-tokens, or none (auto-chosen)")
+        for name in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
+            if getattr(a, name) < 1:
+                raise SpecRuleError(f"{name} must be >= 1, got {getattr(a, name)}")
+        if a.speculative_eagle_topk == 1 and a.speculative_num_draft_tokens != a.speculative_num_steps + 1:
+            warnings.append("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
+                            "when speculative_eagle_topk == 1")
+            a.speculative_num_draft_tokens = a.speculative_num_steps + 1
+        if a.speculative_algorithm in ("EAGLE", "EAGLE3") and not a.speculative_draft_model_path:
+            raise SpecRuleError(f"--speculative-draft-model-path is required for --speculative-algorithm "
+                                f"{a.speculative_algorithm}")
+    return a, warnings
+
+
+def server_args_from_mapping(values: Mapping[str, Any]) -> ServerArgs:
+    """Build ServerArgs from an arm's ``server_args`` dict (SGLang field names), refusing unknown keys."""
+    names = {f.name for f in dataclasses.fields(ServerArgs)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"unknown SGLang server arg(s) {unknown} (the simulator knows {len(names)} fields)")
+    return ServerArgs(**dict(values))

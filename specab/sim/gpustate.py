@@ -1,0 +1,244 @@
+"""Per-node simulated GPU state kept in a directory (``SPECAB_SIM_STATE``).
+
+Layout of the state directory::
+
+    node.json                 GPUs of this node (count, uuids, name, total memory, look), epoch
+    allocs/<pid>-<ticks>.json one file per process holding simulated GPU memory
+    activity.json             which GPUs a server is currently computing on (utilization, clocks)
+    instances                 launch counter (per-instance speed offset)
+    watcher.lock              held by the death watcher (specab.sim.watcher)
+
+An allocation is a compute process while its pid is alive (same start time, not a zombie). When it
+dies, the watcher records ``dead_at`` (pidfd: the exact time of death) and the memory stays counted
+until ``dead_at + release_lag_s``: the compute-app entry disappears first, memory.used drops after.
+Two nodes with different state directories share nothing.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from specab.sim.procutil import is_alive, proc_start_ticks
+
+DEFAULT_STATE = "/tmp/specab-sim/default"
+
+
+def state_dir_from_env(env: Optional[dict[str, str]] = None) -> Path:
+    env = os.environ if env is None else env
+    return Path(env.get("SPECAB_SIM_STATE") or DEFAULT_STATE)
+
+
+def _atomic_write(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    os.replace(tmp, path)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def gpu_uuid(state: Path, index: int) -> str:
+    h = hashlib.sha256(f"{state.resolve()}#{index}".encode()).hexdigest()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+@dataclass(frozen=True)
+class Allocation:
+    path: Path
+    pid: int
+    start_ticks: Optional[int]
+    gpu: int
+    mib: int
+    process_name: str
+    kind: str
+    release_lag_s: float
+    created_at: float
+    dead_at: Optional[float]
+
+    @property
+    def alive(self) -> bool:
+        return self.dead_at is None and is_alive(self.pid, self.start_ticks)
+
+    def holds_memory(self, now: float) -> bool:
+        if self.alive:
+            return True
+        if self.dead_at is None:     # death not yet recorded by the watcher: count it as just died
+            return True
+        return now < self.dead_at + self.release_lag_s
+
+
+class GpuNode:
+    """Read and change one simulated node's GPU state."""
+
+    def __init__(self, state: Path):
+        self.state = Path(state)
+        self.allocs_dir = self.state / "allocs"
+
+    # ----- node description
+    def ensure(self, profile_ref: Optional[str] = None) -> dict[str, Any]:
+        """Create the node on first use (GPUs from the profile) and return node.json."""
+        path = self.state / "node.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.allocs_dir.mkdir(exist_ok=True)
+        with _locked(self.state / ".node.lock"):
+            if path.is_file():
+                return json.loads(path.read_text())
+            from specab.sim.profile import load_profile  # lazy: smi stays light once node.json exists
+            prof = load_profile(profile_ref or os.environ.get("SPECAB_SIM_PROFILE"))
+            g = prof.gpu
+            node = {
+                "created_at": time.time(),
+                "profile": prof.name,
+                "name": g.name,
+                "memory_total_mib": g.memory_total_mib,
+                "clocks_max_sm": g.clocks_max_sm,
+                "power_limit_w": g.power_limit_w,
+                "idle": vars(g.idle), "busy": vars(g.busy),
+                "release_lag_s": g.release_lag_s,
+                "gpus": [{"index": i, "uuid": gpu_uuid(self.state, i)} for i in range(g.count)],
+            }
+            _atomic_write(path, node)
+            return node
+
+    def node(self) -> dict[str, Any]:
+        return self.ensure()
+
+    def next_instance(self) -> int:
+        self.ensure()
+        counter = self.state / "instances"
+        with _locked(self.state / ".instances.lock"):
+            n = int(counter.read_text()) if counter.is_file() else 0
+            counter.write_text(str(n + 1))
+        return n
+
+    # ----- allocations
+    def allocate(self, gpu: int, mib: int, kind: str, release_lag_s: float,
+                 pid: Optional[int] = None, process_name: Optional[str] = None,
+                 spawn_watcher: bool = True) -> Allocation:
+        node = self.ensure()
+        if not 0 <= gpu < len(node["gpus"]):
+            raise ValueError(f"GPU {gpu} does not exist on this simulated node "
+                             f"({len(node['gpus'])} GPUs, state {self.state})")
+        pid = os.getpid() if pid is None else pid
+        ticks = proc_start_ticks(pid)
+        path = self.allocs_dir / f"{pid}-{ticks}.json"
+        data = {"pid": pid, "start_ticks": ticks, "gpu": gpu, "mib": int(mib),
+                "process_name": process_name or sys.executable, "kind": kind,
+                "release_lag_s": float(release_lag_s), "created_at": time.time(), "dead_at": None}
+        self.allocs_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, data)
+        if spawn_watcher:
+            self.ensure_watcher()
+        return self._load(path)  # type: ignore[return-value]
+
+    def _load(self, path: Path) -> Optional[Allocation]:
+        try:
+            d = json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return Allocation(path=path, pid=d["pid"], start_ticks=d.get("start_ticks"), gpu=d["gpu"],
+                          mib=d["mib"], process_name=d["process_name"], kind=d.get("kind", ""),
+                          release_lag_s=d.get("release_lag_s", 0.15), created_at=d.get("created_at", 0.0),
+                          dead_at=d.get("dead_at"))
+
+    def allocations(self) -> list[Allocation]:
+        if not self.allocs_dir.is_dir():
+            return []
+        out = []
+        for path in sorted(self.allocs_dir.glob("*.json")):
+            a = self._load(path)
+            if a is not None:
+                out.append(a)
+        return out
+
+    def record_death(self, alloc: Allocation, when: float) -> None:
+        try:
+            d = json.loads(alloc.path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return
+        if d.get("dead_at") is None:
+            d["dead_at"] = when
+            _atomic_write(alloc.path, d)
+
+    def reap_released(self, now: Optional[float] = None) -> int:
+        """Delete allocation files whose memory has been released; returns how many remain."""
+        now = time.time() if now is None else now
+        remaining = 0
+        for a in self.allocations():
+            if a.dead_at is not None and now >= a.dead_at + a.release_lag_s:
+                try:
+                    a.path.unlink()
+                except FileNotFoundError:
+                    pass
+            else:
+                remaining += 1
+        return remaining
+
+    def memory_used(self, now: Optional[float] = None) -> dict[int, int]:
+        now = time.time() if now is None else now
+        used = {g["index"]: 0 for g in self.node()["gpus"]}
+        for a in self.allocations():
+            if a.gpu in used and a.holds_memory(now):
+                used[a.gpu] += a.mib
+        return used
+
+    def compute_apps(self) -> list[Allocation]:
+        return sorted((a for a in self.allocations() if a.alive), key=lambda a: (a.gpu, a.pid))
+
+    # ----- activity (utilization and clocks while a server computes)
+    def set_activity(self, gpus: list[int], busy_for_s: float) -> None:
+        _atomic_write(self.state / "activity.json",
+                      {"gpus": gpus, "busy_until": time.time() + busy_for_s, "pid": os.getpid()})
+
+    def busy_gpus(self, now: Optional[float] = None) -> set[int]:
+        now = time.time() if now is None else now
+        try:
+            d = json.loads((self.state / "activity.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return set()
+        if now < d.get("busy_until", 0) and is_alive(d.get("pid", -1)):
+            return set(d.get("gpus", []))
+        return set()
+
+    # ----- death watcher
+    def watcher_running(self) -> bool:
+        lock = self.state / "watcher.lock"
+        with open(lock, "a+") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return False
+
+    def ensure_watcher(self) -> None:
+        if self.watcher_running():
+            return
+        subprocess.Popen([sys.executable, "-m", "specab.sim.watcher", str(self.state)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, close_fds=True, cwd="/",
+                         env={**os.environ, "PYTHONPATH": _pythonpath()})
+
+
+def _pythonpath() -> str:
+    root = str(Path(__file__).resolve().parents[2])
+    existing = os.environ.get("PYTHONPATH", "")
+    return root if not existing else f"{root}{os.pathsep}{existing}"
