@@ -1,0 +1,679 @@
+"""Shared helpers of the node tools (stdlib only, Python >= 3.8).
+
+The node tools are copied side by side into ``{{ specab_node_dir }}/bin/`` on a GPU node that has
+Python but not specab, so this module imports nothing outside the standard library and each tool
+imports it as a sibling module (``import common``).
+
+Contents, one concern per section: tool entry point and errors, secret redaction, nvidia-smi
+(always under a timeout), /proc process inspection, listening-port lookup, server.json records,
+env files.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import pwd
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+# ---------------------------------------------------------------------------------------------
+# Tool entry point and errors
+# ---------------------------------------------------------------------------------------------
+
+
+class ToolError(Exception):
+    """A failure the user must act on: printed as ``{"error": message, ...}``, exit status 1.
+
+    ``result`` carries whatever the tool measured before failing (signals sent, GPU tables, ...),
+    so the JSON a role registers still holds the evidence.
+    """
+
+    def __init__(self, message: str, result: Optional[Dict[str, Any]] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.result = dict(result or {})
+
+
+def log(msg: str) -> None:
+    """Human-readable diagnostics go to stderr (stdout holds exactly one JSON object)."""
+    sys.stderr.write(msg.rstrip("\n") + "\n")
+    sys.stderr.flush()
+
+
+def emit(obj: Dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def write_json(path: str, obj: Dict[str, Any], mode: int = 0o644) -> None:
+    """Write ``obj`` to ``path`` atomically (temp file + rename)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(obj, fh, indent=2, default=str)
+        fh.write("\n")
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> Any:
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def run_tool(main: Callable[[Optional[Sequence[str]]], Dict[str, Any]],
+             argv: Optional[Sequence[str]] = None) -> int:
+    """Run a tool's ``main``: print its JSON, map ToolError to exit 1 (argparse exits 2 itself)."""
+    try:
+        result = main(argv)
+    except ToolError as exc:
+        out = dict(exc.result)
+        out["ok"] = False
+        out["error"] = exc.message
+        emit(out)
+        log("error: " + exc.message)
+        return 1
+    result.setdefault("ok", True)
+    emit(result)
+    return 0 if result.get("ok") else 1
+
+
+def json_list_arg(text: str, what: str = "--smi") -> List[str]:
+    """Parse an argv given as a JSON list (``'["nvidia-smi"]'``)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise SystemExit("%s must be a JSON list of strings, e.g. '[\"nvidia-smi\"]': %s" % (what, exc))
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise SystemExit("%s must be a non-empty JSON list of strings, got %r" % (what, text))
+    return value
+
+
+def now_iso(t: Optional[float] = None) -> str:
+    t = time.time() if t is None else t
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%03dZ" % int((t % 1) * 1000)
+
+
+# ---------------------------------------------------------------------------------------------
+# Secret redaction
+# ---------------------------------------------------------------------------------------------
+
+REDACTED = "<redacted>"
+_SECRET_SUFFIXES = ("_TOKEN", "_KEY", "_SECRET")
+_SECRET_NAMES = {"HF_TOKEN", "TOKEN", "API_KEY", "KEY", "SECRET", "PASSWORD"}
+
+
+def is_secret_name(name: str) -> bool:
+    """Names whose values are never printed: ``*_TOKEN``, ``*_KEY``, ``*_SECRET``, ``*PASSWORD*``.
+
+    Case-insensitive, and ``-`` counts as ``_`` so flag names (``--api-key``) match too.
+    """
+    n = name.strip().lstrip("-").upper().replace("-", "_")
+    return n in _SECRET_NAMES or n.endswith(_SECRET_SUFFIXES) or "PASSWORD" in n
+
+
+def redact_mapping(mapping: Any) -> Any:
+    """Deep copy of a JSON-like value with the values of secret-named keys replaced."""
+    if isinstance(mapping, dict):
+        out = {}
+        for k, v in mapping.items():
+            if isinstance(k, str) and is_secret_name(k) and v not in (None, "", False):
+                out[k] = REDACTED
+            else:
+                out[k] = redact_mapping(v)
+        return out
+    if isinstance(mapping, list):
+        return [redact_mapping(v) for v in mapping]
+    return mapping
+
+
+def redact_value(name: str, value: Any) -> Any:
+    return REDACTED if is_secret_name(name) and value not in (None, "") else value
+
+
+_ASSIGN_RE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>'[^']*'|\"[^\"]*\"|\S+)")
+_FLAG_RE = re.compile(r"(?P<flag>--[A-Za-z0-9][A-Za-z0-9_-]*)(?P<sep>=|\s+)(?P<value>'[^']*'|\"[^\"]*\"|[^\s\\]+)")
+
+
+def redact_text(text: str) -> str:
+    """Redact ``SECRET_NAME=value`` assignments and ``--secret-flag value`` pairs in free text."""
+
+    def assign(m: "re.Match[str]") -> str:
+        return m.group("name") + "=" + REDACTED if is_secret_name(m.group("name")) else m.group(0)
+
+    def flag(m: "re.Match[str]") -> str:
+        if is_secret_name(m.group("flag")):
+            return m.group("flag") + m.group("sep") + REDACTED
+        return m.group(0)
+
+    return _FLAG_RE.sub(flag, _ASSIGN_RE.sub(assign, text))
+
+
+def redact_argv(argv: Sequence[str]) -> List[str]:
+    out: List[str] = []
+    hide_next = False
+    for a in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if a.startswith("--") and "=" in a and is_secret_name(a.split("=", 1)[0]):
+            out.append(a.split("=", 1)[0] + "=" + REDACTED)
+        elif a.startswith("--") and is_secret_name(a):
+            out.append(a)
+            hide_next = True
+        else:
+            out.append(redact_text(a))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# nvidia-smi (always under a timeout: a wedged driver makes it hang, even in D state)
+# ---------------------------------------------------------------------------------------------
+
+DEFAULT_SMI_TIMEOUT = 10.0
+_BRACKETED = re.compile(r"^\[.*\]$")
+_UNIT_SUFFIX = re.compile(r"^(-?[0-9.]+)\s*(MiB|MHz|W|%|C)$")
+
+
+class SmiError(ToolError):
+    """nvidia-smi failed, hung, or is missing."""
+
+
+class SmiFieldError(SmiError):
+    """nvidia-smi rejected a query field (older/newer driver): ``Field "x" is not a valid field``."""
+
+
+def run_command(argv: Sequence[str], timeout: float) -> Tuple[int, str, str]:
+    """Run ``argv`` in its own session with a hard timeout; never block on a stuck child.
+
+    ``subprocess.run(timeout=...)`` waits for the killed child, which never returns when the child
+    is in uninterruptible sleep (nvidia-smi on a wedged GPU): here the child is abandoned after
+    SIGKILL plus a short wait. Raises ``subprocess.TimeoutExpired`` on timeout.
+    """
+    proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            proc.communicate(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            pass  # stuck in D state: leave it, we cannot do better
+        raise
+    return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+
+def smi_call(smi: Sequence[str], args: Sequence[str], timeout: float = DEFAULT_SMI_TIMEOUT) -> str:
+    """Run nvidia-smi (the node's argv ``smi``) with ``args``; return stdout or raise SmiError."""
+    argv = list(smi) + list(args)
+    shown = " ".join(shlex.quote(a) for a in argv)
+    try:
+        rc, out, err = run_command(argv, timeout)
+    except subprocess.TimeoutExpired:
+        raise SmiError("nvidia-smi did not answer within %g s: %s (the GPU driver may be wedged: check "
+                       "`dmesg` for Xid errors; the node is unhealthy until nvidia-smi answers)"
+                       % (timeout, shown))
+    except OSError as exc:
+        raise SmiError("cannot run nvidia-smi (%s): %s; set specab_smi_cmd to the node's nvidia-smi"
+                       % (shown, exc))
+    if rc != 0:
+        text = (err.strip() or out.strip() or "(no output)").splitlines()
+        msg = "; ".join(text[-3:])
+        if "is not a valid field" in msg:
+            raise SmiFieldError("nvidia-smi rejected a query field (rc %d): %s [%s]" % (rc, msg, shown))
+        raise SmiError("nvidia-smi failed (rc %d): %s [%s]" % (rc, msg, shown))
+    return out
+
+
+def parse_smi_value(raw: str) -> Any:
+    """One CSV cell: ``[N/A]``-like tokens → None, numbers → int/float, units stripped."""
+    v = raw.strip()
+    if v == "" or _BRACKETED.match(v) or v in ("N/A", "Not Supported"):
+        return None
+    m = _UNIT_SUFFIX.match(v)
+    if m:
+        v = m.group(1)
+    if re.match(r"^-?\d+$", v):
+        return int(v)
+    if re.match(r"^-?\d+\.\d*$", v):
+        return float(v)
+    return v
+
+
+def parse_smi_csv(text: str, fields: Sequence[str]) -> List[Dict[str, Any]]:
+    """Parse ``--format=csv,noheader[,nounits]`` output; columns are mapped by position.
+
+    (Header names differ from query names, e.g. ``clocks.sm`` → ``clocks.current.sm [MHz]``.)
+    """
+    rows: List[Dict[str, Any]] = []
+    for rec in csv.reader(io.StringIO(text), skipinitialspace=True):
+        if not rec or all(not c.strip() for c in rec):
+            continue
+        if len(rec) > len(fields):  # a comma inside the last free-text field: join the tail
+            rec = rec[:len(fields) - 1] + [", ".join(rec[len(fields) - 1:])]
+        if len(rec) != len(fields):
+            raise SmiError("unexpected nvidia-smi output: %d columns for %d fields in %r"
+                           % (len(rec), len(fields), ", ".join(rec)))
+        rows.append({f: parse_smi_value(c) for f, c in zip(fields, rec)})
+    return rows
+
+
+REASONS_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
+
+
+def query_gpus(smi: Sequence[str], fields: Sequence[str],
+               timeout: float = DEFAULT_SMI_TIMEOUT) -> List[Dict[str, Any]]:
+    """``--query-gpu`` rows keyed by the requested field names.
+
+    ``clocks_event_reasons.active`` falls back to its old name ``clocks_throttle_reasons.active``
+    on drivers that reject it (the row keeps the requested name).
+    """
+    fields = list(fields)
+    try:
+        out = smi_call(smi, ["--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"], timeout)
+    except SmiFieldError:
+        if REASONS_FIELDS[0] not in fields:
+            raise
+        alt = [REASONS_FIELDS[1] if f == REASONS_FIELDS[0] else f for f in fields]
+        out = smi_call(smi, ["--query-gpu=" + ",".join(alt), "--format=csv,noheader,nounits"], timeout)
+    return parse_smi_csv(out, fields)
+
+
+APP_FIELDS = ("pid", "process_name", "used_memory", "gpu_uuid")
+
+
+def query_compute_apps(smi: Sequence[str], timeout: float = DEFAULT_SMI_TIMEOUT) -> List[Dict[str, Any]]:
+    """``--query-compute-apps`` rows (idle GPUs: empty output, rc 0)."""
+    out = smi_call(smi, ["--query-compute-apps=" + ",".join(APP_FIELDS), "--format=csv,noheader,nounits"],
+                   timeout)
+    rows = parse_smi_csv(out, APP_FIELDS)
+    # process_name is free text: keep it a string even when it looks numeric
+    for r in rows:
+        if r["process_name"] is not None:
+            r["process_name"] = str(r["process_name"])
+    return rows
+
+
+def select_gpus(spec: str, available: Iterable[int]) -> List[int]:
+    """``all`` or a comma list (``0,1``) → sorted GPU indices; unknown indices are an error."""
+    avail = sorted(set(available))
+    if spec.strip().lower() == "all":
+        return avail
+    try:
+        wanted = sorted({int(x) for x in spec.split(",") if x.strip() != ""})
+    except ValueError:
+        raise SystemExit("--gpus must be 'all' or a comma list of GPU indices such as 0,1; got %r" % spec)
+    missing = [i for i in wanted if i not in avail]
+    if missing:
+        raise ToolError("GPU index %s not present on this node (nvidia-smi lists %s); fix specab_gpu_indices"
+                        % (",".join(map(str, missing)), ",".join(map(str, avail)) or "no GPU"))
+    return wanted
+
+
+# ---------------------------------------------------------------------------------------------
+# /proc process inspection
+# ---------------------------------------------------------------------------------------------
+
+class ProcStat(object):
+    __slots__ = ("pid", "comm", "state", "ppid", "pgrp", "session", "starttime")
+
+    def __init__(self, pid: int, comm: str, state: str, ppid: int, pgrp: int, session: int,
+                 starttime: int) -> None:
+        self.pid, self.comm, self.state = pid, comm, state
+        self.ppid, self.pgrp, self.session, self.starttime = ppid, pgrp, session, starttime
+
+    @property
+    def alive(self) -> bool:
+        """Running or sleeping; a zombie (or dead entry) holds no memory and counts as gone."""
+        return self.state not in ("Z", "X", "x")
+
+
+def parse_proc_stat(pid: int, text: str) -> ProcStat:
+    """Parse ``/proc/PID/stat``; comm may hold spaces and parentheses, so split at the last ')'."""
+    lpar, rpar = text.index("("), text.rindex(")")
+    comm = text[lpar + 1:rpar]
+    rest = text[rpar + 2:].split()
+    # rest[0]=state (field 3), rest[1]=ppid, rest[2]=pgrp, rest[3]=session, rest[19]=starttime (field 22)
+    return ProcStat(pid, comm, rest[0], int(rest[1]), int(rest[2]), int(rest[3]), int(rest[19]))
+
+
+def proc_stat(pid: int) -> Optional[ProcStat]:
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return parse_proc_stat(pid, fh.read())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def list_pids() -> List[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def all_stats() -> List[ProcStat]:
+    out = []
+    for pid in list_pids():
+        st = proc_stat(pid)
+        if st is not None:
+            out.append(st)
+    return out
+
+
+def is_alive(pid: int) -> bool:
+    st = proc_stat(pid)
+    return st is not None and st.alive
+
+
+def descendants(root: int, stats: Optional[List[ProcStat]] = None) -> List[int]:
+    """Alive descendants of ``root`` (walk of ppid links), breadth first."""
+    stats = all_stats() if stats is None else stats
+    children: Dict[int, List[int]] = {}
+    alive = set()
+    for st in stats:
+        children.setdefault(st.ppid, []).append(st.pid)
+        if st.alive:
+            alive.add(st.pid)
+    out, queue, seen = [], [root], {root}
+    while queue:
+        p = queue.pop(0)
+        for c in children.get(p, []):
+            if c not in seen:
+                seen.add(c)
+                queue.append(c)
+                if c in alive:
+                    out.append(c)
+    return out
+
+
+def proc_cmdline(pid: int) -> str:
+    """``/proc/PID/cmdline`` joined with spaces (a setproctitle title shows here), else ``[comm]``."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        raw = b""
+    parts = [p.decode("utf-8", "replace") for p in raw.split(b"\0") if p]
+    text = " ".join(parts).strip()
+    if text:
+        return text
+    comm = proc_comm(pid)
+    return "[%s]" % comm if comm else "?"
+
+
+def proc_comm(pid: int) -> str:
+    try:
+        with open("/proc/%d/comm" % pid) as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def proc_user(pid: int) -> str:
+    """The real user of ``pid`` (``/proc/PID/status`` Uid → passwd name; the uid if unknown)."""
+    try:
+        with open("/proc/%d/status" % pid) as fh:
+            for line in fh:
+                if line.startswith("Uid:"):
+                    uid = int(line.split()[1])
+                    try:
+                        return pwd.getpwuid(uid).pw_name
+                    except KeyError:
+                        return "uid %d" % uid
+    except OSError:
+        pass
+    return "unknown"
+
+
+def proc_environ(pid: int) -> Dict[str, str]:
+    """``/proc/PID/environ`` (the exec-time environment). Raises OSError when unreadable."""
+    with open("/proc/%d/environ" % pid, "rb") as fh:
+        raw = fh.read()
+    env: Dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        if b"=" in item:
+            k, v = item.split(b"=", 1)
+            env[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+    return env
+
+
+def describe_process(pid: int, limit: int = 200) -> Dict[str, Any]:
+    """PID, user and command of a process, for messages that name it."""
+    st = proc_stat(pid)
+    cmd = proc_cmdline(pid)
+    if len(cmd) > limit:
+        cmd = cmd[:limit - 1] + "…"
+    return {"pid": pid, "user": proc_user(pid), "command": redact_text(cmd),
+            "comm": proc_comm(pid), "visible": st is not None,
+            "session": st.session if st else None, "pgrp": st.pgrp if st else None}
+
+
+def describe_text(pid: int) -> str:
+    d = describe_process(pid)
+    if not d["visible"]:
+        return "PID %d (not visible in this PID namespace; user and command unknown)" % pid
+    return "PID %d, user %s, command %r" % (pid, d["user"], d["command"])
+
+
+def display_name(pid: int, limit: int = 60) -> str:
+    cmd = redact_text(proc_cmdline(pid))
+    return cmd if len(cmd) <= limit else cmd[:limit - 1] + "…"
+
+
+# ---------------------------------------------------------------------------------------------
+# server.json: the only proof that a process is ours
+# ---------------------------------------------------------------------------------------------
+
+SERVER_JSON = "server.json"
+LAST_SERVER_JSON = "last_server.json"
+
+
+def load_record(node_dir: str, name: str = SERVER_JSON) -> Optional[Dict[str, Any]]:
+    path = os.path.join(node_dir, name)
+    if not os.path.exists(path):
+        return None
+    try:
+        rec = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise ToolError("%s is unreadable (%s); inspect it, stop the server by hand if one runs, then "
+                        "remove the file" % (path, exc))
+    if not isinstance(rec, dict) or not isinstance(rec.get("pid"), int):
+        raise ToolError("%s does not record a server pid; inspect it and remove it" % path)
+    return rec
+
+
+def record_ids(rec: Dict[str, Any]) -> Tuple[int, int, int]:
+    pid = int(rec["pid"])
+    return pid, int(rec.get("pgid") or pid), int(rec.get("sid") or rec.get("pgid") or pid)
+
+
+def main_is_ours(rec: Dict[str, Any]) -> bool:
+    """The recorded main pid is alive and is the very process we started (start time matches)."""
+    pid = int(rec["pid"])
+    st = proc_stat(pid)
+    if st is None or not st.alive:
+        return False
+    want = rec.get("starttime")
+    return want is None or int(want) == st.starttime
+
+
+def session_is_ours(rec: Dict[str, Any]) -> bool:
+    """False when the recorded session id now belongs to an unrelated, newer session leader.
+
+    Linux keeps a pid allocated while any process uses it as pgid/sid, so a live member of our
+    session cannot share its sid with a foreign session; only after every member is gone can
+    the number be reused, by a new leader whose start time differs from ours.
+    """
+    _, _, sid = record_ids(rec)
+    leader = proc_stat(sid)
+    if leader is None or leader.session != sid:
+        return True
+    want = rec.get("starttime")
+    return want is None or int(want) == leader.starttime
+
+
+def members(rec: Dict[str, Any], stats: Optional[List[ProcStat]] = None) -> List[ProcStat]:
+    """Alive processes of our recorded session or process group (plus the main pid if ours)."""
+    if not session_is_ours(rec):
+        return []
+    pid, pgid, sid = record_ids(rec)
+    stats = all_stats() if stats is None else stats
+    me = os.getpid()
+    out = []
+    for st in stats:
+        if st.pid == me or not st.alive:
+            continue
+        if st.session == sid or st.pgrp == pgid or (st.pid == pid and main_is_ours(rec)):
+            out.append(st)
+    return out
+
+
+def pid_session(pid: int) -> Optional[int]:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Listening sockets: who holds a port
+# ---------------------------------------------------------------------------------------------
+
+def _parse_proc_net(text: str, port: int) -> List[Tuple[str, int]]:
+    """(local address hex, inode) of LISTEN sockets on ``port`` in /proc/net/tcp{,6} text."""
+    out = []
+    for line in text.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) < 10:
+            continue
+        local, state, inode = cols[1], cols[3], cols[9]
+        try:
+            lport = int(local.rsplit(":", 1)[1], 16)
+        except (IndexError, ValueError):
+            continue
+        if state == "0A" and lport == port:
+            out.append((local.rsplit(":", 1)[0], int(inode)))
+    return out
+
+
+def listening_inodes(port: int) -> List[int]:
+    inodes = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as fh:
+                inodes += [ino for _, ino in _parse_proc_net(fh.read(), port)]
+        except OSError:
+            continue
+    return inodes
+
+
+def socket_owners(inodes: Iterable[int]) -> List[int]:
+    """PIDs holding a file descriptor on one of the socket inodes (needs root for other users)."""
+    wanted = {"socket:[%d]" % i for i in inodes}
+    owners = []
+    if not wanted:
+        return owners
+    for pid in list_pids():
+        fd_dir = "/proc/%d/fd" % pid
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(os.path.join(fd_dir, fd)) in wanted:
+                    owners.append(pid)
+                    break
+            except OSError:
+                continue
+    return owners
+
+
+def port_holders(port: int) -> List[Dict[str, Any]]:
+    return [describe_process(p) for p in socket_owners(listening_inodes(port))]
+
+
+def port_bindable(host: str, port: int) -> Optional[str]:
+    """None when ``host:port`` can be bound now, else the OS error text."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+        return None
+    except OSError as exc:
+        return str(exc)
+    finally:
+        s.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Env files (KEY=VALUE lines, shell-quoted values)
+# ---------------------------------------------------------------------------------------------
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_env_text(text: str, where: str = "env file") -> Dict[str, str]:
+    """``KEY=VALUE`` lines (optionally ``export KEY=VALUE``), values shell-quoted; ``#`` comments.
+
+    Lines that are shell statements without an assignment (``set -a``) are ignored.
+    """
+    env: Dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        try:
+            tokens = shlex.split(s, comments=True)
+        except ValueError as exc:
+            raise ToolError("%s line %d is not valid shell (%s): %r" % (where, n, exc, redact_text(s)))
+        if tokens and tokens[0] == "export":
+            tokens = tokens[1:]
+        if len(tokens) == 1 and "=" in tokens[0]:
+            k, v = tokens[0].split("=", 1)
+            if not _NAME_RE.match(k):
+                raise ToolError("%s line %d: %r is not a variable name" % (where, n, k))
+            env[k] = v
+        elif tokens and any("=" in t for t in tokens):
+            raise ToolError("%s line %d is not a single KEY=VALUE assignment: %r"
+                            % (where, n, redact_text(s)))
+    return env
+
+
+def parse_env_file(path: str) -> Dict[str, str]:
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ToolError("cannot read the env file %s: %s" % (path, exc))
+    return parse_env_text(text, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Polling
+# ---------------------------------------------------------------------------------------------
+
+def poll_until(cond: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Call ``cond`` every ``interval`` s until it is true (True) or ``timeout`` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if cond():
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(interval, left))

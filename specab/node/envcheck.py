@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""Verify that the intended env reached every engine process and the server runs the arm's args.
+
+    envcheck.py --node-dir D --env-file R/nccl.env --url http://H:P --expected-args R/args.json
+                --log R/server.log [--log more.log ...] [--out F] [--server-info-out F]
+
+Engine processes = the main pid recorded in server.json plus all its alive descendants (walk of
+/proc/*/stat ppid links). For each variable of the env file, each process's /proc/PID/environ
+(the exec-time environment) must hold the expected value; NCCL's ``NCCL INFO <VAR> set by
+environment to <value>`` log lines confirm (or contradict) what NCCL itself read. The server args
+read back from /get_server_info (fallback /server_info) are compared with the arm's expected
+args (SGLang field names), tolerating int/float/str representation differences. Output:
+
+    {"ok": bool, "variables": {VAR: {"expected", "evidence": [...], "mismatches": [...]}},
+     "args": {ARG: {"expected", "actual", "ok"}}, "processes": [...], "error": "..."}
+
+Secret values (``*_TOKEN``, ``*_KEY``, ``*_SECRET``, ``*PASSWORD*``) are printed as ``<redacted>``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import urllib.error
+import urllib.request
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import ToolError  # noqa: E402
+
+# "host:pid:tid [dev] NCCL INFO NCCL_P2P_LEVEL set by environment to SYS" (integer params end in '.')
+NCCL_RE = re.compile(r"(?:(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+)\s+)?(?:\[(?P<dev>\d+)\]\s+)?"
+                     r"NCCL INFO (?P<var>[A-Z][A-Z0-9_]*) set by environment to (?P<value>.*?)\s*$")
+SHELL_COMMS = {"bash", "sh", "dash", "zsh", "ksh", "busybox"}
+TP_RE = re.compile(r"(?:^|[^A-Za-z])(?P<tag>(?:DP\d+_)?TP\d+)\b")
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="envcheck.py", description=__doc__.split("\n")[0])
+    p.add_argument("--node-dir", required=True)
+    p.add_argument("--env-file", required=True)
+    p.add_argument("--url", required=True)
+    p.add_argument("--expected-args", required=True, help="JSON dict of the arm's server args")
+    p.add_argument("--log", action="append", default=[], help="server log(s) holding NCCL INFO lines")
+    p.add_argument("--http-timeout", type=float, default=10.0)
+    p.add_argument("--out", default=None, help="also write the JSON result here (env_check.json)")
+    p.add_argument("--server-info-out", default=None, help="write the server info read back (redacted)")
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- processes and env
+
+def engine_processes(main_pid: int) -> List[Dict[str, Any]]:
+    """Main pid + alive descendants; wrapper shells (a launch script that did not exec) are skipped."""
+    procs = []
+    for pid in [main_pid] + common.descendants(main_pid):
+        if not common.is_alive(pid):
+            continue
+        comm = common.proc_comm(pid)
+        name = common.display_name(pid)
+        m = TP_RE.search(name)
+        procs.append({"pid": pid, "name": name, "comm": comm, "tag": m.group("tag") if m else None,
+                      "shell": comm in SHELL_COMMS})
+    return procs
+
+
+def shown(var: str, value: Optional[str]) -> str:
+    return repr(common.redact_value(var, value)) if value is not None else "nothing"
+
+
+def check_environ(expected: Dict[str, str], procs: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    variables: Dict[str, Dict[str, Any]] = {
+        v: {"expected": common.redact_value(v, e), "evidence": [], "mismatches": []} for v, e in expected.items()}
+    for p in procs:
+        if p["shell"]:
+            continue
+        try:
+            env = common.proc_environ(p["pid"])
+        except OSError as exc:
+            for v in expected:
+                variables[v]["mismatches"].append(
+                    "%s: cannot read /proc/%d/environ of %s (%s); run the check as the server's user or root"
+                    % (v, p["pid"], p["name"], exc))
+            continue
+        for v, want in expected.items():
+            have = env.get(v)
+            if have == want:
+                variables[v]["evidence"].append("environ:%d" % p["pid"])
+            elif have is None:
+                variables[v]["mismatches"].append(
+                    "%s: expected %s in every engine process, but %s (pid %d) does not have it"
+                    % (v, shown(v, want), p["name"], p["pid"]))
+            else:
+                variables[v]["mismatches"].append(
+                    "%s: expected %s in every engine process, but %s (pid %d) has %s"
+                    % (v, shown(v, want), p["name"], p["pid"], shown(v, have)))
+    return variables
+
+
+# --------------------------------------------------------------------------- NCCL log lines
+
+def parse_nccl_lines(text: str) -> List[Dict[str, Any]]:
+    out = []
+    for line in text.splitlines():
+        if "set by environment to" not in line:
+            continue
+        m = NCCL_RE.search(line)
+        if m:
+            out.append({"var": m.group("var"), "value": m.group("value"),
+                        "pid": int(m.group("pid")) if m.group("pid") else None,
+                        "dev": int(m.group("dev")) if m.group("dev") else None})
+    return out
+
+
+def nccl_value_matches(expected: str, logged: str) -> bool:
+    """NCCL prints integer params as ``%lld.`` (decimal, trailing '.') and strings raw."""
+    if logged == expected or logged == expected + ".":
+        return True
+    raw = logged[:-1] if logged.endswith(".") else logged
+    try:
+        return int(expected, 0) == int(raw, 10)
+    except ValueError:
+        return raw.strip().lower() == expected.strip().lower() and raw.isalpha()
+
+
+def check_nccl(expected: Dict[str, str], lines: List[Dict[str, Any]], procs: List[Dict[str, Any]],
+               variables: Dict[str, Dict[str, Any]]) -> None:
+    by_pid = {p["pid"]: p for p in procs}
+    for rec in lines:
+        v = rec["var"]
+        if v not in expected:
+            continue
+        p = by_pid.get(rec["pid"]) if rec["pid"] is not None else None
+        if p is not None and p["tag"]:
+            where = p["tag"]
+        elif rec["pid"] is not None:
+            where = "pid%d" % rec["pid"] + ("/dev%d" % rec["dev"] if rec["dev"] is not None else "")
+        else:
+            where = "dev%s" % rec["dev"]
+        if nccl_value_matches(expected[v], rec["value"]):
+            label = "nccl_log:%s" % where
+            if label not in variables[v]["evidence"]:
+                variables[v]["evidence"].append(label)
+        else:
+            variables[v]["mismatches"].append(
+                "%s: expected %s, but NCCL in %s reports it was set to %s"
+                % (v, shown(v, expected[v]), where, shown(v, rec["value"])))
+
+
+# --------------------------------------------------------------------------- server args
+
+def fetch_server_info(base: str, timeout: float) -> Tuple[str, Dict[str, Any]]:
+    errors = []
+    for path in ("/get_server_info", "/server_info"):
+        try:
+            with urllib.request.urlopen(base + path, timeout=timeout) as resp:
+                return path, json.loads(resp.read().decode("utf-8"))
+        except urllib.error.HTTPError as exc:
+            errors.append("%s: HTTP %d" % (path, exc.code))
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            errors.append("%s: %s" % (path, getattr(exc, "reason", exc)))
+    raise ToolError("cannot read the server args back from %s (%s); is the server up?"
+                    % (base, "; ".join(errors)))
+
+
+def _num(x: Any) -> Optional[float]:
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, (int, float)):
+        return float(x)
+    if isinstance(x, str):
+        try:
+            return float(x.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def values_equal(expected: Any, actual: Any) -> bool:
+    """Equal up to representation: 8 == 8.0 == "8", True == "true", lists element-wise."""
+    if expected == actual and type(expected) == type(actual):
+        return True
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        def as_bool(x: Any) -> Optional[bool]:
+            if isinstance(x, bool):
+                return x
+            if isinstance(x, str) and x.strip().lower() in ("true", "false"):
+                return x.strip().lower() == "true"
+            if isinstance(x, (int, float)) and x in (0, 1):
+                return bool(x)
+            return None
+        be, ba = as_bool(expected), as_bool(actual)
+        return be is not None and be == ba
+    if isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple)):
+        return len(expected) == len(actual) and all(values_equal(e, a) for e, a in zip(expected, actual))
+    ne, na = _num(expected), _num(actual)
+    if ne is not None and na is not None:
+        return abs(ne - na) <= 1e-9 * max(1.0, abs(ne), abs(na))
+    if isinstance(expected, (list, tuple, dict)) or isinstance(actual, (list, tuple, dict)):
+        return expected == actual
+    return str(expected) == str(actual)
+
+
+def check_args(expected: Dict[str, Any], info: Dict[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
+    """Per arg: expected vs actual. ``null`` means "not passed" (server default): not compared;
+    ``false`` means the flag was omitted: the server must not have it on."""
+    report: Dict[str, Any] = {}
+    problems: List[str] = []
+    for k, want in expected.items():
+        secret = common.is_secret_name(k)
+        if want is None:
+            report[k] = {"expected": None, "actual": common.redact_value(k, info.get(k)), "ok": True,
+                         "note": "not passed; server default"}
+            continue
+        if k not in info:
+            report[k] = {"expected": common.redact_value(k, want), "actual": None, "ok": False,
+                         "note": "the server does not report this arg"}
+            problems.append("server arg %s: expected %s, but the server does not report it (misspelt or "
+                            "not an SGLang field?)" % (k, common.REDACTED if secret else repr(want)))
+            continue
+        have = info[k]
+        ok = values_equal(want, have) or (want is False and have in (None, False, 0, "", "false", "False"))
+        report[k] = {"expected": common.redact_value(k, want), "actual": common.redact_value(k, have), "ok": ok}
+        if not ok:
+            problems.append("server arg %s: expected %s, but the server runs with %s"
+                            % (k, common.REDACTED if secret else repr(want),
+                               common.REDACTED if secret else repr(have)))
+    return report, problems
+
+
+# --------------------------------------------------------------------------- main
+
+def check(a: argparse.Namespace) -> Dict[str, Any]:
+    node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
+    rec = common.load_record(node_dir)
+    if rec is None:
+        raise ToolError("no server recorded in %s/server.json; start the server first" % node_dir)
+    if not common.main_is_ours(rec):
+        raise ToolError("the recorded server (pid %s) is not running; see its log %s"
+                        % (rec["pid"], rec.get("log", "server.log")))
+    expected_env = common.parse_env_file(a.env_file)
+    try:
+        with open(a.expected_args) as fh:
+            expected_args = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise ToolError("cannot read the expected args %s: %s" % (a.expected_args, exc))
+    if not isinstance(expected_args, dict):
+        raise ToolError("%s must hold a JSON object of server args" % a.expected_args)
+
+    procs = engine_processes(int(rec["pid"]))
+    variables = check_environ(expected_env, procs)
+    nccl_lines: List[Dict[str, Any]] = []
+    for path in a.log:
+        try:
+            with open(path, "r", errors="replace") as fh:
+                nccl_lines += parse_nccl_lines(fh.read())
+        except OSError as exc:
+            common.log("warning: cannot read log %s: %s" % (path, exc))
+    check_nccl(expected_env, nccl_lines, procs, variables)
+
+    endpoint, info = fetch_server_info(a.url.rstrip("/"), a.http_timeout)
+    if a.server_info_out:
+        common.write_json(a.server_info_out, common.redact_mapping(info))
+    args_report, arg_problems = check_args(expected_args, info)
+
+    env_problems = [m for v in variables.values() for m in v["mismatches"]]
+    out: Dict[str, Any] = {
+        "ok": not env_problems and not arg_problems,
+        "variables": variables,
+        "args": args_report,
+        "server_info_endpoint": endpoint,
+        "processes": [{"pid": p["pid"], "name": p["name"], "skipped": "wrapper shell" if p["shell"] else None}
+                      for p in procs],
+        "nccl_lines": len(nccl_lines),
+    }
+    if not out["ok"]:
+        problems = env_problems + arg_problems
+        more = "" if len(problems) <= 8 else " (and %d more)" % (len(problems) - 8)
+        raise ToolError("; ".join(problems[:8]) + more, out)
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    a = parse_args(argv)
+    try:
+        out = check(a)
+    except ToolError as exc:
+        if a.out:
+            common.write_json(a.out, dict(exc.result, ok=False, error=exc.message))
+        raise
+    if a.out:
+        common.write_json(a.out, dict(out, ok=True))
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(common.run_tool(main))

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Sample GPU clocks, power, temperature, utilization and clock-event reasons to CSV until stopped.
+
+    gpusample.py --smi '["nvidia-smi"]' --interval S --out F [--gpus all|0,1] [--count N] [--duration S]
+
+One row per GPU per sample, with a unix ``timestamp`` column first; every row is flushed as it
+is written, so a SIGKILL loses at most the sample in flight. SIGTERM/SIGINT end the loop cleanly
+(the JSON summary is printed). An nvidia-smi error or hang (bounded by --smi-timeout) skips that
+sample and is counted; it is fatal only when no sample at all succeeded.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import select
+import signal
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import ToolError  # noqa: E402
+
+SAMPLE_FIELDS = ("index", "clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw", "temperature.gpu",
+                 "utilization.gpu", "clocks_event_reasons.active", "memory.used")
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="gpusample.py", description=__doc__.split("\n")[0])
+    p.add_argument("--smi", required=True, type=lambda s: common.json_list_arg(s, "--smi"))
+    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--out", required=True)
+    p.add_argument("--gpus", default="all")
+    p.add_argument("--count", type=int, default=0, help="stop after N samples (0: until signalled)")
+    p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds (0: until signalled)")
+    p.add_argument("--smi-timeout", type=float, default=common.DEFAULT_SMI_TIMEOUT)
+    a = p.parse_args(argv)
+    if a.interval <= 0:
+        p.error("--interval must be > 0")
+    return a
+
+
+class StopFlag(object):
+    """SIGTERM/SIGINT set the flag and wake the sleeping loop through a self-pipe."""
+
+    def __init__(self) -> None:
+        self.stop = False
+        self.signal: Optional[str] = None
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.w, False)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.stop = True
+        self.signal = signal.Signals(signum).name
+        try:
+            os.write(self.w, b"x")
+        except OSError:
+            pass
+
+    def sleep(self, seconds: float) -> None:
+        if self.stop or seconds <= 0:
+            return
+        try:
+            ready, _, _ = select.select([self.r], [], [], seconds)
+        except InterruptedError:  # pragma: no cover - PEP 475 retries select on Python >= 3.5
+            return
+        if ready:
+            os.read(self.r, 64)
+
+
+def sample(a: argparse.Namespace) -> Dict[str, Any]:
+    flag = StopFlag()
+    t0 = time.monotonic()
+    samples = rows = errors = 0
+    last_error: Optional[str] = None
+    selected: Optional[List[int]] = None
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["timestamp"] + list(SAMPLE_FIELDS))
+        fh.flush()
+        while not flag.stop:
+            tick = time.monotonic()
+            try:
+                data = common.query_gpus(a.smi, SAMPLE_FIELDS, a.smi_timeout)
+                ts = time.time()
+                if selected is None:
+                    selected = common.select_gpus(a.gpus, [g["index"] for g in data])
+                for g in data:
+                    if g["index"] in selected:
+                        w.writerow(["%.3f" % ts] + ["" if g[f] is None else g[f] for f in SAMPLE_FIELDS])
+                        rows += 1
+                fh.flush()
+                samples += 1
+            except common.SmiError as exc:
+                errors += 1
+                last_error = exc.message
+                common.log("sample skipped: %s" % exc.message)
+            if a.count and samples + errors >= a.count:
+                break
+            if a.duration and time.monotonic() - t0 >= a.duration:
+                break
+            flag.sleep(a.interval - (time.monotonic() - tick))
+    out: Dict[str, Any] = {"out": a.out, "samples": samples, "rows": rows, "errors": errors,
+                           "gpus": selected, "duration_s": round(time.monotonic() - t0, 3),
+                           "stopped_by": flag.signal or "limit"}
+    if last_error:
+        out["last_error"] = last_error
+    if samples == 0 and errors:
+        raise ToolError("no GPU sample succeeded (%d attempts): %s" % (errors, last_error), out)
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    return sample(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(common.run_tool(main))

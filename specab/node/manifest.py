@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""Provenance of one run, collected on the node (secrets redacted).
+
+    manifest.py --run-dir R --node-dir D [--smi JSON] [--python python3] [--args-json R/args.json]
+                [--env-file R/nccl.env] [--launch R/launch.sh] [--model-path P] [--draft-model-path P]
+                [--seed N] [--extra KEY=VALUE ...] [--out F]
+
+Collects: engine version (``import sglang``), torch/CUDA/NCCL versions (each in a subprocess
+with a timeout, never fatal), nvidia-smi driver version and GPU UUIDs/names/clocks, hostname,
+kernel, Python, the launch script and args, the env file and the server's environment (engine
+variables only), model/draft paths with sha256 of their small ``*.json`` files, the server record
+and timestamps. A missing piece is recorded as ``"absent"`` or an error string, never fatal.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+GPU_FIELDS = ("index", "uuid", "name", "driver_version", "pci.bus_id", "memory.total", "clocks.sm",
+              "clocks.mem", "clocks.max.sm", "clocks.max.mem", "power.limit", "pstate", "persistence_mode")
+GPU_FIELDS_MIN = ("index", "uuid", "name", "driver_version", "memory.total")
+SMALL_FILE = 4 * 1024 * 1024
+ENGINE_ENV_PREFIXES = ("NCCL_", "SGLANG_", "SGL_", "CUDA_", "TORCH", "PYTORCH_", "NVIDIA_", "OMP_",
+                       "HF_", "TRANSFORMERS_", "LD_LIBRARY_PATH", "PATH", "PYTHONPATH", "VLLM_")
+
+TORCH_PROBE = r"""
+import json
+out = {}
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["cuda"] = torch.version.cuda
+    try:
+        v = torch.cuda.nccl.version()
+        out["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception as exc:
+        out["nccl"] = "unknown (%s)" % type(exc).__name__
+except ImportError:
+    out["torch"] = "absent"
+print(json.dumps(out))
+"""
+ENGINE_PROBE = r"""
+try:
+    import sglang
+    print(getattr(sglang, "__version__", "unknown"))
+except ImportError:
+    print("absent")
+"""
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="manifest.py", description=__doc__.split("\n")[0])
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--node-dir", required=True)
+    p.add_argument("--smi", default=None, type=lambda s: common.json_list_arg(s, "--smi"))
+    p.add_argument("--python", default="python3", help="the engine's Python, for version probes")
+    p.add_argument("--args-json", default=None, help="the arm's server args (default RUN_DIR/args.json)")
+    p.add_argument("--env-file", default=None, help="default RUN_DIR/nccl.env")
+    p.add_argument("--launch", default=None, help="default RUN_DIR/launch.sh")
+    p.add_argument("--model-path", default=None, help="default: args model_path")
+    p.add_argument("--draft-model-path", default=None, help="default: args speculative_draft_model_path")
+    p.add_argument("--seed", default=None)
+    p.add_argument("--extra", action="append", default=[], help="KEY=VALUE recorded as given (redacted)")
+    p.add_argument("--probe-timeout", type=float, default=60.0)
+    p.add_argument("--smi-timeout", type=float, default=common.DEFAULT_SMI_TIMEOUT)
+    p.add_argument("--out", default=None, help="write the manifest here too (node_manifest.json)")
+    return p.parse_args(argv)
+
+
+def probe(argv: List[str], timeout: float) -> Dict[str, Any]:
+    try:
+        rc, out, err = common.run_command(argv, timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": "no answer within %gs" % timeout}
+    except OSError as exc:
+        return {"error": str(exc)}
+    if rc != 0:
+        return {"error": "rc %d: %s" % (rc, (err.strip().splitlines() or ["(no output)"])[-1][:300])}
+    return {"stdout": out.strip()}
+
+
+def versions(python: str, timeout: float) -> Dict[str, Any]:
+    res: Dict[str, Any] = {"python_for_engine": python}
+    eng = probe([python, "-c", ENGINE_PROBE], timeout)
+    res["sglang"] = eng.get("stdout") or "error: %s" % eng.get("error")
+    t = probe([python, "-c", TORCH_PROBE], timeout)
+    if "stdout" in t:
+        try:
+            res.update(json.loads(t["stdout"].splitlines()[-1]))
+        except (ValueError, IndexError):
+            res["torch"] = "error: unparsable probe output"
+    else:
+        res["torch"] = "error: %s" % t["error"]
+    return res
+
+
+def gpus(smi: Optional[List[str]], timeout: float) -> Dict[str, Any]:
+    if not smi:
+        return {"error": "no --smi given"}
+    try:
+        try:
+            rows = common.query_gpus(smi, GPU_FIELDS, timeout)
+        except common.SmiFieldError:
+            rows = common.query_gpus(smi, GPU_FIELDS_MIN, timeout)
+    except common.SmiError as exc:
+        return {"error": exc.message}
+    drivers = sorted({str(r.get("driver_version")) for r in rows})
+    return {"driver_version": drivers[0] if len(drivers) == 1 else drivers, "gpus": rows}
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_info(path: Optional[str]) -> Optional[Dict[str, Any]]:
+    if not path:
+        return None
+    info: Dict[str, Any] = {"path": path, "exists": os.path.exists(path)}
+    if os.path.isdir(path):
+        files = {}
+        for f in sorted(glob.glob(os.path.join(path, "*.json"))):
+            try:
+                if os.path.getsize(f) <= SMALL_FILE:
+                    files[os.path.basename(f)] = sha256_file(f)
+            except OSError as exc:
+                files[os.path.basename(f)] = "error: %s" % exc
+        info["json_sha256"] = files
+        info["config_sha256"] = files.get("config.json")
+        if "config.json" in files:
+            try:
+                with open(os.path.join(path, "config.json")) as fh:
+                    cfg = json.load(fh)
+                info["architectures"] = cfg.get("architectures")
+                info["max_position_embeddings"] = cfg.get("max_position_embeddings")
+            except (OSError, ValueError):
+                pass
+    elif os.path.isfile(path) and os.path.getsize(path) <= SMALL_FILE:
+        info["sha256"] = sha256_file(path)
+    return info
+
+
+def read_text(path: Optional[str]) -> Optional[Dict[str, Any]]:
+    if not path or not os.path.isfile(path):
+        return None
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    return {"path": path, "sha256": hashlib.sha256(raw).hexdigest(),
+            "text": common.redact_text(raw.decode("utf-8", "replace"))}
+
+
+def server_environ(node_dir: str) -> Optional[Dict[str, Any]]:
+    rec = common.load_record(node_dir) or common.load_record(node_dir, common.LAST_SERVER_JSON)
+    if rec is None:
+        return None
+    info: Dict[str, Any] = {"record": common.redact_mapping(rec)}
+    if common.main_is_ours(rec):
+        try:
+            env = common.proc_environ(int(rec["pid"]))
+            info["environ"] = {k: common.redact_value(k, v) for k, v in sorted(env.items())
+                               if k.startswith(ENGINE_ENV_PREFIXES)}
+        except OSError as exc:
+            info["environ_error"] = str(exc)
+    return info
+
+
+def build(a: argparse.Namespace) -> Dict[str, Any]:
+    run_dir = os.path.abspath(a.run_dir)
+    node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
+    args_path = a.args_json or os.path.join(run_dir, "args.json")
+    server_args: Any = None
+    if os.path.isfile(args_path):
+        try:
+            with open(args_path) as fh:
+                server_args = json.load(fh)
+        except ValueError as exc:
+            server_args = "error: %s" % exc
+    env_path = a.env_file or os.path.join(run_dir, "nccl.env")
+    env: Any = None
+    if os.path.isfile(env_path):
+        try:
+            env = {k: common.redact_value(k, v) for k, v in common.parse_env_file(env_path).items()}
+        except common.ToolError as exc:
+            env = "error: %s" % exc.message
+    sa = server_args if isinstance(server_args, dict) else {}
+    uname = os.uname()
+    extra = {}
+    for kv in a.extra:
+        k, _, v = kv.partition("=")
+        extra[k] = common.redact_value(k, v)
+    return {
+        "kind": "specab-node-manifest",
+        "created_at": time.time(),
+        "created_at_iso": common.now_iso(),
+        "run_dir": run_dir,
+        "run_id": os.path.basename(run_dir),
+        "host": {"hostname": socket.gethostname(), "fqdn": socket.getfqdn(), "kernel": uname.release,
+                 "os": platform.platform(), "machine": uname.machine,
+                 "python_of_tools": platform.python_version()},
+        "versions": versions(a.python, a.probe_timeout),
+        "gpu": gpus(a.smi, a.smi_timeout),
+        "server_args": common.redact_mapping(server_args),
+        "env_file": {"path": env_path, "values": env},
+        "launch": read_text(a.launch or os.path.join(run_dir, "launch.sh")),
+        "server": server_environ(node_dir),
+        "models": {"target": model_info(a.model_path or sa.get("model_path")),
+                   "draft": model_info(a.draft_model_path or sa.get("speculative_draft_model_path"))},
+        "seed": a.seed,
+        "extra": extra,
+    }
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    a = parse_args(argv)
+    out = build(a)
+    if a.out:
+        common.write_json(a.out, out)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(common.run_tool(main))

@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""Wait until the server answers /health_generate (fallback /health), failing fast.
+
+    ready.py --url http://H:P --pid N --log R/server.log --timeout S
+             [--phases-out F] [--progress F] [--interval 0.2]
+
+Fails within about a second (not at the timeout) when the server process exits or a fatal line
+appears in its log (out of memory, unrecognized arguments, Address already in use, a Python
+traceback that is not followed by readiness), quoting the fatal line and the log tail. Reports the
+load phases parsed from SGLang's log (weights, CUDA graphs, ready line) with their timestamps.
+``--progress F`` is rewritten with the current phase as one JSON line while waiting.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import ToolError  # noqa: E402
+
+# SGLang's log prefix: "[2025-10-22 10:27:57 TP0] message" (the rank part is optional).
+LINE_RE = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)?(?P<rank>[^\]]*)\]\s?(?P<msg>.*)$")
+
+# (phase key, message prefix, "first" or "last" occurrence wins across ranks / draft model)
+PHASE_MARKERS: Tuple[Tuple[str, str, str], ...] = (
+    ("load_weight_begin", "Load weight begin", "first"),
+    ("load_weight_end", "Load weight end", "last"),
+    ("capture_cuda_graph_begin", "Capture cuda graph begin", "first"),
+    ("capture_cuda_graph_end", "Capture cuda graph end", "last"),
+    ("capture_draft_cuda_graph_begin", "Capture draft cuda graph begin", "first"),
+    ("capture_draft_cuda_graph_end", "Capture draft cuda graph end", "last"),
+    ("ready_line", "The server is fired up and ready to roll!", "first"),
+)
+
+# Lines that mean the launch failed, whatever the process does next.
+FATAL_RES: Tuple[Tuple[str, "re.Pattern[str]"], ...] = (
+    ("out of memory", re.compile(r"out of memory|OutOfMemoryError|Not enough memory", re.I)),
+    ("unrecognized arguments", re.compile(r"error: unrecognized arguments")),
+    ("invalid argument", re.compile(r"^\S*: error: argument ")),
+    ("address in use", re.compile(r"Address already in use|address already in use")),
+    ("child failed", re.compile(r"Received sigquit from a child process|Scheduler hit an exception")),
+)
+TRACEBACK_RE = re.compile(r"Traceback \(most recent call last\)")
+EXC_LINE_RE = re.compile(r"^(?:\[[^\]]*\]\s*)?[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b:?.*$")
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ready.py", description=__doc__.split("\n")[0])
+    p.add_argument("--url", required=True)
+    p.add_argument("--pid", required=True, type=int)
+    p.add_argument("--log", required=True)
+    p.add_argument("--timeout", required=True, type=float)
+    p.add_argument("--interval", type=float, default=0.2)
+    p.add_argument("--traceback-grace", type=float, default=60.0,
+                   help="a Python traceback followed by this many seconds of log silence (server not "
+                        "ready, no further line) counts as fatal")
+    p.add_argument("--phases-out", default=None)
+    p.add_argument("--progress", default=None)
+    return p.parse_args(argv)
+
+
+def log_ts_to_epoch(ts: str) -> Optional[float]:
+    """SGLang logs local time without a zone; the node tool runs on the same host."""
+    try:
+        return time.mktime(time.strptime(ts, "%Y-%m-%d %H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+class LogWatcher(object):
+    """Incrementally reads the server log; tracks phases, fatal lines and the tail."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+        self.phases: Dict[str, Dict[str, Any]] = {}
+        self.fatal: Optional[Tuple[str, str]] = None  # (kind, line)
+        self.traceback_at: Optional[float] = None
+        self.exception_line: Optional[str] = None
+        self.tail: List[str] = []
+        self.lines_read = 0
+        self.last_line_at = time.monotonic()
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return
+        if not data:
+            return
+        self.offset += len(data)
+        data = self.partial + data
+        parts = data.split(b"\n")
+        self.partial = parts.pop()
+        for raw in parts:
+            self.feed(raw.decode("utf-8", "replace").rstrip("\r"))
+
+    def flush(self) -> None:
+        """Treat an unterminated last line as complete (the process has exited)."""
+        self.poll()
+        if self.partial:
+            self.feed(self.partial.decode("utf-8", "replace"))
+            self.partial = b""
+
+    def feed(self, line: str) -> None:
+        self.lines_read += 1
+        self.last_line_at = time.monotonic()
+        self.tail.append(line)
+        if len(self.tail) > 40:
+            del self.tail[:-40]
+        m = LINE_RE.match(line)
+        msg = m.group("msg") if m else line
+        for key, prefix, which in PHASE_MARKERS:
+            if msg.startswith(prefix):
+                if which == "first" and key in self.phases:
+                    continue
+                self.phases[key] = {"log_time": m.group("ts") if m else None,
+                                    "t": log_ts_to_epoch(m.group("ts")) if m else None,
+                                    "seen_at": round(time.time(), 3),
+                                    "rank": (m.group("rank").strip() or None) if m else None}
+        if self.fatal is None:
+            for kind, rx in FATAL_RES:
+                if rx.search(line):
+                    self.fatal = (kind, line.strip())
+                    break
+        if TRACEBACK_RE.search(line) and self.traceback_at is None:
+            self.traceback_at = time.monotonic()
+        elif self.traceback_at is not None and EXC_LINE_RE.match(line.strip()):
+            self.exception_line = line.strip()
+
+    def phase(self) -> str:
+        p = self.phases
+        if "ready_line" in p:
+            return "ready line logged"
+        if ("capture_cuda_graph_begin" in p and "capture_cuda_graph_end" not in p) or \
+                ("capture_draft_cuda_graph_begin" in p and "capture_draft_cuda_graph_end" not in p):
+            return "capturing graphs"
+        if "capture_cuda_graph_end" in p:
+            return "graphs captured"
+        if "load_weight_begin" in p and "load_weight_end" not in p:
+            return "loading weights"
+        if "load_weight_end" in p:
+            return "weights loaded"
+        return "starting"
+
+    def durations(self) -> Dict[str, Optional[float]]:
+        def span(a: str, b: str) -> Optional[float]:
+            ta, tb = self.phases.get(a, {}).get("t"), self.phases.get(b, {}).get("t")
+            return None if ta is None or tb is None else round(tb - ta, 3)
+        return {"load_weights_s": span("load_weight_begin", "load_weight_end"),
+                "capture_cuda_graph_s": span("capture_cuda_graph_begin", "capture_cuda_graph_end"),
+                "weights_to_ready_s": span("load_weight_begin", "ready_line")}
+
+    def best_fatal_line(self) -> Optional[str]:
+        if self.fatal:
+            return self.fatal[1]
+        if self.exception_line:
+            return self.exception_line
+        return None
+
+
+def probe(base: str, path: str, timeout: float) -> Tuple[Optional[int], str]:
+    """HTTP status of GET base+path (None when nothing answers) and a short note."""
+    try:
+        with urllib.request.urlopen(base + path, timeout=timeout) as resp:
+            return resp.status, "ok"
+    except urllib.error.HTTPError as exc:
+        return exc.code, "HTTP %d" % exc.code
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return None, str(reason)
+
+
+def write_progress(path: Optional[str], phase: str, t0: float, watcher: LogWatcher) -> None:
+    if not path:
+        return
+    last = common.redact_text(watcher.tail[-1])[:240] if watcher.tail else ""
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w") as fh:
+        fh.write(json.dumps({"phase": phase, "t": round(time.time(), 3),
+                             "elapsed_s": round(time.monotonic() - t0, 3), "last_log_line": last}) + "\n")
+    os.replace(tmp, path)
+
+
+def tail_text(watcher: LogWatcher, n: int = 15) -> str:
+    return "\n".join(common.redact_text(l) for l in watcher.tail[-n:])
+
+
+def wait_ready(a: argparse.Namespace) -> Dict[str, Any]:
+    base = a.url.rstrip("/")
+    watcher = LogWatcher(a.log)
+    t0 = time.monotonic()
+    deadline = t0 + a.timeout
+    endpoint = "/health_generate"
+    last_phase = None
+    last_progress = 0.0
+    last_note = ""
+    out: Dict[str, Any] = {"url": base, "pid": a.pid, "log": a.log}
+
+    def fail(msg: str) -> ToolError:
+        watcher.flush()
+        out.update(ready=False, phase=watcher.phase(), phases=watcher.phases, durations=watcher.durations(),
+                   elapsed_s=round(time.monotonic() - t0, 3), fatal_line=common.redact_text(
+                       watcher.best_fatal_line() or "") or None, log_tail=watcher.tail[-15:])
+        out["log_tail"] = [common.redact_text(l) for l in out["log_tail"]]
+        write_progress(a.progress, "failed", t0, watcher)
+        return ToolError(msg, out)
+
+    while True:
+        watcher.poll()
+        phase = watcher.phase()
+        if phase != last_phase or time.monotonic() - last_progress > 1.0:
+            write_progress(a.progress, phase, t0, watcher)
+            if phase != last_phase:
+                common.log("phase: %s (%.1fs)" % (phase, time.monotonic() - t0))
+            last_phase, last_progress = phase, time.monotonic()
+        if watcher.fatal is not None:
+            kind, line = watcher.fatal
+            raise fail("the server failed to start (%s) after %.1fs: %r. Log tail of %s:\n%s"
+                       % (kind, time.monotonic() - t0, common.redact_text(line), a.log, tail_text(watcher)))
+        if not common.is_alive(a.pid):
+            watcher.flush()
+            fatal = watcher.best_fatal_line()
+            raise fail("the server process %d exited before it was ready (after %.1fs, phase %r)%s. "
+                       "Log tail of %s:\n%s"
+                       % (a.pid, time.monotonic() - t0, watcher.phase(),
+                          ": %r" % common.redact_text(fatal) if fatal else "", a.log, tail_text(watcher)))
+        left = deadline - time.monotonic()
+        status, note = probe(base, endpoint, max(0.5, min(5.0, left)))
+        if status == 404 and endpoint == "/health_generate":
+            endpoint = "/health"
+            status, note = probe(base, endpoint, max(0.5, min(5.0, left)))
+        last_note = note
+        if status == 200:
+            watcher.poll()
+            elapsed = round(time.monotonic() - t0, 3)
+            out.update(ready=True, endpoint=endpoint, elapsed_s=elapsed, ready_at=round(time.time(), 3),
+                       phase="ready", phases=watcher.phases, durations=watcher.durations())
+            if watcher.traceback_at is not None:
+                out["warning"] = "a Traceback appeared in the log before readiness: %r" % (
+                    watcher.exception_line or "Traceback")
+            write_progress(a.progress, "ready", t0, watcher)
+            return out
+        if watcher.traceback_at is not None and time.monotonic() - watcher.last_line_at > a.traceback_grace:
+            raise fail("the server logged a Python traceback, then nothing for %gs, and is not ready: %r. "
+                       "Log tail of %s:\n%s" % (a.traceback_grace, common.redact_text(
+                           watcher.exception_line or "Traceback"), a.log, tail_text(watcher)))
+        if time.monotonic() >= deadline:
+            raise fail("the server was not ready after %gs (phase %r, last health answer: %s; raise "
+                       "timeouts.ready_s if loading is just slow). Log tail of %s:\n%s"
+                       % (a.timeout, watcher.phase(), last_note, a.log, tail_text(watcher)))
+        time.sleep(max(0.0, min(a.interval, deadline - time.monotonic())))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    a = parse_args(argv)
+    try:
+        out = wait_ready(a)
+    except ToolError as exc:
+        if a.phases_out:
+            common.write_json(a.phases_out, dict(exc.result, ok=False, error=exc.message))
+        raise
+    if a.phases_out:
+        common.write_json(a.phases_out, dict(out, ok=True))
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(common.run_tool(main))

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Start the engine's launch script detached, in its own session, and record it in server.json.
+
+    start.py --node-dir D --run-dir R --script R/launch.sh --host H --port P [--run-id ID] [--arm NAME]
+
+Refuses (exit 1) when server.json names a server of ours that is still alive (or processes of
+its session survive), or when the port is taken (names the PID, user and command holding it).
+Returns at once; readiness is ready.py's job. stdout+stderr of the server go to R/server.log.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Dict, Optional, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import ToolError  # noqa: E402
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="start.py", description=__doc__.split("\n")[0])
+    p.add_argument("--node-dir", required=True)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--script", required=True, help="the launch script (executable)")
+    p.add_argument("--host", required=True)
+    p.add_argument("--port", required=True, type=int)
+    p.add_argument("--run-id", default=None, help="default: the run directory's name")
+    p.add_argument("--arm", default=None, help="default: the run id without its '<seq>-' prefix")
+    p.add_argument("--log", default=None, help="default: RUN_DIR/server.log")
+    return p.parse_args(argv)
+
+
+def check_previous(node_dir: str) -> Optional[Dict[str, Any]]:
+    """Refuse when a recorded server of ours still lives; return a stale record otherwise."""
+    rec = common.load_record(node_dir)
+    if rec is None:
+        return None
+    path = os.path.join(node_dir, common.SERVER_JSON)
+    if common.main_is_ours(rec):
+        raise ToolError("%s names a live server of ours (pid %s, run %s, port %s); stop it first "
+                        "(stop.py --node-dir %s)" % (path, rec["pid"], rec.get("run_id"), rec.get("port"),
+                                                     node_dir))
+    alive = common.members(rec)
+    if alive:
+        listed = "; ".join(common.describe_text(st.pid) for st in alive[:5])
+        raise ToolError("the server recorded in %s has exited but %d process(es) of its session are still "
+                        "alive (%s); run stop.py --node-dir %s to sweep them" % (path, len(alive), listed,
+                                                                                 node_dir))
+    return rec
+
+
+def check_port(host: str, port: int) -> None:
+    holders = common.port_holders(port)
+    if holders:
+        who = "; ".join("PID %d, user %s, command %r" % (h["pid"], h["user"], h["command"]) for h in holders)
+        raise ToolError("port %d is already taken (LISTEN) by %s; stop that process or choose another "
+                        "port (server_args.port)" % (port, who), {"port": port, "holders": holders})
+    err = common.port_bindable(host, port)
+    if err is not None:
+        raise ToolError("port %d on %s cannot be bound (%s) and no process visible here holds it "
+                        "(another network namespace or a user whose /proc is hidden?); choose another "
+                        "port" % (port, host, err), {"port": port, "holders": []})
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    a = parse_args(argv)
+    node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
+    run_dir = os.path.abspath(os.path.expanduser(a.run_dir))
+    script = os.path.abspath(os.path.expanduser(a.script))
+    run_id = a.run_id or os.path.basename(run_dir.rstrip("/"))
+    arm = a.arm or (run_id.split("-", 1)[1] if "-" in run_id and run_id.split("-", 1)[0].isdigit() else run_id)
+    log_path = os.path.abspath(a.log) if a.log else os.path.join(run_dir, "server.log")
+
+    if not os.path.isfile(script):
+        raise ToolError("launch script %s does not exist; the start role must deploy it first" % script)
+    if not os.access(script, os.X_OK):
+        raise ToolError("launch script %s is not executable; deploy it with mode 0755" % script)
+    os.makedirs(node_dir, exist_ok=True)
+    os.makedirs(run_dir, exist_ok=True)
+
+    stale = check_previous(node_dir)
+    check_port(a.host, a.port)
+
+    with open(log_path, "wb") as logf:
+        started = time.time()
+        proc = subprocess.Popen([script], cwd=run_dir, stdin=subprocess.DEVNULL, stdout=logf,
+                                stderr=subprocess.STDOUT, close_fds=True, start_new_session=True)
+    st = common.proc_stat(proc.pid)
+    rec: Dict[str, Any] = {
+        "pid": proc.pid,
+        "pgid": os.getpgid(proc.pid) if st is None else st.pgrp,
+        "sid": os.getsid(proc.pid) if st is None else st.session,
+        "starttime": st.starttime if st else None,
+        "port": a.port,
+        "host": a.host,
+        "run_id": run_id,
+        "arm": arm,
+        "started_at": started,
+        "started_at_iso": common.now_iso(started),
+        "launch": script,
+        "run_dir": run_dir,
+        "log": log_path,
+        "user": common.proc_user(os.getpid()),
+    }
+    common.write_json(os.path.join(node_dir, common.SERVER_JSON), rec)
+    common.log("started %s: pid %d (session %d), log %s" % (script, proc.pid, rec["sid"], log_path))
+    out = dict(rec)
+    if stale is not None:
+        out["replaced_stale_record"] = {k: stale.get(k) for k in ("pid", "run_id", "started_at_iso")}
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(common.run_tool(main))

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Stop the server recorded in server.json: SIGTERM → grace → SIGKILL → sweep orphans.
+
+    stop.py --node-dir D --smi '["nvidia-smi"]' --grace S [--force-foreign] [--out F]
+
+"Ours" is only what server.json recorded at start (pid, process group, session): nothing is
+ever killed by name. Steps: SIGTERM to the recorded process group; poll until the group and the
+session are gone (no fixed sleep); after the grace period SIGKILL the group and every process
+left in our session; then sweep: GPU compute processes whose session id is ours (workers that
+left the group, renamed via prctl, or orphaned) and any process still in our session/group are
+SIGKILLed. GPU compute processes that are not ours are reported and left alone unless
+``--force-foreign``. Every signal is recorded with its time. Idempotent: with nothing recorded
+the answer is ``{"was_running": false}``. On success server.json becomes last_server.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import ToolError  # noqa: E402
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="stop.py", description=__doc__.split("\n")[0])
+    p.add_argument("--node-dir", required=True)
+    p.add_argument("--smi", required=True, type=lambda s: common.json_list_arg(s, "--smi"),
+                   help='nvidia-smi argv as a JSON list, e.g. \'["nvidia-smi"]\'')
+    p.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--kill-wait", type=float, default=15.0,
+                   help="seconds to wait for processes to vanish after SIGKILL")
+    p.add_argument("--force-foreign", action="store_true",
+                   help="also kill GPU compute processes that are NOT ours (never the default)")
+    p.add_argument("--smi-timeout", type=float, default=common.DEFAULT_SMI_TIMEOUT)
+    p.add_argument("--out", default=None, help="also write the JSON result to this file (stop.json)")
+    return p.parse_args(argv)
+
+
+class Stopper(object):
+    """One stop: keeps the signal log and the clock."""
+
+    def __init__(self, rec: Dict[str, Any]) -> None:
+        self.rec = rec
+        self.pid, self.pgid, self.sid = common.record_ids(rec)
+        self.t0 = time.time()
+        self.signals: List[Dict[str, Any]] = []
+
+    def rel(self) -> float:
+        return round(time.time() - self.t0, 4)
+
+    def send(self, sig: int, target: str, ident: int, why: str) -> bool:
+        """Send ``sig`` to a group (``target='pgid'``) or a process; log it; False if nothing was there."""
+        entry = {"signal": signal.Signals(sig).name, "target": target, "id": ident, "why": why,
+                 "t": round(time.time(), 4), "t_rel_s": self.rel()}
+        try:
+            if target == "pgid":
+                os.killpg(ident, sig)
+            else:
+                os.kill(ident, sig)
+            entry["delivered"] = True
+        except ProcessLookupError:
+            entry["delivered"] = False
+            entry["note"] = "no such process/group"
+        except PermissionError as exc:
+            entry["delivered"] = False
+            entry["note"] = "permission denied: %s" % exc
+        self.signals.append(entry)
+        common.log("%s -> %s %d (%s)%s" % (entry["signal"], target, ident, why,
+                                           "" if entry["delivered"] else " [%s]" % entry["note"]))
+        return bool(entry["delivered"])
+
+    def remaining(self) -> List[common.ProcStat]:
+        return common.members(self.rec)
+
+    def wait_gone(self, timeout: float) -> bool:
+        return common.poll_until(lambda: not self.remaining(), timeout, 0.05)
+
+
+def sweep_gpu(st: Stopper, smi: Sequence[str], timeout: float, force_foreign: bool) -> Dict[str, Any]:
+    """Kill GPU compute processes of our session; report (or, when forced, kill) foreign ones."""
+    apps = common.query_compute_apps(smi, timeout)
+    orphans, foreign = [], []
+    for app in apps:
+        pid = app.get("pid")
+        if not isinstance(pid, int) or pid == os.getpid():
+            continue
+        sid = common.pid_session(pid)
+        info = dict(app, session=sid)
+        if sid is not None and sid == st.sid and common.session_is_ours(st.rec):
+            orphans.append(info)
+            st.send(signal.SIGKILL, "pid", pid, "GPU compute process in our session %d (orphan)" % st.sid)
+        else:
+            d = common.describe_process(pid)
+            info.update(user=d["user"], command=d["command"], visible=d["visible"])
+            foreign.append(info)
+            if force_foreign and d["visible"]:
+                st.send(signal.SIGKILL, "pid", pid, "foreign GPU compute process (--force-foreign)")
+    return {"gpu_orphans": orphans, "gpu_foreign": foreign, "compute_apps_seen": len(apps)}
+
+
+def sweep_leftovers(rec: Optional[Dict[str, Any]], st: Stopper) -> List[int]:
+    """SIGKILL every process still alive in the session/group of a record; return their pids."""
+    if rec is None:
+        return []
+    left = common.members(rec)
+    for p in left:
+        st.send(signal.SIGKILL, "pid", p.pid, "still in our session %d / group %d" % (p.session, p.pgrp))
+    return [p.pid for p in left]
+
+
+def stop(a: argparse.Namespace) -> Dict[str, Any]:
+    node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
+    rec = common.load_record(node_dir)
+    if rec is None:
+        # Idempotent path. Survivors of the previous server's session are still ours: sweep them.
+        last = common.load_record(node_dir, common.LAST_SERVER_JSON)
+        out: Dict[str, Any] = {"was_running": False, "signals": []}
+        if last is not None:
+            st = Stopper(last)
+            killed = sweep_leftovers(last, st)
+            if killed:
+                out["leftovers_killed"] = killed
+                out["signals"] = st.signals
+                if not st.wait_gone(a.kill_wait):
+                    raise ToolError("processes of the previous server's session %d survived SIGKILL: %s"
+                                    % (st.sid, "; ".join(common.describe_text(p.pid) for p in st.remaining())),
+                                    out)
+        return out
+
+    st = Stopper(rec)
+    out = {"was_running": common.main_is_ours(rec), "pid": st.pid, "pgid": st.pgid, "sid": st.sid,
+           "run_id": rec.get("run_id"), "arm": rec.get("arm"), "escalated": False, "grace_s": a.grace}
+    initially = st.remaining()
+    out["processes_at_start"] = [{"pid": p.pid, "name": common.display_name(p.pid)} for p in initially]
+    if initially:
+        out["was_running"] = True
+        st.send(signal.SIGTERM, "pgid", st.pgid, "stop: terminate the server's process group")
+        if st.wait_gone(a.grace):
+            out["term_to_gone_s"] = st.rel()
+        else:
+            out["escalated"] = True
+            survivors = st.remaining()
+            out["survivors_after_grace"] = [{"pid": p.pid, "name": common.display_name(p.pid)}
+                                            for p in survivors]
+            t_kill = time.time()
+            st.send(signal.SIGKILL, "pgid", st.pgid, "grace period of %gs expired" % a.grace)
+            for p in st.remaining():
+                if p.pgrp != st.pgid:
+                    st.send(signal.SIGKILL, "pid", p.pid, "in our session %d but another group" % st.sid)
+            if not st.wait_gone(a.kill_wait):
+                left = st.remaining()
+                out["signals"] = st.signals
+                raise ToolError("processes of our server survived SIGKILL for %gs (uninterruptible sleep?): %s; "
+                                "server.json is kept so stop can be retried"
+                                % (a.kill_wait, "; ".join(common.describe_text(p.pid) for p in left)), out)
+            out["kill_to_gone_s"] = round(time.time() - t_kill, 4)
+
+    # Sweep: GPU compute processes of our session, then anything left in the session/group.
+    try:
+        out.update(sweep_gpu(st, a.smi, a.smi_timeout, a.force_foreign))
+    except common.SmiError as exc:
+        out["signals"] = st.signals
+        raise ToolError("%s. The server's processes are gone, but GPU orphans could not be checked; "
+                        "server.json is kept" % exc.message, out)
+    out["leftovers_killed"] = sweep_leftovers(rec, st)
+    if out["gpu_orphans"] or out["leftovers_killed"]:
+        if not st.wait_gone(a.kill_wait):
+            out["signals"] = st.signals
+            raise ToolError("orphaned processes of our session survived SIGKILL: %s"
+                            % "; ".join(common.describe_text(p.pid) for p in st.remaining()), out)
+    out["signals"] = st.signals
+    out["total_s"] = st.rel()
+    out["stopped_at"] = time.time()
+
+    last = dict(rec)
+    last["stopped_at"] = out["stopped_at"]
+    last["stop"] = {k: out.get(k) for k in ("escalated", "term_to_gone_s", "kill_to_gone_s", "total_s")}
+    common.write_json(os.path.join(node_dir, common.LAST_SERVER_JSON), last)
+    os.remove(os.path.join(node_dir, common.SERVER_JSON))
+    if out["gpu_foreign"] and not a.force_foreign:
+        common.log("note: GPU compute processes that are not ours were left alone: %s"
+                   % "; ".join("PID %s user %s %r" % (f["pid"], f.get("user"), f.get("command"))
+                               for f in out["gpu_foreign"]))
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    a = parse_args(argv)
+    try:
+        out = stop(a)
+    except ToolError as exc:
+        if a.out:
+            failed = dict(exc.result, ok=False, error=exc.message)
+            common.write_json(a.out, failed)
+        raise
+    if a.out:
+        common.write_json(a.out, dict(out, ok=True))
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(common.run_tool(main))
