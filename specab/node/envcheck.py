@@ -46,6 +46,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--expected-args", required=True, help="JSON dict of the arm's server args")
     p.add_argument("--log", action="append", default=[], help="server log(s) holding NCCL INFO lines")
     p.add_argument("--http-timeout", type=float, default=10.0)
+    p.add_argument("--allow-unverified", action="store_true",
+                   help="a variable no evidence confirms in some process (environ wiped, no NCCL line) is a "
+                        "warning instead of a failure")
     p.add_argument("--out", default=None, help="also write the JSON result here (env_check.json)")
     p.add_argument("--server-info-out", default=None, help="write the server info read back (redacted)")
     return p.parse_args(argv)
@@ -54,16 +57,27 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 # --------------------------------------------------------------------------- processes and env
 
 def engine_processes(main_pid: int) -> List[Dict[str, Any]]:
-    """Main pid + alive descendants; wrapper shells (a launch script that did not exec) are skipped."""
+    """Main pid + alive descendants in its session.
+
+    Skipped: wrapper shells (a launch script that did not ``exec``: its environ predates the env
+    file) and descendants that started their own session (daemons, not engine processes).
+    """
+    stats = common.all_stats()
+    main_st = next((st for st in stats if st.pid == main_pid), None)
     procs = []
-    for pid in [main_pid] + common.descendants(main_pid):
-        if not common.is_alive(pid):
+    for pid in [main_pid] + common.descendants(main_pid, stats):
+        st = next((x for x in stats if x.pid == pid), None)
+        if st is None or not st.alive:
             continue
-        comm = common.proc_comm(pid)
         name = common.display_name(pid)
         m = TP_RE.search(name)
-        procs.append({"pid": pid, "name": name, "comm": comm, "tag": m.group("tag") if m else None,
-                      "shell": comm in SHELL_COMMS})
+        skipped = None
+        if st.comm in SHELL_COMMS:
+            skipped = "wrapper shell"
+        elif main_st is not None and st.session != main_st.session:
+            skipped = "own session %d (not an engine process)" % st.session
+        procs.append({"pid": pid, "name": name, "comm": st.comm, "tag": m.group("tag") if m else None,
+                      "skipped": skipped})
     return procs
 
 
@@ -71,32 +85,56 @@ def shown(var: str, value: Optional[str]) -> str:
     return repr(common.redact_value(var, value)) if value is not None else "nothing"
 
 
-def check_environ(expected: Dict[str, str], procs: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+def read_environ(pid: int) -> Tuple[Optional[Dict[str, str]], Optional[str]]:
+    """(environ, None), or (None, why) when it cannot be used as evidence.
+
+    setproctitle (SGLang titles its processes ``sglang::scheduler_TP0``...) overwrites the memory
+    that /proc/PID/environ shows with NUL bytes unless ``SPT_NOENV=1`` is in the environment, so
+    a title-changed process usually has an empty environ there: that is "unknown", not "missing".
+    """
+    try:
+        env = common.proc_environ(pid)
+    except OSError as exc:
+        return None, "cannot read /proc/%d/environ (%s); run the check as the server's user or root" % (pid, exc)
+    if not env:
+        return None, ("/proc/%d/environ is empty (setproctitle wiped it; export SPT_NOENV=1 in the launch "
+                      "script to keep it readable)" % pid)
+    return env, None
+
+
+def check_environ(expected: Dict[str, str], procs: List[Dict[str, Any]],
+                  nccl: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """Per variable and engine process: the environ value, or (environ unusable) a NCCL echo line
+    logged by that very process; a process with neither leaves the variable unverified there."""
     variables: Dict[str, Dict[str, Any]] = {
-        v: {"expected": common.redact_value(v, e), "evidence": [], "mismatches": []} for v, e in expected.items()}
+        v: {"expected": common.redact_value(v, e), "evidence": [], "mismatches": [], "unverified": []}
+        for v, e in expected.items()}
     for p in procs:
-        if p["shell"]:
+        if p["skipped"]:
             continue
-        try:
-            env = common.proc_environ(p["pid"])
-        except OSError as exc:
-            for v in expected:
-                variables[v]["mismatches"].append(
-                    "%s: cannot read /proc/%d/environ of %s (%s); run the check as the server's user or root"
-                    % (v, p["pid"], p["name"], exc))
-            continue
+        env, why = read_environ(p["pid"])
+        p["environ"] = "ok" if env is not None else why
         for v, want in expected.items():
-            have = env.get(v)
-            if have == want:
-                variables[v]["evidence"].append("environ:%d" % p["pid"])
-            elif have is None:
-                variables[v]["mismatches"].append(
-                    "%s: expected %s in every engine process, but %s (pid %d) does not have it"
-                    % (v, shown(v, want), p["name"], p["pid"]))
-            else:
-                variables[v]["mismatches"].append(
-                    "%s: expected %s in every engine process, but %s (pid %d) has %s"
-                    % (v, shown(v, want), p["name"], p["pid"], shown(v, have)))
+            if env is not None:
+                have = env.get(v)
+                if have == want:
+                    variables[v]["evidence"].append("environ:%d" % p["pid"])
+                elif have is None:
+                    variables[v]["mismatches"].append(
+                        "%s: expected %s in every engine process, but %s (pid %d) does not have it"
+                        % (v, shown(v, want), p["name"], p["pid"]))
+                else:
+                    variables[v]["mismatches"].append(
+                        "%s: expected %s in every engine process, but %s (pid %d) has %s"
+                        % (v, shown(v, want), p["name"], p["pid"], shown(v, have)))
+                continue
+            own = [r for r in nccl if r["pid"] == p["pid"] and r["var"] == v]
+            if any(nccl_value_matches(want, r["value"]) for r in own):
+                continue  # check_nccl records this evidence (and any contradicting line)
+            if not own:
+                variables[v]["unverified"].append(
+                    "%s: cannot verify %s in %s (pid %d): %s, and NCCL logged no line for it from that "
+                    "process" % (v, shown(v, want), p["name"], p["pid"], why))
     return variables
 
 
@@ -123,7 +161,7 @@ def nccl_value_matches(expected: str, logged: str) -> bool:
     try:
         return int(expected, 0) == int(raw, 10)
     except ValueError:
-        return raw.strip().lower() == expected.strip().lower() and raw.isalpha()
+        return False
 
 
 def check_nccl(expected: Dict[str, str], lines: List[Dict[str, Any]], procs: List[Dict[str, Any]],
@@ -251,7 +289,6 @@ def check(a: argparse.Namespace) -> Dict[str, Any]:
         raise ToolError("%s must hold a JSON object of server args" % a.expected_args)
 
     procs = engine_processes(int(rec["pid"]))
-    variables = check_environ(expected_env, procs)
     nccl_lines: List[Dict[str, Any]] = []
     for path in a.log:
         try:
@@ -259,6 +296,7 @@ def check(a: argparse.Namespace) -> Dict[str, Any]:
                 nccl_lines += parse_nccl_lines(fh.read())
         except OSError as exc:
             common.log("warning: cannot read log %s: %s" % (path, exc))
+    variables = check_environ(expected_env, procs, nccl_lines)
     check_nccl(expected_env, nccl_lines, procs, variables)
 
     endpoint, info = fetch_server_info(a.url.rstrip("/"), a.http_timeout)
@@ -267,13 +305,16 @@ def check(a: argparse.Namespace) -> Dict[str, Any]:
     args_report, arg_problems = check_args(expected_args, info)
 
     env_problems = [m for v in variables.values() for m in v["mismatches"]]
+    unverified = [m for v in variables.values() for m in v["unverified"]]
+    if not a.allow_unverified:
+        env_problems += unverified
     out: Dict[str, Any] = {
         "ok": not env_problems and not arg_problems,
         "variables": variables,
         "args": args_report,
         "server_info_endpoint": endpoint,
-        "processes": [{"pid": p["pid"], "name": p["name"], "skipped": "wrapper shell" if p["shell"] else None}
-                      for p in procs],
+        "processes": [{"pid": p["pid"], "name": p["name"], "skipped": p["skipped"],
+                       "environ": p.get("environ")} for p in procs],
         "nccl_lines": len(nccl_lines),
     }
     if not out["ok"]:
