@@ -1,0 +1,276 @@
+"""The command line: `python driver.py [run] --matrix steps=1,2,3`, `plan`, `status`, `export`,
+`--resume`, plus the subcommands other modules register (`parse-log`, `model`, `report`, `diff`).
+
+Exit codes: 0 all runs ok, 1 some run failed, 2 bad input (refused before any node is touched),
+130 interrupted (finished runs kept; resume with --resume).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from specab import experiment as ex
+from specab import store as st
+from specab.config import ConfigError, is_secret_name, redact_env
+from specab.matrix import MatrixError
+
+SUBCOMMANDS = ("run", "plan", "status", "export")
+CONTRIBUTED = ("specab.logparse", "specab.specmodel", "specab.report", "specab.provenance")
+
+
+def _add_experiment_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-e", "--experiment", metavar="FILE",
+                   help="experiment file (default: experiments/default.yml)")
+    p.add_argument("-i", "--inventory", metavar="FILE",
+                   help="inventory (default: inventory/local.yml, the embedded simulated node)")
+    p.add_argument("--matrix", action="append", default=[], metavar="KEY=VALUES",
+                   help="steps=1,2,3 | topk=1,4 | draft_tokens=4,8 | <server_arg>=a,b | env.NAME=a,b | "
+                        "ranges 1..4; repeat the option for a product")
+    p.add_argument("--repeats", type=int, default=3, help="blocks: every arm runs once per block (default 3)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the per-block random order (default 1)")
+    p.add_argument("--order", choices=("interleaved", "blocked"), default="interleaved",
+                   help="interleaved (default): every block in a seeded random order; blocked: all repeats "
+                        "of one arm, then the next (for comparison only)")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="run the valid matrix combinations and skip the refused ones (default: refuse all)")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runs-dir", metavar="DIR", help="where experiment directories go (default: <repo>/runs)")
+    p.add_argument("-v", "--verbose", action="store_true", help="stream the Ansible events")
+    p.add_argument("--resume", metavar="EXPERIMENT_ID",
+                   help="run only the missing runs of an experiment, in the planned order")
+    p.add_argument("--retry-failed", action="store_true", help="with --resume: run failed runs again too")
+    p.add_argument("--target-ci", metavar="PCT", type=_percent,
+                   help="add blocks until every speedup's 95%% CI half-width is within PCT (e.g. 2%%)")
+    p.add_argument("--max-repeats", type=int, help="upper bound on blocks with --target-ci")
+    p.add_argument("--run-timeout", type=int, metavar="S", help="wall-clock limit of one run's playbook")
+
+
+def _percent(text: str) -> float:
+    t = text.strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a percentage like 2% or a fraction like 0.02") from None
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be between 0% and 100%")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="driver.py",
+        description="specab: controlled A/B experiments for speculative decoding. Without a subcommand, "
+                    "runs an experiment (the same as `run`).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser("run", help="run an experiment (default)")
+    _add_experiment_options(run)
+    _add_run_options(run)
+    run.set_defaults(func=cmd_run)
+    plan = sub.add_parser("plan", help="print the plan and each arm's launch script and env file; touches nothing")
+    _add_experiment_options(plan)
+    plan.add_argument("--format", choices=("text", "json"), default="text")
+    plan.set_defaults(func=cmd_plan)
+    status = sub.add_parser("status", help="GPUs and our servers on every inventory host (parallel)")
+    status.add_argument("-i", "--inventory", metavar="FILE")
+    status.add_argument("--format", choices=("text", "json"), default="text")
+    status.set_defaults(func=cmd_status)
+    export = sub.add_parser("export", help="export an experiment's results")
+    export.add_argument("experiment", help="experiment id (under --runs-dir) or directory")
+    export.add_argument("--format", choices=("csv", "json"), default="json")
+    export.add_argument("--table", choices=("requests", "runs", "arms", "plan", "phases", "gpu_samples"),
+                        default="requests", help="with --format csv: which table (default requests)")
+    export.add_argument("--runs-dir", metavar="DIR")
+    export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    export.set_defaults(func=cmd_export)
+    for modname in CONTRIBUTED:
+        try:
+            mod = importlib.import_module(modname)
+        except ImportError:
+            continue
+        reg = getattr(mod, "register", None)
+        if callable(reg):
+            reg(sub)
+    return parser
+
+
+def _normalise_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`driver.py --matrix ...` means `driver.py run --matrix ...`."""
+    if argv and argv[0] in ("-h", "--help"):
+        return argv
+    choices = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            choices = set(action.choices)
+    if not argv or argv[0] not in choices:
+        return ["run", *argv]
+    return argv
+
+
+def _options(args: argparse.Namespace, argv: list[str]) -> ex.Options:
+    return ex.Options(experiment_file=args.experiment, inventory_file=args.inventory, matrix=list(args.matrix),
+                      repeats=args.repeats, seed=args.seed, order=args.order,
+                      runs_dir=getattr(args, "runs_dir", None), verbose=getattr(args, "verbose", False),
+                      skip_invalid=args.skip_invalid, target_ci=getattr(args, "target_ci", None),
+                      max_repeats=getattr(args, "max_repeats", None),
+                      retry_failed=getattr(args, "retry_failed", False),
+                      run_timeout_s=getattr(args, "run_timeout", None), argv=argv)
+
+
+# --------------------------------------------------------------------------- commands
+
+def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    opts = _options(args, args._argv)
+    if args.resume:
+        code, _ = ex.resume(args.resume, opts, out)
+        return code
+    code, _ = ex.start(opts, out)
+    return code
+
+
+def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
+    from specab.render import render_arm
+    opts = _options(args, args._argv)
+    prepared = ex.prepare(opts)
+    host = prepared.inventory.hosts[0]
+    if args.format == "json":
+        arms = []
+        for arm in prepared.arms:
+            r = render_arm(_display_arm(arm), host)
+            arms.append({**arm.to_json(), "launch_sh": r.launch_sh, "env_file": r.env_file})
+        json.dump({"seed": opts.seed, "order": opts.order, "repeats": opts.repeats, "notices": prepared.notices,
+                   "hosts": [h.name for h in prepared.inventory.hosts],
+                   "plan": [r.to_json() for r in prepared.plan], "arms": arms}, out, indent=2)
+        out.write("\n")
+        return 0
+    for n in prepared.notices:
+        print(f"notice: {n}", file=out)
+    print(f"experiment {prepared.experiment.name} ({prepared.experiment.path}), inventory "
+          f"{prepared.inventory.path} (hosts: {', '.join(h.name for h in prepared.inventory.hosts)})", file=out)
+    print(f"{len(prepared.arms)} arms x {opts.repeats} blocks = {len(prepared.plan)} runs, order {opts.order}, "
+          f"seed {opts.seed}\n", file=out)
+    print(f"{'seq':>4}  {'block':>5}  run_id", file=out)
+    for r in prepared.plan:
+        print(f"{r.seq:>4}  {r.block:>5}  {r.run_id}", file=out)
+    for arm in prepared.arms:
+        rendered = render_arm(_display_arm(arm), host, run_id=None)
+        kind = "baseline" if arm.is_baseline else f"compared with {arm.baseline}"
+        print(f"\n=== arm {arm.name} ({kind}) on {host.name} ===", file=out)
+        print("--- launch.sh ---", file=out)
+        print(rendered.launch_sh, file=out)
+        print("--- nccl.env (mode 0600) ---", file=out)
+        print(rendered.env_file, file=out)
+    return 0
+
+
+def _display_arm(arm: Any) -> Any:
+    """The arm with secret values redacted, for printing."""
+    return replace(arm, env=redact_env(arm.env),
+                   server_args={k: ("<redacted>" if is_secret_name(k) else v) for k, v in arm.server_args.items()})
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from specab.config import load_inventory
+    from specab.remote import status_all
+    inv = load_inventory(args.inventory)
+    rows = status_all(inv.hosts)
+    if args.format == "json":
+        json.dump([{"host": r.host, "ok": r.ok, "error": r.error, "server_running": r.server_running,
+                    "server": r.server, "gpus": [g.__dict__ for g in r.gpus]} for r in rows], out, indent=2)
+        out.write("\n")
+        return 0 if all(r.ok for r in rows) else 1
+    t = Table(title=f"specab status ({inv.path})")
+    for col in ("host", "GPU", "memory used / total (MiB)", "compute processes", "our server", "arm / run"):
+        t.add_column(col)
+    for r in rows:
+        if not r.ok:
+            t.add_row(r.host, "-", "-", "-", "unreachable", r.error or "")
+            continue
+        srv = "-"
+        arm = ""
+        if r.server:
+            srv = f"running (pid {r.server.get('pid')}, port {r.server.get('port')})" if r.server_running \
+                else "not running (stale server.json)"
+            arm = f"{r.server.get('arm', '?')} / {r.server.get('run_id', '?')}"
+        else:
+            srv = "none"
+        for i, g in enumerate(r.gpus or [None]):
+            if g is None:
+                t.add_row(r.host, "-", "-", "-", srv, arm)
+                continue
+            t.add_row(r.host if i == 0 else "", g.index, f"{g.memory_used_mib} / {g.memory_total_mib}",
+                      "; ".join(g.processes) or "none", srv if i == 0 else "", arm if i == 0 else "")
+    Console(file=out, width=160, highlight=False).print(t)
+    return 0 if all(r.ok for r in rows) else 1
+
+
+def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
+    exp_dir = ex.locate(args.experiment, args.runs_dir)
+    with st.Store.open(exp_dir) as s:
+        dest: TextIO = open(args.output, "w", newline="") if args.output else out
+        try:
+            if args.format == "json":
+                json.dump({"experiment": s.experiment(), "arms": s.arms(), "plan": s.plan(), "runs": s.runs(),
+                           "phases": s.phases(), "requests": s.requests(include_warmup=True),
+                           "gpu_samples": s.gpu_samples(), "manifests": s.manifests(),
+                           "env_checks": s.env_checks()}, dest, indent=1, default=str)
+                dest.write("\n")
+            else:
+                rows = {"requests": lambda: _request_rows(s), "runs": s.runs, "arms": s.arms, "plan": s.plan,
+                        "phases": s.phases, "gpu_samples": s.gpu_samples}[args.table]()
+                if rows:
+                    w = csv.DictWriter(dest, fieldnames=list(rows[0].keys()))
+                    w.writeheader()
+                    for r in rows:
+                        w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
+        finally:
+            if args.output:
+                dest.close()
+    return 0
+
+
+def _request_rows(s: st.Store) -> list[dict[str, Any]]:
+    runs = {r["seq"]: r for r in s.runs()}
+    out = []
+    for q in s.requests(include_warmup=True):
+        r = runs.get(q["seq"], {})
+        row = {"run_id": r.get("run_id"), "arm": r.get("arm"), "block": r.get("block"),
+               "run_status": r.get("status")}
+        row.update({k: v for k, v in q.items() if k not in ("chunk_t_s", "chunk_tokens", "extra")})
+        out.append(row)
+    return out
+
+
+# --------------------------------------------------------------------------- main
+
+def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(_normalise_argv(argv, parser))
+    args._argv = argv
+    if not getattr(args, "func", None):
+        parser.print_help(out)
+        return ex.EXIT_USAGE
+    try:
+        return int(args.func(args, out) or 0)
+    except (ConfigError, MatrixError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        print("Nothing was started.", file=sys.stderr)
+        return ex.EXIT_USAGE
+    except (ex.ExperimentError, st.StoreError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ex.EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return ex.EXIT_INTERRUPTED

@@ -1,0 +1,626 @@
+"""Run an experiment: validate everything, plan, run each planned run through `playbooks/arm.yml`,
+store results as they arrive, survive failures and interruptions, resume.
+
+Nothing here touches a node before `prepare()` has validated the experiment file, the inventory,
+the matrix and every arm against SGLang's rules, and checked that the run directory is writable.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from specab import store as st
+from specab.config import (REPO_ROOT, Arm, ConfigError, Experiment, Host, Inventory, is_secret_name,
+                           load_experiment, load_inventory, redact_env)
+from specab.matrix import build_arms, parse_matrix
+from specab.plan import Order, PlannedRun, make_plan
+from specab.progress import Progress
+from specab.remote import LogTail, load_phase, open_node, read_tail
+from specab.runner import PlaybookResult, PlaybookRunner
+
+ARM_PLAYBOOK = "playbooks/arm.yml"
+STOP_PLAYBOOK = "playbooks/stop.yml"
+MIN_FREE_MB = 50
+EXIT_OK, EXIT_FAILED_RUNS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class ExperimentError(Exception):
+    """The experiment cannot start or continue (what, where, what to do)."""
+
+
+@dataclass
+class Options:
+    experiment_file: str | None = None
+    inventory_file: str | None = None
+    matrix: list[str] = field(default_factory=list)
+    repeats: int = 3
+    seed: int = 1
+    order: Order = "interleaved"
+    runs_dir: str | None = None
+    verbose: bool = False
+    skip_invalid: bool = False
+    target_ci: float | None = None          # relative half-width, e.g. 0.02
+    max_repeats: int | None = None
+    retry_failed: bool = False
+    run_timeout_s: int | None = None
+    argv: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Prepared:
+    experiment: Experiment
+    inventory: Inventory
+    arms: list[Arm]
+    notices: list[str]
+    plan: list[PlannedRun]
+
+
+def default_runs_dir() -> Path:
+    return REPO_ROOT / "runs"
+
+
+def prepare(opts: Options) -> Prepared:
+    """Validate the experiment, inventory and matrix and make the plan. Touches nothing."""
+    exp = load_experiment(opts.experiment_file)
+    inv = load_inventory(opts.inventory_file)
+    armset = build_arms(exp, parse_matrix(opts.matrix), skip_invalid=opts.skip_invalid)
+    if opts.repeats < 1:
+        raise ConfigError(f"--repeats must be at least 1, got {opts.repeats}.")
+    if opts.target_ci is not None and opts.order == "blocked":
+        raise ConfigError("--target-ci adds interleaved blocks; it cannot be combined with --order blocked.")
+    plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order)
+    return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
+                    notices=exp.warnings + armset.notices, plan=plan)
+
+
+def check_writable(directory: Path, min_free_mb: int = MIN_FREE_MB) -> None:
+    """Refuse an unwritable or full run directory before a run starts (issue 6, item 11)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ExperimentError(f"{directory}: the run directory is not writable ({exc.strerror}). Fix its "
+                              f"permissions or pass --runs-dir to another directory.") from None
+    free_mb = shutil.disk_usage(directory).free / 1e6
+    if free_mb < min_free_mb:
+        raise ExperimentError(f"{directory}: only {free_mb:.0f} MB free on its disk (need at least {min_free_mb} MB "
+                              f"for a run's logs and records). Free some space or pass --runs-dir.")
+
+
+def _git_sha() -> str | None:
+    try:
+        p = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                           timeout=5)
+        return p.stdout.strip() or None if p.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _new_experiment_dir(runs_dir: Path, name: str) -> tuple[str, Path]:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    exp_id = f"{name}-{stamp}"
+    i = 2
+    while (runs_dir / exp_id).exists():
+        exp_id = f"{name}-{stamp}-{i}"
+        i += 1
+    path = runs_dir / exp_id
+    path.mkdir(parents=True)
+    return exp_id, path
+
+
+def _secrets_of(prepared: Prepared) -> list[str]:
+    vals: list[str] = []
+    for arm in prepared.arms:
+        vals += [str(v) for k, v in arm.env.items() if is_secret_name(k) and v is not None]
+        vals += [str(v) for k, v in arm.server_args.items() if is_secret_name(k) and v is not None]
+    for h in prepared.inventory.hosts:
+        vals += [str(v) for k, v in h.node_env.items() if is_secret_name(k)]
+    return vals
+
+
+def _redacted_config(exp: Experiment) -> dict[str, Any]:
+    cfg = exp.as_extravar()
+    cfg["env"] = redact_env(cfg.get("env") or {})
+    for arm in cfg.get("arms") or []:
+        if isinstance(arm.get("env"), dict):
+            arm["env"] = redact_env(arm["env"])
+    return cfg
+
+
+class _Interrupt:
+    """SIGINT/SIGTERM -> a cancel event (first signal); handlers restored on exit."""
+
+    def __init__(self, progress: Progress):
+        self.event = threading.Event()
+        self.signum: int | None = None
+        self.progress = progress
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Interrupt":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if not self.event.is_set():
+            self.signum = signum
+            self.event.set()
+        # later signals: keep going, the server must still be stopped
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class ExperimentRun:
+    """One experiment's execution loop (new or resumed)."""
+
+    def __init__(self, prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, store: st.Store,
+                 out: TextIO, progress: Progress):
+        self.p = prepared
+        self.opts = opts
+        self.exp_id = exp_id
+        self.exp_dir = exp_dir
+        self.store = store
+        self.out = out
+        self.progress = progress
+        self.arms = {a.name: a for a in prepared.arms}
+        self.runner = PlaybookRunner(REPO_ROOT, prepared.inventory.path, exp_dir / ".runner",
+                                     verbose=opts.verbose, stream=lambda s: progress.notice(s))
+        self.secrets = _secrets_of(prepared)
+
+    # ------------------------------------------------------------------ one run
+    def _node_run_dir(self, host: Host, run_id: str) -> str:
+        return host.node_dir.rstrip("/") + f"/runs/{run_id}"
+
+    def run_one(self, pr: PlannedRun, cancel: threading.Event) -> str:
+        arm = self.arms[pr.arm]
+        run_dir = (self.exp_dir / pr.run_id).resolve()
+        check_writable(self.exp_dir)
+        if run_dir.exists():       # an earlier, unfinished attempt (resume): start clean
+            shutil.rmtree(run_dir)
+        ident = f"{pr.run_id}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+        hosts = self.p.inventory.hosts
+        self.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block,
+                             host=",".join(h.name for h in hosts), run_dir=str(run_dir), runner_ident=ident)
+        clock = _PhaseClock(self.progress)
+        head = hosts[0]
+        tails: list[LogTail] = []
+
+        def on_log(line: str) -> None:
+            self.progress.log_line(line)
+            ph = load_phase(line)
+            if ph in ("loading weights", "capturing graphs", "ready"):
+                clock.enter(ph)
+
+        bench_state = {"warm": 0, "measured": 0}
+
+        def on_bench(line: str) -> None:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                return
+            if rec.get("warmup"):
+                bench_state["warm"] += 1
+                clock.enter("warming up")
+            else:
+                bench_state["measured"] += 1
+                clock.enter("benchmarking")
+                n = self.p.experiment.bench.get("num_requests")
+                self.progress.log_line(f"request {bench_state['measured']}" + (f" of {n}" if n else "")
+                                       + f": {rec.get('decode_tok_s') or 0:.1f} tok/s")
+
+        def on_phase(phase: str) -> None:
+            if phase == "loading":
+                if clock.current in ("loading weights", "capturing graphs", "ready"):
+                    return
+                phase = "loading"
+            if phase == "starting" and not tails:
+                node_dir = self._node_run_dir(head, pr.run_id)
+                tails.append(LogTail(head, node_dir + "/server.log", on_log).start())
+                tails.append(LogTail(head, node_dir + "/bench.jsonl", on_bench).start())
+            if phase == "benchmarking" and clock.current in ("warming up", "benchmarking"):
+                return
+            clock.enter(phase)
+
+        extravars = {
+            "specab_experiment": self.p.experiment.as_extravar(),
+            "specab_arm": arm.to_extravar(),
+            "specab_experiment_id": self.exp_id,
+            "specab_run_id": pr.run_id,
+            "specab_run_dir": str(run_dir),
+            "specab_stop_after": True,
+        }
+        started = time.time()
+        try:
+            result = self.runner.run(ARM_PLAYBOOK, extravars, ident, cancel=cancel, on_phase=on_phase,
+                                     secrets=self.secrets, timeout=self.opts.run_timeout_s)
+        finally:
+            for t in tails:
+                t.stop()
+        clock.close()
+        for phase, t0, t1 in clock.times:
+            self.store.record_phase(pr.seq, phase, t0, t1)
+        return self._finish(pr, result, run_dir, clock, started, cancel.is_set())
+
+    def _finish(self, pr: PlannedRun, result: PlaybookResult, run_dir: Path, clock: "_PhaseClock",
+                started: float, canceled: bool) -> str:
+        hosts = self.p.inventory.hosts
+        if not result.ok:
+            # keep what the node produced (partial bench records, server log) when collect did not run
+            for h in hosts:
+                dest = run_dir if len(hosts) == 1 else run_dir / h.name
+                _fetch_missing(h, self._node_run_dir(h, pr.run_id), dest)
+        ingested = ingest_run_dir(self.store, pr.seq, run_dir, [h.name for h in hosts])
+        planned = int(self.p.experiment.bench.get("num_requests") or 0)
+        partial = planned > 0 and ingested["measured"] < planned * len(hosts)
+        log_tail = None
+        for h in hosts:
+            local = (run_dir if len(hosts) == 1 else run_dir / h.name) / "server.log"
+            tail = _tail_file(local) if local.exists() else read_tail(h, self._node_run_dir(h, pr.run_id)
+                                                                      + "/server.log")
+            if tail:
+                log_tail = tail if len(hosts) == 1 else (log_tail or "") + f"== {h.name} ==\n{tail}\n"
+        if canceled:
+            status = st.INTERRUPTED
+            reason = "interrupted by the user (SIGINT/SIGTERM)"
+            phase = clock.current
+        elif result.ok:
+            status, reason, phase = st.OK, None, None
+        else:
+            status = st.FAILED
+            f = result.failures[0] if result.failures else None
+            reason = (f"{f.task}: {f.message}" if f else f"ansible-runner status {result.status} rc {result.rc}")
+            if f and f.host and len(hosts) > 1:
+                reason = f"[{f.host}] {reason}"
+            phase = clock.current if (f is None or f.phase in (None, "loading")) else f.phase
+            if log_tail is None:
+                log_tail = result.stdout_tail
+        self.store.finish_run(pr.seq, status=status, runner_status=result.status, runner_rc=result.rc,
+                              failure_phase=phase if status != st.OK else None, failure_reason=reason,
+                              log_tail=log_tail if status != st.OK else None, partial=bool(partial and status != st.OK
+                                                                                          or partial),
+                              summary=ingested.get("summary"), timings=ingested.get("timings"),
+                              load_phases=clock.load_phases() or ingested.get("ready"),
+                              server_info=ingested.get("server_info"), stop=ingested.get("stop"),
+                              gpu_free=ingested.get("gpu_free"))
+        self.progress.run_finished(status, time.time() - started, reason)
+        return status
+
+    # ------------------------------------------------------------------ interruption
+    def stop_servers(self) -> str | None:
+        """Stop our server on every node through the stop role; returns an error text or None."""
+        playbook = STOP_PLAYBOOK if (REPO_ROOT / STOP_PLAYBOOK).exists() else None
+        if playbook is None:
+            return f"{STOP_PLAYBOOK} is missing: the server could not be stopped through the stop role."
+        ident = f"stop-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+        res = self.runner.run(playbook, {"specab_experiment": self.p.experiment.as_extravar()}, ident,
+                              secrets=self.secrets)
+        if not res.ok:
+            f = res.failures[0] if res.failures else None
+            return f"stopping failed: {f.message if f else res.status}"
+        return None
+
+    # ------------------------------------------------------------------ the loop
+    def execute(self, todo: list[PlannedRun]) -> int:
+        total = len(self.store.plan())
+        done_before = total - len(todo)
+        self.progress.start(self.exp_id, total, done=done_before)
+        interrupted = False
+        with _Interrupt(self.progress) as intr:
+            try:
+                queue = list(todo)
+                index = done_before
+                while queue:
+                    pr = queue.pop(0)
+                    index += 1
+                    self.progress.run_started(index, pr.run_id, pr.arm, pr.block)
+                    status = self.run_one(pr, intr.event)
+                    if status == st.INTERRUPTED or intr.event.is_set():
+                        interrupted = True
+                        break
+                    if not queue:
+                        queue += self._more_blocks()
+                        total = len(self.store.plan())
+                        self.progress.state.total = total
+            finally:
+                if interrupted:
+                    self.progress.notice("interrupted: stopping the server of the current run (stop role) ...")
+                    err = self.stop_servers()
+                    if err:
+                        self.progress.notice(f"WARNING: {err} Check the node with `python driver.py status`.")
+                    self.store.set_experiment_status("interrupted")
+                self.progress.close()
+        if interrupted:
+            print(f"\nInterrupted. Finished runs are kept in {self.exp_dir}.\n"
+                  f"Resume with: python driver.py --resume {self.exp_id}"
+                  + (f" --runs-dir {self.opts.runs_dir}" if self.opts.runs_dir else ""), file=self.out)
+            return EXIT_INTERRUPTED
+        self.store.set_experiment_status("finished")
+        return EXIT_OK
+
+    def _more_blocks(self) -> list[PlannedRun]:
+        """Sequential stopping hook: after the planned blocks, ask specab.stats whether to add one."""
+        if self.opts.target_ci is None:
+            return []
+        exp_row = self.store.experiment()
+        blocks = exp_row["repeats"]
+        limit = self.opts.max_repeats or blocks
+        if blocks >= limit:
+            self.progress.notice(f"--target-ci: stopping at --max-repeats {limit} blocks.")
+            return []
+        more, reason = decide_more_blocks(self.store, self.opts.target_ci, limit)
+        self.progress.notice(f"--target-ci {self.opts.target_ci:.1%}: {reason}")
+        if not more:
+            return []
+        last_seq = max(r["seq"] for r in self.store.plan())
+        new = make_plan(list(self.arms), 1, exp_row["seed"], exp_row["order_mode"], first_block=blocks + 1,
+                        first_seq=last_seq + 1)
+        self.store.write_plan([r.to_json() for r in new], repeats=blocks + 1)
+        return new
+
+
+class _PhaseClock:
+    """Phase timings of one run (driver side), fed by Ansible task events and the log tail."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.times: list[tuple[str, float, float | None]] = []
+        self.current: str | None = None
+        self._lock = threading.Lock()
+
+    def enter(self, phase: str) -> None:
+        with self._lock:
+            if phase == self.current:
+                return
+            now = time.time()
+            if self.times and self.times[-1][2] is None:
+                self.times[-1] = (self.times[-1][0], self.times[-1][1], now)
+            names = [t[0] for t in self.times]
+            name = phase
+            if phase in names:
+                name = "final stop" if phase == "stopping" else ("waiting for GPUs after stop"
+                                                                 if phase == "waiting for GPUs" else phase)
+                if name in names:
+                    name = f"{phase} ({names.count(phase) + 1})"
+            self.current = phase
+            self.times.append((name, now, None))
+        self.progress.phase(phase)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.times and self.times[-1][2] is None:
+                self.times[-1] = (self.times[-1][0], self.times[-1][1], time.time())
+
+    def load_phases(self) -> dict[str, float]:
+        """Seconds from the start of `starting` to each load phase reached."""
+        start = next((t0 for name, t0, _ in self.times if name == "starting"), None)
+        if start is None:
+            return {}
+        out = {}
+        for name, t0, _ in self.times:
+            if name in ("loading weights", "capturing graphs", "ready"):
+                out[name.replace(" ", "_") + "_s"] = round(t0 - start, 3)
+        return out
+
+
+def _tail_file(path: Path, lines: int = 40) -> str:
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - 64 * 1024))
+        return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+
+
+def _fetch_missing(host: Host, node_run_dir: str, dest: Path) -> None:
+    """Copy the node's run files that the controller run dir lacks (after a failed run; read-only)."""
+    try:
+        node = open_node(host)
+    except Exception:
+        return
+    try:
+        rc, out, _ = node.sh(f"cd {_q(node_run_dir)} 2>/dev/null && ls -1A")
+        if rc != 0:
+            return
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in out.split():
+            if "/" in name or (dest / name).exists():
+                continue
+            data = node.read_from(f"{node_run_dir}/{name}", 0, max_bytes=64 << 20)
+            if data is not None:
+                (dest / name).write_bytes(data)
+                if name.endswith(".env"):
+                    os.chmod(dest / name, 0o600)
+    except Exception:
+        return
+    finally:
+        node.close()
+
+
+def _q(path: str) -> str:
+    from specab.remote import _shell_path
+    return _shell_path(path)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -> dict[str, Any]:
+    """Read a collected run directory into the store (immediately after the run)."""
+    out: dict[str, Any] = {"measured": 0}
+    dirs = [(hosts[0], run_dir)] if len(hosts) == 1 else [(h, run_dir / h) for h in hosts]
+    for host, d in dirs:
+        if not d.is_dir():
+            continue
+        bench = d / "bench.jsonl"
+        if bench.exists():
+            records = []
+            for line in bench.read_text(errors="replace").splitlines():
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue       # a line cut by a crash
+                if isinstance(rec, dict):
+                    records.append(rec)
+            store.add_requests(seq, host, records)
+            out["measured"] += sum(1 for r in records if not r.get("warmup"))
+        samples = d / "gpu_samples.csv"
+        if samples.exists():
+            store.add_gpu_samples(seq, host, samples.read_text(errors="replace"))
+        manifest = _read_json(d / "manifest.json")
+        if isinstance(manifest, dict):
+            store.add_manifest(seq, host, manifest)
+        env_check = _read_json(d / "env_check.json")
+        if isinstance(env_check, dict):
+            store.add_env_check(seq, host, env_check)
+        for key, name in (("summary", "bench_summary.json"), ("timings", "timings.json"),
+                          ("server_info", "server_info.json"), ("stop", "stop.json"),
+                          ("gpu_free", "gpu_free.json"), ("ready", "ready.json")):
+            val = _read_json(d / name)
+            if val is not None and key not in out:
+                out[key] = val
+        for f in sorted(d.iterdir()):
+            if f.is_file() and f.suffix in (".json", ".csv") and f.name not in ("manifest.json",) \
+                    and f.stat().st_size <= 256 * 1024 and f.name != "gpu_samples.csv":
+                store.add_file(seq, host, f.name, f.read_text(errors="replace"))
+    return out
+
+
+def decide_more_blocks(store: st.Store, target_ci: float, max_repeats: int) -> tuple[bool, str]:
+    """Ask specab.stats (analysis helper) whether another block is needed."""
+    try:
+        from specab import analysis, stats
+    except ImportError:
+        return False, "specab.stats is not available; no blocks added."
+    loader = getattr(analysis, "load_store", None) or getattr(analysis, "load_experiment_store", None)
+    if loader is None or not hasattr(stats, "decide_more_blocks"):
+        return False, "specab.stats cannot read the store yet; no blocks added."
+    exp = loader(store.path)
+    more, reason = stats.decide_more_blocks(exp, target_ci, max_repeats)
+    return bool(more), str(reason)
+
+
+# --------------------------------------------------------------------------- entry points
+
+def start(opts: Options, out: TextIO, progress: Progress | None = None) -> tuple[int, Path | None]:
+    """Run a new experiment. Returns (exit code, experiment dir)."""
+    prepared = prepare(opts)
+    for n in prepared.notices:
+        print(f"notice: {n}", file=out)
+    runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
+    check_writable(runs_dir)
+    exp_id, exp_dir = _new_experiment_dir(runs_dir, prepared.experiment.name)
+    store = st.Store.create(exp_dir / st.FILENAME)
+    try:
+        store.write_experiment(id=exp_id, name=prepared.experiment.name, seed=opts.seed, repeats=opts.repeats,
+                               order_mode=opts.order, experiment_file=str(prepared.experiment.path),
+                               inventory_file=str(prepared.inventory.path),
+                               config=_redacted_config(prepared.experiment), matrix=list(opts.matrix),
+                               argv=list(opts.argv), hosts=[h.name for h in prepared.inventory.hosts],
+                               specab_version=_version(), git_sha=_git_sha())
+        store.write_arms([a.to_json() for a in prepared.arms])
+        store.write_plan([r.to_json() for r in prepared.plan], repeats=opts.repeats)
+        run = ExperimentRun(prepared, opts, exp_id, exp_dir, store, out, progress or Progress())
+        code = run.execute(list(prepared.plan))
+        return _conclude(code, store, exp_dir, out), exp_dir
+    finally:
+        store.close()
+
+
+def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None = None) -> tuple[int, Path]:
+    """Run the missing runs of an experiment, in the planned order."""
+    exp_dir = locate(exp_ref, opts.runs_dir)
+    store = st.Store.open(exp_dir)
+    try:
+        row = store.experiment()
+        ropts = Options(experiment_file=opts.experiment_file or row["experiment_file"],
+                        inventory_file=opts.inventory_file or row["inventory_file"], matrix=list(row["matrix"]),
+                        repeats=row["repeats"], seed=row["seed"], order=row["order_mode"],
+                        runs_dir=opts.runs_dir, verbose=opts.verbose, skip_invalid=True,
+                        target_ci=opts.target_ci, max_repeats=opts.max_repeats, retry_failed=opts.retry_failed,
+                        run_timeout_s=opts.run_timeout_s, argv=opts.argv)
+        prepared = prepare(ropts)
+        stored = {a["name"]: a for a in store.arms()}
+        for arm in prepared.arms:
+            s = stored.get(arm.name)
+            now = arm.to_json()
+            if s is None or s["server_args"] != now["server_args"] or s["env"] != now["env"]:
+                raise ExperimentError(f"arm {arm.name}: the experiment file {ropts.experiment_file} no longer "
+                                      f"resolves to the arm recorded in {store.path}; resuming would mix two "
+                                      f"experiments. Restore the file or start a new experiment.")
+        todo_rows = store.missing()
+        if opts.retry_failed:
+            todo_rows = store._rows("SELECT p.* FROM plan p LEFT JOIN runs r ON r.seq = p.seq"
+                                    " WHERE r.status IS NULL OR r.status != ? ORDER BY p.seq", (st.OK,))
+        todo = [PlannedRun(seq=r["seq"], block=r["block"], arm=r["arm"], position=r["position"]) for r in todo_rows]
+        print(f"resuming {row['id']}: {len(todo)} of {len(store.plan())} runs to do", file=out)
+        if not todo:
+            return _conclude(EXIT_OK, store, exp_dir, out), exp_dir
+        prepared = Prepared(prepared.experiment, prepared.inventory, prepared.arms, prepared.notices,
+                            [r for r in prepared.plan])
+        with store._tx() as c:
+            c.execute("UPDATE experiment SET status='running'")
+        run = ExperimentRun(prepared, ropts, row["id"], exp_dir, store, out, progress or Progress())
+        code = run.execute(todo)
+        return _conclude(code, store, exp_dir, out), exp_dir
+    finally:
+        store.close()
+
+
+def locate(exp_ref: str, runs_dir: str | None) -> Path:
+    """An experiment directory from an id (under the runs dir) or a path."""
+    p = Path(exp_ref)
+    if p.is_file() and p.name == st.FILENAME:
+        return p.parent
+    if (p / st.FILENAME).exists():
+        return p
+    base = Path(runs_dir) if runs_dir else default_runs_dir()
+    if (base / exp_ref / st.FILENAME).exists():
+        return base / exp_ref
+    raise ExperimentError(f"experiment {exp_ref!r} not found: no {st.FILENAME} in {p} or {base / exp_ref}. "
+                          f"Give the experiment id (a directory under {base}) or its path.")
+
+
+def _version() -> str | None:
+    try:
+        from importlib.metadata import version
+        return version("specab")
+    except Exception:
+        return None
+
+
+def _conclude(code: int, store: st.Store, exp_dir: Path, out: TextIO) -> int:
+    from specab.progress import print_summary
+    failed = print_summary(store, out)
+    print(f"\nexperiment directory: {exp_dir}", file=out)
+    if code == EXIT_OK:
+        try:
+            from specab import report  # analysis helper's module, if present
+        except ImportError:
+            report = None
+        if report is not None and hasattr(report, "write_report"):
+            try:
+                paths = report.write_report(exp_dir)
+                print(f"report: {paths}", file=out)
+            except Exception as exc:    # a report bug must not lose the experiment's exit status
+                print(f"report not written: {type(exc).__name__}: {exc}", file=out)
+    if code != EXIT_OK:
+        return code
+    return EXIT_FAILED_RUNS if failed else EXIT_OK

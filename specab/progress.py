@@ -1,0 +1,245 @@
+"""Live display of an experiment: run n of N, arm, phase, elapsed, estimated time remaining.
+
+On a terminal it is a rich Live panel; otherwise (CI, pipes) one plain line per phase change,
+so logs stay readable. Thread-safe: the log tail calls `phase()` from its own thread.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+@dataclass
+class _State:
+    experiment_id: str = ""
+    total: int = 0
+    done: int = 0
+    failed: int = 0
+    index: int = 0
+    run_id: str = ""
+    arm: str = ""
+    block: int = 0
+    phase: str = ""
+    run_started: float | None = None
+    phase_started: float | None = None
+    durations: list[float] = field(default_factory=list)
+    last_line: str = ""
+    notices: list[str] = field(default_factory=list)
+
+
+class Progress:
+    """The experiment's live display."""
+
+    def __init__(self, out: TextIO | None = None, live: bool | None = None):
+        self.out = out or sys.stderr
+        self.console = Console(file=self.out, highlight=False, soft_wrap=True)
+        self.live_mode = self.console.is_terminal if live is None else live
+        self.state = _State()
+        self._lock = threading.Lock()
+        self._live: Live | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, experiment_id: str, total: int, done: int = 0) -> None:
+        with self._lock:
+            self.state.experiment_id = experiment_id
+            self.state.total = total
+            self.state.done = done
+        if self.live_mode:
+            self._live = Live(self._render(), console=self.console, refresh_per_second=4,
+                              get_renderable=self._render, transient=False)
+            self._live.start()
+        else:
+            self._print(f"experiment {experiment_id}: {total} runs" + (f" ({done} already done)" if done else ""))
+
+    def close(self) -> None:
+        if self._live:
+            self._live.stop()
+            self._live = None
+
+    # ------------------------------------------------------------------ events
+    def run_started(self, index: int, run_id: str, arm: str, block: int) -> None:
+        now = time.time()
+        with self._lock:
+            s = self.state
+            s.index, s.run_id, s.arm, s.block = index, run_id, arm, block
+            s.phase, s.run_started, s.phase_started, s.last_line = "starting run", now, now, ""
+        if not self.live_mode:
+            self._print(f"[{index}/{self.state.total}] {run_id} (arm {arm}, block {block})")
+
+    def phase(self, phase: str) -> None:
+        now = time.time()
+        with self._lock:
+            s = self.state
+            if phase == s.phase:
+                return
+            s.phase, s.phase_started = phase, now
+            elapsed = now - (s.run_started or now)
+        if not self.live_mode:
+            self._print(f"    {phase}  (+{elapsed:.1f} s)")
+
+    def log_line(self, line: str) -> None:
+        with self._lock:
+            self.state.last_line = line.strip()[-160:]
+
+    def run_finished(self, status: str, duration: float, reason: str | None = None) -> None:
+        with self._lock:
+            s = self.state
+            s.done += 1
+            s.durations.append(duration)
+            if status != "ok":
+                s.failed += 1
+            s.phase = status
+        if not self.live_mode:
+            extra = f": {reason.splitlines()[0][:200]}" if reason else ""
+            self._print(f"    {status} in {duration:.1f} s{extra}  (ETA {fmt_duration(self.eta())})")
+        elif reason:
+            self.console.print(Text(f"{self.state.run_id} {status}: {reason.splitlines()[0][:200]}", style="red"))
+
+    def notice(self, text: str) -> None:
+        if self._live:
+            self.console.print(text)
+        else:
+            self._print(text)
+
+    # ------------------------------------------------------------------ helpers
+    def eta(self) -> float | None:
+        with self._lock:
+            s = self.state
+            if not s.durations:
+                return None
+            mean = sum(s.durations) / len(s.durations)
+            remaining = max(0, s.total - s.done)
+            return remaining * mean
+
+    def _print(self, text: str) -> None:
+        self.console.print(text, markup=False)
+        self.out.flush()
+
+    def _render(self) -> Group:
+        s = self.state
+        now = time.time()
+        t = Table.grid(padding=(0, 2))
+        t.add_column(style="bold")
+        t.add_column()
+        t.add_row("experiment", s.experiment_id)
+        t.add_row("run", f"{s.index} of {s.total}  ({s.done} done, {s.failed} failed)")
+        t.add_row("arm", f"{s.arm}  (block {s.block})" if s.arm else "")
+        t.add_row("phase", f"{s.phase}  {fmt_duration(now - s.phase_started) if s.phase_started else ''}")
+        t.add_row("elapsed", fmt_duration(now - s.run_started) if s.run_started else "")
+        eta = self.eta()
+        t.add_row("remaining", f"~{fmt_duration(eta)}" if eta is not None else "estimating after the first run")
+        parts: list = [t]
+        if s.last_line:
+            parts.append(Text(s.last_line, style="dim"))
+        return Group(*parts)
+
+
+# --------------------------------------------------------------------------- end-of-experiment summary
+
+def _stats_rows(store_path) -> list[list[str]] | None:
+    """Rows from specab.stats (analysis helper) when it can read the store; None otherwise."""
+    try:
+        from specab import analysis, stats
+    except ImportError:
+        return None
+    loader = next((getattr(analysis, n) for n in ("load_store", "from_store", "load_experiment_store")
+                   if hasattr(analysis, n)), None)
+    if loader is None or not hasattr(stats, "analyse"):
+        return None
+    try:
+        exp = loader(store_path)
+        res = stats.analyse(exp)
+    except Exception:
+        return None
+    rows = []
+    for name, a in res.arms.items():
+        d = a.tok_s_run
+        ci = f"[{d.ci.low:.1f}, {d.ci.high:.1f}]" if getattr(d, "ci", None) else "-"
+        sp = res.speedups.get(name)
+        if sp is not None and sp.estimate is not None:
+            spd = f"{sp.estimate:.3f}" + (f" [{sp.ci.low:.3f}, {sp.ci.high:.3f}]" if sp.ci else "")
+        else:
+            spd = "1 (baseline)" if name not in res.speedups else "-"
+        rows.append([name, f"{a.runs}", f"{a.runs_failed}",
+                     f"{d.median:.1f}" if d.median is not None else "-", ci,
+                     f"{a.accept_len.mean:.2f}" if a.accept_len.mean is not None else "-", spd])
+    return rows
+
+
+def _simple_rows(store) -> list[list[str]]:
+    """Median of per-run medians, a seeded bootstrap 95% interval, mean accept length, ratio to baseline."""
+    import random
+    import statistics
+    arms = store.arms()
+    runs = store.runs()
+    reqs = store.requests()
+    by_run: dict[int, list[float]] = {}
+    acc_run: dict[int, list[float]] = {}
+    for q in reqs:
+        if q["ok"] and q["decode_tok_s"]:
+            by_run.setdefault(q["seq"], []).append(q["decode_tok_s"])
+        if q["ok"] and q["accept_len"]:
+            acc_run.setdefault(q["seq"], []).append(q["accept_len"])
+    med: dict[str, float | None] = {}
+    rows = []
+    rng = random.Random(12345)
+    for a in arms:
+        ok = [r for r in runs if r["arm"] == a["name"] and r["status"] == "ok"]
+        failed = [r for r in runs if r["arm"] == a["name"] and r["status"] == "failed"]
+        vals = [statistics.median(by_run[r["seq"]]) for r in ok if by_run.get(r["seq"])]
+        accs = [statistics.fmean(acc_run[r["seq"]]) for r in ok if acc_run.get(r["seq"])]
+        m = statistics.median(vals) if vals else None
+        med[a["name"]] = m
+        ci = "-"
+        if len(vals) >= 2:
+            boots = sorted(statistics.median(rng.choices(vals, k=len(vals))) for _ in range(2000))
+            ci = f"[{boots[49]:.1f}, {boots[1949]:.1f}]"
+        rows.append([a["name"], str(len(ok)), str(len(failed)), f"{m:.1f}" if m is not None else "-", ci,
+                     f"{statistics.fmean(accs):.2f}" if accs else "-", a["baseline"]])
+    for row in rows:
+        base = med.get(row[6])
+        m = med.get(row[0])
+        row[6] = ("1 (baseline)" if row[0] == row[6] else
+                  f"{m / base:.3f}" if (m is not None and base) else "-")
+    return rows
+
+
+def print_summary(store, out: TextIO) -> int:
+    """Print the per-arm table and the failures; returns the number of failed runs."""
+    rows = _stats_rows(store.path) or _simple_rows(store)
+    console = Console(file=out, highlight=False, width=max(120, Console(file=out).width))
+    t = Table(title="per-arm summary (tok/s = single-stream decode speed, median over runs)")
+    for col in ("arm", "runs ok", "failed", "tok/s", "95% interval", "accept len", "speedup vs baseline"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(*r)
+    console.print(t)
+    failed = store.runs(status="failed")
+    interrupted = store.runs(status="interrupted")
+    for r in failed:
+        console.print(f"FAILED {r['run_id']} ({r['failure_phase'] or '?'}): {(r['failure_reason'] or '').strip()[:500]}",
+                      markup=False)
+    for r in interrupted:
+        console.print(f"INTERRUPTED {r['run_id']}", markup=False)
+    missing = store.missing()
+    if missing:
+        console.print(f"{len(missing)} planned run(s) not done: {', '.join(m['run_id'] for m in missing[:10])}",
+                      markup=False)
+    return len(failed)

@@ -1,0 +1,259 @@
+"""ansible-runner wrapper: one playbook run with a unique ident, events mapped to phases.
+
+Pitfalls handled (shared/reference/ansible-runner-testinfra-fabric.md §0-§1):
+- ansible-playbook is found through the child's PATH: the venv's bin dir is put first;
+- `suppress_env_files=True`: extravars are passed inline, nothing written to `env/`;
+- one unique ident per run (a reused ident mixes job events);
+- `artifacts/<ident>/command` stores the child's full environment: secret-named variables are
+  removed from the child environment before it starts, and after the run every artifact file
+  is scrubbed of known secret values (issue 6, item 18);
+- the cancel callback is polled every `pexpect_timeout` seconds (0.25 s here, not the default 5 s).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+from ansible_runner.interface import init_runner
+
+from specab.config import REDACTED, is_secret_name
+
+# Task-name prefix (before " | ") -> display phase (docs/architecture.md "Phases").
+PHASES = {
+    "Stop": "stopping",
+    "GPUs free": "waiting for GPUs",
+    "Start": "starting",
+    "Ready": "loading",
+    "Env": "verifying env",
+    "Bench": "benchmarking",
+    "Collect": "collecting",
+}
+
+
+def phase_of(task_name: str | None) -> str | None:
+    """The display phase of an Ansible task name (`Stop | Stop the server` -> `stopping`)."""
+    if not task_name:
+        return None
+    head = task_name.split(" | ", 1)[0].strip()
+    if head == task_name.strip() and "|" in task_name:
+        head = task_name.split("|", 1)[0].strip()
+    if head not in PHASES:
+        # role-prefixed names: "server_stop : Stop | ..."
+        if " : " in task_name:
+            return phase_of(task_name.split(" : ", 1)[1])
+        return None
+    return PHASES[head]
+
+
+class RunnerSetupError(Exception):
+    """ansible-runner could not be set up (bad paths, missing ansible-playbook)."""
+
+
+@dataclass
+class Failure:
+    phase: str | None
+    task: str
+    host: str | None
+    message: str
+
+
+@dataclass
+class PlaybookResult:
+    status: str                         # successful | failed | canceled | timeout | error
+    rc: int | None
+    ident: str
+    artifact_dir: Path
+    failures: list[Failure] = field(default_factory=list)
+    phase_times: list[tuple[str, float, float | None]] = field(default_factory=list)
+    stdout_tail: str = ""
+    hosts: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "successful" and self.rc == 0 and not self.failures
+
+
+def _message(res: dict[str, Any]) -> str:
+    """The most useful message of a failed task result (node tools put theirs in JSON `error`)."""
+    for key in ("stdout", "module_stdout"):
+        text = res.get(key)
+        if isinstance(text, str) and text.strip().startswith("{"):
+            try:
+                data = json.loads(text)
+                if isinstance(data, dict) and data.get("error"):
+                    return str(data["error"])
+            except json.JSONDecodeError:
+                pass
+    msg = res.get("msg")
+    if isinstance(msg, str) and msg and msg != "non-zero return code":
+        return msg
+    parts = [str(res.get(k)).strip() for k in ("stderr", "stdout") if res.get(k)]
+    if parts:
+        return "\n".join(p for p in parts if p)[-2000:]
+    if isinstance(msg, str) and msg:
+        return msg
+    results = res.get("results")
+    if isinstance(results, list):
+        for item in results:
+            if isinstance(item, dict) and item.get("failed"):
+                return _message(item)
+    return json.dumps({k: v for k, v in res.items() if not k.startswith("_")})[:2000]
+
+
+def scrub_tree(root: Path, secrets: list[str]) -> int:
+    """Replace every occurrence of a secret value in the files under `root`; returns files changed."""
+    values = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+    if not values or not root.exists():
+        return 0
+    changed = 0
+    for path in root.rglob("*"):
+        if not path.is_file() or path.is_symlink():
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        new = data
+        for v in values:
+            for enc in (v.encode(), json.dumps(v)[1:-1].encode()):
+                new = new.replace(enc, REDACTED.encode())
+        if new != data:
+            path.write_bytes(new)
+            changed += 1
+    return changed
+
+
+class PlaybookRunner:
+    """Runs playbooks of the repository through ansible-runner."""
+
+    def __init__(self, project_dir: Path, inventory: Path, private_root: Path, verbose: bool = False,
+                 stream: Callable[[str], None] | None = None):
+        self.project_dir = project_dir
+        self.inventory = inventory
+        self.private_root = private_root
+        self.verbose = verbose
+        self.stream = stream or (lambda line: print(line, file=sys.stderr))
+
+    def child_env(self) -> dict[str, str]:
+        """Extra environment: venv bin dir first on PATH."""
+        venv_bin = str(Path(sys.executable).parent)
+        path = os.environ.get("PATH", "")
+        return {"PATH": f"{venv_bin}{os.pathsep}{path}" if path else venv_bin,
+                "ANSIBLE_CONFIG": str(self.project_dir / "ansible.cfg"),
+                "ANSIBLE_NOCOLOR": "1",
+                "PYTHONUNBUFFERED": "1"}
+
+    def run(self, playbook: str, extravars: dict[str, Any], ident: str, *,
+            cancel: threading.Event | None = None, on_phase: Callable[[str], None] | None = None,
+            secrets: list[str] | None = None, timeout: int | None = None,
+            limit: str | None = None) -> PlaybookResult:
+        """Run `playbook` once; blocks until it ends or `cancel` is set."""
+        self.private_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        failures: list[Failure] = []
+        phase_times: list[tuple[str, float, float | None]] = []
+        stdout_lines: list[str] = []
+        hosts: list[str] = []
+        facts: dict[str, Any] = {}
+        current: dict[str, Any] = {"phase": None, "seen": set()}
+
+        def set_phase(phase: str) -> None:
+            if phase == current["phase"]:
+                return
+            now = time.time()
+            if phase_times and phase_times[-1][2] is None:
+                name, start, _ = phase_times[-1]
+                phase_times[-1] = (name, start, now)
+            if phase == "stopping" and "stopping" in current["seen"]:
+                phase = "final stop"
+            current["phase"] = phase
+            current["seen"].add(phase)
+            phase_times.append((phase, now, None))
+            if on_phase:
+                on_phase(phase)
+
+        def on_event(ev: dict[str, Any]) -> bool:
+            kind = ev.get("event", "")
+            data = ev.get("event_data") or {}
+            text = ev.get("stdout") or ""
+            if text:
+                stdout_lines.extend(text.splitlines())
+                del stdout_lines[:-200]
+                if self.verbose:
+                    self.stream(text)
+            if kind == "playbook_on_task_start":
+                phase = phase_of(data.get("task") or data.get("name"))
+                if phase:
+                    set_phase(phase)
+            elif kind in ("runner_on_failed", "runner_item_on_failed") and not data.get("ignore_errors"):
+                res = data.get("res") or {}
+                task = str(data.get("task") or "")
+                failures.append(Failure(phase=phase_of(task) or current["phase"], task=task,
+                                        host=data.get("host"), message=_message(res)))
+            elif kind == "runner_on_unreachable":
+                res = data.get("res") or {}
+                failures.append(Failure(phase=current["phase"], task=str(data.get("task") or ""),
+                                        host=data.get("host"),
+                                        message="host unreachable: " + str(res.get("msg", "")).strip()))
+            elif kind == "runner_on_ok":
+                host = data.get("host")
+                if host and host not in hosts:
+                    hosts.append(host)
+                res = data.get("res") or {}
+                af = res.get("ansible_facts") if isinstance(res, dict) else None
+                if isinstance(af, dict):
+                    for k, v in af.items():
+                        if k.startswith("specab_"):
+                            facts.setdefault(host or "", {})[k] = v
+            return True
+
+        secret_values = list(secrets or []) + [v for k, v in os.environ.items() if is_secret_name(k) and v]
+        kwargs: dict[str, Any] = dict(
+            private_data_dir=str(self.private_root), project_dir=str(self.project_dir), playbook=playbook,
+            inventory=str(self.inventory), extravars=extravars, envvars=self.child_env(), ident=ident,
+            quiet=True, suppress_env_files=True, event_handler=on_event,
+            cancel_callback=(lambda: bool(cancel and cancel.is_set())),
+            settings={"pexpect_timeout": 0.25, "suppress_ansible_output": True},
+        )
+        if timeout:
+            kwargs["timeout"] = timeout
+        if limit:
+            kwargs["limit"] = limit
+        try:
+            runner = init_runner(**kwargs)
+        except Exception as exc:   # ansible-runner raises ConfigurationError and friends
+            raise RunnerSetupError(f"ansible-runner could not start {playbook}: {exc}") from exc
+        # the child environment: no secret-named variables (they would land in artifacts/<ident>/command)
+        runner.config.env = {k: v for k, v in runner.config.env.items() if not is_secret_name(k)}
+        try:
+            runner.run()
+        finally:
+            if phase_times and phase_times[-1][2] is None:
+                name, start, _ = phase_times[-1]
+                phase_times[-1] = (name, start, time.time())
+            scrub_tree(Path(runner.config.artifact_dir), secret_values)
+        status = runner.status
+        if runner.rc == 127 and not failures:
+            failures.append(Failure(phase=None, task="ansible-playbook", host=None,
+                                    message="ansible-playbook not found on PATH (rc 127): install ansible-core "
+                                            "in the Python environment that runs the driver."))
+        if status == "failed" and not failures:
+            failures.append(Failure(phase=current["phase"], task="ansible-playbook", host=None,
+                                    message="\n".join(stdout_lines[-15:]) or f"rc {runner.rc}"))
+        if status == "timeout":
+            failures.append(Failure(phase=current["phase"], task="ansible-playbook", host=None,
+                                    message=f"the playbook ran past its timeout of {timeout} s"))
+        return PlaybookResult(status=status, rc=runner.rc, ident=ident, artifact_dir=Path(runner.config.artifact_dir),
+                              failures=failures, phase_times=phase_times,
+                              stdout_tail="\n".join(stdout_lines[-40:]), hosts=hosts, facts=facts)
+
+
+__all__ = ["PlaybookRunner", "PlaybookResult", "Failure", "phase_of", "PHASES", "scrub_tree", "ansible_runner"]
