@@ -10,6 +10,7 @@ env files.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -40,6 +41,10 @@ class ToolError(Exception):
         super().__init__(message)
         self.message = message
         self.result = dict(result or {})
+
+
+class UsageError(Exception):
+    """Bad usage found after argument parsing: exit status 2, like argparse."""
 
 
 def log(msg: str) -> None:
@@ -76,6 +81,10 @@ def run_tool(main: Callable[[Optional[Sequence[str]]], Dict[str, Any]],
     """Run a tool's ``main``: print its JSON, map ToolError to exit 1 (argparse exits 2 itself)."""
     try:
         result = main(argv)
+    except UsageError as exc:
+        emit({"ok": False, "error": "usage: %s" % exc})
+        log("usage error: %s" % exc)
+        return 2
     except ToolError as exc:
         out = dict(exc.result)
         out["ok"] = False
@@ -89,13 +98,14 @@ def run_tool(main: Callable[[Optional[Sequence[str]]], Dict[str, Any]],
 
 
 def json_list_arg(text: str, what: str = "--smi") -> List[str]:
-    """Parse an argv given as a JSON list (``'["nvidia-smi"]'``)."""
+    """Parse an argv given as a JSON list (``'["nvidia-smi"]'``); argparse type (bad → exit 2)."""
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise SystemExit("%s must be a JSON list of strings, e.g. '[\"nvidia-smi\"]': %s" % (what, exc))
+        raise argparse.ArgumentTypeError("%s must be a JSON list of strings, e.g. '[\"nvidia-smi\"]' (%s)"
+                                         % (what, exc))
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        raise SystemExit("%s must be a non-empty JSON list of strings, got %r" % (what, text))
+        raise argparse.ArgumentTypeError("%s must be a non-empty JSON list of strings, got %r" % (what, text))
     return value
 
 
@@ -317,7 +327,7 @@ def select_gpus(spec: str, available: Iterable[int]) -> List[int]:
     try:
         wanted = sorted({int(x) for x in spec.split(",") if x.strip() != ""})
     except ValueError:
-        raise SystemExit("--gpus must be 'all' or a comma list of GPU indices such as 0,1; got %r" % spec)
+        raise UsageError("--gpus must be 'all' or a comma list of GPU indices such as 0,1; got %r" % spec)
     missing = [i for i in wanted if i not in avail]
     if missing:
         raise ToolError("GPU index %s not present on this node (nvidia-smi lists %s); fix specab_gpu_indices"

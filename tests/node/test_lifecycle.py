@@ -1,0 +1,142 @@
+"""One server's life through the node tools, as the roles run them: start → ready → envcheck →
+stop → gpufree, on a simulated GPU node (``specab.sim.smi``), plus the refusals of start."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+
+from tests.node.helpers import NODE_DIR_SRC, PY, run_tool, session_pids, wait_for
+
+
+def test_full_cycle_start_ready_envcheck_stop_gpufree(server, sim):
+    r = server.start()
+    assert r.rc == 0, r.error
+    rec = json.loads((server.node_dir / "server.json").read_text())
+    assert rec["pid"] == r.data["pid"] == rec["pgid"] == rec["sid"], "server must lead its own session"
+    assert rec["pid"] != os.getsid(0)
+    for key in ("port", "host", "run_id", "arm", "started_at", "launch"):
+        assert key in rec
+    assert (rec["run_id"], rec["arm"], rec["port"]) == ("001-baseline", "baseline", server.port)
+    assert r.wall_s < 10, "start returns at once"
+
+    progress = server.run_dir / "progress.json"
+    r = server.ready(30, "--progress", str(progress), "--phases-out", str(server.run_dir / "timings.json"))
+    assert r.rc == 0, r.error
+    assert r.data["ready"] and r.data["endpoint"] == "/health_generate"
+    assert {"load_weight_begin", "load_weight_end", "capture_cuda_graph_begin", "capture_cuda_graph_end",
+            "ready_line"} <= set(r.data["phases"])
+    assert json.loads(progress.read_text())["phase"] == "ready"
+    assert json.loads((server.run_dir / "timings.json").read_text())["ok"] is True
+    assert len(sim.query("apps").splitlines()) == 2, "two TP workers hold GPU memory"
+
+    r = run_tool("envcheck", "--node-dir", server.node_dir, "--env-file", server.run_dir / "nccl.env",
+                 "--url", server.url, "--expected-args", server.run_dir / "args.json",
+                 "--log", server.run_dir / "server.log", "--out", server.run_dir / "env_check.json",
+                 "--server-info-out", server.run_dir / "server_info.json", env=sim.env)
+    assert r.rc == 0, r.error
+    proto = r.data["variables"]["NCCL_PROTO"]
+    assert not proto["mismatches"]
+    assert len([e for e in proto["evidence"] if e.startswith("environ:")]) == 3  # main + TP0 + TP1
+    assert {"nccl_log:TP0", "nccl_log:TP1"} <= set(proto["evidence"])
+    assert all(a["ok"] for a in r.data["args"].values())
+    assert json.loads((server.run_dir / "server_info.json").read_text())["tp_size"] == 2
+
+    r = server.stop(10, "--out", str(server.run_dir / "stop.json"))
+    assert r.rc == 0, r.error
+    assert r.data["was_running"] and not r.data["escalated"]
+    assert [s["signal"] for s in r.data["signals"]] == ["SIGTERM"]
+    assert r.data["signals"][0]["target"] == "pgid" and r.data["signals"][0]["id"] == rec["pgid"]
+    assert not session_pids(rec["sid"]), "nothing of the server's session is left"
+    assert not (server.node_dir / "server.json").exists()
+    assert json.loads((server.node_dir / "last_server.json").read_text())["pid"] == rec["pid"]
+
+    r = server.gpufree(20, "--out", str(server.run_dir / "gpu_free.json"), "--csv", str(server.run_dir / "gpu_after.csv"))
+    assert r.rc == 0, r.error
+    assert r.data["time_to_free_s"] >= 0 and all(g["memory_used_mib"] <= 64 for g in r.data["final"])
+    assert (server.run_dir / "gpu_after.csv").read_text().startswith("timestamp,index,uuid")
+
+    # the port is free again: a second start on it succeeds
+    assert server.start().rc == 0
+
+
+def test_stop_is_idempotent_and_records_nothing_when_nothing_ran(server, sim):
+    r = server.stop()
+    assert (r.rc, r.data["was_running"], r.data["signals"]) == (0, False, [])
+    assert server.start().rc == 0
+    assert server.ready().rc == 0
+    assert server.stop().data["was_running"] is True
+    r = server.stop()
+    assert (r.rc, r.data["was_running"], r.data["signals"]) == (0, False, [])
+
+
+def test_start_refuses_while_our_server_lives(server, sim):
+    first = server.start()
+    assert first.rc == 0
+    r = server.start()
+    assert r.rc == 1
+    assert "live server of ours" in r.error and str(first.data["pid"]) in r.error and "stop" in r.error
+    assert json.loads((server.node_dir / "server.json").read_text())["pid"] == first.data["pid"]
+
+
+def test_start_refuses_a_taken_port_naming_the_holder(server, sim):
+    holder = subprocess.Popen([PY, "-c", "import socket,time,sys; s=socket.socket(); "
+                               "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print('up', flush=True); "
+                               "time.sleep(600)", str(server.port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "up"
+        r = server.start()
+        assert r.rc == 1
+        assert "port %d is already taken" % server.port in r.error
+        assert "PID %d" % holder.pid in r.error and "user root" in r.error and "time.sleep(600)" in r.error
+        assert r.data["holders"][0]["pid"] == holder.pid
+        assert not (server.node_dir / "server.json").exists(), "nothing started"
+        assert not (server.run_dir / "server.log").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_start_replaces_a_stale_record_of_a_dead_server(server, sim):
+    dead = subprocess.Popen([PY, "-c", "pass"])
+    dead.wait()
+    (server.node_dir).mkdir(parents=True, exist_ok=True)
+    (server.node_dir / "server.json").write_text(json.dumps({"pid": dead.pid, "pgid": dead.pid, "sid": dead.pid,
+                                                             "run_id": "000-old"}))
+    r = server.start()
+    assert r.rc == 0, r.error
+    assert r.data["replaced_stale_record"]["run_id"] == "000-old"
+
+
+def test_start_refuses_a_non_executable_script(server, sim):
+    script = server.write_launch()
+    os.chmod(script, 0o644)
+    r = server.start()
+    assert r.rc == 1 and "not executable" in r.error
+
+
+def test_tools_run_as_side_by_side_copies_in_a_bin_dir(tmp_path, server, sim):
+    """The roles copy specab/node/*.py into {{ specab_node_dir }}/bin and run them there."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for f in NODE_DIR_SRC.glob("*.py"):
+        if f.name != "__init__.py":
+            shutil.copy(f, bin_dir / f.name)
+    env = {"PATH": os.environ["PATH"], "SPECAB_SIM_STATE": sim.env["SPECAB_SIM_STATE"],
+           "PYTHONPATH": sim.env["PYTHONPATH"]}  # PYTHONPATH only for the simulated smi
+    r = run_tool("gpufree", "--smi", sim.smi_json, "--gpus", "0,1", "--timeout", "10", env=env, bin_dir=bin_dir)
+    assert r.rc == 0, r.error
+    assert r.data["gpus"] == [0, 1]
+    r = run_tool("stop", "--node-dir", server.node_dir, "--smi", sim.smi_json, env=env, bin_dir=bin_dir)
+    assert r.rc == 0 and r.data["was_running"] is False
+
+
+def test_bad_usage_exits_2(sim):
+    r = run_tool("gpufree", "--smi", "nvidia-smi", "--timeout", "1", env=sim.env)
+    assert r.rc == 2 and "JSON list" in r.stderr
+    r = run_tool("gpufree", "--smi", sim.smi_json, "--gpus", "zero", "--timeout", "1", env=sim.env)
+    assert r.rc == 2 and "--gpus must be" in r.error
+    r = run_tool("stop", env=sim.env)
+    assert r.rc == 2

@@ -1,0 +1,188 @@
+"""Parsers of the node tools on real text (lines copied from shared/reference and real /proc files)."""
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+NODE = Path(__file__).resolve().parents[2] / "specab" / "node"
+sys.path.insert(0, str(NODE))
+
+import common  # noqa: E402
+import envcheck  # noqa: E402
+import ready  # noqa: E402
+
+# shared/reference/vllm-sim-nvidia-smi-nccl.md C1 (H200, driver 580.159.04)
+H200_QUERY = "0, GPU-2592755b-9f24-f5f7-a815-34d27fe0aa35, NVIDIA H200, 0, 143771, 0, 37, 375, 3201, 117.18, 0x0000000000000001\n"
+H200_FIELDS = ["index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu", "temperature.gpu",
+               "clocks.sm", "clocks.mem", "power.draw", "clocks_event_reasons.active"]
+# shared/facts/seed-measurements.md (H200 test machine)
+SEED_QUERY = ("0, GPU-d09b8d4e-daef-237f-dd2d-1f194bd911ab, NVIDIA H200, 0, 143771, 0, 39, 345, 3201, 1980, 78.95, "
+              "700.00, 0x0000000000000001, P0, Enabled, 0\n")
+SEED_FIELDS = ["index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu", "temperature.gpu",
+               "clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw", "power.limit", "clocks_event_reasons.active",
+               "pstate", "persistence_mode", "ecc.errors.uncorrected.volatile.total"]
+
+
+def test_every_tool_parses_as_python38():
+    """Real nodes may have an older python3: no 3.9+ syntax in the node tools."""
+    files = sorted(NODE.glob("*.py"))
+    assert len(files) >= 8
+    for f in files:
+        ast.parse(f.read_text(), filename=str(f), feature_version=(3, 8))
+
+
+def test_smi_query_gpu_real_h200_line():
+    rows = common.parse_smi_csv(H200_QUERY, H200_FIELDS)
+    assert rows == [{"index": 0, "uuid": "GPU-2592755b-9f24-f5f7-a815-34d27fe0aa35", "name": "NVIDIA H200",
+                     "memory.used": 0, "memory.total": 143771, "utilization.gpu": 0, "temperature.gpu": 37,
+                     "clocks.sm": 375, "clocks.mem": 3201, "power.draw": 117.18,
+                     "clocks_event_reasons.active": "0x0000000000000001"}]
+    seed = common.parse_smi_csv(SEED_QUERY, SEED_FIELDS)[0]
+    assert seed["clocks.max.sm"] == 1980 and seed["power.limit"] == 700.0 and seed["pstate"] == "P0"
+
+
+def test_smi_units_and_not_available():
+    # "without nounits" form and an [N/A] cell, both from the reference
+    rows = common.parse_smi_csv("430, python3, 8710 MiB, GPU-2592755b-9f24-f5f7-a815-34d27fe0aa35\n",
+                                common.APP_FIELDS)
+    assert rows[0]["pid"] == 430 and rows[0]["used_memory"] == 8710
+    rows = common.parse_smi_csv("616 MiB, 80.91 W, [N/A], 39\n",
+                                ["memory.reserved", "power.draw.instant", "fan.speed", "temperature.memory"])
+    assert rows[0] == {"memory.reserved": 616, "power.draw.instant": 80.91, "fan.speed": None,
+                       "temperature.memory": 39}
+
+
+def test_smi_compute_apps_idle_is_empty_and_garbage_is_refused():
+    assert common.parse_smi_csv("", common.APP_FIELDS) == []
+    with pytest.raises(common.SmiError, match="unexpected nvidia-smi output"):
+        common.parse_smi_csv("Failed to initialize NVML\n", common.APP_FIELDS)
+
+
+def test_proc_stat_with_spaces_and_parens_in_comm():
+    text = "4242 (sglang::sch (x) y) S 1 4240 4240 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 0 0\n"
+    st = common.parse_proc_stat(4242, text)
+    assert (st.comm, st.state, st.ppid, st.pgrp, st.session, st.starttime) == ("sglang::sch (x) y", "S", 1, 4240,
+                                                                              4240, 987654)
+    real = common.proc_stat(os.getpid())
+    assert real is not None and real.session == os.getsid(0) and real.pgrp == os.getpgid(0)
+
+
+def test_proc_net_tcp_listen_parse():
+    text = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+            "   0: 0100007F:7530 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 123456 1 0 20 4 30 10 -1\n"
+            "   1: 0100007F:7530 0100007F:D2F0 01 00000000:00000000 00:00000000 00000000     0        0 123999 1 0 20 4 30 10 -1\n"
+            "   2: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 777 1 0 20 4 30 10 -1\n")
+    assert common._parse_proc_net(text, 30000) == [("0100007F", 123456)]
+    assert common._parse_proc_net(text, 8000) == [("00000000", 777)]
+    assert common._parse_proc_net(text, 8001) == []
+
+
+def test_env_file_parse_shell_quoting():
+    text = ("# rendered by specab\nset -a\nNCCL_PROTO=LL\nexport NCCL_ALGO='Ring'\n"
+            "WEIRD='x; touch /tmp/pwned'\nSPACED=\"a b\"  # comment\nEMPTY=\n")
+    env = common.parse_env_text(text)
+    assert env == {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "WEIRD": "x; touch /tmp/pwned", "SPACED": "a b",
+                   "EMPTY": ""}
+    with pytest.raises(common.ToolError, match="line 1"):
+        common.parse_env_text("A='unterminated\n")
+
+
+def test_secret_names_and_redaction():
+    for name in ("HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET", "DB_PASSWORD", "mypassword_x", "api_key", "--api-key"):
+        assert common.is_secret_name(name), name
+    for name in ("NCCL_PROTO", "TOKENIZER_PATH", "KEYBOARD", "SGLANG_SIMULATE_ACC_LEN"):
+        assert not common.is_secret_name(name), name
+    assert common.redact_mapping({"env": {"HF_TOKEN": "hf_abc", "A": "1"}, "api_key": "sk"}) == \
+        {"env": {"HF_TOKEN": "<redacted>", "A": "1"}, "api_key": "<redacted>"}
+    text = "export HF_TOKEN=hf_abcdef\nexec python -m sglang.launch_server --api-key 'sk-123' --port 8000\n"
+    red = common.redact_text(text)
+    assert "hf_abcdef" not in red and "sk-123" not in red and "--port 8000" in red
+    assert common.redact_argv(["--api-key", "sk", "--tp-size", "8", "--hf-token=x"]) == \
+        ["--api-key", "<redacted>", "--tp-size", "8", "--hf-token=<redacted>"]
+
+
+def test_nccl_env_lines_real_formats():
+    log = ("node-01:1896826:1896838 [0] NCCL INFO NCCL_SHM_DISABLE set by environment to 1.\n"
+           "vm:476:476 [0] NCCL INFO NCCL_P2P_LEVEL set by environment to SYS\n"
+           "vm:476:476 [0] NCCL INFO NCCL_MAX_NCHANNELS set by environment to 16.\n"
+           "vm:476:476 [0] NCCL INFO NCCL_BUFFSIZE set by environment to 16777216.\n"
+           "node-01:1896826:1896838 [3] NCCL INFO NCCL_PROTO set by environment to LL\n"
+           "vm:476:476 [0] NCCL INFO NCCL version 2.28.9+cuda13.0\n")
+    lines = envcheck.parse_nccl_lines(log)
+    assert [(l["var"], l["value"], l["pid"], l["dev"]) for l in lines] == [
+        ("NCCL_SHM_DISABLE", "1.", 1896826, 0), ("NCCL_P2P_LEVEL", "SYS", 476, 0),
+        ("NCCL_MAX_NCHANNELS", "16.", 476, 0), ("NCCL_BUFFSIZE", "16777216.", 476, 0),
+        ("NCCL_PROTO", "LL", 1896826, 3)]
+    assert envcheck.nccl_value_matches("16", "16.")
+    assert envcheck.nccl_value_matches("0x1000000", "16777216.")
+    assert envcheck.nccl_value_matches("LL", "LL")
+    assert not envcheck.nccl_value_matches("LL", "Simple")
+    assert not envcheck.nccl_value_matches("16", "8.")
+
+
+def test_server_arg_comparison_tolerates_representation_only():
+    eq = envcheck.values_equal
+    assert eq(8, 8.0) and eq("8", 8) and eq(0.88, "0.88") and eq(True, "true") and eq("EAGLE3", "EAGLE3")
+    assert eq([1, 2], [1.0, "2"])
+    assert not eq(0.88, 0.85) and not eq(3, 4) and not eq(True, False) and not eq("EAGLE3", "EAGLE")
+    report, problems = envcheck.check_args(
+        {"tp_size": 8, "speculative_num_steps": 2, "trust_remote_code": True, "disable_x": False,
+         "chunked_prefill_size": None, "api_key": "sk-secret", "no_such_arg": 1},
+        {"tp_size": 8, "speculative_num_steps": 3, "trust_remote_code": True, "disable_x": False,
+         "chunked_prefill_size": 8192, "api_key": "sk-other"})
+    assert report["tp_size"]["ok"] and report["trust_remote_code"]["ok"] and report["chunked_prefill_size"]["ok"]
+    assert not report["speculative_num_steps"]["ok"]
+    assert any("speculative_num_steps: expected 2, but the server runs with 3" in p for p in problems)
+    assert any("no_such_arg" in p and "does not report it" in p for p in problems)
+    assert all("sk-secret" not in p and "sk-other" not in p for p in problems)
+    assert report["api_key"]["expected"] == "<redacted>"
+
+
+@pytest.mark.parametrize("line,kind", [
+    ("launch_server.py: error: unrecognized arguments: --bogus-flag", "unrecognized arguments"),
+    ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.", "out of memory"),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", "out of memory"),
+    ("OSError: [Errno 98] Address already in use", "address in use"),
+    ("[2025-10-22 10:27:57] Received sigquit from a child process. It usually means the child failed.",
+     "child failed"),
+])
+def test_ready_fatal_lines(tmp_path, line, kind):
+    w = ready.LogWatcher(str(tmp_path / "x.log"))
+    w.feed("[2025-10-22 10:27:56 TP0] Load weight begin. avail mem=78.50 GB")
+    w.feed(line)
+    assert w.fatal == (kind, line)
+
+
+def test_ready_phases_from_sglang_lines(tmp_path):
+    w = ready.LogWatcher(str(tmp_path / "x.log"))
+    assert w.phase() == "starting"
+    w.feed("[2025-10-22 10:20:01 TP0] Load weight begin. avail mem=78.50 GB")
+    w.feed("[2025-10-22 10:20:01 TP1] Load weight begin. avail mem=78.50 GB")
+    assert w.phase() == "loading weights"
+    w.feed("[2025-10-22 10:21:41 TP1] Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, "
+           "avail mem=20.10 GB, mem usage=58.40 GB.")
+    w.feed("[2025-10-22 10:21:42 TP0] Capture cuda graph begin. This can take up to several minutes. "
+           "avail mem=19.80 GB")
+    assert w.phase() == "capturing graphs"
+    w.feed("[2025-10-22 10:22:12 TP0] Capture cuda graph end. Time elapsed: 30.02 s. mem usage=1.10 GB. "
+           "avail mem=18.70 GB.")
+    w.feed("[2025-10-22 10:27:56 TP0] Prefill batch. #new-seq: 1, #new-token: 28, #cached-token: 0, "
+           "token usage: 0.00, #running-req: 0, #queue-req: 0,")
+    w.feed("[2025-10-22 10:22:20] The server is fired up and ready to roll!")
+    assert w.phase() == "ready line logged"
+    d = w.durations()
+    assert d == {"load_weights_s": 100.0, "capture_cuda_graph_s": 30.0, "weights_to_ready_s": 139.0}
+    assert w.phases["load_weight_begin"]["rank"] == "TP0" and w.fatal is None
+
+
+def test_ready_traceback_names_the_exception_line(tmp_path):
+    w = ready.LogWatcher(str(tmp_path / "x.log"))
+    for line in ["Traceback (most recent call last):", '  File "/x/model_runner.py", line 3, in load',
+                 "    raise ValueError(msg)", "ValueError: Unsupported architecture Foo"]:
+        w.feed(line)
+    assert w.fatal is None and w.traceback_at is not None
+    assert w.best_fatal_line() == "ValueError: Unsupported architecture Foo"
