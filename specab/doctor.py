@@ -1,0 +1,337 @@
+"""Doctor: rules that turn an experiment's evidence into sentences a user can act on.
+
+Each rule is a function `(exp, ctx) -> list[Finding]`; every finding quotes its evidence (log line,
+env check, server args, GPU sample, numbers). Rules never raise on missing data: a rule without
+its evidence stays silent.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable
+
+from specab import specmodel
+from specab.analysis import REASON_IDLE, Experiment, Run, reason_names
+from specab.stats import ExperimentStats, analyse
+
+SEVERITIES = ("error", "warning", "info")
+
+# The seed's tuned NCCL variables (shared/facts/seed-measurements.md).
+TUNED_NCCL = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_NTHREADS")
+
+# Server args that must be equal across arms for a like-for-like A/B.
+LIKE_FOR_LIKE = ("max_running_requests", "disable_overlap_schedule", "disable_cuda_graph", "cuda_graph_max_bs",
+                 "cuda_graph_bs", "tp_size", "mem_fraction_static", "disable_custom_all_reduce", "attention_backend")
+
+
+@dataclass
+class Finding:
+    rule: str
+    severity: str
+    message: str
+    evidence: list[str] = field(default_factory=list)
+    arm: str | None = None
+    runs: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class DoctorConfig:
+    usual_baseline_tok_s: float | None = None   # what this node's baseline normally reaches
+    slower_than_usual: float = 0.10             # relative shortfall that counts as slower
+    tuned_nccl: tuple[str, ...] = TUNED_NCCL
+    graph_share_min: float = 0.5                # spec arm: below this share of graph decode lines -> fire
+    clock_drop: float = 0.10                    # SM clock below (1 - this) x max clock under load
+    client_cpu_share: float = 0.8               # client CPU time / wall time
+    client_vs_server: float = 0.85              # client-measured tok/s below this x server's gen throughput
+    outlier_rel: float = 0.05                   # a run this much off its siblings' median ...
+    outlier_mads: float = 4.0                   # ... and this many robust sd
+
+
+@dataclass
+class Context:
+    stats: ExperimentStats
+    config: DoctorConfig
+
+
+Rule = Callable[[Experiment, Context], list[Finding]]
+
+
+def _fmt_args(v) -> str:
+    return "unset (engine default)" if v is None else repr(v)
+
+
+# ---------------------------------------------------------------------------------------------- rules
+
+def verify_without_cuda_graph(exp: Experiment, ctx: Context) -> list[Finding]:
+    out = []
+    for arm in exp.spec_arms:
+        if not arm.is_spec:
+            continue
+        runs = [r for r in exp.runs_of(arm.name) if r.log and (r.log.cuda_graph_true + r.log.cuda_graph_false)]
+        if not runs:
+            continue
+        t = sum(r.log.cuda_graph_true for r in runs)   # type: ignore[union-attr]
+        f = sum(r.log.cuda_graph_false for r in runs)  # type: ignore[union-attr]
+        share = t / (t + f)
+        if share >= ctx.config.graph_share_min:
+            continue
+        example = next((r.log.no_graph_example for r in runs if r.log and r.log.no_graph_example), None)
+        ev = [f"{f} of {t + f} decode lines in {len(runs)} run(s) say `cuda graph: False` (graph share {share:.0%})"]
+        if example:
+            ev.append(f"log: {example}")
+        out.append(Finding(
+            "verify-without-cuda-graph", "warning",
+            f"{arm.name}: the verify forward ran without a CUDA graph in {1 - share:.0%} of decode steps, so every "
+            f"draft+verify cycle pays the eager (extend-mode) verify time. Check that --disable-cuda-graph is not set "
+            f"and --cuda-graph-max-bs covers the running batch, then rerun; the spec model shows how much a shorter "
+            f"cycle lowers the break-even accept length.",
+            ev, arm.name, [r.run_id for r in runs if r.log and r.log.cuda_graph_false]))
+    return out
+
+
+def env_not_confirmed(exp: Experiment, ctx: Context) -> list[Finding]:
+    out = []
+    by_arm: dict[str, list[tuple[Run, list]]] = {}
+    for r in exp.runs:
+        if r.env_check and r.env_check.unconfirmed():
+            by_arm.setdefault(r.arm, []).append((r, r.env_check.unconfirmed()))
+    for arm, items in by_arm.items():
+        names = sorted({v.name for _, vs in items for v in vs})
+        ev = []
+        for r, vs in items[:3]:
+            for v in vs[:4]:
+                detail = "; ".join(v.mismatches) or "no evidence in any worker"
+                seen = ", ".join(v.evidence) or "none"
+                ev.append(f"{r.run_id}: {v.name} expected {v.expected!r}: {detail} (confirmed by: {seen})")
+        out.append(Finding(
+            "env-not-confirmed", "error",
+            f"{arm}: {', '.join(names)} not confirmed in the engine's worker processes in {len(items)} run(s); "
+            f"the arm may have run without them. Put them in the env file the launch script sources (not only in "
+            f"the parent shell), and keep env verification on so a mismatch fails the arm.",
+            ev, arm, [r.run_id for r, _ in items]))
+    return out
+
+
+def _nccl_seen(r: Run, names: tuple[str, ...]) -> set[str]:
+    seen = {k for k in names if k in r.env}
+    if r.env_check:
+        seen |= {v.name for v in r.env_check.variables if v.confirmed and v.name in names}
+        seen -= {v.name for v in r.env_check.variables if not v.confirmed}
+    if r.log:
+        seen |= {k for k in r.log.nccl_env if k in names}
+    return seen
+
+
+def nccl_missing_baseline_slow(exp: Experiment, ctx: Context) -> list[Finding]:
+    base = exp.runs_of(exp.baseline)
+    if not base:
+        return []
+    names = ctx.config.tuned_nccl
+    missing = sorted(set(names) - set.intersection(*(_nccl_seen(r, names) for r in base)))
+    if not missing:
+        return []
+    tok = ctx.stats.arms[exp.baseline].tok_s_run.median
+    usual = ctx.config.usual_baseline_tok_s
+    ev = [f"baseline runs lack {', '.join(missing)} (intended env, env check and NCCL INFO lines)"]
+    if usual and tok:
+        ev.append(f"baseline median {tok:.1f} tok/s vs usual {usual:.1f} tok/s ({tok / usual - 1:+.0%})")
+        if tok < usual * (1 - ctx.config.slower_than_usual):
+            return [Finding(
+                "nccl-untuned-baseline-slow", "warning",
+                f"The baseline ran {1 - tok / usual:.0%} slower than usual and its workers lack the tuned NCCL "
+                f"variables {', '.join(missing)}. Add them to the experiment's env and rerun; an A/B against a "
+                f"slowed baseline flatters the speculative arms.",
+                ev, exp.baseline, [r.run_id for r in base])]
+        return []
+    return [Finding(
+        "nccl-untuned-baseline-slow", "info",
+        f"The baseline's workers lack the tuned NCCL variables {', '.join(missing)}; pass the usual baseline "
+        f"tok/s (--usual-baseline-tok-s) to judge whether it ran slower than usual.",
+        ev, exp.baseline, [r.run_id for r in base])]
+
+
+def arms_not_like_for_like(exp: Experiment, ctx: Context) -> list[Finding]:
+    values: dict[str, dict[str, object]] = {}
+    for a in exp.arms:
+        runs = exp.runs_of(a.name, ok_only=False)
+        effective = runs[0].server_args if runs and runs[0].server_args else a.server_args
+        values[a.name] = {k: effective.get(k) for k in LIKE_FOR_LIKE}
+    out = []
+    base = values.get(exp.baseline, {})
+    diffs = []
+    for k in LIKE_FOR_LIKE:
+        seen = {arm: v[k] for arm, v in values.items()}
+        if len({repr(v) for v in seen.values()}) > 1:
+            diffs.append((k, seen))
+    if diffs:
+        ev = [f"{k}: " + ", ".join(f"{arm}={_fmt_args(v)}" for arm, v in seen.items()) for k, seen in diffs]
+        fix = ", ".join(f"--{k.replace('_', '-')}" for k, _ in diffs)
+        out.append(Finding(
+            "arms-not-like-for-like", "warning",
+            f"The arms differ in more than the speculative settings ({', '.join(k for k, _ in diffs)}), so the A/B "
+            f"is not like for like: EAGLE arms get max_running_requests=48 and the overlap scheduler disabled by "
+            f"SGLang itself. Set {fix} explicitly in the experiment's common server_args so every arm runs with the "
+            f"same values.", ev, None, []))
+    _ = base
+    return out
+
+
+def accept_below_break_even(exp: Experiment, ctx: Context) -> list[Finding]:
+    st = ctx.stats
+    base = st.arms.get(exp.baseline)
+    if not base or not base.tok_s_run.median:
+        return []
+    out = []
+    for arm in exp.spec_arms:
+        a = st.arms.get(arm.name)
+        steps = arm.steps
+        if not a or not a.tok_s_run.median or not a.accept_len.mean or not steps:
+            continue
+        try:
+            m = specmodel.analyse_arm(specmodel.SpecArm(steps, a.tok_s_run.median, a.accept_len.mean, arm.name),
+                                      base.tok_s_run.median)
+        except specmodel.SpecModelError:
+            continue
+        if m.margin >= 0:
+            continue
+        try:
+            need = f"a conditional acceptance of {specmodel.chain_alpha(m.tau_star, steps):.2f} per position " \
+                   f"(now {m.alpha:.2f})"
+        except specmodel.SpecModelError:
+            need = f"more than steps+1 = {steps + 1} tokens per cycle, impossible at steps={steps}"
+        out.append(Finding(
+            "accept-below-break-even", "warning",
+            f"{arm.name}: accept length {m.accept_len:.2f} is below the break-even {m.tau_star:.2f} "
+            f"(cycle {m.cycle_ms:.1f} ms / baseline step {1000 / base.tok_s_run.median:.1f} ms), so speculation "
+            f"loses ({m.speedup:.2f}x). Breaking even needs {need}, or a shorter cycle (verify with CUDA graph).",
+            [f"baseline {base.tok_s_run.median:.1f} tok/s, {arm.name} {a.tok_s_run.median:.1f} tok/s at accept "
+             f"length {a.accept_len.mean:.2f} (from {a.requests} requests), steps={steps}",
+             f"tau* = cycle/step = {m.cycle_ms:.2f}/{1000 / base.tok_s_run.median:.2f} = {m.tau_star:.2f}, "
+             f"margin {m.margin:+.2f}"], arm.name, []))
+    return out
+
+
+def gpu_throttled(exp: Experiment, ctx: Context) -> list[Finding]:
+    out = []
+    for r in exp.runs:
+        w = r.window
+        samples = [s for s in r.gpu_samples if w is None or w[0] <= s.ts <= w[1]]
+        if not samples:
+            continue
+        bad_reasons = [s for s in samples if s.reasons and s.reasons & ~REASON_IDLE]
+        max_by_gpu: dict[int, float] = {}
+        for s in r.gpu_samples:
+            ref = s.max_sm_mhz or s.sm_mhz
+            if ref:
+                max_by_gpu[s.index] = max(max_by_gpu.get(s.index, 0.0), ref)
+        dropped = [s for s in samples if s.sm_mhz and max_by_gpu.get(s.index)
+                   and s.sm_mhz < (1 - ctx.config.clock_drop) * max_by_gpu[s.index]
+                   and not (s.reasons == REASON_IDLE)]
+        if not bad_reasons and not dropped:
+            continue
+        ev = []
+        if bad_reasons:
+            names = sorted({n for s in bad_reasons for n in reason_names(s.reasons & ~REASON_IDLE)})
+            s = bad_reasons[0]
+            ev.append(f"{len(bad_reasons)} of {len(samples)} samples during the measured window report clock event "
+                      f"reasons {', '.join(names)}; first: GPU {s.index} at {s.ts:.1f}: reasons 0x{s.reasons:x}, "
+                      f"SM {s.sm_mhz} MHz")
+        if dropped:
+            s = min(dropped, key=lambda x: x.sm_mhz or 0)
+            ev.append(f"{len(dropped)} samples with the SM clock below {1 - ctx.config.clock_drop:.0%} of the maximum; "
+                      f"lowest: GPU {s.index} {s.sm_mhz:.0f} MHz vs {max_by_gpu[s.index]:.0f} MHz")
+        out.append(Finding(
+            "gpu-throttled", "warning",
+            f"{r.run_id}: the GPUs slowed down during the measured window (power/thermal/clock limits), so this run "
+            f"measured the node's cooling or power cap, not the arm. Check cooling and power limits (nvidia-smi -q -d "
+            f"PERFORMANCE), consider locking clocks, and rerun the block.", ev, r.arm, [r.run_id]))
+    return out
+
+
+def baseline_drift(exp: Experiment, ctx: Context) -> list[Finding]:
+    d = ctx.stats.drift
+    out = []
+    if d.beyond_noise:
+        pts = ", ".join(f"{t / 60:.0f} min: {v:.1f}" for t, v in d.points[:8])
+        out.append(Finding(
+            "baseline-drift", "warning",
+            f"The baseline drifted {d.change_rel * 100:+.1f}% during the experiment, beyond run-to-run noise. "
+            + ("Paired blocks cancel a slow drift in the speedup, but absolute tok/s numbers are not comparable "
+               "across sessions; record node temperature/clocks and look for other load."
+               if not d.exposed else
+               "This experiment ran in blocked order, so the drift biases the speedups: rerun with --order interleaved."),
+            [d.message, f"baseline tok/s over time: {pts}"], exp.baseline, []))
+    elif d.exposed:
+        out.append(Finding(
+            "blocked-order", "info",
+            "This experiment ran in blocked order: a drift too slow to detect here would still bias the speedups. "
+            "Prefer --order interleaved.", [d.message], None, []))
+    return out
+
+
+def client_bottleneck(exp: Experiment, ctx: Context) -> list[Finding]:
+    out = []
+    for r in exp.runs:
+        ev = []
+        if r.client_cpu_s is not None and r.duration_s:
+            share = r.client_cpu_s / r.duration_s
+            if share >= ctx.config.client_cpu_share:
+                ev.append(f"client CPU {r.client_cpu_s:.1f} s over {r.duration_s:.1f} s wall ({share:.0%} of a core)")
+        tok = r.tok_s
+        if r.log and r.log.gen_tok_s_mean and tok and tok < ctx.config.client_vs_server * r.log.gen_tok_s_mean:
+            ev.append(f"client measured {tok:.1f} tok/s while the server logged gen throughput "
+                      f"{r.log.gen_tok_s_mean:.1f} tok/s ({tok / r.log.gen_tok_s_mean:.0%})")
+        if ev:
+            out.append(Finding(
+                "client-bottleneck", "warning",
+                f"{r.run_id}: the benchmark client, not the server, may have limited this measurement. Run the client "
+                f"on an idle core next to the server, lower its output (no per-token printing), and rerun.",
+                ev, r.arm, [r.run_id]))
+    return out
+
+
+def instance_outlier(exp: Experiment, ctx: Context) -> list[Finding]:
+    out = []
+    for a in exp.arms:
+        runs = [r for r in exp.runs_of(a.name) if r.tok_s]
+        if len(runs) < 3:
+            continue
+        for r in runs:
+            sib = [x.tok_s for x in runs if x is not r]
+            med = statistics.median(sib)
+            mad = statistics.median([abs(v - med) for v in sib]) * 1.4826
+            dev = r.tok_s - med   # type: ignore[operator]
+            if abs(dev) / med > ctx.config.outlier_rel and abs(dev) > ctx.config.outlier_mads * max(mad, 1e-9):
+                out.append(Finding(
+                    "instance-outlier", "warning",
+                    f"{r.run_id}: {r.tok_s:.1f} tok/s is {dev / med:+.0%} off its siblings' median {med:.1f} tok/s. "
+                    f"This server instance behaved differently (placement, clocks, a neighbour's load): check its "
+                    f"GPU samples and log, and rerun the block rather than trusting this pair.",
+                    [f"{a.name} runs: " + ", ".join(f"{x.run_id}={x.tok_s:.1f}" for x in runs)], a.name, [r.run_id]))
+    return out
+
+
+RULES: dict[str, Rule] = {
+    "verify-without-cuda-graph": verify_without_cuda_graph,
+    "env-not-confirmed": env_not_confirmed,
+    "nccl-untuned-baseline-slow": nccl_missing_baseline_slow,
+    "arms-not-like-for-like": arms_not_like_for_like,
+    "accept-below-break-even": accept_below_break_even,
+    "gpu-throttled": gpu_throttled,
+    "baseline-drift": baseline_drift,
+    "client-bottleneck": client_bottleneck,
+    "instance-outlier": instance_outlier,
+}
+
+
+def diagnose(exp: Experiment, stats: ExperimentStats | None = None, config: DoctorConfig | None = None,
+             rules: dict[str, Rule] | None = None) -> list[Finding]:
+    ctx = Context(stats or analyse(exp), config or DoctorConfig())
+    out: list[Finding] = []
+    for rule in (rules or RULES).values():
+        out.extend(rule(exp, ctx))
+    out.sort(key=lambda f: SEVERITIES.index(f.severity))
+    return out

@@ -1,0 +1,125 @@
+"""Every doctor rule fires on data that provokes it, quotes its evidence, and stays silent on a clean run."""
+import pytest
+
+from specab import doctor
+from tests.analysis import factory as F
+
+CLEAN = {"baseline": 82.2, "eagle3-s2": 94.0}      # EAGLE wins at tau 2.1: nothing to report
+
+
+def fired(exp, rule, **cfg):
+    return [f for f in doctor.diagnose(exp, config=doctor.DoctorConfig(**cfg)) if f.rule == rule]
+
+
+def clean(**kw):
+    return F.experiment(CLEAN, blocks=5, accept={"eagle3-s2": 2.1}, **kw)
+
+
+def test_clean_experiment_has_no_findings():
+    assert doctor.diagnose(clean(), config=doctor.DoctorConfig(usual_baseline_tok_s=82.0)) == []
+
+
+@pytest.mark.parametrize("rule", sorted(doctor.RULES))
+def test_every_rule_is_silent_on_clean_data(rule):
+    assert fired(clean(), rule, usual_baseline_tok_s=82.0) == []
+
+
+def test_verify_without_cuda_graph():
+    def no_graph(run, arm):
+        if arm.is_spec:
+            run.log = F.log_stats(True, 2.1, 60.5, cuda_graph=False)
+    f = fired(clean(tweak=no_graph), "verify-without-cuda-graph")
+    assert len(f) == 1 and f[0].arm == "eagle3-s2"
+    assert any("cuda graph: False" in e for e in f[0].evidence)
+    assert "--disable-cuda-graph" in f[0].message
+
+
+def test_env_not_confirmed_in_workers():
+    def lost(run, arm):
+        if arm.is_spec and run.block == 1:
+            run.env_check = F.env_check(run.env, missing_in_workers=("NCCL_PROTO",))
+    f = fired(clean(tweak=lost), "env-not-confirmed")
+    assert len(f) == 1 and f[0].severity == "error" and "NCCL_PROTO" in f[0].message
+    assert any("sglang::scheduler_TP0" in e for e in f[0].evidence)
+
+
+def test_nccl_missing_and_baseline_slower_than_usual():
+    def untuned(run, arm):
+        if not arm.is_spec:
+            run.env = {}
+            run.env_check = F.env_check({})
+    exp = F.experiment({"baseline": 63.0, "eagle3-s2": 94.0}, blocks=4, tweak=untuned)
+    f = fired(exp, "nccl-untuned-baseline-slow", usual_baseline_tok_s=82.2)
+    assert len(f) == 1 and f[0].severity == "warning"
+    assert "NCCL_PROTO" in f[0].message and "slower than usual" in f[0].message
+    # tuned and normal speed: silent; untuned but at the usual speed: silent
+    assert fired(exp, "nccl-untuned-baseline-slow", usual_baseline_tok_s=64.0) == []
+
+
+def test_arms_not_like_for_like():
+    def sglang_defaults(run, arm):
+        if not arm.is_spec:      # what /get_server_info shows for a plain baseline
+            run.server_args = {**run.server_args, "max_running_requests": 4096, "disable_overlap_schedule": False}
+    f = fired(clean(tweak=sglang_defaults), "arms-not-like-for-like")
+    assert len(f) == 1
+    assert "max_running_requests: baseline=4096, eagle3-s2=48" in f[0].evidence
+    assert "--max-running-requests" in f[0].message and "--disable-overlap-schedule" in f[0].message
+
+
+def test_accept_length_below_break_even_on_the_seed_numbers():
+    exp = F.experiment({"baseline": 82.2, "eagle3-s2": 60.5}, blocks=4, accept={"eagle3-s2": 2.1})
+    f = fired(exp, "accept-below-break-even")
+    assert len(f) == 1
+    assert "break-even 2.8" in f[0].message                     # tau* ~ 2.85
+    assert "loses" in f[0].message and "conditional acceptance" in f[0].message
+
+
+def test_gpu_throttle_reasons_and_clock_drop():
+    def hot(run, arm):
+        if run.block == 2 and not arm.is_spec:
+            w = run.window
+            run.gpu_samples = F.gpu_samples(w[0], w[1], sm=1500, max_sm=1980, reasons=0x20 | 0x4)
+    f = fired(clean(tweak=hot), "gpu-throttled")
+    assert len(f) == 1 and f[0].runs[0].endswith("-baseline")
+    assert any("SwThermalSlowdown" in e and "SwPowerCap" in e for e in f[0].evidence)
+    assert any("1500 MHz vs 1980 MHz" in e for e in f[0].evidence)
+
+
+def test_idle_reason_outside_the_window_is_not_throttling():
+    def idle(run, arm):
+        w = run.window
+        run.gpu_samples += F.gpu_samples(w[1] + 5, w[1] + 30, sm=345, max_sm=1980, reasons=0x1)
+        run.gpu_samples += F.gpu_samples(w[0], w[1], sm=345, max_sm=1980, reasons=0x1)   # idle between requests
+    assert fired(clean(tweak=idle), "gpu-throttled") == []
+
+
+def test_baseline_drift_and_blocked_exposure():
+    exp = F.experiment(CLEAN, blocks=8, accept={"eagle3-s2": 2.1}, drift_per_run=-0.005, run_cv=0.003)
+    f = fired(exp, "baseline-drift")
+    assert len(f) == 1 and "drifted" in f[0].message
+    blocked = F.experiment(CLEAN, blocks=8, accept={"eagle3-s2": 2.1}, drift_per_run=-0.005, order="blocked")
+    f = fired(blocked, "baseline-drift")
+    assert "--order interleaved" in f[0].message
+
+
+def test_client_bottleneck():
+    def busy_client(run, arm):
+        if run.block == 0 and arm.is_spec:
+            run.client_cpu_s = run.duration_s * 0.97
+    f = fired(clean(tweak=busy_client), "client-bottleneck")
+    assert len(f) == 1 and "97% of a core" in f[0].evidence[0]
+
+    def lagging(run, arm):
+        if run.block == 3 and not arm.is_spec:
+            run.log.gen_tok_s_mean = run.tok_s * 1.5
+    f = fired(clean(tweak=lagging), "client-bottleneck")
+    assert len(f) == 1 and "server logged gen throughput" in f[0].evidence[0]
+
+
+def test_instance_outlier():
+    def slow_instance(run, arm):
+        if run.block == 3 and arm.is_spec:
+            for q in run.requests:
+                q.decode_tok_s *= 0.8
+    f = fired(clean(tweak=slow_instance), "instance-outlier")
+    assert len(f) == 1 and "-19%" in f[0].message and f[0].arm == "eagle3-s2"
