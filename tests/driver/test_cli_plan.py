@@ -1,0 +1,106 @@
+"""`driver.py plan` prints the plan and the rendered files, the same for the same seed, and touches nothing."""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from specab.cli import main
+
+INVENTORY = """\
+all:
+  children:
+    gpu_nodes:
+      hosts:
+        simA:
+          ansible_connection: local
+          specab_python: "{{ ansible_playbook_python }}"
+          specab_engine_cmd: ["{{ ansible_playbook_python }}", "-m", "specab.sim.launch_server"]
+          specab_smi_cmd: ["{{ ansible_playbook_python }}", "-m", "specab.sim.smi"]
+          specab_node_dir: "NODEDIR"
+          specab_node_env:
+            SPECAB_SIM_STATE: "NODEDIR/gpus"
+"""
+
+
+@pytest.fixture
+def inventory(tmp_path: Path) -> tuple[Path, Path]:
+    node_dir = tmp_path / "node"
+    p = tmp_path / "inv.yml"
+    p.write_text(INVENTORY.replace("NODEDIR", str(node_dir)))
+    return p, node_dir
+
+
+@pytest.fixture
+def no_processes(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError(f"plan started a process: {a[:1]}")
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(os, "posix_spawn", refuse)
+
+
+def run_cli(*argv: str) -> tuple[int, str]:
+    buf = io.StringIO()
+    code = main(list(argv), out=buf)
+    return code, buf.getvalue()
+
+
+def test_plan_is_deterministic_for_a_seed_and_touches_nothing(tmp_path, experiment_file, inventory, no_processes,
+                                                              monkeypatch):
+    inv, node_dir = inventory
+    monkeypatch.chdir(tmp_path)
+    args = ["plan", "-e", str(experiment_file), "-i", str(inv), "--matrix", "steps=1,2,3", "--repeats", "2",
+            "--seed", "5"]
+    code, out1 = run_cli(*args)
+    assert code == 0
+    _, out2 = run_cli(*args)
+    assert out1 == out2
+    _, out3 = run_cli(*args[:-1], "6")
+    order = [line.split()[-1] for line in out1.splitlines() if line.strip()[:1].isdigit() and "-" in line]
+    assert len(order) == 8 and order != [line.split()[-1] for line in out3.splitlines()
+                                         if line.strip()[:1].isdigit() and "-" in line]
+    # every arm's exact launch script and env file are shown
+    assert out1.count("--- launch.sh ---") == 4 and out1.count("--- nccl.env") == 4
+    assert "--speculative-num-steps 3" in out1 and "--speculative-num-draft-tokens 4" in out1
+    assert "NCCL_PROTO=LL" in out1
+    assert not node_dir.exists()
+    assert not (tmp_path / "runs").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["exp.yml", "inv.yml"])
+
+
+def test_plan_json(experiment_file, inventory, no_processes):
+    import json
+    inv, _ = inventory
+    code, out = run_cli("plan", "-e", str(experiment_file), "-i", str(inv), "--format", "json", "--repeats", "1")
+    data = json.loads(out)
+    assert code == 0 and [a["name"] for a in data["arms"]] == ["baseline", "eagle3-s2"]
+    assert "exec " in data["arms"][0]["launch_sh"]
+
+
+def test_plan_redacts_secrets(write, inventory, no_processes):
+    from tests.driver.conftest import EXPERIMENT
+    exp = write("s.yml", EXPERIMENT.replace("NCCL_PROTO: LL", "NCCL_PROTO: LL\n    HF_TOKEN: hf_plantedsecret123"))
+    code, out = run_cli("plan", "-e", str(exp), "-i", str(inventory[0]))
+    assert code == 0 and "hf_plantedsecret123" not in out and "HF_TOKEN='<redacted>'" in out
+
+
+@pytest.mark.parametrize("matrix, needle", [
+    (["steps="], "steps=: no values"),
+    (["steps=a"], "'a' is not an integer"),
+    (["bogus=1"], "unknown key 'bogus'"),
+    (["steps=1", "topk=2", "draft_tokens=8"], "draft_tokens <= steps*topk+1"),
+])
+def test_invalid_matrix_refused_before_anything_runs(tmp_path, experiment_file, inventory, no_processes, capsys,
+                                                     matrix, needle):
+    inv, node_dir = inventory
+    args = ["-e", str(experiment_file), "-i", str(inv), "--runs-dir", str(tmp_path / "runs")]
+    for m in matrix:
+        args += ["--matrix", m]
+    code, _ = run_cli(*args)           # the run command itself, not plan
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Nothing was started" in err
+    assert not node_dir.exists() and not (tmp_path / "runs").exists()

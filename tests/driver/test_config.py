@@ -1,0 +1,90 @@
+"""Experiment and inventory files: YAML errors with file:line:column, unknown keys named, values checked."""
+from __future__ import annotations
+
+import pytest
+
+from specab.config import ConfigError, load_experiment, load_inventory, redact_env
+from tests.driver.conftest import EXPERIMENT
+
+
+def test_default_files_load():
+    exp = load_experiment(None)
+    assert exp.arms and exp.model_path
+    inv = load_inventory(None)
+    h = inv.hosts[0]
+    assert h.is_local
+    # Jinja in the inventory is rendered for controller-side use
+    assert "{{" not in " ".join(h.smi_cmd) and "{{" not in h.node_dir
+    assert "{{" not in str(h.node_env)
+
+
+def test_yaml_error_names_file_line_and_column(write):
+    f = write("bad.yml", "specab_experiment:\n  name: x\n  arms: [a, b\n  bench: {}\n")
+    with pytest.raises(ConfigError) as e:
+        load_experiment(f)
+    msg = str(e.value)
+    assert str(f) in msg and "YAML error" in msg
+    assert f"{f}:4:" in msg or f"{f}:3:" in msg
+
+
+def test_unknown_keys_named_with_line(write):
+    f = write("unk.yml", EXPERIMENT.replace("  bench:\n", "  benchh: {}\n  bench:\n"))
+    with pytest.raises(ConfigError) as e:
+        load_experiment(f)
+    assert "unknown key 'benchh'" in str(e.value) and "did you mean 'bench'" in str(e.value)
+    assert f"{f}:" in str(e.value)
+    f = write("unk2.yml", EXPERIMENT.replace("    num_requests: 3", "    num_request: 3"))
+    with pytest.raises(ConfigError) as e:
+        load_experiment(f)
+    assert "num_request" in str(e.value)
+
+
+def test_bad_values_refused(write):
+    with pytest.raises(ConfigError, match="newline"):
+        load_experiment(write("nl.yml", EXPERIMENT.replace("NCCL_PROTO: LL", 'NCCL_PROTO: "LL\\nrm -rf /"')))
+    with pytest.raises(ConfigError, match="environment variable name"):
+        load_experiment(write("env.yml", EXPERIMENT.replace("NCCL_PROTO: LL", '"NCCL PROTO": LL')))
+    with pytest.raises(ConfigError, match="common server_args"):
+        load_experiment(write("spec.yml", EXPERIMENT.replace("    tp_size: 2", "    tp_size: 2\n    speculative_algorithm: EAGLE3")))
+    with pytest.raises(ConfigError, match="duplicate arm name"):
+        load_experiment(write("dup.yml", EXPERIMENT.replace("- name: eagle3-s2", "- name: baseline")))
+    with pytest.raises(ConfigError, match="bench.api"):
+        load_experiment(write("api.yml", EXPERIMENT.replace("api: generate", "api: grpc")))
+    with pytest.raises(ConfigError, match="not found"):
+        load_experiment("/nonexistent/exp.yml")
+
+
+def test_unknown_server_arg_in_file_is_a_warning_with_suggestion(write):
+    exp = load_experiment(write("w.yml", EXPERIMENT.replace("tp_size: 2", "tp_sise: 2")))
+    assert any("tp_sise" in w and "tp_size" in w for w in exp.warnings)
+
+
+def test_inventory_errors_and_merge(write):
+    with pytest.raises(ConfigError) as e:
+        load_inventory(write("inv.yml", "all:\n  children:\n    gpu_nodes:\n      hostz: {}\n"))
+    assert "unknown key 'hostz'" in str(e.value)
+    with pytest.raises(ConfigError, match="no group 'gpu_nodes'"):
+        load_inventory(write("inv2.yml", "all:\n  hosts:\n    a: {}\n"))
+    with pytest.raises(ConfigError, match="YAML error"):
+        load_inventory(write("inv3.yml", "all:\n  hosts: [\n"))
+    inv = load_inventory(write("inv4.yml", """\
+        all:
+          vars:
+            specab_node_dir: /tmp/x/{{ inventory_hostname }}
+            ansible_port: 22
+          children:
+            gpu_nodes:
+              vars:
+                ansible_port: 2222
+              hosts:
+                n1: {ansible_host: 10.0.0.1}
+                n2: {ansible_host: 10.0.0.2, ansible_port: 2223}
+        """))
+    by = {h.name: h for h in inv.hosts}
+    assert by["n1"].port == 2222 and by["n2"].port == 2223
+    assert by["n2"].node_dir == "/tmp/x/n2" and by["n1"].address == "10.0.0.1"
+
+
+def test_redaction():
+    assert redact_env({"HF_TOKEN": "hf_x", "MY_API_KEY": "k", "DB_PASSWORD_X": "p", "NCCL_PROTO": "LL"}) == \
+        {"HF_TOKEN": "<redacted>", "MY_API_KEY": "<redacted>", "DB_PASSWORD_X": "<redacted>", "NCCL_PROTO": "LL"}

@@ -1,0 +1,121 @@
+"""Matrix grammar and SGLang's speculative rules: refused before anything runs, with the key or rule named."""
+from __future__ import annotations
+
+import pytest
+
+from specab.config import load_experiment
+from specab.matrix import MatrixError, build_arms, check_spec, parse_matrix
+
+
+def arms_of(exp_file, *specs, skip=False):
+    return build_arms(load_experiment(exp_file), parse_matrix(list(specs)), skip_invalid=skip)
+
+
+def test_steps_matrix_makes_one_eagle3_arm_per_value_plus_baseline(experiment_file):
+    s = arms_of(experiment_file, "steps=1,2,3")
+    assert [a.name for a in s.arms] == ["baseline", "eagle3-s1-k1-d2", "eagle3-s2-k1-d3", "eagle3-s3-k1-d4"]
+    spec = s.arms[1]
+    assert spec.server_args["speculative_algorithm"] == "EAGLE3"
+    assert spec.server_args["speculative_draft_model_path"] == "/models/draft"
+    assert spec.server_args["model_path"] == "/models/target"
+    assert spec.baseline == "baseline" and not spec.is_baseline
+    base = s.arms[0]
+    assert base.is_baseline and not any(k.startswith("speculative_") for k in base.server_args)
+    # topk=1 => draft = steps+1, adjusted with a notice naming the rule
+    assert any("adjusted 3 -> 2" in n and "topk=1" in n for n in s.notices)
+
+
+def test_ranges_and_products(experiment_file):
+    s = arms_of(experiment_file, "steps=1..3", "topk=1,2")
+    names = [a.name for a in s.arms]
+    assert len(names) == 1 + 6
+    assert "eagle3-s3-k2-d3" in names and "eagle3-s1-k2-d3" in names
+
+
+def test_env_and_engine_args_are_conditions_with_their_own_baseline(experiment_file):
+    s = arms_of(experiment_file, "env.NCCL_PROTO=LL,Simple")
+    by = {a.name: a for a in s.arms}
+    assert set(by) == {"baseline-NCCL_PROTO=LL", "baseline-NCCL_PROTO=Simple",
+                       "eagle3-s2-NCCL_PROTO=LL", "eagle3-s2-NCCL_PROTO=Simple"}
+    assert by["eagle3-s2-NCCL_PROTO=Simple"].env["NCCL_PROTO"] == "Simple"
+    assert by["eagle3-s2-NCCL_PROTO=Simple"].baseline == "baseline-NCCL_PROTO=Simple"
+    s = arms_of(experiment_file, "mem_fraction_static=0.85", "steps=2")
+    by = {a.name: a for a in s.arms}
+    assert by["eagle3-s2-k1-d3-mem_fraction_static=0.85"].server_args["mem_fraction_static"] == 0.85
+    assert by["baseline-mem_fraction_static=0.85"].server_args["mem_fraction_static"] == 0.85
+
+
+def test_no_matrix_uses_the_experiment_arms(experiment_file):
+    s = arms_of(experiment_file)
+    assert [a.name for a in s.arms] == ["baseline", "eagle3-s2"]
+
+
+@pytest.mark.parametrize("specs, needle", [
+    (["steps="], "steps=: no values"),
+    (["steps=a"], "'a' is not an integer"),
+    (["steps=1.."], "a range needs both ends"),
+    (["bogus=1"], "unknown key 'bogus'"),
+    (["mem_fraction_statc=0.8"], "Did you mean mem_fraction_static"),
+    (["steps=1", "steps=2"], "duplicate key"),
+    (["steps=1", "speculative_num_steps=2"], "duplicate key"),
+    (["steps=0"], "positive integers"),
+    (["steps=3..1"], "range is empty"),
+    (["env.1BAD=x"], "not a valid environment variable name"),
+    (["nokey"], "expected key=values"),
+])
+def test_malformed_matrix_refused_naming_the_key(experiment_file, specs, needle):
+    with pytest.raises(MatrixError) as e:
+        arms_of(experiment_file, *specs)
+    assert needle in str(e.value)
+
+
+def test_draft_tokens_above_steps_times_topk_plus_one_refused_with_rule(experiment_file):
+    with pytest.raises(MatrixError) as e:
+        arms_of(experiment_file, "steps=1", "topk=2", "draft_tokens=8")
+    msg = str(e.value)
+    assert "draft_tokens <= steps*topk+1" in msg and "8 > 1*2+1 = 3" in msg
+
+
+def test_every_refused_combination_is_listed_and_skip_invalid_keeps_the_rest(experiment_file):
+    with pytest.raises(MatrixError) as e:
+        arms_of(experiment_file, "steps=1,3", "topk=2", "draft_tokens=4,8")
+    msg = str(e.value)
+    assert "steps=1, topk=2, draft_tokens=4" in msg and "steps=1, topk=2, draft_tokens=8" in msg
+    assert "steps=3, topk=2, draft_tokens=8" in msg   # 8 > 7
+    s = arms_of(experiment_file, "steps=1,3", "topk=2", "draft_tokens=4,8", skip=True)
+    assert [a.name for a in s.arms] == ["baseline", "eagle3-s3-k2-d4"]
+
+
+def test_missing_draft_model_path_refused(write):
+    f = write("nodraft.yml", """\
+        specab_experiment:
+          name: t
+          model_path: /m
+          arms:
+            - name: baseline
+        """)
+    with pytest.raises(MatrixError) as e:
+        arms_of(f, "steps=2", "topk=1", "draft_tokens=3")
+    assert "draft model path" in str(e.value)
+    s = arms_of(f, "steps=2", "topk=1", "draft_tokens=3", "speculative_draft_model_path=/d")
+    assert s.arms[1].server_args["speculative_draft_model_path"] == "/d"
+
+
+def test_all_or_none_rule():
+    _, _, refused = check_spec({"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/d",
+                                "speculative_num_steps": 2}, "arm x")
+    assert refused and "all of steps/topk/draft_tokens or none" in refused[0]
+    _, notices, refused = check_spec({"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/d"},
+                                     "arm x")
+    assert not refused and "automatically" in notices[0]
+
+
+def test_adjustment_collapsing_two_combinations_runs_once(experiment_file):
+    s = arms_of(experiment_file, "steps=1", "topk=1", "draft_tokens=2,5")
+    assert [a.name for a in s.arms] == ["baseline", "eagle3-s1-k1-d2"]
+    assert any("identical" in n for n in s.notices)
+
+
+def test_newline_in_value_refused(experiment_file):
+    with pytest.raises(MatrixError):
+        parse_matrix(["env.X=a\nb"])

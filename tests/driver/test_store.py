@@ -1,0 +1,69 @@
+"""The results store: written as results arrive, read back by the analysis, missing runs for --resume."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specab import store as st
+from specab.plan import make_plan
+
+
+def _store(tmp_path):
+    s = st.Store.create(tmp_path / "results.sqlite")
+    s.write_experiment(id="t-1", name="t", seed=1, repeats=2, order_mode="interleaved", experiment_file="/e.yml",
+                       inventory_file="/i.yml", config={"name": "t"}, matrix=["steps=1"], argv=["--matrix", "steps=1"],
+                       hosts=["sim0"], specab_version="0", git_sha=None)
+    s.write_arms([{"name": "baseline", "is_baseline": True, "baseline": "baseline",
+                   "server_args": {"tp_size": 8}, "env": {}, "matrix": {}},
+                  {"name": "eagle3-s1-k1-d2", "is_baseline": False, "baseline": "baseline",
+                   "server_args": {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 1,
+                                   "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 2},
+                   "env": {}, "matrix": {"steps": 1}}])
+    s.write_plan([r.to_json() for r in make_plan(["baseline", "eagle3-s1-k1-d2"], 2, seed=1)])
+    return s
+
+
+def test_roundtrip_and_missing(tmp_path):
+    s = _store(tmp_path)
+    assert [m["seq"] for m in s.missing()] == [1, 2, 3, 4]
+    s.start_run(seq=1, run_id=s.plan()[0]["run_id"], arm=s.plan()[0]["arm"], block=1, host="sim0",
+                run_dir="/r", runner_ident="x")
+    recs = [{"i": 0, "warmup": True, "ok": True, "decode_tok_s": 80.0},
+            {"i": 0, "warmup": False, "ok": True, "decode_tok_s": 82.0, "accept_len": None,
+             "chunk_t_s": [0.1, 0.2], "chunk_tokens": [1, 1], "new_field": 5}]
+    assert s.add_requests(1, "sim0", recs) == 2
+    s.add_gpu_samples(1, "sim0", "timestamp,index,clocks.sm [MHz],memory.used [MiB],clocks_event_reasons.active\n"
+                                 "1700000000.5,0,1980,100,0x0000000000000001\n")
+    s.finish_run(1, status=st.OK, summary={"decode_tok_s_median": 82.0})
+    assert [m["seq"] for m in s.missing()] == [2, 3, 4]
+    run = s.runs()[0]
+    assert run["status"] == "ok" and run["n_requests"] == 1 and run["decode_tok_s_median"] == 82.0
+    req = s.requests()
+    assert len(req) == 1 and req[0]["chunk_tokens"] == [1, 1] and req[0]["extra"] == {"new_field": 5}
+    assert len(s.requests(include_warmup=True)) == 2
+    g = s.gpu_samples(1)[0]
+    assert g["sm_clock_mhz"] == 1980 and g["gpu"] == 0 and g["throttle_reasons"] == "0x0000000000000001"
+    arms = s.arms()
+    assert arms[1]["spec_steps"] == 1 and arms[1]["matrix"] == {"steps": 1}
+    s.close()
+    s2 = st.Store.open(tmp_path)            # a directory works too
+    assert s2.experiment()["matrix"] == ["steps=1"]
+
+
+def test_rerun_of_a_seq_replaces_the_unfinished_attempt(tmp_path):
+    s = _store(tmp_path)
+    s.start_run(seq=2, run_id="002-x", arm="baseline", block=1, host="h", run_dir="/r", runner_ident="a")
+    s.add_requests(2, "h", [{"i": 0, "ok": True, "warmup": False}])
+    s.finish_run(2, status=st.INTERRUPTED)
+    assert 2 in [m["seq"] for m in s.missing()]
+    s.start_run(seq=2, run_id="002-x", arm="baseline", block=1, host="h", run_dir="/r", runner_ident="b")
+    assert s.requests(2) == [] and s.runs()[0]["attempt"] == 2
+
+
+def test_open_refuses_other_files(tmp_path):
+    with pytest.raises(st.StoreError, match="no results store"):
+        st.Store.open(tmp_path / "nope")
+    (tmp_path / "x.sqlite").write_text("not sqlite")
+    with pytest.raises(st.StoreError):
+        st.Store.open(tmp_path / "x.sqlite")
