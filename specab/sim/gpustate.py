@@ -19,7 +19,6 @@ import fcntl
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -232,10 +231,24 @@ class GpuNode:
     def ensure_watcher(self) -> None:
         if self.watcher_running():
             return
-        subprocess.Popen([sys.executable, "-m", "specab.sim.watcher", str(self.state)],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True, close_fds=True, cwd="/",
-                         env={**os.environ, "PYTHONPATH": _pythonpath()})
+        # double fork: the watcher is re-parented to init at once (no zombie under the holder) and
+        # lives in its own session with no inherited descriptors (it never holds a log pipe open)
+        argv = [sys.executable, "-m", "specab.sim.watcher", str(self.state)]
+        env = {**os.environ, "PYTHONPATH": _pythonpath()}
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the forked child
+            try:
+                os.setsid()
+                if os.fork() == 0:
+                    fd = os.open(os.devnull, os.O_RDWR)
+                    for target in (0, 1, 2):
+                        os.dup2(fd, target)
+                    os.closerange(3, 65536)
+                    os.chdir("/")
+                    os.execve(sys.executable, argv, env)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
 
 
 def _pythonpath() -> str:

@@ -60,6 +60,7 @@ class LoadProfile:
     cuda_graph_s: float
     draft_cuda_graph_s: float
     http_start_s: float
+    sigterm_poll_s: float
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,316 @@
+"""The simulated scheduler loop: continuous batching, prefill/decode steps, speculative verify steps.
+
+Runs in the main process's event loop. Step durations come from :mod:`specab.sim.timing`, divided
+by the time scale, on an absolute schedule (each step ends ``dt`` after the previous one ended), so
+timer granularity does not bias the measured speed. Writes SGLang's ``Prefill batch, ...`` and
+``Decode batch, ...`` lines (0.5.9 format) every batch / every ``--decode-log-interval`` steps.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from specab.sim.loadplan import Capacity
+from specab.sim.simlog import SimLogger
+from specab.sim.timing import TimingModel
+
+_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+EOS_TOKEN_ID = 163586
+VOCAB = ("the model answers every question with a short and careful explanation of how speculative "
+         "decoding drafts several tokens then verifies them in one forward pass so the accepted ones "
+         "arrive together and the rest are drawn again while the GPU waits for the next batch of "
+         "requests to arrive from clients across the network").split()
+
+
+def count_prompt_tokens(text: str) -> list[str]:
+    return _TOKEN_RE.findall(text)
+
+
+@dataclass
+class Emission:
+    count: int          # total output tokens after this emission
+    new: int            # tokens this emission carries
+    finished: bool
+
+
+@dataclass
+class GenRequest:
+    rid: str
+    prompt: tuple[str, ...]
+    prompt_tokens: int
+    max_new_tokens: int
+    stop_at: int
+    rng: random.Random
+    speed: float
+    created: float = field(default_factory=time.time)
+    queue: "asyncio.Queue[Emission]" = field(default_factory=asyncio.Queue)
+    output_ids: list[int] = field(default_factory=list)
+    verify_ct: int = 0
+    cached_tokens: int = 0
+    finished_reason: Optional[dict] = None
+    finished_at: Optional[float] = None
+    aborted: bool = False
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.output_ids)
+
+    def text(self, count: Optional[int] = None) -> str:
+        ids = self.output_ids if count is None else self.output_ids[:count]
+        return "".join(" " + VOCAB[i % len(VOCAB)] for i in ids)
+
+    def _emit(self, n: int) -> Emission:
+        for _ in range(n):
+            self.output_ids.append(self.rng.randrange(1000, 150000))
+        done = len(self.output_ids) >= self.stop_at
+        if done:
+            self.finished_at = time.time()
+            if self.stop_at >= self.max_new_tokens:
+                self.finished_reason = {"type": "length", "length": self.max_new_tokens}
+            else:
+                self.finished_reason = {"type": "stop", "matched": EOS_TOKEN_ID}
+        em = Emission(len(self.output_ids), n, done)
+        self.queue.put_nowait(em)
+        return em
+
+
+@dataclass
+class EngineStats:
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    num_requests_total: int = 0
+    spec_verify_calls_total: int = 0
+    cum_accept_tokens: int = 0     # since start or /flush_cache
+    cum_accept_steps: int = 0
+    last_gen_throughput: float = 0.0
+    last_accept_length: float = 0.0
+    last_token_usage: float = 0.0
+    finished_requests: int = 0
+
+
+class Engine:
+    def __init__(self, timing: TimingModel, cap: Capacity, log: SimLogger, time_scale: float, epoch: float,
+                 seed: int, decode_log_interval: int, radix_cache: bool = True,
+                 on_activity: Optional[Callable[[], None]] = None,
+                 on_request_finished: Optional[Callable[[int], None]] = None):
+        self.timing = timing
+        self.cap = cap
+        self.log = log
+        self.scale = time_scale
+        self.epoch = epoch
+        self.seed = seed
+        self.interval = max(1, decode_log_interval)
+        self.radix = radix_cache
+        self.on_activity = on_activity
+        self.on_request_finished = on_request_finished
+        self.waiting: deque[GenRequest] = deque()
+        self.running: list[GenRequest] = []
+        self.stats = EngineStats()
+        self._wake = asyncio.Event()
+        self._n = 0
+        self._cache: deque[tuple[str, ...]] = deque(maxlen=256)
+        self._forward_ct_decode = 0
+        self._win_tokens = 0
+        self._win_accept_tokens = 0
+        self._win_accept_steps = 0
+        self._win_start = time.monotonic()
+        self._last_prefill = time.monotonic()
+        self._last_graph = True
+
+    # ----- requests
+    def submit(self, prompt: list[str] | tuple[str, ...], max_new_tokens: int, ignore_eos: bool,
+               rid: Optional[str] = None, prompt_tokens: Optional[int] = None) -> GenRequest:
+        self._n += 1
+        rng = random.Random(f"req:{self.seed}:{self.timing.instance}:{self._n}")
+        max_new = max(0, int(max_new_tokens))
+        stop_at = max_new
+        if not ignore_eos and max_new > 1:
+            stop_at = rng.randint(max(1, max_new // 2), max_new)
+        req = GenRequest(rid=rid or f"{self._n:032x}", prompt=tuple(prompt),
+                         prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt) + 1,
+                         max_new_tokens=max_new, stop_at=stop_at, rng=rng,
+                         speed=self.timing.request_factor(rng))
+        self.waiting.append(req)
+        self.stats.num_requests_total += 1
+        self._wake.set()
+        return req
+
+    def abort(self, req: GenRequest) -> None:
+        req.aborted = True
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def flush_cache(self) -> bool:
+        if self.busy():
+            self.log.warning(f"Cache not flushed because there are pending requests. "
+                             f"#queue-req: {len(self.waiting)}, #running-req: {len(self.running)}")
+            return False
+        self._cache.clear()
+        self.stats.cum_accept_tokens = 0
+        self.stats.cum_accept_steps = 0
+        self.log.info("Cache flushed successfully!")
+        return True
+
+    @property
+    def avg_spec_accept_length(self) -> float:
+        s = self.stats
+        return s.cum_accept_tokens / s.cum_accept_steps if s.cum_accept_steps else 0.0
+
+    # ----- helpers
+    def _t_sim(self) -> float:
+        return (time.time() - self.epoch) * self.scale
+
+    def _num_used(self) -> int:
+        return sum(r.prompt_tokens + r.completion_tokens for r in self.running)
+
+    def _cached_prefix(self, prompt: tuple[str, ...]) -> int:
+        if not self.radix:
+            return 0
+        best = 0
+        for old in self._cache:
+            n = 0
+            for a, b in zip(old, prompt):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        return best
+
+    async def _sleep_until(self, deadline: float) -> None:
+        delay = deadline - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def _finish(self, req: GenRequest) -> None:
+        self.stats.finished_requests += 1
+        if self.on_request_finished:
+            self.on_request_finished(self.stats.finished_requests)
+
+    # ----- the loop
+    async def run(self) -> None:
+        next_t = time.monotonic()
+        last_activity = 0.0
+        while True:
+            if not self.busy():
+                self._wake.clear()
+                await self._wake.wait()
+                next_t = time.monotonic()
+            now = time.monotonic()
+            if next_t < now - 0.5:          # fell far behind (process stalled): restart the schedule
+                next_t = now
+            if self.on_activity and now - last_activity > 0.3:
+                self.on_activity()
+                last_activity = now
+            if self.waiting and len(self.running) < self.cap.max_running_requests:
+                next_t = await self._prefill(next_t)
+            elif self.running:
+                next_t = await self._decode(next_t)
+            else:
+                await asyncio.sleep(0.001)
+
+    async def _prefill(self, next_t: float) -> float:
+        room = self.cap.max_running_requests - len(self.running)
+        batch = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+        new_tokens = 0
+        cached = 0
+        for r in batch:
+            r.cached_tokens = min(self._cached_prefix(r.prompt), max(0, r.prompt_tokens - 1))
+            cached += r.cached_tokens
+            new_tokens += r.prompt_tokens - r.cached_tokens
+            self._cache.append(r.prompt)
+        running_before = len(self.running)
+        dt = self.timing.prefill_s(new_tokens, self._t_sim(), random.Random(f"prefill:{self.seed}:{self._n}"))
+        next_t += dt / self.scale
+        await self._sleep_until(next_t)
+        elapsed = max(1e-9, time.monotonic() - self._last_prefill)
+        self._last_prefill = time.monotonic()
+        usage = (self._num_used() + sum(r.prompt_tokens for r in batch)) / max(1, self.cap.max_total_num_tokens)
+        self.log.info(f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, "
+                      f"#cached-token: {cached}, token usage: {usage:.2f}, #running-req: {running_before}, "
+                      f"#queue-req: {len(self.waiting)}, input throughput (token/s): {new_tokens / elapsed:.2f}, ")
+        for r in batch:
+            if r.aborted:
+                continue
+            self.stats.prompt_tokens_total += r.prompt_tokens
+            if r.max_new_tokens == 0 or r.stop_at == 0:
+                r.finished_at = time.time()
+                r.finished_reason = {"type": "length", "length": 0}
+                r.queue.put_nowait(Emission(0, 0, True))
+                self._finish(r)
+                continue
+            em = r._emit(1)
+            self.stats.generation_tokens_total += 1
+            if em.finished:
+                self._finish(r)
+            else:
+                self.running.append(r)
+        return next_t
+
+    async def _decode(self, next_t: float) -> float:
+        bs = len(self.running)
+        speed = sum(r.speed for r in self.running) / bs
+        rng = self.running[0].rng
+        dt = self.timing.step_s(bs, self._t_sim(), rng, request_speed=speed)
+        next_t += dt / self.scale
+        await self._sleep_until(next_t)
+        graph = self.timing.graph_used(bs)
+        self._last_graph = graph
+        spec = self.timing.speculative
+        done: list[GenRequest] = []
+        for r in list(self.running):
+            if r.aborted:
+                continue
+            remaining = r.stop_at - r.completion_tokens
+            if spec:
+                n = min(self.timing.tokens_per_verify(r.rng), remaining)
+                r.verify_ct += 1
+                self.stats.spec_verify_calls_total += 1
+                self.stats.cum_accept_tokens += n
+                self.stats.cum_accept_steps += 1
+                self._win_accept_tokens += n
+                self._win_accept_steps += 1
+            else:
+                n = 1
+            em = r._emit(n)
+            self.stats.generation_tokens_total += n
+            self._win_tokens += n
+            if em.finished:
+                done.append(r)
+        self._forward_ct_decode += 1
+        if self._forward_ct_decode % self.interval == 0:
+            self._log_decode(graph)
+        for r in done:
+            self.running.remove(r)
+            self._finish(r)
+        return next_t
+
+    def _log_decode(self, graph: bool) -> None:
+        now = time.monotonic()
+        gap = max(1e-9, now - self._win_start)
+        thr = self._win_tokens / gap
+        num_used = self._num_used()
+        usage = num_used / max(1, self.cap.max_total_num_tokens)
+        msg = f"Decode batch, #running-req: {len(self.running)}, #token: {num_used}, token usage: {usage:.2f}, "
+        if self.timing.speculative:
+            acc = self._win_accept_tokens / self._win_accept_steps if self._win_accept_steps else 0.0
+            rate = acc / max(1, self.timing.draft_tokens)
+            msg += f"accept len: {acc:.2f}, accept rate: {rate:.2f}, "
+            self.stats.last_accept_length = acc
+        msg += f"cuda graph: {graph}, gen throughput (token/s): {thr:.2f}, #queue-req: {len(self.waiting)}"
+        self.log.info(msg)
+        self.stats.last_gen_throughput = thr
+        self.stats.last_token_usage = usage
+        self._win_tokens = 0
+        self._win_accept_tokens = 0
+        self._win_accept_steps = 0
+        self._win_start = now

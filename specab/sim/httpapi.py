@@ -1,0 +1,398 @@
+"""HTTP endpoints of the simulated SGLang server (aiohttp), same paths, statuses and JSON as SGLang 0.5.x.
+
+/health, /health_generate, /get_server_info, /server_info, /get_model_info, /model_info, /v1/models,
+/generate (SSE stream or JSON), /v1/completions, /v1/chat/completions, /flush_cache, /metrics.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from aiohttp import web
+
+from specab.sim.args import ServerArgs
+from specab.sim.engine import Engine, GenRequest, count_prompt_tokens
+from specab.sim.loadplan import Capacity
+from specab.sim.simlog import SimLogger
+
+HEALTH_CHECK_TIMEOUT_S = 20.0
+FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+              "requests, the operation will not be performed.)\n")
+
+
+@dataclass
+class ServerState:
+    args: ServerArgs
+    cap: Capacity
+    engine: Engine
+    log: SimLogger
+    version: str
+    architecture: str
+    status: str = "starting"          # starting | ready | exiting
+    started_at: float = field(default_factory=time.time)
+    simulator: dict[str, Any] = field(default_factory=dict)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(data), status=status, content_type="application/json")
+
+
+def _error(message: str, status: int = 400, etype: str = "BadRequestError") -> web.Response:
+    return _json({"object": "error", "message": message, "type": etype, "param": None, "code": status}, status)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise web.HTTPBadRequest(text=json.dumps({"error": f"invalid JSON body: {exc}"}),
+                                 content_type="application/json")
+    if not isinstance(data, dict):
+        raise web.HTTPBadRequest(text=json.dumps({"error": "the JSON body must be an object"}),
+                                 content_type="application/json")
+    return data
+
+
+class Api:
+    def __init__(self, state: ServerState):
+        self.s = state
+
+    # ----- app
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._access_log])
+        r = app.router
+        r.add_get("/health", self.health)
+        r.add_get("/health_generate", self.health)
+        r.add_get("/get_server_info", self.get_server_info)
+        r.add_get("/server_info", self.server_info)
+        r.add_get("/get_model_info", self.get_model_info)
+        r.add_get("/model_info", self.model_info)
+        r.add_get("/v1/models", self.models)
+        r.add_route("POST", "/generate", self.generate)
+        r.add_route("PUT", "/generate", self.generate)
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_route("GET", "/flush_cache", self.flush_cache)
+        r.add_route("POST", "/flush_cache", self.flush_cache)
+        r.add_get("/metrics", self.metrics)
+        return app
+
+    @web.middleware
+    async def _access_log(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        resp = await handler(request)
+        peer = request.remote or "127.0.0.1"
+        port = request.transport.get_extra_info("peername")[1] if request.transport else 0
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 503: "Service Unavailable"}.get(resp.status, "")
+        self.s.log.raw(f'INFO:     {peer}:{port} - "{request.method} {request.path_qs} HTTP/'
+                       f'{request.version.major}.{request.version.minor}" {resp.status} {reason}')
+        return resp
+
+    # ----- health
+    async def health(self, request: web.Request) -> web.Response:
+        if self.s.status != "ready":
+            return web.Response(status=503)
+        eng = self.s.engine
+        if eng.busy():
+            return web.Response(status=200)
+        req = eng.submit(["0"], 1, True, rid=f"HEALTH_CHECK_{time.time()}", prompt_tokens=1)
+        try:
+            await asyncio.wait_for(self._drain(req), HEALTH_CHECK_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            eng.abort(req)
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def _drain(self, req: GenRequest) -> None:
+        while True:
+            em = await req.queue.get()
+            if em.finished:
+                return
+
+    # ----- info
+    def _internal_state(self) -> dict[str, Any]:
+        eng = self.s.engine
+        st: dict[str, Any] = {
+            "last_gen_throughput": eng.stats.last_gen_throughput,
+            "memory_usage": {"weight": round(self.s.cap.weights_mib / 1024, 2),
+                             "kvcache": round(self.s.cap.kv_mib / 1024, 2),
+                             "token_capacity": self.s.cap.max_total_num_tokens,
+                             "graph": round(self.s.cap.graph_mib / 1024, 2)},
+            "load": len(eng.running) + len(eng.waiting),
+        }
+        if self.s.args.speculative_algorithm:
+            st["avg_spec_accept_length"] = eng.avg_spec_accept_length
+        return st
+
+    def _server_info(self) -> dict[str, Any]:
+        return {**self.s.args.to_dict(),
+                "max_total_num_tokens": self.s.cap.max_total_num_tokens,
+                "max_req_input_len": self.s.cap.context_len - 5,
+                "internal_states": [self._internal_state()],
+                "version": self.s.version,
+                "startup_time": self.s.started_at,
+                "simulator": self.s.simulator}
+
+    async def get_server_info(self, request: web.Request) -> web.Response:
+        self.s.log.warning("Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
+                           "Please use '/server_info' instead.")
+        return _json(self._server_info())
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return _json(self._server_info())
+
+    def _model_info(self) -> dict[str, Any]:
+        a = self.s.args
+        return {"model_path": a.model_path, "tokenizer_path": a.tokenizer_path, "is_generation": True,
+                "preferred_sampling_params": None, "weight_version": "default"}
+
+    async def get_model_info(self, request: web.Request) -> web.Response:
+        self.s.log.warning("Endpoint '/get_model_info' is deprecated and will be removed in a future version. "
+                           "Please use '/model_info' instead.")
+        return _json(self._model_info())
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return _json({**self._model_info(), "served_model_name": self.s.args.served_model_name,
+                      "architectures": [self.s.architecture], "model_type": "kimi_k2",
+                      "context_length": self.s.cap.context_len})
+
+    async def models(self, request: web.Request) -> web.Response:
+        a = self.s.args
+        return _json({"object": "list", "data": [{"id": a.served_model_name, "object": "model",
+                                                  "created": int(self.s.started_at), "owned_by": "sglang",
+                                                  "root": a.model_path, "max_model_len": self.s.cap.context_len}]})
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        ok = self.s.engine.flush_cache()
+        return web.Response(text=FLUSH_TEXT, status=200 if ok else 400)
+
+    # ----- generation
+    def _not_ready(self) -> Optional[web.Response]:
+        if self.s.status == "exiting":
+            return _error("The server is shutting down.", 503, "ServiceUnavailableError")
+        if self.s.status != "ready":
+            return _error("The server is not ready yet.", 503, "ServiceUnavailableError")
+        return None
+
+    def _submit(self, prompt: Any, input_ids: Any, max_new: int, ignore_eos: bool,
+                rid: Optional[str] = None) -> GenRequest:
+        if input_ids is not None:
+            if not isinstance(input_ids, list) or not all(isinstance(i, int) for i in input_ids):
+                raise ValueError("input_ids must be a list of integers")
+            words = [str(i) for i in input_ids]
+            return self.s.engine.submit(words, max_new, ignore_eos, rid, prompt_tokens=len(input_ids))
+        if not isinstance(prompt, str):
+            raise ValueError("text must be a string or a list of strings")
+        words = count_prompt_tokens(prompt)
+        return self.s.engine.submit(words, max_new, ignore_eos, rid)
+
+    def _meta(self, req: GenRequest, count: int, finished: bool) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "finish_reason": req.finished_reason if finished else None,
+            "prompt_tokens": req.prompt_tokens,
+            "weight_version": "default",
+            "completion_tokens": count,
+            "cached_tokens": req.cached_tokens,
+        }
+        if self.s.args.speculative_algorithm:
+            meta["spec_verify_ct"] = req.verify_ct
+            if finished:
+                meta["spec_accept_length"] = count / req.verify_ct if req.verify_ct else 0.0
+        if finished:
+            meta["e2e_latency"] = (req.finished_at or time.time()) - req.created
+        return meta
+
+    def _gen_out(self, req: GenRequest, count: int, finished: bool, index: Optional[int]) -> dict[str, Any]:
+        out = {"text": req.text(count), "output_ids": req.output_ids[:count],
+               "meta_info": self._meta(req, count, finished)}
+        if index is not None:
+            out["index"] = index
+        return out
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        body = await _body(request)
+        if (resp := self._not_ready()) is not None:
+            return resp
+        sp = body.get("sampling_params") or {}
+        max_new = int(sp.get("max_new_tokens", 128))
+        ignore_eos = bool(sp.get("ignore_eos", False))
+        text, ids = body.get("text"), body.get("input_ids")
+        batch = isinstance(text, list) or (isinstance(ids, list) and ids and isinstance(ids[0], list))
+        try:
+            if batch:
+                items = text if isinstance(text, list) else ids
+                reqs = [self._submit(t if isinstance(text, list) else None,
+                                     None if isinstance(text, list) else t, max_new, ignore_eos) for t in items]
+            else:
+                reqs = [self._submit(text, ids, max_new, ignore_eos, body.get("rid"))]
+        except ValueError as exc:
+            return _json({"error": {"message": str(exc)}}, 400)
+        if not body.get("stream"):
+            await asyncio.gather(*(self._drain(r) for r in reqs))
+            outs = [self._gen_out(r, r.completion_tokens, True, None) for r in reqs]
+            return _json(outs if batch else outs[0])
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        try:
+            await self._stream_many(resp, reqs, batch)
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            for r in reqs:
+                self.s.engine.abort(r)
+            raise
+        return resp
+
+    async def _stream_many(self, resp: web.StreamResponse, reqs: list[GenRequest], batch: bool) -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, r: GenRequest) -> None:
+            while True:
+                em = await r.queue.get()
+                await queue.put((i, r, em))
+                if em.finished:
+                    return
+        tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(reqs)]
+        try:
+            left = len(reqs)
+            while left:
+                i, r, em = await queue.get()
+                payload = self._gen_out(r, em.count, em.finished, i if batch else None)
+                await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+                if em.finished:
+                    left -= 1
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    # ----- OpenAI
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=True)
+
+    async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        body = await _body(request)
+        if (resp := self._not_ready()) is not None:
+            return resp
+        if chat:
+            msgs = body.get("messages")
+            if not isinstance(msgs, list) or not msgs:
+                return _error("messages must be a non-empty list")
+            prompt = "\n".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+            prompt = f"<|im_system|>system<|im_middle|>\n{prompt}\n<|im_assistant|>assistant<|im_middle|>"
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1:
+                prompt = prompt[0]
+            if not isinstance(prompt, str):
+                return _error("prompt must be a string")
+        max_tokens = body.get("max_completion_tokens") if chat else None
+        max_tokens = max_tokens or body.get("max_tokens") or (None if chat else 16)
+        if max_tokens is None:
+            max_tokens = 128
+        ignore_eos = bool(body.get("ignore_eos", False))
+        req = self._submit(prompt, None, int(max_tokens), ignore_eos)
+        model = body.get("model") or self.s.args.served_model_name
+        rid = req.rid
+        created = int(time.time())
+        obj = "chat.completion" if chat else "text_completion"
+
+        def usage() -> dict[str, Any]:
+            return {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.completion_tokens,
+                    "total_tokens": req.prompt_tokens + req.completion_tokens, "prompt_tokens_details": None}
+
+        def reason() -> Optional[str]:
+            fr = req.finished_reason or {}
+            return fr.get("type")
+
+        if not body.get("stream"):
+            await self._drain(req)
+            if chat:
+                choice = {"index": 0, "message": {"role": "assistant", "content": req.text(),
+                                                  "reasoning_content": None, "tool_calls": None},
+                          "logprobs": None, "finish_reason": reason(), "matched_stop": None}
+            else:
+                choice = {"index": 0, "text": req.text(), "logprobs": None, "finish_reason": reason(),
+                          "matched_stop": None}
+            return _json({"id": rid, "object": obj, "created": created, "model": model,
+                          "choices": [choice], "usage": usage()})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+
+        async def send(choices: list[dict[str, Any]], use: Optional[dict[str, Any]] = None) -> None:
+            payload = {"id": rid, "object": chunk_obj, "created": created, "model": model,
+                       "choices": choices, "usage": use}
+            await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+        try:
+            sent = 0
+            first = True
+            while True:
+                em = await req.queue.get()
+                delta = req.text(em.count)[len(req.text(sent)):]
+                sent = em.count
+                fr = reason() if em.finished else None
+                if chat:
+                    d: dict[str, Any] = {"content": delta}
+                    if first:
+                        d = {"role": "assistant", "content": delta}
+                    choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": fr, "matched_stop": None}
+                else:
+                    choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": fr, "matched_stop": None}
+                first = False
+                await send([choice])
+                if em.finished:
+                    break
+            opts = body.get("stream_options") or {}
+            if isinstance(opts, dict) and opts.get("include_usage"):
+                await send([], usage())
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.s.engine.abort(req)
+            raise
+        return resp
+
+    # ----- metrics
+    async def metrics(self, request: web.Request) -> web.Response:
+        if not self.s.args.enable_metrics:
+            return web.Response(status=404, text="Not Found")
+        eng = self.s.engine
+        labels = (f'model_name="{self.s.args.served_model_name}",engine_type="unified",'
+                  f'tp_rank="0",pp_rank="0"')
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, value: float) -> None:
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+            lines.append(f"{name}{{{labels}}} {float(value)}")
+
+        metric("sglang:num_running_reqs", "gauge", "The number of running requests.", len(eng.running))
+        metric("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", len(eng.waiting))
+        metric("sglang:token_usage", "gauge", "The token usage.", eng.stats.last_token_usage)
+        metric("sglang:gen_throughput", "gauge", "The generation throughput (token/s).",
+               eng.stats.last_gen_throughput)
+        metric("sglang:spec_accept_length", "gauge", "The average acceptance length of speculative decoding.",
+               eng.stats.last_accept_length)
+        metric("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+               eng.stats.prompt_tokens_total)
+        metric("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+               eng.stats.generation_tokens_total)
+        metric("sglang:num_requests_total", "counter", "Number of requests processed.",
+               eng.stats.num_requests_total)
+        metric("sglang:spec_verify_calls_total", "counter", "Number of speculative verify calls.",
+               eng.stats.spec_verify_calls_total)
+        return web.Response(text="\n".join(lines) + "\n",
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def new_rid() -> str:
+    return uuid.uuid4().hex

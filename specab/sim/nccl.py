@@ -1,0 +1,63 @@
+"""NCCL's environment echo lines, as a scheduler with NCCL_DEBUG=INFO writes them.
+
+Format (NVIDIA/nccl src/debug.cc, src/misc/param.cc, src/graph/tuning.cc):
+``<host>:<pid>:<tid> [<cudaDev>] NCCL INFO <VAR> set by environment to <value>`` with a trailing
+period for integer parameters (``%lld.``) and none for string ones (NCCL_PROTO, NCCL_ALGO,
+NCCL_P2P_LEVEL, NCCL_SOCKET_IFNAME, ...). NCCL_PROTO/NCCL_ALGO are read only when algorithms are
+tuned, i.e. with more than one rank. NCCL_DEBUG* themselves are not echoed. NCCL_DEBUG_SUBSYS must
+include ENV (default INIT,BOOTSTRAP,ENV); NCCL_DEBUG_FILE redirects the lines (%h host, %p pid).
+"""
+from __future__ import annotations
+
+import socket
+from typing import Mapping
+
+NCCL_VERSION = "2.27.3+cuda12.9"
+STRING_PARAMS = {"NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA",
+                 "NCCL_TOPO_FILE", "NCCL_NET_PLUGIN", "NCCL_COMM_ID", "NCCL_NET", "NCCL_SHM_LEVEL",
+                 "NCCL_GRAPH_FILE", "NCCL_TOPO_DUMP_FILE", "NCCL_CONF_FILE", "NCCL_ENV_PLUGIN",
+                 "NCCL_TUNER_PLUGIN", "NCCL_IB_GID_INDEX_STR"}
+NOT_ECHOED = {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "NCCL_DEBUG_TIMESTAMP_FORMAT",
+              "NCCL_DEBUG_TIMESTAMP_LEVELS"}
+TUNING_PARAMS = {"NCCL_PROTO", "NCCL_ALGO"}
+
+
+def env_subsys_enabled(env: Mapping[str, str]) -> bool:
+    raw = env.get("NCCL_DEBUG_SUBSYS")
+    if not raw:
+        return True
+    items = [s.strip().upper() for s in raw.split(",") if s.strip()]
+    if items and items[0].startswith("^"):
+        excluded = {items[0][1:]} | set(items[1:])
+        return "ENV" not in excluded and "ALL" not in excluded
+    return "ENV" in items or "ALL" in items
+
+
+def nccl_info_lines(env: Mapping[str, str], world_size: int, cuda_dev: int, pid: int, tid: int,
+                    rank: int, host: str | None = None) -> list[str]:
+    """The NCCL INFO lines one rank writes at communicator init (empty unless NCCL_DEBUG=INFO)."""
+    if env.get("NCCL_DEBUG", "").upper() not in ("INFO", "TRACE"):
+        return []
+    host = host or socket.gethostname()
+    head = f"{host}:{pid}:{tid} [{cuda_dev}] NCCL INFO "
+    lines = []
+    if rank == 0:
+        lines.append(head + f"NCCL version {NCCL_VERSION}")
+    if not env_subsys_enabled(env):
+        return lines
+    for var in sorted(k for k in env if k.startswith("NCCL_")):
+        if var in NOT_ECHOED or (var in TUNING_PARAMS and world_size <= 1):
+            continue
+        value = env[var]
+        if var in STRING_PARAMS:
+            lines.append(head + f"{var} set by environment to {value}")
+            continue
+        try:
+            lines.append(head + f"{var} set by environment to {int(value, 0)}.")
+        except ValueError:
+            lines.append(head + f"Invalid value {value} for {var}, using default 0.")
+    return lines
+
+
+def debug_file_path(template: str, pid: int, host: str | None = None) -> str:
+    return template.replace("%h", host or socket.gethostname()).replace("%p", str(pid))

@@ -1,0 +1,96 @@
+"""The simulator's environment variables, parsed and validated in one place.
+
+SPECAB_SIM_STATE       per-node state directory (default /tmp/specab-sim/default)
+SPECAB_SIM_PROFILE     shipped profile name or YAML path (default: default)
+SPECAB_SIM_TIME_SCALE  speed factor: 10 => every duration / 10 (default 1)
+SPECAB_SIM_SEED        seed of jitter, offsets, acceptance draws and text (default 0)
+SPECAB_SIM_FAULT       comma list of faults (see Faults)
+SPECAB_SIM_GPU         "cuda" => GPU mode (real CUDA memory + NCCL in each scheduler); unset on CPU
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional
+
+from specab.sim.gpustate import DEFAULT_STATE
+
+KNOWN_FAULTS = ("oom_at_start", "crash_after=N", "ignore_sigterm", "orphan_workers", "slow_release=S",
+                "port_in_use")
+
+
+class SettingsError(ValueError):
+    """A SPECAB_SIM_* variable has a value the simulator cannot use."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    oom_at_start: bool = False          # rank 0 fails with CUDA's out-of-memory error while loading
+    crash_after: Optional[int] = None   # scheduler TP0 dies after N finished requests (SIGQUIT path)
+    ignore_sigterm: bool = False        # the main process ignores SIGTERM
+    orphan_workers: bool = False        # no parent-death signal; workers outlive the main process
+    slow_release: Optional[float] = None  # memory released S (simulated) seconds after a holder died
+    port_in_use: bool = False           # behave as if the HTTP port were taken (uvicorn's bind error)
+
+    @classmethod
+    def parse(cls, text: str) -> "Faults":
+        values: dict[str, object] = {}
+        for item in (p.strip() for p in text.split(",")):
+            if not item:
+                continue
+            name, _, arg = item.partition("=")
+            if name in ("oom_at_start", "ignore_sigterm", "orphan_workers", "port_in_use") and not arg:
+                values[name] = True
+            elif name == "crash_after" and arg:
+                try:
+                    n = int(arg)
+                except ValueError:
+                    raise SettingsError(f"SPECAB_SIM_FAULT: crash_after needs an integer, got {arg!r}") from None
+                if n < 0:
+                    raise SettingsError("SPECAB_SIM_FAULT: crash_after must be >= 0")
+                values[name] = n
+            elif name == "slow_release" and arg:
+                try:
+                    s = float(arg)
+                except ValueError:
+                    raise SettingsError(f"SPECAB_SIM_FAULT: slow_release needs seconds, got {arg!r}") from None
+                if s < 0:
+                    raise SettingsError("SPECAB_SIM_FAULT: slow_release must be >= 0")
+                values[name] = s
+            else:
+                raise SettingsError(f"SPECAB_SIM_FAULT: unknown fault {item!r}; known: {', '.join(KNOWN_FAULTS)}")
+        return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    state: Path
+    profile_ref: str
+    time_scale: float
+    seed: int
+    faults: Faults
+    gpu_mode: str
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "SimSettings":
+        env = os.environ if env is None else env
+        raw_scale = env.get("SPECAB_SIM_TIME_SCALE", "") or "1"
+        try:
+            scale = float(raw_scale)
+        except ValueError:
+            raise SettingsError(f"SPECAB_SIM_TIME_SCALE={raw_scale!r} is not a number (use e.g. 10)") from None
+        if not scale > 0:
+            raise SettingsError(f"SPECAB_SIM_TIME_SCALE must be > 0, got {raw_scale!r}")
+        raw_seed = env.get("SPECAB_SIM_SEED", "") or "0"
+        try:
+            seed = int(raw_seed)
+        except ValueError:
+            raise SettingsError(f"SPECAB_SIM_SEED={raw_seed!r} is not an integer") from None
+        gpu = env.get("SPECAB_SIM_GPU", "")
+        if gpu not in ("", "cuda"):
+            raise SettingsError(f"SPECAB_SIM_GPU={gpu!r}: only 'cuda' (GPU mode) or unset are supported")
+        return cls(state=Path(env.get("SPECAB_SIM_STATE") or DEFAULT_STATE),
+                   profile_ref=env.get("SPECAB_SIM_PROFILE") or "default",
+                   time_scale=scale, seed=seed,
+                   faults=Faults.parse(env.get("SPECAB_SIM_FAULT", "")), gpu_mode=gpu)
