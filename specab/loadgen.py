@@ -298,6 +298,8 @@ def run_request(target: Target, api: str, body: Dict[str, Any], timeout: float) 
     path = target.base_path + API_PATHS[api]
     payload = json.dumps(body).encode("utf-8")
     t0 = time.perf_counter()
+    # perf_counter is CLOCK_MONOTONIC on Linux: comparable with other processes' on the same node.
+    rec["send_mono_s"] = t0
     deadline = t0 + timeout
     conn = target.connect(timeout)
     chunk_t = rec["chunk_t_s"]
