@@ -1,0 +1,124 @@
+"""The benchmark client against the simulated node (python -m specab.sim.launch_server), run as on a
+node: loadgen.py as its own process. Its per-request accept length is cross-checked against the
+server log's ``accept len`` read by the log parser, as the analysis does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from specab import logparse
+
+REPO = Path(__file__).resolve().parents[2]
+LOADGEN = REPO / "specab" / "loadgen.py"
+EAGLE_S2 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/models/eagle3",
+            "--speculative-num-steps", "2", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]
+SCALE = 20
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sim:
+    def __init__(self, tmp: Path, args: list[str]) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / "server.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECAB_SIM_", "NCCL_", "SGLANG_"))}
+        env.update(PYTHONPATH=str(REPO), SPECAB_SIM_STATE=str(tmp / "state"), SPECAB_SIM_TIME_SCALE=str(SCALE))
+        with open(self.log, "wb") as fh:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "specab.sim.launch_server", "--model-path", "/models/Kimi-K2.5-INT4",
+                 "--tp-size", "2", "--host", "127.0.0.1", "--port", str(self.port), *args],
+                env=env, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=str(REPO))
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"simulated server exited: {self.log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health_generate", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"simulated server not ready: {self.log.read_text()[-2000:]}")
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator:
+    started: list[Sim] = []
+
+    def start(args: list[str]) -> Sim:
+        s = Sim(tmp_path, args)
+        started.append(s)
+        s.wait_ready()
+        return s
+
+    yield start
+    for s in started:
+        s.kill()
+
+
+def run_loadgen(url: str, tmp: Path, *extra: str) -> tuple[int, dict, list[dict]]:
+    out, summ = tmp / "bench.jsonl", tmp / "bench_summary.json"
+    proc = subprocess.run([sys.executable, str(LOADGEN), "--url", url, "--input-len", "32", "--output-len", "64",
+                           "--seed", "3", "--out", str(out), "--summary", str(summ), "--timeout", "120", *extra],
+                          capture_output=True, text=True, timeout=300)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    return proc.returncode, json.loads(summ.read_text()), records
+
+
+@pytest.mark.slow
+def test_spec_arm_on_the_simulator(sim, tmp_path: Path) -> None:
+    s = sim(EAGLE_S2)
+    rc, summary, records = run_loadgen(s.url, tmp_path, "--num-requests", "6", "--warmup", "1",
+                                       "--concurrency", "2")
+    assert rc == 0, summary
+    measured = [r for r in records if not r["warmup"]]
+    assert len(measured) == 6 and summary["ok"] == 6
+    for r in measured:
+        assert r["output_tokens"] == 64 and sum(r["chunk_tokens"]) == 64
+        assert r["tokens_from"] == "completion_tokens" and r["chunk_tokens_exact"]
+        assert max(r["chunk_tokens"]) > 1            # speculation: multi-token chunks
+        assert r["accept_len"] == pytest.approx(64 / r["spec_verify_ct"])
+        assert 1.0 <= r["accept_len"] <= 3.0          # steps=2 -> at most 3 tokens per verify
+    # The log's interval accept length and the client's per-request one measure the same thing.
+    log = logparse.parse_file(str(s.log))
+    assert log["decode_lines"] > 0 and log["ready_ts"] is not None and log["accept_len_lines"] > 0
+    assert log["accept_len_mean"] == pytest.approx(summary["accept_len_mean"], rel=0.25)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_baseline_openai_apis_on_the_simulator(sim, tmp_path: Path, api: str) -> None:
+    s = sim([])
+    rc, summary, records = run_loadgen(s.url, tmp_path, "--api", api, "--num-requests", "2", "--warmup", "0")
+    assert rc == 0, summary
+    for r in records:
+        assert r["ok"] and r["output_tokens"] == 64 and r["accept_len"] is None
+        assert r["decode_tok_s"] > 0 and r["ttft_s"] > 0
+    assert summary["accept_len_mean"] is None
