@@ -502,6 +502,11 @@ def load_record(node_dir: str, name: str = SERVER_JSON) -> Optional[Dict[str, An
                         "remove the file" % (path, exc))
     if not isinstance(rec, dict) or not isinstance(rec.get("pid"), int):
         raise ToolError("%s does not record a server pid; inspect it and remove it" % path)
+    for key in ("pid", "pgid", "sid"):
+        v = rec.get(key)
+        if v is not None and (not isinstance(v, int) or v <= 1):
+            raise ToolError("%s records %s=%r, which can never be a server of ours; inspect it and remove it"
+                            % (path, key, v))
     return rec
 
 

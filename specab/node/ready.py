@@ -48,6 +48,7 @@ FATAL_RES: Tuple[Tuple[str, "re.Pattern[str]"], ...] = (
     ("address in use", re.compile(r"Address already in use|address already in use")),
     ("child failed", re.compile(r"Received sigquit from a child process|Scheduler hit an exception")),
 )
+FATAL_SETTLE_S = 1.0
 TRACEBACK_RE = re.compile(r"Traceback \(most recent call last\)")
 EXC_LINE_RE = re.compile(r"^(?:\[[^\]]*\]\s*)?[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b:?.*$")
 
@@ -83,7 +84,8 @@ class LogWatcher(object):
         self.offset = 0
         self.partial = b""
         self.phases: Dict[str, Dict[str, Any]] = {}
-        self.fatal: Optional[Tuple[str, str]] = None  # (kind, line)
+        self.fatals: List[Tuple[int, str, str]] = []  # (priority, kind, line)
+        self.fatal_at: Optional[float] = None
         self.traceback_at: Optional[float] = None
         self.exception_line: Optional[str] = None
         self.tail: List[str] = []
@@ -129,11 +131,12 @@ class LogWatcher(object):
                                     "t": log_ts_to_epoch(m.group("ts")) if m else None,
                                     "seen_at": round(time.time(), 3),
                                     "rank": (m.group("rank").strip() or None) if m else None}
-        if self.fatal is None:
-            for kind, rx in FATAL_RES:
-                if rx.search(line):
-                    self.fatal = (kind, line.strip())
-                    break
+        for prio, (kind, rx) in enumerate(FATAL_RES):
+            if rx.search(line):
+                self.fatals.append((prio, kind, line.strip()))
+                if self.fatal_at is None:
+                    self.fatal_at = time.monotonic()
+                break
         if TRACEBACK_RE.search(line) and self.traceback_at is None:
             self.traceback_at = time.monotonic()
         elif self.traceback_at is not None and EXC_LINE_RE.match(line.strip()):
@@ -161,6 +164,14 @@ class LogWatcher(object):
         return {"load_weights_s": span("load_weight_begin", "load_weight_end"),
                 "capture_cuda_graph_s": span("capture_cuda_graph_begin", "capture_cuda_graph_end"),
                 "weights_to_ready_s": span("load_weight_begin", "ready_line")}
+
+    @property
+    def fatal(self) -> Optional[Tuple[str, str]]:
+        """The most specific fatal line seen: (kind, line); FATAL_RES order is the priority."""
+        if not self.fatals:
+            return None
+        _, kind, line = min(self.fatals, key=lambda f: f[0])
+        return kind, line
 
     def best_fatal_line(self) -> Optional[str]:
         if self.fatal:
@@ -225,7 +236,10 @@ def wait_ready(a: argparse.Namespace) -> Dict[str, Any]:
             if phase != last_phase:
                 common.log("phase: %s (%.1fs)" % (phase, time.monotonic() - t0))
             last_phase, last_progress = phase, time.monotonic()
-        if watcher.fatal is not None:
+        if watcher.fatal is not None and (time.monotonic() - (watcher.fatal_at or 0) >= FATAL_SETTLE_S
+                                          or not common.is_alive(a.pid)):
+            # a short settle: "Scheduler hit an exception" comes before the line naming the cause
+            watcher.flush()
             kind, line = watcher.fatal
             raise fail("the server failed to start (%s) after %.1fs: %r. Log tail of %s:\n%s"
                        % (kind, time.monotonic() - t0, common.redact_text(line), a.log, tail_text(watcher)))

@@ -42,11 +42,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 class Stopper(object):
-    """One stop: keeps the signal log and the clock."""
+    """One stop: keeps the signal log and the clock. ``rec`` None: nothing of ours is recorded."""
 
-    def __init__(self, rec: Dict[str, Any]) -> None:
+    def __init__(self, rec: Optional[Dict[str, Any]]) -> None:
         self.rec = rec
-        self.pid, self.pgid, self.sid = common.record_ids(rec)
+        self.pid, self.pgid, self.sid = common.record_ids(rec) if rec is not None else (None, None, None)
         self.t0 = time.time()
         self.signals: List[Dict[str, Any]] = []
 
@@ -55,6 +55,8 @@ class Stopper(object):
 
     def send(self, sig: int, target: str, ident: int, why: str) -> bool:
         """Send ``sig`` to a group (``target='pgid'``) or a process; log it; False if nothing was there."""
+        if ident is None or ident <= 1:
+            raise AssertionError("refusing to signal %s %r" % (target, ident))  # never kill(0/-1/1)
         entry = {"signal": signal.Signals(sig).name, "target": target, "id": ident, "why": why,
                  "t": round(time.time(), 4), "t_rel_s": self.rel()}
         try:
@@ -75,10 +77,14 @@ class Stopper(object):
         return bool(entry["delivered"])
 
     def remaining(self) -> List[common.ProcStat]:
-        return common.members(self.rec)
+        return common.members(self.rec) if self.rec is not None else []
 
     def wait_gone(self, timeout: float) -> bool:
         return common.poll_until(lambda: not self.remaining(), timeout, 0.05)
+
+    def owns_session(self, sid: Optional[int]) -> bool:
+        return (self.rec is not None and sid is not None and sid == self.sid
+                and common.session_is_ours(self.rec))
 
 
 def sweep_gpu(st: Stopper, smi: Sequence[str], timeout: float, force_foreign: bool) -> Dict[str, Any]:
@@ -87,11 +93,11 @@ def sweep_gpu(st: Stopper, smi: Sequence[str], timeout: float, force_foreign: bo
     orphans, foreign = [], []
     for app in apps:
         pid = app.get("pid")
-        if not isinstance(pid, int) or pid == os.getpid():
+        if not isinstance(pid, int) or pid <= 1 or pid == os.getpid():
             continue
         sid = common.pid_session(pid)
         info = dict(app, session=sid)
-        if sid is not None and sid == st.sid and common.session_is_ours(st.rec):
+        if st.owns_session(sid):
             orphans.append(info)
             st.send(signal.SIGKILL, "pid", pid, "GPU compute process in our session %d (orphan)" % st.sid)
         else:
@@ -113,24 +119,32 @@ def sweep_leftovers(rec: Optional[Dict[str, Any]], st: Stopper) -> List[int]:
     return [p.pid for p in left]
 
 
+def idle_stop(a: argparse.Namespace, node_dir: str) -> Dict[str, Any]:
+    """Nothing recorded: sweep survivors of the previous server's session (still ours) and, only
+    with --force-foreign, the GPU compute processes."""
+    last = common.load_record(node_dir, common.LAST_SERVER_JSON)
+    st = Stopper(last)
+    out: Dict[str, Any] = {"was_running": False}
+    killed = sweep_leftovers(last, st)
+    if killed:
+        out["leftovers_killed"] = killed
+    if a.force_foreign:
+        try:
+            out.update(sweep_gpu(st, a.smi, a.smi_timeout, True))
+        except common.SmiError as exc:
+            raise ToolError(exc.message, dict(out, signals=st.signals))
+    out["signals"] = st.signals
+    if killed and not st.wait_gone(a.kill_wait):
+        raise ToolError("processes of the previous server's session %d survived SIGKILL: %s"
+                        % (st.sid, "; ".join(common.describe_text(p.pid) for p in st.remaining())), out)
+    return out
+
+
 def stop(a: argparse.Namespace) -> Dict[str, Any]:
     node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
     rec = common.load_record(node_dir)
     if rec is None:
-        # Idempotent path. Survivors of the previous server's session are still ours: sweep them.
-        last = common.load_record(node_dir, common.LAST_SERVER_JSON)
-        out: Dict[str, Any] = {"was_running": False, "signals": []}
-        if last is not None:
-            st = Stopper(last)
-            killed = sweep_leftovers(last, st)
-            if killed:
-                out["leftovers_killed"] = killed
-                out["signals"] = st.signals
-                if not st.wait_gone(a.kill_wait):
-                    raise ToolError("processes of the previous server's session %d survived SIGKILL: %s"
-                                    % (st.sid, "; ".join(common.describe_text(p.pid) for p in st.remaining())),
-                                    out)
-        return out
+        return idle_stop(a, node_dir)
 
     st = Stopper(rec)
     out = {"was_running": common.main_is_ours(rec), "pid": st.pid, "pgid": st.pgid, "sid": st.sid,

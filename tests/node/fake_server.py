@@ -11,7 +11,8 @@ NCCL_* variables of each worker's environment, and serves /health_generate (503 
 
 Faults (config "fault"): "oom" (logs SGLang's OOM error and exits 1), "ignore_sigterm" (the main
 process ignores SIGTERM), "orphan_workers" (workers run in their own process group, so a SIGTERM
-to the server's group misses them, and they outlive the main process), "exit_after_load".
+to the server's group misses them, and they outlive the main process), "die_during_load" (exits
+silently while loading), "exit_after_load".
 """
 from __future__ import annotations
 
@@ -99,6 +100,8 @@ def main() -> int:
                                      % (host, workers[-1].pid, workers[-1].pid + 7, r, k, env[k], dot))
             sys.stdout.flush()
     time.sleep(float(cfg.get("load_s", 0.2)))
+    if fault == "die_during_load":
+        os._exit(7)  # no fatal line: only the process exit tells
     log("Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, avail mem=120.31 GB, "
         "mem usage=19.14 GB.")
     log("Capture cuda graph begin. This can take up to several minutes. avail mem=20.40 GB")
