@@ -286,7 +286,7 @@ def _print_rule_error(exc: BaseException) -> None:
     sys.stderr.write("Traceback (most recent call last):\n"
                      f'  File "{SGLANG_LAUNCH_FILE}", line 11, in <module>\n'
                      "    server_args = prepare_server_args(sys.argv[1:])\n"
-                     f"{type(exc).__name__}: {exc}\n")
+                     f"AssertionError: {exc}\n")
     sys.stderr.flush()
 
 

@@ -54,7 +54,7 @@ def _fail(log: SimLogger, parent: int, text: str, where: str) -> None:
     sys.exit(1)
 
 
-def run_scheduler(cfg: dict[str, Any]) -> None:
+def run_scheduler(cfg: dict[str, Any]) -> Any:
     rank, world = cfg["tp_rank"], cfg["world_size"]
     log = SimLogger(cfg["log_prefix"])
     parent = cfg["parent_pid"]
@@ -64,6 +64,7 @@ def run_scheduler(cfg: dict[str, Any]) -> None:
     lag = cfg["release_lag_s"]
     env = dict(os.environ)
     registered = False
+    gpu_hold: Any = None
 
     def grow(mib: int) -> None:
         nonlocal registered
@@ -80,7 +81,9 @@ def run_scheduler(cfg: dict[str, Any]) -> None:
             time.sleep(st["sleep"])
         op = st.get("op")
         if op == "nccl_init":
-            lines = nccl_info_lines(env, world, cfg["cuda_dev"], os.getpid(), threading.get_native_id(), rank)
+            # in GPU mode the real NCCL writes these lines itself
+            lines = [] if cfg.get("gpu_mode") == "cuda" else \
+                nccl_info_lines(env, world, cfg["cuda_dev"], os.getpid(), threading.get_native_id(), rank)
             if lines:
                 target = env.get("NCCL_DEBUG_FILE")
                 text = "".join(line + "\n" for line in lines)
@@ -91,7 +94,11 @@ def run_scheduler(cfg: dict[str, Any]) -> None:
                     log.raw(text.rstrip("\n"))
             if cfg.get("gpu_mode") == "cuda":
                 from specab.sim import gpu_mode
-                gpu_mode.init_rank(rank, world, cfg["cuda_dev"], cfg["dist_init"], cfg["plan"]["final_mib"])
+                try:
+                    gpu_hold = gpu_mode.init_rank(rank, world, cfg["cuda_dev"], cfg["dist_init"],
+                                                  cfg["plan"]["final_mib"])
+                except Exception as exc:  # report like a scheduler failure, with the reason
+                    _fail(log, parent, f"{type(exc).__name__}: {exc}", "scheduler = Scheduler(server_args, ...)")
         elif op == "oom":
             _fail(log, parent, _oom_text(gpu, total, total - 512, 2048),
                   "scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank)")
@@ -104,6 +111,7 @@ def run_scheduler(cfg: dict[str, Any]) -> None:
             log.info(st["log"])
     nccl_env = {k: v for k, v in env.items() if k.startswith(("NCCL_", "SGLANG_"))}
     _send({"status": "ready", "tp_rank": rank, "pid": os.getpid(), "env": nccl_env})
+    return gpu_hold
 
 
 def main() -> int:
@@ -119,8 +127,9 @@ def main() -> int:
             return 0  # the parent died before the death signal was armed
     set_title(title)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    hold = None
     if role == "scheduler":
-        run_scheduler(cfg)
+        hold = run_scheduler(cfg)  # noqa: F841  (GPU mode: keeps the CUDA memory alive)
     else:
         _send({"status": "ready", "role": "detokenizer", "pid": os.getpid()})
     log = SimLogger(cfg.get("log_prefix", ""))

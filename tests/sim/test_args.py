@@ -1,0 +1,97 @@
+"""The SGLang command line: flags accepted and refused, help, and the speculative rules."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from specab.sim.args import SpecRuleError, apply_rules, parse_server_args
+from tests.sim.conftest import PY, REPO, base_env
+
+HARNESS_FLAGS = [
+    "--model-path", "/m", "--tp-size", "8", "--mem-fraction-static", "0.88", "--host", "0.0.0.0",
+    "--port", "8000", "--trust-remote-code", "--disable-custom-all-reduce", "--num-continuous-decode-steps", "4",
+    "--cuda-graph-max-bs", "48", "--max-running-requests", "48", "--disable-overlap-schedule",
+    "--decode-log-interval", "10", "--log-level", "info", "--enable-metrics", "--nnodes", "1", "--node-rank", "0",
+    "--dist-init-addr", "10.0.0.1:25000", "--speculative-algorithm", "EAGLE3",
+    "--speculative-draft-model-path", "/d", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+    "--speculative-num-draft-tokens", "3", "--disable-cuda-graph",
+]
+
+
+def test_every_flag_the_harness_uses_is_accepted_with_sglang_field_names():
+    a = parse_server_args(HARNESS_FLAGS)
+    assert (a.model_path, a.tp_size, a.mem_fraction_static, a.host, a.port) == ("/m", 8, 0.88, "0.0.0.0", 8000)
+    assert a.trust_remote_code and a.disable_custom_all_reduce and a.disable_overlap_schedule and a.enable_metrics
+    assert a.disable_cuda_graph and a.num_continuous_decode_steps == 4 and a.cuda_graph_max_bs == 48
+    assert (a.speculative_algorithm, a.speculative_num_steps, a.speculative_eagle_topk,
+            a.speculative_num_draft_tokens) == ("EAGLE3", 2, 1, 3)
+    assert a.dist_init_addr == "10.0.0.1:25000" and a.decode_log_interval == 10
+    alias = parse_server_args(["--model-path", "/m", "--tensor-parallel-size", "4"])
+    assert alias.tp_size == 4
+
+
+def test_unknown_flag_exits_2_with_argparse_message(tmp_path):
+    r = subprocess.run([PY, "-m", "specab.sim.launch_server", "--model-path", "/m", "--bogus-flag", "1"],
+                       env=base_env(tmp_path, 1), cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "error: unrecognized arguments: --bogus-flag 1" in r.stderr
+    assert r.stderr.startswith("usage: ")
+
+
+def test_help_lists_sglang_flags(tmp_path):
+    r = subprocess.run([PY, "-m", "specab.sim.launch_server", "--help"], env=base_env(tmp_path, 1), cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    for flag in ("--speculative-num-draft-tokens", "--mem-fraction-static", "--tp-size", "--decode-log-interval"):
+        assert flag in r.stdout
+
+
+def test_partial_spec_arguments_are_refused_with_the_rule(tmp_path):
+    with pytest.raises(SpecRuleError, match="all three"):
+        apply_rules(parse_server_args(["--model-path", "/m", "--speculative-algorithm", "EAGLE3",
+                                       "--speculative-draft-model-path", "/d", "--speculative-eagle-topk", "1"]))
+    with pytest.raises(SpecRuleError, match="all three"):
+        apply_rules(parse_server_args(["--model-path", "/m", "--speculative-algorithm", "EAGLE3",
+                                       "--speculative-draft-model-path", "/d", "--speculative-num-steps", "2"]))
+    r = subprocess.run([PY, "-m", "specab.sim.launch_server", "--model-path", "/m", "--speculative-algorithm",
+                        "EAGLE3", "--speculative-draft-model-path", "/d", "--speculative-num-steps", "2"],
+                       env=base_env(tmp_path, 1), cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "Traceback (most recent call last):" in r.stderr
+    assert "AssertionError: speculative_num_steps was given without" in r.stderr
+
+
+def test_spec_rules_adjust_like_sglang():
+    a, warnings = apply_rules(parse_server_args(["--model-path", "/m", "--speculative-algorithm", "EAGLE3",
+                                                 "--speculative-draft-model-path", "/d", "--speculative-num-steps",
+                                                 "2", "--speculative-eagle-topk", "1",
+                                                 "--speculative-num-draft-tokens", "5"]))
+    assert a.speculative_num_draft_tokens == 3
+    assert a.max_running_requests == 48 and a.disable_overlap_schedule is True
+    assert ("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
+            "speculative_eagle_topk == 1") in warnings
+    assert any(w.startswith("Max running requests is reset to 48 for speculative decoding.") for w in warnings)
+    assert "Overlap scheduler is disabled because of using eagle speculative decoding." in warnings
+    auto, _ = apply_rules(parse_server_args(["--model-path", "/m", "--speculative-algorithm", "EAGLE3",
+                                             "--speculative-draft-model-path", "/d"]))
+    assert (auto.speculative_num_steps, auto.speculative_eagle_topk, auto.speculative_num_draft_tokens) == (3, 1, 4)
+    llama, _ = apply_rules(parse_server_args(["--model-path", "/m", "--speculative-algorithm", "EAGLE3",
+                                              "--speculative-draft-model-path", "/d"]), "LlamaForCausalLM")
+    assert (llama.speculative_num_steps, llama.speculative_eagle_topk,
+            llama.speculative_num_draft_tokens) == (5, 4, 8)
+    explicit, _ = apply_rules(parse_server_args(["--model-path", "/m", "--speculative-algorithm", "NEXTN",
+                                                 "--speculative-draft-model-path", "/d",
+                                                 "--max-running-requests", "64", "--speculative-num-steps", "3",
+                                                 "--speculative-eagle-topk", "4",
+                                                 "--speculative-num-draft-tokens", "8"]))
+    assert explicit.speculative_algorithm == "EAGLE" and explicit.max_running_requests == 64
+    assert explicit.speculative_num_draft_tokens == 8
+    base, warnings = apply_rules(parse_server_args(["--model-path", "/m"]))
+    assert base.max_running_requests is None and base.disable_overlap_schedule is False and not warnings
+
+
+def test_tp_must_divide_by_nodes():
+    with pytest.raises(SpecRuleError, match="tp_size must be divisible by number of nodes"):
+        apply_rules(parse_server_args(["--model-path", "/m", "--tp-size", "3", "--nnodes", "2",
+                                       "--dist-init-addr", "h:1"]))
