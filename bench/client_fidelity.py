@@ -179,8 +179,9 @@ def run_level(concurrency: int, ns: argparse.Namespace, tmp: Path) -> dict:
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
-    sys.path.insert(0, str(REPO / "specab"))
-    import loadgen  # the same file the client ran
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from specab import loadgen  # the same file the client ran
 
     prompts = loadgen.make_prompts(1, "measure", n, ns.input_len)
     truths = {}
