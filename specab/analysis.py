@@ -193,6 +193,8 @@ class Arm:
     name: str
     server_args: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    baseline: str | None = None     # the baseline arm this arm is compared with (None: the experiment's)
+    matrix: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_spec(self) -> bool:
@@ -227,9 +229,20 @@ class Experiment:
     def runs_of(self, arm: str, ok_only: bool = True) -> list[Run]:
         return [r for r in self.runs if r.arm == arm and (r.ok or not ok_only)]
 
+    def baseline_of(self, arm: str) -> str:
+        a = self.arm(arm)
+        return a.baseline or self.baseline
+
+    @property
+    def baselines(self) -> list[str]:
+        names = {self.baseline} | {a.baseline for a in self.arms if a.baseline}
+        return [a.name for a in self.arms if a.name in names]
+
     @property
     def spec_arms(self) -> list[Arm]:
-        return [a for a in self.arms if a.name != self.baseline]
+        """Arms compared with a baseline (every arm that is not itself a baseline)."""
+        base = set(self.baselines)
+        return [a for a in self.arms if a.name not in base]
 
     @property
     def hosts(self) -> list[str]:
@@ -316,30 +329,30 @@ def read_gpu_samples(path: Path) -> list[GpuSample]:
 
 
 def env_check_from_json(d: dict) -> EnvCheck:
-    """env_check.json (specab/node/envcheck.py) -> EnvCheck. Tolerates the per-variable dict or list forms."""
-    vars_in = d.get("variables", d.get("env", {}))
-    items: Iterable[tuple[str, dict]]
-    if isinstance(vars_in, dict):
-        items = vars_in.items()
-    else:
-        items = ((v.get("name", "?"), v) for v in vars_in)
+    """env_check.json (specab/node/envcheck.py) -> EnvCheck.
+
+    Format: {"ok", "variables": {VAR: {"expected", "evidence": [...], "mismatches": [...],
+    "unverified": [...]}}, "args": {ARG: {"expected", "actual", "ok"}}, ...}. A variable is confirmed
+    when it has evidence and neither mismatches nor unverified processes."""
+    vars_in = d.get("variables") or {}
+    items = vars_in.items() if isinstance(vars_in, dict) else ((v.get("name", "?"), v) for v in vars_in)
     checks = []
     for name, v in items:
         if not isinstance(v, dict):
             continue
-        evidence = v.get("evidence") or v.get("confirmed_by") or []
-        if isinstance(evidence, str):
-            evidence = [evidence]
-        mism = v.get("mismatches") or []
-        mism = [m if isinstance(m, str) else json.dumps(m, sort_keys=True) for m in mism]
+        evidence = v.get("evidence") or []
+        evidence = [evidence] if isinstance(evidence, str) else [str(e) for e in evidence]
+        problems = [str(m) for m in (v.get("mismatches") or [])] + [str(m) for m in (v.get("unverified") or [])]
         confirmed = v.get("confirmed")
         if confirmed is None:
-            confirmed = bool(v.get("ok", not mism)) and not mism
+            confirmed = bool(evidence) and not problems
         checks.append(EnvVarCheck(name=name, expected=v.get("expected"), confirmed=bool(confirmed),
-                                  evidence=[str(e) for e in evidence], mismatches=mism))
-    am = d.get("arg_mismatches") or d.get("args", {}).get("mismatches", []) if isinstance(d.get("args", {}), dict) else []
-    return EnvCheck(ok=bool(d.get("ok", not any(not c.confirmed for c in checks))), variables=checks,
-                    arg_mismatches=[m if isinstance(m, str) else json.dumps(m, sort_keys=True) for m in am], raw=d)
+                                  evidence=evidence, mismatches=problems))
+    args = d.get("args") or {}
+    am = [f"{k}: expected {v.get('expected')!r}, server reports {v.get('actual')!r}"
+          for k, v in args.items() if isinstance(v, dict) and not v.get("ok", True)] if isinstance(args, dict) else []
+    return EnvCheck(ok=bool(d.get("ok", all(c.confirmed for c in checks))), variables=checks,
+                    arg_mismatches=am, raw=d)
 
 
 def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None = None) -> LogStats:
@@ -367,50 +380,26 @@ def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None 
     return st
 
 
-_NCCL_RE = re.compile(r"NCCL INFO (\w+) set by environment to (\S+?)\.?\s*$")
-
-
 def parse_server_log(path: Path) -> LogStats:
-    """Server log -> LogStats through specab.logparse (the project's one log parser)."""
+    """Server log -> LogStats through specab.logparse (the project's one log parser); streams."""
     from specab import logparse  # local import: the analysis works on in-memory data without it
 
-    text = path.read_text(encoding="utf-8", errors="replace")
-    records = logparse.adapt_for_analysis(text) if hasattr(logparse, "adapt_for_analysis") else _records_via_logparse(logparse, text)
-    nccl = {}
-    for line in text.splitlines():
-        m = _NCCL_RE.search(line)
-        if m:
-            nccl[m.group(1)] = m.group(2)
-    return log_stats_from_records(records, nccl)
+    def records():
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                rec = logparse.parse_line(line)
+                if rec is not None:
+                    rec["raw"] = line.rstrip("\n")
+                    yield rec
 
-
-def _records_via_logparse(logparse: Any, text: str) -> list[dict]:
-    """Normalise whatever record shape logparse.parse_lines/parse_text returns into analysis dicts."""
-    fn = getattr(logparse, "parse_text", None) or getattr(logparse, "parse_lines", None)
-    if fn is None:
-        raise AnalysisError("specab.logparse has no parse_text/parse_lines function; cannot read server logs")
-    try:
-        recs = fn(text)
-    except TypeError:
-        recs = fn(text.splitlines())
-    if isinstance(recs, dict):
-        recs = recs.get("records", [])
-    out = []
-    for r in recs:
-        d = r if isinstance(r, dict) else getattr(r, "__dict__", {}) or {}
-        if hasattr(r, "to_dict"):
-            d = r.to_dict()
-        fields = d.get("fields", d)
-        kind = str(d.get("kind", d.get("type", ""))).lower()
-        out.append({
-            "kind": "decode" if "decode" in kind else kind,
-            "accept_len": fields.get("accept_len", fields.get("accept len")),
-            "cuda_graph": fields.get("cuda_graph", fields.get("cuda graph")),
-            "gen_throughput": fields.get("gen_throughput", fields.get("gen throughput (token/s)")),
-            "running_req": fields.get("running_req", fields.get("#running-req", 1)),
-            "raw": d.get("raw", d.get("line")),
-        })
-    return out
+    nccl: dict[str, str] = {}
+    decode = []
+    for rec in records():
+        if rec.get("kind") == "nccl_env":
+            nccl.setdefault(rec["var"], str(rec["value"]).rstrip("."))
+        elif rec.get("kind") == "decode":
+            decode.append(rec)
+    return log_stats_from_records(decode, nccl)
 
 
 def _read_json(path: Path) -> dict:
@@ -459,3 +448,104 @@ def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = Non
 
 def is_finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
+
+
+# =========================================================================== the results store
+
+def _reasons(v: Any) -> int | None:
+    if v is None or v == "":
+        return None
+    try:
+        s = str(v).strip()
+        return int(s, 16) if s.lower().startswith("0x") else int(float(s))
+    except ValueError:
+        return None
+
+
+def _argv_option(argv: list[str], name: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _percent(s: str | None) -> float | None:
+    if not s:
+        return None
+    try:
+        return float(s[:-1]) / 100.0 if s.endswith("%") else (float(s) / 100.0 if float(s) >= 1 else float(s))
+    except ValueError:
+        return None
+
+
+def load_store(path: str | Path, *, read_logs: bool = True) -> Experiment:
+    """An experiment from its results store (`runs/<id>/results.sqlite`, docs/results.md).
+
+    path: the experiment directory or the sqlite file. Server logs are read from the run
+    directories when they exist (the store keeps only their tail)."""
+    from specab.store import FILENAME, Store   # local: the data model itself needs no store
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / FILENAME
+    if not p.exists():
+        raise AnalysisError(f"{p}: no results store here; give an experiment directory (runs/<experiment-id>) "
+                            f"or its {FILENAME}")
+    store = Store.open(p)
+    try:
+        e = store.experiment()
+        arm_rows = store.arms()
+        run_rows = store.runs()
+        reqs: dict[int, list[Request]] = {}
+        for r in store.requests(include_warmup=True):
+            reqs.setdefault(r["seq"], []).append(Request.from_json(r))
+        samples: dict[int, list[GpuSample]] = {}
+        for g in store.gpu_samples():
+            if g.get("ts") is None:
+                continue
+            samples.setdefault(g["seq"], []).append(GpuSample(
+                ts=g["ts"], index=int(g.get("gpu") or 0), uuid=(json.loads(g["raw_json"]) if g.get("raw_json") else {}).get("uuid"),
+                sm_mhz=g.get("sm_clock_mhz"), max_sm_mhz=g.get("max_sm_clock_mhz"), mem_mhz=g.get("mem_clock_mhz"),
+                util_pct=g.get("util_pct"), power_w=g.get("power_w"), temp_c=g.get("temp_c"),
+                reasons=_reasons(g.get("throttle_reasons"))))
+        manifests = {m["seq"]: m["manifest"] for m in store.manifests()}
+        checks = {c["seq"]: c["check"] for c in store.env_checks()}
+    finally:
+        store.close()
+    arms = [Arm(name=a["name"], server_args=a.get("server_args") or {}, env=a.get("env") or {},
+                baseline=a.get("baseline"), matrix=a.get("matrix") or {}) for a in arm_rows]
+    base_rows = [a for a in arm_rows if a.get("is_baseline")]
+    baseline = base_rows[0]["name"] if base_rows else (arms[0].name if arms else "baseline")
+    by_arm = {a.name: a for a in arms}
+    runs = []
+    for r in run_rows:
+        arm = by_arm.get(r["arm"])
+        info = r.get("server_info") or {}
+        eff = {k: v for k, v in info.items() if k not in ("internal_states", "version")} if isinstance(info, dict) else {}
+        summary = r.get("summary") or {}
+        run_dir = Path(r["run_dir"]) if r.get("run_dir") else None
+        log = None
+        if read_logs and run_dir and (run_dir / "server.log").is_file():
+            log = parse_server_log(run_dir / "server.log")
+        if run_dir and not samples.get(r["seq"]) and (run_dir / "gpu_samples.csv").is_file():
+            samples[r["seq"]] = read_gpu_samples(run_dir / "gpu_samples.csv")
+        runs.append(Run(
+            run_id=r["run_id"], arm=r["arm"], seq=r["seq"], block=r["block"], host=r.get("host") or "localhost",
+            status=r["status"], started=r.get("started"), finished=r.get("finished"),
+            server_args=eff or dict(arm.server_args if arm else {}), env=dict(arm.env if arm else {}),
+            requests=reqs.get(r["seq"], []), log=log,
+            env_check=env_check_from_json(checks[r["seq"]]) if r["seq"] in checks else None,
+            gpu_samples=samples.get(r["seq"], []), manifest=manifests.get(r["seq"], {}),
+            client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
+            run_dir=run_dir, error=r.get("failure_reason")))
+    argv = e.get("argv") or []
+    return Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",
+                      baseline=baseline, name=e.get("name") or "", root=p.parent,
+                      target_ci=_percent(_argv_option(argv, "--target-ci")),
+                      max_repeats=int(_argv_option(argv, "--max-repeats") or 0) or None,
+                      meta={"status": e.get("status"), "seed": e.get("seed"), "repeats": e.get("repeats"),
+                            "created": e.get("created"), "finished": e.get("finished"),
+                            "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
+                            "matrix": e.get("matrix")})

@@ -181,11 +181,11 @@ def arms_not_like_for_like(exp: Experiment, ctx: Context) -> list[Finding]:
 
 def accept_below_break_even(exp: Experiment, ctx: Context) -> list[Finding]:
     st = ctx.stats
-    base = st.arms.get(exp.baseline)
-    if not base or not base.tok_s_run.median:
-        return []
     out = []
     for arm in exp.spec_arms:
+        base = st.arms.get(exp.baseline_of(arm.name))
+        if not base or not base.tok_s_run.median:
+            continue
         a = st.arms.get(arm.name)
         steps = arm.steps
         if not a or not a.tok_s_run.median or not a.accept_len.mean or not steps:

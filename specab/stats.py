@@ -279,7 +279,8 @@ def paired_speedup(exp: Experiment, arm: str, seed: int = DEFAULT_SEED) -> Speed
     The estimate is the geometric mean of the block ratios (the mean of log ratios): a ratio and its
     inverse are treated symmetrically. With several hosts the bootstrap resamples blocks within each
     host (host is a blocking factor)."""
-    base = {_block_key(r): r for r in exp.runs_of(exp.baseline)}
+    baseline = exp.baseline_of(arm)
+    base = {_block_key(r): r for r in exp.runs_of(baseline)}
     ratios, keys = [], []
     for r in sorted(exp.runs_of(arm), key=lambda r: (r.host, r.block)):
         b = base.get(_block_key(r))
@@ -293,7 +294,7 @@ def paired_speedup(exp: Experiment, arm: str, seed: int = DEFAULT_SEED) -> Speed
         strata = [k[0] for k in keys] if len({k[0] for k in keys}) > 1 else None
         li = bootstrap_ci(logs, seed=seed, strata=strata)
         ci = Interval(math.exp(li.estimate), math.exp(li.lo), math.exp(li.hi), li.n, li.method + " of log ratios")
-    return Speedup(arm=arm, baseline=exp.baseline, ratios=ratios, blocks=keys, ci=ci, verdict=verdict_of(ci))
+    return Speedup(arm=arm, baseline=baseline, ratios=ratios, blocks=keys, ci=ci, verdict=verdict_of(ci))
 
 
 def per_host_speedups(exp: Experiment, arm: str, seed: int = DEFAULT_SEED) -> dict[str, Speedup]:

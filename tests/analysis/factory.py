@@ -109,3 +109,85 @@ def experiment(tok_s: dict[str, float], blocks: int = 6, *, accept: dict[str, fl
             runs.append(run)
             t += run_s
     return Experiment(id="test-exp", arms=arm_list, runs=runs, order=order, baseline="baseline", name="test")
+
+
+# ---------------------------------------------------------------------------------- the results store
+
+SGL_DECODE = ("[2025-10-22 10:27:57 TP0] Decode batch, #running-req: 1, #token: {tok}, token usage: 0.00, "
+              "{spec}cuda graph: {graph}, gen throughput (token/s): {gen:.2f}, #queue-req: 0")
+
+
+def server_log_text(run: Run, lines: int = 6) -> str:
+    """A server log in SGLang 0.5.9 format for this run (decode lines as the run's LogStats says)."""
+    out = ["[2025-10-22 10:27:40 TP0] Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, "
+           "avail mem=60.12 GB, mem usage=72.00 GB.",
+           "[2025-10-22 10:27:50] The server is fired up and ready to roll!"]
+    log = run.log
+    for j in range(lines):
+        graph = log.cuda_graph_true > 0 if log else True
+        spec = (f"accept len: {log.accept_len_mean:.2f}, accept rate: 0.55, "
+                if log and log.accept_len_mean is not None else "")
+        out.append(SGL_DECODE.format(tok=100 + j, spec=spec, graph=graph, gen=log.gen_tok_s_mean if log else 80.0))
+    for k, v in run.env.items():
+        if k.startswith("NCCL_") and k not in ("NCCL_PROTO", "NCCL_ALGO"):
+            out.append(f"host:4242:4242 [0] NCCL INFO {k} set by environment to {v}{'.' if v.isdigit() else ''}")
+    return "\n".join(out) + "\n"
+
+
+def env_check_json(run: Run) -> dict:
+    ec = run.env_check
+    variables = {}
+    for v in (ec.variables if ec else []):
+        variables[v.name] = {"expected": v.expected, "evidence": ["environ:101"] if v.confirmed else [],
+                             "mismatches": [] if v.confirmed else v.mismatches, "unverified": []}
+    return {"ok": ec.ok if ec else True, "variables": variables,
+            "args": {"tp_size": {"expected": 8, "actual": 8, "ok": True}}, "processes": []}
+
+
+def gpu_csv(run: Run) -> str:
+    rows = ["timestamp,index,clocks.sm,clocks.mem,clocks.max.sm,power.draw,temperature.gpu,utilization.gpu,"
+            "clocks_event_reasons.active"]
+    for s in run.gpu_samples:
+        rows.append(f"{s.ts:.3f},{s.index},{s.sm_mhz:.0f},3201,{s.max_sm_mhz:.0f},{s.power_w},55,{s.util_pct},"
+                    f"0x{(s.reasons or 0):016x}")
+    return "\n".join(rows) + "\n"
+
+
+def write_store(exp: Experiment, root) -> "Path":
+    """Write an in-memory experiment into a real results store + run directories, as the driver does."""
+    import json as _json
+    from pathlib import Path
+
+    from specab.store import FILENAME, Store
+    d = Path(root) / exp.id
+    d.mkdir(parents=True, exist_ok=True)
+    st = Store.create(d / FILENAME)
+    try:
+        st.write_experiment(id=exp.id, name=exp.name or "test", seed=1, repeats=max(r.block for r in exp.runs) + 1,
+                            order_mode=exp.order, experiment_file="experiments/default.yml",
+                            inventory_file="inventory/local.yml", config={"name": exp.name}, matrix=["steps=2"],
+                            argv=["--matrix", "steps=2", "--target-ci", "2%", "--max-repeats", "8"],
+                            hosts=sorted({r.host for r in exp.runs}), specab_version="0.1.0", git_sha="abc123")
+        st.write_arms([{"name": a.name, "is_baseline": not a.is_spec, "baseline": exp.baseline,
+                        "server_args": a.server_args, "env": a.env} for a in exp.arms])
+        st.write_plan([{"seq": r.seq, "run_id": r.run_id, "block": r.block + 1, "position": 1, "arm": r.arm}
+                       for r in exp.runs])
+        for r in exp.runs:
+            rd = d / r.run_id
+            rd.mkdir(exist_ok=True)
+            (rd / "server.log").write_text(server_log_text(r))
+            st.start_run(seq=r.seq, run_id=r.run_id, arm=r.arm, block=r.block + 1, host=r.host, run_dir=str(rd),
+                         runner_ident=f"{r.seq}")
+            st.add_requests(r.seq, r.host, [dict(q.__dict__) for q in r.requests])
+            st.add_gpu_samples(r.seq, r.host, gpu_csv(r))
+            st.add_manifest(r.seq, r.host, {"run_id": r.run_id, "server_args": r.server_args,
+                                            "env_file": {"values": r.env}, "seed": 1})
+            st.add_env_check(r.seq, r.host, env_check_json(r))
+            st.finish_run(r.seq, status=r.status, summary={"client_cpu_s": r.client_cpu_s,
+                                                           "duration_s": r.duration_s},
+                          server_info={**r.server_args, "internal_states": [{}], "version": "0.5.9"})
+        st.set_experiment_status("finished")
+    finally:
+        st.close()
+    _ = _json
+    return d
