@@ -140,3 +140,36 @@ def test_bad_usage_exits_2(sim):
     assert r.rc == 2 and "--gpus must be" in r.error
     r = run_tool("stop", env=sim.env)
     assert r.rc == 2
+
+
+def test_survivors_of_a_dead_server_block_start_and_are_swept_by_stop(server, sim):
+    """The main process died but workers of its session live on (holding GPU memory): start
+    refuses, naming them; stop (nothing of the main left) kills them through the session."""
+    server.config["fault"] = "orphan_workers"
+    assert server.start().rc == 0 and server.ready().rc == 0
+    rec = json.loads((server.node_dir / "server.json").read_text())
+    os.kill(rec["pid"], 9)
+    assert wait_for(lambda: len(session_pids(rec["sid"])) == 2)
+    r = server.start()
+    assert r.rc == 1 and "2 process(es) of its session are still alive" in r.error
+    assert "sglang::scheduler_TP0" in r.error and "stop.py" in r.error
+    r = server.stop(1)
+    assert r.rc == 0, r.error
+    assert not session_pids(rec["sid"])
+    assert server.gpufree().rc == 0
+    assert server.start().rc == 0
+
+
+def test_stop_without_record_sweeps_leftovers_of_the_last_server(server, sim):
+    """A worker that survived (e.g. it was in uninterruptible sleep during the last stop) is still
+    ours through last_server.json: the next stop kills it, nothing else."""
+    bystander = sim.hold(3, 100)  # own session: not ours
+    assert server.start().rc == 0 and server.ready().rc == 0
+    rec = json.loads((server.node_dir / "server.json").read_text())
+    (server.node_dir / "last_server.json").write_text(json.dumps(rec))
+    (server.node_dir / "server.json").unlink()  # as if a previous stop had recorded it as stopped
+    r = server.stop()
+    assert r.rc == 0 and r.data["was_running"] is False
+    assert len(r.data["leftovers_killed"]) == 3
+    assert not session_pids(rec["sid"])
+    assert bystander.poll() is None
