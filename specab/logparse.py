@@ -526,9 +526,10 @@ def _text_summary(s: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def cmd_parse_log(ns: argparse.Namespace) -> int:
+def cmd_parse_log(ns: argparse.Namespace, out: IO[str] | None = None) -> int:
+    """The ``parse-log`` subcommand; ``out`` defaults to stdout (the driver's CLI passes its own)."""
     path = ns.log
-    out = sys.stdout
+    out = out or sys.stdout
     try:
         if ns.summary_only and ns.fast:
             with open(path, "rb") as fb:

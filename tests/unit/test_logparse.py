@@ -294,3 +294,6 @@ def test_register_adds_parse_log_subcommand(tmp_path: Path, capsys: pytest.Captu
     ns = ap.parse_args(["parse-log", str(log), "--format", "json", "--summary-only"])
     assert ns.func(ns) == 0
     assert json.loads(capsys.readouterr().out)["accept_len_mean"] == 1.95
+    buf = io.StringIO()   # the driver's CLI calls func(args, out)
+    assert ns.func(ns, buf) == 0
+    assert json.loads(buf.getvalue())["cuda_graph_share"] == 1.0
