@@ -290,18 +290,20 @@ def _arms_from_args(ns: argparse.Namespace) -> list[SpecArm]:
     return [SpecArm(steps=k, tok_s=t, accept_len=a, name=f"steps={k}") for t, a, k in zip(tok, acc, steps)]
 
 
-def cmd_model(ns: argparse.Namespace) -> int:
+def cmd_model(ns: argparse.Namespace, out=None) -> int:
+    import sys
+    out = out or sys.stdout
     try:
         res = build(ns.baseline_tok_s, _arms_from_args(ns), verify_ms=ns.verify_ms, decode_ms=ns.decode_ms,
                     draft_ms=ns.draft_ms, target_tok_s=ns.target_tok_s, draft_step_ms=ns.draft_step_ms,
                     predict_steps=range(1, ns.max_steps + 1))
     except SpecModelError as e:
-        print(f"specab model: {e}")
+        print(f"specab model: {e}", file=out)
         return 2
     if ns.format == "json":
-        print(json.dumps(res.to_dict(), indent=2))
+        print(json.dumps(res.to_dict(), indent=2), file=out)
     else:
-        print(render_text(res))
+        print(render_text(res), file=out)
     return 0
 
 
