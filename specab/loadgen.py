@@ -174,13 +174,16 @@ class ChunkCounter:
                 new = len(ids)
             self.total += new
             return new
-        text = event.get("text")
-        if text:
-            self._set_source("chunks")
-            self.exact = False
-            self.total += 1
-            return 1
-        return 0
+        return self._guess_one(bool(event.get("text")))
+
+    def _guess_one(self, has_text: bool) -> int:
+        """No token count in the event: one token per chunk with text (flagged inexact)."""
+        if not has_text:
+            return 0
+        self._set_source("chunks")
+        self.exact = False
+        self.total += 1
+        return 1
 
     def _feed_openai(self, event: Dict[str, Any]) -> int:
         usage = event.get("usage")
@@ -201,12 +204,7 @@ class ChunkCounter:
                 text += (choice.get("delta") or {}).get("content") or ""
             else:
                 text += choice.get("text") or ""
-        if text:
-            self._set_source("chunks")
-            self.exact = False
-            self.total += 1
-            return 1
-        return 0
+        return self._guess_one(bool(text))
 
 
 # ----------------------------------------------------------------------------------------------
