@@ -161,6 +161,37 @@ class ServerSetup:
         os.chmod(script, 0o755)
         return script
 
+    def write_sim_launch(self, env_lines: str = "", extra_args: str = "", fault: str = "", scale: float = 10,
+                         tp: int = 2, spt_noenv: bool = True, args: Optional[Dict[str, Any]] = None) -> Path:
+        """launch.sh for the simulated SGLang server (``python -m specab.sim.launch_server``), the way
+        the start role renders it: node env exported, env file sourced, the engine exec'd."""
+        (self.run_dir / "nccl.env").write_text(env_lines)
+        os.chmod(self.run_dir / "nccl.env", 0o600)
+        args = dict({"model_path": "/models/Kimi-K2.5-INT4", "tp_size": tp, "host": "127.0.0.1",
+                     "port": self.port, "mem_fraction_static": 0.88}, **(args or {}))
+        (self.run_dir / "args.json").write_text(json.dumps(args))
+        flags = []
+        for k, v in args.items():
+            flag = "--" + k.replace("_", "-")
+            if v is True:
+                flags.append(flag)
+            elif v not in (False, None):
+                flags.append("%s %s" % (flag, shlex.quote(str(v))))
+        node_env = {"SPECAB_SIM_STATE": str(self.sim.state), "SPECAB_SIM_TIME_SCALE": str(scale),
+                    "PYTHONPATH": str(REPO)}
+        if fault:
+            node_env["SPECAB_SIM_FAULT"] = fault
+        if spt_noenv:
+            node_env["SPT_NOENV"] = "1"
+        script = self.run_dir / "launch.sh"
+        script.write_text("#!/bin/bash\nset -euo pipefail\ncd %s\n%s\nset -a\n. ./nccl.env\nset +a\n"
+                          "exec %s -m specab.sim.launch_server %s %s\n" % (
+                              shlex.quote(str(self.run_dir)),
+                              "\n".join("export %s=%s" % (k, shlex.quote(v)) for k, v in node_env.items()),
+                              shlex.quote(PY), " ".join(flags), extra_args))
+        os.chmod(script, 0o755)
+        return script
+
     def start(self, **kw: Any) -> "ToolResult":
         script = self.run_dir / "launch.sh"
         if not script.exists():

@@ -1,0 +1,124 @@
+"""The node tools against the simulated SGLang server (``python -m specab.sim.launch_server``):
+real process tree (schedulers, detokenizer, parent-death signal, setproctitle titles), SGLang's
+log lines, NCCL echo lines, /get_server_info, and the simulator's faults."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from tests.node.helpers import run_tool, session_pids, wait_for
+
+TUNED = ("NCCL_PROTO=LL\nNCCL_ALGO=Ring\nNCCL_P2P_LEVEL=SYS\nNCCL_MAX_NCHANNELS=16\nNCCL_BUFFSIZE=16777216\n"
+         "NCCL_NTHREADS=512\nNCCL_DEBUG=INFO\nSGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1\n")
+
+
+def _envcheck(server, *extra):
+    return run_tool("envcheck", "--node-dir", server.node_dir, "--env-file", server.run_dir / "nccl.env",
+                    "--url", server.url, "--expected-args", server.run_dir / "args.json",
+                    "--log", server.run_dir / "server.log", *extra, env=server.sim.env)
+
+
+def test_sim_full_cycle(server, sim):
+    server.write_sim_launch(env_lines=TUNED, args={"trust_remote_code": True, "disable_custom_all_reduce": True})
+    assert server.start().rc == 0
+    r = server.ready(60, "--progress", str(server.run_dir / "progress.json"))
+    assert r.rc == 0, r.error
+    assert {"load_weight_begin", "load_weight_end", "capture_cuda_graph_begin", "capture_cuda_graph_end",
+            "ready_line"} <= set(r.data["phases"])
+    rec = json.loads((server.node_dir / "server.json").read_text())
+
+    r = _envcheck(server)
+    assert r.rc == 0, r.error
+    names = sorted(p["name"] for p in r.data["processes"] if not p["skipped"])
+    assert names == ["sglang::detokenizer", "sglang::http_server/tokenizer_manager", "sglang::scheduler_TP0",
+                     "sglang::scheduler_TP1"]
+    for var in ("NCCL_PROTO", "NCCL_BUFFSIZE", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
+        assert len([e for e in r.data["variables"][var]["evidence"] if e.startswith("environ:")]) == 4, var
+    assert {"nccl_log:TP0", "nccl_log:TP1"} <= set(r.data["variables"]["NCCL_BUFFSIZE"]["evidence"])
+    assert all(a["ok"] for a in r.data["args"].values()), r.data["args"]
+
+    before = sim.memory_used()
+    assert before[0] > 0 and before[1] > 0
+    r = server.stop(10)
+    assert r.rc == 0, r.error
+    assert not r.data["escalated"] and not session_pids(rec["sid"])
+    r = server.gpufree(30)
+    assert r.rc == 0, r.error
+    assert r.data["final"][0]["memory_used_mib"] == 0
+
+
+def test_sim_envcheck_catches_a_missing_worker_variable_via_nccl(server, sim):
+    """Without SPT_NOENV the titled processes' environ is wiped: NCCL's own lines are the evidence,
+    and a launch that did not source the env file is caught anyway."""
+    server.write_sim_launch(env_lines=TUNED, spt_noenv=False)
+    script = server.run_dir / "launch.sh"
+    script.write_text(script.read_text().replace(". ./nccl.env", "export NCCL_DEBUG=INFO"))
+    assert server.start().rc == 0
+    assert server.ready(60).rc == 0
+    r = _envcheck(server)
+    assert r.rc == 1
+    assert "NCCL_PROTO: cannot verify 'LL' in sglang::scheduler_TP0" in r.error
+    assert "SPT_NOENV=1" in r.error
+
+
+def test_sim_oom_at_start_fails_fast(server, sim):
+    server.write_sim_launch(fault="oom_at_start")
+    assert server.start().rc == 0
+    r = server.ready(300)
+    assert r.rc == 1 and r.wall_s < 30
+    assert "out of memory" in r.error and "CUDA out of memory" in r.data["fatal_line"]
+
+
+def test_sim_unknown_flag_fails_fast(server, sim):
+    server.write_sim_launch(extra_args="--no-such-flag 3")
+    assert server.start().rc == 0
+    r = server.ready(300)
+    assert r.rc == 1 and r.wall_s < 30
+    assert "unrecognized arguments: --no-such-flag" in r.error
+
+
+def test_sim_port_in_use_fails_fast(server, sim):
+    server.write_sim_launch(fault="port_in_use")
+    assert server.start().rc == 0
+    r = server.ready(300)
+    assert r.rc == 1 and r.wall_s < 30
+    assert "address already in use" in r.error.lower()
+
+
+def test_sim_ignore_sigterm_escalates(server, sim):
+    server.write_sim_launch(fault="ignore_sigterm")
+    assert server.start().rc == 0 and server.ready(60).rc == 0
+    r = server.stop(1.0)
+    assert r.rc == 0, r.error
+    assert r.data["escalated"] is True
+    assert [s["signal"] for s in r.data["signals"]][:2] == ["SIGTERM", "SIGKILL"]
+    assert server.gpufree(30).rc == 0
+
+
+def test_sim_orphan_workers_swept_after_parent_death(server, sim):
+    server.write_sim_launch(fault="orphan_workers")
+    assert server.start().rc == 0 and server.ready(60).rc == 0
+    rec = json.loads((server.node_dir / "server.json").read_text())
+    os.kill(rec["pid"], signal.SIGKILL)
+    assert wait_for(lambda: rec["pid"] not in session_pids(rec["sid"]))
+    assert len(session_pids(rec["sid"])) == 3, "TP0, TP1, detokenizer orphaned"
+    assert sim.memory_used()[0] > 0
+    r = server.stop(2.0)
+    assert r.rc == 0, r.error
+    assert not session_pids(rec["sid"])
+    r = server.gpufree(30)
+    assert r.rc == 0, r.error
+
+
+def test_sim_slow_release_time_to_free(server, sim):
+    server.write_sim_launch(fault="slow_release=10", scale=10)  # 10 simulated s / 10 = 1 s
+    assert server.start().rc == 0 and server.ready(60).rc == 0
+    assert server.stop().rc == 0
+    r = server.gpufree(30)
+    assert r.rc == 0, r.error
+    assert 0.5 <= r.data["time_to_free_s"] < 20
+    r2 = server.gpufree(30)
+    assert r2.data["was_free_at_first_poll"] is True
