@@ -55,6 +55,7 @@ class GenRequest:
     finished_reason: Optional[dict] = None
     finished_at: Optional[float] = None
     aborted: bool = False
+    internal: bool = False          # warm-up and health-check requests (not counted by crash_after)
 
     @property
     def completion_tokens(self) -> int:
@@ -124,7 +125,8 @@ class Engine:
 
     # ----- requests
     def submit(self, prompt: list[str] | tuple[str, ...], max_new_tokens: int, ignore_eos: bool,
-               rid: Optional[str] = None, prompt_tokens: Optional[int] = None) -> GenRequest:
+               rid: Optional[str] = None, prompt_tokens: Optional[int] = None,
+               internal: bool = False) -> GenRequest:
         self._n += 1
         rng = random.Random(f"req:{self.seed}:{self.timing.instance}:{self._n}")
         max_new = max(0, int(max_new_tokens))
@@ -134,7 +136,7 @@ class Engine:
         req = GenRequest(rid=rid or f"{self._n:032x}", prompt=tuple(prompt),
                          prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt) + 1,
                          max_new_tokens=max_new, stop_at=stop_at, rng=rng,
-                         speed=self.timing.request_factor(rng))
+                         speed=self.timing.request_factor(rng), internal=internal)
         self.waiting.append(req)
         self.stats.num_requests_total += 1
         self._wake.set()
@@ -192,6 +194,8 @@ class Engine:
             await asyncio.sleep(delay)
 
     def _finish(self, req: GenRequest) -> None:
+        if req.internal:
+            return
         self.stats.finished_requests += 1
         if self.on_request_finished:
             self.on_request_finished(self.stats.finished_requests)

@@ -101,7 +101,8 @@ class Api:
         eng = self.s.engine
         if eng.busy():
             return web.Response(status=200)
-        req = eng.submit(["0"], 1, True, rid=f"HEALTH_CHECK_{time.time()}", prompt_tokens=1)
+        req = eng.submit(["0"], 1, True, rid=f"HEALTH_CHECK_{time.time()}", prompt_tokens=1,
+                         internal=True)
         try:
             await asyncio.wait_for(self._drain(req), HEALTH_CHECK_TIMEOUT_S)
         except asyncio.TimeoutError:

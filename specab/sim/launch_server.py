@@ -218,7 +218,7 @@ class Launch:
         self.log.raw(f"INFO:     Uvicorn running on http://{a.host}:{a.port} (Press CTRL+C to quit)")
         self._install_sigterm(loop)
         if not a.skip_server_warmup:
-            req = engine.submit(["The", "capital", "city", "of", "France", "is"], 8, False)
+            req = engine.submit(["The", "capital", "city", "of", "France", "is"], 8, False, internal=True)
             while not (await req.queue.get()).finished:
                 pass
             self.log.raw(f'INFO:     127.0.0.1:{_free_port()} - "POST /generate HTTP/1.1" 200 OK')

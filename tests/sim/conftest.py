@@ -125,28 +125,45 @@ class SimServer:
             pass
 
 
-@pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Callable[..., SimServer]]:
-    started: list[SimServer] = []
+class Launcher:
+    """Starts simulated servers in their own sessions; ``close`` SIGKILLs every group it started."""
 
-    def _launch(args: list[str], env: Optional[dict[str, str]] = None, scale: float = 20, tp: int = 2,
-                state: Optional[Path] = None, wait: bool = True, port: Optional[int] = None,
-                model: str = "/models/Kimi-K2.5-INT4") -> SimServer:
+    def __init__(self, root: Path):
+        self.root = root
+        self.started: list[SimServer] = []
+
+    def __call__(self, args: list[str], env: Optional[dict[str, str]] = None, scale: float = 20, tp: int = 2,
+                 state: Optional[Path] = None, wait: bool = True, port: Optional[int] = None,
+                 model: str = "/models/Kimi-K2.5-INT4") -> SimServer:
+        n = len(self.started)
         port = port or free_port()
-        state = state or (tmp_path / f"node{len(started)}")
-        log = tmp_path / f"server{len(started)}.log"
+        state = state or (self.root / f"node{n}")
+        log = self.root / f"server{n}.log"
         argv = [PY, "-m", "specab.sim.launch_server", "--model-path", model, "--tp-size", str(tp),
                 "--host", "127.0.0.1", "--port", str(port), *args]
-        fh = open(log, "wb")
-        proc = subprocess.Popen(argv, env=base_env(state, scale, env), stdin=subprocess.DEVNULL, stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True, cwd=str(REPO))
-        fh.close()
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(argv, env=base_env(state, scale, env), stdin=subprocess.DEVNULL, stdout=fh,
+                                    stderr=subprocess.STDOUT, start_new_session=True, cwd=str(REPO))
         srv = SimServer(proc, port, state, log, scale, argv)
-        started.append(srv)
+        self.started.append(srv)
         if wait:
             srv.wait_ready()
         return srv
 
-    yield _launch
-    for srv in started:
-        srv.kill()
+    def close(self) -> None:
+        for srv in self.started:
+            srv.kill()
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Launcher]:
+    launcher = Launcher(tmp_path)
+    yield launcher
+    launcher.close()
+
+
+@pytest.fixture(scope="module")
+def module_launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    launcher = Launcher(tmp_path_factory.mktemp("sim"))
+    yield launcher
+    launcher.close()

@@ -1,0 +1,168 @@
+"""Every endpoint of the simulated server and its JSON fields (one speculative and one baseline server)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.sim.client import request_json, stream
+from tests.sim.conftest import EAGLE_S2, TUNED
+
+PROMPT = "Explain speculative decoding to a new engineer. " * 8
+
+
+@pytest.fixture(scope="module")
+def spec_server(module_launch):
+    return module_launch([*EAGLE_S2, "--enable-metrics", "--decode-log-interval", "5", "--mem-fraction-static", "0.88"],
+                  env=TUNED, scale=20)
+
+
+def gen_body(n: int = 32, stream_: bool = False, **extra) -> dict:
+    return {"text": PROMPT, "sampling_params": {"max_new_tokens": n, "ignore_eos": True, "temperature": 0},
+            "stream": stream_, **extra}
+
+
+def test_server_info_has_sglang_fields_after_the_rules(spec_server):
+    for path in ("/get_server_info", "/server_info"):
+        status, info, _ = request_json(spec_server.port, "GET", path)
+        assert status == 200
+        assert info["tp_size"] == 2 and info["mem_fraction_static"] == 0.88
+        assert info["speculative_algorithm"] == "EAGLE3"
+        assert (info["speculative_num_steps"], info["speculative_eagle_topk"],
+                info["speculative_num_draft_tokens"]) == (2, 1, 3)
+        assert info["max_running_requests"] == 48 and info["disable_overlap_schedule"] is True
+        assert info["disable_cuda_graph"] is False and info["cuda_graph_max_bs"] is None
+        assert info["host"] == "127.0.0.1" and info["port"] == spec_server.port
+        assert info["model_path"] == "/models/Kimi-K2.5-INT4" and info["version"].startswith("0.5.")
+        state = info["internal_states"][0]
+        assert {"avg_spec_accept_length", "last_gen_throughput"} <= set(state)
+    assert "Endpoint '/get_server_info' is deprecated" in spec_server.log_text()
+
+
+def test_model_info_endpoints(spec_server):
+    status, old, _ = request_json(spec_server.port, "GET", "/get_model_info")
+    assert status == 200 and old["model_path"] == "/models/Kimi-K2.5-INT4" and old["is_generation"] is True
+    assert {"tokenizer_path", "preferred_sampling_params", "weight_version"} <= set(old)
+    status, new, _ = request_json(spec_server.port, "GET", "/model_info")
+    assert status == 200 and new["served_model_name"] == "/models/Kimi-K2.5-INT4" and new["architectures"]
+    status, models, _ = request_json(spec_server.port, "GET", "/v1/models")
+    assert models["data"][0]["id"] == "/models/Kimi-K2.5-INT4"
+
+
+def test_generate_non_streaming_meta_info(spec_server):
+    status, out, _ = request_json(spec_server.port, "POST", "/generate", gen_body(40))
+    assert status == 200
+    meta = out["meta_info"]
+    assert meta["completion_tokens"] == 40 and len(out["output_ids"]) == 40
+    assert meta["finish_reason"] == {"type": "length", "length": 40}
+    assert meta["prompt_tokens"] > 60 and meta["e2e_latency"] > 0
+    assert 1 <= meta["spec_verify_ct"] < 40
+    assert meta["spec_accept_length"] == pytest.approx(40 / meta["spec_verify_ct"])
+    assert len(out["text"].split()) == 40
+
+
+def test_generate_streaming_sse_one_chunk_per_verify_step(spec_server):
+    res = stream(spec_server.port, "/generate", gen_body(64, True))
+    assert res.status == 200 and res.done
+    assert all(line.startswith(b"data: ") or line == b"\n" for line in res.raw_lines)
+    assert res.raw_lines[-2:] == [b"\n", b"data: [DONE]\n"], "events end with a blank line; the last is [DONE]"
+    counts = [c["meta_info"]["completion_tokens"] for c in res.chunks]
+    assert counts == sorted(counts) and counts[-1] == 64
+    steps = [b - a for a, b in zip(counts, counts[1:])]
+    assert max(steps) > 1 and all(1 <= s <= 3 for s in steps), "a verify step carries 1..steps+1 tokens"
+    texts = [c["text"] for c in res.chunks]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:])), "text is cumulative"
+    final = res.final["meta_info"]
+    assert final["finish_reason"]["type"] == "length" and final["spec_verify_ct"] == len(res.chunks) - 1
+    assert res.chunks[0]["meta_info"]["finish_reason"] is None
+
+
+def test_generate_without_ignore_eos_may_stop_early(spec_server):
+    status, out, _ = request_json(spec_server.port, "POST", "/generate",
+                                  {"text": PROMPT, "sampling_params": {"max_new_tokens": 64}})
+    meta = out["meta_info"]
+    assert 32 <= meta["completion_tokens"] <= 64
+    if meta["completion_tokens"] < 64:
+        assert meta["finish_reason"]["type"] == "stop"
+
+
+def test_openai_completions_and_chat(spec_server):
+    body = {"model": "x", "prompt": PROMPT, "max_tokens": 24, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    res = stream(spec_server.port, "/v1/completions", body)
+    assert res.done and res.chunks[-1]["choices"] == []
+    usage = res.chunks[-1]["usage"]
+    assert usage["completion_tokens"] == 24 and usage["total_tokens"] == usage["prompt_tokens"] + 24
+    assert res.chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert all(c["object"] == "text_completion" for c in res.chunks)
+    text = "".join(c["choices"][0]["text"] for c in res.chunks[:-1])
+    assert len(text.split()) == 24
+    no_usage = stream(spec_server.port, "/v1/completions", {**body, "stream_options": None})
+    assert all(c["choices"] for c in no_usage.chunks)
+    chat = {"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    res = stream(spec_server.port, "/v1/chat/completions", chat)
+    assert res.done and res.chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert res.chunks[-1]["usage"]["completion_tokens"] == 16
+    assert all(c["object"] == "chat.completion.chunk" for c in res.chunks)
+    status, out, _ = request_json(spec_server.port, "POST", "/v1/chat/completions", {**chat, "stream": False})
+    assert status == 200 and out["choices"][0]["message"]["role"] == "assistant"
+    assert out["usage"]["completion_tokens"] == 16 and out["object"] == "chat.completion"
+
+
+def test_flush_cache_refuses_while_running_and_resets_accept_length(spec_server):
+    request_json(spec_server.port, "POST", "/generate", gen_body(32))
+    _, info, _ = request_json(spec_server.port, "GET", "/server_info")
+    assert info["internal_states"][0]["avg_spec_accept_length"] > 1.0
+    started = threading.Event()
+    result: dict = {}
+
+    def long_request() -> None:
+        started.set()
+        result["res"] = stream(spec_server.port, "/generate", gen_body(2000, True))
+    t = threading.Thread(target=long_request)
+    t.start()
+    started.wait()
+    from tests.sim.conftest import wait_for
+    wait_for(lambda: request_json(spec_server.port, "GET", "/server_info")[1]["internal_states"][0]["load"] > 0,
+             20, "the long request to run")
+    status, text, _ = request_json(spec_server.port, "POST", "/flush_cache")
+    assert status == 400 and "Cache flushed." in text
+    t.join(timeout=120)
+    assert result["res"].done
+    status, text, _ = request_json(spec_server.port, "GET", "/flush_cache")
+    assert status == 200 and text.startswith("Cache flushed.")
+    _, info, _ = request_json(spec_server.port, "GET", "/server_info")
+    assert info["internal_states"][0]["avg_spec_accept_length"] == 0.0
+    assert "Cache flushed successfully!" in spec_server.log_text()
+
+
+def test_metrics_with_enable_metrics(spec_server):
+    request_json(spec_server.port, "POST", "/generate", gen_body(64))
+    status, text, headers = request_json(spec_server.port, "GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name = line.split("{")[0]
+            values[name] = float(line.rsplit(" ", 1)[1])
+            assert 'model_name="/models/Kimi-K2.5-INT4"' in line and 'tp_rank="0"' in line
+    for name in ("sglang:gen_throughput", "sglang:spec_accept_length", "sglang:generation_tokens_total",
+                 "sglang:spec_verify_calls_total", "sglang:num_running_reqs"):
+        assert name in values, name
+    assert values["sglang:generation_tokens_total"] >= 64 and values["sglang:spec_verify_calls_total"] > 0
+    assert values["sglang:spec_accept_length"] > 1.0 and values["sglang:gen_throughput"] > 0
+
+
+def test_baseline_server_has_no_spec_fields_and_no_metrics(launch):
+    srv = launch(["--decode-log-interval", "8"], env=TUNED, scale=20, tp=1)
+    status, out, _ = request_json(srv.port, "POST", "/generate", gen_body(16))
+    assert status == 200 and "spec_verify_ct" not in out["meta_info"]
+    _, info, _ = request_json(srv.port, "GET", "/server_info")
+    assert info["speculative_algorithm"] is None and info["max_running_requests"] is None
+    assert "avg_spec_accept_length" not in info["internal_states"][0]
+    assert request_json(srv.port, "GET", "/metrics")[0] == 404
+    assert request_json(srv.port, "GET", "/health")[0] == 200
+    batch = request_json(srv.port, "POST", "/generate",
+                         {"text": ["a b c", "d e"], "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}})
+    assert [o["meta_info"]["completion_tokens"] for o in batch[1]] == [5, 5]
