@@ -1,0 +1,492 @@
+"""Report: `report.md` and a self-contained `report.html` (plots embedded) for one experiment.
+
+`python driver.py report <experiment-dir-or-id>` loads the experiment from its results store, runs
+the statistics, the spec model and the doctor, writes both files into the experiment directory
+(plots also as PNG files under `report/`) and prints the summary. The driver calls
+`write_report(exp_dir)` at the end of an experiment.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from specab import doctor, specmodel, stats
+from specab.analysis import Experiment, load_store
+
+# ------------------------------------------------------------------------------ document model
+# A report is a list of blocks rendered twice (Markdown and HTML) from the same data.
+
+
+@dataclass
+class Heading:
+    text: str
+    level: int = 2
+
+
+@dataclass
+class Para:
+    text: str
+
+
+@dataclass
+class Bullets:
+    items: list[str]
+
+
+@dataclass
+class Table:
+    header: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class Pre:
+    text: str
+
+
+@dataclass
+class Image:
+    name: str          # file name under report/
+    title: str
+    png: bytes
+
+
+@dataclass
+class Report:
+    title: str
+    blocks: list[Any] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)
+    data: dict = field(default_factory=dict)
+
+    def add(self, *blocks: Any) -> None:
+        self.blocks.extend(blocks)
+
+
+def _md_cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(rep: Report, image_dir: str = "report") -> str:
+    out = [f"# {rep.title}", ""]
+    for b in rep.blocks:
+        if isinstance(b, Heading):
+            out += [f"{'#' * b.level} {b.text}", ""]
+        elif isinstance(b, Para):
+            out += [b.text, ""]
+        elif isinstance(b, Bullets):
+            out += [f"- {i}" for i in b.items] + [""]
+        elif isinstance(b, Table):
+            out.append("| " + " | ".join(_md_cell(h) for h in b.header) + " |")
+            out.append("|" + "---|" * len(b.header))
+            out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in b.rows]
+            out.append("")
+        elif isinstance(b, Pre):
+            out += ["```", b.text, "```", ""]
+        elif isinstance(b, Image):
+            out += [f"![{b.title}]({image_dir}/{b.name})", ""]
+    return "\n".join(out)
+
+
+_CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;
+padding:0 1em;color:#1b1f23;line-height:1.45}table{border-collapse:collapse;margin:.5em 0 1.2em}
+td,th{border:1px solid #d0d7de;padding:.3em .6em;text-align:left;font-size:.92em}th{background:#f6f8fa}
+pre{background:#f6f8fa;padding:.8em;overflow-x:auto;font-size:.85em}img{max-width:100%;border:1px solid #eee}
+h1{border-bottom:2px solid #d0d7de}.summary{background:#eef6ff;border-left:4px solid #0969da;padding:.6em 1em}"""
+
+
+def to_html(rep: Report) -> str:
+    e = html.escape
+    out = ["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
+           f"<title>{e(rep.title)}</title><style>{_CSS}</style></head><body>", f"<h1>{e(rep.title)}</h1>"]
+    if rep.summary:
+        out.append("<div class=\"summary\"><ul>" + "".join(f"<li>{e(s)}</li>" for s in rep.summary) + "</ul></div>")
+    for b in rep.blocks:
+        if isinstance(b, Heading):
+            out.append(f"<h{b.level}>{e(b.text)}</h{b.level}>")
+        elif isinstance(b, Para):
+            out.append(f"<p>{e(b.text)}</p>")
+        elif isinstance(b, Bullets):
+            out.append("<ul>" + "".join(f"<li>{e(i)}</li>" for i in b.items) + "</ul>")
+        elif isinstance(b, Table):
+            out.append("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in b.header) + "</tr></thead><tbody>"
+                       + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in b.rows)
+                       + "</tbody></table>")
+        elif isinstance(b, Pre):
+            out.append(f"<pre>{e(b.text)}</pre>")
+        elif isinstance(b, Image):
+            data = base64.b64encode(b.png).decode("ascii")
+            out.append(f"<figure><img alt=\"{e(b.title)}\" title=\"{e(b.title)}\" "
+                       f"src=\"data:image/png;base64,{data}\"><figcaption>{e(b.title)}</figcaption></figure>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ plots
+
+def _fig_png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_tok_s(exp: Experiment, st: stats.ExperimentStats) -> bytes:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for i, a in enumerate(exp.arms):
+        s = st.arms[a.name]
+        vals = [r["tok_s"] for r in s.per_run if r["tok_s"]]
+        ax.scatter([i] * len(vals), vals, s=14, alpha=.6, color="#57606a", zorder=3)
+        if s.tok_s_run.ci and math.isfinite(s.tok_s_run.ci.lo):
+            m = s.tok_s_run.mean
+            ax.errorbar([i + .15], [m], yerr=[[m - s.tok_s_run.ci.lo], [s.tok_s_run.ci.hi - m]], fmt="o",
+                        color="#0969da", capsize=5, zorder=4, label="mean, 95% CI" if i == 0 else None)
+    ax.set_xticks(range(len(exp.arms)), [a.name for a in exp.arms], rotation=20, ha="right")
+    ax.set_ylabel("output tok/s per run (median of requests)")
+    ax.set_title("tok/s per arm: runs and 95% CI over runs")
+    ax.grid(axis="y", alpha=.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    return _fig_png(fig)
+
+
+def _model_for(exp: Experiment, st: stats.ExperimentStats, baseline: str,
+               target_tok_s: float | None = None) -> specmodel.ModelResult | None:
+    base = st.arms[baseline].tok_s_run.median
+    arms = []
+    for a in exp.spec_arms:
+        s = st.arms[a.name]
+        if exp.baseline_of(a.name) == baseline and a.steps and s.tok_s_run.median and s.accept_len.mean:
+            arms.append(specmodel.SpecArm(a.steps, s.tok_s_run.median, s.accept_len.mean, a.name))
+    if not base or not arms:
+        return None
+    try:
+        return specmodel.build(base, arms, target_tok_s=target_tok_s,
+                               predict_steps=range(1, max(6, max(x.steps for x in arms) + 1) + 1))
+    except specmodel.SpecModelError:
+        return None
+
+
+def plot_speedup_vs_steps(exp: Experiment, st: stats.ExperimentStats, model: specmodel.ModelResult | None) -> bytes:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for a in exp.spec_arms:
+        sp = st.speedups.get(a.name)
+        if not sp or not a.steps or sp.estimate is None:
+            continue
+        lo, hi = (sp.ci.lo, sp.ci.hi) if sp.ci and math.isfinite(sp.ci.lo) else (sp.estimate, sp.estimate)
+        ax.errorbar([a.steps], [sp.estimate], yerr=[[sp.estimate - lo], [hi - sp.estimate]], fmt="o", capsize=5,
+                    color="#0969da")
+        ax.annotate(a.name, (a.steps, sp.estimate), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    if model and model.predictions:
+        ks = [p.steps for p in model.predictions]
+        ax.plot(ks, [p.speedup for p in model.predictions], "--", color="#cf222e",
+                label=f"spec model (alpha {sum(m.alpha for m in model.arms) / len(model.arms):.2f}; "
+                      f"{model.cycle_fit.source[:60]})")
+        ax.legend(fontsize=8)
+    ax.axhline(1.0, color="#57606a", lw=1)
+    ax.set_xlabel("speculative_num_steps")
+    ax.set_ylabel("speedup vs baseline (paired)")
+    ax.set_title("speedup vs steps, measured (95% CI) and predicted")
+    ax.grid(alpha=.3)
+    return _fig_png(fig)
+
+
+def plot_tau(exp: Experiment, st: stats.ExperimentStats, model: specmodel.ModelResult | None) -> bytes:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    arms = model.arms if model else []
+    for i, m in enumerate(arms):
+        s = st.arms[m.name]
+        ci = s.accept_len.ci
+        ax.bar([i], [m.accept_len], color="#2da44e" if m.margin > 0 else "#cf222e", alpha=.7,
+               label="accept length tau (requests)" if i == 0 else None)
+        if ci and math.isfinite(ci.lo):
+            ax.errorbar([i], [m.accept_len], yerr=[[m.accept_len - ci.lo], [ci.hi - m.accept_len]], color="k",
+                        capsize=4)
+        ax.plot([i - .4, i + .4], [m.tau_star] * 2, color="#0969da", lw=3, label="break-even tau*" if i == 0 else None)
+    ax.set_xticks(range(len(arms)), [m.name for m in arms], rotation=20, ha="right")
+    ax.set_ylabel("tokens per cycle")
+    ax.set_title("accept length against break-even (green: wins, red: loses)")
+    ax.grid(axis="y", alpha=.3)
+    if arms:
+        ax.legend(fontsize=8)
+    return _fig_png(fig)
+
+
+def plot_baseline_over_time(exp: Experiment, st: stats.ExperimentStats) -> bytes:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    t0 = min((r.midpoint for r in exp.runs if r.midpoint is not None), default=0.0)
+    for a in exp.arms:
+        pts = sorted(((r.midpoint - t0) / 60, r.tok_s) for r in exp.runs_of(a.name) if r.midpoint and r.tok_s)
+        if pts:
+            style = dict(marker="o", lw=2) if a.name == exp.baseline else dict(marker=".", lw=.8, alpha=.6)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=a.name, **style)
+    d = st.drift
+    if d.slope_per_hour is not None and d.points:
+        base_t0 = min(r.midpoint for r in exp.runs_of(exp.baseline) if r.midpoint)
+        xs = [p[0] for p in d.points]
+        ys = [p[1] for p in d.points]
+        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+        line = [(mean_y + d.slope_per_hour * (x - mean_x) / 3600) for x in xs]
+        ax.plot([(x + base_t0 - t0) / 60 for x in xs], line, "--", color="#cf222e",
+                label=f"baseline trend {d.slope_per_hour:+.2f} tok/s/h" + (" (beyond noise)" if d.beyond_noise else ""))
+    ax.set_xlabel("minutes since the first run")
+    ax.set_ylabel("tok/s")
+    ax.set_title("runs over time (baseline drift)")
+    ax.grid(alpha=.3)
+    ax.legend(fontsize=8)
+    return _fig_png(fig)
+
+
+def plot_gpu_clocks(exp: Experiment) -> bytes:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    samples = [(s, r) for r in exp.runs for s in r.gpu_samples if s.sm_mhz is not None]
+    if samples:
+        t0 = min(s.ts for s, _ in samples)
+        for g in sorted({s.index for s, _ in samples}):
+            pts = sorted(((s.ts - t0) / 60, s.sm_mhz) for s, _ in samples if s.index == g)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], ".", ms=3, label=f"GPU {g}")
+        for r in exp.runs:
+            w = r.window
+            if w:
+                ax.axvspan((w[0] - t0) / 60, (w[1] - t0) / 60, color="#0969da" if r.arm == exp.baseline else "#bf8700",
+                           alpha=.08)
+        mx = max((s.max_sm_mhz or 0) for s, _ in samples)
+        if mx:
+            ax.axhline(mx, color="#57606a", lw=1, ls="--", label="max SM clock")
+        if len({s.index for s, _ in samples}) <= 8:
+            ax.legend(fontsize=7, ncol=3)
+    else:
+        ax.text(.5, .5, "no GPU samples recorded", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("minutes since the first sample (shaded: measured windows)")
+    ax.set_ylabel("SM clock (MHz)")
+    ax.set_title("GPU clocks during runs")
+    ax.grid(alpha=.3)
+    return _fig_png(fig)
+
+
+# ------------------------------------------------------------------------------ building the report
+
+def _f(v: float | None, fmt: str = ".1f") -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
+
+
+def _ci(d: stats.Dist, fmt: str = ".1f") -> str:
+    if not d.ci or not math.isfinite(d.ci.lo):
+        return "-"
+    return f"{format(d.ci.lo, fmt)}-{format(d.ci.hi, fmt)}"
+
+
+def stopping_statement(exp: Experiment) -> str | None:
+    if exp.target_ci is None:
+        return None
+    limit = exp.max_repeats or stats.complete_blocks(exp)
+    more, why = stats.decide_more_blocks(exp, exp.target_ci, limit)
+    if more:
+        return f"--target-ci {exp.target_ci:.1%}: the experiment ended before the target was met ({why})."
+    return f"--target-ci {exp.target_ci:.1%}: {why}."
+
+
+def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
+                 target_tok_s: float | None = None, plots: bool = True) -> Report:
+    st = stats.analyse(exp)
+    findings = doctor.diagnose(exp, st, config)
+    rep = Report(title=f"specab report: {exp.id}")
+    model = _model_for(exp, st, exp.baseline, target_tok_s)
+
+    # summary
+    for a in exp.spec_arms:
+        sp = st.speedups[a.name]
+        rep.summary.append(f"{a.name} vs {sp.baseline}: {sp.verdict} over {len(sp.ratios)} paired block(s).")
+    rep.summary.append(st.drift.message)
+    stop = stopping_statement(exp)
+    if stop:
+        rep.summary.append(stop)
+    failed = [r for r in exp.runs if not r.ok]
+    if failed:
+        rep.summary.append(f"{len(failed)} run(s) failed or measured nothing: {', '.join(r.run_id for r in failed)}.")
+    sev = {s: sum(1 for f in findings if f.severity == s) for s in doctor.SEVERITIES}
+    rep.summary.append("doctor: " + (", ".join(f"{n} {s}" for s, n in sev.items() if n) or "no findings") + ".")
+
+    rep.add(Heading("Summary"), Bullets(list(rep.summary)))
+    rep.add(Para(f"Order: {exp.order}; {st.blocks} complete block(s); {len(exp.runs)} run(s); hosts: "
+                 f"{', '.join(st.hosts)}. Intervals are 95% over runs (requests are not pooled as if independent); "
+                 f"speedups are paired within blocks (see docs/statistics.md)."))
+
+    # per-arm table
+    rows = []
+    for a in exp.arms:
+        s = st.arms[a.name]
+        acc = _f(s.accept_len.mean, ".2f") if s.accept_len.mean else "-"
+        if s.log_accept_len is not None:
+            acc += f" (log {s.log_accept_len:.2f}{', DISAGREES' if s.accept_len_disagrees else ''})"
+        rows.append([a.name, str(s.runs) + (f" (+{s.runs_failed} failed)" if s.runs_failed else ""), str(s.requests),
+                     _f(s.tok_s_run.median), _f(s.tok_s_run.mean), _ci(s.tok_s_run),
+                     _f(s.tok_s_request_median), _f(s.ttft_s.median and s.ttft_s.median * 1000),
+                     _f(s.tpot_s.median and s.tpot_s.median * 1000, ".2f"), _f(s.e2e_s.median, ".2f"), acc,
+                     "-" if s.cuda_graph_share is None else f"{s.cuda_graph_share:.0%}"])
+    rep.add(Heading("Arms"), Table(["arm", "runs", "requests", "tok/s median (runs)", "tok/s mean", "95% CI",
+                                    "tok/s median (requests)", "TTFT ms", "TPOT ms", "e2e s", "accept length",
+                                    "cuda graph share"], rows))
+
+    # speedups
+    rows = []
+    for a in exp.spec_arms:
+        sp = st.speedups[a.name]
+        ci = f"{sp.ci.lo:.3f}-{sp.ci.hi:.3f}" if sp.ci and math.isfinite(sp.ci.lo) else "-"
+        rows.append([a.name, sp.baseline, str(len(sp.ratios)), _f(sp.estimate, ".3f"), ci,
+                     "-" if not sp.ci or not math.isfinite(sp.ci.lo) else f"+-{sp.ci.half_width_rel * 100:.1f}%",
+                     sp.verdict])
+    rep.add(Heading("Speedup (paired within blocks)"),
+            Table(["arm", "baseline", "blocks", "speedup", "95% CI", "half-width", "verdict"], rows))
+    if st.host_speedups:
+        rows = [[h, a, _f(s.estimate, ".3f"), s.verdict] for h, d in st.host_speedups.items() for a, s in d.items()]
+        rep.add(Heading("Speedup per host", 3), Table(["host", "arm", "speedup", "verdict"], rows))
+
+    # spec model
+    rep.add(Heading("Speculative-decoding model"))
+    if model:
+        rows = [[m.name, str(m.steps), _f(m.tok_s), _f(m.accept_len, ".2f"), _f(m.cycle_ms, ".2f"),
+                 _f(m.tau_star, ".2f"), f"{m.margin:+.2f}", _f(m.alpha, ".3f")] for m in model.arms]
+        rep.add(Para(f"Baseline step {model.step_ms:.2f} ms ({model.baseline_tok_s:.1f} tok/s). Cycle = tau / tok/s; "
+                     f"break-even tau* = cycle / step; alpha from the chain model tau = (1 - alpha^(k+1)) / (1 - alpha)."),
+                Table(["arm", "steps", "tok/s", "tau", "cycle ms", "tau*", "margin", "alpha"], rows))
+        rows = [[str(p.steps), _f(p.cycle_ms, ".2f"), _f(p.tau, ".2f"), _f(p.tok_s), _f(p.speedup, ".3f"),
+                 _f(p.tau_star, ".2f")] for p in model.predictions]
+        fit = model.cycle_fit
+        rep.add(Para(f"Predicted for other steps: cycle(steps) = {fit.intercept_ms:.2f} + {fit.slope_ms:.2f} x steps ms "
+                     f"({fit.source}); " + "; ".join(a for a in model.assumptions if a != fit.source)),
+                Table(["steps", "cycle ms", "tau", "tok/s", "speedup", "tau*"], rows))
+        for t in model.targets:
+            rep.add(Para(f"Target {t.target_tok_s:g} tok/s at a {t.cycle_ms:.1f} ms cycle needs tau {t.tau_needed:.2f}: "
+                         + (f"alpha {t.alpha_needed:.3f} at steps={t.steps}" if t.alpha_needed is not None else t.note)
+                         + f"; with unbounded steps alpha >= {t.alpha_limit:.3f} (1/(1-alpha) limit)."))
+    else:
+        rep.add(Para("No speculative arm with measured tok/s, accept length and steps: nothing to model."))
+
+    # drift
+    rep.add(Heading("Drift"), Para(st.drift.message))
+
+    # doctor
+    rep.add(Heading("Doctor"))
+    if findings:
+        for f in findings:
+            rep.add(Para(f"[{f.severity}] {f.rule}: {f.message}"), Bullets(f.evidence))
+    else:
+        rep.add(Para("No rule fired: CUDA graph, env propagation, like-for-like args, break-even, clocks, drift, "
+                     "client and outliers all look clean."))
+
+    if failed:
+        rep.add(Heading("Failed runs"),
+                Table(["run", "status", "reason"], [[r.run_id, r.status, (r.error or "no measured requests")[:200]]
+                                                    for r in failed]))
+
+    if plots:
+        rep.add(Heading("Plots"),
+                Image("tok_s_per_arm.png", "tok/s per arm with 95% intervals", plot_tok_s(exp, st)),
+                Image("speedup_vs_steps.png", "speedup vs steps with the model's prediction",
+                      plot_speedup_vs_steps(exp, st, model)),
+                Image("tau_vs_break_even.png", "accept length vs break-even", plot_tau(exp, st, model)),
+                Image("baseline_over_time.png", "baseline over time", plot_baseline_over_time(exp, st)),
+                Image("gpu_clocks.png", "GPU clocks during runs", plot_gpu_clocks(exp)))
+    rep.data = {"stats": st.to_dict(), "model": model.to_dict() if model else None,
+                "findings": [f.to_dict() for f in findings], "summary": rep.summary}
+    return rep
+
+
+def write_report(exp_dir: str | Path, *, config: doctor.DoctorConfig | None = None,
+                 target_tok_s: float | None = None) -> dict[str, str]:
+    """Write report.md, report.html, report.json and report/*.png into the experiment directory."""
+    exp_dir = Path(exp_dir)
+    exp = load_store(exp_dir)
+    rep = build_report(exp, config=config, target_tok_s=target_tok_s)
+    img_dir = exp_dir / "report"
+    img_dir.mkdir(exist_ok=True)
+    for b in rep.blocks:
+        if isinstance(b, Image):
+            (img_dir / b.name).write_bytes(b.png)
+    md, page, js = exp_dir / "report.md", exp_dir / "report.html", exp_dir / "report.json"
+    md.write_text(to_markdown(rep), encoding="utf-8")
+    page.write_text(to_html(rep), encoding="utf-8")
+    js.write_text(json.dumps(rep.data, indent=2, default=str), encoding="utf-8")
+    return {"markdown": str(md), "html": str(page), "json": str(js), "summary": "\n".join(rep.summary)}
+
+
+# ------------------------------------------------------------------------------ CLI
+
+def _locate(ref: str, runs_dir: str | None) -> Path:
+    from specab.store import FILENAME
+    try:
+        from specab.experiment import locate   # the driver's own resolution (same default runs dir)
+        return locate(ref, runs_dir)
+    except ImportError:
+        pass
+    except Exception as e:                    # ExperimentError: keep its actionable message
+        raise FileNotFoundError(str(e)) from e
+    p = Path(ref)
+    if p.is_file() and p.name == FILENAME:
+        return p.parent
+    if (p / FILENAME).exists():
+        return p
+    base = Path(runs_dir) if runs_dir else Path("runs")
+    if (base / ref / FILENAME).exists():
+        return base / ref
+    raise FileNotFoundError(f"experiment {ref!r} not found: no {FILENAME} in {p} or {base / ref}; give the "
+                            f"experiment id (a directory under {base}) or its path")
+
+
+def cmd_report(ns: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        exp_dir = _locate(ns.experiment, ns.runs_dir)
+    except FileNotFoundError as e:
+        print(f"specab report: {e}", file=out)
+        return 2
+    cfg = doctor.DoctorConfig(usual_baseline_tok_s=ns.usual_baseline_tok_s)
+    paths = write_report(exp_dir, config=cfg, target_tok_s=ns.target_tok_s)
+    print(paths.pop("summary"), file=out)
+    for k, v in paths.items():
+        print(f"{k}: {v}", file=out)
+    return 0
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("report", help="write report.md + report.html for an experiment and print the summary",
+                              description="Statistics, spec model, doctor and plots for one experiment.")
+    p.add_argument("experiment", help="experiment id (under --runs-dir) or its directory")
+    p.add_argument("--runs-dir", help="where experiments live (default: runs)")
+    p.add_argument("--usual-baseline-tok-s", type=float, help="what this node's baseline normally reaches")
+    p.add_argument("--target-tok-s", type=float, help="show the acceptance a target tok/s needs")
+    p.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="specab")
+    sub = ap.add_subparsers(dest="command", required=True)
+    register(sub)
+    ns = ap.parse_args(argv)
+    return ns.func(ns)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

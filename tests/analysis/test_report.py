@@ -1,0 +1,96 @@
+"""`report` writes report.md and a self-contained report.html whose plots render in headless Chromium."""
+import base64
+import io
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from specab import report
+from tests.analysis import factory as F
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+PLOTS = {"tok/s per arm with 95% intervals", "speedup vs steps with the model's prediction",
+         "accept length vs break-even", "baseline over time", "GPU clocks during runs"}
+
+
+class Imgs(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.imgs, self.external = [], []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "img":
+            self.imgs.append(a)
+        for k in ("src", "href"):
+            if a.get(k) and not a[k].startswith("data:"):
+                self.external.append(a[k])
+
+
+@pytest.fixture(scope="module")
+def exp_dir(tmp_path_factory):
+    def hot(run, arm):      # one throttled baseline run, so the doctor has something to say
+        if run.block == 1 and not arm.is_spec:
+            w = run.window
+            run.gpu_samples = F.gpu_samples(w[0], w[1], sm=1600, reasons=0x20)
+    exp = F.experiment({"baseline": 82.2, "eagle3-s2": 60.5, "eagle3-s3": 60.0}, blocks=4,
+                       accept={"eagle3-s2": 2.1, "eagle3-s3": 2.3}, tweak=hot)
+    return F.write_store(exp, tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="module")
+def written(exp_dir):
+    r = subprocess.run([sys.executable, "driver.py", "report", str(exp_dir), "--target-tok-s", "150"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_report_command_prints_the_summary_and_writes_both_files(exp_dir, written):
+    assert "eagle3-s2 vs baseline: slower" in written
+    assert "gpu-throttled" not in written and "doctor:" in written
+    md = (exp_dir / "report.md").read_text()
+    assert "## Speedup (paired within blocks)" in md and "tau*" in md
+    assert "gpu-throttled" in md and "SwThermalSlowdown" in md
+    assert "Target 150 tok/s" in md
+    for m in re.findall(r"!\[[^\]]*\]\((report/[^)]+)\)", md):
+        assert (exp_dir / m).is_file()
+
+
+def test_report_html_is_self_contained_with_every_plot(exp_dir, written):
+    from PIL import Image
+    page = (exp_dir / "report.html").read_text()
+    p = Imgs()
+    p.feed(page)
+    assert p.external == []                                 # nothing fetched from anywhere
+    assert {i["alt"] for i in p.imgs} == PLOTS
+    for i in p.imgs:
+        assert i["src"].startswith("data:image/png;base64,")
+        img = Image.open(io.BytesIO(base64.b64decode(i["src"].split(",", 1)[1])))
+        assert img.size[0] > 300 and img.size[1] > 200
+        assert len(set(img.convert("L").tobytes())) > 10    # a real plot, not an empty canvas
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium)")
+def test_report_html_renders_in_headless_chromium(exp_dir, written, tmp_path):
+    from PIL import Image
+    shot = tmp_path / "report.png"
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+           "--window-size=1200,3000", "--hide-scrollbars", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--no-first-run",
+           f"--user-data-dir={tmp_path / 'profile'}", (exp_dir / "report.html").as_uri()]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and shot.is_file(), r.stderr[-2000:]
+    img = Image.open(shot).convert("RGB")
+    assert img.size == (1200, 3000)
+    # non-blank: many colours, and the plots' blue/red lines are present somewhere on the page
+    colours = img.getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 200
+    px = img.resize((300, 750)).tobytes()
+    assert any(px[i + 2] > 150 and px[i] < 100 for i in range(0, len(px), 3))    # plot blue (#0969da)
