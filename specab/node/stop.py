@@ -4,8 +4,8 @@
     stop.py --node-dir D --smi '["nvidia-smi"]' --grace S [--force-foreign] [--out F]
 
 "Ours" is only what server.json recorded at start (pid, process group, session): nothing is
-ever killed by name. Steps: SIGTERM to the recorded process group; poll until the group and the
-session are gone (no fixed sleep); after the grace period SIGKILL the group and every process
+ever killed by name. Steps: SIGTERM to the recorded process group (and to processes of our session
+outside it); poll until the group and the session are gone (no fixed sleep); after the grace period SIGKILL the group and every process
 left in our session; then sweep: GPU compute processes whose session id is ours (workers that
 left the group, renamed via prctl, or orphaned) and any process still in our session/group are
 SIGKILLed. GPU compute processes that are not ours are reported and left alone unless
@@ -154,6 +154,9 @@ def stop(a: argparse.Namespace) -> Dict[str, Any]:
     if initially:
         out["was_running"] = True
         st.send(signal.SIGTERM, "pgid", st.pgid, "stop: terminate the server's process group")
+        for p in initially:
+            if p.pgrp != st.pgid:  # ours (same session) but outside the group: the group signal misses it
+                st.send(signal.SIGTERM, "pid", p.pid, "in our session %d but in group %d" % (st.sid, p.pgrp))
         if st.wait_gone(a.grace):
             out["term_to_gone_s"] = st.rel()
         else:

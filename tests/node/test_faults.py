@@ -79,19 +79,20 @@ def test_stop_escalates_to_sigkill_after_grace(server, sim):
 # ------------------------------------------------------------------ 4. orphaned workers keep GPU memory
 
 def test_stop_sweeps_orphaned_workers_outside_the_group(server, sim):
-    """Workers in their own process group (renamed, so `pkill -f` would miss them) survive the
-    SIGTERM to the server's group and keep their GPU memory: stop finds them through our session
-    and the GPU compute processes, kills them, and the GPUs become free."""
+    """Workers in their own process group (renamed, so `pkill -f` would miss them) would miss the
+    SIGTERM to the server's group and keep their GPU memory: stop finds them through our session,
+    signals them too, and the GPUs become free."""
     server.config["fault"] = "orphan_workers"
     assert server.start().rc == 0
     assert server.ready().rc == 0
     rec = json.loads((server.node_dir / "server.json").read_text())
     apps = [int(l.split(",")[0]) for l in sim.query("apps").splitlines()]
     assert len(apps) == 2 and all(os.getpgid(p) != rec["pgid"] and os.getsid(p) == rec["sid"] for p in apps)
-    r = server.stop(3.0)
+    r = server.stop(30.0)
     assert r.rc == 0, r.error
-    killed = {s["id"] for s in r.data["signals"] if s["signal"] == "SIGKILL"}
-    assert set(apps) <= killed, "both orphaned workers were SIGKILLed"
+    termed = {s["id"] for s in r.data["signals"] if s["signal"] == "SIGTERM" and s["target"] == "pid"}
+    assert set(apps) == termed, "the workers outside the group got their own SIGTERM"
+    assert not r.data["escalated"] and r.data["term_to_gone_s"] < 25, "no wait for the grace period"
     assert not session_pids(rec["sid"])
     r = server.gpufree(20)
     assert r.rc == 0, r.error
@@ -268,3 +269,25 @@ def test_envcheck_never_prints_secret_values(server):
         assert secret not in text
     assert r.data["variables"]["HF_TOKEN"]["expected"] == "<redacted>"
     assert "server arg api_key: expected <redacted>, but the server runs with <redacted>" in r.error
+
+
+def test_gpu_sweep_kills_compute_processes_of_our_session_only(sim, monkeypatch):
+    """The orphan rule itself: a GPU compute process whose session id is our recorded session is
+    killed by the sweep; one in another session is only reported."""
+    import sys
+    sys.path.insert(0, str(HERE.parents[1] / "specab" / "node"))
+    import stop as stop_tool
+
+    ours = sim.hold(0, 500, title="renamed-by-prctl")      # its own session: sid == its pid
+    other = sim.hold(1, 700, title="someone-else")
+    st = open("/proc/%d/stat" % ours.pid).read()
+    rec = {"pid": ours.pid, "pgid": ours.pid, "sid": ours.pid, "starttime": int(st[st.rfind(")") + 2:].split()[19])}
+    monkeypatch.setenv("SPECAB_SIM_STATE", sim.env["SPECAB_SIM_STATE"])
+    monkeypatch.setenv("PYTHONPATH", sim.env["PYTHONPATH"])
+    stopper = stop_tool.Stopper(rec)
+    res = stop_tool.sweep_gpu(stopper, sim.smi, 10, force_foreign=False)
+    assert [o["pid"] for o in res["gpu_orphans"]] == [ours.pid]
+    assert [(f["pid"], f["command"]) for f in res["gpu_foreign"]] == [(other.pid, "someone-else")]
+    assert ours.wait(10) == -signal.SIGKILL
+    assert other.poll() is None
+    assert [(s["signal"], s["id"]) for s in stopper.signals] == [("SIGKILL", ours.pid)]
