@@ -642,30 +642,33 @@ def port_bindable(host: str, port: int) -> Optional[str]:
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def parse_env_text(text: str, where: str = "env file") -> Dict[str, str]:
-    """``KEY=VALUE`` lines (optionally ``export KEY=VALUE``), values shell-quoted; ``#`` comments.
+_ENV_FILE_WORDS = {"export", "set", "-a", "+a"}
 
-    Lines that are shell statements without an assignment (``set -a``) are ignored.
+
+def parse_env_text(text: str, where: str = "env file") -> Dict[str, str]:
+    """``KEY=VALUE`` assignments (optionally ``export KEY=VALUE``), values shell-quoted, ``#`` comments.
+
+    The whole text is tokenised as the shell would (a quoted value may span lines: a newline in a
+    value is kept literally); ``set -a`` / ``set +a`` are allowed; any other word is refused.
     """
+    lexer = shlex.shlex(text, posix=True)
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
     env: Dict[str, str] = {}
-    for n, line in enumerate(text.splitlines(), 1):
-        s = line.strip()
-        if not s or s.startswith("#"):
-            continue
-        try:
-            tokens = shlex.split(s, comments=True)
-        except ValueError as exc:
-            raise ToolError("%s line %d is not valid shell (%s): %r" % (where, n, exc, redact_text(s)))
-        if tokens and tokens[0] == "export":
-            tokens = tokens[1:]
-        if len(tokens) == 1 and "=" in tokens[0]:
-            k, v = tokens[0].split("=", 1)
-            if not _NAME_RE.match(k):
-                raise ToolError("%s line %d: %r is not a variable name" % (where, n, k))
-            env[k] = v
-        elif tokens and any("=" in t for t in tokens):
-            raise ToolError("%s line %d is not a single KEY=VALUE assignment: %r"
-                            % (where, n, redact_text(s)))
+    try:
+        while True:
+            line = lexer.lineno
+            tok = lexer.get_token()
+            if tok is None or tok == lexer.eof:
+                break
+            if "=" in tok and _NAME_RE.match(tok.split("=", 1)[0]):
+                k, v = tok.split("=", 1)
+                env[k] = v
+            elif tok not in _ENV_FILE_WORDS:
+                raise ToolError("%s line %d: unexpected word %r (only KEY=VALUE assignments, export and "
+                                "set -a/+a are allowed)" % (where, line, redact_text(tok)[:80]))
+    except ValueError as exc:
+        raise ToolError("%s line %d is not valid shell (%s)" % (where, lexer.lineno, exc))
     return env
 
 

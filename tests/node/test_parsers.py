@@ -87,8 +87,20 @@ def test_env_file_parse_shell_quoting():
     env = common.parse_env_text(text)
     assert env == {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "WEIRD": "x; touch /tmp/pwned", "SPACED": "a b",
                    "EMPTY": ""}
-    with pytest.raises(common.ToolError, match="line 1"):
+    with pytest.raises(common.ToolError, match="not valid shell"):
         common.parse_env_text("A='unterminated\n")
+    with pytest.raises(common.ToolError, match="line 2: unexpected word 'touch'"):
+        common.parse_env_text("A=1\ntouch /tmp/x\n")
+
+
+def test_env_file_round_trips_what_the_template_renders():
+    """nccl.env.j2 writes ``{{ key | quote }}={{ value | quote }}`` (shlex.quote): every value,
+    newlines and metacharacters included, must come back exactly."""
+    import shlex
+    values = {"NCCL_PROTO": "LL", "A": "x; touch /tmp/pwned", "B": "two\nlines", "C": "it's $HOME `id`",
+              "D": "", "E": "a=b", "F": "#not-a-comment"}
+    text = "# header\n" + "".join("%s=%s\n" % (shlex.quote(k), shlex.quote(v)) for k, v in values.items())
+    assert common.parse_env_text(text) == values
 
 
 def test_secret_names_and_redaction():
@@ -186,3 +198,16 @@ def test_ready_traceback_names_the_exception_line(tmp_path):
         w.feed(line)
     assert w.fatal is None and w.traceback_at is not None
     assert w.best_fatal_line() == "ValueError: Unsupported architecture Foo"
+
+
+def test_env_file_parse_agrees_with_bash(tmp_path):
+    import json
+    import shlex
+    import subprocess
+    values = {"A": "x; touch %s/pwned" % tmp_path, "B": "two\nlines", "C": "it's $HOME `id`", "D": "a=b"}
+    f = tmp_path / "nccl.env"
+    f.write_text("set -a\n" + "".join("%s=%s\n" % (k, shlex.quote(v)) for k, v in values.items()) + "set +a\n")
+    out = subprocess.run(["bash", "-c", '. "$1"; python3 -c "import json,os; print(json.dumps({k: os.environ[k] '
+                          'for k in \'ABCD\'}))"', "x", str(f)], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == values == common.parse_env_file(str(f))
+    assert not (tmp_path / "pwned").exists()
