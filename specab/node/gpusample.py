@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 from common import ToolError  # noqa: E402
 
-SAMPLE_FIELDS = ("index", "clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw", "temperature.gpu",
+SAMPLE_FIELDS = ("index", "uuid", "clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw", "temperature.gpu",
                  "utilization.gpu", "clocks_event_reasons.active", "memory.used")
 
 

@@ -10,7 +10,7 @@ import time
 
 from tests.node.helpers import HERE, NODE_DIR_SRC, PY, run_tool, wait_for
 
-SAMPLE_HEADER = ["timestamp", "index", "clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw", "temperature.gpu",
+SAMPLE_HEADER = ["timestamp", "index", "uuid", "clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw", "temperature.gpu",
                  "utilization.gpu", "clocks_event_reasons.active", "memory.used"]
 
 
@@ -37,6 +37,7 @@ def test_gpusample_writes_rows_until_sigterm(tmp_path, sim):
     first = dict(zip(rows[0], rows[1]))
     assert abs(float(first["timestamp"]) - time.time()) < 120
     assert first["index"] == "0" and first["clocks_event_reasons.active"].startswith("0x")
+    assert first["uuid"].startswith("GPU-")
     assert int(first["clocks.max.sm"]) > 0 and float(first["power.draw"]) > 0
     assert {r[1] for r in rows[1:]} == {"0", "1"}
 
@@ -48,7 +49,7 @@ def test_gpusample_falls_back_to_the_old_reasons_field(tmp_path):
     assert r.rc == 0, r.error
     rows = list(csv.reader(out.open()))
     assert rows[0] == SAMPLE_HEADER and len(rows) == 3
-    assert rows[1][1:] == ["0", "375", "3201", "1980", "117.18", "37", "0", "0x0000000000000001", "0"]
+    assert rows[1][1:] == ["0", "GPU-2592755b-9f24-f5f7-a815-34d27fe0aa35", "375", "3201", "1980", "117.18", "37", "0", "0x0000000000000001", "0"]
 
 
 def test_gpusample_fails_when_no_sample_succeeds(tmp_path):
