@@ -5,8 +5,8 @@
              [--phases-out F] [--progress F] [--interval 0.2]
 
 Fails within about a second (not at the timeout) when the server process exits or a fatal line
-appears in its log (out of memory, unrecognized arguments, Address already in use, a Python
-traceback that is not followed by readiness), quoting the fatal line and the log tail. Reports the
+appears in its log (out of memory, unrecognized arguments, Address already in use, a failed child;
+a Python traceback followed by log silence), quoting the fatal line and the log tail. Reports the
 load phases parsed from SGLang's log (weights, CUDA graphs, ready line) with their timestamps.
 ``--progress F`` is rewritten with the current phase as one JSON line while waiting.
 """
