@@ -148,3 +148,41 @@ def test_log_lines_in_sglang_format(module_launch):
     recs = [r for r in map(parse_line, lines) if r]
     kinds = {r["kind"] for r in recs}
     assert {"decode", "prefill", "ready"} <= kinds
+
+
+def test_sigterm_while_loading_kills_the_tree(launch, tmp_path):
+    data = yaml.safe_load(open(load_profile("default").source).read())
+    data["load"]["weights_s"] = 30.0
+    prof = tmp_path / "slowload.yml"
+    prof.write_text(yaml.safe_dump(data))
+    srv = launch([], env={"SPECAB_SIM_PROFILE": str(prof)}, scale=1, tp=2, wait=False)
+    wait_for(lambda: srv.log_text().count("Load weight begin") == 2, 30, "both ranks loading")
+    kids = children_of(srv.proc.pid)
+    assert srv.health() == 0, "the port is closed while loading"
+    os.kill(srv.proc.pid, signal.SIGTERM)
+    assert srv.wait_exit(10) == -signal.SIGTERM
+    wait_for(lambda: not any(alive(k) for k in kids), 10, "children die with the parent")
+
+
+def test_gpu_utilization_follows_the_work(module_launch):
+    srv = module_launch([], env=TUNED, scale=2, tp=2)
+    q = ["--query-gpu=utilization.gpu,clocks_event_reasons.active", "--format=csv,noheader,nounits"]
+    t = threading.Thread(target=lambda: request_json(srv.port, "POST", "/generate", {
+        "text": "x", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}, timeout=60))
+    t.start()
+    busy = wait_for(lambda: (lambda rows: rows if rows[0] == "97, 0x0000000000000000" else None)(
+        smi(srv.state, *q).stdout.splitlines()), 20, "utilization while decoding")
+    assert busy[2] == "0, 0x0000000000000001", "GPUs the server does not use stay idle"
+    t.join()
+    wait_for(lambda: smi(srv.state, *q).stdout.splitlines()[0] == "0, 0x0000000000000001", 10, "idle again")
+
+
+def test_second_node_of_a_multi_node_launch(launch):
+    srv = launch(["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "127.0.0.1:25000"], scale=20, tp=8,
+                 wait=False)
+    wait_for(lambda: srv.health() == 200, 60, "the dummy health server of node rank 1")
+    titles = sorted(Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0")[0].decode()
+                    for k in children_of(srv.proc.pid))
+    assert titles == [f"sglang::scheduler_TP{r}" for r in range(4, 8)], "no tokenizer/detokenizer on rank >= 1"
+    assert memory_used(srv.state)[:5] == [round(0.888 * 143771)] * 4 + [0]
+    assert request_json(srv.port, "POST", "/generate", {"text": "x"})[0] == 404
