@@ -21,9 +21,21 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
 
 
+PR_SET_NAME = 15
+
+
 def set_title(title: str) -> None:
-    """Set the process title visible to ps and pgrep -f (setproctitle rewrites argv)."""
-    import setproctitle  # lazy: only processes that retitle themselves pay for it
+    """Set the process title visible to ps and pgrep -f (setproctitle rewrites argv).
+
+    Without the setproctitle package (e.g. a GPU machine's Python) only the kernel's 15-character
+    ``comm`` is set through ``prctl(PR_SET_NAME)``: ``ps -o comm`` shows it, ``pgrep -f`` does not.
+    """
+    try:
+        import setproctitle  # lazy: only processes that retitle themselves pay for it
+    except ImportError:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p(title.encode()[:15]), 0, 0, 0)
+        return
     setproctitle.setproctitle(title)
 
 
