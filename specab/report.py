@@ -321,7 +321,11 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     stop = stopping_statement(exp)
     if stop:
         rep.summary.append(stop)
-    failed = [r for r in exp.runs if not r.ok]
+    failed = [r for r in exp.runs if not r.ok and r.status != "running"]
+    running = [r for r in exp.runs if r.status == "running"]
+    if running:
+        rep.summary.append(f"{len(running)} run(s) still running or cut short without a result: "
+                           f"{', '.join(r.run_id for r in running)}.")
     if failed:
         rep.summary.append(f"{len(failed)} run(s) failed or measured nothing: {', '.join(r.run_id for r in failed)}.")
     sev = {s: sum(1 for f in findings if f.severity == s) for s in doctor.SEVERITIES}

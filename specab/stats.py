@@ -93,6 +93,14 @@ class Interval:
     method: str = "expanded percentile bootstrap"
 
     @property
+    def low(self) -> float:          # alias (the driver's progress summary reads low/high)
+        return self.lo
+
+    @property
+    def high(self) -> float:
+        return self.hi
+
+    @property
     def half_width_rel(self) -> float:
         """Half-width relative to the estimate (0.02 = +-2 %)."""
         return (self.hi - self.lo) / 2.0 / abs(self.estimate) if self.estimate else math.inf
@@ -213,7 +221,7 @@ ACCEPT_DISAGREE_REL = 0.05
 
 def arm_stats(exp: Experiment, arm: str, seed: int = DEFAULT_SEED) -> ArmStats:
     runs = exp.runs_of(arm)
-    failed = [r for r in exp.runs_of(arm, ok_only=False) if not r.ok]
+    failed = [r for r in exp.runs_of(arm, ok_only=False) if not r.ok and r.status != "running"]
     reqs = [q for r in runs for q in r.measured if q.decode_tok_s]
     tok_req = [q.decode_tok_s for q in reqs]
     acc_runs = [r.accept_len for r in runs]
