@@ -91,8 +91,10 @@ class LogWatcher(object):
         self.tail: List[str] = []
         self.lines_read = 0
         self.last_line_at = time.monotonic()
+        self.polls = 0
 
     def poll(self) -> None:
+        self.polls += 1
         try:
             with open(self.path, "rb") as fh:
                 fh.seek(self.offset)
@@ -129,7 +131,7 @@ class LogWatcher(object):
                     continue
                 self.phases[key] = {"log_time": m.group("ts") if m else None,
                                     "t": log_ts_to_epoch(m.group("ts")) if m else None,
-                                    "seen_at": round(time.time(), 3),
+                                    "seen_at": round(time.time(), 3), "live": self.polls > 1,
                                     "rank": (m.group("rank").strip() or None) if m else None}
         for prio, (kind, rx) in enumerate(FATAL_RES):
             if rx.search(line):
@@ -157,9 +159,18 @@ class LogWatcher(object):
             return "weights loaded"
         return "starting"
 
-    def durations(self) -> Dict[str, Optional[float]]:
+    def durations(self, observed: bool = False) -> Dict[str, Optional[float]]:
+        """Phase spans from the log's timestamps (whole seconds: SGLang's datefmt), or with
+        ``observed`` from when this tool read the lines (0.2 s polling; None unless both lines
+        arrived while it was watching, i.e. not in its first read of the log)."""
         def span(a: str, b: str) -> Optional[float]:
-            ta, tb = self.phases.get(a, {}).get("t"), self.phases.get(b, {}).get("t")
+            pa, pb = self.phases.get(a, {}), self.phases.get(b, {})
+            if observed:
+                if not (pa.get("live") and pb.get("live")):
+                    return None
+                ta, tb = pa.get("seen_at"), pb.get("seen_at")
+            else:
+                ta, tb = pa.get("t"), pb.get("t")
             return None if ta is None or tb is None else round(tb - ta, 3)
         return {"load_weights_s": span("load_weight_begin", "load_weight_end"),
                 "capture_cuda_graph_s": span("capture_cuda_graph_begin", "capture_cuda_graph_end"),
@@ -260,7 +271,8 @@ def wait_ready(a: argparse.Namespace) -> Dict[str, Any]:
             watcher.poll()
             elapsed = round(time.monotonic() - t0, 3)
             out.update(ready=True, endpoint=endpoint, elapsed_s=elapsed, ready_at=round(time.time(), 3),
-                       phase="ready", phases=watcher.phases, durations=watcher.durations())
+                       phase="ready", phases=watcher.phases, durations=watcher.durations(),
+                       durations_observed=watcher.durations(observed=True))
             if watcher.traceback_at is not None:
                 out["warning"] = "a Traceback appeared in the log before readiness: %r" % (
                     watcher.exception_line or "Traceback")

@@ -28,6 +28,9 @@ def test_sim_full_cycle(server, sim):
     assert r.rc == 0, r.error
     assert {"load_weight_begin", "load_weight_end", "capture_cuda_graph_begin", "capture_cuda_graph_end",
             "ready_line"} <= set(r.data["phases"])
+    # the profile loads weights for 1.2 s (+0.3 s draft-free init) at time scale 10: ~0.12 s, seen live
+    obs = r.data["durations_observed"]
+    assert obs["weights_to_ready_s"] is not None and 0 < obs["weights_to_ready_s"] < 30
     rec = json.loads((server.node_dir / "server.json").read_text())
 
     r = _envcheck(server)
