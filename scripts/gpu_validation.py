@@ -1,0 +1,938 @@
+#!/usr/bin/env python3
+"""specab GPU validation (issues 9 and 10): the roles against real nvidia-smi, real CUDA processes
+and real NCCL, with the simulated engine in GPU mode (SPECAB_SIM_GPU=cuda) on localhost.
+
+    python3 scripts/gpu_validation.py run [--tp N] [--work DIR] [--time-scale S] [--cpu-sim]
+    python3 scripts/gpu_validation.py summarize --work DIR
+    python3 scripts/gpu_validation.py sample --smi JSON --out FILE [--interval S]
+
+``run`` (normally through scripts/gpu_validation.sh, which exports the NVLink-multicast-off
+variables first) does, on one machine, in a work directory:
+
+1. preflight: versions (driver, CUDA, torch, NCCL), at least N GPUs, GPUs free (real CSV);
+2. a background sampler of the raw ``nvidia-smi`` CSV (GPU memory + compute apps, ~10 Hz);
+3. ``playbooks/ab_test.yml`` (inventory/gpu-local.yml, experiments/gpu-validation.yml, TP N);
+4. fault ``orphan_workers``: the engine's main process dies, its workers keep real GPU memory;
+   found through the real compute-apps list (session = ours), stopped, memory verified released;
+5. env verification against an arm whose engine lacks NCCL_ALGO (``env -u NCCL_ALGO``): caught;
+6. a foreign CUDA process (started here, not ours): the GPUs-free role refuses and names it, and
+   nothing kills it;
+
+then prints the summary (a)-(e) and exits 0 only when every check passed. ``--cpu-sim`` runs the
+same steps on a machine without GPUs (simulated nvidia-smi, simulated foreign process): a dry run
+of this script's logic. Only the Python standard library (plus PyYAML, which Ansible needs) is used.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import io
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+INVENTORY = REPO / "inventory" / "gpu-local.yml"
+EXPERIMENT = REPO / "experiments" / "gpu-validation.yml"
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+TUNED_VARS = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_NTHREADS")
+# NCCL reads NCCL_PROTO/NCCL_ALGO only when it tunes algorithms, i.e. with more than one rank
+TUNING_VARS = ("NCCL_PROTO", "NCCL_ALGO")
+MISSING_VAR = "NCCL_ALGO"
+THRESHOLD_MIB = 64.0
+GPU_QUERY = ("index", "uuid", "name", "memory.used", "memory.total")
+APP_QUERY = ("pid", "process_name", "used_memory", "gpu_uuid")
+NCCL_ENV_RE = re.compile(r"(?:(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+)\s+)?(?:\[(?P<dev>\d+)\]\s+)?"
+                         r"NCCL INFO (?P<var>[A-Z][A-Z0-9_]*) set by environment to (?P<value>.*?)\s*$")
+FOREIGN_MIB = 2048
+
+
+class ValidationError(RuntimeError):
+    """The validation cannot go on (bad machine state, missing tool); the message says what to do."""
+
+
+# --------------------------------------------------------------------------- small helpers
+
+def log(msg: str) -> None:
+    print("[gpu-validation %s] %s" % (time.strftime("%H:%M:%S"), msg), flush=True)
+
+
+def poll(cond: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
+    """Poll ``cond`` until truthy (returned) or the deadline passes (returns the last falsy value)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_cmd(argv: Sequence[str], timeout: float = 30.0, env: Optional[Dict[str, str]] = None) -> Tuple[int, str, str]:
+    try:
+        p = subprocess.run(list(argv), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=timeout, env=env)
+    except FileNotFoundError as exc:
+        return 127, "", str(exc)
+    except subprocess.TimeoutExpired:
+        return 124, "", "timed out after %gs: %s" % (timeout, " ".join(argv))
+    return p.returncode, p.stdout, p.stderr
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        raw = Path("/proc/%d/stat" % pid).read_text()
+    except OSError:
+        return False
+    return raw[raw.rfind(")") + 2:].split()[0] not in ("Z", "X")
+
+
+def pid_session(pid: int) -> Optional[int]:
+    try:
+        raw = Path("/proc/%d/stat" % pid).read_text()
+    except OSError:
+        return None
+    return int(raw[raw.rfind(")") + 2:].split()[3])
+
+
+def iso_to_epoch(text: str) -> Optional[float]:
+    """Ansible's command result times ('2026-11-29 07:47:01.123456', local time) → epoch seconds."""
+    try:
+        return dt.datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S.%f").timestamp()
+    except (ValueError, AttributeError):
+        return None
+
+
+# --------------------------------------------------------------------------- nvidia-smi CSV
+
+def parse_cell(raw: str) -> Any:
+    v = raw.strip()
+    if v == "" or (v.startswith("[") and v.endswith("]")):
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        pass
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+def parse_csv(text: str, fields: Sequence[str]) -> List[Dict[str, Any]]:
+    """``--format=csv,noheader,nounits`` text → rows keyed by the query fields (mapped by position)."""
+    rows = []
+    for rec in csv.reader(io.StringIO(text), skipinitialspace=True):
+        if not rec or all(not c.strip() for c in rec):
+            continue
+        if len(rec) > len(fields):
+            rec = rec[:len(fields) - 1] + [", ".join(rec[len(fields) - 1:])]
+        if len(rec) != len(fields):
+            raise ValueError("nvidia-smi CSV line %r has %d columns, expected %d (%s)"
+                             % (", ".join(rec), len(rec), len(fields), ",".join(fields)))
+        rows.append({f: parse_cell(c) for f, c in zip(fields, rec)})
+    return rows
+
+
+@dataclass
+class Smi:
+    argv: List[str]
+    env: Optional[Dict[str, str]] = None
+
+    def raw(self, query: str, fields: Sequence[str], timeout: float = 15.0) -> str:
+        rc, out, err = run_cmd(self.argv + ["--query-%s=%s" % (query, ",".join(fields)),
+                                            "--format=csv,noheader,nounits"], timeout, self.env)
+        if rc != 0:
+            raise ValidationError("nvidia-smi --query-%s failed (rc %d): %s" % (query, rc, (err or out).strip()))
+        return out
+
+    def snapshot(self) -> Dict[str, Any]:
+        """Both CSVs; ``t0`` before the calls, ``t`` after them: the state was read within [t0, t]."""
+        t0 = time.time()
+        gpu = self.raw("gpu", GPU_QUERY)
+        apps = self.raw("compute-apps", APP_QUERY)
+        return {"t0": round(t0, 4), "t": round(time.time(), 4), "gpu_csv": gpu, "apps_csv": apps}
+
+
+def snapshot_rows(snap: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    return parse_csv(snap["gpu_csv"], GPU_QUERY), parse_csv(snap["apps_csv"], APP_QUERY)
+
+
+def snapshot_free(snap: Dict[str, Any], gpus: Optional[Iterable[int]] = None,
+                  threshold: float = THRESHOLD_MIB) -> bool:
+    """No compute process on the selected GPUs and memory.used <= threshold on each of them."""
+    rows, apps = snapshot_rows(snap)
+    sel = [r for r in rows if gpus is None or r["index"] in set(gpus)]
+    uuids = {r["uuid"] for r in sel}
+    if any(a["gpu_uuid"] in uuids for a in apps):
+        return False
+    return all(isinstance(r["memory.used"], (int, float)) and r["memory.used"] <= threshold for r in sel)
+
+
+def used_mib(snap: Dict[str, Any], gpus: Optional[Iterable[int]] = None) -> float:
+    rows, _ = snapshot_rows(snap)
+    return float(sum(r["memory.used"] or 0 for r in rows if gpus is None or r["index"] in set(gpus)))
+
+
+def csv_block(snap: Dict[str, Any], indent: str = "      ") -> str:
+    """The raw nvidia-smi CSV of a snapshot, for the summary."""
+    lines = ["%s%s" % (indent, ln) for ln in snap["gpu_csv"].strip().splitlines()]
+    apps = snap["apps_csv"].strip().splitlines()
+    lines += ["%scompute-apps: %s" % (indent, a) for a in apps] or ["%scompute-apps: (none)" % indent]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- sampler
+
+def sample_main(a: argparse.Namespace) -> int:
+    smi = Smi(json.loads(a.smi))
+    stop = {"flag": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
+    with open(a.out, "a") as fh:
+        while not stop["flag"]:
+            t0 = time.monotonic()
+            try:
+                snap = smi.snapshot()
+            except ValidationError as exc:
+                snap = {"t": round(time.time(), 4), "error": str(exc)}
+            fh.write(json.dumps(snap) + "\n")
+            fh.flush()
+            time.sleep(max(0.0, a.interval - (time.monotonic() - t0)))
+    return 0
+
+
+def load_samples(path: Path) -> List[Dict[str, Any]]:
+    out = []
+    try:
+        text = path.read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut by SIGTERM
+        if "gpu_csv" in rec:
+            out.append(rec)
+    return out
+
+
+def first_free_sample(samples: List[Dict[str, Any]], after: float, gpus: Optional[Iterable[int]] = None
+                      ) -> Optional[Dict[str, Any]]:
+    """The first sample read entirely after ``after`` that shows the GPUs free (its ``t`` bounds the
+    release time from above)."""
+    for s in samples:
+        if s.get("t0", s["t"]) >= after and snapshot_free(s, gpus):
+            return s
+    return None
+
+
+def last_sample_before(samples: List[Dict[str, Any]], t: float) -> Optional[Dict[str, Any]]:
+    best = None
+    for s in samples:
+        if s["t"] <= t:
+            best = s
+    return best
+
+
+def nearest_sample(samples: List[Dict[str, Any]], t: float) -> Optional[Dict[str, Any]]:
+    return min(samples, key=lambda s: abs(s["t"] - t)) if samples else None
+
+
+# --------------------------------------------------------------------------- Ansible
+
+def junit_tasks(junit_dir: Path) -> List[Dict[str, Any]]:
+    """Task results in run order from Ansible's junit callback: [{name, host, status, result}]."""
+    tasks: List[Dict[str, Any]] = []
+    for xml in sorted(junit_dir.glob("*.xml")):
+        root = ET.parse(xml).getroot()
+        for tc in root.iter("testcase"):
+            name = tc.get("name") or ""
+            m = re.match(r"^\[(?P<host>[^\]]*)\]\s*(?P<rest>.*)$", name)
+            status = "ok"
+            for tag in ("failure", "error", "skipped"):
+                if tc.find(tag) is not None:
+                    status = tag
+            text = ""
+            for tag in ("system-out", "failure", "error"):
+                el = tc.find(tag)
+                if el is not None and (el.text or "").strip().startswith("{"):
+                    text = el.text or ""
+                    break
+            try:
+                result = json.loads(text) if text else {}
+            except ValueError:
+                result = {}
+            tasks.append({"name": m.group("rest") if m else name, "host": m.group("host") if m else "",
+                          "status": status, "result": result})
+    return tasks
+
+
+def tool_outputs(tasks: List[Dict[str, Any]], marker: str) -> List[Dict[str, Any]]:
+    """The node tool's JSON (stdout) of every run of the task whose name holds ``marker``, in order,
+    with the command's start/end times (epoch s) and rc."""
+    out = []
+    for t in tasks:
+        r = t["result"]
+        if marker not in t["name"] or "stdout" not in r:
+            continue
+        try:
+            data = json.loads(r.get("stdout") or "{}")
+        except ValueError:
+            data = {"unparsed_stdout": r.get("stdout")}
+        out.append({"rc": r.get("rc"), "start": iso_to_epoch(r.get("start", "")),
+                    "end": iso_to_epoch(r.get("end", "")), "data": data})
+    return out
+
+
+@dataclass
+class Ctx:
+    tp: int
+    work: Path
+    python: str
+    cpu_sim: bool
+    time_scale: str
+    node_dir: Path = field(init=False)
+    smi: Smi = field(init=False)
+    experiment_file: Path = field(init=False)
+    experiment: Dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.node_dir = self.work / "node"
+        env = None
+        argv = ["nvidia-smi"]
+        if self.cpu_sim:
+            env = dict(os.environ, SPECAB_SIM_STATE=str(self.node_dir / "gpus"),
+                       PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+            argv = [self.python, "-m", "specab.sim.smi"]
+        self.smi = Smi(argv, env)
+
+    @property
+    def gpus(self) -> List[int]:
+        return list(range(self.tp))
+
+    def overrides(self) -> Dict[str, Any]:
+        ov: Dict[str, Any] = {"gpu_validation_node_dir": str(self.node_dir),
+                              "gpu_validation_time_scale": self.time_scale}
+        if os.environ.get("PYTHONPATH"):
+            ov["gpu_validation_pythonpath"] = os.environ["PYTHONPATH"]
+        if self.cpu_sim:
+            ov["gpu_validation_sim_gpu"] = ""
+            ov["specab_smi_cmd"] = self.smi.argv
+        return ov
+
+    def tool_env(self) -> Dict[str, str]:
+        return dict(self.smi.env or os.environ)
+
+    def resolved_arm(self, name: str) -> Dict[str, Any]:
+        exp = self.experiment
+        arm = next(a for a in exp["arms"] if a["name"] == name)
+        args = dict({"model_path": exp["model_path"]}, **(exp.get("server_args") or {}))
+        args.update(arm.get("server_args") or {})
+        env = dict(exp.get("env") or {})
+        env.update(arm.get("env") or {})
+        return {"name": name, "server_args": {k: v for k, v in args.items() if v is not None},
+                "env": {k: str(v) for k, v in env.items() if v is not None}}
+
+
+def load_experiment(ctx: Ctx) -> None:
+    import yaml  # Ansible's own dependency: present wherever ansible-playbook runs
+    doc = yaml.safe_load(EXPERIMENT.read_text())
+    exp = doc["specab_experiment"]
+    if int(exp["server_args"].get("tp_size", 1)) != ctx.tp:
+        exp["server_args"]["tp_size"] = ctx.tp
+        exp["name"] = "%s-tp%d" % (exp["name"], ctx.tp)
+        path = ctx.work / ("experiment-tp%d.yml" % ctx.tp)
+        path.write_text("# written by scripts/gpu_validation.py from %s with tp_size %d\n"
+                        % (EXPERIMENT.relative_to(REPO), ctx.tp) + yaml.safe_dump(doc, sort_keys=False))
+        ctx.experiment_file = path
+    else:
+        ctx.experiment_file = EXPERIMENT
+    ctx.experiment = exp
+
+
+@dataclass
+class PlaybookRun:
+    label: str
+    rc: int
+    log: Path
+    tasks: List[Dict[str, Any]]
+    wall_s: float
+
+    def text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def run_playbook(ctx: Ctx, label: str, playbook: str, extra: Dict[str, Any], timeout: float = 420.0) -> PlaybookRun:
+    extra_file = ctx.work / ("%s.extra.json" % label)
+    write_json(extra_file, dict(ctx.overrides(), **extra))
+    junit = ctx.work / ("junit-%s" % label)
+    junit.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_CALLBACKS_ENABLED="junit",
+               JUNIT_OUTPUT_DIR=str(junit), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
+    env.update(MULTICAST_OFF)
+    argv = [ctx.python, "-m", "ansible.cli.playbook", "-i", str(INVENTORY), str(REPO / "playbooks" / playbook),
+            "-e", "@" + str(extra_file)]
+    logf = ctx.work / ("%s.log" % label)
+    log("%s: %s" % (label, " ".join(shlex.quote(a) for a in argv)))
+    t0 = time.monotonic()
+    with open(logf, "w") as fh:
+        try:
+            rc = subprocess.run(argv, cwd=str(REPO), env=env, stdin=subprocess.DEVNULL, stdout=fh,
+                                stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    wall = time.monotonic() - t0
+    log("%s: rc %d after %.1f s (log %s)" % (label, rc, wall, logf))
+    return PlaybookRun(label, rc, logf, junit_tasks(junit), wall)
+
+
+def node_tool(ctx: Ctx, tool: str, args: Sequence[str], timeout: float = 120.0) -> Tuple[int, Dict[str, Any], str]:
+    """Run a deployed node tool (bin/<tool>.py under the node dir, as the roles do); (rc, JSON, stderr)."""
+    path = ctx.node_dir / "bin" / ("%s.py" % tool)
+    if not path.exists():
+        path = REPO / "specab" / "node" / ("%s.py" % tool)
+    rc, out, err = run_cmd([ctx.python, str(path)] + list(args), timeout, ctx.tool_env())
+    try:
+        data = json.loads(out) if out.strip() else {}
+    except ValueError:
+        data = {"unparsed_stdout": out}
+    return rc, data, err
+
+
+# --------------------------------------------------------------------------- foreign process
+
+FOREIGN_CODE = r"""
+import os, signal, sys, torch
+gpu, mib = int(sys.argv[1]), int(sys.argv[2])
+x = torch.empty(mib * 1024 * 1024, dtype=torch.uint8, device="cuda:%d" % gpu)
+torch.cuda.synchronize()
+print("foreign: holding %d MiB on GPU %d as pid %d" % (mib, gpu, os.getpid()), flush=True)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+while True:
+    signal.pause()
+"""
+
+
+def start_foreign(ctx: Ctx, gpu: int) -> subprocess.Popen:
+    """A CUDA process that is not ours: own session, not recorded in server.json."""
+    logf = open(ctx.work / "foreign.log", "w")
+    if ctx.cpu_sim:
+        argv = [ctx.python, "-m", "specab.sim.hold", "--gpu", str(gpu), "--mib", str(FOREIGN_MIB),
+                "--state", str(ctx.node_dir / "gpus"), "--title", "foreign-cuda-job"]
+        env = ctx.tool_env()
+    else:
+        argv = [ctx.python, "-c", FOREIGN_CODE, str(gpu), str(FOREIGN_MIB)]
+        env = dict(os.environ, **MULTICAST_OFF)
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                            start_new_session=True, env=env, cwd=str(REPO))
+
+
+# --------------------------------------------------------------------------- steps
+
+def preflight(ctx: Ctx) -> Dict[str, Any]:
+    info: Dict[str, Any] = {"cpu_sim": ctx.cpu_sim, "tp": ctx.tp, "python": ctx.python}
+    if not ctx.cpu_sim:
+        rc, out, err = run_cmd(["nvidia-smi"], 30)
+        if rc != 0:
+            raise ValidationError("nvidia-smi does not run here (rc %d: %s); this validation needs a GPU "
+                                  "machine (or --cpu-sim for a dry run)" % (rc, (err or out).strip()))
+        m = re.search(r"Driver Version:\s*(\S+).*?CUDA Version:\s*(\S+)", out, re.S)
+        info["driver"], info["cuda_driver_api"] = (m.group(1), m.group(2)) if m else (None, None)
+        info["nvidia_smi_version"] = run_cmd(["nvidia-smi", "--version"], 30)[1].strip()
+        code = ("import torch, json; print(json.dumps({'torch': torch.__version__, 'torch_cuda': torch.version.cuda, "
+                "'nccl': '.'.join(map(str, torch.cuda.nccl.version())), 'device_count': torch.cuda.device_count(), "
+                "'names': [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}))")
+        rc, out, err = run_cmd([ctx.python, "-c", code], 120, dict(os.environ, **MULTICAST_OFF))
+        if rc != 0:
+            raise ValidationError("torch with CUDA is needed in %s: %s" % (ctx.python, err.strip()[-500:]))
+        info.update(json.loads(out.strip().splitlines()[-1]))
+    rc, out, err = run_cmd([ctx.python, "-c", "import ansible.release as r; print(r.__version__)"], 60)
+    info["ansible_core"] = out.strip() if rc == 0 else None
+    if rc != 0:
+        raise ValidationError("ansible-core is not importable by %s: %s; install the wheels (.whl/) first"
+                              % (ctx.python, err.strip()[-300:]))
+    snap = ctx.smi.snapshot()
+    rows, _ = snapshot_rows(snap)
+    info["gpus"] = [{"index": r["index"], "name": r["name"], "memory_total_mib": r["memory.total"]} for r in rows]
+    info["initial_csv"] = snap
+    if len(rows) < ctx.tp:
+        raise ValidationError("--tp %d needs %d GPUs, nvidia-smi lists %d" % (ctx.tp, ctx.tp, len(rows)))
+    if not snapshot_free(snap):
+        raise ValidationError("the GPUs are not free before the validation starts:\n%s\nstop what runs there "
+                              "first; this script kills nothing that it did not start" % csv_block(snap))
+    return info
+
+
+def step_ab_test(ctx: Ctx) -> Dict[str, Any]:
+    exp_id = "gpuval-ab-tp%d" % ctx.tp
+    run = run_playbook(ctx, "ab_test", "ab_test.yml", {
+        "specab_experiment_file": str(ctx.experiment_file), "specab_runs_dir": str(ctx.work / "runs"),
+        "specab_experiment_id": exp_id})
+    frees = tool_outputs(run.tasks, "GPUs free | Wait for no compute process")
+    stops = tool_outputs(run.tasks, "Stop | Stop the server recorded in server.json")
+    arms = []
+    for i, arm in enumerate(ctx.experiment["arms"]):
+        run_id = "%03d-%s" % (i + 1, arm["name"])
+        arms.append({"arm": arm["name"], "run_id": run_id, "run_dir": str(ctx.work / "runs" / exp_id / run_id),
+                     "free_before": frees[2 * i] if 2 * i < len(frees) else None,
+                     "free_after": frees[2 * i + 1] if 2 * i + 1 < len(frees) else None,
+                     "stop_before": stops[2 * i] if 2 * i < len(stops) else None,
+                     "stop_after": stops[2 * i + 1] if 2 * i + 1 < len(stops) else None})
+    return {"rc": run.rc, "log": str(run.log), "wall_s": round(run.wall_s, 1), "arms": arms}
+
+
+def run_one_arm(ctx: Ctx, label: str, arm_name: str, extra: Dict[str, Any]) -> Tuple[PlaybookRun, Path]:
+    run_id = "001-%s" % arm_name
+    exp_id = "gpuval-%s-tp%d" % (label, ctx.tp)
+    run_dir = ctx.work / "runs" / exp_id / run_id
+    vars_ = {"specab_experiment_file": str(ctx.experiment_file), "specab_experiment_id": exp_id,
+             "specab_run_id": run_id, "specab_run_dir": str(run_dir), "specab_arm": ctx.resolved_arm(arm_name)}
+    vars_.update(extra)
+    return run_playbook(ctx, label, "arm.yml", vars_), run_dir
+
+
+def compute_apps_of_session(ctx: Ctx, sid: int) -> List[Dict[str, Any]]:
+    _, apps = snapshot_rows(ctx.smi.snapshot())
+    return [dict(a, session=pid_session(a["pid"])) for a in apps
+            if isinstance(a["pid"], int) and pid_session(a["pid"]) == sid]
+
+
+def step_orphans(ctx: Ctx) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    run, run_dir = run_one_arm(ctx, "orphans", "baseline", {"specab_stop_after": False,
+                                                            "gpu_validation_sim_fault": "orphan_workers"})
+    out.update(playbook_rc=run.rc, log=str(run.log))
+    rec = read_json(ctx.node_dir / "server.json")
+    if run.rc != 0 or not rec:
+        out["error"] = "the orphan_workers arm did not start (rc %d); see %s" % (run.rc, run.log)
+        return out
+    pid, sid = int(rec["pid"]), int(rec.get("sid") or rec["pgid"])
+    out.update(server_pid=pid, server_sid=sid)
+    out["apps_before_kill"] = compute_apps_of_session(ctx, sid)
+    t_kill = time.time()
+    os.kill(pid, signal.SIGKILL)  # ours: server.json recorded it; only the main process dies
+    out["t_kill"] = t_kill
+    gone = poll(lambda: not pid_alive(pid), 15)
+    out["main_gone_after_s"] = round(time.time() - t_kill, 3) if gone else None
+    # observe a window: the workers must keep their real GPU memory without their parent
+    window: List[Dict[str, Any]] = []
+    t_end = time.monotonic() + 3.0
+    while time.monotonic() < t_end:
+        snap = ctx.smi.snapshot()
+        _, apps = snapshot_rows(snap)
+        orphans = [a for a in apps if isinstance(a["pid"], int) and pid_session(a["pid"]) == sid]
+        window.append({"t": snap["t"], "orphans": len(orphans), "used_mib": used_mib(snap, ctx.gpus),
+                       "snap": snap})
+        time.sleep(0.25)
+    out["window"] = [{k: w[k] for k in ("t", "orphans", "used_mib")} for w in window]
+    out["orphan_csv"] = window[-1]["snap"] if window else None
+    out["orphans_found"] = compute_apps_of_session(ctx, sid)
+    rc, stop, err = node_tool(ctx, "stop", ["--node-dir", str(ctx.node_dir), "--smi", json.dumps(ctx.smi.argv),
+                                            "--grace", "15", "--out", str(ctx.work / "orphans-stop.json")])
+    out.update(stop_rc=rc, stop=stop, stop_stderr=err.strip()[-2000:])
+    rc, free, err = node_tool(ctx, "gpufree", ["--smi", json.dumps(ctx.smi.argv), "--gpus", "all",
+                                               "--threshold-mib", str(THRESHOLD_MIB), "--timeout", "60",
+                                               "--node-dir", str(ctx.node_dir),
+                                               "--out", str(ctx.work / "orphans-gpufree.json"),
+                                               "--csv", str(ctx.work / "orphans-gpufree.csv")])
+    out.update(free_rc=rc, free=free, free_stderr=err.strip()[-2000:])
+    out["orphans_alive_after"] = [a["pid"] for a in out["orphans_found"] if pid_alive(a["pid"])]
+    out["after_csv"] = ctx.smi.snapshot()
+    return out
+
+
+def step_missing_var(ctx: Ctx) -> Dict[str, Any]:
+    engine = [ctx.python, "-m", "specab.sim.launch_server"]
+    run, run_dir = run_one_arm(ctx, "missing-var", "baseline",
+                               {"specab_engine_cmd": ["env", "-u", MISSING_VAR] + engine})
+    out: Dict[str, Any] = {"playbook_rc": run.rc, "log": str(run.log), "run_dir": str(run_dir),
+                           "env_check": read_json(run_dir / "env_check.json"),
+                           "failure_lines": [ln.strip() for ln in run.text().splitlines()
+                                             if "Env verification failed" in ln][:3]}
+    rc, free, err = node_tool(ctx, "gpufree", ["--smi", json.dumps(ctx.smi.argv), "--gpus", "all",
+                                               "--threshold-mib", str(THRESHOLD_MIB), "--timeout", "60",
+                                               "--node-dir", str(ctx.node_dir)])
+    out.update(free_rc=rc, free_error=free.get("error"))
+    return out
+
+
+def step_foreign(ctx: Ctx) -> Dict[str, Any]:
+    gpu = ctx.tp - 1
+    out: Dict[str, Any] = {"gpu": gpu}
+    proc = start_foreign(ctx, gpu)
+    out["pid"] = proc.pid
+    try:
+        listed = poll(lambda: proc.poll() is None and any(
+            a["pid"] == proc.pid for a in snapshot_rows(ctx.smi.snapshot())[1]), 90, 0.2)
+        if not listed:
+            out["error"] = "the foreign CUDA process never showed up in nvidia-smi's compute apps (see %s)" % (
+                ctx.work / "foreign.log")
+            return out
+        out["listed_csv"] = ctx.smi.snapshot()
+        run, _ = run_one_arm(ctx, "foreign", "baseline", {})
+        text = run.text()
+        out.update(playbook_rc=run.rc, log=str(run.log))
+        out["refusal_lines"] = [ln.strip() for ln in text.splitlines()
+                                if "not ours" in ln and str(proc.pid) in ln][:3]
+        out["failed_task"] = next((t["name"].split(" msg=")[0] for t in run.tasks
+                                   if t["status"] in ("failure", "error")), None)
+        out["alive_after"] = proc.poll() is None and pid_alive(proc.pid)
+        out["still_listed_after"] = any(a["pid"] == proc.pid for a in snapshot_rows(ctx.smi.snapshot())[1])
+        out["after_csv"] = ctx.smi.snapshot()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()  # ours: this script started it
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    free = poll(lambda: snapshot_free(ctx.smi.snapshot()), 60, 0.1)
+    out["free_after_cleanup"] = bool(free)
+    return out
+
+
+def cleanup(ctx: Ctx) -> None:
+    """Stop any server of ours the steps may have left (server.json), so nothing outlives the run."""
+    if (ctx.node_dir / "server.json").exists() or (ctx.node_dir / "last_server.json").exists():
+        rc, data, err = node_tool(ctx, "stop", ["--node-dir", str(ctx.node_dir), "--smi", json.dumps(ctx.smi.argv),
+                                                "--grace", "5"])
+        if rc != 0:
+            log("cleanup: stop.py rc %d: %s" % (rc, data.get("error") or err.strip()[-300:]))
+
+
+# --------------------------------------------------------------------------- evaluation
+
+@dataclass
+class Check:
+    key: str
+    title: str
+    ok: bool
+    lines: List[str]
+
+
+def nccl_env_lines(text: str) -> List[Dict[str, Any]]:
+    """NCCL's env-echo lines (``NCCL INFO <VAR> set by environment to <value>``) of a log."""
+    out = []
+    for line in text.splitlines():
+        if "set by environment to" not in line:
+            continue
+        m = NCCL_ENV_RE.search(line)
+        if m:
+            out.append({"var": m.group("var"), "value": m.group("value"),
+                        "pid": int(m.group("pid")) if m.group("pid") else None,
+                        "dev": int(m.group("dev")) if m.group("dev") else None, "line": line.strip()})
+    return out
+
+
+def nccl_matches(expected: str, logged: str) -> bool:
+    raw = logged[:-1] if logged.endswith(".") else logged
+    if raw == expected:
+        return True
+    try:
+        return int(expected, 0) == int(raw, 10)
+    except ValueError:
+        return False
+
+
+def scheduler_pids(env_check: Dict[str, Any]) -> List[int]:
+    return [p["pid"] for p in env_check.get("processes", [])
+            if "scheduler" in (p.get("name") or "") and not p.get("skipped")]
+
+
+def eval_env(env_check: Optional[Dict[str, Any]], log_text: str, tp: int, expected: Dict[str, str]
+             ) -> Tuple[bool, List[str]]:
+    """(d) for one arm: every tuned variable in every scheduler's /proc/PID/environ, and real NCCL
+    echo lines from every rank for each variable NCCL reads with this many ranks."""
+    if not env_check:
+        return False, ["env_check.json missing"]
+    lines: List[str] = []
+    ok = bool(env_check.get("ok"))
+    scheds = scheduler_pids(env_check)
+    if len(scheds) != tp:
+        ok = False
+        lines.append("expected %d scheduler processes, env_check saw %d" % (tp, len(scheds)))
+    echoes = nccl_env_lines(log_text)
+    for var in TUNED_VARS:
+        info = env_check.get("variables", {}).get(var, {})
+        env_pids = {int(e.split(":")[1]) for e in info.get("evidence", []) if e.startswith("environ:")}
+        nccl_pids = {r["pid"] for r in echoes if r["var"] == var and nccl_matches(expected[var], r["value"])}
+        need_nccl = tp > 1 or var not in TUNING_VARS
+        env_ok = set(scheds) <= env_pids
+        nccl_ok = set(scheds) <= nccl_pids
+        good = env_ok and (nccl_ok or not need_nccl) and not info.get("mismatches")
+        ok = ok and good
+        lines.append("%-20s = %-9s environ %d/%d schedulers; NCCL line from %d/%d ranks%s  %s"
+                     % (var, expected[var], len(set(scheds) & env_pids), len(scheds),
+                        len(set(scheds) & nccl_pids), len(scheds),
+                        "" if need_nccl else " (none expected: 1 rank)", "OK" if good else "FAIL"))
+    shown = [r["line"] for r in echoes if r["var"] in TUNED_VARS][:8]
+    lines += ["  real: %s" % s for s in shown]
+    return ok, lines
+
+
+def evaluate(res: Dict[str, Any]) -> List[Check]:
+    tp = res["preflight"]["tp"]
+    gpus = list(range(tp))
+    samples = load_samples(Path(res["work"]) / "samples.jsonl")
+    checks: List[Check] = []
+    ab = res.get("ab_test") or {}
+    exp_env = res.get("expected_env", {})
+
+    # (a) GPUs free before/after each arm, with the real CSV
+    lines, ok = [], ab.get("rc") == 0 and bool(ab.get("arms"))
+    if ab.get("rc") != 0:
+        lines.append("ab_test.yml rc %s (log %s)" % (ab.get("rc"), ab.get("log")))
+    for arm in ab.get("arms", []):
+        for when in ("free_before", "free_after"):
+            f = arm.get(when)
+            good = bool(f) and f["rc"] == 0 and len((f["data"].get("final") or [])) >= tp
+            ok = ok and good
+            if not f:
+                lines.append("%s %s: no GPUs-free check ran" % (arm["arm"], when))
+                continue
+            final = f["data"].get("final") or []
+            lines.append("%s, %s start of arm: rc %s, %s" % (
+                arm["arm"], "before" if when == "free_before" else "after the stop at the end of",
+                f["rc"], ", ".join("GPU %s %s MiB, %d compute procs" % (g["index"], g["memory_used_mib"],
+                                                                       len(g["compute_processes"])) for g in final)))
+            snap = nearest_sample(samples, f["end"]) if f.get("end") else None
+            if snap:
+                lines.append("    real nvidia-smi CSV at %+.2f s from that check:" % (snap["t"] - f["end"]))
+                lines.append(csv_block(snap))
+    checks.append(Check("a", "GPUs-free check before/after each arm (real nvidia-smi CSV)", ok, lines))
+
+    # (b) stop -> memory released, per arm
+    lines, ok = [], bool(ab.get("arms"))
+    for arm in ab.get("arms", []):
+        stop = read_json(Path(arm["run_dir"]) / "stop.json") or {}
+        free = read_json(Path(arm["run_dir"]) / "gpu_free.json") or {}
+        sigs = stop.get("signals") or []
+        t_term = sigs[0]["t"] if sigs else None
+        rel = first_free_sample(samples, t_term, gpus) if t_term else None
+        before = last_sample_before(samples, t_term) if t_term else None
+        good = bool(t_term) and rel is not None and free.get("ok") is True
+        ok = ok and good
+        lines.append("%s: SIGTERM at %s; processes gone after %s s; stop total %s s; gpufree after stop: %s s; "
+                     "sampler: all GPUs free %s s after SIGTERM (held %s MiB just before)  %s" % (
+                         arm["arm"], "%.3f" % t_term if t_term else "?", stop.get("term_to_gone_s"),
+                         stop.get("total_s"), free.get("time_to_free_s"),
+                         "%.3f" % (rel["t"] - t_term) if rel and t_term else "?",
+                         "%.0f" % used_mib(before, gpus) if before else "?", "OK" if good else "FAIL"))
+    checks.append(Check("b", "time from stop to memory released, per arm", ok, lines))
+
+    # (c) orphaned workers
+    o = res.get("orphans") or {}
+    lines = []
+    found = o.get("orphans_found") or []
+    held = [w for w in o.get("window", [])]
+    ok = (not o.get("error") and len(found) >= tp and bool(held)
+          and all(w["orphans"] >= tp and w["used_mib"] > THRESHOLD_MIB for w in held)
+          and o.get("stop_rc") == 0 and o.get("free_rc") == 0 and not o.get("orphans_alive_after"))
+    if o.get("error"):
+        lines.append(o["error"])
+    lines.append("server main pid %s (session %s) SIGKILLed alone; gone after %s s" % (
+        o.get("server_pid"), o.get("server_sid"), o.get("main_gone_after_s")))
+    lines.append("orphans found via real compute-apps (session = ours): %s" % (
+        ", ".join("pid %s %s %s MiB" % (a["pid"], a["process_name"], a["used_memory"]) for a in found) or "none"))
+    if held:
+        lines.append("held for %.1f s after the parent died: %s MiB used, %d..%d orphan compute procs" % (
+            held[-1]["t"] - held[0]["t"], "%.0f" % min(w["used_mib"] for w in held),
+            min(w["orphans"] for w in held), max(w["orphans"] for w in held)))
+    if o.get("orphan_csv"):
+        lines.append("    real nvidia-smi CSV with the orphans:")
+        lines.append(csv_block(o["orphan_csv"]))
+    stop = o.get("stop") or {}
+    lines.append("stop.py rc %s: signals %s; GPU sweep orphans %s; total %s s" % (
+        o.get("stop_rc"), ", ".join("%s->%s %s" % (s["signal"], s["target"], s["id"]) for s in stop.get("signals", [])),
+        [a.get("pid") for a in stop.get("gpu_orphans", [])], stop.get("total_s")))
+    free = o.get("free") or {}
+    lines.append("gpufree rc %s: time to free %s s; orphans alive after: %s" % (
+        o.get("free_rc"), free.get("time_to_free_s"), o.get("orphans_alive_after")))
+    if o.get("after_csv"):
+        lines.append("    real nvidia-smi CSV after:")
+        lines.append(csv_block(o["after_csv"]))
+    checks.append(Check("c", "orphaned workers found through real compute processes, cleaned, memory released",
+                        ok, lines))
+
+    # (d) env verification: real NCCL lines + /proc/PID/environ; an arm missing a variable is caught
+    lines, ok = [], bool(ab.get("arms"))
+    for arm in ab.get("arms", []):
+        rd = Path(arm["run_dir"])
+        try:
+            text = (rd / "server.log").read_text(errors="replace")
+        except OSError:
+            text = ""
+        good, arm_lines = eval_env(read_json(rd / "env_check.json"), text, tp, exp_env)
+        ok = ok and good
+        lines.append("%s: %s" % (arm["arm"], "OK" if good else "FAIL"))
+        lines += ["    " + s for s in arm_lines]
+    m = res.get("missing_var") or {}
+    ec = m.get("env_check") or {}
+    var = (ec.get("variables") or {}).get(MISSING_VAR, {})
+    mism = var.get("mismatches") or []
+    others_ok = all(not (ec.get("variables") or {}).get(v, {}).get("mismatches")
+                    for v in TUNED_VARS if v != MISSING_VAR)
+    caught = m.get("playbook_rc", 0) != 0 and ec.get("ok") is False and bool(mism) and others_ok
+    ok = ok and caught and m.get("free_rc") == 0
+    lines.append("arm with %s removed from the engine's env (env -u): playbook rc %s, env_check ok=%s  %s" % (
+        MISSING_VAR, m.get("playbook_rc"), ec.get("ok"), "CAUGHT" if caught else "NOT CAUGHT"))
+    lines += ["    " + s for s in mism[:3]]
+    lines += ["    " + s[:300] for s in m.get("failure_lines", [])[:1]]
+    checks.append(Check("d", "env verification by real NCCL lines and /proc/PID/environ", ok, lines))
+
+    # (e) foreign CUDA process refused and named, not killed
+    f = res.get("foreign") or {}
+    lines = []
+    ok = (not f.get("error") and f.get("playbook_rc", 0) != 0 and bool(f.get("refusal_lines"))
+          and f.get("alive_after") is True and f.get("still_listed_after") is True and f.get("free_after_cleanup"))
+    if f.get("error"):
+        lines.append(f["error"])
+    lines.append("foreign CUDA process pid %s on GPU %s (%d MiB, own session, started by this script)" % (
+        f.get("pid"), f.get("gpu"), FOREIGN_MIB))
+    if f.get("listed_csv"):
+        lines.append("    real nvidia-smi CSV:")
+        lines.append(csv_block(f["listed_csv"]))
+    lines.append("arm.yml rc %s, failed task: %s" % (f.get("playbook_rc"), f.get("failed_task")))
+    lines += ["    " + s[:400] for s in f.get("refusal_lines", [])[:1]]
+    lines.append("after the playbook: alive=%s, still in compute-apps=%s; freed by this script after: %s" % (
+        f.get("alive_after"), f.get("still_listed_after"), f.get("free_after_cleanup")))
+    checks.append(Check("e", "foreign CUDA process refused and named, not killed", ok, lines))
+    return checks
+
+
+def render_summary(res: Dict[str, Any], checks: List[Check]) -> str:
+    pf = res["preflight"]
+    head = ["specab GPU validation, TP=%d, %s" % (pf["tp"], "CPU dry run (--cpu-sim)" if pf["cpu_sim"] else "real GPUs"),
+            "machine: %s; driver %s; CUDA (driver API) %s; torch %s (CUDA %s); NCCL %s; ansible-core %s" % (
+                ", ".join("%s %s MiB" % (g["name"], g["memory_total_mib"]) for g in pf.get("gpus", [])[:8]),
+                pf.get("driver"), pf.get("cuda_driver_api"), pf.get("torch"), pf.get("torch_cuda"),
+                pf.get("nccl"), pf.get("ansible_core")),
+            "work dir: %s; wall %.0f s" % (res["work"], res.get("wall_s", 0))]
+    body = []
+    for c in checks:
+        body.append("(%s) %s: %s" % (c.key, c.title, "PASS" if c.ok else "FAIL"))
+        body += ["    " + ln for ln in "\n".join(c.lines).splitlines()]
+    verdict = "ALL PASS" if checks and all(c.ok for c in checks) else "FAILED: %s" % ", ".join(
+        c.key for c in checks if not c.ok)
+    return "\n".join(head + [""] + body + ["", "RESULT: " + verdict]) + "\n"
+
+
+def summarize(work: Path) -> int:
+    res = read_json(work / "results.json")
+    if not res:
+        raise ValidationError("no results.json in %s; run the validation first" % work)
+    checks = evaluate(res)
+    text = render_summary(res, checks)
+    (work / "summary.txt").write_text(text)
+    write_json(work / "summary.json", [{"key": c.key, "title": c.title, "ok": c.ok, "lines": c.lines} for c in checks])
+    sys.stdout.write(text)
+    return 0 if all(c.ok for c in checks) else 1
+
+
+# --------------------------------------------------------------------------- main
+
+def run_main(a: argparse.Namespace) -> int:
+    work = Path(a.work).resolve()
+    if work.exists() and any(work.iterdir()):
+        raise ValidationError("work dir %s is not empty; pass a new --work" % work)
+    work.mkdir(parents=True, exist_ok=True)
+    ctx = Ctx(tp=a.tp, work=work, python=a.python or sys.executable, cpu_sim=a.cpu_sim, time_scale=a.time_scale)
+    for k, v in MULTICAST_OFF.items():
+        if os.environ.get(k) != v:
+            raise ValidationError("%s=%s must be exported before running (NVLink multicast off in every process); "
+                                  "use scripts/gpu_validation.sh" % (k, v))
+    t0 = time.monotonic()
+    res: Dict[str, Any] = {"work": str(work), "started": time.time()}
+    res["preflight"] = preflight(ctx)
+    load_experiment(ctx)
+    res["experiment_file"] = str(ctx.experiment_file)
+    res["expected_env"] = {k: str(v) for k, v in (ctx.experiment.get("env") or {}).items()}
+    log("preflight: %s" % json.dumps({k: v for k, v in res["preflight"].items() if k != "initial_csv"}))
+    sampler = subprocess.Popen([ctx.python, str(Path(__file__).resolve()), "sample", "--smi", json.dumps(ctx.smi.argv),
+                                "--out", str(work / "samples.jsonl"), "--interval", "0.1"],
+                               stdin=subprocess.DEVNULL, env=ctx.tool_env())
+    try:
+        for name, step in (("ab_test", step_ab_test), ("orphans", step_orphans),
+                           ("missing_var", step_missing_var), ("foreign", step_foreign)):
+            log("step %s" % name)
+            try:
+                res[name] = step(ctx)
+            except (ValidationError, OSError, subprocess.SubprocessError, ValueError) as exc:
+                res[name] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+                log("step %s failed: %s" % (name, exc))
+            cleanup(ctx)
+            write_json(work / "results.json", dict(res, wall_s=round(time.monotonic() - t0, 1)))
+    finally:
+        cleanup(ctx)
+        sampler.terminate()
+        try:
+            sampler.wait(10)
+        except subprocess.TimeoutExpired:
+            sampler.kill()
+    res["wall_s"] = round(time.monotonic() - t0, 1)
+    write_json(work / "results.json", res)
+    return summarize(work)
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="gpu_validation.py", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the whole validation")
+    r.add_argument("--tp", type=int, default=1, help="tensor-parallel size: GPUs used (1, or 2 for issue 10)")
+    r.add_argument("--work", default=str(REPO / "runs" / ("gpu-validation-" + time.strftime("%Y%m%d-%H%M%S"))))
+    r.add_argument("--time-scale", default="4", help="SPECAB_SIM_TIME_SCALE of the engine")
+    r.add_argument("--python", default=None, help="Python with torch+CUDA and ansible-core (default: this one)")
+    r.add_argument("--cpu-sim", action="store_true", help="dry run without GPUs: simulated nvidia-smi and foreign process")
+    s = sub.add_parser("summarize", help="print the summary of a finished run")
+    s.add_argument("--work", required=True)
+    m = sub.add_parser("sample", help="raw nvidia-smi CSV sampler (until SIGTERM)")
+    m.add_argument("--smi", required=True)
+    m.add_argument("--out", required=True)
+    m.add_argument("--interval", type=float, default=0.1)
+    a = p.parse_args(argv)
+    if a.cmd == "run" and a.tp < 1:
+        p.error("--tp must be >= 1")
+    return a
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    a = parse_args(argv)
+    try:
+        if a.cmd == "sample":
+            return sample_main(a)
+        if a.cmd == "summarize":
+            return summarize(Path(a.work))
+        return run_main(a)
+    except ValidationError as exc:
+        print("gpu_validation: error: %s" % exc, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
