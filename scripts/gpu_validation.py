@@ -465,7 +465,8 @@ def preflight(ctx: Ctx) -> Dict[str, Any]:
         info["driver"], info["cuda_driver_api"] = (m.group(1), m.group(2)) if m else (None, None)
         info["nvidia_smi_version"] = run_cmd(["nvidia-smi", "--version"], 30)[1].strip()
         code = ("import torch, json; print(json.dumps({'torch': torch.__version__, 'torch_cuda': torch.version.cuda, "
-                "'nccl': '.'.join(map(str, torch.cuda.nccl.version())), 'device_count': torch.cuda.device_count(), "
+                "'nccl': (lambda v: '.'.join(map(str, v)) if isinstance(v, tuple) else str(v))(torch.cuda.nccl.version()), "
+                "'device_count': torch.cuda.device_count(), "
                 "'names': [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}))")
         rc, out, err = run_cmd([ctx.python, "-c", code], 120, dict(os.environ, **MULTICAST_OFF))
         if rc != 0:

@@ -16,6 +16,8 @@ set -euo pipefail
 # CUDA process): a program that uses it can take a shared host's GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
+# ansible-core refuses a non-UTF-8 locale
+if [[ "$(locale charmap 2>/dev/null || true)" != "UTF-8" ]]; then export LC_ALL=C.UTF-8 LANG=C.UTF-8; fi
 
 here="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname -- "$here")"
