@@ -349,8 +349,30 @@ class ProcStat(object):
 
     @property
     def alive(self) -> bool:
-        """Running or sleeping; a zombie (or dead entry) holds no memory and counts as gone."""
-        return self.state not in ("Z", "X", "x")
+        """Running or sleeping. A zombie counts as gone only once all its threads have exited: on a
+        real GPU (H200, driver 580) a killed multi-threaded CUDA process shows its thread-group
+        leader as 'Z' while its other threads still tear down the context and hold the memory
+        (nvidia-smi lists it, name '[No data]', for another ~0.1-0.3 s; docs/validation/h200.md)."""
+        if self.state not in ("Z", "X", "x"):
+            return True
+        return _threads_still_exiting(self.pid)
+
+
+def _threads_still_exiting(pid: int) -> bool:
+    """True when a zombie leader ``pid`` still has a thread that is not dead (/proc/PID/task)."""
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        if text[text.rindex(")") + 2:].split()[0] not in ("Z", "X", "x"):
+            return True
+    return False
 
 
 def parse_proc_stat(pid: int, text: str) -> ProcStat:
