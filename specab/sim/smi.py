@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 import time
 import zlib
+from pathlib import Path
 from datetime import datetime
 from typing import Callable, Optional
 
@@ -204,11 +205,23 @@ def run(argv: list[str]) -> tuple[int, str]:
         uuids = {g["index"]: g["uuid"] for g in desc["gpus"]}
         rows = [{"timestamp": _timestamp(), "gpu_name": desc["name"],
                  "gpu_bus_id": f"00000000:{0x18 + 0x10 * a.gpu:02X}:00.0", "gpu_serial": "[N/A]",
-                 "gpu_uuid": uuids.get(a.gpu, "[N/A]"), "pid": str(a.pid), "process_name": a.process_name,
+                 "gpu_uuid": uuids.get(a.gpu, "[N/A]"), "pid": str(a.pid), "process_name": _process_name(a.pid, a.process_name),
                  "used_gpu_memory": str(a.mib)} for a in node.compute_apps()]
         canon = {"name": "process_name", "used_memory": "used_gpu_memory"}
         return 0, _render(fields, APP_FIELDS, rows, header, units, lambda f: canon.get(f, f))
     return 0, _summary(node)
+
+
+def _process_name(pid: int, recorded: str) -> str:
+    """What the real nvidia-smi shows (H200, driver 580): argv[0] of /proc/PID/cmdline read at query
+    time, so a title set with setproctitle (``sglang::scheduler_TP0``) replaces the executable path;
+    ``[No data]`` while the process is exiting (empty cmdline)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return recorded
+    first = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+    return first or "[No data]"
 
 
 def _summary(node: GpuNode) -> str:
@@ -220,7 +233,7 @@ def _summary(node: GpuNode) -> str:
         out.append(f"|  {g['index']}  {desc['name']:<12} {used[g['index']]:>6}MiB / {desc['memory_total_mib']}MiB |")
     out.append("| Processes:")
     for a in node.compute_apps():
-        out.append(f"|  {a.gpu}  {a.pid:>8}  C  {a.process_name}  {a.mib}MiB |")
+        out.append(f"|  {a.gpu}  {a.pid:>8}  C  {_process_name(a.pid, a.process_name)}  {a.mib}MiB |")
     return "\n".join(out) + "\n"
 
 
