@@ -161,7 +161,7 @@ def wait_free(a: argparse.Namespace) -> Dict[str, Any]:
                         % (g["index"], common.describe_text(pid), p["used_memory_mib"]), out)
         if is_free(snap, a.threshold_mib):
             out.update(final=snap["gpus"], polls=polls, time_to_free_s=round(time.monotonic() - t0, 4),
-                       was_free_at_first_poll=(polls == 1))
+                       free_at=round(snap["t"], 3), was_free_at_first_poll=(polls == 1))
             if a.csv:
                 write_csv(a.csv, snap)
             return out

@@ -5,7 +5,9 @@
 
 One row per GPU per sample, with a unix ``timestamp`` column first; every row is flushed as it
 is written, so a SIGKILL loses at most the sample in flight. SIGTERM/SIGINT end the loop cleanly
-(the JSON summary is printed). An nvidia-smi error or hang (bounded by --smi-timeout) skips that
+(the JSON summary is printed), and so does the exit of the process that started the sampler
+(unless --keep-after-parent-exit): a caller that dies or loses the sampler's pid (a shell that
+backgrounds a function and kills the subshell) cannot leak a sampler that runs nvidia-smi forever. An nvidia-smi error or hang (bounded by --smi-timeout) skips that
 sample and is counted; it is fatal only when no sample at all succeeded.
 """
 from __future__ import annotations
@@ -36,6 +38,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--count", type=int, default=0, help="stop after N samples (0: until signalled)")
     p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds (0: until signalled)")
     p.add_argument("--smi-timeout", type=float, default=common.DEFAULT_SMI_TIMEOUT)
+    p.add_argument("--keep-after-parent-exit", action="store_true",
+                   help="keep sampling when the process that started us exits (default: stop, so a "
+                        "sampler whose caller died or lost track of it never runs on forever)")
     a = p.parse_args(argv)
     if a.interval <= 0:
         p.error("--interval must be > 0")
@@ -74,6 +79,7 @@ class StopFlag(object):
 
 def sample(a: argparse.Namespace) -> Dict[str, Any]:
     flag = StopFlag()
+    parent = os.getppid()
     t0 = time.monotonic()
     samples = rows = errors = 0
     last_error: Optional[str] = None
@@ -103,6 +109,10 @@ def sample(a: argparse.Namespace) -> Dict[str, Any]:
             if a.count and samples + errors >= a.count:
                 break
             if a.duration and time.monotonic() - t0 >= a.duration:
+                break
+            if not a.keep_after_parent_exit and os.getppid() != parent:
+                flag.signal = "parent exited"
+                common.log("the process that started the sampler (pid %d) exited: stopping" % parent)
                 break
             flag.sleep(a.interval - (time.monotonic() - tick))
     out: Dict[str, Any] = {"out": a.out, "samples": samples, "rows": rows, "errors": errors,

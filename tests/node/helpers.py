@@ -199,16 +199,16 @@ class ServerSetup:
         return run_tool("start", "--node-dir", self.node_dir, "--run-dir", self.run_dir, "--script", script,
                         "--host", "127.0.0.1", "--port", str(self.port), env=self.sim.env)
 
-    def ready(self, timeout: float = 30, *extra: str) -> "ToolResult":
+    def ready(self, timeout: float = 120, *extra: str) -> "ToolResult":
         rec = json.loads((self.node_dir / "server.json").read_text())
         return run_tool("ready", "--url", self.url, "--pid", str(rec["pid"]), "--log", self.run_dir / "server.log",
                         "--timeout", str(timeout), *extra, env=self.sim.env)
 
-    def stop(self, grace: float = 5, *extra: str) -> "ToolResult":
+    def stop(self, grace: float = 30, *extra: str) -> "ToolResult":
         return run_tool("stop", "--node-dir", self.node_dir, "--smi", self.sim.smi_json, "--grace", str(grace),
                         *extra, env=self.sim.env)
 
-    def gpufree(self, timeout: float = 20, *extra: str) -> "ToolResult":
+    def gpufree(self, timeout: float = 60, *extra: str) -> "ToolResult":
         return run_tool("gpufree", "--smi", self.sim.smi_json, "--gpus", "all", "--threshold-mib", "64",
                         "--timeout", str(timeout), "--node-dir", self.node_dir, *extra, env=self.sim.env)
 

@@ -20,9 +20,9 @@ def test_ready_fails_fast_on_oom_quoting_sglang_line(server):
     server.config["fault"] = "oom"
     server.config["load_s"] = 0.3
     assert server.start().rc == 0
-    r = server.ready(120)
+    r = server.ready(300)
     assert r.rc == 1
-    assert r.wall_s < 20, "fail fast, not at the 120 s timeout"
+    assert r.wall_s < 60, "fail fast, not at the 300 s timeout"
     assert "out of memory" in r.error
     assert "Not enough memory. Please try to increase --mem-fraction-static." in r.error
     assert r.data["fatal_line"] and "Not enough memory" in r.data["fatal_line"]
@@ -32,8 +32,8 @@ def test_ready_fails_fast_on_oom_quoting_sglang_line(server):
 def test_ready_fails_fast_on_unrecognized_arguments(server):
     server.write_launch(extra_args="--bogus-flag 1")
     assert server.start().rc == 0
-    r = server.ready(120)
-    assert r.rc == 1 and r.wall_s < 20
+    r = server.ready(300)
+    assert r.rc == 1 and r.wall_s < 60
     assert "unrecognized arguments: --bogus-flag" in r.error
 
 
@@ -41,8 +41,8 @@ def test_ready_fails_fast_when_the_process_exits(server):
     server.config["fault"] = "die_during_load"
     server.config["load_s"] = 1.0
     assert server.start().rc == 0
-    r = server.ready(120)
-    assert r.rc == 1 and r.wall_s < 20
+    r = server.ready(300)
+    assert r.rc == 1 and r.wall_s < 60
     assert "exited before it was ready" in r.error and "phase 'loading weights'" in r.error
     assert "Load weight begin" in r.error, "the log tail is quoted"
 
@@ -50,6 +50,8 @@ def test_ready_fails_fast_when_the_process_exits(server):
 def test_ready_times_out_with_phase_and_tail(server):
     server.config["load_s"] = 30
     assert server.start().rc == 0
+    log = server.run_dir / "server.log"
+    assert wait_for(lambda: "Load weight begin" in log.read_text(), 30)
     r = server.ready(1.5)
     assert r.rc == 1
     assert "not ready after 1.5s" in r.error and "loading weights" in r.error
@@ -71,7 +73,7 @@ def test_stop_escalates_to_sigkill_after_grace(server, sim):
     kill_t = next(s["t"] for s in r.data["signals"] if s["signal"] == "SIGKILL")
     assert kill_t - term_t >= 1.0, "SIGKILL only after the grace period"
     assert r.data["kill_to_gone_s"] is not None and r.data["total_s"] >= 1.0
-    assert [x["pid"] for x in r.data["survivors_after_grace"]] == [rec["pid"]]
+    assert rec["pid"] in [x["pid"] for x in r.data["survivors_after_grace"]]
     assert not session_pids(rec["sid"])
     assert server.gpufree().rc == 0
 
@@ -94,7 +96,7 @@ def test_stop_sweeps_orphaned_workers_outside_the_group(server, sim):
     assert set(apps) == termed, "the workers outside the group got their own SIGTERM"
     assert not r.data["escalated"] and r.data["term_to_gone_s"] < 25, "no wait for the grace period"
     assert not session_pids(rec["sid"])
-    r = server.gpufree(20)
+    r = server.gpufree(60)
     assert r.rc == 0, r.error
     assert all(g["memory_used_mib"] == 0 for g in r.data["final"])
 
@@ -117,13 +119,17 @@ def test_stop_finds_orphans_after_the_main_process_died(server, sim):
 # ------------------------------------------------------------------ 5. slow memory release
 
 def test_gpufree_waits_for_slow_release_and_records_time(server, sim):
-    server.config["release_lag"] = 1.5
+    lag = 3.0
+    server.config["release_lag"] = lag
     assert server.start().rc == 0
     assert server.ready().rc == 0
-    assert server.stop().rc == 0
-    r = server.gpufree(30)
+    stop = server.stop()
+    assert stop.rc == 0
+    died = stop.data["signals"][0]["t"]  # SIGTERM; the workers exit on it
+    r = server.gpufree(60)
     assert r.rc == 0, r.error
-    assert r.data["time_to_free_s"] >= 0.5 and r.data["polls"] >= 3
+    assert r.data["free_at"] >= died + lag - 0.2, "did not report free while the memory was still held"
+    assert r.data["time_to_free_s"] > 0 and r.data["polls"] >= 2
     assert r.data["initial"][0]["compute_processes"] == [] and r.data["initial"][0]["memory_used_mib"] == 1000, \
         "compute apps empty before memory drops: both conditions are needed"
 
@@ -148,7 +154,7 @@ def test_gpufree_timeout_prints_the_gpu_table(server, sim):
 def test_foreign_gpu_process_refused_at_once_and_never_killed(server, sim):
     foreign = sim.hold(0, 4000, title="someone-elses-training")
     t0 = time.monotonic()
-    r = server.gpufree(30)
+    r = server.gpufree(60)
     assert r.rc == 1 and time.monotonic() - t0 < 15, "refused at once, not after the timeout"
     assert "GPU 0 is used by a process that is not ours" in r.error
     assert "PID %d" % foreign.pid in r.error and "user root" in r.error

@@ -23,7 +23,7 @@ def test_full_cycle_start_ready_envcheck_stop_gpufree(server, sim):
     assert r.wall_s < 10, "start returns at once"
 
     progress = server.run_dir / "progress.json"
-    r = server.ready(30, "--progress", str(progress), "--phases-out", str(server.run_dir / "timings.json"))
+    r = server.ready(120, "--progress", str(progress), "--phases-out", str(server.run_dir / "timings.json"))
     assert r.rc == 0, r.error
     assert r.data["ready"] and r.data["endpoint"] == "/health_generate"
     assert {"load_weight_begin", "load_weight_end", "capture_cuda_graph_begin", "capture_cuda_graph_end",
@@ -44,7 +44,7 @@ def test_full_cycle_start_ready_envcheck_stop_gpufree(server, sim):
     assert all(a["ok"] for a in r.data["args"].values())
     assert json.loads((server.run_dir / "server_info.json").read_text())["tp_size"] == 2
 
-    r = server.stop(10, "--out", str(server.run_dir / "stop.json"))
+    r = server.stop(30, "--out", str(server.run_dir / "stop.json"))
     assert r.rc == 0, r.error
     assert r.data["was_running"] and not r.data["escalated"]
     assert [s["signal"] for s in r.data["signals"]] == ["SIGTERM"]
@@ -53,7 +53,7 @@ def test_full_cycle_start_ready_envcheck_stop_gpufree(server, sim):
     assert not (server.node_dir / "server.json").exists()
     assert json.loads((server.node_dir / "last_server.json").read_text())["pid"] == rec["pid"]
 
-    r = server.gpufree(20, "--out", str(server.run_dir / "gpu_free.json"), "--csv", str(server.run_dir / "gpu_after.csv"))
+    r = server.gpufree(60, "--out", str(server.run_dir / "gpu_free.json"), "--csv", str(server.run_dir / "gpu_after.csv"))
     assert r.rc == 0, r.error
     assert r.data["time_to_free_s"] >= 0 and all(g["memory_used_mib"] <= 64 for g in r.data["final"])
     assert (server.run_dir / "gpu_after.csv").read_text().startswith("timestamp,index,uuid")

@@ -211,3 +211,24 @@ def test_env_file_parse_agrees_with_bash(tmp_path):
                           'for k in \'ABCD\'}))"', "x", str(f)], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == values == common.parse_env_file(str(f))
     assert not (tmp_path / "pwned").exists()
+
+
+def test_ready_observed_durations_only_for_lines_seen_live(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("[2025-10-22 10:20:01 TP0] Load weight begin. avail mem=78.50 GB\n")
+    w = ready.LogWatcher(str(log))
+    w.poll()  # first read: the begin line was already there, its read time says nothing
+    assert w.phases["load_weight_begin"]["live"] is False
+    with open(log, "a") as fh:
+        fh.write("[2025-10-22 10:20:02 TP0] Load weight end. type=X, dtype=torch.bfloat16, avail mem=1 GB, "
+                 "mem usage=7 GB.\n[2025-10-22 10:20:02 TP0] Capture cuda graph begin. This can take up to "
+                 "several minutes. avail mem=1 GB\n")
+    w.poll()
+    with open(log, "a") as fh:
+        fh.write("[2025-10-22 10:20:03 TP0] Capture cuda graph end. Time elapsed: 0.50 s. mem usage=0.1 GB. "
+                 "avail mem=0.9 GB.\n[2025-10-22 10:20:03] The server is fired up and ready to roll!\n")
+    w.poll()
+    obs = w.durations(observed=True)
+    assert obs["load_weights_s"] is None and obs["weights_to_ready_s"] is None
+    assert obs["capture_cuda_graph_s"] is not None and obs["capture_cuda_graph_s"] >= 0
+    assert w.durations()["load_weights_s"] == 1.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import time
@@ -107,3 +108,25 @@ def test_manifest_survives_missing_pieces(tmp_path):
     assert r.data["versions"]["sglang"].startswith("error:")
     assert r.data["models"]["target"] == {"path": "/nonexistent/model", "exists": False}
     assert r.data["server"] is None and r.data["launch"] is None
+
+
+def test_gpusample_stops_when_its_parent_exits(tmp_path, sim):
+    """The bench role's shell backgrounds a function: killing the subshell used to orphan the
+    sampler, which then ran nvidia-smi forever. The sampler notices its parent's exit and stops."""
+    out = tmp_path / "s.csv"
+    pidfile = tmp_path / "pid"
+    script = ('sampler() { %s %s --smi %s --interval 0.1 --out %s "$@"; }\n'
+              'sampler > %s 2>/dev/null &\necho $! > %s\nwait\n') % (
+        PY, NODE_DIR_SRC / "gpusample.py", "'" + sim.smi_json + "'", out, tmp_path / "json", pidfile)
+    shell = subprocess.Popen(["bash", "-c", script], env=sim.env)
+    try:
+        assert wait_for(lambda: out.exists() and len(out.read_text().splitlines()) >= 3, 60)
+        subshell = int(pidfile.read_text())
+        sampler = int(subprocess.run(["pgrep", "-P", str(subshell)], capture_output=True, text=True).stdout.split()[0])
+        os.kill(subshell, signal.SIGTERM)  # what the role's `kill "$sampler_pid"` did
+        assert wait_for(lambda: not os.path.exists("/proc/%d" % sampler) or
+                        open("/proc/%d/stat" % sampler).read().split(") ")[1][0] == "Z", 30)
+        assert json.loads((tmp_path / "json").read_text())["stopped_by"] == "parent exited"
+    finally:
+        shell.kill()
+        shell.wait()

@@ -24,13 +24,13 @@ def _envcheck(server, *extra):
 def test_sim_full_cycle(server, sim):
     server.write_sim_launch(env_lines=TUNED, args={"trust_remote_code": True, "disable_custom_all_reduce": True})
     assert server.start().rc == 0
-    r = server.ready(60, "--progress", str(server.run_dir / "progress.json"))
+    r = server.ready(120, "--progress", str(server.run_dir / "progress.json"))
     assert r.rc == 0, r.error
     assert {"load_weight_begin", "load_weight_end", "capture_cuda_graph_begin", "capture_cuda_graph_end",
             "ready_line"} <= set(r.data["phases"])
-    # the profile loads weights for 1.2 s (+0.3 s draft-free init) at time scale 10: ~0.12 s, seen live
     obs = r.data["durations_observed"]
-    assert obs["weights_to_ready_s"] is not None and 0 < obs["weights_to_ready_s"] < 30
+    if r.data["phases"]["load_weight_begin"]["live"]:  # ready.py was watching before weights began
+        assert obs["weights_to_ready_s"] is not None and 0 < obs["weights_to_ready_s"] < 30
     rec = json.loads((server.node_dir / "server.json").read_text())
 
     r = _envcheck(server)
@@ -45,10 +45,10 @@ def test_sim_full_cycle(server, sim):
 
     before = sim.memory_used()
     assert before[0] > 0 and before[1] > 0
-    r = server.stop(10)
+    r = server.stop(30)
     assert r.rc == 0, r.error
     assert not r.data["escalated"] and not session_pids(rec["sid"])
-    r = server.gpufree(30)
+    r = server.gpufree(60)
     assert r.rc == 0, r.error
     assert r.data["final"][0]["memory_used_mib"] == 0
 
@@ -60,7 +60,7 @@ def test_sim_envcheck_catches_a_missing_worker_variable_via_nccl(server, sim):
     script = server.run_dir / "launch.sh"
     script.write_text(script.read_text().replace(". ./nccl.env", "export NCCL_DEBUG=INFO"))
     assert server.start().rc == 0
-    assert server.ready(60).rc == 0
+    assert server.ready(120).rc == 0
     r = _envcheck(server)
     assert r.rc == 1
     assert "NCCL_PROTO: cannot verify 'LL' in sglang::scheduler_TP0" in r.error
@@ -71,7 +71,7 @@ def test_sim_oom_at_start_fails_fast(server, sim):
     server.write_sim_launch(fault="oom_at_start")
     assert server.start().rc == 0
     r = server.ready(300)
-    assert r.rc == 1 and r.wall_s < 30
+    assert r.rc == 1 and r.wall_s < 60
     assert "out of memory" in r.error and "CUDA out of memory" in r.data["fatal_line"]
 
 
@@ -79,7 +79,7 @@ def test_sim_unknown_flag_fails_fast(server, sim):
     server.write_sim_launch(extra_args="--no-such-flag 3")
     assert server.start().rc == 0
     r = server.ready(300)
-    assert r.rc == 1 and r.wall_s < 30
+    assert r.rc == 1 and r.wall_s < 60
     assert "unrecognized arguments: --no-such-flag" in r.error
 
 
@@ -87,23 +87,23 @@ def test_sim_port_in_use_fails_fast(server, sim):
     server.write_sim_launch(fault="port_in_use")
     assert server.start().rc == 0
     r = server.ready(300)
-    assert r.rc == 1 and r.wall_s < 30
+    assert r.rc == 1 and r.wall_s < 60
     assert "address already in use" in r.error.lower()
 
 
 def test_sim_ignore_sigterm_escalates(server, sim):
     server.write_sim_launch(fault="ignore_sigterm")
-    assert server.start().rc == 0 and server.ready(60).rc == 0
+    assert server.start().rc == 0 and server.ready(120).rc == 0
     r = server.stop(1.0)
     assert r.rc == 0, r.error
     assert r.data["escalated"] is True
     assert [s["signal"] for s in r.data["signals"]][:2] == ["SIGTERM", "SIGKILL"]
-    assert server.gpufree(30).rc == 0
+    assert server.gpufree(60).rc == 0
 
 
 def test_sim_orphan_workers_swept_after_parent_death(server, sim):
     server.write_sim_launch(fault="orphan_workers")
-    assert server.start().rc == 0 and server.ready(60).rc == 0
+    assert server.start().rc == 0 and server.ready(120).rc == 0
     rec = json.loads((server.node_dir / "server.json").read_text())
     os.kill(rec["pid"], signal.SIGKILL)
     assert wait_for(lambda: rec["pid"] not in session_pids(rec["sid"]))
@@ -112,16 +112,18 @@ def test_sim_orphan_workers_swept_after_parent_death(server, sim):
     r = server.stop(2.0)
     assert r.rc == 0, r.error
     assert not session_pids(rec["sid"])
-    r = server.gpufree(30)
+    r = server.gpufree(60)
     assert r.rc == 0, r.error
 
 
 def test_sim_slow_release_time_to_free(server, sim):
-    server.write_sim_launch(fault="slow_release=10", scale=10)  # 10 simulated s / 10 = 1 s
-    assert server.start().rc == 0 and server.ready(60).rc == 0
-    assert server.stop().rc == 0
-    r = server.gpufree(30)
+    server.write_sim_launch(fault="slow_release=30", scale=10)  # 30 simulated s / 10 = 3 s
+    assert server.start().rc == 0 and server.ready(120).rc == 0
+    stop = server.stop()
+    assert stop.rc == 0
+    r = server.gpufree(60)
     assert r.rc == 0, r.error
-    assert 0.5 <= r.data["time_to_free_s"] < 20
-    r2 = server.gpufree(30)
+    assert r.data["free_at"] >= stop.data["signals"][0]["t"] + 3.0 - 0.2
+    assert r.data["initial"][0]["memory_used_mib"] > 0 and not r.data["initial"][0]["compute_processes"]
+    r2 = server.gpufree(60)
     assert r2.data["was_free_at_first_poll"] is True
