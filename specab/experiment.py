@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -206,6 +207,8 @@ class ExperimentRun:
 
         bench_state = {"warm": 0, "measured": 0}
 
+        warmups = int(self.p.experiment.bench.get("warmup_requests") or 0)
+
         def on_bench(line: str) -> None:
             try:
                 rec = json.loads(line)
@@ -213,7 +216,8 @@ class ExperimentRun:
                 return
             if rec.get("warmup"):
                 bench_state["warm"] += 1
-                clock.enter("warming up")
+                if bench_state["warm"] >= warmups:
+                    clock.enter("benchmarking")     # the measured requests start now
             else:
                 bench_state["measured"] += 1
                 clock.enter("benchmarking")
@@ -222,11 +226,15 @@ class ExperimentRun:
                                        + f": {rec.get('decode_tok_s') or 0:.1f} tok/s")
 
         def on_phase(phase: str) -> None:
+            if phase == "starting" and clock.current in (None, "preparing"):
+                phase = "preparing"             # arm.yml checks its variables before the first stop
+            if phase == "benchmarking" and warmups > 0 and clock.current not in ("warming up", "benchmarking"):
+                phase = "warming up"            # the client sends the warm-up requests first
             if phase == "loading":
                 if clock.current in ("loading weights", "capturing graphs", "ready"):
                     return
                 phase = "loading"
-            if phase == "starting" and not tails:
+            if phase in ("starting", "loading") and not tails:
                 node_dir = self._node_run_dir(head, pr.run_id)
                 tails.append(LogTail(head, node_dir + "/server.log", on_log).start())
                 tails.append(LogTail(head, node_dir + "/bench.jsonl", on_bench).start())
@@ -284,7 +292,9 @@ class ExperimentRun:
             reason = (f"{f.task}: {f.message}" if f else f"ansible-runner status {result.status} rc {result.rc}")
             if f and f.host and len(hosts) > 1:
                 reason = f"[{f.host}] {reason}"
-            phase = clock.current if (f is None or f.phase in (None, "loading")) else f.phase
+            phase = clock.phase_at(f.time) if f else clock.current
+            if f and f.phase and f.phase != "loading" and phase not in (f.phase,):
+                phase = f.phase
             if log_tail is None:
                 log_tail = result.stdout_tail
         self.store.finish_run(pr.seq, status=status, runner_status=result.status, runner_rc=result.rc,
@@ -402,6 +412,14 @@ class _PhaseClock:
         with self._lock:
             if self.times and self.times[-1][2] is None:
                 self.times[-1] = (self.times[-1][0], self.times[-1][1], time.time())
+
+    def phase_at(self, t: float) -> str | None:
+        """The phase (display name) that was current at time `t`."""
+        with self._lock:
+            for name, t0, t1 in reversed(self.times):
+                if t0 <= t:
+                    return re.sub(r" \(\d+\)$", "", name)
+        return self.current
 
     def load_phases(self) -> dict[str, float]:
         """Seconds from the start of `starting` to each load phase reached."""

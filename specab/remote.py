@@ -272,8 +272,11 @@ class LogTail:
                     chunk = node.read_from(self.path, offset)
                 except RemoteError as exc:
                     self.error = str(exc)
-                    chunk = None
-                if chunk:
+                    self._stop.wait(self.interval)
+                    continue
+                if chunk is None:           # absent (or removed by a re-run): start over when it appears
+                    offset, pending = 0, b""
+                elif chunk:
                     offset += len(chunk)
                     pending += chunk
                     *lines, pending = pending.split(b"\n")

@@ -63,6 +63,7 @@ class Failure:
     task: str
     host: str | None
     message: str
+    time: float = field(default_factory=time.time)
 
 
 @dataclass
