@@ -1,0 +1,107 @@
+"""ab_test.yml: one A/B round (baseline vs EAGLE-3) on a local simulated node.
+
+One playbook run per module (it is the expensive part); the tests read what it printed and left.
+The experiment carries hostile values (shell metacharacters) in an env variable and a server arg:
+they must reach the engine literally, and nothing may be executed.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.ansible.conftest import Result, SimNode, experiment
+
+PWNED = Path(f"/tmp/specab-pwned-{uuid.uuid4().hex[:8]}")
+HOSTILE_ENV = f"x; touch {PWNED}; $(touch {PWNED}) `touch {PWNED}`"
+HOSTILE_NAME = f"kimi'; touch {PWNED} #"
+
+EXPECTED_FILES = {"server.log", "bench.jsonl", "bench_summary.json", "launch.sh", "nccl.env", "manifest.json",
+                  "gpu_before.csv", "gpu_after.csv", "gpu_samples.csv", "env_check.json", "server_info.json",
+                  "stop.json", "gpu_free.json", "args.json", "ready.json"}
+
+
+@pytest.fixture(scope="module")
+def round_(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimNode, Result, dict[str, Any]]]:
+    node = SimNode(root=tmp_path_factory.mktemp("ab-round"))
+    exp = experiment(node.port)
+    exp["env"]["SPECAB_TEST_HOSTILE"] = HOSTILE_ENV
+    exp["server_args"]["served_model_name"] = HOSTILE_NAME
+    exp_file = node.write_experiment(exp)
+    try:
+        result = node.playbook("ab_test.yml", {"specab_experiment_file": str(exp_file),
+                                               "specab_experiment_id": "t-round"})
+        yield node, result, exp
+    finally:
+        node.stop()
+        PWNED.unlink(missing_ok=True)
+
+
+def _table(output: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in output.splitlines():
+        m = re.match(r"^\s*-?\s*'?(baseline|eagle3-s2)\s+(\d+/\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", line)
+        if m:
+            rows[m.group(1)] = list(m.groups()[1:])
+    return rows
+
+
+def test_round_succeeds_and_prints_the_table(round_: tuple[SimNode, Result, dict[str, Any]]) -> None:
+    node, result, _ = round_
+    assert result.rc == 0, str(result)
+    assert "tok/s (median)" in result.output and "accept len" in result.output and "speedup" in result.output
+    rows = _table(result.output)
+    assert set(rows) == {"baseline", "eagle3-s2"}, str(result)
+    base, eagle = rows["baseline"], rows["eagle3-s2"]
+    assert base[0] == "2/2" and eagle[0] == "2/2"
+    assert float(base[1]) > 0 and float(eagle[1]) > 0
+    assert base[3] == "-", "the baseline does not speculate: no accept length"
+    assert 1.5 < float(eagle[3]) < 3.0, f"EAGLE-3 2-step accept length should be ~2.1, got {eagle[3]}"
+    assert base[4] == "1.00x"
+    table = {r["arm"]: r for r in json.loads((node.runs_dir / "t-round" / "ab_table.json").read_text())["rows"]}
+    speedup = table["eagle3-s2"]["tok_s"] / table["baseline"]["tok_s"]
+    assert eagle[4] == f"{speedup:.2f}x", "speedup = median tok/s of the arm / median tok/s of the baseline"
+
+
+def test_round_leaves_every_artefact(round_: tuple[SimNode, Result, dict[str, Any]]) -> None:
+    node, result, _ = round_
+    assert result.rc == 0, str(result)
+    exp_dir = node.runs_dir / "t-round"
+    assert sorted(p.name for p in exp_dir.iterdir() if p.is_dir()) == ["001-baseline", "002-eagle3-s2"]
+    for run in ("001-baseline", "002-eagle3-s2"):
+        files = {p.name for p in (exp_dir / run).iterdir()}
+        assert EXPECTED_FILES <= files, f"{run} misses {sorted(EXPECTED_FILES - files)}"
+        assert (exp_dir / run / "nccl.env").stat().st_mode & 0o777 == 0o600
+        records = [json.loads(line) for line in (exp_dir / run / "bench.jsonl").read_text().splitlines()]
+        assert [r["warmup"] for r in records].count(False) == 2 and all(r["ok"] for r in records)
+        manifest = json.loads((exp_dir / run / "manifest.json").read_text())
+        assert "t-round" in json.dumps(manifest) and run in json.dumps(manifest)
+    eagle_args = json.loads((exp_dir / "002-eagle3-s2" / "server_info.json").read_text())
+    assert eagle_args["speculative_algorithm"] == "EAGLE3" and eagle_args["speculative_num_steps"] == 2
+    table = json.loads((exp_dir / "ab_table.json").read_text())
+    assert [r["arm"] for r in table["rows"]] == ["baseline", "eagle3-s2"]
+
+
+def test_hostile_values_reach_the_engine_literally(round_: tuple[SimNode, Result, dict[str, Any]]) -> None:
+    node, result, _ = round_
+    assert result.rc == 0, str(result)
+    assert not PWNED.exists(), f"a templated value was executed: {PWNED} was created"
+    run = node.runs_dir / "t-round" / "001-baseline"
+    check = json.loads((run / "env_check.json").read_text())
+    hostile = check["variables"]["SPECAB_TEST_HOSTILE"]
+    assert hostile["mismatches"] == [] and any(e.startswith("environ:") for e in hostile["evidence"])
+    info = json.loads((run / "server_info.json").read_text())
+    assert info["served_model_name"] == HOSTILE_NAME
+
+
+def test_round_leaves_nothing_running_and_testinfra_agrees(round_: tuple[SimNode, Result, dict[str, Any]]) -> None:
+    node, result, _ = round_
+    assert result.rc == 0, str(result)
+    assert node.server_record() is None, "server.json should be gone after the final stop"
+    check = node.infra_check()
+    assert check.rc == 0, f"testinfra should pass on free GPUs:\n{check}"
+    assert "4 passed" in check.output
