@@ -30,7 +30,7 @@ BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len
 TIMEOUT_KEYS = {"ready_s", "stop_grace_s", "gpu_free_s", "bench_s", "run_s", "envcheck_s", "smi_s"}
 BENCH_APIS = {"generate", "completions", "chat"}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")
+ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # as the server_start role requires
 EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 INVENTORY_GROUP_KEYS = {"hosts", "vars", "children"}
 SECRET_NAME = re.compile(r"(^HF_TOKEN$|_TOKEN$|_KEY$|_SECRET$|PASSWORD)", re.IGNORECASE)
@@ -270,7 +270,7 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> Experiment:
         aname = str(arm["name"])
         if not ARM_NAME.match(aname):
             raise ConfigError(f"{where}{_key_line(root, apath + ('name',))}: arm name {aname!r} may only contain "
-                              f"letters, digits and . _ = + -")
+                              f"letters, digits and . _ - (at most 64 characters)")
         if aname in seen:
             raise ConfigError(f"{where}{_key_line(root, apath + ('name',))}: duplicate arm name '{aname}'.")
         seen.add(aname)

@@ -636,7 +636,7 @@ def _conclude(code: int, store: st.Store, exp_dir: Path, out: TextIO) -> int:
         if report is not None and hasattr(report, "write_report"):
             try:
                 paths = report.write_report(exp_dir)
-                print(f"report: {paths}", file=out)
+                print(f"report: {paths.get('markdown')} and {paths.get('html')}", file=out)
             except Exception as exc:    # a report bug must not lose the experiment's exit status
                 print(f"report not written: {type(exc).__name__}: {exc}", file=out)
     if code != EXIT_OK:

@@ -215,9 +215,21 @@ def check_spec(server_args: dict[str, Any], where: str) -> tuple[dict[str, Any],
     return args, notices, refusals
 
 
+MAX_NAME = 64     # the roles accept arm names matching [A-Za-z0-9][A-Za-z0-9._-]{0,63}
+
+
 def _fmt(v: Any) -> str:
     s = "true" if v is True else "false" if v is False else str(v)
-    return re.sub(r"[^A-Za-z0-9._+-]", "_", s)
+    return re.sub(r"[^A-Za-z0-9._-]", "_", s)
+
+
+def _fit(name: str) -> str:
+    """Arm names are directory names and role inputs: at most 64 characters."""
+    if len(name) <= MAX_NAME:
+        return name
+    import hashlib
+    digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+    return name[:MAX_NAME - 9].rstrip("-_.") + "-" + digest
 
 
 def _spec_name(args: dict[str, Any]) -> str:
@@ -228,7 +240,7 @@ def _spec_name(args: dict[str, Any]) -> str:
 
 
 def _suffix(combo: dict[Axis, Any]) -> str:
-    parts = [f"{ax.label[4:] if ax.is_env else ax.label}={_fmt(v)}" for ax, v in combo.items()]
+    parts = [f"{ax.label[4:] if ax.is_env else ax.label}-{_fmt(v)}" for ax, v in combo.items()]
     return "-".join(parts)
 
 
@@ -306,6 +318,7 @@ def build_arms(exp: Experiment, axes: list[Axis], skip_invalid: bool = False) ->
         bname = "baseline" if not suffix else f"baseline-{suffix}"
         if not suffix and file_baseline is not None:
             bname = str(file_baseline["name"])
+        bname = _fit(bname)
         b = resolve_arm(exp, {"name": bname,
                               "server_args": overlay(baseline_overlay.get("server_args") or {}, cond_args),
                               "env": overlay(baseline_overlay.get("env") or {}, cond_env)},
@@ -328,6 +341,7 @@ def build_arms(exp: Experiment, axes: list[Axis], skip_invalid: bool = False) ->
             aname = name or _spec_name(adjusted)
             if suffix:
                 aname = f"{aname}-{suffix}"
+            aname = _fit(aname)
             add(Arm(name=aname, server_args=adjusted, env=resolved.env, is_baseline=False, baseline=bname,
                     matrix=resolved.matrix))
     if refused and not skip_invalid:

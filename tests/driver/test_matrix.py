@@ -35,14 +35,24 @@ def test_ranges_and_products(experiment_file):
 def test_env_and_engine_args_are_conditions_with_their_own_baseline(experiment_file):
     s = arms_of(experiment_file, "env.NCCL_PROTO=LL,Simple")
     by = {a.name: a for a in s.arms}
-    assert set(by) == {"baseline-NCCL_PROTO=LL", "baseline-NCCL_PROTO=Simple",
-                       "eagle3-s2-NCCL_PROTO=LL", "eagle3-s2-NCCL_PROTO=Simple"}
-    assert by["eagle3-s2-NCCL_PROTO=Simple"].env["NCCL_PROTO"] == "Simple"
-    assert by["eagle3-s2-NCCL_PROTO=Simple"].baseline == "baseline-NCCL_PROTO=Simple"
+    assert set(by) == {"baseline-NCCL_PROTO-LL", "baseline-NCCL_PROTO-Simple",
+                       "eagle3-s2-NCCL_PROTO-LL", "eagle3-s2-NCCL_PROTO-Simple"}
+    assert by["eagle3-s2-NCCL_PROTO-Simple"].env["NCCL_PROTO"] == "Simple"
+    assert by["eagle3-s2-NCCL_PROTO-Simple"].baseline == "baseline-NCCL_PROTO-Simple"
     s = arms_of(experiment_file, "mem_fraction_static=0.85", "steps=2")
     by = {a.name: a for a in s.arms}
-    assert by["eagle3-s2-k1-d3-mem_fraction_static=0.85"].server_args["mem_fraction_static"] == 0.85
-    assert by["baseline-mem_fraction_static=0.85"].server_args["mem_fraction_static"] == 0.85
+    assert by["eagle3-s2-k1-d3-mem_fraction_static-0.85"].server_args["mem_fraction_static"] == 0.85
+    assert by["baseline-mem_fraction_static-0.85"].server_args["mem_fraction_static"] == 0.85
+
+
+def test_arm_names_fit_the_roles_pattern(experiment_file):
+    import re
+    s = arms_of(experiment_file, "steps=1,2", "env.NCCL_SOCKET_IFNAME=eth0/with=odd chars,lo",
+                "speculative_draft_model_path=/very/long/path/to/a/draft/model/directory/that/goes/on")
+    for a in s.arms:
+        assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", a.name), a.name
+        if not a.is_baseline:
+            assert a.baseline in {b.name for b in s.arms if b.is_baseline}
 
 
 def test_no_matrix_uses_the_experiment_arms(experiment_file):

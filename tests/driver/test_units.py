@@ -1,0 +1,122 @@
+"""Runner event mapping, secret scrubbing, progress display, export, run directory checks."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from specab.cli import main
+from specab.experiment import ExperimentError, check_writable
+from specab.progress import Progress
+from specab.runner import _message, phase_of, scrub_tree
+from tests.driver.test_store import _store
+
+
+@pytest.mark.parametrize("task, phase", [
+    ("Stop | Stop any server of ours left on the node", "stopping"),
+    ("GPUs free | Wait until the GPUs are free before starting", "waiting for GPUs"),
+    ("Start | Launch detached in its own session, arm x", "starting"),
+    ("Ready | Loading weights and capturing graphs until the server answers", "loading"),
+    ("Env | Compare every engine process's environment", "verifying env"),
+    ("Bench | Run the benchmark client", "benchmarking"),
+    ("Collect | Fetch the run's files", "collecting"),
+    ("server_stop : Stop | Read the stop result", "stopping"),
+    ("Validating arguments against arg spec 'main'", None),
+    ("Run | Remember why the run failed", None),
+    (None, None),
+])
+def test_task_names_map_to_phases(task, phase):
+    assert phase_of(task) == phase
+
+
+def test_failure_message_prefers_the_node_tools_error():
+    assert _message({"stdout": json.dumps({"ok": False, "error": "GPU 0 held by pid 42 (bob): python train.py"}),
+                     "msg": "non-zero return code", "rc": 1}) == "GPU 0 held by pid 42 (bob): python train.py"
+    assert _message({"msg": "The server did not become ready: OOM"}) == "The server did not become ready: OOM"
+    assert "boom" in _message({"msg": "non-zero return code", "stderr": "boom", "stdout": ""})
+
+
+def test_scrub_tree_removes_secret_values_everywhere(tmp_path):
+    (tmp_path / "a").mkdir()
+    f1 = tmp_path / "a" / "command"
+    f1.write_text(json.dumps({"env": {"HF_TOKEN": "hf_abc\"def", "X": "1"}}))
+    f2 = tmp_path / "stdout"
+    f2.write_text("token hf_abc\"def here\n")
+    assert scrub_tree(tmp_path, ['hf_abc"def', "", "ab"]) == 2
+    assert 'hf_abc' not in f1.read_text() and "hf_abc" not in f2.read_text()
+    assert "<redacted>" in f2.read_text()
+
+
+def test_progress_plain_lines_and_eta():
+    out = io.StringIO()
+    p = Progress(out=out, live=False)
+    p.start("exp-1", total=4)
+    p.run_started(1, "001-baseline", "baseline", 1)
+    p.phase("loading weights")
+    p.run_finished("ok", 10.0)
+    p.run_started(2, "002-x", "x", 1)
+    p.run_finished("failed", 20.0, reason="Ready | the server died: OOM\nmore")
+    text = out.getvalue()
+    assert "[1/4] 001-baseline" in text and "loading weights" in text
+    assert "failed in 20.0 s: Ready | the server died: OOM" in text
+    assert p.eta() == pytest.approx(2 * 15.0)
+    p.close()
+
+
+def test_progress_live_renders():
+    out = io.StringIO()
+    p = Progress(out=out, live=True)
+    p.start("exp-1", total=2)
+    p.run_started(1, "001-baseline", "baseline", 1)
+    p.phase("capturing graphs")
+    p.log_line("[2026-01-01 00:00:00 TP0] Capture cuda graph begin.")
+    p.close()
+    text = out.getvalue()
+    assert "run         1 of 2" in text and "baseline  (block 1)" in text
+    assert "capturing graphs" in text and "Capture cuda graph begin." in text
+
+
+def test_run_directory_must_be_writable(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ExperimentError, match="not writable"):
+        check_writable(f / "runs")
+    with pytest.raises(ExperimentError, match="MB free"):
+        check_writable(tmp_path / "ok", min_free_mb=10 ** 12)
+    check_writable(tmp_path / "ok")
+
+
+def test_unwritable_runs_dir_refused_before_any_run(tmp_path, experiment_file, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert main(["-e", str(experiment_file), "--runs-dir", str(f / "runs")], out=io.StringIO()) == 2
+    assert "not writable" in capsys.readouterr().err
+
+
+def test_export_csv_and_json(tmp_path):
+    s = _store(tmp_path)
+    s.start_run(seq=1, run_id=s.plan()[0]["run_id"], arm=s.plan()[0]["arm"], block=1, host="h", run_dir="/r",
+                runner_ident="i")
+    s.add_requests(1, "h", [{"i": 0, "warmup": False, "ok": True, "decode_tok_s": 81.5, "chunk_tokens": [1, 2]}])
+    s.finish_run(1, status="ok")
+    s.close()
+    out = io.StringIO()
+    assert main(["export", str(tmp_path), "--format", "csv"], out=out) == 0
+    rows = list(csv.DictReader(io.StringIO(out.getvalue())))
+    assert rows[0]["decode_tok_s"] == "81.5" and rows[0]["run_status"] == "ok" and rows[0]["arm"]
+    out = io.StringIO()
+    assert main(["export", str(tmp_path), "--format", "csv", "--table", "runs"], out=out) == 0
+    assert list(csv.DictReader(io.StringIO(out.getvalue())))[0]["status"] == "ok"
+    out = io.StringIO()
+    assert main(["export", str(tmp_path), "--format", "json"], out=out) == 0
+    data = json.loads(out.getvalue())
+    assert data["experiment"]["id"] == "t-1" and data["requests"][0]["chunk_tokens"] == [1, 2]
+    assert len(data["plan"]) == 4
+
+
+def test_export_unknown_experiment(tmp_path, capsys):
+    assert main(["export", "nope", "--runs-dir", str(tmp_path)], out=io.StringIO()) == 2
+    assert "not found" in capsys.readouterr().err
