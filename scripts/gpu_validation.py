@@ -248,6 +248,19 @@ def first_free_sample(samples: List[Dict[str, Any]], after: float, gpus: Optiona
     return None
 
 
+def first_no_apps_sample(samples: List[Dict[str, Any]], after: float, gpus: Optional[Iterable[int]] = None
+                         ) -> Optional[Dict[str, Any]]:
+    """The first sample read entirely after ``after`` whose compute-apps list has nothing on ``gpus``."""
+    for s in samples:
+        if s.get("t0", s["t"]) < after:
+            continue
+        rows, apps = snapshot_rows(s)
+        uuids = {r["uuid"] for r in rows if gpus is None or r["index"] in set(gpus)}
+        if not any(a["gpu_uuid"] in uuids for a in apps):
+            return s
+    return None
+
+
 def last_sample_before(samples: List[Dict[str, Any]], t: float) -> Optional[Dict[str, Any]]:
     best = None
     for s in samples:
@@ -446,7 +459,9 @@ def start_foreign(ctx: Ctx, gpu: int) -> subprocess.Popen:
                 "--state", str(ctx.node_dir / "gpus"), "--title", "foreign-cuda-job"]
         env = ctx.tool_env()
     else:
-        argv = [ctx.python, "-c", FOREIGN_CODE, str(gpu), str(FOREIGN_MIB)]
+        script = ctx.work / "foreign_cuda_job.py"
+        script.write_text(FOREIGN_CODE)
+        argv = [ctx.python, str(script), str(gpu), str(FOREIGN_MIB)]
         env = dict(os.environ, **MULTICAST_OFF)
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                             start_new_session=True, env=env, cwd=str(REPO))
@@ -499,7 +514,7 @@ def step_ab_test(ctx: Ctx) -> Dict[str, Any]:
     arms = []
     for i, arm in enumerate(ctx.experiment["arms"]):
         run_id = "%03d-%s" % (i + 1, arm["name"])
-        arms.append({"arm": arm["name"], "run_id": run_id, "run_dir": str(ctx.work / "runs" / exp_id / run_id),
+        arms.append({"arm": arm["name"], "run_id": run_id, "run_dir": "runs/%s/%s" % (exp_id, run_id),
                      "free_before": frees[2 * i] if 2 * i < len(frees) else None,
                      "free_after": frees[2 * i + 1] if 2 * i + 1 < len(frees) else None,
                      "stop_before": stops[2 * i] if 2 * i < len(stops) else None,
@@ -571,7 +586,7 @@ def step_missing_var(ctx: Ctx) -> Dict[str, Any]:
     engine = [ctx.python, "-m", "specab.sim.launch_server"]
     run, run_dir = run_one_arm(ctx, "missing-var", "baseline",
                                {"specab_engine_cmd": ["env", "-u", MISSING_VAR] + engine})
-    out: Dict[str, Any] = {"playbook_rc": run.rc, "log": str(run.log), "run_dir": str(run_dir),
+    out: Dict[str, Any] = {"playbook_rc": run.rc, "log": str(run.log), "run_dir": str(run_dir.relative_to(ctx.work)),
                            "env_check": read_json(run_dir / "env_check.json"),
                            "failure_lines": [ln.strip() for ln in run.text().splitlines()
                                              if "Env verification failed" in ln][:3]}
@@ -615,6 +630,88 @@ def step_foreign(ctx: Ctx) -> Dict[str, Any]:
                 proc.wait(10)
     free = poll(lambda: snapshot_free(ctx.smi.snapshot()), 60, 0.1)
     out["free_after_cleanup"] = bool(free)
+    return out
+
+
+def thread_states(pid: int) -> Tuple[Optional[str], int]:
+    """(state of the thread-group leader, number of its threads not yet dead) from /proc."""
+    try:
+        raw = Path("/proc/%d/stat" % pid).read_text()
+    except OSError:
+        return None, 0
+    leader = raw[raw.rfind(")") + 2:].split()[0]
+    live = 0
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            t = Path("/proc/%d/task/%s/stat" % (pid, tid)).read_text()
+        except OSError:
+            continue
+        if t[t.rfind(")") + 2:].split()[0] not in ("Z", "X", "x"):
+            live += 1
+    return leader, live
+
+
+def step_exit_probe(ctx: Ctx) -> Dict[str, Any]:
+    """Informational: how the death of a CUDA process looks from /proc and from nvidia-smi. A CUDA
+    process of ours (own session) is SIGKILLed (what SIGTERM's default action does too) and left
+    unreaped, so the leader's 'Z' is the kernel's, not a reaping delay; /proc is read every ~2 ms
+    in a thread while nvidia-smi is polled."""
+    import threading
+    proc = start_foreign(ctx, 0)
+    pid = proc.pid
+    out: Dict[str, Any] = {"pid": pid}
+    try:
+        if not poll(lambda: proc.poll() is None and any(
+                a["pid"] == pid for a in snapshot_rows(ctx.smi.snapshot())[1]), 90, 0.2):
+            out["error"] = "the probe's CUDA process never showed up in compute-apps"
+            return out
+        out["threads_before"] = thread_states(pid)[1]
+        transitions: List[Tuple[float, Optional[str], int]] = []
+        done = threading.Event()
+
+        def watch() -> None:
+            last = None
+            while not done.is_set():
+                st = thread_states(pid)
+                if st != last:
+                    transitions.append((time.time(), st[0], st[1]))
+                    last = st
+                time.sleep(0.002)
+
+        th = threading.Thread(target=watch, daemon=True)
+        th.start()
+        time.sleep(0.05)
+        t_kill = time.time()
+        os.kill(pid, signal.SIGKILL)  # ours: started above
+        snaps = []
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            snap = ctx.smi.snapshot()
+            rows, apps = snapshot_rows(snap)
+            snaps.append({"t0": snap["t0"] - t_kill, "t": snap["t"] - t_kill, "used_mib": used_mib(snap, [0]),
+                          "apps": [(a["pid"], a["process_name"], a["used_memory"]) for a in apps]})
+            if snapshot_free(snap, [0]):
+                break
+        time.sleep(0.05)
+        done.set()
+        th.join(5)
+        out["transitions"] = [(round(t - t_kill, 4), st, live) for t, st, live in transitions]
+        out["smi"] = snaps
+        zs = [t for t, st, _ in out["transitions"] if st == "Z"]
+        gone = [t for t, st, live in out["transitions"] if t > 0 and live == 0]
+        out["leader_zombie_s"] = zs[0] if zs else None
+        out["threads_gone_s"] = gone[0] if gone else None
+        out["apps_empty_s"] = next((s["t"] for s in snaps if not s["apps"]), None)
+        out["memory_free_s"] = next((s["t"] for s in snaps if s["used_mib"] <= THRESHOLD_MIB and not s["apps"]), None)
+        out["name_while_exiting"] = sorted({str(a[1]) for s in snaps for a in s["apps"]})
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
     return out
 
 
@@ -697,10 +794,11 @@ def eval_env(env_check: Optional[Dict[str, Any]], log_text: str, tp: int, expect
     return ok, lines
 
 
-def evaluate(res: Dict[str, Any]) -> List[Check]:
+def evaluate(res: Dict[str, Any], work: Path) -> List[Check]:
+    """The checks (a)-(e) from results.json and the files of the work dir (which may have moved)."""
     tp = res["preflight"]["tp"]
     gpus = list(range(tp))
-    samples = load_samples(Path(res["work"]) / "samples.jsonl")
+    samples = load_samples(work / "samples.jsonl")
     checks: List[Check] = []
     ab = res.get("ab_test") or {}
     exp_env = res.get("expected_env", {})
@@ -718,8 +816,8 @@ def evaluate(res: Dict[str, Any]) -> List[Check]:
                 lines.append("%s %s: no GPUs-free check ran" % (arm["arm"], when))
                 continue
             final = f["data"].get("final") or []
-            lines.append("%s, %s start of arm: rc %s, %s" % (
-                arm["arm"], "before" if when == "free_before" else "after the stop at the end of",
+            lines.append("%s, %s: rc %s, %s" % (
+                arm["arm"], "before the start" if when == "free_before" else "after the stop",
                 f["rc"], ", ".join("GPU %s %s MiB, %d compute procs" % (g["index"], g["memory_used_mib"],
                                                                        len(g["compute_processes"])) for g in final)))
             snap = nearest_sample(samples, f["end"]) if f.get("end") else None
@@ -731,20 +829,32 @@ def evaluate(res: Dict[str, Any]) -> List[Check]:
     # (b) stop -> memory released, per arm
     lines, ok = [], bool(ab.get("arms"))
     for arm in ab.get("arms", []):
-        stop = read_json(Path(arm["run_dir"]) / "stop.json") or {}
-        free = read_json(Path(arm["run_dir"]) / "gpu_free.json") or {}
+        stop = read_json(work / arm["run_dir"] / "stop.json") or {}
+        free = read_json(work / arm["run_dir"] / "gpu_free.json") or {}
         sigs = stop.get("signals") or []
         t_term = sigs[0]["t"] if sigs else None
         rel = first_free_sample(samples, t_term, gpus) if t_term else None
         before = last_sample_before(samples, t_term) if t_term else None
+        no_apps = first_no_apps_sample(samples, t_term, gpus) if t_term else None
         good = bool(t_term) and rel is not None and free.get("ok") is True
         ok = ok and good
         lines.append("%s: SIGTERM at %s; processes gone after %s s; stop total %s s; gpufree after stop: %s s; "
-                     "sampler: all GPUs free %s s after SIGTERM (held %s MiB just before)  %s" % (
+                     "sampler: compute-apps empty %s s, all GPUs free %s s after SIGTERM (held %s MiB just before)  %s"
+                     % (
                          arm["arm"], "%.3f" % t_term if t_term else "?", stop.get("term_to_gone_s"),
                          stop.get("total_s"), free.get("time_to_free_s"),
+                         "%.3f" % (no_apps["t"] - t_term) if no_apps and t_term else "?",
                          "%.3f" % (rel["t"] - t_term) if rel and t_term else "?",
                          "%.0f" % used_mib(before, gpus) if before else "?", "OK" if good else "FAIL"))
+    p = res.get("exit_probe") or {}
+    if p and not p.get("error"):
+        lines.append("exit anatomy of one CUDA process (%d threads, SIGKILL, not reaped): leader 'Z' at %s s, "
+                     "all threads gone at %s s, compute-apps empty at %s s, memory.used 0 at %s s; process "
+                     "name in compute-apps while exiting: %s" % (
+                         p.get("threads_before") or 0, p.get("leader_zombie_s"), p.get("threads_gone_s"),
+                         p.get("apps_empty_s"), p.get("memory_free_s"), ", ".join(p.get("name_while_exiting", []))))
+    elif p.get("error"):
+        lines.append("exit probe: %s" % p["error"])
     checks.append(Check("b", "time from stop to memory released, per arm", ok, lines))
 
     # (c) orphaned workers
@@ -784,7 +894,7 @@ def evaluate(res: Dict[str, Any]) -> List[Check]:
     # (d) env verification: real NCCL lines + /proc/PID/environ; an arm missing a variable is caught
     lines, ok = [], bool(ab.get("arms"))
     for arm in ab.get("arms", []):
-        rd = Path(arm["run_dir"])
+        rd = work / arm["run_dir"]
         try:
             text = (rd / "server.log").read_text(errors="replace")
         except OSError:
@@ -848,7 +958,7 @@ def summarize(work: Path) -> int:
     res = read_json(work / "results.json")
     if not res:
         raise ValidationError("no results.json in %s; run the validation first" % work)
-    checks = evaluate(res)
+    checks = evaluate(res, work)
     text = render_summary(res, checks)
     (work / "summary.txt").write_text(text)
     write_json(work / "summary.json", [{"key": c.key, "title": c.title, "ok": c.ok, "lines": c.lines} for c in checks])
@@ -880,7 +990,8 @@ def run_main(a: argparse.Namespace) -> int:
                                stdin=subprocess.DEVNULL, env=ctx.tool_env())
     try:
         for name, step in (("ab_test", step_ab_test), ("orphans", step_orphans),
-                           ("missing_var", step_missing_var), ("foreign", step_foreign)):
+                           ("missing_var", step_missing_var), ("foreign", step_foreign),
+                           ("exit_probe", step_exit_probe)):
             log("step %s" % name)
             try:
                 res[name] = step(ctx)
