@@ -89,8 +89,9 @@ def main() -> int:
                "--mib", str(cfg.get("mib", 1000)), "--title", "sglang::scheduler_TP%d" % r,
                "--release-lag", str(cfg.get("release_lag", 0.15))]
         kw = {"process_group": 0} if fault == "orphan_workers" else {}
-        workers.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        workers.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         **kw))
+        workers[-1].stdout.readline()  # "holding ...": registered on its GPU (SGLang waits for its schedulers)
         if env.get("NCCL_DEBUG") == "INFO":
             host = os.uname().nodename
             for k in sorted(env):
