@@ -62,8 +62,16 @@ class GenRequest:
         return len(self.output_ids)
 
     def text(self, count: Optional[int] = None) -> str:
-        ids = self.output_ids if count is None else self.output_ids[:count]
-        return "".join(" " + VOCAB[i % len(VOCAB)] for i in ids)
+        """Detokenized text of the first ``count`` output tokens (cached: streaming asks in order)."""
+        count = len(self.output_ids) if count is None else count
+        cached: str = self.__dict__.get("_text", "")
+        done: int = self.__dict__.get("_text_n", 0)
+        if count < done:
+            return "".join(" " + VOCAB[i % len(VOCAB)] for i in self.output_ids[:count])
+        if count > done:
+            cached += "".join(" " + VOCAB[i % len(VOCAB)] for i in self.output_ids[done:count])
+            self.__dict__["_text"], self.__dict__["_text_n"] = cached, count
+        return cached
 
     def _emit(self, n: int) -> Emission:
         for _ in range(n):
@@ -92,6 +100,8 @@ class EngineStats:
     last_accept_length: float = 0.0
     last_token_usage: float = 0.0
     finished_requests: int = 0
+    schedule_lag_max_s: float = 0.0   # how far (wall s) steps ended after their scheduled time
+    schedule_resets: int = 0          # times the schedule was restarted after falling > 0.5 s behind
 
 
 class Engine:
@@ -114,6 +124,7 @@ class Engine:
         self.stats = EngineStats()
         self._wake = asyncio.Event()
         self._n = 0
+        self._user_n = 0
         self._cache: deque[tuple[str, ...]] = deque(maxlen=256)
         self._forward_ct_decode = 0
         self._win_tokens = 0
@@ -128,7 +139,11 @@ class Engine:
                rid: Optional[str] = None, prompt_tokens: Optional[int] = None,
                internal: bool = False) -> GenRequest:
         self._n += 1
-        rng = random.Random(f"req:{self.seed}:{self.timing.instance}:{self._n}")
+        if internal:
+            rng = random.Random(f"internal:{self.seed}:{self.timing.instance}:{self._n}")
+        else:  # user requests draw from their own sequence: health polls do not shift the draws
+            self._user_n += 1
+            rng = random.Random(f"req:{self.seed}:{self.timing.instance}:{self._user_n}")
         max_new = max(0, int(max_new_tokens))
         stop_at = max_new
         if not ignore_eos and max_new > 1:
@@ -192,6 +207,9 @@ class Engine:
         delay = deadline - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
+        lag = time.monotonic() - deadline
+        if lag > self.stats.schedule_lag_max_s:
+            self.stats.schedule_lag_max_s = lag
 
     def _finish(self, req: GenRequest) -> None:
         if req.internal:
@@ -211,6 +229,11 @@ class Engine:
                 next_t = time.monotonic()
             now = time.monotonic()
             if next_t < now - 0.5:          # fell far behind (process stalled): restart the schedule
+                self.stats.schedule_resets += 1
+                if self.stats.schedule_resets in (1, 10, 100, 1000):
+                    self.log.warning(f"specab.sim: the simulated scheduler fell {now - next_t:.2f} s behind "
+                                     f"real time (CPU starved?); measured speeds will read low. Lower "
+                                     f"SPECAB_SIM_TIME_SCALE (now {self.scale:g}) or the machine's load.")
                 next_t = now
             if self.on_activity and now - last_activity > 0.3:
                 self.on_activity()

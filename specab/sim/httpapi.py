@@ -33,6 +33,7 @@ class ServerState:
     version: str
     architecture: str
     status: str = "starting"          # starting | ready | exiting
+    inflight: int = 0                 # generation requests whose HTTP response is not finished yet
     started_at: float = field(default_factory=time.time)
     simulator: dict[str, Any] = field(default_factory=dict)
 
@@ -86,7 +87,14 @@ class Api:
 
     @web.middleware
     async def _access_log(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        resp = await handler(request)
+        generating = request.path in ("/generate", "/v1/completions", "/v1/chat/completions")
+        if generating:
+            self.s.inflight += 1
+        try:
+            resp = await handler(request)
+        finally:
+            if generating:
+                self.s.inflight -= 1
         peer = request.remote or "127.0.0.1"
         port = request.transport.get_extra_info("peername")[1] if request.transport else 0
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 503: "Service Unavailable"}.get(resp.status, "")
@@ -138,7 +146,9 @@ class Api:
                 "internal_states": [self._internal_state()],
                 "version": self.s.version,
                 "startup_time": self.s.started_at,
-                "simulator": self.s.simulator}
+                "simulator": {**self.s.simulator,
+                              "schedule_lag_max_s": round(self.s.engine.stats.schedule_lag_max_s, 4),
+                              "schedule_resets": self.s.engine.stats.schedule_resets}}
 
     async def get_server_info(self, request: web.Request) -> web.Response:
         self.s.log.warning("Endpoint '/get_server_info' is deprecated and will be removed in a future version. "

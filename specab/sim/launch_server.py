@@ -247,10 +247,10 @@ class Launch:
         poll = self.profile.load.sigterm_poll_s / self.settings.time_scale
         if not os.environ.get("SGL_FORCE_SHUTDOWN"):
             await asyncio.sleep(poll * 0.5)
-            eng = self.state.engine if self.state else None
-            while eng is not None and eng.busy():
-                self.log.info(f"Gracefully exiting... remaining number of requests "
-                              f"{len(eng.running) + len(eng.waiting)}")
+            st = self.state
+            while st is not None and (st.engine.busy() or st.inflight):
+                remaining = max(st.inflight, len(st.engine.running) + len(st.engine.waiting))
+                self.log.info(f"Gracefully exiting... remaining number of requests {remaining}")
                 await asyncio.sleep(poll)
         self.kill_tree()
 

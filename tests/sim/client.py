@@ -26,6 +26,13 @@ class StreamResult:
         n = self.final["meta_info"][count_key]
         return (n - 1) / (self.chunk_t[-1] - self.chunk_t[0])
 
+    def slope_tok_s(self) -> float:
+        """Least-squares tokens per second over every chunk: insensitive to a late first or last chunk."""
+        xs = self.chunk_t
+        ys = [c["meta_info"]["completion_tokens"] for c in self.chunks]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
 
 def request_json(port: int, method: str, path: str, body: Optional[dict] = None,
                  timeout: float = 30.0) -> tuple[int, Any, dict[str, str]]:

@@ -2,26 +2,49 @@
 
 tok/s is the seed's definition: one request's decode speed, (output tokens - 1) / (t_last - t_first),
 single stream, 256-token outputs. Measured at a time scale (durations / scale), reported back at scale 1.
+
+Measuring is the point of these tests, so they cannot be loose. On a CPU-starved machine (other test
+suites running) a late chunk skews an endpoint measurement; the server reports when its own schedule ran
+late (``simulator.schedule_lag_max_s``), and only then a miss is measured once more at half the time
+scale (twice the wall time per token). A miss without starvation fails at once.
 """
 from __future__ import annotations
 
 import statistics
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import pytest
 
 from specab.sim.profile import load_profile
 from specab.sim.timing import true_decode_tok_s
-from tests.sim.client import request_json, stream
-from tests.sim.conftest import EAGLE_S2, TUNED
+from tests.sim.client import StreamResult, request_json, stream
+from tests.sim.conftest import EAGLE_S2, TUNED, Launcher
 from tests.sim.test_process import parse_batch_line
 
-SCALE = 10
 ARGS = ["--mem-fraction-static", "0.88", "--disable-custom-all-reduce", "--trust-remote-code"]
+STARVED_LAG_S = 0.01
 
 
-def measure(srv, n: int, scale: float, output_len: int = 256, concurrency: int = 1) -> tuple[list[float], list]:
-    def one(i: int):
+@dataclass
+class Measured:
+    srv: Any
+    scale: float
+    results: list[StreamResult]
+    rates: list[float]            # decode tok/s per request at scale 1
+    sim: dict
+
+    def decodes(self) -> list[dict]:
+        return [r for r in map(parse_batch_line, self.srv.log_text().splitlines()) if r and r["kind"] == "decode"]
+
+    def why(self) -> str:
+        return (f"scale {self.scale}, rates {[round(r, 2) for r in self.rates]}, scheduler lag max "
+                f"{self.sim['schedule_lag_max_s']} s, resets {self.sim['schedule_resets']}")
+
+
+def run_requests(srv, n: int, output_len: int = 256, concurrency: int = 1) -> list[StreamResult]:
+    def one(i: int) -> StreamResult:
         body = {"text": f"request {i}: " + "lorem ipsum dolor sit amet " * 25,
                 "sampling_params": {"max_new_tokens": output_len, "ignore_eos": True, "temperature": 0},
                 "stream": True}
@@ -29,70 +52,95 @@ def measure(srv, n: int, scale: float, output_len: int = 256, concurrency: int =
         assert res.done and res.final["meta_info"]["completion_tokens"] == output_len
         return res
     with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(one, range(n)))
-    return [r.decode_tok_s() / scale for r in results], results
+        return list(pool.map(one, range(n)))
 
 
-def reported_truth(srv) -> float:
-    return request_json(srv.port, "GET", "/server_info")[1]["simulator"]["true_decode_tok_s"] / srv.scale
+def measure(launch: Launcher, args: list[str], env: dict, scale: float, n: int, tp: int = 8,
+            output_len: int = 256, concurrency: int = 1) -> Measured:
+    srv = launch(args, env=env, scale=scale, tp=tp)
+    results = run_requests(srv, n, output_len, concurrency)
+    sim = request_json(srv.port, "GET", "/server_info")[1]["simulator"]
+    return Measured(srv, scale, results, [r.decode_tok_s() / scale for r in results], sim)
 
 
-def test_baseline_with_tuned_nccl_is_82_tok_s(module_launch):
-    srv = module_launch(ARGS, env=TUNED, scale=SCALE, tp=8)
-    rates, _ = measure(srv, 8, SCALE)
-    median = statistics.median(rates)
-    assert median == pytest.approx(82.2, rel=0.02), rates
-    assert median == pytest.approx(reported_truth(srv), rel=0.02), "measured agrees with the model's truth"
-    decodes = [r for r in map(parse_batch_line, srv.log_text().splitlines()) if r and r["kind"] == "decode"]
+def calibrated(launch: Launcher, check: Callable[[Measured], None], args: list[str], env: dict, scale: float,
+               n: int, **kw: Any) -> Measured:
+    first = measure(launch, args, env, scale, n, **kw)
+    try:
+        check(first)
+        return first
+    except AssertionError:
+        if first.sim["schedule_lag_max_s"] < STARVED_LAG_S and not first.sim["schedule_resets"]:
+            raise
+    first.srv.kill()
+    second = measure(launch, args, env, scale / 2, n, **kw)
+    check(second)
+    return second
+
+
+def test_baseline_with_tuned_nccl_is_82_tok_s(launch):
+    def check(m: Measured) -> None:
+        assert statistics.median(m.rates) == pytest.approx(82.2, rel=0.02), m.why()
+        truth = m.sim["true_decode_tok_s"] / m.scale
+        assert statistics.median(m.rates) == pytest.approx(truth, rel=0.02), "agrees with the model's truth"
+    m = calibrated(launch, check, ARGS, TUNED, scale=5, n=7)
+    decodes = m.decodes()
     assert decodes and all(r["cuda graph"] == "True" for r in decodes)
-    gen = statistics.median(float(r["gen throughput (token/s)"]) for r in decodes) / SCALE
+    gen = statistics.median(float(r["gen throughput (token/s)"]) for r in decodes) / m.scale
     assert gen == pytest.approx(82.2, rel=0.05), "the log's gen throughput reads like the seed's"
 
 
-def test_baseline_without_the_nccl_variables_is_63_tok_s(module_launch):
-    srv = module_launch(ARGS, env={}, scale=SCALE, tp=8)
-    rates, _ = measure(srv, 6, SCALE)
-    assert statistics.median(rates) == pytest.approx(63.0, rel=0.02), rates
-    assert request_json(srv.port, "GET", "/server_info")[1]["simulator"]["nccl_factor"] > 1.3
+def test_baseline_without_the_nccl_variables_is_63_tok_s(launch):
+    def check(m: Measured) -> None:
+        assert statistics.median(m.rates) == pytest.approx(63.0, rel=0.02), m.why()
+    m = calibrated(launch, check, ARGS, {}, scale=5, n=5)
+    assert m.sim["nccl_factor"] > 1.3
 
 
-def test_eagle3_two_steps_is_60_5_tok_s_at_accept_length_2_1(module_launch):
-    srv = module_launch([*ARGS, *EAGLE_S2], env=TUNED, scale=SCALE, tp=8)
-    rates, results = measure(srv, 20, SCALE)
-    accept = [r.final["meta_info"]["completion_tokens"] / r.final["meta_info"]["spec_verify_ct"] for r in results]
+def test_eagle3_two_steps_is_60_5_tok_s_at_accept_length_2_1(launch):
+    def check(m: Measured) -> None:
+        assert statistics.fmean(m.rates) == pytest.approx(60.5, rel=0.02), m.why()
+    m = calibrated(launch, check, [*ARGS, *EAGLE_S2], TUNED, scale=8, n=20)
+    accept = [r.final["meta_info"]["completion_tokens"] / r.final["meta_info"]["spec_verify_ct"]
+              for r in m.results]
     assert statistics.fmean(accept) == pytest.approx(2.10, abs=0.05), accept
-    assert statistics.fmean(rates) == pytest.approx(60.5, rel=0.02), rates
-    for r in results:   # one streamed chunk per verify step, so chunks = verify steps + the prefill token
+    for r in m.results:   # one streamed chunk per verify step, so chunks = verify steps + the prefill token
         assert len(r.chunks) == r.final["meta_info"]["spec_verify_ct"] + 1
-    decodes = [r for r in map(parse_batch_line, srv.log_text().splitlines()) if r and r["kind"] == "decode"]
+    decodes = m.decodes()
     assert decodes and all(r["cuda graph"] == "False" for r in decodes), "verify in extend mode, no CUDA graph"
-    log_accept = statistics.fmean(float(r["accept len"]) for r in decodes)
-    assert log_accept == pytest.approx(2.10, abs=0.1)
-    info = request_json(srv.port, "GET", "/server_info")[1]
+    assert statistics.fmean(float(r["accept len"]) for r in decodes) == pytest.approx(2.10, abs=0.1)
+    info = request_json(m.srv.port, "GET", "/server_info")[1]
     assert info["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(2.10, abs=0.06)
 
 
 def test_simulate_acc_len_forces_the_accept_length(launch):
     srv = launch([*ARGS, *EAGLE_S2], env={**TUNED, "SGLANG_SIMULATE_ACC_LEN": "2.6"}, scale=20, tp=2)
-    _, results = measure(srv, 4, 20, output_len=200)
+    results = run_requests(srv, 4, output_len=200)
     accept = statistics.fmean(r.final["meta_info"]["spec_accept_length"] for r in results)
     assert accept == pytest.approx(2.45, abs=0.12), "N(2.6, 1) rounded and clamped to [1, 3]"
 
 
 def test_rates_scale_with_the_time_scale(launch):
-    slow = launch(ARGS, env=TUNED, scale=4, tp=2)
-    fast = launch(ARGS, env=TUNED, scale=20, tp=2)
-    r_slow = statistics.median(measure(slow, 3, 4, output_len=128)[0])
-    r_fast = statistics.median(measure(fast, 3, 20, output_len=128)[0])
-    assert r_slow == pytest.approx(r_fast, rel=0.03), (r_slow, r_fast)
-    assert r_slow == pytest.approx(82.2, rel=0.02)
+    def rate(m: Measured) -> float:    # slope over all chunks: robust to one late chunk
+        return statistics.median(r.slope_tok_s() for r in m.results) / m.scale
+
+    def check_fast(m: Measured) -> None:
+        assert rate(m) == pytest.approx(82.2, rel=0.03), m.why()
+    slow = measure(launch, ARGS, TUNED, 2, 3, tp=2)
+    fast = calibrated(launch, check_fast, ARGS, TUNED, scale=8, n=3, tp=2)
+    assert rate(slow) == pytest.approx(82.2, rel=0.02), slow.why()
+    assert rate(fast) == pytest.approx(rate(slow), rel=0.03), (slow.why(), fast.why())
+    wall_fast = statistics.median(r.slope_tok_s() for r in fast.results)
+    wall_slow = statistics.median(r.slope_tok_s() for r in slow.results)
+    assert wall_fast / wall_slow == pytest.approx(fast.scale / slow.scale, rel=0.04), \
+        "wall-clock rates are multiplied by the scale"
 
 
 def test_concurrent_requests_are_batched_and_each_decodes_slower(launch):
-    srv = launch(ARGS, env=TUNED, scale=SCALE, tp=2)
-    rates, _ = measure(srv, 4, SCALE, output_len=256, concurrency=4)
     expected = true_decode_tok_s(load_profile("default").without_noise(), {"tp_size": 2}, TUNED, bs=4)
     assert expected < 80.0
-    assert statistics.median(rates) == pytest.approx(expected, rel=0.05), rates
-    decodes = [r for r in map(parse_batch_line, srv.log_text().splitlines()) if r and r["kind"] == "decode"]
-    assert max(int(r["#running-req"]) for r in decodes) == 4, "continuous batching ran them together"
+
+    def check(m: Measured) -> None:
+        assert statistics.median(m.rates) == pytest.approx(expected, rel=0.05), m.why()
+    m = calibrated(launch, check, ARGS, TUNED, scale=2, n=4, tp=2, concurrency=4)
+    assert max(int(r["#running-req"]) for r in m.decodes()) == 4, "continuous batching ran them together"

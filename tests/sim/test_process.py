@@ -99,8 +99,8 @@ def test_sigterm_drains_requests_then_exits_with_children(launch):
 
 def test_port_closed_while_loading_then_503_then_ready(launch, tmp_path):
     data = yaml.safe_load(open(load_profile("default").source).read())
-    data["load"]["weights_s"] = 1.5
-    data["prefill"]["base_ms"] = 1500.0          # the warm-up request keeps /health_generate at 503 a while
+    data["load"]["weights_s"] = 0.8
+    data["prefill"]["base_ms"] = 800.0          # the warm-up request keeps /health_generate at 503 a while
     prof = tmp_path / "slow.yml"
     prof.write_text(yaml.safe_dump(data))
     srv = launch([], env={"SPECAB_SIM_PROFILE": str(prof)}, scale=1, tp=1, wait=False)
@@ -165,10 +165,10 @@ def test_sigterm_while_loading_kills_the_tree(launch, tmp_path):
 
 
 def test_gpu_utilization_follows_the_work(module_launch):
-    srv = module_launch([], env=TUNED, scale=2, tp=2)
+    srv = module_launch([], env=TUNED, scale=4, tp=2)
     q = ["--query-gpu=utilization.gpu,clocks_event_reasons.active", "--format=csv,noheader,nounits"]
     t = threading.Thread(target=lambda: request_json(srv.port, "POST", "/generate", {
-        "text": "x", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}, timeout=60))
+        "text": "x", "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}}, timeout=60))
     t.start()
     busy = wait_for(lambda: (lambda rows: rows if rows[0] == "97, 0x0000000000000000" else None)(
         smi(srv.state, *q).stdout.splitlines()), 20, "utilization while decoding")
