@@ -71,7 +71,7 @@ class LogStats:
     cuda_graph_true: int = 0
     cuda_graph_false: int = 0
     accept_len_mean: float | None = None      # mean of the decode lines' `accept len`
-    gen_tok_s_mean: float | None = None       # mean of `gen throughput (token/s)` while running requests
+    gen_tok_s_median: float | None = None     # median `gen throughput (token/s)` of lines with running requests
     no_graph_example: str | None = None       # one decode line with `cuda graph: False`, quoted as evidence
     nccl_env: dict[str, str] = field(default_factory=dict)   # `NCCL INFO <VAR> set by environment to <v>`
 
@@ -142,6 +142,7 @@ class Run:
     duration_s: float | None = None
     run_dir: Path | None = None
     error: str | None = None
+    time_scale: float = 1.0                  # simulated node: times were divided by this (already undone)
 
     @property
     def ok(self) -> bool:
@@ -376,7 +377,7 @@ def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None 
         if r.get("gen_throughput") is not None and (r.get("running_req") or 0) > 0:
             gen.append(float(r["gen_throughput"]))
     st.accept_len_mean = statistics.fmean(acc) if acc else None
-    st.gen_tok_s_mean = statistics.fmean(gen) if gen else None
+    st.gen_tok_s_median = statistics.median(gen) if gen else None
     return st
 
 
@@ -480,6 +481,26 @@ def _percent(s: str | None) -> float | None:
         return None
 
 
+def _time_scale(server_info: Any) -> float:
+    """SPECAB_SIM_TIME_SCALE of a simulated node, from /get_server_info's `simulator` block (1 otherwise)."""
+    sim = server_info.get("simulator") if isinstance(server_info, dict) else None
+    try:
+        v = float(sim.get("time_scale", 1.0)) if isinstance(sim, dict) else 1.0
+    except (TypeError, ValueError):
+        return 1.0
+    return v if v > 0 else 1.0
+
+
+def _unscale_request(q: Request, scale: float) -> None:
+    """A simulated node at time scale s runs s times faster: convert back to simulated seconds."""
+    for k in ("ttft_s", "e2e_s", "tpot_s"):
+        v = getattr(q, k)
+        if v is not None:
+            setattr(q, k, v * scale)
+    if q.decode_tok_s is not None:
+        q.decode_tok_s /= scale
+
+
 def load_store(path: str | Path, *, read_logs: bool = True) -> Experiment:
     """An experiment from its results store (`runs/<id>/results.sqlite`, docs/results.md).
 
@@ -531,7 +552,14 @@ def load_store(path: str | Path, *, read_logs: bool = True) -> Experiment:
             log = parse_server_log(run_dir / "server.log")
         if run_dir and not samples.get(r["seq"]) and (run_dir / "gpu_samples.csv").is_file():
             samples[r["seq"]] = read_gpu_samples(run_dir / "gpu_samples.csv")
+        scale = _time_scale(info)
+        if scale != 1.0:
+            for q in reqs.get(r["seq"], []):
+                _unscale_request(q, scale)
+            if log and log.gen_tok_s_median:
+                log.gen_tok_s_median /= scale
         runs.append(Run(
+            time_scale=scale,
             run_id=r["run_id"], arm=r["arm"], seq=r["seq"], block=r["block"], host=r.get("host") or "localhost",
             status=r["status"], started=r.get("started"), finished=r.get("finished"),
             server_args=eff or dict(arm.server_args if arm else {}), env=dict(arm.env if arm else {}),
@@ -541,6 +569,7 @@ def load_store(path: str | Path, *, read_logs: bool = True) -> Experiment:
             client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
             run_dir=run_dir, error=r.get("failure_reason")))
     argv = e.get("argv") or []
+    scales = sorted({r.time_scale for r in runs})
     return Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",
                       baseline=baseline, name=e.get("name") or "", root=p.parent,
                       target_ci=_percent(_argv_option(argv, "--target-ci")),
@@ -548,4 +577,4 @@ def load_store(path: str | Path, *, read_logs: bool = True) -> Experiment:
                       meta={"status": e.get("status"), "seed": e.get("seed"), "repeats": e.get("repeats"),
                             "created": e.get("created"), "finished": e.get("finished"),
                             "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
-                            "matrix": e.get("matrix")})
+                            "matrix": e.get("matrix"), "time_scales": scales})

@@ -281,9 +281,9 @@ def client_bottleneck(exp: Experiment, ctx: Context) -> list[Finding]:
             if share >= ctx.config.client_cpu_share:
                 ev.append(f"client CPU {r.client_cpu_s:.1f} s over {r.duration_s:.1f} s wall ({share:.0%} of a core)")
         tok = r.tok_s
-        if r.log and r.log.gen_tok_s_mean and tok and tok < ctx.config.client_vs_server * r.log.gen_tok_s_mean:
+        if r.log and r.log.gen_tok_s_median and tok and tok < ctx.config.client_vs_server * r.log.gen_tok_s_median:
             ev.append(f"client measured {tok:.1f} tok/s while the server logged gen throughput "
-                      f"{r.log.gen_tok_s_mean:.1f} tok/s ({tok / r.log.gen_tok_s_mean:.0%})")
+                      f"{r.log.gen_tok_s_median:.1f} tok/s ({tok / r.log.gen_tok_s_median:.0%})")
         if ev:
             out.append(Finding(
                 "client-bottleneck", "warning",

@@ -331,6 +331,10 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     sev = {s: sum(1 for f in findings if f.severity == s) for s in doctor.SEVERITIES}
     rep.summary.append("doctor: " + (", ".join(f"{n} {s}" for s, n in sev.items() if n) or "no findings") + ".")
 
+    scales = [x for x in exp.meta.get("time_scales", []) if x != 1.0]
+    if scales:
+        rep.summary.append(f"Simulated node at SPECAB_SIM_TIME_SCALE {', '.join(f'{x:g}' for x in scales)}: request "
+                           f"times and tok/s are converted back to simulated seconds (a rehearsal, not a measurement).")
     rep.add(Heading("Summary"), Bullets(list(rep.summary)))
     rep.add(Para(f"Order: {exp.order}; {st.blocks} complete block(s); {len(exp.runs)} run(s); hosts: "
                  f"{', '.join(st.hosts)}. Intervals are 95% over runs (requests are not pooled as if independent); "

@@ -43,7 +43,7 @@ def log_stats(spec: bool, accept_len: float | None, gen_tok_s: float, cuda_graph
             + (f"accept len: {accept_len:.2f}, accept rate: 0.49, " if spec else "")
             + f"cuda graph: {cuda_graph}, gen throughput (token/s): {gen_tok_s:.2f}, #queue-req: 0")
     return LogStats(decode_lines=n, cuda_graph_true=n if cuda_graph else 0, cuda_graph_false=0 if cuda_graph else n,
-                    accept_len_mean=accept_len if spec else None, gen_tok_s_mean=gen_tok_s,
+                    accept_len_mean=accept_len if spec else None, gen_tok_s_median=gen_tok_s,
                     no_graph_example=None if cuda_graph else line, nccl_env={})
 
 
@@ -127,7 +127,7 @@ def server_log_text(run: Run, lines: int = 6) -> str:
         graph = log.cuda_graph_true > 0 if log else True
         spec = (f"accept len: {log.accept_len_mean:.2f}, accept rate: 0.55, "
                 if log and log.accept_len_mean is not None else "")
-        out.append(SGL_DECODE.format(tok=100 + j, spec=spec, graph=graph, gen=log.gen_tok_s_mean if log else 80.0))
+        out.append(SGL_DECODE.format(tok=100 + j, spec=spec, graph=graph, gen=log.gen_tok_s_median if log else 80.0))
     for k, v in run.env.items():
         if k.startswith("NCCL_") and k not in ("NCCL_PROTO", "NCCL_ALGO"):
             out.append(f"host:4242:4242 [0] NCCL INFO {k} set by environment to {v}{'.' if v.isdigit() else ''}")
@@ -153,7 +153,17 @@ def gpu_csv(run: Run) -> str:
     return "\n".join(rows) + "\n"
 
 
-def write_store(exp: Experiment, root) -> "Path":
+def _scaled(q, scale: float) -> dict:
+    d = dict(q.__dict__)
+    for k in ("ttft_s", "e2e_s", "tpot_s"):
+        if d.get(k) is not None:
+            d[k] = d[k] / scale
+    if d.get("decode_tok_s") is not None:
+        d["decode_tok_s"] = d["decode_tok_s"] * scale
+    return d
+
+
+def write_store(exp: Experiment, root, time_scale: float = 1.0) -> "Path":
     """Write an in-memory experiment into a real results store + run directories, as the driver does."""
     import json as _json
     from pathlib import Path
@@ -178,14 +188,16 @@ def write_store(exp: Experiment, root) -> "Path":
             (rd / "server.log").write_text(server_log_text(r))
             st.start_run(seq=r.seq, run_id=r.run_id, arm=r.arm, block=r.block + 1, host=r.host, run_dir=str(rd),
                          runner_ident=f"{r.seq}")
-            st.add_requests(r.seq, r.host, [dict(q.__dict__) for q in r.requests])
+            st.add_requests(r.seq, r.host, [_scaled(q, time_scale) for q in r.requests])
             st.add_gpu_samples(r.seq, r.host, gpu_csv(r))
             st.add_manifest(r.seq, r.host, {"run_id": r.run_id, "server_args": r.server_args,
                                             "env_file": {"values": r.env}, "seed": 1})
             st.add_env_check(r.seq, r.host, env_check_json(r))
             st.finish_run(r.seq, status=r.status, summary={"client_cpu_s": r.client_cpu_s,
                                                            "duration_s": r.duration_s},
-                          server_info={**r.server_args, "internal_states": [{}], "version": "0.5.9"})
+                          server_info={**r.server_args, "internal_states": [{}], "version": "0.5.9",
+                                       **({"simulator": {"profile": "default", "time_scale": time_scale}}
+                                          if time_scale != 1.0 else {})})
         st.set_experiment_status("finished")
     finally:
         st.close()

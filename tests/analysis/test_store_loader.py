@@ -40,3 +40,13 @@ def test_store_env_check_mismatch_reaches_the_doctor(tmp_path):
 def test_missing_store_is_an_actionable_error(tmp_path):
     with pytest.raises(analysis.AnalysisError, match="no results store"):
         analysis.load_store(tmp_path)
+
+
+def test_simulated_time_scale_is_undone(tmp_path):
+    """A simulated node at SPECAB_SIM_TIME_SCALE=20 runs 20x fast: the analysis reports simulated seconds."""
+    exp = F.experiment({"baseline": 82.2, "eagle3-s2": 60.5}, blocks=3, accept={"eagle3-s2": 2.1})
+    back = analysis.load_store(F.write_store(exp, tmp_path, time_scale=20.0))
+    assert back.meta["time_scales"] == [20.0] and all(r.time_scale == 20.0 for r in back.runs)
+    for a, b in zip(exp.runs, back.runs):
+        assert b.tok_s == pytest.approx(a.tok_s) and b.measured[0].tpot_s == pytest.approx(a.measured[0].tpot_s)
+    assert back.runs[0].log.gen_tok_s_median == pytest.approx(exp.runs[0].log.gen_tok_s_median / 20, rel=1e-3)
