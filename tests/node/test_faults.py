@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
-from pathlib import Path
 
 from tests.node.helpers import HERE, PY, run_tool, session_pids, wait_for
 

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 
-import pytest
 
 from tests.node.helpers import run_tool, session_pids, wait_for
 
