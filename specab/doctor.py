@@ -214,6 +214,23 @@ def accept_below_break_even(exp: Experiment, ctx: Context) -> list[Finding]:
     return out
 
 
+def accept_len_mismatch(exp: Experiment, ctx: Context) -> list[Finding]:
+    out = []
+    for arm in exp.spec_arms:
+        a = ctx.stats.arms.get(arm.name)
+        if not a or not a.accept_len_disagrees:
+            continue
+        out.append(Finding(
+            "accept-length-mismatch", "warning",
+            f"{arm.name}: the accept length measured from this arm's requests ({a.accept_len.mean:.2f}) disagrees "
+            f"with the server log's `accept len` ({a.log_accept_len:.2f}). The log averages over windows that may "
+            f"include warm-ups or other clients' traffic; the report uses the requests' value. Check that nothing "
+            f"else sent requests to the server during the run.",
+            [f"requests: completion_tokens / spec_verify_ct = {a.accept_len.mean:.3f} over {a.requests} requests",
+             f"server log: mean `accept len` = {a.log_accept_len:.3f}"], arm.name, []))
+    return out
+
+
 def gpu_throttled(exp: Experiment, ctx: Context) -> list[Finding]:
     out = []
     for r in exp.runs:
@@ -320,6 +337,7 @@ RULES: dict[str, Rule] = {
     "nccl-untuned-baseline-slow": nccl_missing_baseline_slow,
     "arms-not-like-for-like": arms_not_like_for_like,
     "accept-below-break-even": accept_below_break_even,
+    "accept-length-mismatch": accept_len_mismatch,
     "gpu-throttled": gpu_throttled,
     "baseline-drift": baseline_drift,
     "client-bottleneck": client_bottleneck,

@@ -123,3 +123,11 @@ def test_instance_outlier():
                 q.decode_tok_s *= 0.8
     f = fired(clean(tweak=slow_instance), "instance-outlier")
     assert len(f) == 1 and "-19%" in f[0].message and f[0].arm == "eagle3-s2"
+
+
+def test_accept_length_from_requests_disagreeing_with_the_log():
+    def other_traffic(run, arm):
+        if arm.is_spec:
+            run.log.accept_len_mean = 2.6
+    f = fired(clean(tweak=other_traffic), "accept-length-mismatch")
+    assert len(f) == 1 and "2.10" in f[0].message and "2.60" in f[0].message
