@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from specab.sim.loadplan import Capacity
 from specab.sim.simlog import SimLogger
-from specab.sim.timing import TimingModel
+from specab.sim.timing import TimingModel, request_rng
 
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 EOS_TOKEN_ID = 163586
@@ -47,6 +47,7 @@ class GenRequest:
     stop_at: int
     rng: random.Random
     speed: float
+    id_rng: random.Random = field(default_factory=random.Random)   # output token ids (text), apart from timing
     created: float = field(default_factory=time.time)
     queue: "asyncio.Queue[Emission]" = field(default_factory=asyncio.Queue)
     output_ids: list[int] = field(default_factory=list)
@@ -75,7 +76,7 @@ class GenRequest:
 
     def _emit(self, n: int) -> Emission:
         for _ in range(n):
-            self.output_ids.append(self.rng.randrange(1000, 150000))
+            self.output_ids.append(self.id_rng.randrange(1000, 150000))
         done = len(self.output_ids) >= self.stop_at
         if done:
             self.finished_at = time.time()
@@ -143,7 +144,7 @@ class Engine:
             rng = random.Random(f"internal:{self.seed}:{self.timing.instance}:{self._n}")
         else:  # user requests draw from their own sequence: health polls do not shift the draws
             self._user_n += 1
-            rng = random.Random(f"req:{self.seed}:{self.timing.instance}:{self._user_n}")
+            rng = request_rng(self.seed, self.timing.instance, self._user_n)
         max_new = max(0, int(max_new_tokens))
         stop_at = max_new
         if not ignore_eos and max_new > 1:
@@ -151,7 +152,8 @@ class Engine:
         req = GenRequest(rid=rid or f"{self._n:032x}", prompt=tuple(prompt),
                          prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt) + 1,
                          max_new_tokens=max_new, stop_at=stop_at, rng=rng,
-                         speed=self.timing.request_factor(rng), internal=internal)
+                         speed=self.timing.request_factor(rng), internal=internal,
+                         id_rng=random.Random(f"ids:{self.seed}:{self.timing.instance}:{self._n}"))
         self.waiting.append(req)
         self.stats.num_requests_total += 1
         self._wake.set()

@@ -76,6 +76,21 @@ def _clipped_gauss(rng: random.Random, sd: float) -> float:
     return max(-3 * sd, min(3 * sd, rng.gauss(0.0, sd)))
 
 
+def request_rng(seed: int, instance: int, n: int) -> random.Random:
+    """The RNG of the n-th user request (1-based) of a server instance; the running server uses it too."""
+    return random.Random(f"req:{seed}:{instance}:{n}")
+
+
+@dataclass(frozen=True)
+class SimulatedRequest:
+    """What a client would measure for one single-stream request (simulated seconds)."""
+    output_tokens: int
+    decode_s: float          # time from the first token to the last token
+    verify_ct: int           # verify steps (0 without speculation)
+    decode_tok_s: float      # (output_tokens - 1) / decode_s
+    accept_len: Optional[float]  # output_tokens / verify_ct, as SGLang's spec_accept_length
+
+
 @dataclass
 class TimingModel:
     """Timing of one server instance. Build with :meth:`create`."""
@@ -212,6 +227,27 @@ class TimingModel:
                 break
             tokens += 1
         return tokens
+
+    # ----- a whole request, without a server
+    def simulate_request(self, output_len: int, t_sim_s: float = 0.0,
+                         rng: Optional[random.Random] = None) -> SimulatedRequest:
+        """Draw one single-stream request exactly as the server's scheduler loop does (same draw order:
+        request factor, then per step the jitter and the acceptance), so coverage studies can run
+        thousands of replicates in-process. ``rng`` defaults to :func:`request_rng` (seed, instance, 1)."""
+        rng = rng or request_rng(self.seed, self.instance, 1)
+        speed = self.request_factor(rng)
+        produced, elapsed, verify = (1 if output_len > 0 else 0), 0.0, 0
+        while produced < output_len:
+            dt = self.step_s(1, t_sim_s + elapsed, rng, request_speed=speed)
+            elapsed += dt
+            if self.speculative:
+                produced += min(self.tokens_per_verify(rng), output_len - produced)
+                verify += 1
+            else:
+                produced += 1
+        rate = (produced - 1) / elapsed if elapsed > 0 else float("nan")
+        return SimulatedRequest(produced, elapsed, verify, rate,
+                                produced / verify if verify else None)
 
     # ----- truth
     def true_decode_tok_s(self, t_sim_s: float = 0.0, bs: int = 1) -> float:

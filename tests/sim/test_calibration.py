@@ -18,13 +18,15 @@ from typing import Any, Callable
 import pytest
 
 from specab.sim.profile import load_profile
-from specab.sim.timing import true_decode_tok_s
+from specab.sim.timing import TimingModel, request_rng, true_decode_tok_s
 from tests.sim.client import StreamResult, request_json, stream
 from tests.sim.conftest import EAGLE_S2, TUNED, Launcher
 from tests.sim.test_process import parse_batch_line
 
 ARGS = ["--mem-fraction-static", "0.88", "--disable-custom-all-reduce", "--trust-remote-code"]
 STARVED_LAG_S = 0.01
+SPEC_S2 = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/models/eagle3",
+           "speculative_num_steps": 2, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 3}
 
 
 @dataclass
@@ -106,6 +108,12 @@ def test_eagle3_two_steps_is_60_5_tok_s_at_accept_length_2_1(launch):
     assert statistics.fmean(accept) == pytest.approx(2.10, abs=0.05), accept
     for r in m.results:   # one streamed chunk per verify step, so chunks = verify steps + the prefill token
         assert len(r.chunks) == r.final["meta_info"]["spec_verify_ct"] + 1
+    # the pure model draws the same requests: coverage studies in-process see what the server serves
+    model = TimingModel.create(load_profile("default"), {"tp_size": 8, **SPEC_S2}, TUNED, seed=0,
+                               instance=m.sim["instance"])
+    twins = [model.simulate_request(256, rng=request_rng(0, m.sim["instance"], i + 1)) for i in range(20)]
+    assert [t.verify_ct for t in twins] == [r.final["meta_info"]["spec_verify_ct"] for r in m.results]
+    assert statistics.fmean(t.decode_tok_s for t in twins) == pytest.approx(statistics.fmean(m.rates), rel=0.02)
     decodes = m.decodes()
     assert decodes and all(r["cuda graph"] == "False" for r in decodes), "verify in extend mode, no CUDA graph"
     assert statistics.fmean(float(r["accept len"]) for r in decodes) == pytest.approx(2.10, abs=0.1)

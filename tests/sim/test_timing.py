@@ -115,3 +115,18 @@ def test_profiles_load_by_name_or_path_and_refuse_bad_keys(tmp_path):
     data["decode"]["typo_ms"] = 1
     with pytest.raises(ProfileError, match=r"decode: unknown key\(s\) \['typo_ms'\]"):
         profile_from_dict(data)
+
+
+def test_simulated_requests_measure_the_true_speed(quiet):
+    from specab.sim.timing import request_rng
+    prof = load_profile("default")
+    for arm, target in ((BASE, 82.2), (spec(2), 60.5)):
+        m = TimingModel.create(prof, arm, TUNED, seed=5, instance=2)
+        reqs = [m.simulate_request(256, t_sim_s=0.0, rng=request_rng(5, 2, i)) for i in range(1, 201)]
+        mean = statistics.fmean(r.decode_tok_s for r in reqs)
+        assert mean == pytest.approx(m.true_decode_tok_s(), rel=0.01)
+        assert mean == pytest.approx(target, rel=0.02)
+        assert all(r.output_tokens == 256 for r in reqs)
+    again = TimingModel.create(prof, spec(2), TUNED, seed=5, instance=2).simulate_request(256, rng=request_rng(5, 2, 1))
+    first = TimingModel.create(prof, spec(2), TUNED, seed=5, instance=2).simulate_request(256, rng=request_rng(5, 2, 1))
+    assert again == first, "seeded: the same request twice is the same"
