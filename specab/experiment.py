@@ -25,7 +25,7 @@ from specab.matrix import build_arms, parse_matrix
 from specab.plan import Order, PlannedRun, make_plan
 from specab.progress import Progress
 from specab.remote import LogTail, load_phase, open_node, read_tail
-from specab.runner import PlaybookResult, PlaybookRunner
+from specab.runner import Failure, PlaybookResult, PlaybookRunner
 
 ARM_PLAYBOOK = "playbooks/arm.yml"
 STOP_PLAYBOOK = "playbooks/stop.yml"
@@ -254,6 +254,10 @@ class ExperimentRun:
         try:
             result = self.runner.run(ARM_PLAYBOOK, extravars, ident, cancel=cancel, on_phase=on_phase,
                                      secrets=self.secrets, timeout=self.opts.run_timeout_s)
+        except Exception as exc:        # ansible-runner itself failed: record it, the experiment goes on
+            result = PlaybookResult(status="error", rc=None, ident=ident, artifact_dir=self.exp_dir / ".runner",
+                                    failures=[Failure(phase=clock.current, task="ansible-runner", host=None,
+                                                      message=f"{type(exc).__name__}: {exc}")])
         finally:
             for t in tails:
                 t.stop()
@@ -336,7 +340,11 @@ class ExperimentRun:
                     pr = queue.pop(0)
                     index += 1
                     self.progress.run_started(index, pr.run_id, pr.arm, pr.block)
-                    status = self.run_one(pr, intr.event)
+                    try:
+                        status = self.run_one(pr, intr.event)
+                    except ExperimentError:
+                        self.store.set_experiment_status("interrupted")
+                        raise
                     if status == st.INTERRUPTED or intr.event.is_set():
                         interrupted = True
                         break
