@@ -127,6 +127,9 @@ def main() -> int:
             return 0  # the parent died before the death signal was armed
     set_title(title)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if cfg.get("gpu_mode") == "cuda":
+        from specab.sim.gpu_mode import route_native_stdout_to_stderr
+        route_native_stdout_to_stderr()   # NCCL's lines go to the log, not into the report pipe
     hold = None
     if role == "scheduler":
         hold = run_scheduler(cfg)  # noqa: F841  (GPU mode: keeps the CUDA memory alive)
