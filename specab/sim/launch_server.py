@@ -107,7 +107,8 @@ class Launch:
             cfg = {"role": "scheduler", "tp_rank": rank, "world_size": world, "gpu": gpu, "cuda_dev": i,
                    "parent_pid": os.getpid(), "orphan": st.faults.orphan_workers,
                    "log_prefix": sglang_prefix(rank, a.tp_size), "state": str(st.state), "plan": plan,
-                   "release_lag_s": self._release_lag(), "gpu_mode": st.gpu_mode, "dist_init": dist_init}
+                   "release_lag_s": self._release_lag(), "gpu_mode": st.gpu_mode, "dist_init": dist_init,
+                   "log_level": a.log_level}
             self.schedulers[rank] = await self._spawn(cfg)
         waits = [self._await_ready(rank, p) for rank, p in self.schedulers.items()]
         if detok is not None:
@@ -192,7 +193,8 @@ class Launch:
         timing = TimingModel.create(self.profile, a, env, st.seed, instance)
         cap = capacity(self.profile, a)
         gpus = [self._gpu_of(i) for i in range(len(self._local_ranks()))]
-        engine = Engine(timing, cap, SimLogger(sglang_prefix(0, a.tp_size)), st.time_scale, epoch, st.seed,
+        engine = Engine(timing, cap, SimLogger(sglang_prefix(0, a.tp_size), level=a.log_level), st.time_scale,
+                        epoch, st.seed,
                         a.decode_log_interval, radix_cache=not a.disable_radix_cache,
                         on_activity=lambda: self.node.set_activity(gpus, 1.0),
                         on_request_finished=self.on_request_finished)
@@ -314,6 +316,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except SpecRuleError as exc:
         _print_rule_error(exc)
         return 1
+    log = SimLogger("", level=args.log_level)
     for w in warnings:
         log.warning(w)
     if settings.faults.ignore_sigterm:

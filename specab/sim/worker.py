@@ -56,7 +56,7 @@ def _fail(log: SimLogger, parent: int, text: str, where: str) -> None:
 
 def run_scheduler(cfg: dict[str, Any]) -> Any:
     rank, world = cfg["tp_rank"], cfg["world_size"]
-    log = SimLogger(cfg["log_prefix"])
+    log = SimLogger(cfg["log_prefix"], level=cfg.get("log_level", "info"))
     parent = cfg["parent_pid"]
     node = GpuNode(Path(cfg["state"]))
     gpu = cfg["gpu"]

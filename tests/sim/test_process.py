@@ -186,3 +186,12 @@ def test_second_node_of_a_multi_node_launch(launch):
     assert titles == [f"sglang::scheduler_TP{r}" for r in range(4, 8)], "no tokenizer/detokenizer on rank >= 1"
     assert memory_used(srv.state)[:5] == [round(0.888 * 143771)] * 4 + [0]
     assert request_json(srv.port, "POST", "/generate", {"text": "x"})[0] == 404
+
+
+def test_log_level_warning_hides_info_lines(launch):
+    srv = launch(["--log-level", "warning", "--decode-log-interval", "1"], scale=20, tp=2)
+    assert request_json(srv.port, "POST", "/generate", {"text": "x", "sampling_params": {"max_new_tokens": 8}})[0] \
+        == 200
+    log = srv.log_text()
+    assert "Decode batch" not in log and "Load weight begin" not in log and "ready to roll" not in log
+    assert "Uvicorn running on" in log, "uvicorn's own lines are not SGLang's logger"
