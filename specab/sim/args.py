@@ -238,6 +238,11 @@ def apply_rules(args: ServerArgs, architecture: str = "DeepseekV3ForCausalLM") -
         raise SpecRuleError(f"node_rank ({a.node_rank}) must be in [0, nnodes={a.nnodes})")
     if a.nnodes > 1 and not a.dist_init_addr:
         raise SpecRuleError("--dist-init-addr is required when --nnodes > 1")
+    if a.dist_init_addr:
+        host, _, port = a.dist_init_addr.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SpecRuleError(f"--dist-init-addr {a.dist_init_addr!r}: expected HOST:PORT "
+                                "(e.g. 192.168.0.2:25000)")
     if a.speculative_algorithm == "NEXTN":
         a.speculative_algorithm = "EAGLE"
     if a.speculative_algorithm in EAGLE_FAMILY:

@@ -44,6 +44,7 @@ class Launch:
         self.exit_reason = ""
         self.crash_sent = False
         self.state: Any = None
+        self._link_task: Optional[asyncio.Task] = None
 
     # ----- process tree
     def _local_ranks(self) -> list[int]:
@@ -96,7 +97,11 @@ class Launch:
     async def launch_subprocesses(self) -> bool:
         a, st = self.args, self.settings
         world = a.tp_size * a.pp_size
-        dist_init = a.dist_init_addr or f"127.0.0.1:{_free_port()}"
+        if a.dist_init_addr and a.nnodes > 1:   # the node link listens on the port; torch (GPU mode) on port+1
+            host, _, port = a.dist_init_addr.rpartition(":")
+            dist_init = f"{host}:{int(port) + 1}"
+        else:
+            dist_init = a.dist_init_addr or f"127.0.0.1:{_free_port()}"
         detok = None
         if a.node_rank == 0:
             detok = await self._spawn({"role": "detokenizer", "parent_pid": os.getpid(),
@@ -144,6 +149,14 @@ class Launch:
             env["SGLANG_SIMULATE_ACC_LEN"] = acc
         return env
 
+    def fail_scheduler(self, error: str) -> None:
+        """Make the first local scheduler fail with ``error`` (it SIGQUITs this process, as in SGLang)."""
+        proc = self.schedulers.get(min(self.schedulers)) if self.schedulers else None
+        if proc is None or proc.stdin is None or proc.returncode is not None:
+            self.kill_tree()
+            return
+        proc.stdin.write((json.dumps({"cmd": "fail", "error": error}) + "\n").encode())
+
     def on_request_finished(self, n: int) -> None:
         limit = self.settings.faults.crash_after
         if limit is None or self.crash_sent or n < limit:
@@ -187,6 +200,16 @@ class Launch:
         if not await self.launch_subprocesses():
             self.kill_tree(include_parent=False)
             return 1
+        if a.nnodes > 1:
+            from specab.sim.multinode import PEER_LOST, NodeLink
+            link = NodeLink(a.dist_init_addr or "", a.nnodes, a.node_rank,
+                            SimLogger(sglang_prefix(self._local_ranks()[0], a.tp_size), level=a.log_level))
+            await link.connect()
+
+            def peer_lost(rank: int) -> None:
+                self.log.error(f"Lost the connection to node {rank} (dist-init {a.dist_init_addr}).")
+                self.fail_scheduler(PEER_LOST)
+            self._link_task = asyncio.create_task(link.watch(peer_lost))
         if a.node_rank >= 1:
             return await self._dummy_health()
         env = self.timing_env()

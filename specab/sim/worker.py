@@ -143,6 +143,10 @@ def main() -> int:
                   "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
                   "below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1",
                   "scheduler.event_loop_normal()")
+        elif cmd.startswith("{"):
+            msg = json.loads(cmd)
+            if msg.get("cmd") == "fail":
+                _fail(log, cfg["parent_pid"], str(msg["error"]), "scheduler.event_loop_normal()")
     # stdin closed: the server is gone or going; wait for the death signal (or live on as an orphan)
     while True:
         signal.pause()

@@ -13,7 +13,8 @@ import yaml
 
 from specab.sim.profile import load_profile
 from tests.sim.client import request_json, stream
-from tests.sim.conftest import (EAGLE_S2, TUNED, alive, children_of, compute_pids, memory_used, smi, wait_for)
+from tests.sim.conftest import (EAGLE_S2, TUNED, alive, children_of, compute_pids, free_port, memory_used, smi,
+                                wait_for)
 
 # Real SGLang lines (shared/reference/sglang.md, issue #11948 log, v0.5.3.post3) and a 0.5.9-style line.
 REAL_LINES = [
@@ -177,15 +178,43 @@ def test_gpu_utilization_follows_the_work(module_launch):
     wait_for(lambda: smi(srv.state, *q).stdout.splitlines()[0] == "0, 0x0000000000000001", 10, "idle again")
 
 
-def test_second_node_of_a_multi_node_launch(launch):
-    srv = launch(["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "127.0.0.1:25000"], scale=20, tp=8,
-                 wait=False)
-    wait_for(lambda: srv.health() == 200, 60, "the dummy health server of node rank 1")
+def _two_nodes(launch, tmp_path):
+    link = f"127.0.0.1:{free_port()}"
+    common = ["--nnodes", "2", "--dist-init-addr", link]
+    head = launch([*common, "--node-rank", "0"], scale=20, tp=4, state=tmp_path / "head", wait=False)
+    wait_for(lambda: "Waiting for 1 other node(s)" in head.log_text(), 60, "the head to wait for node 1")
+    assert head.health() == 0, "the head's port stays closed until every node joined"
+    other = launch([*common, "--node-rank", "1"], scale=20, tp=4, state=tmp_path / "other", wait=False)
+    head.wait_ready()
+    wait_for(lambda: other.health() == 200, 60, "the dummy health server of node rank 1")
+    return head, other
+
+
+def test_multi_node_ranks_join_the_head_and_split_tp(launch, tmp_path):
+    head, other = _two_nodes(launch, tmp_path)
     titles = sorted(Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0")[0].decode()
-                    for k in children_of(srv.proc.pid))
-    assert titles == [f"sglang::scheduler_TP{r}" for r in range(4, 8)], "no tokenizer/detokenizer on rank >= 1"
-    assert memory_used(srv.state)[:5] == [round(0.888 * 143771)] * 4 + [0]
-    assert request_json(srv.port, "POST", "/generate", {"text": "x"})[0] == 404
+                    for k in children_of(other.proc.pid))
+    assert titles == ["sglang::scheduler_TP2", "sglang::scheduler_TP3"], "no tokenizer/detokenizer on rank >= 1"
+    assert memory_used(other.state)[:3] == [round(0.888 * 143771)] * 2 + [0]
+    assert request_json(other.port, "POST", "/generate", {"text": "x"})[0] == 404
+    assert request_json(head.port, "POST", "/generate", {"text": "x", "sampling_params":
+                                                         {"max_new_tokens": 4}})[0] == 200
+    assert "Node 1 joined from 127.0.0.1 (2/2 nodes)." in head.log_text()
+    # a peer rank dies: the head goes down like SGLang (NCCL error in a scheduler, SIGQUIT path)
+    os.kill(other.proc.pid, signal.SIGKILL)
+    assert head.wait_exit(30) == -signal.SIGKILL
+    log = head.log_text()
+    assert "Lost the connection to node 1" in log and "remote process exited or there was a network error" in log
+    assert "Received sigquit from a child process" in log
+    wait_for(lambda: compute_pids(head.state) == [] and compute_pids(other.state) == [], 15, "every rank gone")
+
+
+def test_multi_node_the_others_go_down_with_the_head(launch, tmp_path):
+    head, other = _two_nodes(launch, tmp_path)
+    os.killpg(head.proc.pid, signal.SIGKILL)
+    assert other.wait_exit(30) == -signal.SIGKILL
+    assert "Lost the connection to node 0" in other.log_text()
+    wait_for(lambda: compute_pids(other.state) == [], 15, "the other node's ranks gone")
 
 
 def test_log_level_warning_hides_info_lines(launch):
