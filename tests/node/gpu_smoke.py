@@ -141,8 +141,20 @@ def main() -> int:
         held = subprocess.run(["nvidia-smi", "-i", str(a.gpu), "--query-gpu=memory.used",
                                "--format=csv,noheader,nounits"], capture_output=True, text=True).stdout.strip()
         res["orphans_memory_used_mib_1s_after_parent_kill"] = held
+        # gpufree polls (every 50 ms) while stop runs: SIGTERM → GPU free, as the node sees it
+        watcher = subprocess.Popen([PY, str(NODE / "gpufree.py"), "--smi", smi, "--gpus", str(a.gpu),
+                                    "--threshold-mib", "64", "--timeout", "60", "--node-dir", str(node_dir),
+                                    "--interval", "0.05"], stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)  # let it take its first polls while the orphans still hold the GPU
         stop2 = tool("stop", "--node-dir", node_dir, "--smi", smi, "--grace", "5")
         res["stop_orphans"] = stop2
+        w_out = watcher.communicate(timeout=90)[0]
+        during = json.loads(w_out.strip().splitlines()[-1]) if w_out.strip() else {}
+        res["gpufree_during_stop"] = {k: during.get(k) for k in ("ok", "error", "polls", "free_at", "time_to_free_s",
+                                                                 "initial")}
+        if during.get("free_at") and stop2.get("signals"):
+            res["sigterm_to_gpu_free_s"] = round(during["free_at"] - stop2["signals"][0]["t"], 3)
+        checks["gpufree_waited_through_stop"] = bool(during.get("ok")) and during.get("polls", 0) > 1
         checks["orphans_stopped"] = stop2["_rc"] == 0
         t_stop = time.time()
         free2 = tool("gpufree", "--smi", smi, "--gpus", str(a.gpu), "--timeout", "60", "--node-dir", node_dir,
@@ -152,7 +164,9 @@ def main() -> int:
         checks["free_after_orphans"] = free2["_rc"] == 0
 
         # nvidia-smi hang: a wrapper that never answers
-        hang = tool("gpufree", "--smi", json.dumps(["sleep", "3600"]), "--timeout", "5", "--smi-timeout", "2")
+        hang = tool("gpufree", "--smi", json.dumps([PY, "-c", "import time; time.sleep(3600)"]), "--timeout", "5",
+                    "--smi-timeout", "2")
+        res["hang"] = {k: hang.get(k) for k in ("_rc", "_wall_s", "error")}
         checks["hang_reported"] = hang["_rc"] == 1 and "did not answer within 2 s" in hang.get("error", "")
     finally:
         if foreign is not None and foreign.poll() is None:
