@@ -57,6 +57,9 @@ class GenRequest:
     finished_at: Optional[float] = None
     aborted: bool = False
     internal: bool = False          # warm-up and health-check requests (not counted by crash_after)
+    arrival_mono: float = field(default_factory=time.monotonic)
+    emit_mono: list[float] = field(default_factory=list)   # ground truth: when each chunk was emitted
+    emit_tokens: list[int] = field(default_factory=list)
 
     @property
     def completion_tokens(self) -> int:
@@ -77,6 +80,8 @@ class GenRequest:
     def _emit(self, n: int) -> Emission:
         for _ in range(n):
             self.output_ids.append(self.id_rng.randrange(1000, 150000))
+        self.emit_mono.append(time.monotonic())
+        self.emit_tokens.append(n)
         done = len(self.output_ids) >= self.stop_at
         if done:
             self.finished_at = time.time()
@@ -109,7 +114,8 @@ class Engine:
     def __init__(self, timing: TimingModel, cap: Capacity, log: SimLogger, time_scale: float, epoch: float,
                  seed: int, decode_log_interval: int, radix_cache: bool = True,
                  on_activity: Optional[Callable[[], None]] = None,
-                 on_request_finished: Optional[Callable[[int], None]] = None):
+                 on_request_finished: Optional[Callable[[int], None]] = None,
+                 trace_path: Optional[str] = None):
         self.timing = timing
         self.cap = cap
         self.log = log
@@ -120,6 +126,7 @@ class Engine:
         self.radix = radix_cache
         self.on_activity = on_activity
         self.on_request_finished = on_request_finished
+        self.trace_path = trace_path
         self.waiting: deque[GenRequest] = deque()
         self.running: list[GenRequest] = []
         self.stats = EngineStats()
@@ -216,9 +223,28 @@ class Engine:
     def _finish(self, req: GenRequest) -> None:
         if req.internal:
             return
+        if self.trace_path:
+            self._trace(req)
         self.stats.finished_requests += 1
         if self.on_request_finished:
             self.on_request_finished(self.stats.finished_requests)
+
+    def _trace(self, req: GenRequest) -> None:
+        """One JSON line per finished request: the emission times the client's measurement should match."""
+        import json
+        n = req.completion_tokens
+        span = req.emit_mono[-1] - req.emit_mono[0] if len(req.emit_mono) > 1 else 0.0
+        rec = {"rid": req.rid, "prompt_tokens": req.prompt_tokens, "completion_tokens": n,
+               "arrival_mono": req.arrival_mono, "arrival_wall": req.created, "emit_mono": req.emit_mono,
+               "emit_tokens": req.emit_tokens, "spec_verify_ct": req.verify_ct,
+               "ttft_s": req.emit_mono[0] - req.arrival_mono if req.emit_mono else None,
+               "decode_tok_s": (n - 1) / span if span > 0 else None, "time_scale": self.scale}
+        try:
+            with open(self.trace_path, "a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+        except OSError as exc:
+            self.log.warning(f"specab.sim: cannot write SPECAB_SIM_TRACE={self.trace_path}: {exc}")
+            self.trace_path = None
 
     # ----- the loop
     async def run(self) -> None:

@@ -220,7 +220,7 @@ class Launch:
                         epoch, st.seed,
                         a.decode_log_interval, radix_cache=not a.disable_radix_cache,
                         on_activity=lambda: self.node.set_activity(gpus, 1.0),
-                        on_request_finished=self.on_request_finished)
+                        on_request_finished=self.on_request_finished, trace_path=st.trace)
         sim_info = {"profile": self.profile.name, "time_scale": st.time_scale, "seed": st.seed,
                     "instance": instance, "state": str(st.state), "nccl_factor": timing.nccl,
                     "true_decode_tok_s": round(timing.true_decode_tok_s((time.time() - epoch) * st.time_scale)

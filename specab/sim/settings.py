@@ -6,6 +6,7 @@ SPECAB_SIM_TIME_SCALE  speed factor: 10 => every duration / 10 (default 1)
 SPECAB_SIM_SEED        seed of jitter, offsets, acceptance draws and text (default 0)
 SPECAB_SIM_FAULT       comma list of faults (see Faults)
 SPECAB_SIM_GPU         "cuda" => GPU mode (real CUDA memory + NCCL in each scheduler); unset on CPU
+SPECAB_SIM_TRACE       file: one JSON line per finished request with its chunk emission times (ground truth)
 """
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ class SimSettings:
     seed: int
     faults: Faults
     gpu_mode: str
+    trace: Optional[str] = None
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "SimSettings":
@@ -93,4 +95,5 @@ class SimSettings:
         return cls(state=Path(env.get("SPECAB_SIM_STATE") or DEFAULT_STATE),
                    profile_ref=env.get("SPECAB_SIM_PROFILE") or "default",
                    time_scale=scale, seed=seed,
-                   faults=Faults.parse(env.get("SPECAB_SIM_FAULT", "")), gpu_mode=gpu)
+                   faults=Faults.parse(env.get("SPECAB_SIM_FAULT", "")), gpu_mode=gpu,
+                   trace=env.get("SPECAB_SIM_TRACE") or None)

@@ -166,3 +166,19 @@ def test_baseline_server_has_no_spec_fields_and_no_metrics(launch):
     batch = request_json(srv.port, "POST", "/generate",
                          {"text": ["a b c", "d e"], "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}})
     assert [o["meta_info"]["completion_tokens"] for o in batch[1]] == [5, 5]
+
+
+def test_trace_records_the_ground_truth_of_each_request(launch, tmp_path):
+    import json
+    trace = tmp_path / "trace.jsonl"
+    srv = launch(EAGLE_S2, env={**TUNED, "SPECAB_SIM_TRACE": str(trace)}, scale=20, tp=1)
+    res = stream(srv.port, "/generate", gen_body(48, True))
+    from tests.sim.conftest import wait_for
+    wait_for(lambda: trace.is_file() and trace.read_text().strip(), 10, "the trace line")
+    rec = json.loads(trace.read_text().splitlines()[-1])
+    assert rec["completion_tokens"] == 48 and sum(rec["emit_tokens"]) == 48
+    assert len(rec["emit_mono"]) == len(res.chunks), "one emission per streamed chunk"
+    assert rec["spec_verify_ct"] == res.final["meta_info"]["spec_verify_ct"]
+    client = res.decode_tok_s()
+    assert rec["decode_tok_s"] == pytest.approx(client, rel=0.25), "client and server agree roughly"
+    assert all(b >= a for a, b in zip(rec["emit_mono"], rec["emit_mono"][1:]))
