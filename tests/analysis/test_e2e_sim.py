@@ -1,0 +1,111 @@
+"""Doctor and report end to end: a real experiment run by the driver on the simulated node.
+
+One experiment, three arms on one node: the baseline, an EAGLE-3 arm on the default profile (the
+seed: verify in extend mode without CUDA graph, so it loses) and an EAGLE-3 arm whose node profile
+(selected through the arm's env, SPECAB_SIM_PROFILE) verifies with a CUDA graph and wins. The
+doctor must explain the losing arm and say nothing about the winning one; the common args are
+equalised, so the like-for-like rule stays silent. A second, one-run experiment whose launch script
+does not source the env file (the template's test-only knob) provokes env-not-confirmed.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specab import analysis, doctor, report, stats
+from tests.driver.simnode import NCCL_TUNED, SimNode, driver, free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+SCALE = "20"
+SPEC = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/models/Kimi-K2.5-EAGLE3",
+        "speculative_num_steps": 2, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 3}
+
+
+def graph_profile(tmp: Path) -> Path:
+    from specab.sim.profile import PROFILE_DIR
+    p = yaml.safe_load((PROFILE_DIR / "default.yml").read_text())
+    p["name"] = "verify-graph"
+    p["spec"]["verify_cuda_graph"] = True
+    out = tmp / "verify-graph.yml"
+    out.write_text(yaml.safe_dump(p))
+    return out
+
+
+def experiment(node: SimNode, name: str, arms: list[dict]) -> Path:
+    exp = {"specab_experiment": {
+        "name": name, "model_path": "/models/Kimi-K2.5-INT4",
+        "server_args": {"tp_size": 8, "mem_fraction_static": 0.88, "host": "127.0.0.1", "port": node.port,
+                        "max_running_requests": 48, "disable_overlap_schedule": True},
+        "env": dict(NCCL_TUNED), "arms": arms,
+        "bench": {"api": "generate", "num_requests": 3, "warmup_requests": 1, "input_len": 16, "output_len": 64,
+                  "concurrency": 1, "seed": 1, "timeout_s": 300},
+        "timeouts": {"ready_s": 300, "stop_grace_s": 5, "gpu_free_s": 60}}}
+    p = node.root / f"{name}.yml"
+    p.write_text(json.dumps(exp))
+    return p
+
+
+def run_driver(node: SimNode, exp: Path, inv: Path, *args: str) -> Path:
+    proc = driver("-e", str(exp), "-i", str(inv), "--runs-dir", str(node.runs_dir), *args)
+    out, _ = proc.communicate(timeout=1500)
+    assert proc.returncode == 0, out[-4000:]
+    dirs = sorted(d for d in node.runs_dir.iterdir() if (d / "results.sqlite").exists())
+    return dirs[-1]
+
+
+@pytest.fixture
+def node(tmp_path: Path):
+    n = SimNode(root=tmp_path, port=free_port(), time_scale=SCALE)
+    yield n
+    n.cleanup()
+
+
+def test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one(node: SimNode, tmp_path: Path):
+    prof = graph_profile(tmp_path)
+    exp = experiment(node, "e2e-doctor", [
+        {"name": "baseline"},
+        {"name": "eagle3-nograph", "server_args": SPEC},
+        {"name": "eagle3-graph", "server_args": SPEC, "env": {"SPECAB_SIM_PROFILE": str(prof)}},
+    ])
+    d = run_driver(node, exp, node.write_inventory(), "--repeats", "1")
+    e = analysis.load_store(d)
+    assert e.meta["time_scales"] == [float(SCALE)] and all(r.ok for r in e.runs)
+    st = stats.analyse(e)
+    base = st.arms["baseline"].tok_s_run.median
+    assert 70 < base < 95                                         # the seed's 82.2, in simulated seconds
+    assert st.arms["eagle3-nograph"].cuda_graph_share == 0.0
+    assert st.arms["eagle3-graph"].cuda_graph_share == 1.0
+    assert st.arms["eagle3-nograph"].tok_s_run.median < base < st.arms["eagle3-graph"].tok_s_run.median
+    found = doctor.diagnose(e, st)
+    by_rule = {}
+    for f in found:
+        by_rule.setdefault(f.rule, []).append(f)
+    assert {f.arm for f in by_rule.get("verify-without-cuda-graph", [])} == {"eagle3-nograph"}
+    assert {f.arm for f in by_rule.get("accept-below-break-even", [])} == {"eagle3-nograph"}
+    assert any("cuda graph: False" in ev for f in by_rule["verify-without-cuda-graph"] for ev in f.evidence)
+    assert not any(f.arm == "eagle3-graph" for f in found), found
+    assert "arms-not-like-for-like" not in by_rule and "env-not-confirmed" not in by_rule
+    assert "gpu-throttled" not in by_rule, by_rule.get("gpu-throttled")
+    # the driver wrote the report at the end of the experiment
+    md = (d / "report.md").read_text()
+    assert "verify-without-cuda-graph" in md and (d / "report.html").is_file()
+    assert len(list((d / "report").glob("*.png"))) == 5
+
+
+def test_env_not_applied_in_the_workers_is_reported(node: SimNode):
+    hv = node.host_vars()
+    hv["server_start_source_env_file"] = False            # test-only template knob: nccl.env not sourced
+    exp = experiment(node, "e2e-env", [{"name": "baseline"}])
+    proc = driver("-e", str(exp), "-i", str(node.write_inventory(hv)), "--runs-dir", str(node.runs_dir),
+                  "--repeats", "1")
+    out, _ = proc.communicate(timeout=900)
+    dirs = [x for x in node.runs_dir.iterdir() if (x / "results.sqlite").exists()]
+    assert dirs, out[-3000:]
+    e = analysis.load_store(dirs[0])
+    found = [f for f in doctor.diagnose(e) if f.rule == "env-not-confirmed"]
+    assert found, (out[-3000:], [r.env_check for r in e.runs])
+    assert "NCCL_PROTO" in found[0].message
+    _ = report
