@@ -106,7 +106,8 @@ def test_noise_is_seeded_and_can_be_zero():
 
 
 def test_profiles_load_by_name_or_path_and_refuse_bad_keys(tmp_path):
-    assert {"default", "realistic"} <= set(shipped_profiles())
+    assert {"default", "realistic", "instant"} <= set(shipped_profiles())
+    assert load_profile("instant").load.weights_s == 0.0
     assert load_profile("realistic").load.weights_s > 60
     with pytest.raises(ProfileError, match="neither a shipped profile"):
         load_profile("no-such-profile")
