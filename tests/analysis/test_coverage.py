@@ -22,3 +22,29 @@ def test_blocked_design_fails_under_seed_like_drift():
     # the seed saw the baseline move 89 -> 82 (~8 %) between sessions: -4 %/h over a 2 h experiment
     _, res = run_study(seeds=20, profile=with_drift(load_profile("default"), -4.0), orders=("blocked",))
     assert res["blocked"].coverage < 0.5 and res["blocked"].mean_bias_pct < -2.5, res["blocked"]
+
+
+def _blocks_until_stop(profile, target: float, max_repeats: int, seed: int = 7) -> tuple[int, str]:
+    from specab import stats
+    from tests.analysis.coverage_study import simulate_experiment, study_arms
+    arms = study_arms((2, 3))
+    for n in range(1, max_repeats + 1):
+        exp = simulate_experiment(profile, arms, "interleaved", seed, Design(blocks=n))
+        more, why = stats.decide_more_blocks(exp, target, max_repeats)
+        if not more:
+            return n, why
+    raise AssertionError(f"decide_more_blocks asked for block {max_repeats + 1} beyond --max-repeats")
+
+
+def test_sequential_stopping_on_simulator_profiles():
+    """--target-ci 2%: a low-noise profile stops earlier than a high-noise one; never beyond --max-repeats."""
+    import dataclasses
+    base = load_profile("default")
+    low = dataclasses.replace(base, noise=dataclasses.replace(base.noise, step_cv=0.005, instance_cv=0.001))
+    high = dataclasses.replace(base, noise=dataclasses.replace(base.noise, step_cv=0.03, instance_cv=0.03))
+    n_low, why_low = _blocks_until_stop(low, 0.02, 10)
+    n_high, why_high = _blocks_until_stop(high, 0.02, 10)
+    assert n_low < n_high <= 10, (why_low, why_high)
+    assert "within" in why_low
+    n_cap, why_cap = _blocks_until_stop(high, 0.002, 4)
+    assert n_cap == 4 and "--max-repeats 4" in why_cap and "not met" in why_cap
