@@ -94,3 +94,16 @@ def test_report_html_renders_in_headless_chromium(exp_dir, written, tmp_path):
     assert colours is not None and len(colours) > 200
     px = img.resize((300, 750)).tobytes()
     assert any(px[i + 2] > 150 and px[i] < 100 for i in range(0, len(px), 3))    # plot blue (#0969da)
+
+
+def test_failed_and_unpaired_runs_are_reported_not_hidden():
+    def crash(run, arm):
+        if run.block == 2 and arm.is_spec:
+            run.status, run.requests, run.error = "failed", [], "Ready | CUDA out of memory while loading"
+    exp = F.experiment({"baseline": 82.2, "eagle3-s2": 60.5}, blocks=4, accept={"eagle3-s2": 2.1}, tweak=crash)
+    rep = report.build_report(exp, plots=False)
+    md = report.to_markdown(rep)
+    assert "1 run(s) failed or measured nothing" in md and "CUDA out of memory" in md
+    assert "over 3 paired block(s)" in md                       # the block without a spec run is not paired
+    html_text = report.to_html(rep)
+    assert "<script" not in html_text and "CUDA out of memory" in html_text
