@@ -76,6 +76,8 @@ def _md_cell(s: str) -> str:
 
 def to_markdown(rep: Report, image_dir: str = "report") -> str:
     out = [f"# {rep.title}", ""]
+    if rep.summary:
+        out += ["## Summary", ""] + [f"- {s}" for s in rep.summary] + [""]
     for b in rep.blocks:
         if isinstance(b, Heading):
             out += [f"{'#' * b.level} {b.text}", ""]
@@ -335,7 +337,6 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     if scales:
         rep.summary.append(f"Simulated node at SPECAB_SIM_TIME_SCALE {', '.join(f'{x:g}' for x in scales)}: request "
                            f"times and tok/s are converted back to simulated seconds (a rehearsal, not a measurement).")
-    rep.add(Heading("Summary"), Bullets(list(rep.summary)))
     rep.add(Para(f"Order: {exp.order}; {st.blocks} complete block(s); {len(exp.runs)} run(s); hosts: "
                  f"{', '.join(st.hosts)}. Intervals are 95% over runs (requests are not pooled as if independent); "
                  f"speedups are paired within blocks (see docs/statistics.md)."))
