@@ -115,6 +115,7 @@ class SimNode:
         return self.inventory
 
     def write_experiment(self, exp: dict[str, Any]) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / "experiment.yml"
         path.write_text(yaml.safe_dump({"specab_experiment": exp}, sort_keys=False))
         return path
@@ -160,6 +161,21 @@ class SimNode:
             subprocess.run([sys.executable, str(self.node_dir / "bin" / "stop.py"), "--node-dir", str(self.node_dir),
                             "--smi", json.dumps([sys.executable, "-m", "specab.sim.smi"]), "--grace", "5"],
                            env={**self.env(), **self.node_env()}, capture_output=True, timeout=60)
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes whose argv mentions ``text`` (e.g. a private node directory)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in argv:
+            found.append(f"{proc.name}: {argv.strip()}")
+    return found
 
 
 def pid_alive(pid: int) -> bool:

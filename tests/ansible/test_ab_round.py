@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.ansible.conftest import Result, SimNode, experiment
+from tests.ansible.conftest import Result, SimNode, experiment, processes_mentioning
 
 PWNED = Path(f"/tmp/specab-pwned-{uuid.uuid4().hex[:8]}")
 HOSTILE_ENV = f"x; touch {PWNED}; $(touch {PWNED}) `touch {PWNED}`"
@@ -23,6 +23,9 @@ HOSTILE_NAME = f"kimi'; touch {PWNED} #"
 EXPECTED_FILES = {"server.log", "bench.jsonl", "bench_summary.json", "launch.sh", "nccl.env", "manifest.json",
                   "gpu_before.csv", "gpu_after.csv", "gpu_samples.csv", "env_check.json", "server_info.json",
                   "stop.json", "gpu_free.json", "args.json", "ready.json"}
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +105,7 @@ def test_round_leaves_nothing_running_and_testinfra_agrees(round_: tuple[SimNode
     node, result, _ = round_
     assert result.rc == 0, str(result)
     assert node.server_record() is None, "server.json should be gone after the final stop"
+    assert processes_mentioning(str(node.node_dir)) == [], "no process of the round (server, sampler) may be left"
     check = node.infra_check()
     assert check.rc == 0, f"testinfra should pass on free GPUs:\n{check}"
     assert "4 passed" in check.output
