@@ -105,7 +105,8 @@ class Launch:
         detok = None
         if a.node_rank == 0:
             detok = await self._spawn({"role": "detokenizer", "parent_pid": os.getpid(),
-                                       "orphan": st.faults.orphan_workers, "log_prefix": ""})
+                                       "orphan": st.faults.orphan_workers, "log_prefix": "",
+                                       "ignore_sigterm": st.faults.ignore_sigterm})
         for i, rank in enumerate(self._local_ranks()):
             gpu = self._gpu_of(i)
             plan = scheduler_plan(self.profile, a, rank, st.faults.oom_at_start and rank == 0, st.time_scale)
@@ -113,7 +114,7 @@ class Launch:
                    "parent_pid": os.getpid(), "orphan": st.faults.orphan_workers,
                    "log_prefix": sglang_prefix(rank, a.tp_size), "state": str(st.state), "plan": plan,
                    "release_lag_s": self._release_lag(), "gpu_mode": st.gpu_mode, "dist_init": dist_init,
-                   "log_level": a.log_level}
+                   "log_level": a.log_level, "ignore_sigterm": st.faults.ignore_sigterm}
             self.schedulers[rank] = await self._spawn(cfg)
         waits = [self._await_ready(rank, p) for rank, p in self.schedulers.items()]
         if detok is not None:

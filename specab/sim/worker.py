@@ -127,6 +127,8 @@ def main() -> int:
             return 0  # the parent died before the death signal was armed
     set_title(title)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if cfg.get("ignore_sigterm"):   # fault ignore_sigterm: a SIGTERM to the process group changes nothing
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if cfg.get("gpu_mode") == "cuda":
         from specab.sim.gpu_mode import route_native_stdout_to_stderr
         route_native_stdout_to_stderr()   # NCCL's lines go to the log, not into the report pipe

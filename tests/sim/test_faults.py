@@ -64,10 +64,12 @@ def test_crash_after_n_requests_takes_the_server_down(launch):
 
 def test_ignore_sigterm_keeps_serving_until_sigkill(launch):
     srv = launch([], env={"SPECAB_SIM_FAULT": "ignore_sigterm"}, scale=20, tp=2)
-    os.kill(srv.proc.pid, signal.SIGTERM)
+    kids = children_of(srv.proc.pid)
+    os.killpg(srv.proc.pid, signal.SIGTERM)      # as the stop role does: the whole process group
     wait_for(lambda: "Received SIGTERM; ignored" in srv.log_text(), 10, "the SIGTERM to arrive")
     for _ in range(10):                       # observed over a window: still alive and healthy
         assert srv.proc.poll() is None and srv.health() == 200
+    assert all(alive(k) for k in kids) and len(compute_pids(srv.state)) == 2, "the workers ignore it too"
     os.killpg(srv.proc.pid, signal.SIGKILL)
     assert srv.wait_exit(10) == -signal.SIGKILL
 
