@@ -100,9 +100,8 @@ class NoiseProfile:
     step_cv: float
     request_cv: float
     instance_cv: float
-    drift_kind: str      # "sine" (wanders +-drift_pct with period drift_hours) or "ramp" (slows to -drift_pct)
-    drift_pct: float
-    drift_hours: float
+    drift_pct_per_hour: float   # linear drift of the node's speed per simulated hour since the node epoch
+    drift_max_pct: float        # the drift stops at this magnitude
 
 
 @dataclass(frozen=True)
@@ -122,7 +121,7 @@ class Profile:
 
     def without_noise(self) -> "Profile":
         """The same profile with jitter, offsets and drift set to zero (for exact expectations)."""
-        quiet = NoiseProfile(0.0, 0.0, 0.0, self.noise.drift_kind, 0.0, self.noise.drift_hours)
+        quiet = NoiseProfile(0.0, 0.0, 0.0, 0.0, 0.0)
         return dataclasses.replace(self, noise=quiet)
 
 
@@ -182,10 +181,8 @@ def profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Profil
     prof = _build(Profile, data, source)
     if prof.gpu.count < 1:
         raise ProfileError(f"{source}: gpu.count must be >= 1")
-    if prof.noise.drift_kind not in ("sine", "ramp"):
-        raise ProfileError(f"{source}.noise.drift_kind: 'sine' or 'ramp', got {prof.noise.drift_kind!r}")
-    if prof.noise.drift_hours <= 0:
-        raise ProfileError(f"{source}.noise.drift_hours must be > 0")
+    if prof.noise.drift_max_pct < 0:
+        raise ProfileError(f"{source}.noise.drift_max_pct must be >= 0")
     return dataclasses.replace(prof, source=source)
 
 

@@ -17,7 +17,7 @@ Model (docs/simulator.md "Timing model"):
 - nccl = 1 when TP = 1, else ``1 + (untuned_factor-1) * share of the tuned NCCL_* variables that the
   scheduler's environment lacks or has with another value``.
 - speed = instance offset (normal, ``instance_cv``, seeded by seed and instance) * drift
-  (``drift_kind`` sine or ramp of ``drift_pct`` over ``drift_hours`` simulated hours since the node epoch);
+  (``drift_pct_per_hour`` per simulated hour since the node epoch, capped at ``drift_max_pct``);
   each request also gets a factor (``request_cv``) and each forward a jitter (``step_cv``, clipped at 3 sd).
 """
 from __future__ import annotations
@@ -55,18 +55,12 @@ def nccl_tuned(profile: Profile, env: Mapping[str, str]) -> bool:
 
 
 def drift_factor(profile: Profile, t_sim_s: float) -> float:
-    """Speed multiplier from the slow drift, ``t_sim_s`` simulated seconds after the node epoch.
-
-    ``sine``: ``1 - drift_pct/100 * sin(2 pi h / drift_hours)`` (wanders both ways);
-    ``ramp``: ``1 - drift_pct/100 * min(1, h / drift_hours)`` (the seed's 89 -> 82 slow-down).
-    """
+    """Speed multiplier from the slow drift, ``t_sim_s`` simulated seconds after the node epoch:
+    ``1 + drift_pct_per_hour/100 * hours``, the change capped at ``drift_max_pct``."""
     n = profile.noise
-    hours = max(0.0, t_sim_s) / 3600.0
-    if n.drift_kind == "ramp":
-        pct = n.drift_pct * min(1.0, hours / n.drift_hours)
-    else:
-        pct = n.drift_pct * math.sin(2 * math.pi * hours / n.drift_hours)
-    return 1.0 - pct / 100.0
+    pct = n.drift_pct_per_hour * max(0.0, t_sim_s) / 3600.0
+    pct = max(-n.drift_max_pct, min(n.drift_max_pct, pct))
+    return 1.0 + pct / 100.0
 
 
 def instance_factor(profile: Profile, seed: int, instance: int) -> float:
