@@ -129,6 +129,9 @@ def _options(args: argparse.Namespace, argv: list[str]) -> ex.Options:
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     opts = _options(args, args._argv)
     if args.resume:
+        if args.matrix or "--repeats" in args._argv or "--seed" in args._argv or "--order" in args._argv:
+            raise ConfigError("--resume continues the recorded plan: --matrix, --repeats, --seed and --order "
+                              "come from the experiment's store and cannot be changed.")
         code, _ = ex.resume(args.resume, opts, out)
         return code
     code, _ = ex.start(opts, out)

@@ -303,8 +303,7 @@ class ExperimentRun:
                 log_tail = result.stdout_tail
         self.store.finish_run(pr.seq, status=status, runner_status=result.status, runner_rc=result.rc,
                               failure_phase=phase if status != st.OK else None, failure_reason=reason,
-                              log_tail=log_tail if status != st.OK else None, partial=bool(partial and status != st.OK
-                                                                                          or partial),
+                              log_tail=log_tail if status != st.OK else None, partial=partial,
                               summary=ingested.get("summary"), timings=ingested.get("timings"),
                               load_phases=clock.load_phases() or ingested.get("ready"),
                               server_info=ingested.get("server_info"), stop=ingested.get("stop"),
