@@ -326,6 +326,7 @@ class Ctx:
     python: str
     cpu_sim: bool
     time_scale: str
+    playbook_timeout_s: float = 420.0
     node_dir: Path = field(init=False)
     smi: Smi = field(init=False)
     experiment_file: Path = field(init=False)
@@ -400,7 +401,7 @@ class PlaybookRun:
             return ""
 
 
-def run_playbook(ctx: Ctx, label: str, playbook: str, extra: Dict[str, Any], timeout: float = 420.0) -> PlaybookRun:
+def run_playbook(ctx: Ctx, label: str, playbook: str, extra: Dict[str, Any]) -> PlaybookRun:
     extra_file = ctx.work / ("%s.extra.json" % label)
     write_json(extra_file, dict(ctx.overrides(), **extra))
     junit = ctx.work / ("junit-%s" % label)
@@ -416,7 +417,7 @@ def run_playbook(ctx: Ctx, label: str, playbook: str, extra: Dict[str, Any], tim
     with open(logf, "w") as fh:
         try:
             rc = subprocess.run(argv, cwd=str(REPO), env=env, stdin=subprocess.DEVNULL, stdout=fh,
-                                stderr=subprocess.STDOUT, timeout=timeout).returncode
+                                stderr=subprocess.STDOUT, timeout=ctx.playbook_timeout_s).returncode
         except subprocess.TimeoutExpired:
             rc = 124
     wall = time.monotonic() - t0
@@ -973,7 +974,8 @@ def run_main(a: argparse.Namespace) -> int:
     if work.exists() and any(work.iterdir()):
         raise ValidationError("work dir %s is not empty; pass a new --work" % work)
     work.mkdir(parents=True, exist_ok=True)
-    ctx = Ctx(tp=a.tp, work=work, python=a.python or sys.executable, cpu_sim=a.cpu_sim, time_scale=a.time_scale)
+    ctx = Ctx(tp=a.tp, work=work, python=a.python or sys.executable, cpu_sim=a.cpu_sim, time_scale=a.time_scale,
+              playbook_timeout_s=a.playbook_timeout)
     for k, v in MULTICAST_OFF.items():
         if os.environ.get(k) != v:
             raise ValidationError("%s=%s must be exported before running (NVLink multicast off in every process); "
@@ -1019,6 +1021,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     r.add_argument("--tp", type=int, default=1, help="tensor-parallel size: GPUs used (1, or 2 for issue 10)")
     r.add_argument("--work", default=str(REPO / "runs" / ("gpu-validation-" + time.strftime("%Y%m%d-%H%M%S"))))
     r.add_argument("--time-scale", default="4", help="SPECAB_SIM_TIME_SCALE of the engine")
+    r.add_argument("--playbook-timeout", type=float, default=420.0,
+                   help="seconds one ansible-playbook run may take (ab_test.yml took 56 s on an H200 machine)")
     r.add_argument("--python", default=None, help="Python with torch+CUDA and ansible-core (default: this one)")
     r.add_argument("--cpu-sim", action="store_true", help="dry run without GPUs: simulated nvidia-smi and foreign process")
     s = sub.add_parser("summarize", help="print the summary of a finished run")
