@@ -43,26 +43,13 @@ class Difference:
 
 # ------------------------------------------------------------------------------------------ flatten
 
-def _flatten(v: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(v, dict):
-        if not v and prefix:
-            out[prefix] = {}
-        for k, x in v.items():
-            _flatten(x, f"{prefix}.{k}" if prefix else str(k), out)
-    elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
-        for i, x in enumerate(v):
-            ident = x.get("index")      # GPUs by position: a changed UUID shows as gpus[0].uuid
-            _flatten(x, f"{prefix}[{ident if ident is not None else i}]", out)
-    else:
-        out[prefix] = v
-
-
 _VOLATILE = [re.compile(p) for p in (
     r"^created_at", r"^run_dir$", r"^run_id$", r"^kind$", r"^timestamps\.", r"^server\.record\.",
     r"^launch\.", r"^server\.environ_error$", r"^extra\.(started|finished|run_id|seq|block)",
     r"^gpu\.gpus\[[^\]]+\]\.(clocks\.sm|clocks\.mem|power\.draw|temperature\.gpu|utilization\.gpu|"
     r"memory\.used|pstate|clocks_event_reasons\.active)$",
     r"^env_file\.path$", r"^versions\.python_for_engine$",
+    r"^extra\.(experiment_id|run_id|arm|inventory_hostname|seq|block)$", r"^extra\.\w+_s$",
     r"\.(PWD|OLDPWD|SHLVL|_|INVOCATION_ID|JOURNAL_STREAM|SPECAB_SIM_STATE)$",
 )]
 
@@ -74,6 +61,8 @@ def _category(key: str) -> tuple[str, str]:
     for prefix in ("env_file.values.", "server.environ.", "env."):
         if key.startswith(prefix):
             return "env", key[len(prefix):]
+    if key in ("extra.specab_git", "extra.ansible_version", "extra.git_sha"):
+        return "versions", key.split(".", 1)[1]
     for prefix, cat in (("server_args.", "engine args"), ("engine_args.", "engine args"), ("versions.", "versions"),
                         ("gpu.", "gpu"), ("models.", "models"), ("dataset", "dataset"), ("extra.dataset", "dataset"),
                         ("bench.", "bench"), ("host.", "host")):
@@ -93,19 +82,39 @@ def _redact(key: str, v: Any) -> Any:
     return v
 
 
+_ABSENT = "<absent>"
+
+
+def _as_tree(v: Any) -> Any:
+    """Lists of dicts (GPUs) become dicts keyed by `[index]` so both sides line up by position."""
+    if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+        return {f"[{x.get('index', i)}]": x for i, x in enumerate(v)}
+    return v
+
+
+def _walk(a: Any, b: Any, key: str, out: list[tuple[str, Any, Any]]) -> None:
+    a, b = _as_tree(a), _as_tree(b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            sub = f"{key}{k}" if str(k).startswith("[") else (f"{key}.{k}" if key else str(k))
+            _walk(a.get(k, _ABSENT), b.get(k, _ABSENT), sub, out)
+    elif a != b:
+        out.append((key, a, b))       # a whole subtree present on one side only is one difference
+
+
 def diff_manifests(a: dict, b: dict, include_volatile: bool = False) -> list[Difference]:
-    fa, fb = {}, {}
-    _flatten(a, "", fa)
-    _flatten(b, "", fb)
+    raw: list[tuple[str, Any, Any]] = []
+    _walk(a, b, "", raw)
     merged: dict[tuple[str, str], Difference] = {}
-    for key in sorted(set(fa) | set(fb)):
-        va, vb = fa.get(key, "<absent>"), fb.get(key, "<absent>")
-        if va == vb:
-            continue
+    for key, va, vb in raw:
         cat, factor = _category(key)
         if cat == "volatile" and not include_volatile:
             continue
         ra, rb = _redact(key, va), _redact(key, vb)
+        if isinstance(va, dict) or isinstance(vb, dict):
+            from specab.node.common import redact_mapping
+            ra = redact_mapping(va) if isinstance(va, dict) else ra
+            rb = redact_mapping(vb) if isinstance(vb, dict) else rb
         if ra == rb and ra == REDACTED:
             ra, rb = REDACTED + " (value 1)", REDACTED + " (value 2)"
         mk = (cat, factor)
@@ -132,7 +141,14 @@ def load_manifest(ref: str, runs_dir: str | Path | None = None) -> tuple[str, di
         return str(p), _read_manifest(p)
     if p.is_dir() and (p / "manifest.json").is_file():
         return str(p), _read_manifest(p / "manifest.json")
-    base = Path(runs_dir) if runs_dir else Path("runs")
+    if runs_dir:
+        base = Path(runs_dir)
+    else:
+        try:
+            from specab.experiment import default_runs_dir   # the driver's default (<repo>/runs)
+            base = default_runs_dir()
+        except ImportError:
+            base = Path("runs")
     exp_part, _, run_part = ref.rstrip("/").rpartition("/")
     if not exp_part:
         raise ProvenanceError(f"run {ref!r} not found: give a run directory, a manifest.json, or "
@@ -198,7 +214,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                               description=__doc__.split("\n\n")[1] if __doc__ else None)
     p.add_argument("run_a", help="run directory, manifest.json, or <experiment>/<run-id-or-seq>")
     p.add_argument("run_b")
-    p.add_argument("--runs-dir", help="where experiments live (default: runs)")
+    p.add_argument("--runs-dir", help="where experiments live (default: the driver's runs directory)")
     p.add_argument("--all", action="store_true", help="also show fields that change on every run")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.set_defaults(func=cmd_diff)
