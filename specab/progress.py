@@ -111,10 +111,12 @@ class Progress:
             self._print(f"    {status} in {duration:.1f} s{extra}  (ETA {fmt_duration(self.eta())})")
         elif reason:
             self.console.print(Text(f"{self.state.run_id} {status}: {reason.splitlines()[0][:200]}", style="red"))
+        else:
+            self.console.print(Text(f"{self.state.run_id} {status} in {duration:.1f} s"))
 
     def notice(self, text: str) -> None:
         if self._live:
-            self.console.print(text)
+            self.console.print(text, markup=False, highlight=False)
         else:
             self._print(text)
 

@@ -58,6 +58,7 @@ class SimNode:
     port: int
     time_scale: str = "1"
     host: str = "simT"
+    profile: str = "default"
 
     @property
     def node_dir(self) -> Path:
@@ -73,7 +74,7 @@ class SimNode:
 
     def node_env(self) -> dict[str, str]:
         return {"SPECAB_SIM_STATE": str(self.state_dir), "SPECAB_SIM_TIME_SCALE": self.time_scale,
-                "PYTHONPATH": str(REPO)}
+                "SPECAB_SIM_PROFILE": self.profile, "PYTHONPATH": str(REPO)}
 
     def host_vars(self) -> dict[str, object]:
         return {"ansible_connection": "local", "ansible_python_interpreter": PYTHON, "specab_python": PYTHON,

@@ -36,7 +36,8 @@ def test_matrix_steps_1_2_3_repeats_2(node: SimNode):
     """8 runs in interleaved order, stored with their requests; the table printed; numbers match the profile."""
     from specab.sim.profile import load_profile
     from specab.sim.timing import true_decode_tok_s
-    exp_file = node.write_experiment("mx")
+    node.profile = "instant"         # the default profile's speeds without its load time (saves ~5 s a run)
+    exp_file = node.write_experiment("mx", output_len=64)
     inv = node.write_inventory()
     proc = driver("--matrix", "steps=1,2,3", "--repeats", "2", "--seed", "3", "-e", str(exp_file), "-i", str(inv),
                   "--runs-dir", str(node.runs_dir))
@@ -63,7 +64,7 @@ def test_matrix_steps_1_2_3_repeats_2(node: SimNode):
     for n in names:
         assert n in out
     # measured numbers match the simulator's profile (single-stream decode tok/s) within its noise
-    profile = load_profile(None)
+    profile = load_profile("instant")
     by_arm = {a.name: a for a in arms}
     for name in names:
         vals = [q["decode_tok_s"] for q in reqs if runs[q["seq"] - 1]["arm"] == name]
@@ -114,7 +115,8 @@ ENV_SECRET = "hf_planted_environment_secret_91"
 def test_failure_recorded_sigint_mid_run_then_resume(node: SimNode):
     """A failing arm is recorded and the experiment goes on; SIGINT leaves no server and no GPU memory;
     --resume runs exactly the missing run; secrets never land in stored files."""
-    exp_file = node.write_experiment("fx", arms=FAULT_ARMS, num_requests=40, output_len=64)
+    node.profile = "instant"
+    exp_file = node.write_experiment("fx", arms=FAULT_ARMS, num_requests=12, output_len=64)
     inv = node.write_inventory()
     common = ["-e", str(exp_file), "-i", str(inv), "--runs-dir", str(node.runs_dir)]
     proc = driver("--order", "blocked", "--repeats", "1", *common, env={"HF_TOKEN": ENV_SECRET})
@@ -143,7 +145,7 @@ def test_failure_recorded_sigint_mid_run_then_resume(node: SimNode):
     exp_dir = _exp_dir(node.runs_dir)
     with st.Store.open(exp_dir) as s:
         runs = {r["seq"]: r for r in s.runs()}
-        assert runs[1]["status"] == "ok" and runs[1]["n_requests"] == 40
+        assert runs[1]["status"] == "ok" and runs[1]["n_requests"] == 12
         assert runs[2]["status"] == "failed"
         assert "out of memory" in runs[2]["failure_reason"].lower()
         # failed fast on the fatal line, not by running into the ready timeout
@@ -161,7 +163,7 @@ def test_failure_recorded_sigint_mid_run_then_resume(node: SimNode):
     assert "1 of 3 runs to do" in out
     with st.Store.open(exp_dir) as s:
         runs = {r["seq"]: r for r in s.runs()}
-        assert runs[3]["status"] == "ok" and runs[3]["attempt"] == 2 and runs[3]["n_requests"] == 40
+        assert runs[3]["status"] == "ok" and runs[3]["attempt"] == 2 and runs[3]["n_requests"] == 12
         assert {k: (v["started"], v["runner_ident"]) for k, v in runs.items() if k != 3} == before
         assert len(s.requests(1)) == first_requests
         assert s.experiment()["status"] == "finished"
