@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specab import analysis, doctor, report, stats
+from specab import analysis, doctor, stats
 from tests.driver.simnode import NCCL_TUNED, SimNode, driver, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -89,6 +89,11 @@ def test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one(node: S
     assert not any(f.arm == "eagle3-graph" for f in found), found
     assert "arms-not-like-for-like" not in by_rule and "env-not-confirmed" not in by_rule
     assert "gpu-throttled" not in by_rule, by_rule.get("gpu-throttled")
+    # provenance: the two EAGLE-3 runs differ only in the arm's env (the node profile)
+    from specab import provenance
+    ra, rb = (next(r for r in e.runs if r.arm == n) for n in ("eagle3-nograph", "eagle3-graph"))
+    diffs = provenance.diff_manifests(ra.manifest, rb.manifest)
+    assert [(x.category, x.key) for x in diffs if x.category != "versions"] == [("env", "SPECAB_SIM_PROFILE")], diffs
     # the driver wrote the report at the end of the experiment
     md = (d / "report.md").read_text()
     assert "verify-without-cuda-graph" in md and (d / "report.html").is_file()
@@ -108,4 +113,5 @@ def test_env_not_applied_in_the_workers_is_reported(node: SimNode):
     found = [f for f in doctor.diagnose(e) if f.rule == "env-not-confirmed"]
     assert found, (out[-3000:], [r.env_check for r in e.runs])
     assert "NCCL_PROTO" in found[0].message
-    _ = report
+    # env verification failed the arm before its benchmark: the run is kept, with its evidence
+    assert not e.runs[0].ok and e.runs[0].env_check and not e.runs[0].env_check.ok
