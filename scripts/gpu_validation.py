@@ -764,8 +764,8 @@ def scheduler_pids(env_check: Dict[str, Any]) -> List[int]:
             if "scheduler" in (p.get("name") or "") and not p.get("skipped")]
 
 
-def eval_env(env_check: Optional[Dict[str, Any]], log_text: str, tp: int, expected: Dict[str, str]
-             ) -> Tuple[bool, List[str]]:
+def eval_env(env_check: Optional[Dict[str, Any]], log_text: str, tp: int, expected: Dict[str, str],
+             source: str = "real") -> Tuple[bool, List[str]]:
     """(d) for one arm: every tuned variable in every scheduler's /proc/PID/environ, and real NCCL
     echo lines from every rank for each variable NCCL reads with this many ranks."""
     if not env_check:
@@ -791,7 +791,7 @@ def eval_env(env_check: Optional[Dict[str, Any]], log_text: str, tp: int, expect
                         len(set(scheds) & nccl_pids), len(scheds),
                         "" if need_nccl else " (none expected: 1 rank)", "OK" if good else "FAIL"))
     shown = [r["line"] for r in echoes if r["var"] in TUNED_VARS][:8]
-    lines += ["  real: %s" % s for s in shown]
+    lines += ["  %s: %s" % (source, s) for s in shown]
     return ok, lines
 
 
@@ -803,6 +803,7 @@ def evaluate(res: Dict[str, Any], work: Path) -> List[Check]:
     checks: List[Check] = []
     ab = res.get("ab_test") or {}
     exp_env = res.get("expected_env", {})
+    src = "simulated" if res["preflight"].get("cpu_sim") else "real"
 
     # (a) GPUs free before/after each arm, with the real CSV
     lines, ok = [], ab.get("rc") == 0 and bool(ab.get("arms"))
@@ -823,7 +824,7 @@ def evaluate(res: Dict[str, Any], work: Path) -> List[Check]:
                                                                        len(g["compute_processes"])) for g in final)))
             snap = nearest_sample(samples, f["end"]) if f.get("end") else None
             if snap:
-                lines.append("    real nvidia-smi CSV at %+.2f s from that check:" % (snap["t"] - f["end"]))
+                lines.append("    %s nvidia-smi CSV at %+.2f s from that check:" % (src, snap["t"] - f["end"]))
                 lines.append(csv_block(snap))
     checks.append(Check("a", "GPUs-free check before/after each arm (real nvidia-smi CSV)", ok, lines))
 
@@ -877,7 +878,7 @@ def evaluate(res: Dict[str, Any], work: Path) -> List[Check]:
             held[-1]["t"] - held[0]["t"], "%.0f" % min(w["used_mib"] for w in held),
             min(w["orphans"] for w in held), max(w["orphans"] for w in held)))
     if o.get("orphan_csv"):
-        lines.append("    real nvidia-smi CSV with the orphans:")
+        lines.append("    %s nvidia-smi CSV with the orphans:" % src)
         lines.append(csv_block(o["orphan_csv"]))
     stop = o.get("stop") or {}
     lines.append("stop.py rc %s: signals %s; GPU sweep orphans %s; total %s s" % (
@@ -887,7 +888,7 @@ def evaluate(res: Dict[str, Any], work: Path) -> List[Check]:
     lines.append("gpufree rc %s: time to free %s s; orphans alive after: %s" % (
         o.get("free_rc"), free.get("time_to_free_s"), o.get("orphans_alive_after")))
     if o.get("after_csv"):
-        lines.append("    real nvidia-smi CSV after:")
+        lines.append("    %s nvidia-smi CSV after:" % src)
         lines.append(csv_block(o["after_csv"]))
     checks.append(Check("c", "orphaned workers found through real compute processes, cleaned, memory released",
                         ok, lines))
@@ -900,7 +901,7 @@ def evaluate(res: Dict[str, Any], work: Path) -> List[Check]:
             text = (rd / "server.log").read_text(errors="replace")
         except OSError:
             text = ""
-        good, arm_lines = eval_env(read_json(rd / "env_check.json"), text, tp, exp_env)
+        good, arm_lines = eval_env(read_json(rd / "env_check.json"), text, tp, exp_env, src)
         ok = ok and good
         lines.append("%s: %s" % (arm["arm"], "OK" if good else "FAIL"))
         lines += ["    " + s for s in arm_lines]
@@ -928,7 +929,7 @@ def evaluate(res: Dict[str, Any], work: Path) -> List[Check]:
     lines.append("foreign CUDA process pid %s on GPU %s (%d MiB, own session, started by this script)" % (
         f.get("pid"), f.get("gpu"), FOREIGN_MIB))
     if f.get("listed_csv"):
-        lines.append("    real nvidia-smi CSV:")
+        lines.append("    %s nvidia-smi CSV:" % src)
         lines.append(csv_block(f["listed_csv"]))
     lines.append("arm.yml rc %s, failed task: %s" % (f.get("playbook_rc"), f.get("failed_task")))
     lines += ["    " + s[:400] for s in f.get("refusal_lines", [])[:1]]
