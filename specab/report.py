@@ -331,7 +331,9 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     if failed:
         rep.summary.append(f"{len(failed)} run(s) failed or measured nothing: {', '.join(r.run_id for r in failed)}.")
     sev = {s: sum(1 for f in findings if f.severity == s) for s in doctor.SEVERITIES}
-    rep.summary.append("doctor: " + (", ".join(f"{n} {s}" for s, n in sev.items() if n) or "no findings") + ".")
+    rep.summary.append("doctor: " + ("; ".join(
+        f"{n} {s}{'s' if n > 1 else ''} ({', '.join(sorted({f.rule for f in findings if f.severity == s}))})"
+        for s, n in sev.items() if n) or "no findings") + ".")
 
     scales = [x for x in exp.meta.get("time_scales", []) if x != 1.0]
     if scales:
@@ -422,10 +424,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     return rep
 
 
-def write_report(exp_dir: str | Path, *, config: doctor.DoctorConfig | None = None,
-                 target_tok_s: float | None = None) -> dict[str, str]:
-    """Write report.md, report.html, report.json and report/*.png into the experiment directory."""
-    exp_dir = Path(exp_dir)
+def _write(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None) -> tuple[dict[str, str], Report]:
     exp = load_store(exp_dir)
     rep = build_report(exp, config=config, target_tok_s=target_tok_s)
     img_dir = exp_dir / "report"
@@ -437,7 +436,15 @@ def write_report(exp_dir: str | Path, *, config: doctor.DoctorConfig | None = No
     md.write_text(to_markdown(rep), encoding="utf-8")
     page.write_text(to_html(rep), encoding="utf-8")
     js.write_text(json.dumps(rep.data, indent=2, default=str), encoding="utf-8")
-    return {"markdown": str(md), "html": str(page), "json": str(js), "summary": "\n".join(rep.summary)}
+    return {"markdown": str(md), "html": str(page), "json": str(js)}, rep
+
+
+def write_report(exp_dir: str | Path, *, config: doctor.DoctorConfig | None = None,
+                 target_tok_s: float | None = None) -> dict[str, str]:
+    """Write report.md, report.html, report.json and report/*.png into the experiment directory.
+
+    Returns the paths {"markdown", "html", "json"}; the summary lines are in report.json ("summary")."""
+    return _write(Path(exp_dir), config, target_tok_s)[0]
 
 
 # ------------------------------------------------------------------------------ CLI
@@ -471,8 +478,8 @@ def cmd_report(ns: argparse.Namespace, out: TextIO | None = None) -> int:
         print(f"specab report: {e}", file=out)
         return 2
     cfg = doctor.DoctorConfig(usual_baseline_tok_s=ns.usual_baseline_tok_s)
-    paths = write_report(exp_dir, config=cfg, target_tok_s=ns.target_tok_s)
-    print(paths.pop("summary"), file=out)
+    paths, rep = _write(exp_dir, cfg, ns.target_tok_s)
+    print("\n".join(rep.summary), file=out)
     for k, v in paths.items():
         print(f"{k}: {v}", file=out)
     return 0
