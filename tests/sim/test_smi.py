@@ -155,3 +155,22 @@ def test_a_dead_holder_is_released_even_when_nobody_looks(tmp_path):
     hold.wait()
     wait_for(lambda: not list((tmp_path / "allocs").glob("*.json")), 10, "the watcher to reap the allocation")
     assert smi(tmp_path, "--query-gpu=memory.used", "--format=csv,noheader,nounits").stdout.split()[0] == "0"
+
+
+def test_hold_can_die_with_its_parent(tmp_path):
+    code = ("import subprocess, sys, time\n"
+            "p = subprocess.Popen([sys.executable, '-m', 'specab.sim.hold', '--gpu', '0', '--mib', '64', "
+            "'--die-with-parent'], stdout=subprocess.PIPE, text=True)\n"
+            "p.stdout.readline(); print(p.pid, flush=True); time.sleep(120)\n")
+    parent = subprocess.Popen([PY, "-c", code], env=base_env(tmp_path, 1), cwd=REPO, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        holder = int(parent.stdout.readline())
+        node = GpuNode(tmp_path)
+        assert [a.pid for a in node.compute_apps()] == [holder]
+        parent.kill()
+        parent.wait()
+        wait_for(lambda: node.compute_apps() == [], 10, "the holder to die with its parent")
+    finally:
+        parent.kill()
+        parent.wait()
