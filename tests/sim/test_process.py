@@ -224,3 +224,12 @@ def test_log_level_warning_hides_info_lines(launch):
     log = srv.log_text()
     assert "Decode batch" not in log and "Load weight begin" not in log and "ready to roll" not in log
     assert "Uvicorn running on" in log, "uvicorn's own lines are not SGLang's logger"
+
+
+def test_group_sigterm_as_the_stop_role_sends_it(launch):
+    srv = launch([], env=TUNED, scale=20, tp=2)
+    kids = children_of(srv.proc.pid)
+    os.killpg(srv.proc.pid, signal.SIGTERM)
+    assert srv.wait_exit(30) in (-signal.SIGKILL, -signal.SIGTERM)
+    wait_for(lambda: not any(alive(k) for k in kids), 10, "workers gone")
+    wait_for(lambda: compute_pids(srv.state) == [] and memory_used(srv.state) == [0] * 8, 10, "GPUs free")
