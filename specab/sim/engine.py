@@ -60,6 +60,8 @@ class GenRequest:
     arrival_mono: float = field(default_factory=time.monotonic)
     emit_mono: list[float] = field(default_factory=list)   # ground truth: when each chunk was emitted
     emit_tokens: list[int] = field(default_factory=list)
+    text_cache: str = field(default="", repr=False)       # text of the first text_cache_n tokens
+    text_cache_n: int = field(default=0, repr=False)
 
     @property
     def completion_tokens(self) -> int:
@@ -68,14 +70,13 @@ class GenRequest:
     def text(self, count: Optional[int] = None) -> str:
         """Detokenized text of the first ``count`` output tokens (cached: streaming asks in order)."""
         count = len(self.output_ids) if count is None else count
-        cached: str = self.__dict__.get("_text", "")
-        done: int = self.__dict__.get("_text_n", 0)
-        if count < done:
+        if count < self.text_cache_n:
             return "".join(" " + VOCAB[i % len(VOCAB)] for i in self.output_ids[:count])
-        if count > done:
-            cached += "".join(" " + VOCAB[i % len(VOCAB)] for i in self.output_ids[done:count])
-            self.__dict__["_text"], self.__dict__["_text_n"] = cached, count
-        return cached
+        if count > self.text_cache_n:
+            self.text_cache += "".join(" " + VOCAB[i % len(VOCAB)]
+                                       for i in self.output_ids[self.text_cache_n:count])
+            self.text_cache_n = count
+        return self.text_cache
 
     def _emit(self, n: int) -> Emission:
         for _ in range(n):
