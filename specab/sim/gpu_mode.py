@@ -53,25 +53,6 @@ def route_native_stdout_to_stderr() -> None:
                                   write_through=True)
 
 
-def route_native_stdout_to_stderr() -> None:
-    """Keep the scheduler's report pipe clean of native output.
-
-    NCCL writes its INFO lines to the C ``stdout`` (fd 1) unless NCCL_DEBUG_FILE is set, and fd 1 of a
-    scheduler is its JSON report pipe to the server. Python's ``sys.stdout`` moves to a duplicate of the
-    pipe and fd 1 is pointed at stderr (the server log). Idempotent.
-    """
-    try:
-        routed = sys.stdout.fileno() != 1 and os.path.samestat(os.fstat(1), os.fstat(2))
-    except (OSError, ValueError):
-        routed = False
-    if routed:
-        return
-    sys.stdout.flush()
-    pipe = os.dup(1)
-    os.dup2(2, 1)
-    sys.stdout = os.fdopen(pipe, "w", buffering=1)
-
-
 def init_rank(rank: int, world_size: int, local_device: int, dist_init: str, mib: int) -> GpuHold:
     route_native_stdout_to_stderr()  # NCCL INFO lines must not corrupt the JSON pipe to the server
     try:

@@ -16,7 +16,6 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 from specab.sim.args import ServerArgs, SpecRuleError, apply_rules, parse_server_args

@@ -159,7 +159,7 @@ def _parse_format(spec: Optional[str]) -> tuple[bool, bool]:
         raise SmiUsage('"--format" must be specified when querying', 2)
     parts = {p.strip() for p in spec.split(",")}
     if "csv" not in parts or parts - {"csv", "noheader", "nounits"}:
-        raise SmiUsage(f'Invalid combination of input arguments. Please run \'nvidia-smi -h\' for help.', 2)
+        raise SmiUsage("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.", 2)
     return "noheader" not in parts, "nounits" not in parts
 
 
@@ -178,7 +178,7 @@ def run(argv: list[str]) -> tuple[int, str]:
         elif arg in ("-L", "--list-gpus", "-h", "--help"):
             flags.add(arg)
         else:
-            raise SmiUsage(f"Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.", 2)
+            raise SmiUsage("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.", 2)
         i += 1
     node = GpuNode(state_dir_from_env())
     if flags & {"-h", "--help"}:

@@ -132,9 +132,8 @@ def main() -> int:
     if cfg.get("gpu_mode") == "cuda":
         from specab.sim.gpu_mode import route_native_stdout_to_stderr
         route_native_stdout_to_stderr()   # NCCL's lines go to the log, not into the report pipe
-    hold = None
     if role == "scheduler":
-        hold = run_scheduler(cfg)  # noqa: F841  (GPU mode: keeps the CUDA memory alive)
+        cfg["gpu_hold"] = run_scheduler(cfg)   # GPU mode: the reference keeps the CUDA memory alive
     else:
         _send({"status": "ready", "role": "detokenizer", "pid": os.getpid()})
     log = SimLogger(cfg.get("log_prefix", ""))

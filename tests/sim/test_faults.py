@@ -9,7 +9,7 @@ import time
 
 from specab.sim.gpustate import GpuNode
 from tests.sim.client import request_json
-from tests.sim.conftest import (PY, REPO, TUNED, alive, base_env, children_of, compute_pids, free_port,
+from tests.sim.conftest import (PY, REPO, alive, base_env, children_of, compute_pids, free_port,
                                 memory_used, wait_for)
 
 GEN = {"text": "hello", "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}
