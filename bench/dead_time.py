@@ -1,0 +1,553 @@
+"""Benchmark 1 (issue 8): dead time per arm transition, harness vs a naive peer-style sequence.
+
+    python bench/dead_time.py [--transitions 11] [--where local ssh] [--naive-sleeps 5 10]
+
+Dead time of one transition = from "stop requested" (the previous run's benchmark ended) to "the
+next benchmark starts" (its first request is sent), minus the engine's own load time (engine
+process spawned -> the engine logs "The server is fired up and ready to roll!"). The simulated
+node runs the ``instant`` profile (every load phase 0 s), so the engine's load time is process
+spawn + imports only, and it is subtracted per transition.
+
+Harness: ``driver.py run`` with two arms (baseline, EAGLE-3) and ``--repeats R`` so that R*2 runs
+give ``--transitions`` transitions; every run is one ``playbooks/arm.yml`` through ansible-runner,
+exactly as a user runs it. Times come from the run directories (bench.jsonl ``start_ts`` and
+``e2e_s``) and a watcher thread in this process that polls (every 20 ms) the node's
+``server.json`` (spawn time, written by ``start.py``) and each run's ``server.log`` (ready line).
+Where the time goes comes from ansible-runner's job events (``.runner/artifacts/*/job_events``):
+the window of a transition is cut at every task start and each slice is charged to the task's role
+(or to the play's own task); the time between two playbooks is "driver + ansible-playbook start".
+
+Naive: what the peers do (vLLM auto_tune: ``pkill`` then ``sleep 10``; SGLang's speculative sweep:
+``sleep 5`` after killing): one bash script per transition on the node: ``pkill -f <model path>``
+(a unique path, so nothing that is not ours matches), ``sleep S``, start the engine in the
+background, poll ``/health`` with curl every ``--naive-poll`` s, run the same benchmark client.
+
+``--where ssh`` does the same against a network-namespace host with its own sshd
+(``tests/netns.py``; needs root): the driver's inventory reaches it over SSH with host key
+checking; the naive script is run there with one ``ssh`` command per transition (its best case).
+
+Prints one JSON object (and writes it to ``--out``): per mode the dead time of every transition,
+median/min/max, and the median seconds of each bucket of the breakdown.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterator
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+READY_LINE = "The server is fired up and ready to roll!"
+NCCL_TUNED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
+              "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+TARGETS_S = {"local": 1.0, "ssh": 2.5}
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not run; the message says which step failed and what to do."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# watcher: engine spawn and ready times, seen from the shared file system
+
+
+@dataclass
+class Watcher:
+    """Polls server.json files and server.log files; records when each engine spawned and was ready."""
+
+    server_jsons: list[Path]
+    log_globs: list[tuple[Path, str]]
+    interval: float = 0.02
+    spawned: dict[str, float] = field(default_factory=dict)       # run id -> started_at (start.py)
+    ready: dict[str, float] = field(default_factory=dict)         # log path -> first time the ready line was seen
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> "Watcher":
+        self._thread = threading.Thread(target=self._loop, name="dead-time-watcher", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        mtimes: dict[Path, float] = {}
+        offsets: dict[Path, int] = {}
+        while not self._stop.is_set():
+            for sj in self.server_jsons:
+                try:
+                    m = sj.stat().st_mtime
+                    if mtimes.get(sj) != m:
+                        rec = json.loads(sj.read_text())
+                        mtimes[sj] = m
+                        if isinstance(rec, dict) and rec.get("run_id") and rec.get("started_at"):
+                            self.spawned.setdefault(str(rec["run_id"]), float(rec["started_at"]))
+                except (OSError, ValueError):
+                    pass
+            for base, pattern in self.log_globs:
+                for log in base.glob(pattern):
+                    key = str(log)
+                    if key in self.ready:
+                        continue
+                    try:
+                        with open(log, "rb") as f:
+                            f.seek(max(0, offsets.get(log, 0) - len(READY_LINE)))
+                            data = f.read()
+                            offsets[log] = f.tell()
+                    except OSError:
+                        continue
+                    if READY_LINE.encode() in data:
+                        self.ready[key] = time.time()
+            self._stop.wait(self.interval)
+
+
+# ----------------------------------------------------------------------------------------------
+# node description (local or over SSH)
+
+
+@dataclass
+class Node:
+    root: Path
+    port: int
+    host_vars_extra: dict[str, Any] = field(default_factory=dict)
+    ssh_argv: list[str] | None = None          # for the naive script over SSH
+
+    @property
+    def node_dir(self) -> Path:
+        return self.root / "node"
+
+    def node_env(self) -> dict[str, str]:
+        return {"SPECAB_SIM_STATE": str(self.node_dir / "gpus"), "SPECAB_SIM_TIME_SCALE": "1",
+                "SPECAB_SIM_PROFILE": "instant", "PYTHONPATH": str(REPO)}
+
+    def inventory(self) -> Path:
+        host = {"ansible_connection": "local", "ansible_python_interpreter": PYTHON, "specab_python": PYTHON,
+                "specab_engine_cmd": [PYTHON, "-m", "specab.sim.launch_server"],
+                "specab_smi_cmd": [PYTHON, "-m", "specab.sim.smi"], "specab_node_dir": str(self.node_dir),
+                "specab_node_env": self.node_env(), "specab_gpu_indices": "all", **self.host_vars_extra}
+        inv = {"all": {"children": {"gpu_nodes": {"hosts": {"benchnode": host}}}}}
+        p = self.root / "inventory.yml"
+        p.write_text(json.dumps(inv, indent=1))        # JSON is YAML
+        return p
+
+
+def experiment_file(node: Node, output_len: int) -> Path:
+    import yaml
+    exp = {
+        "name": "deadtime", "model_path": "/models/Kimi-K2.5-INT4",
+        "server_args": {"tp_size": 8, "mem_fraction_static": 0.88, "disable_custom_all_reduce": True,
+                        "trust_remote_code": True, "host": "127.0.0.1", "port": node.port},
+        "env": dict(NCCL_TUNED),
+        "arms": [{"name": "baseline"},
+                 {"name": "eagle3-s2", "server_args": {
+                     "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/models/Kimi-K2.5-EAGLE3",
+                     "speculative_num_steps": 2, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 3}}],
+        "bench": {"api": "generate", "num_requests": 1, "warmup_requests": 1, "input_len": 16,
+                  "output_len": output_len, "concurrency": 1, "seed": 1, "timeout_s": 120},
+        "timeouts": {"ready_s": 300, "stop_grace_s": 15, "gpu_free_s": 60},
+    }
+    p = node.root / "deadtime.yml"
+    p.write_text(yaml.safe_dump({"specab_experiment": exp}, sort_keys=False))
+    return p
+
+
+# ----------------------------------------------------------------------------------------------
+# job events -> breakdown
+
+
+def _ts(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def playbook_slices(events: list[dict[str, Any]]) -> tuple[float, float, list[tuple[float, str]]]:
+    """(playbook start, playbook end, [(task start, bucket)]) from one playbook's job events."""
+    evs = sorted(events, key=lambda e: e.get("counter", 0))
+    start = end = None
+    marks: list[tuple[float, str]] = []
+    for e in evs:
+        created = e.get("created")
+        if not created:
+            continue
+        t = _ts(created)
+        kind = e.get("event")
+        data = e.get("event_data") or {}
+        if kind == "playbook_on_start":
+            start = t
+            marks.append((t, "ansible-playbook: parse, inventory, play start"))
+        elif kind == "playbook_on_task_start":
+            role = data.get("role")
+            task = str(data.get("task") or data.get("name") or "?")
+            marks.append((t, f"role {role}" if role else f"play task: {task.split(',')[0][:60]}"))
+        elif kind == "playbook_on_include":
+            marks.append((t, "include_role/include_tasks (loading role files)"))
+        end = t if end is None or t > end else end
+    if start is None and evs:
+        start = _ts(evs[0]["created"])
+    if start is None or end is None:
+        raise BenchError("an ansible-runner artifact has no job events with times; was the run interrupted?")
+    return start, end, sorted(marks)
+
+
+def load_playbooks(exp_dir: Path) -> dict[str, tuple[float, float, list[tuple[float, str]]]]:
+    """run id -> its playbook's slices, from <exp dir>/.runner/artifacts/<run id>-<stamp>/job_events."""
+    out = {}
+    art = exp_dir / ".runner" / "artifacts"
+    for d in sorted(art.iterdir()) if art.is_dir() else []:
+        m = re.match(r"(\d{3}-.+?)-\d{8}T\d{6}-", d.name)
+        if not m or not (d / "job_events").is_dir():
+            continue
+        events = []
+        for f in (d / "job_events").glob("*.json"):
+            try:
+                events.append(json.loads(f.read_text()))
+            except (OSError, ValueError):
+                continue
+        if events:
+            out[m.group(1)] = playbook_slices(events)
+    return out
+
+
+def breakdown(t0: float, t1: float, playbooks: list[tuple[float, float, list[tuple[float, str]]]],
+              between_label: str = "between playbooks: driver bookkeeping + ansible-playbook start-up"
+              ) -> dict[str, float]:
+    """Seconds of [t0, t1] charged to buckets: each slice from one task start to the next (or to the
+    playbook's end) goes to that task's bucket; time outside every playbook to `between_label`."""
+    segs: list[tuple[float, float, str]] = []
+    for start, end, marks in playbooks:
+        pts = [m for m in marks if start <= m[0] <= end]
+        for i, (t, label) in enumerate(pts):
+            nxt = pts[i + 1][0] if i + 1 < len(pts) else end
+            segs.append((t, nxt, label))
+        if not pts:
+            segs.append((start, end, "ansible-playbook"))
+    out: dict[str, float] = {}
+    covered = 0.0
+    for a, b, label in segs:
+        lo, hi = max(a, t0), min(b, t1)
+        if hi > lo:
+            out[label] = out.get(label, 0.0) + (hi - lo)
+            covered += hi - lo
+    rest = (t1 - t0) - covered
+    if rest > 1e-6:
+        out[between_label] = out.get(between_label, 0.0) + rest
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# bench.jsonl helpers
+
+
+def bench_window(path: Path) -> tuple[float, float]:
+    """(first request sent, last request finished) of one bench.jsonl, in unix seconds."""
+    starts, ends = [], []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if rec.get("start_ts") is None:
+            continue
+        starts.append(float(rec["start_ts"]))
+        ends.append(float(rec["start_ts"]) + float(rec.get("e2e_s") or 0.0))
+    if not starts:
+        raise BenchError(f"{path} has no request with a start_ts: the benchmark client did not run")
+    return min(starts), max(ends)
+
+
+def summarize(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "median_s": round(statistics.median(values), 3), "min_s": round(min(values), 3),
+            "max_s": round(max(values), 3)}
+
+
+def median_buckets(parts: list[dict[str, float]]) -> dict[str, float]:
+    keys = sorted({k for p in parts for k in p})
+    med = {k: round(statistics.median([p.get(k, 0.0) for p in parts]), 3) for k in keys}
+    return dict(sorted(med.items(), key=lambda kv: -kv[1]))
+
+
+# ----------------------------------------------------------------------------------------------
+# harness
+
+
+def run_harness(node: Node, transitions: int, output_len: int, log) -> dict[str, Any]:
+    repeats = (transitions + 2) // 2            # 2 arms x repeats runs -> 2*repeats - 1 transitions
+    exp = experiment_file(node, output_len)
+    inv = node.inventory()
+    runs_dir = node.root / "runs"
+    watcher = Watcher([node.node_dir / "server.json"], [(node.node_dir / "runs", "*/server.log")]).start()
+    t_start = time.time()
+    try:
+        cmd = [PYTHON, str(REPO / "driver.py"), "run", "-e", str(exp), "-i", str(inv), "--repeats", str(repeats),
+               "--seed", "1", "--runs-dir", str(runs_dir)]
+        log(f"harness: {' '.join(cmd[1:])}")
+        proc = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True,
+                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    finally:
+        watcher.stop()
+    if proc.returncode != 0:
+        raise BenchError(f"driver.py exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-4000:]}")
+    [exp_dir] = [d for d in runs_dir.iterdir() if d.is_dir()]
+    runs = sorted(d for d in exp_dir.iterdir() if d.is_dir() and re.match(r"\d{3}-", d.name))
+    playbooks = load_playbooks(exp_dir)
+    rows, parts = [], []
+    for prev, nxt in zip(runs, runs[1:]):
+        _, t_stop = bench_window(prev / "bench.jsonl")
+        t_bench, _ = bench_window(nxt / "bench.jsonl")
+        spawn = watcher.spawned.get(nxt.name)
+        ready = watcher.ready.get(str(node.node_dir / "runs" / nxt.name / "server.log"))
+        if spawn is None or ready is None:
+            raise BenchError(f"run {nxt.name}: the watcher saw no spawn/ready time (server.json or the "
+                             f"ready line in server.log missed); rerun with a less loaded machine")
+        load = ready - spawn
+        wall = t_bench - t_stop
+        part = breakdown(t_stop, t_bench, [playbooks[r.name] for r in (prev, nxt) if r.name in playbooks])
+        # the engine's own load time sits inside the ready role's slices: take it out there
+        key = "role server_ready"
+        part[key] = part.get(key, 0.0) - load
+        part["(engine's own load time, subtracted)"] = -load
+        rows.append({"from": prev.name, "to": nxt.name, "wall_s": round(wall, 3), "engine_load_s": round(load, 3),
+                     "dead_s": round(wall - load, 3)})
+        parts.append({k: v for k, v in part.items() if not k.startswith("(")})
+    run_wall = [playbooks[r.name][1] - playbooks[r.name][0] for r in runs if r.name in playbooks]
+    return {"driver_wall_s": round(time.time() - t_start, 1), "runs": len(runs), "transitions": rows,
+            "dead": summarize([r["dead_s"] for r in rows]), "engine_load": summarize([r["engine_load_s"] for r in rows]),
+            "breakdown_median_s": median_buckets(parts), "playbook_wall_median_s": round(statistics.median(run_wall), 2)
+            if run_wall else None, "experiment_dir": str(exp_dir)}
+
+
+# ----------------------------------------------------------------------------------------------
+# naive peer-style sequence
+
+NAIVE_SCRIPT = r"""#!/bin/bash
+# one naive transition: kill by name, fixed sleep, start, poll /health, benchmark
+set -u
+OUT="$1"; MARKER="$(cat "$2")"; SLEEP="$3"; POLL="$4"; PORT="$5"; PREV="$6"; PY="$7"; REPO="$8"; OUTLEN="$9"
+mkdir -p "$OUT"
+t_stop=$(date +%s.%N)
+pkill -f -- "$MARKER" || true
+sleep "$SLEEP"
+# not part of the peers' sequence: make sure nothing of the previous server (ours, by its group) survived
+if [ -s "$PREV" ]; then kill -9 -- "-$(cat "$PREV")" 2>/dev/null || true; fi
+t_spawn=$(date +%s.%N)
+setsid "$PY" -m specab.sim.launch_server --model-path "$MARKER" --tp-size 8 --mem-fraction-static 0.88 \
+    --disable-custom-all-reduce --trust-remote-code --host 127.0.0.1 --port "$PORT" \
+    > "$OUT/server.log" 2>&1 < /dev/null &
+echo $! > "$OUT/pid"
+n=0
+until curl -sf -o /dev/null "http://127.0.0.1:$PORT/health"; do
+  n=$((n+1)); if [ "$n" -gt 600 ]; then echo "server did not come up" >&2; exit 1; fi
+  sleep "$POLL"
+done
+"$PY" "$REPO/specab/loadgen.py" --url "http://127.0.0.1:$PORT" --api generate --num-requests 1 --warmup 1 \
+    --input-len 16 --output-len "$OUTLEN" --concurrency 1 --seed 1 --out "$OUT/bench.jsonl" \
+    --summary "$OUT/bench_summary.json" >/dev/null 2>"$OUT/loadgen.err" || exit 1
+echo "{\"t_stop\": $t_stop, \"t_spawn\": $t_spawn}" > "$OUT/times.json"
+"""
+
+
+def run_naive(node: Node, transitions: int, sleep_s: float, poll_s: float, output_len: int, log) -> dict[str, Any]:
+    base = node.root / f"naive-sleep{sleep_s:g}"
+    base.mkdir(parents=True)
+    script = base / "transition.sh"
+    script.write_text(NAIVE_SCRIPT)
+    script.chmod(0o755)
+    marker = f"/models/naive-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
+    marker_file = base / "marker"        # read by the script: in its argv pkill -f would match the script itself
+    marker_file.write_text(marker)
+    env = dict(os.environ, **node.node_env(), SPT_NOENV="1", NCCL_PROTO="LL")
+    env.update(NCCL_TUNED)
+    watcher = Watcher([], [(base, "*/server.log")]).start()
+    rows = []
+    prev_pid = base / "none"
+    try:
+        for i in range(transitions + 1):            # the first iteration only starts the first server
+            out = base / f"{i:03d}"
+            argv = [str(script), str(out), str(marker_file), f"{sleep_s:g}" if i else "0", f"{poll_s:g}", str(node.port),
+                    str(prev_pid), PYTHON, str(REPO), str(output_len)]
+            if node.ssh_argv:
+                exports = " ".join(f"{k}={_q(v)}" for k, v in env.items()
+                                   if k.startswith(("SPECAB_SIM_", "NCCL_", "SPT_")) or k == "PYTHONPATH")
+                argv = [*node.ssh_argv, f"env {exports} {' '.join(_q(a) for a in argv)}"]
+            proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+            if proc.returncode != 0:
+                raise BenchError(f"naive transition {i} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+            prev_pid = out / "pid"
+            if i == 0:
+                continue
+            times = json.loads((out / "times.json").read_text())
+            t_bench, _ = bench_window(out / "bench.jsonl")
+            _, t_prev_end = bench_window(base / f"{i - 1:03d}" / "bench.jsonl")
+            ready = _wait_key(watcher.ready, str(out / "server.log"))
+            load = ready - float(times["t_spawn"])
+            wall = t_bench - float(times["t_stop"])
+            rows.append({"wall_s": round(wall, 3), "engine_load_s": round(load, 3), "dead_s": round(wall - load, 3),
+                         "gap_after_bench_s": round(float(times["t_stop"]) - t_prev_end, 3)})
+            log(f"naive sleep {sleep_s:g}: transition {i}: dead {wall - load:.2f} s")
+    finally:
+        watcher.stop()
+        _kill_group_file(prev_pid)
+    return {"sleep_s": sleep_s, "poll_s": poll_s, "transitions": rows, "dead": summarize([r["dead_s"] for r in rows]),
+            "engine_load": summarize([r["engine_load_s"] for r in rows])}
+
+
+def _q(s: str) -> str:
+    import shlex
+    return shlex.quote(str(s))
+
+
+def _wait_key(d: dict[str, float], key: str, timeout: float = 5.0) -> float:
+    deadline = time.monotonic() + timeout
+    while key not in d:
+        if time.monotonic() > deadline:
+            raise BenchError(f"the watcher never saw the ready line in {key}")
+        time.sleep(0.02)
+    return d[key]
+
+
+def _kill_group_file(pid_file: Path) -> None:
+    """SIGKILL the process group of the naive server recorded in pid_file (started by us with setsid)."""
+    try:
+        pgid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return
+    try:
+        os.killpg(pgid, 9)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_harness_server(node: Node) -> None:
+    """The driver stops its servers; if it failed half-way, kill the group recorded in server.json (ours)."""
+    try:
+        rec = json.loads((node.node_dir / "server.json").read_text())
+        os.killpg(int(rec["pgid"]), 9)
+    except (OSError, ValueError, KeyError, TypeError, ProcessLookupError, PermissionError):
+        pass
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+            "date_utc": datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def _ssh_node(root: Path) -> Iterator[tuple[Node, Any]]:
+    sys.path.insert(0, str(REPO))
+    from tests.netns import NetnsHost, unavailable_reason
+    reason = unavailable_reason()
+    if reason:
+        raise BenchError(f"--where ssh {reason}")
+    with NetnsHost.create(root / "netns") as host:
+        yield host
+
+
+def run_mode(where: str, root: Path, args: argparse.Namespace, log) -> dict[str, Any]:
+    root.mkdir(parents=True)
+    result: dict[str, Any] = {"where": where, "target_s": TARGETS_S[where]}
+    host_ctx = _ssh_node(root) if where == "ssh" else None
+    host = next(host_ctx) if host_ctx else None
+    try:
+        extra = host.ansible_vars() if host else {}
+        ssh_argv = (["ssh", "-i", str(host.key_file), "-p", str(host.port), *host.ssh_options(),
+                     f"{host.user}@{host.address}"] if host else None)
+        if "harness" in args.what:
+            node = Node(root / "harness", free_port(), extra)
+            node.root.mkdir()
+            try:
+                result["harness"] = run_harness(node, args.transitions, args.output_len, log)
+            finally:
+                _kill_harness_server(node)
+            result["harness"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+            log(f"{where} harness: {result['harness']['dead']}")
+        if "naive" in args.what:
+            result["naive"] = []
+            for s in args.naive_sleeps:
+                node = Node(root / "naive", free_port(), extra, ssh_argv)
+                node.root.mkdir(exist_ok=True)
+                result["naive"].append(run_naive(node, args.naive_transitions, s, args.naive_poll,
+                                                 args.output_len, log))
+                log(f"{where} naive sleep {s:g}: {result['naive'][-1]['dead']}")
+    finally:
+        if host_ctx:
+            host_ctx.close()
+    h = result.get("harness", {}).get("dead", {})
+    if h.get("n"):
+        result["met"] = h["median_s"] <= TARGETS_S[where]
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--where", nargs="+", choices=("local", "ssh"), default=["local", "ssh"])
+    ap.add_argument("--what", nargs="+", choices=("harness", "naive"), default=["harness", "naive"])
+    ap.add_argument("--transitions", type=int, default=11, help="harness transitions (>= 10 for the target)")
+    ap.add_argument("--naive-transitions", type=int, default=10)
+    ap.add_argument("--naive-sleeps", type=float, nargs="+", default=[5.0, 10.0],
+                    help="fixed sleeps after the kill (SGLang sweep: 5 s, vLLM auto_tune: 10 s)")
+    ap.add_argument("--naive-poll", type=float, default=1.0, help="health poll interval of the naive sequence")
+    ap.add_argument("--output-len", type=int, default=8, help="tokens per benchmark request (tiny: bench is not measured)")
+    ap.add_argument("--workdir", help="keep the run here (default: a temporary directory, removed)")
+    ap.add_argument("--out", help="also write the JSON here")
+    args = ap.parse_args(argv)
+    if args.transitions < 1 or args.naive_transitions < 1:
+        ap.error("--transitions and --naive-transitions must be >= 1")
+
+    def log(msg: str) -> None:
+        print(f"[dead_time {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="specab-deadtime-"))
+    result: dict[str, Any] = {"benchmark": "dead time per arm transition", "machine": machine(), "modes": []}
+    try:
+        for where in args.where:
+            result["modes"].append(run_mode(where, root / where, args, log))
+    except BenchError as exc:
+        print(f"dead_time: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        result["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        if not args.workdir:
+            shutil.rmtree(root, ignore_errors=True)
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
