@@ -182,8 +182,12 @@ def _ts(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
-def playbook_slices(events: list[dict[str, Any]]) -> tuple[float, float, list[tuple[float, str]]]:
-    """(playbook start, playbook end, [(task start, bucket)]) from one playbook's job events."""
+def playbook_slices(events: list[dict[str, Any]], detail: bool = False
+                    ) -> tuple[float, float, list[tuple[float, str]]]:
+    """(playbook start, playbook end, [(task start, bucket)]) from one playbook's job events.
+
+    The bucket is the task's role (``role server_stop``) or, for a task of the play itself, the task
+    name; with ``detail`` every task is its own bucket (``server_stop : Stop | Send SIGTERM``)."""
     evs = sorted(events, key=lambda e: e.get("counter", 0))
     start = end = None
     marks: list[tuple[float, str]] = []
@@ -200,7 +204,10 @@ def playbook_slices(events: list[dict[str, Any]]) -> tuple[float, float, list[tu
         elif kind == "playbook_on_task_start":
             role = data.get("role")
             task = str(data.get("task") or data.get("name") or "?")
-            marks.append((t, f"role {role}" if role else f"play task: {task.split(',')[0][:60]}"))
+            if detail:
+                marks.append((t, f"{role} : {task}"[:90] if role else f"play : {task.split(',')[0]}"[:90]))
+            else:
+                marks.append((t, f"role {role}" if role else f"play task: {task.split(',')[0][:60]}"))
         elif kind == "playbook_on_include":
             marks.append((t, "include_role/include_tasks (loading role files)"))
         end = t if end is None or t > end else end
@@ -211,7 +218,7 @@ def playbook_slices(events: list[dict[str, Any]]) -> tuple[float, float, list[tu
     return start, end, sorted(marks)
 
 
-def load_playbooks(exp_dir: Path) -> dict[str, tuple[float, float, list[tuple[float, str]]]]:
+def load_playbooks(exp_dir: Path, detail: bool = False) -> dict[str, tuple[float, float, list[tuple[float, str]]]]:
     """run id -> its playbook's slices, from <exp dir>/.runner/artifacts/<run id>-<stamp>/job_events."""
     out = {}
     art = exp_dir / ".runner" / "artifacts"
@@ -226,7 +233,7 @@ def load_playbooks(exp_dir: Path) -> dict[str, tuple[float, float, list[tuple[fl
             except (OSError, ValueError):
                 continue
         if events:
-            out[m.group(1)] = playbook_slices(events)
+            out[m.group(1)] = playbook_slices(events, detail)
     return out
 
 
@@ -313,7 +320,8 @@ def run_harness(node: Node, transitions: int, output_len: int, log) -> dict[str,
     [exp_dir] = [d for d in runs_dir.iterdir() if d.is_dir()]
     runs = sorted(d for d in exp_dir.iterdir() if d.is_dir() and re.match(r"\d{3}-", d.name))
     playbooks = load_playbooks(exp_dir)
-    rows, parts = [], []
+    tasks = load_playbooks(exp_dir, detail=True)
+    rows, parts, task_parts = [], [], []
     for prev, nxt in zip(runs, runs[1:]):
         _, t_stop = bench_window(prev / "bench.jsonl")
         t_bench, _ = bench_window(nxt / "bench.jsonl")
@@ -332,10 +340,16 @@ def run_harness(node: Node, transitions: int, output_len: int, log) -> dict[str,
         rows.append({"from": prev.name, "to": nxt.name, "wall_s": round(wall, 3), "engine_load_s": round(load, 3),
                      "dead_s": round(wall - load, 3)})
         parts.append({k: v for k, v in part.items() if not k.startswith("(")})
+        tpart = breakdown(t_stop, t_bench, [tasks[r.name] for r in (prev, nxt) if r.name in tasks])
+        ready_key = next((k for k in tpart if k.startswith("server_ready : ") and "until the server answers" in k), None)
+        if ready_key:
+            tpart[ready_key] -= load
+        task_parts.append(tpart)
     run_wall = [playbooks[r.name][1] - playbooks[r.name][0] for r in runs if r.name in playbooks]
     return {"driver_wall_s": round(time.time() - t_start, 1), "runs": len(runs), "transitions": rows,
             "dead": summarize([r["dead_s"] for r in rows]), "engine_load": summarize([r["engine_load_s"] for r in rows]),
-            "breakdown_median_s": median_buckets(parts), "playbook_wall_median_s": round(statistics.median(run_wall), 2)
+            "breakdown_median_s": median_buckets(parts),
+            "tasks_median_s": dict(list(median_buckets(task_parts).items())[:30]), "playbook_wall_median_s": round(statistics.median(run_wall), 2)
             if run_wall else None, "experiment_dir": str(exp_dir)}
 
 
