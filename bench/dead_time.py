@@ -428,6 +428,90 @@ def run_naive(node: Node, transitions: int, sleep_s: float, poll_s: float, outpu
             "engine_load": summarize([r["engine_load_s"] for r in rows])}
 
 
+TOOLS_SCRIPT = r"""#!/bin/bash
+# one transition with the harness's node tools chained directly (no Ansible): stop -> GPUs free ->
+# start -> ready -> benchmark. The lower bound of a transition done as one node-side command.
+set -eu
+OUT="$1"; NODE="$2"; PORT="$3"; PY="$4"; REPO="$5"; OUTLEN="$6"; SMI="$7"
+T="$REPO/specab/node"
+mkdir -p "$OUT"
+t_stop=$(date +%s.%N)
+"$PY" "$T/stop.py" --node-dir "$NODE" --smi "$SMI" --grace 15 --out "$OUT/stop.json" >/dev/null 2>>"$OUT/tools.err"
+"$PY" "$T/gpufree.py" --smi "$SMI" --gpus all --threshold-mib 64 --timeout 60 --node-dir "$NODE" \
+    --out "$OUT/gpu_free.json" >/dev/null 2>>"$OUT/tools.err"
+printf 'NCCL_PROTO=LL\nNCCL_ALGO=Ring\nNCCL_P2P_LEVEL=SYS\nNCCL_MAX_NCHANNELS=16\nNCCL_BUFFSIZE=16777216\nNCCL_NTHREADS=512\n' \
+    > "$OUT/nccl.env"
+chmod 600 "$OUT/nccl.env"
+cat > "$OUT/launch.sh" <<EOS
+#!/usr/bin/env bash
+set -euo pipefail
+set -a; . "$OUT/nccl.env"; set +a
+export SPT_NOENV=1
+exec "$PY" -m specab.sim.launch_server --tp-size 8 --mem-fraction-static 0.88 --disable-custom-all-reduce \
+    --trust-remote-code --host 127.0.0.1 --port "$PORT" --model-path /models/Kimi-K2.5-INT4
+EOS
+chmod 755 "$OUT/launch.sh"
+"$PY" "$T/start.py" --node-dir "$NODE" --run-dir "$OUT" --script "$OUT/launch.sh" --host 127.0.0.1 \
+    --port "$PORT" > "$OUT/start.json" 2>>"$OUT/tools.err"
+pid=$(sed -n 's/^{"pid": \([0-9]*\),.*/\1/p' "$OUT/start.json")
+"$PY" "$T/ready.py" --url "http://127.0.0.1:$PORT" --pid "$pid" --log "$OUT/server.log" --timeout 300 \
+    > "$OUT/ready.json" 2>>"$OUT/tools.err"
+"$PY" "$REPO/specab/loadgen.py" --url "http://127.0.0.1:$PORT" --api generate --num-requests 1 --warmup 1 \
+    --input-len 16 --output-len "$OUTLEN" --concurrency 1 --seed 1 --out "$OUT/bench.jsonl" \
+    --summary "$OUT/bench_summary.json" >/dev/null 2>"$OUT/loadgen.err"
+echo "{\"t_stop\": $t_stop}" > "$OUT/times.json"
+"""
+
+
+def run_tools(node: Node, transitions: int, output_len: int, log) -> dict[str, Any]:
+    """The node tools chained by one script per transition (one ssh command over SSH), no Ansible."""
+    base = node.root / "tools"
+    base.mkdir(parents=True)
+    script = base / "transition.sh"
+    script.write_text(TOOLS_SCRIPT)
+    script.chmod(0o755)
+    node_dir = node.node_dir
+    node_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, **node.node_env())
+    smi = json.dumps([PYTHON, "-m", "specab.sim.smi"])
+    watcher = Watcher([node_dir / "server.json"], [(base, "*/server.log")]).start()
+    rows = []
+    try:
+        for i in range(transitions + 1):
+            out = base / f"{i:03d}"
+            argv = [str(script), str(out), str(node_dir), str(node.port), PYTHON, str(REPO), str(output_len), smi]
+            if node.ssh_argv:
+                exports = " ".join(f"{k}={_q(v)}" for k, v in node.node_env().items())
+                argv = [*node.ssh_argv, f"env {exports} {' '.join(_q(a) for a in argv)}"]
+            proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+            if proc.returncode != 0:
+                err = (out / "tools.err").read_text()[-2000:] if (out / "tools.err").exists() else ""
+                raise BenchError(f"tools transition {i} failed (exit {proc.returncode}): {proc.stderr[-1000:]}{err}")
+            if i == 0:
+                continue
+            times = json.loads((out / "times.json").read_text())
+            t_bench, _ = bench_window(out / "bench.jsonl")
+            _, t_prev_end = bench_window(base / f"{i - 1:03d}" / "bench.jsonl")
+            spawn = json.loads((out / "start.json").read_text())["started_at"]
+            ready = _wait_key(watcher.ready, str(out / "server.log"))
+            load = ready - float(spawn)
+            wall = t_bench - float(times["t_stop"])
+            stop = json.loads((out / "stop.json").read_text())
+            free = json.loads((out / "gpu_free.json").read_text())
+            rows.append({"wall_s": round(wall, 3), "engine_load_s": round(load, 3), "dead_s": round(wall - load, 3),
+                         "stop_tool_total_s": stop.get("total_s"), "time_to_free_s": free.get("time_to_free_s"),
+                         "stop_to_spawn_s": round(float(spawn) - float(times["t_stop"]), 3),
+                         "ready_to_bench_s": round(t_bench - ready, 3)})
+            log(f"tools: transition {i}: dead {wall - load:.2f} s")
+    finally:
+        watcher.stop()
+        _kill_harness_server(node)
+    return {"transitions": rows, "dead": summarize([r["dead_s"] for r in rows]),
+            "engine_load": summarize([r["engine_load_s"] for r in rows]),
+            "stop_to_spawn": summarize([r["stop_to_spawn_s"] for r in rows]),
+            "ready_to_bench": summarize([r["ready_to_bench_s"] for r in rows])}
+
+
 def _q(s: str) -> str:
     import shlex
     return shlex.quote(str(s))
@@ -508,6 +592,11 @@ def run_mode(where: str, root: Path, args: argparse.Namespace, log) -> dict[str,
                 _kill_harness_server(node)
             result["harness"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
             log(f"{where} harness: {result['harness']['dead']}")
+        if "tools" in args.what:
+            node = Node(root / "tools", free_port(), extra, ssh_argv)
+            node.root.mkdir()
+            result["tools"] = run_tools(node, args.transitions, args.output_len, log)
+            log(f"{where} tools: {result['tools']['dead']}")
         if "naive" in args.what:
             result["naive"] = []
             for s in args.naive_sleeps:
@@ -528,7 +617,8 @@ def run_mode(where: str, root: Path, args: argparse.Namespace, log) -> dict[str,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--where", nargs="+", choices=("local", "ssh"), default=["local", "ssh"])
-    ap.add_argument("--what", nargs="+", choices=("harness", "naive"), default=["harness", "naive"])
+    ap.add_argument("--what", nargs="+", choices=("harness", "tools", "naive"),
+                    default=["harness", "tools", "naive"])
     ap.add_argument("--transitions", type=int, default=11, help="harness transitions (>= 10 for the target)")
     ap.add_argument("--naive-transitions", type=int, default=10)
     ap.add_argument("--naive-sleeps", type=float, nargs="+", default=[5.0, 10.0],
