@@ -108,3 +108,34 @@ def test_status_names_an_unreachable_host(tmp_path):
     assert main(["status", "-i", str(inv), "--format", "json"], out=out) == 1
     [row] = json.loads(out.getvalue())
     assert not row["ok"] and "gone" == row["host"] and row["error"]
+
+
+BASELINE_ONLY = """\
+arms:
+  - name: baseline
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_a_run_over_ssh_shows_load_phases_from_the_live_tail(ssh_node):
+    """One run through arm.yml over SSH: the load sub-phases in the store come only from the fabric log tail."""
+    from specab import store as st
+    from tests.driver.simnode import driver
+    node, inv, _ = ssh_node
+    node.time_scale = "1"
+    host_vars = dict(load_inventory(inv).hosts[0].vars)           # the SSH host's vars, rendered
+    host_vars["specab_node_env"] = node.node_env()                 # default profile at time scale 1
+    inv = node.write_inventory(host_vars)
+    exp = node.write_experiment("ssh1", arms=BASELINE_ONLY, num_requests=2, output_len=32)
+    proc = driver("-e", str(exp), "-i", str(inv), "--repeats", "1", "--runs-dir", str(node.runs_dir))
+    out, _ = proc.communicate(timeout=1100)
+    assert proc.returncode == 0, out[-4000:]
+    [exp_dir] = [d for d in node.runs_dir.iterdir() if d.is_dir()]
+    with st.Store.open(exp_dir) as s:
+        [run] = s.runs()
+        assert run["status"] == "ok" and run["n_requests"] == 2
+        phases = [p["phase"] for p in s.phases(run["seq"])]
+    assert "loading weights" in phases and "capturing graphs" in phases, phases
+    assert phases.index("loading weights") < phases.index("capturing graphs") < phases.index("verifying env")
+    assert not node.server_alive()
