@@ -65,6 +65,11 @@ class Result:
     rc: int
     output: str
 
+    @property
+    def flat(self) -> str:
+        """The output with every run of whitespace made one space (the callback wraps long messages)."""
+        return " ".join(self.output.split())
+
     def __str__(self) -> str:
         return f"exit {self.rc}\n{self.output[-6000:]}"
 

@@ -14,7 +14,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.ansible.conftest import Result, SimNode, experiment, processes_mentioning
+import sys
+
+from tests.ansible.conftest import Result, SimNode, experiment, processes_mentioning, resolved_arm
+from tests.ansible.template_render import render
 
 PWNED = Path(f"/tmp/specab-pwned-{uuid.uuid4().hex[:8]}")
 HOSTILE_ENV = f"x; touch {PWNED}; $(touch {PWNED}) `touch {PWNED}`"
@@ -44,20 +47,17 @@ def round_(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimNode, 
         PWNED.unlink(missing_ok=True)
 
 
-def _table(output: str) -> dict[str, list[str]]:
-    rows = {}
-    for line in output.splitlines():
-        m = re.match(r"^\s*-?\s*'?(baseline|eagle3-s2)\s+(\d+/\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", line)
-        if m:
-            rows[m.group(1)] = list(m.groups()[1:])
-    return rows
+def _table(flat_output: str) -> dict[str, list[str]]:
+    """Rows of the printed table: arm -> [requests, tok/s, TTFT ms, accept len, speedup]."""
+    return {m.group(1): list(m.groups()[1:]) for m in re.finditer(
+        r"(baseline|eagle3-s2) (\d+/\d+) ([\d.]+) ([\d.]+) ([\d.]+|-) ([\d.]+x|-)", flat_output)}
 
 
 def test_round_succeeds_and_prints_the_table(round_: tuple[SimNode, Result, dict[str, Any]]) -> None:
     node, result, _ = round_
     assert result.rc == 0, str(result)
-    assert "tok/s (median)" in result.output and "accept len" in result.output and "speedup" in result.output
-    rows = _table(result.output)
+    assert "arm requests tok/s (median) TTFT (ms) accept len speedup" in result.flat
+    rows = _table(result.flat)
     assert set(rows) == {"baseline", "eagle3-s2"}, str(result)
     base, eagle = rows["baseline"], rows["eagle3-s2"]
     assert base[0] == "2/2" and eagle[0] == "2/2"
@@ -109,3 +109,15 @@ def test_round_leaves_nothing_running_and_testinfra_agrees(round_: tuple[SimNode
     check = node.infra_check()
     assert check.rc == 0, f"testinfra should pass on free GPUs:\n{check}"
     assert "4 passed" in check.output
+
+
+def test_ansible_and_plain_jinja_render_the_same_files(round_: tuple[SimNode, Result, dict[str, Any]]) -> None:
+    """The driver renders the templates with plain Jinja2 (`driver.py plan`); what Ansible deployed must match."""
+    node, result, exp = round_
+    assert result.rc == 0, str(result)
+    for index, run in enumerate(("001-baseline", "002-eagle3-s2")):
+        ctx = {"specab_arm": resolved_arm(exp, index), "specab_run_id": run, "specab_node_env": node.node_env(),
+               "specab_engine_cmd": [sys.executable, "-m", "specab.sim.launch_server"]}
+        run_dir = node.runs_dir / "t-round" / run
+        assert (run_dir / "launch.sh").read_text() == render("launch_server.sh.j2", **ctx)
+        assert (run_dir / "nccl.env").read_text() == render("nccl.env.j2", **ctx)
