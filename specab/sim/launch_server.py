@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import importlib
 import json
 import os
 import signal
@@ -115,6 +116,8 @@ class Launch:
                    "release_lag_s": self._release_lag(), "gpu_mode": st.gpu_mode, "dist_init": dist_init,
                    "log_level": a.log_level, "ignore_sigterm": st.faults.ignore_sigterm}
             self.schedulers[rank] = await self._spawn(cfg)
+        # the HTTP stack loads while the workers start (they never import it)
+        importlib.import_module("specab.sim.httpapi")
         waits = [self._await_ready(rank, p) for rank, p in self.schedulers.items()]
         if detok is not None:
             waits.append(self._await_ready(-1, detok))
@@ -188,10 +191,6 @@ class Launch:
         return sock
 
     async def run(self) -> int:
-        from aiohttp import web  # noqa: F401  (imported here: workers never import aiohttp)
-        from specab.sim.engine import Engine
-        from specab.sim.httpapi import Api, ServerState
-
         a, st = self.args, self.settings
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGQUIT, self._on_sigquit)
@@ -212,6 +211,9 @@ class Launch:
             self._link_task = asyncio.create_task(link.watch(peer_lost))
         if a.node_rank >= 1:
             return await self._dummy_health()
+        from aiohttp import web
+        from specab.sim.engine import Engine
+        from specab.sim.httpapi import Api, ServerState
         env = self.timing_env()
         timing = TimingModel.create(self.profile, a, env, st.seed, instance)
         cap = capacity(self.profile, a)
