@@ -69,6 +69,15 @@ class Allocation:
     release_lag_s: float
     created_at: float
     dead_at: Optional[float]
+    app_exit_lag_s: float = 0.0
+
+    def listed(self, now: float) -> bool:
+        """Shown by --query-compute-apps: alive, or dead for less than ``app_exit_lag_s`` (tearing down)."""
+        if self.alive:
+            return True
+        if self.app_exit_lag_s <= 0:
+            return False
+        return self.dead_at is None or now < self.dead_at + self.app_exit_lag_s
 
     @property
     def alive(self) -> bool:
@@ -131,7 +140,7 @@ class GpuNode:
     # ----- allocations
     def allocate(self, gpu: int, mib: int, kind: str, release_lag_s: float,
                  pid: Optional[int] = None, process_name: Optional[str] = None,
-                 spawn_watcher: bool = True) -> Allocation:
+                 spawn_watcher: bool = True, app_exit_lag_s: float = 0.0) -> Allocation:
         node = self.ensure()
         if not 0 <= gpu < len(node["gpus"]):
             raise ValueError(f"GPU {gpu} does not exist on this simulated node "
@@ -141,7 +150,8 @@ class GpuNode:
         path = self.allocs_dir / f"{pid}-{ticks}.json"
         data = {"pid": pid, "start_ticks": ticks, "gpu": gpu, "mib": int(mib),
                 "process_name": process_name or sys.executable, "kind": kind,
-                "release_lag_s": float(release_lag_s), "created_at": time.time(), "dead_at": None}
+                "release_lag_s": float(release_lag_s), "created_at": time.time(), "dead_at": None,
+                "app_exit_lag_s": float(min(app_exit_lag_s, release_lag_s))}
         self.allocs_dir.mkdir(parents=True, exist_ok=True)
         _atomic_write(path, data)
         if spawn_watcher:
@@ -156,7 +166,7 @@ class GpuNode:
         return Allocation(path=path, pid=d["pid"], start_ticks=d.get("start_ticks"), gpu=d["gpu"],
                           mib=d["mib"], process_name=d["process_name"], kind=d.get("kind", ""),
                           release_lag_s=d.get("release_lag_s", 0.15), created_at=d.get("created_at", 0.0),
-                          dead_at=d.get("dead_at"))
+                          dead_at=d.get("dead_at"), app_exit_lag_s=d.get("app_exit_lag_s", 0.0))
 
     def allocations(self) -> list[Allocation]:
         if not self.allocs_dir.is_dir():
@@ -199,8 +209,9 @@ class GpuNode:
                 used[a.gpu] += a.mib
         return used
 
-    def compute_apps(self) -> list[Allocation]:
-        return sorted((a for a in self.allocations() if a.alive), key=lambda a: (a.gpu, a.pid))
+    def compute_apps(self, now: Optional[float] = None) -> list[Allocation]:
+        now = time.time() if now is None else now
+        return sorted((a for a in self.allocations() if a.listed(now)), key=lambda a: (a.gpu, a.pid))
 
     # ----- activity (utilization and clocks while a server computes)
     def set_activity(self, gpus: list[int], busy_for_s: float) -> None:

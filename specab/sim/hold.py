@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state", help="state dir of the node (default: SPECAB_SIM_STATE)")
     p.add_argument("--title", help="process title to show (default: unchanged)")
     p.add_argument("--release-lag", type=float, default=0.15, help="seconds until memory drops after death")
+    p.add_argument("--app-exit-lag", type=float, default=0.0,
+                   help="seconds a dead holder stays listed in compute-apps (as '[No data]'); <= --release-lag")
     p.add_argument("--die-with-parent", action="store_true",
                    help="arm PR_SET_PDEATHSIG (SIGKILL) so the holder dies with the process that started it")
     a = p.parse_args(argv)
@@ -32,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     node = GpuNode(Path(a.state) if a.state else state_dir_from_env())
     try:
-        node.allocate(a.gpu, a.mib, kind="foreign", release_lag_s=a.release_lag)
+        node.allocate(a.gpu, a.mib, kind="foreign", release_lag_s=a.release_lag, app_exit_lag_s=a.app_exit_lag)
     except ValueError as exc:
         print(f"hold: {exc}", file=sys.stderr)
         return 1

@@ -114,6 +114,7 @@ class Launch:
                    "parent_pid": os.getpid(), "orphan": st.faults.orphan_workers,
                    "log_prefix": sglang_prefix(rank, a.tp_size), "state": str(st.state), "plan": plan,
                    "release_lag_s": self._release_lag(), "gpu_mode": st.gpu_mode, "dist_init": dist_init,
+                   "app_exit_lag_s": self.profile.gpu.app_exit_lag_s / st.time_scale,
                    "log_level": a.log_level, "ignore_sigterm": st.faults.ignore_sigterm}
             self.schedulers[rank] = await self._spawn(cfg)
         # the HTTP stack loads while the workers start (they never import it)

@@ -35,6 +35,7 @@ class GpuProfile:
     name: str
     memory_total_mib: int
     release_lag_s: float
+    app_exit_lag_s: float   # a dead holder stays listed (as "[No data]") this long; <= release_lag_s
     idle: GpuLook
     busy: GpuLook
     clocks_max_sm: int
@@ -181,6 +182,9 @@ def profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Profil
     prof = _build(Profile, data, source)
     if prof.gpu.count < 1:
         raise ProfileError(f"{source}: gpu.count must be >= 1")
+    if not 0 <= prof.gpu.app_exit_lag_s <= prof.gpu.release_lag_s:
+        raise ProfileError(f"{source}: gpu.app_exit_lag_s must be in [0, release_lag_s] (the compute-app entry "
+                           "disappears before the memory is released)")
     if prof.noise.drift_max_pct < 0:
         raise ProfileError(f"{source}.noise.drift_max_pct must be >= 0")
     return dataclasses.replace(prof, source=source)

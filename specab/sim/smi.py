@@ -219,7 +219,7 @@ def _process_name(pid: int, recorded: str) -> str:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return recorded
+        return "[No data]"      # gone, still listed while its context tears down
     first = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
     return first or "[No data]"
 

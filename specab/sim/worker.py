@@ -73,7 +73,8 @@ def run_scheduler(cfg: dict[str, Any]) -> Any:
         if others + mib > total:
             _fail(log, parent, _oom_text(gpu, total, total - others, mib),
                   "scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank)")
-        node.allocate(gpu, mib, kind="sglang::scheduler", release_lag_s=lag, spawn_watcher=not registered)
+        node.allocate(gpu, mib, kind="sglang::scheduler", release_lag_s=lag, spawn_watcher=not registered,
+                      app_exit_lag_s=cfg.get("app_exit_lag_s", 0.0))
         registered = True
 
     for st in cfg["plan"]["steps"]:

@@ -174,3 +174,26 @@ def test_hold_can_die_with_its_parent(tmp_path):
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_a_dying_holder_stays_listed_as_no_data_before_release(tmp_path):
+    """The H200 behaviour of the realistic profile: listed as '[No data]' while the context tears down."""
+    args = [PY, "-m", "specab.sim.hold", "--gpu", "3", "--mib", "2500", "--app-exit-lag", "0.4",
+            "--release-lag", "0.8"]
+    hold = subprocess.Popen(args, env=base_env(tmp_path, 1), cwd=REPO, stdout=subprocess.PIPE, text=True)
+    hold.stdout.readline()
+    node = GpuNode(tmp_path)
+    wait_for(lambda: node.watcher_running(), 10, "the death watcher")
+    t_kill = time.time()
+    hold.kill()
+    hold.wait()
+    wait_for(lambda: any(a.dead_at for a in node.allocations()), 5, "the death to be recorded")
+    q = ["--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"]
+    if time.time() - t_kill < 0.3:      # inside the window (skipped only on a very slow machine)
+        assert smi(tmp_path, *q).stdout == f"{hold.pid}, [No data], 2500\n"
+    wait_for(lambda: node.compute_apps() == [], 5, "the entry to disappear")
+    t_apps = time.time()
+    assert node.memory_used()[3] == 2500 or time.time() - t_kill >= 0.75
+    wait_for(lambda: node.memory_used()[3] == 0, 5, "the memory to be released")
+    t_mem = time.time()
+    assert 0.35 <= t_apps - t_kill and 0.75 <= t_mem - t_kill and t_apps < t_mem
