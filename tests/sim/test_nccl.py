@@ -33,7 +33,20 @@ def test_format_of_integer_and_string_params():
     assert not any("NCCL_PROTO" in l or "NCCL_ALGO" in l for l in one_rank), "PROTO/ALGO need > 1 rank"
     assert nccl_info_lines(TUNED, 2, 0, 1, 1, 0) == []
     quiet = nccl_info_lines({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT", **TUNED}, 2, 0, 1, 1, 0)
-    assert len(quiet) == 1 and "NCCL version" in quiet[0]
+    assert any("NCCL version" in l for l in quiet) and not any("set by environment" in l for l in quiet)
+    env_only = nccl_info_lines({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "ENV", **TUNED}, 2, 0, 1, 1, 0)
+    assert env_only and all("set by environment" in l for l in env_only)
+
+
+def test_echoes_come_in_nccls_read_order_between_init_lines():
+    env = {"NCCL_DEBUG": "INFO", "NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", **TUNED}
+    lines = nccl_info_lines(env, 2, 0, 649, 649, 0, host="vm")
+    order = [m["var"] for m in map(LINE.match, lines) if m]
+    assert order == ["NCCL_CUMEM_ENABLE", "NCCL_P2P_LEVEL", "NCCL_NVLS_ENABLE", "NCCL_MAX_NCHANNELS",
+                     "NCCL_BUFFSIZE", "NCCL_NTHREADS", "NCCL_PROTO", "NCCL_ALGO"], "as on the H200"
+    assert lines[0] == "vm:649:649 [0] NCCL INFO Bootstrap: Using lo:127.0.0.1<0>"
+    assert lines[-1].endswith("- Init COMPLETE") and any(l.endswith("- Init START") for l in lines)
+    assert any(" nRanks 2 nNodes 1 " in l for l in lines)
 
 
 def test_each_scheduler_echoes_the_variables_it_has(launch):
