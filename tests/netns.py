@@ -17,7 +17,9 @@ Usage (pytest fixture)::
         inv_vars = netns_host.ansible_vars()     # ansible_host, ansible_user, key, known_hosts ...
         netns_host.ssh("true")
 
-or, for several hosts, ``with NetnsHost.create(workdir) as h: ...``. Tests are skipped (with the
+or, for several hosts, ``with NetnsHost.create(workdir) as h: ...``. Hosts made with
+``NetnsHost.create(workdir, routed=True)`` also reach each other (multi-node servers): the namespace
+routes through the root namespace, which forwards only on that host's own veth. Tests are skipped (with the
 reason) unless running as root with ``ip`` and ``/usr/sbin/sshd`` available.
 
 Teardown kills every process inside the namespace (they can only be ours: the namespace was made
@@ -106,6 +108,7 @@ class NetnsHost:
     port: int = 22
     user: str = "root"
     host_veth: str = ""
+    routed: bool = False
     sshd: Optional[subprocess.Popen] = field(default=None, repr=False)
 
     # ----------------------------------------------------------------------------- paths
@@ -160,13 +163,15 @@ class NetnsHost:
     # ----------------------------------------------------------------------------- lifecycle
     @classmethod
     @contextlib.contextmanager
-    def create(cls, workdir: Path) -> Iterator["NetnsHost"]:
+    def create(cls, workdir: Path, routed: bool = False) -> Iterator["NetnsHost"]:
+        """A namespace host; ``routed=True``: it reaches (and is reached by) other routed hosts."""
         reason = unavailable_reason()
         if reason:
             raise NetnsError(reason)
         workdir.mkdir(parents=True, exist_ok=True)
         tag = "%06x" % random.randrange(1 << 24)
-        host = cls(name=f"specab-{tag}", address="", workdir=workdir, host_veth=f"sab{tag}h")
+        host = cls(name=f"specab-{tag}", address="", workdir=workdir, host_veth=f"sab{tag}h",
+                   routed=routed)
         try:
             host._setup(tag)
             yield host
@@ -193,6 +198,11 @@ class NetnsHost:
             _run("ip", "link", "set", self.host_veth, "up")
             _run("ip", "netns", "exec", self.name, "ip", "addr", "add", f"{inner}/30", "dev", ns_veth)
             _run("ip", "netns", "exec", self.name, "ip", "link", "set", ns_veth, "up")
+            if self.routed:
+                # other namespaces are reached through the root namespace; forwarding is switched on for
+                # this veth only (IPv4 decides per incoming interface), not for the whole machine
+                _run("ip", "netns", "exec", self.name, "ip", "route", "add", "default", "via", str(outer))
+                Path(f"/proc/sys/net/ipv4/conf/{self.host_veth}/forwarding").write_text("1\n")
         self._keys()
         self._start_sshd()
         self.ssh("true", timeout=30)   # proves key auth and host key checking end to end
