@@ -183,14 +183,22 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def pid_alive(pid: int) -> bool:
+def pid_alive(pid: int, starttime: Optional[int] = None) -> bool:
+    """Whether ``pid`` is a live process (zombies are dead); with ``starttime`` (from server.json),
+    whether it is still *that* process and not a later one that reused the pid."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] in ("Z", "X"):
+        return False
+    return starttime is None or int(fields[19]) == int(starttime)
+
+
+def record_alive(record: dict[str, Any]) -> bool:
+    """Whether the server a server.json/last_server.json record names is still running."""
+    return pid_alive(int(record["pid"]), record.get("starttime"))
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.ansible.conftest import EAGLE3, SimNode, experiment, pid_alive, resolved_arm
+from tests.ansible.conftest import EAGLE3, SimNode, experiment, record_alive, resolved_arm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -20,7 +20,7 @@ def _run(node: SimNode, exp: dict, arm_index: int, run_id: str, **extra: object)
 
 def _assert_nothing_left(node: SimNode, run_id: str) -> None:
     last = json.loads((node.node_dir / "last_server.json").read_text())
-    assert last["run_id"] == run_id and not pid_alive(int(last["pid"])), "the failed run's server must be stopped"
+    assert last["run_id"] == run_id and not record_alive(last), "the failed run's server must be stopped"
     assert node.server_record() is None
     assert (node.runs_dir / "t-env" / run_id / "server.log").exists(), "the failed run's artefacts are kept"
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.ansible.conftest import SimNode, experiment, pid_alive, resolved_arm
+from tests.ansible.conftest import SimNode, experiment, record_alive, resolved_arm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -23,7 +23,7 @@ def test_leftover_server_is_stopped_and_testinfra_sees_it(sim_node: SimNode) -> 
     first = sim_node.playbook("arm.yml", _arm_vars(sim_node, exp, "001-baseline", specab_stop_after=False))
     assert first.rc == 0, str(first)
     left = sim_node.server_record()
-    assert left is not None and pid_alive(int(left["pid"])), "specab_stop_after=false leaves the server running"
+    assert left is not None and record_alive(left), "specab_stop_after=false leaves the server running"
 
     held = sim_node.infra_check()
     assert held.rc != 0, f"testinfra must fail while a server holds the GPUs:\n{held}"
@@ -35,7 +35,7 @@ def test_leftover_server_is_stopped_and_testinfra_sees_it(sim_node: SimNode) -> 
 
     second = sim_node.playbook("arm.yml", _arm_vars(sim_node, exp, "002-baseline"))
     assert second.rc == 0, str(second)
-    assert not pid_alive(int(left["pid"])), "the leftover server must have been stopped by the next run"
+    assert not record_alive(left), "the leftover server must have been stopped by the next run"
     assert sim_node.server_record() is None
     stopped = json.loads((sim_node.node_dir / "last_server.json").read_text())
     assert stopped["run_id"] == "002-baseline"

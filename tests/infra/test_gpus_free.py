@@ -46,14 +46,14 @@ def _records(host: Any, node: NodeVars) -> dict[str, dict[str, Any]]:
 
 
 def _processes(host: Any) -> list[tuple[int, int, str]]:
-    """(pid, session id, args) of every process on the host."""
-    res = host.run("ps -eo pid=,sid=,args=")
+    """(pid, session id, args) of every live process on the host (zombies are already dead)."""
+    res = host.run("ps -eo pid=,sid=,stat=,args=")
     assert res.rc == 0, f"ps failed: {res.stderr}"
     procs = []
     for line in res.stdout.splitlines():
-        parts = line.split(None, 2)
-        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
-            procs.append((int(parts[0]), int(parts[1]), parts[2] if len(parts) > 2 else ""))
+        parts = line.split(None, 3)
+        if len(parts) >= 3 and parts[0].isdigit() and parts[1].isdigit() and not parts[2].startswith("Z"):
+            procs.append((int(parts[0]), int(parts[1]), parts[3] if len(parts) > 3 else ""))
     return procs
 
 
