@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from specab import preflight
 from specab import store as st
 from specab.config import (REPO_ROOT, Arm, ConfigError, Experiment, Host, Inventory, is_secret_name,
                            load_experiment, load_inventory, redact_env)
@@ -79,7 +80,7 @@ def prepare(opts: Options) -> Prepared:
         raise ConfigError("--target-ci adds interleaved blocks; it cannot be combined with --order blocked.")
     plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order)
     return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
-                    notices=exp.warnings + armset.notices, plan=plan)
+                    notices=exp.warnings + armset.notices + preflight.bind_warnings(armset.arms), plan=plan)
 
 
 def check_writable(directory: Path, min_free_mb: int = MIN_FREE_MB) -> None:
@@ -553,6 +554,10 @@ def start(opts: Options, out: TextIO, progress: Progress | None = None) -> tuple
         print(f"notice: {n}", file=out)
     runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
     check_writable(runs_dir)
+    # the node's engine lists its flags (read-only, cached per node and engine version): an unknown flag is
+    # refused now rather than after a model load of minutes (issue 6, item 14)
+    preflight.check_engine_flags(prepared.arms, prepared.inventory.hosts,
+                                 notice=lambda n: print(f"notice: {n}", file=out))
     exp_id, exp_dir = _new_experiment_dir(runs_dir, prepared.experiment.name)
     store = st.Store.create(exp_dir / st.FILENAME)
     try:
