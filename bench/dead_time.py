@@ -204,8 +204,10 @@ def playbook_slices(events: list[dict[str, Any]], detail: bool = False
         elif kind == "playbook_on_task_start":
             role = data.get("role")
             task = str(data.get("task") or data.get("name") or "?")
+            task = re.sub(r"\b(arm|run) [A-Za-z0-9][A-Za-z0-9._-]*", r"\1 <name>", task)     # one bucket per task
             if detail:
-                marks.append((t, f"{role} : {task}"[:90] if role else f"play : {task.split(',')[0]}"[:90]))
+                task = re.sub(r"(, arm <name>|, run <name>|,? ?(into )?(/|http)\S*)", "", task)    # run-specific
+                marks.append((t, f"{role} : {task}"[:100] if role else f"play : {task.split(',')[0]}"[:100]))
             else:
                 marks.append((t, f"role {role}" if role else f"play task: {task.split(',')[0][:60]}"))
         elif kind == "playbook_on_include":
@@ -235,6 +237,10 @@ def load_playbooks(exp_dir: Path, detail: bool = False) -> dict[str, tuple[float
         if events:
             out[m.group(1)] = playbook_slices(events, detail)
     return out
+
+
+def _add(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in {*a, *b}}
 
 
 def breakdown(t0: float, t1: float, playbooks: list[tuple[float, float, list[tuple[float, str]]]],
@@ -332,19 +338,14 @@ def run_harness(node: Node, transitions: int, output_len: int, log) -> dict[str,
                              f"ready line in server.log missed); rerun with a less loaded machine")
         load = ready - spawn
         wall = t_bench - t_stop
-        part = breakdown(t_stop, t_bench, [playbooks[r.name] for r in (prev, nxt) if r.name in playbooks])
-        # the engine's own load time sits inside the ready role's slices: take it out there
-        key = "role server_ready"
-        part[key] = part.get(key, 0.0) - load
-        part["(engine's own load time, subtracted)"] = -load
+        # the engine's own load time [spawn, ready] is cut out of the window: what is left is charged
+        pbs = [playbooks[r.name] for r in (prev, nxt) if r.name in playbooks]
+        part = _add(breakdown(t_stop, spawn, pbs), breakdown(ready, t_bench, pbs))
         rows.append({"from": prev.name, "to": nxt.name, "wall_s": round(wall, 3), "engine_load_s": round(load, 3),
                      "dead_s": round(wall - load, 3)})
-        parts.append({k: v for k, v in part.items() if not k.startswith("(")})
-        tpart = breakdown(t_stop, t_bench, [tasks[r.name] for r in (prev, nxt) if r.name in tasks])
-        ready_key = next((k for k in tpart if k.startswith("server_ready : ") and "until the server answers" in k), None)
-        if ready_key:
-            tpart[ready_key] -= load
-        task_parts.append(tpart)
+        parts.append(part)
+        tps = [tasks[r.name] for r in (prev, nxt) if r.name in tasks]
+        task_parts.append(_add(breakdown(t_stop, spawn, tps), breakdown(ready, t_bench, tps)))
     run_wall = [playbooks[r.name][1] - playbooks[r.name][0] for r in runs if r.name in playbooks]
     return {"driver_wall_s": round(time.time() - t_start, 1), "runs": len(runs), "transitions": rows,
             "dead": summarize([r["dead_s"] for r in rows]), "engine_load": summarize([r["engine_load_s"] for r in rows]),
