@@ -279,7 +279,9 @@ class ExperimentRun:
                 _fetch_missing(h, self._node_run_dir(h, pr.run_id), dest)
         ingested = ingest_run_dir(self.store, pr.seq, run_dir, [h.name for h in hosts])
         planned = int(self.p.experiment.bench.get("num_requests") or 0)
-        partial = planned > 0 and ingested["measured"] < planned * len(hosts)
+        # partial: fewer answered measured requests than planned (a crash cuts the file short, or leaves
+        # records of requests that failed after it)
+        partial = planned > 0 and ingested["measured_ok"] < planned * len(hosts)
         log_tail = None
         for h in hosts:
             local = (run_dir if len(hosts) == 1 else run_dir / h.name) / "server.log"
@@ -489,7 +491,7 @@ def _read_json(path: Path) -> Any:
 
 def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -> dict[str, Any]:
     """Read a collected run directory into the store (immediately after the run)."""
-    out: dict[str, Any] = {"measured": 0}
+    out: dict[str, Any] = {"measured": 0, "measured_ok": 0}
     dirs = [(hosts[0], run_dir)] if len(hosts) == 1 else [(h, run_dir / h) for h in hosts]
     for host, d in dirs:
         if not d.is_dir():
@@ -509,6 +511,7 @@ def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -
                     records.append(rec)
             store.add_requests(seq, host, records)
             out["measured"] += sum(1 for r in records if not r.get("warmup"))
+            out["measured_ok"] += sum(1 for r in records if not r.get("warmup") and r.get("ok"))
         samples = d / "gpu_samples.csv"
         if samples.exists():
             store.add_gpu_samples(seq, host, samples.read_text(errors="replace"))
