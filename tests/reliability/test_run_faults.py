@@ -40,7 +40,7 @@ NUM_REQUESTS = 8
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory):
     root = tmp_path_factory.mktemp("runfaults")
-    node = SimNode(root=root, port=free_port(), profile="instant")
+    node = SimNode(root=root, port=free_port(), profile="instant", time_scale="5")
     exp = node.write_experiment("crash", arms=CRASH_ARMS, num_requests=NUM_REQUESTS, output_len=32)
     data = json.loads(json.dumps(__import__("yaml").safe_load(exp.read_text())))
     data["specab_experiment"]["env"] = dict(NCCL_TUNED, HF_TOKEN=SECRET)
