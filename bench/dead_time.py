@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import socket
 import statistics
@@ -317,10 +318,15 @@ def run_harness(node: Node, transitions: int, output_len: int, log) -> dict[str,
         cmd = [PYTHON, str(REPO / "driver.py"), "run", "-e", str(exp), "-i", str(inv), "--repeats", str(repeats),
                "--seed", "1", "--runs-dir", str(runs_dir)]
         log(f"harness: {' '.join(cmd[1:])}")
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         proc = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True,
                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     finally:
         watcher.stop()
+    # CPU of the driver, ansible-playbook, its module processes, the node tools and the client (the
+    # engine is not counted: start.py puts it in its own session and nobody waits for it)
+    cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     if proc.returncode != 0:
         raise BenchError(f"driver.py exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-4000:]}")
     [exp_dir] = [d for d in runs_dir.iterdir() if d.is_dir()]
@@ -348,6 +354,7 @@ def run_harness(node: Node, transitions: int, output_len: int, log) -> dict[str,
         task_parts.append(_add(breakdown(t_stop, spawn, tps), breakdown(ready, t_bench, tps)))
     run_wall = [playbooks[r.name][1] - playbooks[r.name][0] for r in runs if r.name in playbooks]
     return {"driver_wall_s": round(time.time() - t_start, 1), "runs": len(runs), "transitions": rows,
+            "cpu_s_per_run": round(cpu_s / max(1, len(runs)), 2),
             "dead": summarize([r["dead_s"] for r in rows]), "engine_load": summarize([r["engine_load_s"] for r in rows]),
             "breakdown_median_s": median_buckets(parts),
             "tasks_median_s": dict(list(median_buckets(task_parts).items())[:30]), "playbook_wall_median_s": round(statistics.median(run_wall), 2)
