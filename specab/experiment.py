@@ -29,6 +29,7 @@ from specab.remote import LogTail, load_phase, open_node, read_tail
 from specab.runner import Failure, PlaybookResult, PlaybookRunner
 
 ARM_PLAYBOOK = "playbooks/arm.yml"
+MULTINODE_PLAYBOOK = "playbooks/multinode_arm.yml"   # one server over every host (docs/scale.md)
 STOP_PLAYBOOK = "playbooks/stop.yml"
 MIN_FREE_MB = 50
 EXIT_OK, EXIT_FAILED_RUNS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -54,6 +55,7 @@ class Options:
     retry_failed: bool = False
     run_timeout_s: int | None = None
     argv: list[str] = field(default_factory=list)
+    fleet: bool = False                     # independent blocks per host at once (specab/fleet.py)
 
 
 @dataclass
@@ -167,12 +169,26 @@ class _Interrupt:
             signal.signal(sig, old)
 
 
+def is_multinode(hosts: list[Host]) -> bool:
+    """Whether the inventory places ONE server over all its hosts (specab_multinode: true)."""
+    return any(bool(h.vars.get("specab_multinode")) for h in hosts)
+
+
 class ExperimentRun:
     """One experiment's execution loop (new or resumed)."""
 
     def __init__(self, prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, store: st.Store,
-                 out: TextIO, progress: Progress):
+                 out: TextIO, progress: Progress, limit: str | None = None):
         self.p = prepared
+        self.limit = limit          # ansible --limit: the fleet runs one host's blocks per ExperimentRun
+        multinode = is_multinode(prepared.inventory.hosts)
+        if multinode and len(prepared.inventory.hosts) < 2:
+            raise ExperimentError(f"{prepared.inventory.path}: specab_multinode is set but group gpu_nodes has "
+                                  f"one host; a multi-node server needs at least two (docs/scale.md).")
+        self.playbook = MULTINODE_PLAYBOOK if multinode else ARM_PLAYBOOK
+        # hosts whose results the run has: the head alone for a multi-node server (rank 0 serves and is
+        # benchmarked; the other ranks' files are kept under <run dir>/node<r>-<host>/)
+        self.result_hosts = prepared.inventory.hosts[:1] if multinode else prepared.inventory.hosts
         self.opts = opts
         self.exp_id = exp_id
         self.exp_dir = exp_dir
@@ -255,8 +271,8 @@ class ExperimentRun:
         }
         started = time.time()
         try:
-            result = self.runner.run(ARM_PLAYBOOK, extravars, ident, cancel=cancel, on_phase=on_phase,
-                                     secrets=self.secrets, timeout=self.opts.run_timeout_s)
+            result = self.runner.run(self.playbook, extravars, ident, cancel=cancel, on_phase=on_phase,
+                                     secrets=self.secrets, timeout=self.opts.run_timeout_s, limit=self.limit)
         except Exception as exc:        # ansible-runner itself failed: record it, the experiment goes on
             result = PlaybookResult(status="error", rc=None, ident=ident, artifact_dir=self.exp_dir / ".runner",
                                     failures=[Failure(phase=clock.current, task="ansible-runner", host=None,
@@ -271,7 +287,7 @@ class ExperimentRun:
 
     def _finish(self, pr: PlannedRun, result: PlaybookResult, run_dir: Path, clock: "_PhaseClock",
                 started: float, canceled: bool) -> str:
-        hosts = self.p.inventory.hosts
+        hosts = self.result_hosts
         if not result.ok:
             # keep what the node produced (partial bench records, server log) when collect did not run
             for h in hosts:
@@ -324,7 +340,7 @@ class ExperimentRun:
             return f"{STOP_PLAYBOOK} is missing: the server could not be stopped through the stop role."
         ident = f"stop-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
         res = self.runner.run(playbook, {"specab_experiment": self.p.experiment.as_extravar()}, ident,
-                              secrets=self.secrets)
+                              secrets=self.secrets, limit=self.limit)
         if not res.ok:
             f = res.failures[0] if res.failures else None
             return f"stopping failed: {f.message if f else res.status}"

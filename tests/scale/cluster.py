@@ -139,3 +139,40 @@ def run_playbook(root: Path, inventory: Path, playbook: str, extravars: dict[str
     xv.write_text(json.dumps(extravars))
     return subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), playbook, "-e", f"@{xv}"],
                           cwd=REPO, env=ansible_env(root), capture_output=True, text=True, timeout=timeout)
+
+
+def run_driver(root: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python driver.py ARGS`` from the repository root, as a user runs it."""
+    return subprocess.run([PYTHON, "driver.py", *args], cwd=REPO, env=ansible_env(root), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def start_driver(root: Path, *args: str) -> subprocess.Popen:
+    out = open(root / "driver.out", "w")
+    return subprocess.Popen([PYTHON, "driver.py", *args], cwd=REPO, env=ansible_env(root), stdout=out,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def write_experiment(root: Path, exp: dict[str, Any]) -> Path:
+    path = root / f"{exp['name']}.yml"
+    path.write_text(yaml.safe_dump({"specab_experiment": exp}, sort_keys=False))
+    return path
+
+
+def experiment_dirs(runs_dir: Path) -> list[Path]:
+    return sorted(p for p in runs_dir.iterdir() if (p / "results.sqlite").exists()) if runs_dir.exists() else []
+
+
+def runs_of(exp_dir: Path) -> list[dict[str, Any]]:
+    import sqlite3
+    with contextlib.closing(sqlite3.connect(exp_dir / "results.sqlite")) as c:
+        c.row_factory = sqlite3.Row
+        return [dict(r) for r in c.execute("SELECT * FROM runs ORDER BY seq")]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] not in ("Z", "X")

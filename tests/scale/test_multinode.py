@@ -1,0 +1,146 @@
+"""Multi-node tensor parallelism end to end: one server spanning two namespace hosts (TP 16 as 2 x 8
+simulated GPUs), driven by `python driver.py` over real SSH, with a third host that must stay untouched.
+
+What a user relies on: every rank is started with its own --node-rank and the head's dist-init address,
+the A/B round completes with results from the head, a rank that dies mid-run fails that run on every
+host (nothing left running anywhere), and the next run starts only after both hosts were verified clean.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.netns import unavailable_reason
+from tests.scale.cluster import (Node, experiment, experiment_dirs, namespace_nodes, pid_alive, run_driver,
+                                 runs_of, start_driver, write_experiment, write_inventory)
+
+pytestmark = [pytest.mark.timeout(400)]
+DIST_PORT = 25000 + os.getpid() % 5000   # namespaces have their own ports; varied only for readability
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[Node], Path]]:
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("multinode")
+    with namespace_nodes(root, 3, time_scale="10") as nodes:
+        inv = write_inventory(root / "inventory.yml",
+                              {"gpu_nodes": nodes[:2], "standby": nodes[2:]},
+                              {"gpu_nodes": {"specab_multinode": True, "specab_dist_init_port": DIST_PORT}})
+        yield root, nodes, inv
+
+
+def _measured(bench: Path) -> int:
+    """Measured (non-warm-up) requests in a bench.jsonl, ignoring a line being written."""
+    n = 0
+    for line in bench.read_text().splitlines():
+        try:
+            n += not json.loads(line)["warmup"]
+        except (ValueError, KeyError):
+            pass
+    return n
+
+
+def _clean(nodes: list[Node]) -> None:
+    for n in nodes:
+        rec = n.server_record() or n.server_record("last_server.json")
+        if rec:
+            assert not pid_alive(int(rec["pid"])), f"{n.name}: server {rec['pid']} still running"
+        assert n.compute_apps() == "", f"{n.name} still has GPU processes: {n.compute_apps()}"
+
+
+def test_ab_round_with_one_server_over_two_hosts(cluster) -> None:
+    root, nodes, inv = cluster
+    head, rank1, spare = nodes
+    runs_dir = root / "runs-ab"
+    exp = write_experiment(root, experiment("mn-ab", port=30000, tp=16, num_requests=2, output_len=24))
+    t0 = time.monotonic()
+    res = run_driver(root, "-e", str(exp), "-i", str(inv), "--repeats", "1", "--runs-dir", str(runs_dir))
+    print(f"multi-node A/B round: {time.monotonic() - t0:.1f} s")
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    (exp_dir,) = experiment_dirs(runs_dir)
+    runs = runs_of(exp_dir)
+    assert [r["status"] for r in runs] == ["ok", "ok"], runs
+    for r in runs:
+        run_dir = Path(r["run_dir"])
+        # the head serves and is benchmarked
+        bench = [json.loads(x) for x in (run_dir / "bench.jsonl").read_text().splitlines()]
+        assert sum(1 for b in bench if not b["warmup"] and b["ok"]) == 2
+        head_args = json.loads((run_dir / "args.json").read_text())
+        rank_dir = run_dir / f"node1-{rank1.name}"
+        rank_args = json.loads((rank_dir / "args.json").read_text())
+        addr = f"{head.ns.address}:{DIST_PORT}"
+        assert (head_args["nnodes"], head_args["node_rank"], head_args["dist_init_addr"]) == (2, 0, addr)
+        assert (rank_args["nnodes"], rank_args["node_rank"], rank_args["dist_init_addr"]) == (2, 1, addr)
+        assert head_args["tp_size"] == rank_args["tp_size"] == 16
+        # rendered into both launch scripts, and the ranks really met over the network
+        assert f"--node-rank 1" in (rank_dir / "launch.sh").read_text()
+        head_log, rank_log = (run_dir / "server.log").read_text(), (rank_dir / "server.log").read_text()
+        assert f"Node 1 joined from {rank1.ns.address}" in head_log
+        assert f"Joined the head node at {head.ns.address}:{DIST_PORT}" in rank_log
+        # 8 local ranks per host: TP0-7 on the head, TP8-15 on rank 1
+        assert " TP7]" in head_log and " TP8]" not in head_log
+        assert " TP8]" in rank_log and " TP15]" in rank_log and " TP7]" not in rank_log
+        # both hosts verified clean before the start and freed after the stop
+        for d in (run_dir, rank_dir):
+            assert json.loads((d / "gpu_free_before.json").read_text())["ok"] is True
+            assert json.loads((d / "gpu_free.json").read_text())["ok"] is True
+    assert "eagle3-s2" in {r["arm"] for r in runs}
+    _clean(nodes[:2])
+    assert not spare.node_dir.exists(), "the standby host was touched by a run it is not part of"
+
+
+def test_killing_rank1_fails_the_run_and_the_next_starts_clean(cluster) -> None:
+    root, nodes, inv = cluster
+    head, rank1, _ = nodes
+    runs_dir = root / "runs-kill"
+    exp = write_experiment(root, experiment("mn-kill", port=30001, tp=16, num_requests=40, output_len=64,
+                                            arms=[{"name": "baseline"}]))
+    drv = start_driver(root, "-e", str(exp), "-i", str(inv), "--repeats", "2", "--runs-dir", str(runs_dir))
+    try:
+        # wait until the first run is benchmarking (measured requests arriving on the head)
+        bench = head.node_dir / "runs" / "001-baseline" / "bench.jsonl"
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and drv.poll() is None:
+            if bench.exists() and _measured(bench) >= 2:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"the first run never reached its benchmark: {(root / 'driver.out').read_text()[-3000:]}")
+        rec = rank1.server_record()
+        assert rec and rec["run_id"] == "001-baseline"
+        os.kill(int(rec["pid"]), signal.SIGKILL)          # the rank-1 server process, mid-benchmark
+        killed_at = time.monotonic()
+        rc = drv.wait(timeout=300)
+    finally:
+        if drv.poll() is None:
+            os.killpg(drv.pid, signal.SIGTERM)
+            drv.wait(timeout=120)
+    out = (root / "driver.out").read_text()
+    print(f"run failed and next run finished {time.monotonic() - killed_at:.1f} s after the kill")
+    assert rc == 1, out[-4000:]                          # finished, with a failed run
+    (exp_dir,) = experiment_dirs(runs_dir)
+    first, second = runs_of(exp_dir)
+    assert first["status"] == "failed", first
+    assert second["status"] == "ok", second
+    # the head noticed its peer's death and went down, as SGLang does
+    d1 = Path(first["run_dir"])
+    assert "Lost the connection to node 1" in (d1 / "server.log").read_text()
+    # the failed run stopped every rank: no process of it is left on either host
+    for n in (head, rank1):
+        last = n.server_record("last_server.json")
+        assert last and not pid_alive(int(last["pid"]))
+    # the next run started only from verified clean nodes on both hosts
+    d2 = Path(second["run_dir"])
+    for d in (d2, d2 / f"node1-{rank1.name}"):
+        before = json.loads((d / "gpu_free_before.json").read_text())
+        assert before["ok"] is True and len(before["final"]) == 8 and all(g["memory_used_mib"] <= 64 and not g["compute_processes"] for g in before["final"]), before
+    assert _measured(d2 / "bench.jsonl") == 40
+    _clean([head, rank1])
