@@ -51,6 +51,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="add blocks until every speedup's 95%% CI half-width is within PCT (e.g. 2%%)")
     p.add_argument("--max-repeats", type=int, help="upper bound on blocks with --target-ci")
     p.add_argument("--run-timeout", type=int, metavar="S", help="wall-clock limit of one run's playbook")
+    p.add_argument("--fleet", action="store_true",
+                   help="every host of gpu_nodes runs its own whole blocks at the same time (block b on host "
+                        "(b-1) mod hosts); the host is a blocking factor in the statistics (docs/scale.md)")
 
 
 def _percent(text: str) -> float:
@@ -121,7 +124,8 @@ def _options(args: argparse.Namespace, argv: list[str]) -> ex.Options:
                       skip_invalid=args.skip_invalid, target_ci=getattr(args, "target_ci", None),
                       max_repeats=getattr(args, "max_repeats", None),
                       retry_failed=getattr(args, "retry_failed", False),
-                      run_timeout_s=getattr(args, "run_timeout", None), argv=argv)
+                      run_timeout_s=getattr(args, "run_timeout", None), argv=argv,
+                      fleet=getattr(args, "fleet", False))
 
 
 # --------------------------------------------------------------------------- commands

@@ -588,8 +588,13 @@ def start(opts: Options, out: TextIO, progress: Progress | None = None) -> tuple
                                specab_version=_version(), git_sha=_git_sha())
         store.write_arms([a.to_json() for a in prepared.arms])
         store.write_plan([r.to_json() for r in prepared.plan], repeats=opts.repeats)
-        run = ExperimentRun(prepared, opts, exp_id, exp_dir, store, out, progress or Progress())
-        code = run.execute(list(prepared.plan))
+        if opts.fleet:     # every host of gpu_nodes runs its own blocks at once (docs/scale.md)
+            from specab.fleet import run_fleet
+            code = run_fleet(prepared, opts, exp_id, exp_dir, list(prepared.plan), out, progress or Progress(),
+                             total=len(prepared.plan))
+        else:
+            run = ExperimentRun(prepared, opts, exp_id, exp_dir, store, out, progress or Progress())
+            code = run.execute(list(prepared.plan))
         return _conclude(code, store, exp_dir, out), exp_dir
     finally:
         store.close()
@@ -606,7 +611,8 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
                         repeats=row["repeats"], seed=row["seed"], order=row["order_mode"],
                         runs_dir=opts.runs_dir, verbose=opts.verbose, skip_invalid=True,
                         target_ci=opts.target_ci, max_repeats=opts.max_repeats, retry_failed=opts.retry_failed,
-                        run_timeout_s=opts.run_timeout_s, argv=opts.argv)
+                        run_timeout_s=opts.run_timeout_s, argv=opts.argv,
+                        fleet=opts.fleet or "--fleet" in (row.get("argv") or []))
         prepared = prepare(ropts)
         stored = {a["name"]: a for a in store.arms()}
         for arm in prepared.arms:
@@ -628,8 +634,13 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
                             [r for r in prepared.plan])
         with store._tx() as c:
             c.execute("UPDATE experiment SET status='running'")
-        run = ExperimentRun(prepared, ropts, row["id"], exp_dir, store, out, progress or Progress())
-        code = run.execute(todo)
+        if ropts.fleet:
+            from specab.fleet import run_fleet
+            code = run_fleet(prepared, ropts, row["id"], exp_dir, todo, out, progress or Progress(),
+                             total=len(store.plan()))
+        else:
+            run = ExperimentRun(prepared, ropts, row["id"], exp_dir, store, out, progress or Progress())
+            code = run.execute(todo)
         return _conclude(code, store, exp_dir, out), exp_dir
     finally:
         store.close()

@@ -288,6 +288,32 @@ def plot_gpu_clocks(exp: Experiment) -> bytes:
 
 # ------------------------------------------------------------------------------ building the report
 
+def _host_blocks(exp: Any, st: Any) -> list[Any]:
+    """Fleets: each host's median tok/s and paired speedup, and the host-to-host spread per arm."""
+    import statistics
+    rows = []
+    for h, d in st.host_speedups.items():
+        base = [r.tok_s for r in exp.runs_of(exp.baseline) if r.host == h and r.tok_s]
+        for a, s in d.items():
+            arm = [r.tok_s for r in exp.runs_of(a) if r.host == h and r.tok_s]
+            ci = f"{s.ci.lo:.3f}-{s.ci.hi:.3f}" if s.ci and math.isfinite(s.ci.lo) else "-"
+            rows.append([h, a, str(len(s.ratios)), _f(statistics.median(base) if base else None),
+                         _f(statistics.median(arm) if arm else None), _f(s.estimate, ".3f"), ci, s.verdict])
+    spread = []
+    for a in sorted({a for d in st.host_speedups.values() for a in d}):
+        est = {h: d[a].estimate for h, d in st.host_speedups.items()
+               if a in d and d[a].estimate is not None and math.isfinite(d[a].estimate)}
+        if len(est) >= 2:
+            lo, hi = min(est, key=est.__getitem__), max(est, key=est.__getitem__)
+            spread.append(f"{a}: {est[lo]:.3f} ({lo}) to {est[hi]:.3f} ({hi}), "
+                          f"spread {(est[hi] - est[lo]) / statistics.mean(est.values()) * 100:.1f}% of the mean")
+    out: list[Any] = [Table(["host", "arm", "blocks", "baseline tok/s", "arm tok/s", "speedup", "95% CI", "verdict"],
+                            rows)]
+    if spread:
+        out.append(Para("Host-to-host spread of the speedup: " + "; ".join(spread) + "."))
+    return out
+
+
 def _f(v: float | None, fmt: str = ".1f") -> str:
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
 
@@ -370,8 +396,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     rep.add(Heading("Speedup (paired within blocks)"),
             Table(["arm", "baseline", "blocks", "speedup", "95% CI", "half-width", "verdict"], rows))
     if st.host_speedups:
-        rows = [[h, a, _f(s.estimate, ".3f"), s.verdict] for h, d in st.host_speedups.items() for a, s in d.items()]
-        rep.add(Heading("Speedup per host", 3), Table(["host", "arm", "speedup", "verdict"], rows))
+        rep.add(Heading("Speedup per host", 3), *_host_blocks(exp, st))
 
     # spec model
     rep.add(Heading("Speculative-decoding model"))

@@ -1,0 +1,156 @@
+"""Fleets: independent replicate blocks on every host of gpu_nodes at once (`driver.py --fleet`).
+
+Block b of the plan goes to host ``hosts[(b - 1) % n]`` (inventory order), so each host runs whole
+blocks and hosts never mix within a block: every paired comparison (arm vs baseline of the same block)
+is made on one host, and the statistics treat the host as a blocking factor (specab.stats pairs within
+(host, block) and reports the speedup per host). The parallelism is Ansible's: one ansible-runner run
+per planned run with ``--limit <host>``, one thread per host, each thread taking its host's runs in
+plan order. There is no scheduler beyond that fixed assignment.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from specab import store as st
+from specab.config import Host, Inventory
+from specab.plan import PlannedRun
+from specab.progress import Progress
+
+
+class FleetError(Exception):
+    """The fleet cannot run as asked (what, where, what to do)."""
+
+
+def assign_blocks(runs: list[PlannedRun], hosts: list[str]) -> dict[str, list[PlannedRun]]:
+    """The runs of each host: block b on hosts[(b - 1) % len(hosts)], in plan order."""
+    if not hosts:
+        raise FleetError("a fleet needs at least one host in group gpu_nodes")
+    out: dict[str, list[PlannedRun]] = {h: [] for h in hosts}
+    for pr in sorted(runs, key=lambda r: r.seq):
+        out[hosts[(pr.block - 1) % len(hosts)]].append(pr)
+    return out
+
+
+class HostProgress:
+    """The part of Progress one host's runs report to, each line prefixed with the host."""
+
+    def __init__(self, base: Progress, host: str, counter: "_Counter"):
+        self.base = base
+        self.host = host
+        self.counter = counter
+        self.run_id = ""
+        self.started = 0.0
+        self.state = base.state
+
+    def run_started(self, index: int, run_id: str, arm: str, block: int) -> None:
+        self.run_id, self.started = run_id, time.time()
+        self.base.notice(f"[{self.host}] {run_id} (arm {arm}, block {block}) started")
+
+    def phase(self, phase: str) -> None:
+        self.base.notice(f"[{self.host}]     {phase}  (+{time.time() - self.started:.1f} s)")
+
+    def log_line(self, line: str) -> None:
+        pass
+
+    def run_finished(self, status: str, duration: float, reason: str | None = None) -> None:
+        done, total = self.counter.add()
+        extra = f": {reason.splitlines()[0][:200]}" if reason else ""
+        self.base.notice(f"[{self.host}] {self.run_id} {status} in {duration:.1f} s{extra}  ({done}/{total} runs)")
+
+    def notice(self, text: str) -> None:
+        self.base.notice(f"[{self.host}] {text}")
+
+
+class _Counter:
+    def __init__(self, done: int, total: int):
+        self.done, self.total = done, total
+        self._lock = threading.Lock()
+
+    def add(self) -> tuple[int, int]:
+        with self._lock:
+            self.done += 1
+            return self.done, self.total
+
+
+def run_fleet(prepared: Any, opts: Any, exp_id: str, exp_dir: Path, todo: list[PlannedRun], out: TextIO,
+              progress: Progress, total: int) -> int:
+    """Run ``todo`` with every host taking its own blocks at once. Returns the experiment exit code."""
+    from specab import experiment as ex      # the run loop of one run lives there
+
+    hosts: list[Host] = prepared.inventory.hosts
+    if ex.is_multinode(hosts):
+        raise FleetError(f"{prepared.inventory.path}: --fleet runs independent servers per host, but the inventory "
+                         f"sets specab_multinode (one server over all hosts). Use one or the other.")
+    if opts.target_ci is not None:
+        raise FleetError("--target-ci adds blocks one at a time after looking at the data; it is not supported "
+                         "with --fleet. Give the number of blocks with --repeats.")
+    by_name = {h.name: h for h in hosts}
+    assignment = assign_blocks(todo, [h.name for h in hosts])
+    counter = _Counter(total - len(todo), total)
+    progress.start(exp_id, total, done=total - len(todo))
+    for h, runs in assignment.items():
+        blocks = sorted({r.block for r in runs})
+        progress.notice(f"fleet: {h} runs block(s) {', '.join(map(str, blocks)) or '-'} ({len(runs)} runs)")
+    errors: list[BaseException] = []
+    statuses: list[str] = []
+    lock = threading.Lock()
+
+    def host_loop(name: str, runs: list[PlannedRun], cancel: threading.Event) -> None:
+        store = st.Store.open(exp_dir)       # one SQLite connection per thread (WAL)
+        try:
+            sub = replace(prepared, inventory=Inventory(path=prepared.inventory.path, hosts=[by_name[name]]))
+            run = ex.ExperimentRun(sub, opts, exp_id, exp_dir, store, out,
+                                   HostProgress(progress, name, counter), limit=name)  # type: ignore[arg-type]
+            for i, pr in enumerate(runs, start=1):
+                if cancel.is_set():
+                    return
+                run.progress.run_started(i, pr.run_id, pr.arm, pr.block)
+                status = run.run_one(pr, cancel)
+                with lock:
+                    statuses.append(status)
+        except BaseException as exc:      # reported by the main thread
+            with lock:
+                errors.append(exc)
+            cancel.set()
+        finally:
+            store.close()
+
+    interrupted = False
+    with ex._Interrupt(progress) as intr:
+        threads = [threading.Thread(target=host_loop, args=(name, runs, intr.event), name=f"fleet-{name}",
+                                    daemon=True)
+                   for name, runs in assignment.items() if runs]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(timeout=0.5)
+        finally:
+            interrupted = intr.event.is_set()
+            main_store = st.Store.open(exp_dir)
+            try:
+                if interrupted:
+                    progress.notice("interrupted: stopping the servers of every host (stop role) ...")
+                    full = ex.ExperimentRun(prepared, opts, exp_id, exp_dir, main_store, out, progress)
+                    err = full.stop_servers()
+                    if err:
+                        progress.notice(f"WARNING: {err} Check the nodes with `python driver.py status`.")
+                    main_store.set_experiment_status("interrupted")
+                else:
+                    main_store.set_experiment_status("finished")
+            finally:
+                main_store.close()
+            progress.close()
+    if errors:
+        raise errors[0]
+    if interrupted:
+        print(f"\nInterrupted. Finished runs are kept in {exp_dir}.\n"
+              f"Resume with: python driver.py --resume {exp_id} --fleet"
+              + (f" --runs-dir {opts.runs_dir}" if opts.runs_dir else ""), file=out)
+        return ex.EXIT_INTERRUPTED
+    return ex.EXIT_OK
