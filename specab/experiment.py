@@ -301,8 +301,11 @@ class ExperimentRun:
         log_tail = None
         for h in hosts:
             local = (run_dir if len(hosts) == 1 else run_dir / h.name) / "server.log"
-            tail = _tail_file(local) if local.exists() else read_tail(h, self._node_run_dir(h, pr.run_id)
-                                                                      + "/server.log")
+            if local.exists():
+                tail = _tail_file(local)
+            else:
+                remote = read_tail(h, self._node_run_dir(h, pr.run_id) + "/server.log", lines=2000)
+                tail = log_excerpt(remote) if remote else None
             if tail:
                 log_tail = tail if len(hosts) == 1 else (log_tail or "") + f"== {h.name} ==\n{tail}\n"
         if canceled:
@@ -461,11 +464,29 @@ class _PhaseClock:
         return out
 
 
+FATAL = re.compile(r"Traceback \(most recent call last\)|Error:|out of memory|unrecognized arguments|"
+                   r"Address already in use|Killed|Segmentation fault", re.IGNORECASE)
+
+
+def log_excerpt(text: str, lines: int = 40, context: int = 6) -> str:
+    """The last `lines` lines, preceded by the first fatal line (and a few after it) when that came
+    earlier: with TP>1 the other ranks keep logging after rank 0 failed, burying the cause."""
+    all_lines = text.splitlines()
+    tail = all_lines[-lines:]
+    head_end = len(all_lines) - len(tail)
+    for i, line in enumerate(all_lines[:head_end]):
+        if FATAL.search(line):
+            first = all_lines[i:min(i + context, head_end)]
+            gap = "[...]" if i + context < head_end else None
+            return "\n".join(first + ([gap] if gap else []) + tail)
+    return "\n".join(tail)
+
+
 def _tail_file(path: Path, lines: int = 40) -> str:
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)
-        f.seek(max(0, f.tell() - 64 * 1024))
-        return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+        f.seek(max(0, f.tell() - 256 * 1024))
+        return log_excerpt(f.read().decode(errors="replace"), lines)
 
 
 def _fetch_missing(host: Host, node_run_dir: str, dest: Path) -> None:

@@ -120,3 +120,16 @@ def test_export_csv_and_json(tmp_path):
 def test_export_unknown_experiment(tmp_path, capsys):
     assert main(["export", "nope", "--runs-dir", str(tmp_path)], out=io.StringIO()) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_log_excerpt_keeps_the_buried_fatal_line():
+    from specab.experiment import log_excerpt
+    lines = ["[2026-01-01 00:00:00 TP0] Load weight begin."] + \
+        ["[2026-01-01 00:00:01 TP0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."] + \
+        [f"[2026-01-01 00:00:02 TP{r}] Capture cuda graph end." for r in range(1, 60)]
+    text = "\n".join(lines)
+    out = log_excerpt(text, lines=40).splitlines()
+    assert "OutOfMemoryError" in out[0] and "[...]" in out and out[-1] == lines[-1]
+    assert len(out) <= 40 + 6 + 1
+    short = "\n".join(lines[:5])
+    assert log_excerpt(short) == short
