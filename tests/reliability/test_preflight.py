@@ -15,7 +15,7 @@ from specab.cli import main
 from specab.config import ConfigError, load_experiment, load_inventory
 from specab.experiment import ExperimentError, check_writable
 from specab.matrix import build_arms, parse_matrix
-from tests.driver.simnode import PYTHON, REPO, SimNode, driver, free_port
+from tests.driver.simnode import SimNode, driver, free_port
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -8,8 +8,6 @@ A secret is planted in the experiment's env and in the driver's own environment.
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
