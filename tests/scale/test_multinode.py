@@ -20,7 +20,7 @@ from tests.netns import unavailable_reason
 from tests.scale.cluster import (Node, experiment, experiment_dirs, namespace_nodes, pid_alive, run_driver,
                                  runs_of, start_driver, write_experiment, write_inventory)
 
-pytestmark = [pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(900)]
 DIST_PORT = 25000 + os.getpid() % 5000   # namespaces have their own ports; varied only for readability
 
 
