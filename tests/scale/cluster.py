@@ -141,7 +141,7 @@ def run_playbook(root: Path, inventory: Path, playbook: str, extravars: dict[str
                           cwd=REPO, env=ansible_env(root), capture_output=True, text=True, timeout=timeout)
 
 
-def run_driver(root: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_driver(root: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """``python driver.py ARGS`` from the repository root, as a user runs it."""
     return subprocess.run([PYTHON, "driver.py", *args], cwd=REPO, env=ansible_env(root), capture_output=True,
                           text=True, timeout=timeout)

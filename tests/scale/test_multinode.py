@@ -107,7 +107,7 @@ def test_killing_rank1_fails_the_run_and_the_next_starts_clean(cluster) -> None:
     try:
         # wait until the first run is benchmarking (measured requests arriving on the head)
         bench = head.node_dir / "runs" / "001-baseline" / "bench.jsonl"
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 600
         while time.monotonic() < deadline and drv.poll() is None:
             if bench.exists() and _measured(bench) >= 2:
                 break
@@ -118,7 +118,7 @@ def test_killing_rank1_fails_the_run_and_the_next_starts_clean(cluster) -> None:
         assert rec and rec["run_id"] == "001-baseline"
         os.kill(int(rec["pid"]), signal.SIGKILL)          # the rank-1 server process, mid-benchmark
         killed_at = time.monotonic()
-        rc = drv.wait(timeout=300)
+        rc = drv.wait(timeout=600)
     finally:
         if drv.poll() is None:
             os.killpg(drv.pid, signal.SIGTERM)
