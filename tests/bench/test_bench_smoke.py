@@ -87,23 +87,33 @@ def test_dead_time_watcher_sees_spawn_and_ready_line(tmp_path):
     assert t_write <= w.ready[str(log)] <= t_write + 5
 
 
-def test_dead_time_naive_sequence_one_transition(tmp_path, capsys):
+def test_dead_time_tools_and_naive_sequences_one_transition_each(tmp_path, capsys):
     dt = _load("dead_time")
-    res = _run(dt, ["--where", "local", "--what", "naive", "--naive-transitions", "1", "--naive-sleeps", "0.2",
-                    "--naive-poll", "0.2", "--workdir", str(tmp_path)], capsys)
+    res = _run(dt, ["--where", "local", "--what", "tools", "naive", "--transitions", "1", "--naive-transitions", "1",
+                    "--naive-sleeps", "0.2", "--naive-poll", "0.2", "--workdir", str(tmp_path)], capsys)
     [mode] = res["modes"]
-    [naive] = mode["naive"]
-    [row] = naive["transitions"]
-    assert row["engine_load_s"] > 0 and row["wall_s"] > row["engine_load_s"]
-    assert row["dead_s"] == pytest.approx(row["wall_s"] - row["engine_load_s"], abs=0.002)
-    assert row["dead_s"] >= 0.2                      # the fixed sleep is dead time by construction
+    [tools] = mode["tools"]["transitions"]
+    [naive] = mode["naive"][0]["transitions"]
+    for row in (tools, naive):
+        assert row["engine_load_s"] > 0 and row["wall_s"] > row["engine_load_s"]
+        assert row["dead_s"] == pytest.approx(row["wall_s"] - row["engine_load_s"], abs=0.002)
+    assert naive["dead_s"] >= 0.2                    # the fixed sleep is dead time by construction
+    # the tools sequence really stopped the previous server and waited for free GPUs
+    assert tools["stop_tool_total_s"] is not None and tools["time_to_free_s"] is not None
+    assert 0 < tools["stop_to_spawn_s"] < tools["wall_s"]
     assert "met" not in mode                         # no harness measured, no verdict
-    # nothing of the naive servers is left running
-    pid = int((tmp_path / "local" / "naive" / "naive-sleep0.2" / "001" / "pid").read_text())
+    # nothing of the servers is left running
+    for pid_file in (tmp_path / "local" / "naive" / "naive-sleep0.2" / "001" / "pid",):
+        pid = int(pid_file.read_text())
+        deadline = time.monotonic() + 20
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), f"the naive server (pid {pid}) survived the benchmark"
+    tools_server = json.loads((tmp_path / "local" / "tools" / "node" / "server.json").read_text())
     deadline = time.monotonic() + 20
-    while _alive(pid) and time.monotonic() < deadline:
+    while _alive(tools_server["pid"]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid), f"the naive server (pid {pid}) survived the benchmark"
+    assert not _alive(tools_server["pid"]), "the tools sequence's last server survived the benchmark"
 
 
 def _alive(pid: int) -> bool:
@@ -134,13 +144,13 @@ def test_verdict_cost_sequential_stops_within_target_or_at_the_cap(capsys):
 
 def test_report_scale_small_experiment_writes_the_report(tmp_path, capsys):
     rs = _load("report_scale")
-    res = _run(rs, ["--runs", "12", "--repeat", "1", "--workdir", str(tmp_path)], capsys)
-    assert res["experiment"]["runs"] == 12 and res["experiment"]["arms"] == ["baseline", "eagle3-s1", "eagle3-s2",
+    res = _run(rs, ["--runs", "8", "--repeat", "1", "--workdir", str(tmp_path)], capsys)
+    assert res["experiment"]["runs"] == 8 and res["experiment"]["arms"] == ["baseline", "eagle3-s1", "eagle3-s2",
                                                                               "eagle3-s3"]
     exp_dir = next(tmp_path.iterdir())
     report = json.loads((exp_dir / "report.json").read_text())
     assert set(report["stats"]["speedups"]) == {"eagle3-s1", "eagle3-s2", "eagle3-s3"}
-    assert report["stats"]["blocks"] == 3
+    assert report["stats"]["blocks"] == 2
     assert len(res["wall_s"]) == 1 and res["wall_s_median"] > 0
     assert any("eagle3-s2 vs baseline" in line for line in res["report_summary"])
 
@@ -162,9 +172,9 @@ def test_footprint_node_sums_every_process_of_the_server_session(tmp_path, capsy
 
 def test_footprint_driver_with_stand_in_runner_runs_the_whole_experiment(tmp_path, capsys):
     fp = _load("footprint")
-    res = _run(fp, ["--what", "driver-1000", "--runs", "6", "--workdir", str(tmp_path)], capsys)
+    res = _run(fp, ["--what", "driver-1000", "--runs", "4", "--workdir", str(tmp_path)], capsys)
     d = res["driver_1000"]
-    assert d["runs"] == 6
+    assert d["runs"] == 4
     assert set(d["rss_mb_after_runs"]) >= {"1", "end"}
     assert d["driver_process"]["peak_rss_mb"] >= d["rss_mb_after_runs"]["1"] > 10
     exp_dir = next((tmp_path / "driver-1000" / "runs").iterdir())
