@@ -21,7 +21,7 @@ def test_item09_sigterm_while_loading_leaves_no_server_and_resume_completes(tmp_
     exp = node.write_experiment("term", arms=ONE_ARM, num_requests=2, output_len=16)
     common = ["-e", str(exp), "-i", str(node.write_inventory()), "--runs-dir", str(node.runs_dir)]
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
-    proc = driver("--repeats", "2", *common, env=env)
+    proc = driver("--repeats", "1", *common, env=env)
     try:
         log = node.node_dir / "runs" / "001-baseline" / "server.log"
 
@@ -48,7 +48,7 @@ def test_item09_sigterm_while_loading_leaves_no_server_and_resume_completes(tmp_
     with st.Store.open(exp_dir) as s:                                   # the store is consistent
         assert s.experiment()["status"] == "interrupted"
         assert [(r["seq"], r["status"]) for r in s.runs()] == [(1, "interrupted")]
-        assert len(s.plan()) == 2 and [r["seq"] for r in s.missing()] == [1, 2]
+        assert len(s.plan()) == 1 and [r["seq"] for r in s.missing()] == [1]
     proc = driver("--resume", exp_dir.name, "--runs-dir", str(node.runs_dir), env=env)
     try:
         out, _ = proc.communicate(timeout=400)
@@ -58,10 +58,10 @@ def test_item09_sigterm_while_loading_leaves_no_server_and_resume_completes(tmp_
             proc.communicate()
         node.cleanup()
     assert proc.returncode == 0, out[-3000:]
-    assert "2 of 2 runs to do" in out
+    assert "1 of 1 runs to do" in out
     with st.Store.open(exp_dir) as s:
         runs = s.runs()
-        assert [(r["seq"], r["status"]) for r in runs] == [(1, "ok"), (2, "ok")]
+        assert [(r["seq"], r["status"]) for r in runs] == [(1, "ok")]
         assert runs[0]["attempt"] == 2 and s.experiment()["status"] == "finished"
-        assert len(s.requests()) == 4
+        assert len(s.requests()) == 2
     assert not node.server_alive() and node.gpus_busy() == []
