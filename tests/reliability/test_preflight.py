@@ -251,3 +251,15 @@ def test_item11_unwritable_run_directory_refused_before_the_run_starts(node: Sim
     finally:
         if os.geteuid() == 0:
             subprocess.run(["umount", str(ro)], check=False)
+
+
+def test_item14_an_engine_that_cannot_list_its_flags_is_a_notice_not_a_refusal(node: SimNode):
+    """A node whose engine cannot answer --help: the check says so once and leaves the final word to the
+    launch (which fails fast on SGLang's 'unrecognized arguments')."""
+    hv = node.host_vars()
+    hv["specab_engine_cmd"] = [str(node.root / "no-such-engine")]
+    host = load_inventory(node.write_inventory(hv)).hosts[0]
+    arms = build_arms(load_experiment(node.write_experiment("nh")), parse_matrix([])).arms
+    notices: list[str] = []
+    assert preflight.check_engine_flags(arms, [host], notice=notices.append) == []
+    assert len(notices) == 1 and "no-such-engine" in notices[0] and "when it starts" in notices[0], notices
