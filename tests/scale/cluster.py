@@ -33,6 +33,7 @@ class Node:
     ns: NetnsHost
     root: Path
     time_scale: str
+    profile: str = "instant"
 
     @property
     def node_dir(self) -> Path:
@@ -44,7 +45,7 @@ class Node:
 
     def node_env(self) -> dict[str, str]:
         return {"SPECAB_SIM_STATE": str(self.state_dir), "SPECAB_SIM_TIME_SCALE": self.time_scale,
-                "SPECAB_SIM_PROFILE": "instant", "PYTHONPATH": str(REPO)}
+                "SPECAB_SIM_PROFILE": self.profile, "PYTHONPATH": str(REPO)}
 
     def host_vars(self) -> dict[str, Any]:
         return {**self.ns.ansible_vars(),
@@ -73,13 +74,14 @@ class Node:
 
 
 @contextlib.contextmanager
-def namespace_nodes(root: Path, count: int, time_scale: str = "20") -> Iterator[list[Node]]:
+def namespace_nodes(root: Path, count: int, time_scale: str = "20",
+                    profile: str = "instant") -> Iterator[list[Node]]:
     """``count`` routed namespace hosts (they reach each other), each with a simulated node."""
     with contextlib.ExitStack() as stack:
         nodes = []
         for i in range(count):
             ns = stack.enter_context(NetnsHost.create(root / f"ns{i}", routed=True))
-            node = Node(name=f"gpu{i}", ns=ns, root=root / f"gpu{i}", time_scale=time_scale)
+            node = Node(name=f"gpu{i}", ns=ns, root=root / f"gpu{i}", time_scale=time_scale, profile=profile)
             stack.callback(node.stop)      # runs before the namespace goes (LIFO)
             nodes.append(node)
         yield nodes

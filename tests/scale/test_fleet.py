@@ -2,8 +2,14 @@
 (`driver.py --fleet`), against the same blocks run one after another on one host.
 
 What a user relies on: every block runs on exactly one host (pairs never mix hosts), the hosts really
-work in parallel (the wall time is close to half; the measured ratio is printed), and the report shows
-the result of each host next to the pooled one.
+work at the same time, and the report shows the result of each host next to the pooled one.
+
+The wall-time ratio (fleet / one after another) is measured and printed. It is not asserted: here the
+"hosts" share the test machine's CPUs with the controller, so Ansible's own CPU work of two hosts
+competes (on a 2-core box under load the ratio is set by the load, not by specab); on real nodes the
+run time is the node's (model load, benchmark) and overlaps fully. What is asserted is what specab
+controls: both hosts are busy at the same time for most of the fleet's wall time. The runs use the
+`default` profile at time scale 0.5 so that, as on a GPU node, part of each run is the engine's time.
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list
     if reason:
         pytest.skip(reason)
     root = tmp_path_factory.mktemp("fleet")
-    with namespace_nodes(root, 2, time_scale="20") as nodes:
+    with namespace_nodes(root, 2, time_scale="0.5", profile="default") as nodes:
         yield root, nodes
 
 
@@ -46,7 +52,7 @@ def _timed_driver(root: Path, *args: str) -> tuple[float, Path]:
 def test_fleet_runs_whole_blocks_per_host_in_parallel(fleet) -> None:
     root, nodes = fleet
     hosts = [n.name for n in nodes]
-    exp = write_experiment(root, experiment("fleet", port=30002, tp=1, num_requests=2, output_len=16))
+    exp = write_experiment(root, experiment("fleet", port=30002, tp=1, num_requests=3, output_len=48))
     blocks = BLOCKS_PER_HOST * len(nodes)
     both = write_inventory(root / "inventory-fleet.yml", {"gpu_nodes": nodes})
     one = write_inventory(root / "inventory-one.yml", {"gpu_nodes": nodes[:1]})
@@ -66,13 +72,17 @@ def test_fleet_runs_whole_blocks_per_host_in_parallel(fleet) -> None:
     assert all(len(h) == 1 for h in per_block.values()), per_block
     per_host = {h: sorted(b for b, hs in per_block.items() if h in hs) for h in hosts}
     assert all(len(b) == BLOCKS_PER_HOST for b in per_host.values()), per_host
-    # the hosts ran at the same time: their run intervals overlap
+    # the hosts ran at the same time: each host's runs span most of the fleet's time, and the spans overlap
     spans = {h: (min(r["started"] for r in runs if r["host"] == h), max(r["finished"] for r in runs if r["host"] == h))
              for h in hosts}
     (a0, a1), (b0, b1) = spans.values()
-    assert min(a1, b1) - max(a0, b0) > 0.5 * min(a1 - a0, b1 - b0), spans
-    # measured: close to half (a loaded 2-core box shares its CPU between the two hosts' Ansible runs)
-    assert ratio < 0.8, f"fleet wall time {fleet_wall:.1f} s is not well below sequential {seq_wall:.1f} s"
+    overlap = min(a1, b1) - max(a0, b0)
+    print(f"hosts busy together {overlap:.1f} s of {max(a1, b1) - min(a0, b0):.1f} s")
+    assert overlap > 0.8 * (max(a1, b1) - min(a0, b0)), spans
+    # while one host ran a block, the other host was running one of its own (no turn-taking)
+    for r in runs:
+        others = [o for o in runs if o["host"] != r["host"]]
+        assert any(o["started"] < r["finished"] and o["finished"] > r["started"] for o in others), r
     # requests are stored under the host that served them
     with contextlib.closing(sqlite3.connect(fleet_dir / "results.sqlite")) as c:
         req_hosts = {h for (h,) in c.execute("SELECT DISTINCT host FROM requests")}
