@@ -3,6 +3,7 @@
 
     envcheck.py --node-dir D --env-file R/nccl.env --url http://H:P --expected-args R/args.json
                 --log R/server.log [--log more.log ...] [--out F] [--server-info-out F]
+    envcheck.py ... --no-server-info      (a rank without the HTTP API: the environment only)
 
 Engine processes = the main pid recorded in server.json plus all its alive descendants (walk of
 /proc/*/stat ppid links). For each variable of the env file, each process's /proc/PID/environ
@@ -42,7 +43,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="envcheck.py", description=__doc__.split("\n")[0])
     p.add_argument("--node-dir", required=True)
     p.add_argument("--env-file", required=True)
-    p.add_argument("--url", required=True)
+    p.add_argument("--url", default=None)
+    p.add_argument("--no-server-info", action="store_true",
+                   help="check the environment only, no server args: a node of a multi-node server that is "
+                        "not the head serves no /get_server_info")
     p.add_argument("--expected-args", required=True, help="JSON dict of the arm's server args")
     p.add_argument("--log", action="append", default=[], help="server log(s) holding NCCL INFO lines")
     p.add_argument("--http-timeout", type=float, default=10.0)
@@ -51,7 +55,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         "warning instead of a failure")
     p.add_argument("--out", default=None, help="also write the JSON result here (env_check.json)")
     p.add_argument("--server-info-out", default=None, help="write the server info read back (redacted)")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if not a.url and not a.no_server_info:
+        p.error("--url is required (or --no-server-info for a rank without the HTTP API)")
+    return a
 
 
 # --------------------------------------------------------------------------- processes and env
@@ -299,10 +306,13 @@ def check(a: argparse.Namespace) -> Dict[str, Any]:
     variables = check_environ(expected_env, procs, nccl_lines)
     check_nccl(expected_env, nccl_lines, procs, variables)
 
-    endpoint, info = fetch_server_info(a.url.rstrip("/"), a.http_timeout)
-    if a.server_info_out:
-        common.write_json(a.server_info_out, common.redact_mapping(info))
-    args_report, arg_problems = check_args(expected_args, info)
+    if a.no_server_info:
+        endpoint, args_report, arg_problems = None, {}, []
+    else:
+        endpoint, info = fetch_server_info(a.url.rstrip("/"), a.http_timeout)
+        if a.server_info_out:
+            common.write_json(a.server_info_out, common.redact_mapping(info))
+        args_report, arg_problems = check_args(expected_args, info)
 
     env_problems = [m for v in variables.values() for m in v["mismatches"]]
     unverified = [m for v in variables.values() for m in v["unverified"]]

@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 
 from tests.netns import unavailable_reason
-from tests.scale.cluster import (Node, experiment, experiment_dirs, namespace_nodes, pid_alive, run_driver,
+from tests.scale.cluster import (NCCL_TUNED, Node, experiment, experiment_dirs, namespace_nodes, pid_alive, run_driver,
                                  runs_of, start_driver, write_experiment, write_inventory)
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(900)]
@@ -88,6 +88,13 @@ def test_ab_round_with_one_server_over_two_hosts(cluster) -> None:
         # 8 local ranks per host: TP0-7 on the head, TP8-15 on rank 1
         assert " TP7]" in head_log and " TP8]" not in head_log
         assert " TP8]" in rank_log and " TP15]" in rank_log and " TP7]" not in rank_log
+        # the arm's env reached every rank's processes on both hosts; server args are read back from the head
+        for d in (run_dir, rank_dir):
+            check = json.loads((d / "env_check.json").read_text())
+            assert check["ok"] is True and set(NCCL_TUNED) <= set(check["variables"]), check
+            assert len([p for p in check["processes"] if not p["skipped"]]) >= 9    # main + 8 schedulers
+        assert json.loads((run_dir / "env_check.json").read_text())["args"]["nnodes"]["ok"] is True
+        assert json.loads((rank_dir / "env_check.json").read_text())["server_info_endpoint"] is None
         # both hosts verified clean before the start and freed after the stop
         for d in (run_dir, rank_dir):
             assert json.loads((d / "gpu_free_before.json").read_text())["ok"] is True
