@@ -17,9 +17,10 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Sequence, TextIO
 
 from specab.node.common import REDACTED, is_secret_name, redact_text
+from specab.subcommand import standalone_main
 
 CATEGORY_ORDER = ("engine args", "env", "versions", "gpu", "models", "dataset", "seed", "host", "bench", "other",
                   "volatile")
@@ -221,12 +222,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="specab")
-    sub = ap.add_subparsers(dest="command", required=True)
-    register(sub)
-    ns = ap.parse_args(argv)
-    return ns.func(ns)
+def main(argv: Sequence[str] | None = None) -> int:
+    return standalone_main(register, argv)
 
 
 if __name__ == "__main__":

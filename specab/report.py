@@ -16,10 +16,11 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Sequence, TextIO
 
 from specab import doctor, specmodel, stats
 from specab.analysis import Experiment, load_store
+from specab.subcommand import standalone_main
 
 # ------------------------------------------------------------------------------ document model
 # A report is a list of blocks rendered twice (Markdown and HTML) from the same data.
@@ -521,12 +522,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="specab")
-    sub = ap.add_subparsers(dest="command", required=True)
-    register(sub)
-    ns = ap.parse_args(argv)
-    return ns.func(ns)
+def main(argv: Sequence[str] | None = None) -> int:
+    return standalone_main(register, argv)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
+from specab.subcommand import standalone_main
+
 
 class SpecModelError(ValueError):
     """Inputs that the model cannot use; the message says which and what to pass instead."""
@@ -329,11 +331,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="specab")
-    sub = ap.add_subparsers(dest="command", required=True)
-    register(sub)
-    ns = ap.parse_args(argv)
-    return ns.func(ns)
+    return standalone_main(register, argv)
 
 
 if __name__ == "__main__":
