@@ -76,6 +76,20 @@ def read_json(path: str) -> Any:
         return json.load(fh)
 
 
+def recorded(path: Optional[str], work: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    """Run ``work`` and, when ``path`` is given, also write its outcome there: the result with
+    ``ok: true``, or the ToolError's partial result with ``ok: false`` and the error (re-raised)."""
+    try:
+        out = work()
+    except ToolError as exc:
+        if path:
+            write_json(path, dict(exc.result, ok=False, error=exc.message))
+        raise
+    if path:
+        write_json(path, dict(out, ok=True))
+    return out
+
+
 def run_tool(main: Callable[[Optional[Sequence[str]]], Dict[str, Any]],
              argv: Optional[Sequence[str]] = None) -> int:
     """Run a tool's ``main``: print its JSON, map ToolError to exit 1 (argparse exits 2 itself)."""

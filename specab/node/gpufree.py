@@ -178,15 +178,7 @@ def wait_free(a: argparse.Namespace) -> Dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     a = parse_args(argv)
-    try:
-        out = wait_free(a)
-    except ToolError as exc:
-        if a.out:
-            common.write_json(a.out, dict(exc.result, ok=False, error=exc.message))
-        raise
-    if a.out:
-        common.write_json(a.out, dict(out, ok=True))
-    return out
+    return common.recorded(a.out, lambda: wait_free(a))
 
 
 if __name__ == "__main__":

@@ -291,15 +291,7 @@ def wait_ready(a: argparse.Namespace) -> Dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     a = parse_args(argv)
-    try:
-        out = wait_ready(a)
-    except ToolError as exc:
-        if a.phases_out:
-            common.write_json(a.phases_out, dict(exc.result, ok=False, error=exc.message))
-        raise
-    if a.phases_out:
-        common.write_json(a.phases_out, dict(out, ok=True))
-    return out
+    return common.recorded(a.phases_out, lambda: wait_ready(a))
 
 
 if __name__ == "__main__":

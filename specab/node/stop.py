@@ -208,16 +208,7 @@ def stop(a: argparse.Namespace) -> Dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     a = parse_args(argv)
-    try:
-        out = stop(a)
-    except ToolError as exc:
-        if a.out:
-            failed = dict(exc.result, ok=False, error=exc.message)
-            common.write_json(a.out, failed)
-        raise
-    if a.out:
-        common.write_json(a.out, dict(out, ok=True))
-    return out
+    return common.recorded(a.out, lambda: stop(a))
 
 
 if __name__ == "__main__":
