@@ -123,7 +123,8 @@ def server_log(arm: dict[str, Any], steps: int, tok_s: float, n_lines: int, t0: 
 
 
 def synthesise(exp_dir: Path, n_runs: int, steps: list[int], n_req: int, n_warm: int, output_len: int,
-               seed: int) -> dict[str, Any]:
+               seed: int, t0: float | None = None) -> dict[str, Any]:
+    """Write the experiment; t0 (unix s) fixes its clock so two syntheses are identical (tests)."""
     rng = random.Random(seed)
     arm_list = arms(steps)
     names = [a["name"] for a in arm_list]
@@ -139,7 +140,7 @@ def synthesise(exp_dir: Path, n_runs: int, steps: list[int], n_req: int, n_warm:
     uuids = [f"GPU-{rng.getrandbits(32):08x}-daef-237f-dd2d-1f194bd911{g:02x}" for g in range(GPUS)]
     exp_dir.mkdir(parents=True)
     store = Store.create(exp_dir / FILENAME)
-    t = time.time() - n_runs * 60.0
+    t = time.time() - n_runs * 60.0 if t0 is None else t0
     exp_id = exp_dir.name
     store.write_experiment(id=exp_id, name="scale", seed=seed, repeats=blocks, order_mode="interleaved",
                            experiment_file="experiments/default.yml", inventory_file="inventory/local.yml",

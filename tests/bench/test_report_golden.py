@@ -1,0 +1,68 @@
+"""The faster report (issue 8, benchmarks 5 and 6) writes the same report as before it was made faster.
+
+The golden files were written by the report code before the change (tests/bench/report_golden.py says
+how and from which commit); this rebuilds the same three experiments and compares: report.md byte for
+byte (sections, tables, doctor text), report.json's numbers (stats, spec model, findings, summary) and
+the set of plots.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.bench import report_golden as G
+
+GOLDEN = Path(__file__).with_name("data") / "report_golden"
+REGEN = "if the report's content changed on purpose: .venv/bin/python -m tests.bench.report_golden --write " \
+        "tests/bench/data/report_golden"
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return G.build(tmp_path_factory.mktemp("golden"))
+
+
+def _diff(a, b, path="$") -> list[str]:
+    """Differences between two JSON values; floats equal to 1e-12 relative (no change is expected at all)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{path}: key {k!r} only in {'golden' if k in a else 'new'}" for k in sorted(set(a) ^ set(b))]
+        for k in sorted(set(a) & set(b)):
+            out += _diff(a[k], b[k], f"{path}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} items in golden, {len(b)} now"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{path}[{i}]")]
+    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        if math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b)):
+            return []
+        return [f"{path}: golden {a!r}, now {b!r}"]
+    return [] if a == b else [f"{path}: golden {a!r}, now {b!r}"]
+
+
+@pytest.mark.parametrize("name", G.FIXTURES)
+def test_report_is_unchanged_by_the_faster_loader_log_reader_and_plots(built, name):
+    out = G.outputs(built[name])
+    golden_json = json.loads((GOLDEN / f"{name}.json").read_text())
+    new_json = json.loads(json.dumps(out["json"], default=str))
+    diffs = _diff(golden_json, new_json)
+    assert not diffs, f"{name}: report.json differs from the golden report ({REGEN}):\n" + "\n".join(diffs[:30])
+    assert out["md"] == (GOLDEN / f"{name}.md").read_text(), f"{name}: report.md differs ({REGEN})"
+    assert len(new_json["plots"]) == 5
+
+
+def test_golden_fixtures_exercise_what_the_fast_paths_replace():
+    """The golden files are only a guard if they contain the cases: a quoted no-graph line, a throttled
+    run, per-host speedups, a failed run, a time-scaled node, GPU samples of 8 GPUs."""
+    t = (GOLDEN / "throttled.md").read_text()
+    assert "verify-without-cuda-graph" in t and "log: [2025-10-22" in t and "gpu-throttled" in t
+    assert "accept-length-mismatch" in t
+    f = (GOLDEN / "fleet.md").read_text()
+    assert "Speedup per host" in f and "Failed runs" in f and "SPECAB_SIM_TIME_SCALE 20" in f
+    s = json.loads((GOLDEN / "scale.json").read_text())
+    assert set(s["stats"]["arms"]) == {"baseline", "eagle3-s1", "eagle3-s2", "eagle3-s3"}
