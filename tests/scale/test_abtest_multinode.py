@@ -1,0 +1,129 @@
+"""`ansible-playbook playbooks/ab_test.yml` (the README's demo) on a multi-node inventory: each arm runs as
+ONE server spanning two namespace hosts (TP 16 as 2 x 8 simulated GPUs) over real SSH, with the task list
+the driver uses (playbooks/tasks/multinode_run_arm.yml), and the round ends with one results table.
+
+What a user relies on: the same command as the single-node demo works on a multi-node inventory; both
+ranks of each arm get their own --node-rank and the head's dist-init address and really meet; the
+benchmark runs on the head; the table shows both arms (accept length only for EAGLE-3); every host is
+verified clean before each arm and left clean after the round.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.netns import unavailable_reason
+from tests.scale.cluster import (NCCL_TUNED, Node, experiment, namespace_nodes, pid_alive, run_playbook,
+                                 write_experiment, write_inventory)
+
+pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(600)]
+DIST_PORT = 26000
+EXPERIMENT_ID = "mn-abtest"
+ENGINE_MARKS = ("sglang", "specab.sim", "specab-sim")     # simulated engine and its helpers (titles, argv)
+ROW = re.compile(r"(baseline|eagle3-s2) (\d+/\d+) ([\d.]+) ([\d.]+) ([\d.]+|-) ([\d.]+x|-)")
+
+
+@pytest.fixture(scope="module")
+def round_(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("mn-abtest")
+    with namespace_nodes(root, 2) as nodes:
+        inv = write_inventory(root / "inventory.yml", {"gpu_nodes": nodes},
+                              {"gpu_nodes": {"specab_multinode": True, "specab_dist_init_port": DIST_PORT}})
+        exp = write_experiment(root, experiment("mn-abtest", port=30000, tp=16, num_requests=2, output_len=24))
+        runs_dir = root / "runs"
+        t0 = time.monotonic()
+        res = run_playbook(root, inv, "playbooks/ab_test.yml",
+                           {"specab_experiment_file": str(exp), "specab_runs_dir": str(runs_dir),
+                            "specab_experiment_id": EXPERIMENT_ID}, timeout=480)
+        wall = time.monotonic() - t0
+        print(f"multi-node ab_test.yml round: {wall:.1f} s")
+        yield {"res": res, "out": res.stdout + res.stderr, "flat": " ".join((res.stdout + res.stderr).split()),
+               "nodes": nodes, "exp_dir": runs_dir / EXPERIMENT_ID}
+
+
+def _ok(r: dict[str, Any]) -> None:
+    assert r["res"].returncode == 0, r["out"][-6000:]
+
+
+def test_the_round_prints_one_table_with_both_arms(round_: dict[str, Any]) -> None:
+    _ok(round_)
+    flat = round_["flat"]
+    assert "as one server over gpu0, gpu1 (the first is the head)" in flat
+    header = "arm requests tok/s (median) TTFT (ms) accept len speedup"
+    assert flat.count(header) == 1, "one server per arm: one table for the round, printed by the head"
+    rows = {m.group(1): m.groups()[1:] for m in ROW.finditer(flat)}
+    assert set(rows) == {"baseline", "eagle3-s2"}, flat[-3000:]
+    base, eagle = rows["baseline"], rows["eagle3-s2"]
+    assert base[0] == eagle[0] == "2/2"
+    assert float(base[1]) > 0 and float(eagle[1]) > 0
+    assert base[3] == "-" and base[4] == "1.00x"
+    assert 1.5 < float(eagle[3]) < 3.0, f"EAGLE-3 2-step accept length should be ~2.1, got {eagle[3]}"
+    table = json.loads((round_["exp_dir"] / "ab_table.json").read_text())
+    assert table["host"] == "gpu0,gpu1"
+    by_arm = {r["arm"]: r for r in table["rows"]}
+    assert eagle[4] == f"{by_arm['eagle3-s2']['tok_s'] / by_arm['baseline']['tok_s']:.2f}x"
+    assert sorted(p.name for p in round_["exp_dir"].glob("ab_table*.json")) == ["ab_table.json"]
+
+
+def test_each_arm_is_one_server_over_both_hosts(round_: dict[str, Any]) -> None:
+    _ok(round_)
+    head, rank1 = round_["nodes"]
+    exp_dir: Path = round_["exp_dir"]
+    assert sorted(p.name for p in exp_dir.iterdir() if p.is_dir()) == ["001-baseline", "002-eagle3-s2"]
+    addr = f"{head.ns.address}:{DIST_PORT}"
+    for run, spec in (("001-baseline", False), ("002-eagle3-s2", True)):
+        run_dir = exp_dir / run
+        rank_dir = run_dir / f"node1-{rank1.name}"
+        head_args = json.loads((run_dir / "args.json").read_text())
+        rank_args = json.loads((rank_dir / "args.json").read_text())
+        assert (head_args["nnodes"], head_args["node_rank"], head_args["dist_init_addr"]) == (2, 0, addr)
+        assert (rank_args["nnodes"], rank_args["node_rank"], rank_args["dist_init_addr"]) == (2, 1, addr)
+        assert head_args["tp_size"] == rank_args["tp_size"] == 16
+        assert ("speculative_algorithm" in head_args) is spec and ("speculative_algorithm" in rank_args) is spec
+        # the ranks were started together and met over the network: TP0-7 on the head, TP8-15 on rank 1
+        head_log, rank_log = (run_dir / "server.log").read_text(), (rank_dir / "server.log").read_text()
+        assert f"Node 1 joined from {rank1.ns.address}" in head_log
+        assert f"Joined the head node at {addr}" in rank_log
+        assert " TP7]" in head_log and " TP8]" not in head_log
+        assert " TP8]" in rank_log and " TP15]" in rank_log and " TP7]" not in rank_log
+        # benchmarked on the head only; the arm's env verified on every rank
+        bench = [json.loads(x) for x in (run_dir / "bench.jsonl").read_text().splitlines()]
+        assert sum(1 for b in bench if not b["warmup"] and b["ok"]) == 2
+        assert not (rank_dir / "bench.jsonl").exists()
+        for d in (run_dir, rank_dir):
+            check = json.loads((d / "env_check.json").read_text())
+            assert check["ok"] is True and set(NCCL_TUNED) <= set(check["variables"]), check
+            # every host verified clean before the arm and freed after it
+            assert json.loads((d / "gpu_free_before.json").read_text())["ok"] is True
+            assert json.loads((d / "gpu_free.json").read_text())["ok"] is True
+            assert json.loads((d / "stop.json").read_text())["ok"] is True
+        # the head's server was stopped by the arm (rank 1 follows its head down, as SGLang's ranks do)
+        assert json.loads((run_dir / "stop.json").read_text())["was_running"] is True
+
+
+def test_both_hosts_are_clean_after_the_round(round_: dict[str, Any]) -> None:
+    _ok(round_)
+    node: Node
+    for node in round_["nodes"]:
+        assert node.server_record() is None, f"{node.name}: server.json left behind"
+        last = node.server_record("last_server.json")
+        assert last and last["run_id"] == "002-eagle3-s2", last
+        assert not pid_alive(int(last["pid"])), f"{node.name}: server {last['pid']} still running"
+        assert node.compute_apps() == "", f"{node.name} still has GPU processes: {node.compute_apps()}"
+        engines = [p for p in node.ns.pids() if any(m in _cmdline(p) for m in ENGINE_MARKS)]
+        assert engines == [], f"{node.name}: engine processes left: {[_cmdline(p) for p in engines]}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
