@@ -13,7 +13,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 # Throttle / clock-event reason bits (nvml.h nvmlClocksEventReason*).
 CLOCK_REASONS = {
@@ -105,7 +105,7 @@ class EnvCheck:
 
 # --------------------------------------------------------------------------- GPU samples
 
-@dataclass
+@dataclass(slots=True)       # ~330,000 of them in a 1,000-run experiment: no per-instance __dict__
 class GpuSample:
     ts: float
     index: int
@@ -382,25 +382,25 @@ def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None 
 
 
 def parse_server_log(path: Path) -> LogStats:
-    """Server log -> LogStats through specab.logparse (the project's one log parser); streams."""
+    """Server log -> LogStats through specab.logparse (the project's one log parser); streams.
+
+    Reads only the decode and NCCL-env lines (`logparse.run_log_records`: the per-line parser's records
+    for those lines), which is what LogStats summarises."""
     from specab import logparse  # local import: the analysis works on in-memory data without it
 
-    def records():
+    nccl: dict[str, str] = {}
+
+    def decode_records() -> Iterator[dict]:
         with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                rec = logparse.parse_line(line)
-                if rec is not None:
-                    rec["raw"] = line.rstrip("\n")
+            for rec in logparse.run_log_records(fh):
+                if rec["kind"] == "nccl_env":
+                    nccl.setdefault(rec["var"], str(rec["value"]).rstrip("."))
+                else:
                     yield rec
 
-    nccl: dict[str, str] = {}
-    decode = []
-    for rec in records():
-        if rec.get("kind") == "nccl_env":
-            nccl.setdefault(rec["var"], str(rec["value"]).rstrip("."))
-        elif rec.get("kind") == "decode":
-            decode.append(rec)
-    return log_stats_from_records(decode, nccl)
+    st = log_stats_from_records(decode_records())
+    st.nccl_env = nccl
+    return st
 
 
 def _read_json(path: Path) -> dict:
@@ -501,6 +501,48 @@ def _unscale_request(q: Request, scale: float) -> None:
         q.decode_tok_s /= scale
 
 
+def _store_requests(store: Any) -> dict[int, list[Request]]:
+    """Every request record of the store (warm-ups included) by seq, without the per-chunk arrays."""
+    names = Request.__dataclass_fields__.keys()
+    cols = store.REQUEST_ROW[1:]
+    pos = [cols.index(n) for n in names]
+    flags = {cols.index("warmup"), cols.index("ok")}
+    out: dict[int, list[Request]] = {}
+    for row in store.request_rows(include_warmup=True):
+        vals = row[1:]
+        out.setdefault(row[0], []).append(Request(*[bool(vals[i]) if i in flags else vals[i] for i in pos]))
+    return out
+
+
+def _store_gpu_samples(store: Any) -> dict[int, list[GpuSample]]:
+    """Every GPU sample with a timestamp by seq. Repeated values (clocks, power, UUIDs, reason masks: most
+    samples of a run repeat them) share one object, which keeps a 1,000-run experiment's samples small."""
+    same: dict[Any, Any] = {}
+    reasons: dict[Any, int | None] = {}
+    out: dict[int, list[GpuSample]] = {}
+    cur_seq, cur = None, None
+    unsorted: set[int] = set()
+    last_ts = 0.0
+    for seq, ts, gpu, sm, max_sm, mem, util, power, temp, thr, uuid in store.gpu_sample_rows():
+        if seq != cur_seq:
+            cur_seq, cur = seq, out.setdefault(seq, [])
+        elif ts < last_ts:
+            unsorted.add(seq)
+        last_ts = ts
+        try:
+            r = reasons[thr]
+        except KeyError:
+            r = reasons[thr] = _reasons(thr)
+        # zero stays as read: -0.0 == 0.0 would otherwise share one object
+        cur.append(GpuSample(ts, int(gpu or 0), uuid and same.setdefault(uuid, uuid),
+                             sm and same.setdefault(sm, sm), max_sm and same.setdefault(max_sm, max_sm),
+                             mem and same.setdefault(mem, mem), util and same.setdefault(util, util),
+                             power and same.setdefault(power, power), temp and same.setdefault(temp, temp), r))
+    for seq in unsorted:       # by time; a stable sort keeps the insertion order of equal times
+        out[seq].sort(key=lambda s: s.ts)
+    return out
+
+
 def load_store(path: str | Path, *, read_logs: bool = True) -> Experiment:
     """An experiment from its results store (`runs/<id>/results.sqlite`, docs/results.md).
 
@@ -519,18 +561,8 @@ def load_store(path: str | Path, *, read_logs: bool = True) -> Experiment:
         e = store.experiment()
         arm_rows = store.arms()
         run_rows = store.runs()
-        reqs: dict[int, list[Request]] = {}
-        for r in store.requests(include_warmup=True):
-            reqs.setdefault(r["seq"], []).append(Request.from_json(r))
-        samples: dict[int, list[GpuSample]] = {}
-        for g in store.gpu_samples():
-            if g.get("ts") is None:
-                continue
-            samples.setdefault(g["seq"], []).append(GpuSample(
-                ts=g["ts"], index=int(g.get("gpu") or 0), uuid=(json.loads(g["raw_json"]) if g.get("raw_json") else {}).get("uuid"),
-                sm_mhz=g.get("sm_clock_mhz"), max_sm_mhz=g.get("max_sm_clock_mhz"), mem_mhz=g.get("mem_clock_mhz"),
-                util_pct=g.get("util_pct"), power_w=g.get("power_w"), temp_c=g.get("temp_c"),
-                reasons=_reasons(g.get("throttle_reasons"))))
+        reqs = _store_requests(store)
+        samples = _store_gpu_samples(store)
         manifests = {m["seq"]: m["manifest"] for m in store.manifests()}
         checks = {c["seq"]: c["check"] for c in store.env_checks()}
     finally:

@@ -145,12 +145,9 @@ def _sgl_prefix(line: str, rec: dict[str, Any]) -> None:
         rec["rank"] = m.group("rank").strip() or None
 
 
-def _parse_batch(line: str, m: re.Match) -> dict[str, Any]:
-    rec: dict[str, Any] = {"kind": m.group("kind").lower(), "ts": None, "rank": None}
-    _sgl_prefix(line[: m.start()], rec)
-    if m.group("iter"):
-        rec["iter"] = int(m.group("iter"))
-    rest = line[m.end():].rstrip().rstrip(",")
+def _batch_fields(rest: str, rec: dict[str, Any], wanted: frozenset[str] | None = None) -> None:
+    """Parse the fields after a batch line's ``batch, `` into rec (later fields override earlier ones).
+    wanted: convert only these record keys (the others are skipped, not stored)."""
     for part in rest.split(", "):
         key, sep, val = part.partition(": ")
         if not sep:
@@ -160,15 +157,29 @@ def _parse_batch(line: str, m: re.Match) -> dict[str, Any]:
         if name is None:
             g = _GRAPH_KEY.match(key)
             if g:
-                rec["cuda_graph"] = _value(val.strip())
-                rec["graph_backend"] = g.group(1)
+                if wanted is None or "cuda_graph" in wanted:
+                    rec["cuda_graph"] = _value(val.strip())
+                    if wanted is None:
+                        rec["graph_backend"] = g.group(1)
                 continue
             name = _norm_key(key)
+        if wanted is not None and name not in wanted:
+            continue          # (a wanted name never ends in _pct, so skipping before the % rule is exact)
         val = val.strip()
         if val.endswith("%"):   # 0.4.x Prefill "cache hit rate: 0.00%"
             name += "_pct"
             val = val[:-1]
+            if wanted is not None:
+                continue
         rec[name] = _value(val)
+
+
+def _parse_batch(line: str, m: re.Match) -> dict[str, Any]:
+    rec: dict[str, Any] = {"kind": m.group("kind").lower(), "ts": None, "rank": None}
+    _sgl_prefix(line[: m.start()], rec)
+    if m.group("iter"):
+        rec["iter"] = int(m.group("iter"))
+    _batch_fields(line[m.end():].rstrip().rstrip(","), rec)
     return rec
 
 
@@ -497,6 +508,60 @@ def decode_stats(fh: IO[bytes], block_size: int = 8 << 20) -> dict[str, Any]:
         "cuda_graph_false": g_false,
         "cuda_graph_share": g_true / graphed if graphed else None,
     }
+
+
+# --------------------------------------------------------------------------------------------------
+# what the analysis reads from a run's server log
+
+_RUN_LOG_HIT = re.compile(r"batch|NCCL INFO")
+RUN_LOG_DECODE_FIELDS = ("accept_len", "cuda_graph", "gen_throughput", "running_req")
+_RUN_LOG_WANTED = frozenset(RUN_LOG_DECODE_FIELDS)
+
+
+def run_log_records(fh: IO[str], block_chars: int = 4 << 20) -> Iterator[dict[str, Any]]:
+    """The ``decode`` and ``nccl_env`` records of a text log, exactly as ``parse_line`` makes them for
+    those lines, in file order, with ``raw`` (the line without its newline). Decode records carry only
+    RUN_LOG_DECODE_FIELDS (those present). Streams in blocks of whole lines.
+
+    The analysis reads every run's log (a 1,000-run experiment: 1,000 logs): only lines holding
+    ``batch`` or ``NCCL INFO`` are looked at (one regex scan per block finds them), and of a decode
+    line only the four fields are converted, by the same field splitting as ``parse_line``.
+    """
+    carry = ""
+    while True:
+        block = fh.read(block_chars)
+        if block:
+            data = carry + block
+            cut = data.rfind("\n") + 1
+            data, carry = data[:cut], data[cut:]
+        else:
+            data, carry = carry, ""
+        pos = 0
+        while data:
+            hit = _RUN_LOG_HIT.search(data, pos)
+            if hit is None:
+                break
+            start = data.rfind("\n", 0, hit.start()) + 1
+            end = data.find("\n", hit.end())
+            end = len(data) if end < 0 else end + 1
+            pos = end
+            line = data[start:end]            # as `for line in fh` yields it: with its newline
+            if "batch" in line:
+                m = _BATCH.search(line)
+                if m:
+                    if m.group("kind") == "Decode":
+                        rec: dict[str, Any] = {"kind": "decode"}
+                        _batch_fields(line[m.end():].rstrip().rstrip(","), rec, _RUN_LOG_WANTED)
+                        rec["raw"] = line.rstrip("\n")
+                        yield rec
+                    continue
+            if "NCCL INFO" in line:
+                rec2 = _parse_nccl(line)
+                if rec2 is not None and rec2["kind"] == "nccl_env":
+                    rec2["raw"] = line.rstrip("\n")
+                    yield rec2
+        if not block:
+            break
 
 
 # --------------------------------------------------------------------------------------------------

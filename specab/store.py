@@ -442,6 +442,39 @@ class Store:
             r["extra"] = json.loads(r.pop("extra_json") or "null")
         return out
 
+    # Lean readers for the analysis of large experiments (docs/performance.md, benchmarks 5 and 6): tuples
+    # of the columns it uses, streamed from the cursor. The chunk arrays, extra_json and the GPU samples'
+    # raw_json are not decoded (a 1,000-run experiment has ~330,000 GPU-sample rows).
+    REQUEST_ROW = ("seq",) + REQUEST_FIELDS
+    GPU_SAMPLE_ROW = ("seq", "ts", "gpu", "sm_clock_mhz", "max_sm_clock_mhz", "mem_clock_mhz", "util_pct",
+                      "power_w", "temp_c", "throttle_reasons", "uuid")
+
+    def _tuples(self, sql: str) -> sqlite3.Cursor:
+        cur = self.conn.cursor()
+        cur.row_factory = None          # plain tuples: a quarter of sqlite3.Row's cost per row
+        return cur.execute(sql)
+
+    def request_rows(self, include_warmup: bool = True) -> Iterator[tuple[Any, ...]]:
+        """Request records as tuples in REQUEST_ROW order (warmup and ok as 0/1), ordered like requests()."""
+        yield from self._tuples(f"SELECT {', '.join(self.REQUEST_ROW)} FROM requests"
+                                + ("" if include_warmup else " WHERE warmup=0") + " ORDER BY seq, host, line")
+
+    def gpu_sample_rows(self) -> Iterator[tuple[Any, ...]]:
+        """GPU samples with a timestamp as tuples in GPU_SAMPLE_ROW order, by seq and then as inserted (the CSV's
+        order, which is by time: sort a run's rows by ts where it is not). uuid is the CSV row's `uuid` column
+        (from raw_json; None when absent)."""
+        cols = "seq, ts, gpu, sm_clock_mhz, max_sm_clock_mhz, mem_clock_mhz, util_pct, power_w, temp_c, throttle_reasons"
+        order = " FROM gpu_samples WHERE ts IS NOT NULL ORDER BY seq, rowid"     # the seq index's order: no sort
+        try:
+            cur = self._tuples(f"SELECT {cols}, json_extract(raw_json, '$.uuid'){order}")
+        except sqlite3.OperationalError as exc:       # an SQLite built without JSON1: decode here
+            if "json_extract" not in str(exc):
+                raise
+            for row in self._tuples(f"SELECT {cols}, raw_json{order}"):
+                yield row[:-1] + (json.loads(row[-1]).get("uuid") if row[-1] else None,)
+            return
+        yield from cur
+
     def gpu_samples(self, seq: int | None = None) -> list[dict[str, Any]]:
         if seq is None:
             return self._rows("SELECT * FROM gpu_samples ORDER BY seq, ts")
