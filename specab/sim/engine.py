@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 from specab.sim.loadplan import Capacity
 from specab.sim.simlog import SimLogger
+from specab.sim.throttle import Throttle
 from specab.sim.timing import TimingModel, request_rng
 
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
@@ -116,8 +117,11 @@ class Engine:
                  seed: int, decode_log_interval: int, radix_cache: bool = True,
                  on_activity: Optional[Callable[[], None]] = None,
                  on_request_finished: Optional[Callable[[int], None]] = None,
-                 trace_path: Optional[str] = None):
+                 trace_path: Optional[str] = None, throttle: Optional[Throttle] = None,
+                 started_at: Optional[float] = None):
         self.timing = timing
+        self.throttle = throttle
+        self.started_at = time.time() if started_at is None else started_at
         self.cap = cap
         self.log = log
         self.scale = time_scale
@@ -196,6 +200,19 @@ class Engine:
     # ----- helpers
     def _t_sim(self) -> float:
         return (time.time() - self.epoch) * self.scale
+
+    def _elapsed_sim(self) -> float:
+        """Simulated seconds since the server process started (the throttle fault's clock)."""
+        return (time.time() - self.started_at) * self.scale
+
+    def throttled(self) -> Optional[Throttle]:
+        """The throttle fault when it is in effect now (GPU clocks lowered), else None."""
+        if self.throttle is not None and self.throttle.active(self._elapsed_sim()):
+            return self.throttle
+        return None
+
+    def _slowdown(self) -> float:
+        return self.throttle.time_factor(self._elapsed_sim()) if self.throttle is not None else 1.0
 
     def _num_used(self) -> int:
         return sum(r.prompt_tokens + r.completion_tokens for r in self.running)
@@ -286,7 +303,7 @@ class Engine:
             self._cache.append(r.prompt)
         running_before = len(self.running)
         dt = self.timing.prefill_s(new_tokens, self._t_sim(), random.Random(f"prefill:{self.seed}:{self._n}"))
-        next_t += dt / self.scale
+        next_t += dt * self._slowdown() / self.scale
         await self._sleep_until(next_t)
         elapsed = max(1e-9, time.monotonic() - self._last_prefill)
         self._last_prefill = time.monotonic()
@@ -317,7 +334,7 @@ class Engine:
         speed = sum(r.speed for r in self.running) / bs
         rng = self.running[0].rng
         dt = self.timing.step_s(bs, self._t_sim(), rng, request_speed=speed)
-        next_t += dt / self.scale
+        next_t += dt * self._slowdown() / self.scale
         await self._sleep_until(next_t)
         graph = self.timing.graph_used(bs)
         self._last_graph = graph

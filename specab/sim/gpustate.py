@@ -214,19 +214,31 @@ class GpuNode:
         return sorted((a for a in self.allocations() if a.listed(now)), key=lambda a: (a.gpu, a.pid))
 
     # ----- activity (utilization and clocks while a server computes)
-    def set_activity(self, gpus: list[int], busy_for_s: float) -> None:
+    def set_activity(self, gpus: list[int], busy_for_s: float, clock_ratio: float = 1.0,
+                     reasons: int = 0) -> None:
+        """A server computes on ``gpus`` for the next ``busy_for_s`` s; ``clock_ratio`` < 1 and ``reasons``
+        (NVML clock event bits) while the throttle fault holds its clocks down."""
         _atomic_write(self.state / "activity.json",
-                      {"gpus": gpus, "busy_until": time.time() + busy_for_s, "pid": os.getpid()})
+                      {"gpus": gpus, "busy_until": time.time() + busy_for_s, "pid": os.getpid(),
+                       "clock_ratio": clock_ratio, "reasons": reasons})
 
-    def busy_gpus(self, now: Optional[float] = None) -> set[int]:
+    def _activity(self, now: Optional[float]) -> dict[str, Any]:
         now = time.time() if now is None else now
         try:
             d = json.loads((self.state / "activity.json").read_text())
         except (FileNotFoundError, json.JSONDecodeError):
-            return set()
+            return {}
         if now < d.get("busy_until", 0) and is_alive(d.get("pid", -1)):
-            return set(d.get("gpus", []))
-        return set()
+            return d
+        return {}
+
+    def busy_gpus(self, now: Optional[float] = None) -> set[int]:
+        return set(self._activity(now).get("gpus", []))
+
+    def busy_look(self, now: Optional[float] = None) -> tuple[set[int], float, int]:
+        """(busy GPUs, SM clock ratio, clock event reasons while busy) in one read of activity.json."""
+        d = self._activity(now)
+        return set(d.get("gpus", [])), float(d.get("clock_ratio", 1.0)), int(d.get("reasons", 0))
 
     # ----- death watcher
     def watcher_running(self) -> bool:

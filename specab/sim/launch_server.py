@@ -9,6 +9,7 @@ while the schedulers "load"; then the HTTP server starts, a warm-up request runs
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import importlib
 import json
@@ -195,6 +196,7 @@ class Launch:
         a, st = self.args, self.settings
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGQUIT, self._on_sigquit)
+        started_at = time.time()
         instance = self.node.next_instance()
         epoch = float(self.node.node()["created_at"])
         if not await self.launch_subprocesses():
@@ -217,17 +219,27 @@ class Launch:
         from specab.sim.httpapi import Api, ServerState
         env = self.timing_env()
         timing = TimingModel.create(self.profile, a, env, st.seed, instance)
+        slow = st.faults.slow_instance
+        if slow is not None and slow.speed_factor(instance) != 1.0:
+            timing = dataclasses.replace(timing, offset=timing.offset * slow.speed_factor(instance))
+            self.log.info(f"specab.sim: slow_instance fault: instance {instance} decodes {slow.pct:g}% slower")
         cap = capacity(self.profile, a)
         gpus = [self._gpu_of(i) for i in range(len(self._local_ranks()))]
         engine = Engine(timing, cap, SimLogger(sglang_prefix(0, a.tp_size), level=a.log_level), st.time_scale,
                         epoch, st.seed,
                         a.decode_log_interval, radix_cache=not a.disable_radix_cache,
-                        on_activity=lambda: self.node.set_activity(gpus, 1.0),
-                        on_request_finished=self.on_request_finished, trace_path=st.trace)
+                        on_activity=lambda: self._report_activity(engine, gpus),
+                        on_request_finished=self.on_request_finished, trace_path=st.trace,
+                        throttle=st.faults.throttle, started_at=started_at)
         sim_info = {"profile": self.profile.name, "time_scale": st.time_scale, "seed": st.seed,
                     "instance": instance, "state": str(st.state), "nccl_factor": timing.nccl,
                     "true_decode_tok_s": round(timing.true_decode_tok_s((time.time() - epoch) * st.time_scale)
-                                               * st.time_scale, 3)}
+                                               * st.time_scale / engine._slowdown(), 3)}
+        if st.faults.throttle is not None:
+            sim_info["throttle"] = st.faults.throttle.to_dict()
+        if slow is not None:
+            sim_info["slow_instance"] = {"instance": slow.instance, "pct": slow.pct,
+                                         "this_instance": slow.speed_factor(instance) != 1.0}
         self.state = ServerState(args=a, cap=cap, engine=engine, log=self.log, version=self.profile.version,
                                  architecture=self.profile.model.architecture, simulator=sim_info)
         await asyncio.sleep(self.profile.load.http_start_s / st.time_scale)
@@ -256,6 +268,14 @@ class Launch:
         await self._graceful_exit()
         engine_task.cancel()
         return 0
+
+    def _report_activity(self, engine: Any, gpus: list[int]) -> None:
+        """Tell the node's smi that these GPUs compute (busy look), at a lowered clock while throttled."""
+        t = engine.throttled()
+        if t is None:
+            self.node.set_activity(gpus, 1.0)
+        else:
+            self.node.set_activity(gpus, 1.0, clock_ratio=t.clock_ratio, reasons=t.reasons)
 
     def _install_sigterm(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.settings.faults.ignore_sigterm:

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from specab.sim.gpustate import DEFAULT_STATE
+from specab.sim.throttle import FaultSpecError, SlowInstance, Throttle
 
 KNOWN_FAULTS = ("oom_at_start", "crash_after=N", "ignore_sigterm", "orphan_workers", "slow_release=S",
-                "port_in_use")
+                "port_in_use", "throttle=FROM_S:RATIO:REASON", "slow_instance=K:PCT")
 
 
 class SettingsError(ValueError):
@@ -33,6 +34,8 @@ class Faults:
     orphan_workers: bool = False        # no parent-death signal; workers outlive the main process
     slow_release: Optional[float] = None  # memory released S (simulated) seconds after a holder died
     port_in_use: bool = False           # behave as if the HTTP port were taken (uvicorn's bind error)
+    throttle: Optional[Throttle] = None   # GPU clocks drop (with an NVML reason) from a moment on
+    slow_instance: Optional[SlowInstance] = None  # the k-th start on the node decodes pct % slower
 
     @classmethod
     def parse(cls, text: str) -> "Faults":
@@ -59,6 +62,11 @@ class Faults:
                 if s < 0:
                     raise SettingsError("SPECAB_SIM_FAULT: slow_release must be >= 0")
                 values[name] = s
+            elif name in ("throttle", "slow_instance") and arg:
+                try:
+                    values[name] = Throttle.parse(arg) if name == "throttle" else SlowInstance.parse(arg)
+                except FaultSpecError as exc:
+                    raise SettingsError(f"SPECAB_SIM_FAULT: {exc}") from None
             else:
                 raise SettingsError(f"SPECAB_SIM_FAULT: unknown fault {item!r}; known: {', '.join(KNOWN_FAULTS)}")
         return cls(**values)  # type: ignore[arg-type]

@@ -87,7 +87,7 @@ def _gpu_values(node: GpuNode) -> list[dict[str, str]]:
     desc = node.node()
     now = time.time()
     used = node.memory_used(now)
-    busy = node.busy_gpus(now)
+    busy, clock_ratio, busy_reasons = node.busy_look(now)
     total = int(desc["memory_total_mib"])
     rows = []
     for g in desc["gpus"]:
@@ -95,7 +95,8 @@ def _gpu_values(node: GpuNode) -> list[dict[str, str]]:
         look = desc["busy"] if i in busy else desc["idle"]
         wobble = (zlib.crc32(g["uuid"].encode()) % 5)  # stable per-GPU variation, as real boards differ
         mem_used = used.get(i, 0)
-        reasons = "0x0000000000000000" if i in busy else "0x0000000000000001"
+        reasons = f"0x{busy_reasons:016x}" if i in busy else "0x0000000000000001"
+        sm_clock = int(round(int(look["clocks_sm"]) * clock_ratio)) if i in busy else int(look["clocks_sm"])
         power = float(look["power_w"]) + wobble * 0.37
         rows.append({
             "timestamp": _timestamp(), "driver_version": DRIVER_VERSION, "count": str(len(desc["gpus"])),
@@ -111,7 +112,7 @@ def _gpu_values(node: GpuNode) -> list[dict[str, str]]:
             "temperature.memory": str(int(look["temperature_c"]) + wobble + 2),
             "power.draw": f"{power:.2f}", "power.draw.instant": f"{power + 1.96:.2f}",
             "power.limit": f"{float(desc['power_limit_w']):.2f}",
-            "clocks.sm": str(look["clocks_sm"]), "clocks.gr": str(look["clocks_sm"]),
+            "clocks.sm": str(sm_clock), "clocks.gr": str(sm_clock),
             "clocks.mem": str(look["clocks_mem"]),
             "clocks.max.sm": str(desc["clocks_max_sm"]), "clocks.max.mem": "3201",
             "clocks_event_reasons.active": reasons,
