@@ -10,7 +10,10 @@ verified clean before each arm and left clean after the round.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -18,8 +21,8 @@ from typing import Any, Iterator
 import pytest
 
 from tests.netns import unavailable_reason
-from tests.scale.cluster import (NCCL_TUNED, Node, experiment, namespace_nodes, pid_alive, run_playbook,
-                                 write_experiment, write_inventory)
+from tests.scale.cluster import (NCCL_TUNED, REPO, VENV_BIN, Node, ansible_env, experiment, namespace_nodes,
+                                 pid_alive, run_playbook, write_experiment, write_inventory)
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(600)]
 DIST_PORT = 26000
@@ -29,7 +32,7 @@ ROW = re.compile(r"(baseline|eagle3-s2) (\d+/\d+) ([\d.]+) ([\d.]+) ([\d.]+|-) (
 
 
 @pytest.fixture(scope="module")
-def round_(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[Node], Path]]:
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
@@ -37,16 +40,21 @@ def round_(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     with namespace_nodes(root, 2) as nodes:
         inv = write_inventory(root / "inventory.yml", {"gpu_nodes": nodes},
                               {"gpu_nodes": {"specab_multinode": True, "specab_dist_init_port": DIST_PORT}})
-        exp = write_experiment(root, experiment("mn-abtest", port=30000, tp=16, num_requests=2, output_len=24))
-        runs_dir = root / "runs"
-        t0 = time.monotonic()
-        res = run_playbook(root, inv, "playbooks/ab_test.yml",
-                           {"specab_experiment_file": str(exp), "specab_runs_dir": str(runs_dir),
-                            "specab_experiment_id": EXPERIMENT_ID}, timeout=480)
-        wall = time.monotonic() - t0
-        print(f"multi-node ab_test.yml round: {wall:.1f} s")
-        yield {"res": res, "out": res.stdout + res.stderr, "flat": " ".join((res.stdout + res.stderr).split()),
-               "nodes": nodes, "exp_dir": runs_dir / EXPERIMENT_ID}
+        yield root, nodes, inv
+
+
+@pytest.fixture(scope="module")
+def round_(cluster: tuple[Path, list[Node], Path]) -> dict[str, Any]:
+    root, nodes, inv = cluster
+    exp = write_experiment(root, experiment("mn-abtest", port=30000, tp=16, num_requests=2, output_len=24))
+    runs_dir = root / "runs"
+    t0 = time.monotonic()
+    res = run_playbook(root, inv, "playbooks/ab_test.yml",
+                       {"specab_experiment_file": str(exp), "specab_runs_dir": str(runs_dir),
+                        "specab_experiment_id": EXPERIMENT_ID}, timeout=480)
+    print(f"multi-node ab_test.yml round: {time.monotonic() - t0:.1f} s")
+    return {"res": res, "out": res.stdout + res.stderr, "flat": " ".join((res.stdout + res.stderr).split()),
+            "nodes": nodes, "exp_dir": runs_dir / EXPERIMENT_ID}
 
 
 def _ok(r: dict[str, Any]) -> None:
@@ -105,8 +113,9 @@ def test_each_arm_is_one_server_over_both_hosts(round_: dict[str, Any]) -> None:
             assert json.loads((d / "gpu_free_before.json").read_text())["ok"] is True
             assert json.loads((d / "gpu_free.json").read_text())["ok"] is True
             assert json.loads((d / "stop.json").read_text())["ok"] is True
-        # the head's server was stopped by the arm (rank 1 follows its head down, as SGLang's ranks do)
-        assert json.loads((run_dir / "stop.json").read_text())["was_running"] is True
+        # the arm's stop found the server running on at least one host (both hosts stop at once; a rank whose
+        # peer went first has already followed it down, as SGLang's ranks do)
+        assert any(json.loads((d / "stop.json").read_text())["was_running"] for d in (run_dir, rank_dir))
 
 
 def test_both_hosts_are_clean_after_the_round(round_: dict[str, Any]) -> None:
@@ -127,3 +136,64 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def _measured(bench: Path) -> int:
+    """Measured (non-warm-up) requests in a bench.jsonl, ignoring a line being written."""
+    n = 0
+    for line in bench.read_text().splitlines():
+        try:
+            n += not json.loads(line)["warmup"]
+        except (ValueError, KeyError):
+            pass
+    return n
+
+
+def test_killing_rank1_fails_the_round_and_leaves_both_hosts_clean(
+        cluster: tuple[Path, list[Node], Path], round_: dict[str, Any]) -> None:
+    root, nodes, inv = cluster
+    head, rank1 = nodes
+    exp = write_experiment(root, experiment("mn-abkill", port=30001, tp=16, num_requests=40, output_len=64))
+    xv = root / "xv-kill.json"
+    xv.write_text(json.dumps({"specab_experiment_file": str(exp), "specab_runs_dir": str(root / "runs"),
+                              "specab_experiment_id": "mn-abkill"}))
+    out_file = root / "kill.out"
+    with out_file.open("w") as out:
+        proc = subprocess.Popen([str(VENV_BIN / "ansible-playbook"), "-i", str(inv), "playbooks/ab_test.yml",
+                                 "-e", f"@{xv}"], cwd=REPO, env=ansible_env(root), stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        # wait until the first arm is benchmarking (the node's runs/001-baseline/ of the earlier round is
+        # emptied before this round's server starts, and server.json appears only after that)
+        bench = head.node_dir / "runs" / "001-baseline" / "bench.jsonl"
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if head.server_record() and rank1.server_record() and bench.exists() and _measured(bench) >= 2:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"the first arm never reached its benchmark: {out_file.read_text()[-3000:]}")
+        rec = rank1.server_record()
+        assert rec and rec["run_id"] == "001-baseline", rec
+        os.kill(int(rec["pid"]), signal.SIGKILL)          # rank 1's server process, mid-benchmark
+        rc = proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+    out = out_file.read_text()
+    flat = " ".join(out.split())
+    assert rc != 0, out[-4000:]
+    assert "arm requests tok/s (median)" not in flat, "a failed round prints no results table"
+    assert "failed:" in flat and "[rank 0]" in flat and "[rank 1]" in flat, out[-4000:]
+    exp_dir = root / "runs" / "mn-abkill"
+    assert not (exp_dir / "002-eagle3-s2").exists(), "the round stops at the failed arm"
+    assert not (exp_dir / "ab_table.json").exists()
+    # the failed arm's artefacts were kept on the controller, for both ranks
+    assert "Lost the connection to node 1" in (exp_dir / "001-baseline" / "server.log").read_text()
+    assert (exp_dir / "001-baseline" / f"node1-{rank1.name}" / "server.log").exists()
+    for node in nodes:
+        assert node.server_record() is None, f"{node.name}: server.json left behind"
+        last = node.server_record("last_server.json")
+        assert last and last["run_id"] == "001-baseline" and not pid_alive(int(last["pid"])), last
+        assert node.compute_apps() == "", f"{node.name} still has GPU processes: {node.compute_apps()}"
