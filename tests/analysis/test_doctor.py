@@ -131,3 +131,60 @@ def test_accept_length_from_requests_disagreeing_with_the_log():
             run.log.accept_len_mean = 2.6
     f = fired(clean(tweak=other_traffic), "accept-length-mismatch")
     assert len(f) == 1 and "2.10" in f[0].message and "2.60" in f[0].message
+
+
+def test_client_vs_server_is_compared_per_request_at_any_concurrency(tmp_path):
+    """The server's gen throughput is the whole batch's: at concurrency 4 a healthy client reads a
+    quarter of it per request. The rule divides each log line by its #running-req (the run's server.log),
+    or, without the log file, the median by the client's concurrency."""
+    line = ("[2026-11-29 10:41:51 TP0] Decode batch, #running-req: {n}, #token: 1696, token usage: 0.00, "
+            "cuda graph: True, gen throughput (token/s): {gen:.2f}, #queue-req: 0\n")
+
+    def batch_of_4(run, arm):
+        run.log.gen_tok_s_median = 4 * run.tok_s
+        run.run_dir = tmp_path / f"{id(run)}-{run.run_id}"
+        run.run_dir.mkdir()
+        (run.run_dir / "server.log").write_text("".join(line.format(n=4, gen=4 * run.tok_s) for _ in range(5))
+                                                + line.format(n=1, gen=run.tok_s))
+    exp = clean(tweak=batch_of_4)
+    assert fired(exp, "client-bottleneck") == []
+    for r in exp.runs:                         # no log file: the client's concurrency from the experiment config
+        r.run_dir = None
+    exp.meta["config"] = {"bench": {"concurrency": 4}}
+    assert fired(exp, "client-bottleneck") == []
+    exp.meta["config"] = {"bench": {"concurrency": 1}}
+    assert len(fired(exp, "client-bottleneck")) == len(exp.runs)   # the batch's rate is not one request's
+
+    def lagging_at_4(run, arm):
+        batch_of_4(run, arm)
+        if run.block == 2 and arm.is_spec:
+            for q in run.requests:
+                q.decode_tok_s *= 0.6
+    f = fired(clean(tweak=lagging_at_4), "client-bottleneck")
+    assert len(f) == 1 and "per running request" in f[0].evidence[0] and "#running-req" in f[0].evidence[0]
+
+
+def test_time_scaled_log_throughput_is_compared_in_simulated_units(tmp_path):
+    line = ("[2026-11-29 10:41:51 TP0] Decode batch, #running-req: 1, #token: 1696, token usage: 0.00, "
+            "cuda graph: True, gen throughput (token/s): {gen:.2f}, #queue-req: 0\n")
+
+    def scaled(run, arm):
+        run.time_scale = 10.0                  # the log says 10x what the (unscaled) client numbers say
+        run.run_dir = tmp_path / run.run_id
+        run.run_dir.mkdir()
+        (run.run_dir / "server.log").write_text(line.format(gen=10 * run.tok_s) * 3)
+    assert fired(clean(tweak=scaled), "client-bottleneck") == []
+
+
+def test_short_outputs_explain_an_accept_length_mismatch():
+    """SGLang's per-request accept length is completion_tokens / spec_verify_ct: the prefill token has no
+    verify step, so with L output tokens it reads L/(L-1) above the log's per-step mean."""
+    def short(run, arm):
+        if arm.is_spec:
+            for q in run.requests:
+                q.output_tokens = 12
+                q.spec_verify_ct = 5
+            run.log.accept_len_mean = 11 / 5
+    f = fired(clean(tweak=short), "accept-length-mismatch")
+    assert len(f) == 1 and "prefill" in f[0].message and "longer outputs" in f[0].message
+    assert any("12 output tokens" in e and "1.091x" in e for e in f[0].evidence), f[0].evidence
