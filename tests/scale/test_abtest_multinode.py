@@ -197,3 +197,19 @@ def test_killing_rank1_fails_the_round_and_leaves_both_hosts_clean(
         last = node.server_record("last_server.json")
         assert last and last["run_id"] == "001-baseline" and not pid_alive(int(last["pid"])), last
         assert node.compute_apps() == "", f"{node.name} still has GPU processes: {node.compute_apps()}"
+
+
+@pytest.mark.parametrize("layout", [{"a": True, "b": False}, {"a": True}], ids=["mixed", "one-host"])
+def test_the_preflight_refuses_an_inconsistent_multinode_layout(tmp_path: Path, layout: dict[str, bool]) -> None:
+    """Before any host is contacted: specab_multinode differing between hosts, or set on a single host."""
+    hosts = {h: {"ansible_connection": "local", "specab_multinode": v} for h, v in layout.items()}
+    inv = tmp_path / "inventory.yml"
+    inv.write_text(json.dumps({"all": {"children": {"gpu_nodes": {"hosts": hosts}}}}))
+    exp = write_experiment(tmp_path, experiment("mn-layout", port=30000))
+    res = run_playbook(tmp_path, inv, "playbooks/ab_test.yml",
+                       {"specab_experiment_file": str(exp), "specab_runs_dir": str(tmp_path / "runs")}, timeout=120)
+    flat = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode != 0, flat[-3000:]
+    assert "specab_multinode must be the same on every host of gpu_nodes" in flat, flat[-3000:]
+    assert "PLAY [A/B round]" not in flat, "refused in the preflight, before any host is contacted"
+    assert not (tmp_path / "runs").exists()
