@@ -72,6 +72,9 @@ class LogStats:
     cuda_graph_false: int = 0
     accept_len_mean: float | None = None      # mean of the decode lines' `accept len`
     gen_tok_s_median: float | None = None     # median `gen throughput (token/s)` of lines with running requests
+    # median of `gen throughput` / `#running-req` over lines with running requests (an integer count): what
+    # one request decoded at by the server's account
+    gen_tok_s_per_req_median: float | None = None
     no_graph_example: str | None = None       # one decode line with `cuda graph: False`, quoted as evidence
     nccl_env: dict[str, str] = field(default_factory=dict)   # `NCCL INFO <VAR> set by environment to <v>`
 
@@ -360,7 +363,7 @@ def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None 
     """LogStats from parsed log records: dicts with kind 'decode' and keys accept_len, cuda_graph,
     gen_throughput, running_req, raw (the shape specab.logparse emits)."""
     st = LogStats(nccl_env=dict(nccl or {}))
-    acc, gen = [], []
+    acc, gen, per_req = [], [], []
     for r in records:
         if r.get("kind") != "decode":
             continue
@@ -376,8 +379,11 @@ def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None 
             acc.append(float(r["accept_len"]))
         if r.get("gen_throughput") is not None and (r.get("running_req") or 0) > 0:
             gen.append(float(r["gen_throughput"]))
+            if isinstance(r["running_req"], int):
+                per_req.append(float(r["gen_throughput"]) / r["running_req"])
     st.accept_len_mean = statistics.fmean(acc) if acc else None
     st.gen_tok_s_median = statistics.median(gen) if gen else None
+    st.gen_tok_s_per_req_median = statistics.median(per_req) if per_req else None
     return st
 
 
@@ -590,6 +596,8 @@ def load_store(path: str | Path, *, read_logs: bool = True) -> Experiment:
                 _unscale_request(q, scale)
             if log and log.gen_tok_s_median:
                 log.gen_tok_s_median /= scale
+            if log and log.gen_tok_s_per_req_median:
+                log.gen_tok_s_per_req_median /= scale
         runs.append(Run(
             time_scale=scale,
             run_id=r["run_id"], arm=r["arm"], seq=r["seq"], block=r["block"], host=r.get("host") or "localhost",

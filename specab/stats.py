@@ -9,6 +9,7 @@ See docs/statistics.md.
 """
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ def t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t > 0 else tail
 
 
+@functools.lru_cache(maxsize=4096)     # pure; a report asks for the same few (p, df) hundreds of times
 def t_ppf(p: float, df: float) -> float:
     """Quantile of Student's t (bisection on t_cdf)."""
     if not 0.0 < p < 1.0:

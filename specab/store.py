@@ -139,7 +139,8 @@ CREATE TABLE IF NOT EXISTS gpu_samples (
     util_pct     REAL,
     mem_used_mib REAL,
     throttle_reasons TEXT,
-    raw_json     TEXT NOT NULL              -- the CSV row as a {column: value} object
+    raw_json     TEXT NOT NULL,             -- the CSV row as a {column: value} object
+    uuid         TEXT                       -- the row's `uuid` (added 2026-11; NULL: read raw_json)
 );
 CREATE TABLE IF NOT EXISTS manifests (
     seq           INTEGER NOT NULL REFERENCES runs(seq),
@@ -202,6 +203,13 @@ class Store:
     def __init__(self, path: Path, conn: sqlite3.Connection):
         self.path = path
         self.conn = conn
+        self._gpu_uuid_column: bool | None = None    # gpu_samples.uuid exists (stores before 2026-11 lack it)
+
+    def _has_gpu_uuid_column(self) -> bool:
+        if self._gpu_uuid_column is None:
+            cols = {r[1] for r in self.conn.execute("PRAGMA table_info(gpu_samples)")}
+            self._gpu_uuid_column = "uuid" in cols
+        return self._gpu_uuid_column
 
     # ----------------------------------------------------------------- open / create
     @classmethod
@@ -345,6 +353,10 @@ class Store:
         if not any(keys):     # headerless: nothing we can map reliably
             return 0
         n = 0
+        if not self._has_gpu_uuid_column():     # an older store (resumed): add the column; its old rows keep NULL
+            with self._tx() as c:
+                c.execute("ALTER TABLE gpu_samples ADD COLUMN uuid TEXT")
+            self._gpu_uuid_column = True
         with self._tx() as c:
             for row in rows[1:]:
                 if not row or all(not x.strip() for x in row):
@@ -357,12 +369,12 @@ class Store:
                     elif k:
                         vals[k] = _num(v)
                 c.execute("INSERT INTO gpu_samples(seq, host, ts, gpu, sm_clock_mhz, mem_clock_mhz, max_sm_clock_mhz,"
-                          " power_w, temp_c, util_pct, mem_used_mib, throttle_reasons, raw_json)"
-                          " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                          " power_w, temp_c, util_pct, mem_used_mib, throttle_reasons, raw_json, uuid)"
+                          " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                           (seq, host, vals.get("ts"), None if vals.get("gpu") is None else int(vals["gpu"]),
                            vals.get("sm_clock_mhz"), vals.get("mem_clock_mhz"), vals.get("max_sm_clock_mhz"),
                            vals.get("power_w"), vals.get("temp_c"), vals.get("util_pct"), vals.get("mem_used_mib"),
-                           vals.get("throttle_reasons"), _dumps(raw)))
+                           vals.get("throttle_reasons"), _dumps(raw), raw.get("uuid")))
                 n += 1
         return n
 
@@ -462,16 +474,20 @@ class Store:
     def gpu_sample_rows(self) -> Iterator[tuple[Any, ...]]:
         """GPU samples with a timestamp as tuples in GPU_SAMPLE_ROW order, by seq and then as inserted (the CSV's
         order, which is by time: sort a run's rows by ts where it is not). uuid is the CSV row's `uuid` column
-        (from raw_json; None when absent)."""
+        (None when the CSV had none): the uuid column, or raw_json's for rows written before it existed."""
         cols = "seq, ts, gpu, sm_clock_mhz, max_sm_clock_mhz, mem_clock_mhz, util_pct, power_w, temp_c, throttle_reasons"
         order = " FROM gpu_samples WHERE ts IS NOT NULL ORDER BY seq, rowid"     # the seq index's order: no sort
+        from_raw = "json_extract(raw_json, '$.uuid')"
+        uuid = f"COALESCE(uuid, {from_raw})" if self._has_gpu_uuid_column() else from_raw
         try:
-            cur = self._tuples(f"SELECT {cols}, json_extract(raw_json, '$.uuid'){order}")
+            cur = self._tuples(f"SELECT {cols}, {uuid}{order}")
         except sqlite3.OperationalError as exc:       # an SQLite built without JSON1: decode here
             if "json_extract" not in str(exc):
                 raise
-            for row in self._tuples(f"SELECT {cols}, raw_json{order}"):
-                yield row[:-1] + (json.loads(row[-1]).get("uuid") if row[-1] else None,)
+            uuid = "uuid, raw_json" if self._has_gpu_uuid_column() else "NULL, raw_json"
+            for row in self._tuples(f"SELECT {cols}, {uuid}{order}"):
+                yield row[:-2] + (row[-2] if row[-2] is not None else
+                                  json.loads(row[-1]).get("uuid") if row[-1] else None,)
             return
         yield from cur
 
