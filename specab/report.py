@@ -299,7 +299,8 @@ def _shade_windows(ax, exp: Experiment, t0: float) -> None:
         ax.autoscale_view(scaley=False)
 
 
-def plot_gpu_clocks(exp: Experiment) -> bytes:
+def plot_gpu_clocks(exp: Experiment, grid: tuple[int, int] | None = PLOT_GRID) -> bytes:
+    """SM clock of every GPU sample over time (grid: see distinct_points; None draws every sample)."""
     import numpy as np
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -321,7 +322,7 @@ def plot_gpu_clocks(exp: Experiment) -> bytes:
         bounds = (min(float(v.min()) for v in xs.values()), max(float(v.max()) for v in xs.values()),
                   min(float(v.min()) for v in ys.values()), max(float(v.max()) for v in ys.values()))
         for g in sorted(ts):
-            keep = distinct_points(xs[g], ys[g], bounds=bounds)
+            keep = distinct_points(xs[g], ys[g], grid, bounds) if grid else slice(None)
             ax.plot(xs[g][keep], ys[g][keep], ".", ms=3, label=f"GPU {g}")
         _shade_windows(ax, exp, t0)
         if mx:

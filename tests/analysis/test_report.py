@@ -107,3 +107,57 @@ def test_failed_and_unpaired_runs_are_reported_not_hidden():
     assert "over 3 paired block(s)" in md                       # the block without a spec run is not paired
     html_text = report.to_html(rep)
     assert "<script" not in html_text and "CUDA out of memory" in html_text
+
+
+# ------------------------------------------------------------------ GPU clocks of many samples (issue 8, benchmark 5)
+
+def _png_pixels(png: bytes):
+    from matplotlib import image as mpimg
+    return mpimg.imread(io.BytesIO(png))
+
+
+def test_gpu_clock_plot_of_distinct_points_is_the_plot_of_every_sample():
+    """The plot draws only the samples that land on distinct points of a grid finer than its pixels: the
+    picture is the one every sample draws, throttled outliers included, and the outliers are kept."""
+    import numpy as np
+
+    def many(run, arm):
+        w = run.window
+        run.gpu_samples = F.gpu_samples(w[0], w[1], n=400, gpus=8)
+        if run.seq % 5 == 0:
+            for s in run.gpu_samples[::37]:
+                s.sm_mhz = 1350.0 if s.index % 2 else 990.0
+    exp = F.experiment({"baseline": 82.2, "eagle3-s2": 60.5}, blocks=12, accept={"eagle3-s2": 2.1}, tweak=many)
+    assert sum(len(r.gpu_samples) for r in exp.runs) == 24 * 400 * 8
+    every, fast = _png_pixels(report.plot_gpu_clocks(exp, grid=None)), _png_pixels(report.plot_gpu_clocks(exp))
+    assert every.shape == fast.shape
+    diff = np.abs(every - fast).max(axis=-1)
+    assert (diff > 0.1).mean() < 0.002, f"{int((diff > 0.1).sum())} pixels differ"
+
+    def ink(img):                                    # markers, lines, text (not the white or shaded background)
+        return img[..., :3].max(axis=-1) < 0.6
+
+    def grown(mask):                                 # the mask and its 8 neighbours
+        out = mask.copy()
+        for dy in (-1, 0, 1):
+            for dx in (-1, 0, 1):
+                out |= np.roll(np.roll(mask, dy, axis=0), dx, axis=1)
+        return out
+    # what differs is the antialiased rim of a marker (many overlapping copies shade it darker), never a marker:
+    # every inked pixel of one plot is within a pixel of ink in the other
+    assert ink(every).sum() > 5000
+    assert not (ink(every) & ~grown(ink(fast))).any() and not (ink(fast) & ~grown(ink(every))).any()
+    assert not ((diff > 0.1) & ~grown(ink(every) | ink(fast))).any()
+
+
+def test_distinct_points_keeps_every_outlier_and_drops_only_repeats():
+    import numpy as np
+    x = np.repeat(np.arange(10_000) / 100.0, 8)          # 8 GPUs' samples at the same times
+    y = np.full(len(x), 1980.0)
+    y[[5, 40_000, 79_999]] = [990.0, 1350.0, 1979.0]
+    keep = report.distinct_points(x, y)
+    assert {5, 40_000, 79_999} <= set(keep.tolist())
+    assert len(keep) <= 2 * report.PLOT_GRID[0] + 3 and list(keep) == sorted(keep)
+    assert len(report.distinct_points(x[:0], y[:0])) == 0
+    one = report.distinct_points([1.0, 1.0], [5.0, 5.0])
+    assert one.tolist() == [0]

@@ -50,3 +50,89 @@ def test_simulated_time_scale_is_undone(tmp_path):
     for a, b in zip(exp.runs, back.runs):
         assert b.tok_s == pytest.approx(a.tok_s) and b.measured[0].tpot_s == pytest.approx(a.measured[0].tpot_s)
     assert back.runs[0].log.gen_tok_s_median == pytest.approx(exp.runs[0].log.gen_tok_s_median / 20, rel=1e-3)
+
+
+# ------------------------------------------------------------------ the lean loader (issue 8, benchmarks 5/6)
+
+def _dict_loader(d):
+    """The loader before it streamed tuples: every row as a dict, uuid decoded from raw_json."""
+    import json
+
+    from specab.store import Store
+    s = Store.open(d)
+    try:
+        reqs, samples = {}, {}
+        for r in s.requests(include_warmup=True):
+            reqs.setdefault(r["seq"], []).append(analysis.Request.from_json(r))
+        for g in s.gpu_samples():
+            if g.get("ts") is None:
+                continue
+            samples.setdefault(g["seq"], []).append(analysis.GpuSample(
+                ts=g["ts"], index=int(g.get("gpu") or 0), uuid=json.loads(g["raw_json"]).get("uuid"),
+                sm_mhz=g.get("sm_clock_mhz"), max_sm_mhz=g.get("max_sm_clock_mhz"), mem_mhz=g.get("mem_clock_mhz"),
+                util_pct=g.get("util_pct"), power_w=g.get("power_w"), temp_c=g.get("temp_c"),
+                reasons=analysis._reasons(g.get("throttle_reasons"))))
+        return reqs, samples
+    finally:
+        s.close()
+
+
+CSV = ("timestamp,index,uuid,clocks.sm [MHz],clocks.max.sm [MHz],power.draw [W],clocks_event_reasons.active\n"
+       "100.0,0,GPU-a,1980,1980,455.5,0x0000000000000000\n"
+       "100.0,1,GPU-b,1980,1980,-0.0,0x0000000000000000\n"
+       "99.0,0,GPU-a,1500,1980,300,0x0000000000000020\n"        # out of order: the loader sorts by time
+       "99.0,1,GPU-b,,1980,N/A,\n"
+       ",0,GPU-a,1980,1980,1,0x0\n"                               # no timestamp: skipped
+       "101.0,0,,1980,1980,455.5,0x1\n")
+
+
+def _store_with_samples(tmp_path):
+    exp = F.experiment({"baseline": 82.2, "eagle3-s2": 60.5}, blocks=2, accept={"eagle3-s2": 2.1})
+    d = F.write_store(exp, tmp_path)
+    return exp, d
+
+
+def test_lean_loader_gives_what_the_dict_loader_gave(tmp_path):
+    from specab.store import Store
+    _, d = _store_with_samples(tmp_path)
+    with Store.open(d) as s:
+        s.add_gpu_samples(1, "localhost", CSV)
+    reqs, samples = _dict_loader(d)
+    back = analysis.load_store(d)
+    for r in back.runs:
+        assert r.requests == reqs.get(r.seq, [])
+        assert r.gpu_samples == sorted(samples.get(r.seq, []), key=lambda g: g.ts)
+    s1 = back.runs[0].gpu_samples
+    assert [g.ts for g in s1] == sorted(g.ts for g in s1)
+    added = [g for g in s1 if g.ts in (99.0, 100.0, 101.0)]
+    assert [(g.ts, g.index, g.uuid) for g in added] == [(99.0, 0, "GPU-a"), (99.0, 1, "GPU-b"), (100.0, 0, "GPU-a"),
+                                                        (100.0, 1, "GPU-b"), (101.0, 0, "")]
+    assert added[0].reasons == 0x20 and added[1].sm_mhz is None and added[1].power_w is None
+
+
+def test_store_of_before_the_uuid_column_reads_and_resumes(tmp_path):
+    """A results store written before gpu_samples.uuid existed (session 1's runs/) still reports, and a
+    resumed experiment adds the column on its first write; uuids come from raw_json for the old rows."""
+    import sqlite3
+
+    from specab import report
+    from specab.store import Store
+    exp, d = _store_with_samples(tmp_path)
+    con = sqlite3.connect(d / "results.sqlite")
+    con.execute("ALTER TABLE gpu_samples DROP COLUMN uuid")
+    con.execute("UPDATE gpu_samples SET raw_json = json_set(raw_json, '$.uuid', 'GPU-old-' || gpu)")
+    con.commit()
+    con.close()
+    old = analysis.load_store(d)
+    assert old.runs[0].gpu_samples[0].uuid == "GPU-old-0"
+    paths = report.write_report(d)
+    assert "## Speedup (paired within blocks)" in open(paths["markdown"]).read()
+    with Store.open(d) as s:                        # resume: the next run's samples
+        s.add_gpu_samples(2, "localhost", CSV)
+        assert "uuid" in {r[1] for r in s.conn.execute("PRAGMA table_info(gpu_samples)")}
+    back = analysis.load_store(d)
+    uuids = {g.uuid for g in back.runs[1].gpu_samples}
+    assert {"GPU-old-0", "GPU-old-1", "GPU-a", "GPU-b", ""} <= uuids
+    reqs, samples = _dict_loader(d)
+    for r in back.runs:
+        assert r.gpu_samples == sorted(samples.get(r.seq, []), key=lambda g: g.ts)
