@@ -124,10 +124,11 @@ def _value(text: str) -> Any:
         return True
     if text == "False":
         return False
-    try:
-        return int(text)
-    except ValueError:
-        pass
+    if "." not in text:         # int() never takes a ".": skip its exception for every decimal number
+        try:
+            return int(text)
+        except ValueError:
+            pass
     try:
         return float(text)
     except ValueError:
