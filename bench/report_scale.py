@@ -224,6 +224,33 @@ def time_report_cli(exp_dir: Path) -> dict[str, Any]:
             "peak_rss_mb": round(after.ru_maxrss / 1024, 1), "summary": proc.stdout.strip().splitlines()[:6]}
 
 
+def stage_times(exp_dir: Path) -> dict[str, float]:
+    """CPU seconds of each stage of the report, in this process (after a first, warming report)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from specab import analysis, doctor, report, stats
+    report.write_report(exp_dir)
+    out: dict[str, float] = {}
+
+    def timed(name: str, f):
+        t = time.process_time()
+        v = f()
+        out[name] = round(time.process_time() - t, 3)
+        return v
+    timed("load_store: store rows", lambda: analysis.load_store(exp_dir, read_logs=False))
+    exp = timed("load_store: store rows + server logs", lambda: analysis.load_store(exp_dir))
+    out["server logs"] = round(out.pop("load_store: store rows + server logs") - out["load_store: store rows"], 3)
+    st = timed("statistics", lambda: stats.analyse(exp))
+    timed("doctor", lambda: doctor.diagnose(exp, st))
+    model = timed("spec model", lambda: report._model_for(exp, st, exp.baseline))
+    timed("plot tok/s", lambda: report.plot_tok_s(exp, st))
+    timed("plot speedup, tau, baseline", lambda: (report.plot_speedup_vs_steps(exp, st, model),
+                                                  report.plot_tau(exp, st, model),
+                                                  report.plot_baseline_over_time(exp, st)))
+    timed("plot GPU clocks", lambda: report.plot_gpu_clocks(exp))
+    return out
+
+
 def profile_report(exp_dir: Path, top: int) -> list[str]:
     from specab.report import write_report
     prof = cProfile.Profile()
@@ -244,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=3, help="time the report this many times (median reported)")
     ap.add_argument("--profile", action="store_true", help="also profile write_report in-process")
+    ap.add_argument("--stages", action="store_true", help="also time each stage of the report in-process (CPU s)")
     ap.add_argument("--workdir", help="keep the experiment here (default: a temporary directory, removed)")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args(argv)
@@ -255,15 +283,19 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         made = synthesise(exp_dir, args.runs, args.steps, args.requests, args.warmup, args.output_len, seed=1)
         made["synthesis_s"] = round(time.perf_counter() - t0, 1)
+        load_before = [round(x, 2) for x in os.getloadavg()]
         timings = [time_report_cli(exp_dir) for _ in range(max(1, args.repeat))]
         walls = sorted(t["wall_s"] for t in timings)
         res: dict[str, Any] = {
             "benchmark": "report generation, experiment of %d runs" % args.runs,
-            "loadavg": [round(x, 2) for x in os.getloadavg()], "cores": os.cpu_count(),
+            "loadavg_before": load_before, "loadavg": [round(x, 2) for x in os.getloadavg()],
+            "cores": os.cpu_count(), "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "experiment": made, "command": "python driver.py report <experiment dir>",
             "wall_s": walls, "wall_s_median": walls[len(walls) // 2], "cpu_s": [t["cpu_s"] for t in timings],
             "peak_rss_mb": max(t["peak_rss_mb"] for t in timings), "report_summary": timings[-1]["summary"],
             "target_s": 5.0, "met": walls[len(walls) // 2] <= 5.0}
+        if args.stages:
+            res["stages_cpu_s"] = stage_times(exp_dir)
         if args.profile:
             res["profile_top"] = profile_report(exp_dir, 25)
     finally:

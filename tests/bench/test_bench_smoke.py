@@ -144,7 +144,7 @@ def test_verdict_cost_sequential_stops_within_target_or_at_the_cap(capsys):
 
 def test_report_scale_small_experiment_writes_the_report(tmp_path, capsys):
     rs = _load("report_scale")
-    res = _run(rs, ["--runs", "8", "--repeat", "1", "--workdir", str(tmp_path)], capsys)
+    res = _run(rs, ["--runs", "8", "--repeat", "1", "--stages", "--workdir", str(tmp_path)], capsys)
     assert res["experiment"]["runs"] == 8 and res["experiment"]["arms"] == ["baseline", "eagle3-s1", "eagle3-s2",
                                                                               "eagle3-s3"]
     exp_dir = next(tmp_path.iterdir())
@@ -153,6 +153,25 @@ def test_report_scale_small_experiment_writes_the_report(tmp_path, capsys):
     assert report["stats"]["blocks"] == 2
     assert len(res["wall_s"]) == 1 and res["wall_s_median"] > 0
     assert any("eagle3-s2 vs baseline" in line for line in res["report_summary"])
+    stages = res["stages_cpu_s"]
+    assert {"load_store: store rows", "server logs", "statistics", "doctor", "plot GPU clocks"} <= set(stages)
+    assert all(v >= 0 for v in stages.values()) and len(res["loadavg_before"]) == 3
+
+
+def test_report_scale_synthesis_is_repeatable_with_a_fixed_clock(tmp_path):
+    """The golden-report test relies on it: the same seed and t0 write the same experiment."""
+    import sqlite3
+    rs = _load("report_scale")
+    rows = []
+    for k in (1, 2):
+        d = tmp_path / f"e{k}" / "scale-20261129-000000"
+        rs.synthesise(d, 4, [2], 3, 1, 64, seed=5, t0=1.79e9)
+        con = sqlite3.connect(d / "results.sqlite")
+        rows.append([con.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall()
+                     for t in ("requests", "gpu_samples", "manifests", "run_phases")])
+        con.close()
+        rows[-1].append(sorted((p.parent.name, p.read_text()) for p in d.glob("*/server.log")))
+    assert rows[0] == rows[1] and rows[0][0] and rows[0][1]
 
 
 # ------------------------------------------------------------------------------- footprint
