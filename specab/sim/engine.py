@@ -211,7 +211,7 @@ class Engine:
             return self.throttle
         return None
 
-    def _slowdown(self) -> float:
+    def slowdown(self) -> float:
         return self.throttle.time_factor(self._elapsed_sim()) if self.throttle is not None else 1.0
 
     def _num_used(self) -> int:
@@ -303,7 +303,7 @@ class Engine:
             self._cache.append(r.prompt)
         running_before = len(self.running)
         dt = self.timing.prefill_s(new_tokens, self._t_sim(), random.Random(f"prefill:{self.seed}:{self._n}"))
-        next_t += dt * self._slowdown() / self.scale
+        next_t += dt * self.slowdown() / self.scale
         await self._sleep_until(next_t)
         elapsed = max(1e-9, time.monotonic() - self._last_prefill)
         self._last_prefill = time.monotonic()
@@ -334,7 +334,7 @@ class Engine:
         speed = sum(r.speed for r in self.running) / bs
         rng = self.running[0].rng
         dt = self.timing.step_s(bs, self._t_sim(), rng, request_speed=speed)
-        next_t += dt * self._slowdown() / self.scale
+        next_t += dt * self.slowdown() / self.scale
         await self._sleep_until(next_t)
         graph = self.timing.graph_used(bs)
         self._last_graph = graph

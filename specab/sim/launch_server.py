@@ -234,7 +234,7 @@ class Launch:
         sim_info = {"profile": self.profile.name, "time_scale": st.time_scale, "seed": st.seed,
                     "instance": instance, "state": str(st.state), "nccl_factor": timing.nccl,
                     "true_decode_tok_s": round(timing.true_decode_tok_s((time.time() - epoch) * st.time_scale)
-                                               * st.time_scale / engine._slowdown(), 3)}
+                                               * st.time_scale / engine.slowdown(), 3)}
         if st.faults.throttle is not None:
             sim_info["throttle"] = st.faults.throttle.to_dict()
         if slow is not None:

@@ -65,8 +65,8 @@ def test_the_engine_applies_the_throttle_on_the_servers_clock(tmp_path):
                       decode_log_interval=40, throttle=Throttle(100.0, 0.5, 0x8),
                       started_at=time.time() - started_ago_wall_s)
     early, late = engine(5.0), engine(20.0)          # 50 and 200 simulated seconds after the start
-    assert early.throttled() is None and early._slowdown() == 1.0
-    assert late.throttled() is not None and late._slowdown() == pytest.approx(2.0)
+    assert early.throttled() is None and early.slowdown() == 1.0
+    assert late.throttled() is not None and late.slowdown() == pytest.approx(2.0)
 
 
 # ----------------------------------------------------------------------------------------- smi
