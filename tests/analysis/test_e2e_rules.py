@@ -37,7 +37,8 @@ from specab import analysis, doctor, stats
 from specab.sim.profile import PROFILE_DIR
 from tests.driver.simnode import NCCL_TUNED, SimNode, driver, free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+def slow(fn):
+    return pytest.mark.slow(pytest.mark.timeout(900)(fn))
 PY = sys.executable
 SPEC = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/models/Kimi-K2.5-EAGLE3",
         "speculative_num_steps": 2, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 3}
@@ -160,6 +161,7 @@ def nodes(tmp_path: Path):
 
 # ------------------------------------------------------------------------------------------ tests
 
+@slow
 def test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else(nodes):
     node = nodes("faults")
     arms = [{"name": "baseline", "env": dict(NO_NCCL)},
@@ -212,6 +214,7 @@ def test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else(n
     assert r.log and r.log.gen_tok_s_median and r.tok_s and r.log.gen_tok_s_median > 1.5 * r.tok_s
 
 
+@slow
 def test_a_drifting_node_provokes_baseline_drift(nodes, tmp_path: Path):
     node = nodes("drift")
     drifting = profile(tmp_path, "drifting", noise={"drift_pct_per_hour": -200.0, "drift_max_pct": 90.0,
@@ -228,6 +231,7 @@ def test_a_drifting_node_provokes_baseline_drift(nodes, tmp_path: Path):
     assert not {"gpu-throttled", "client-bottleneck", "nccl-untuned-baseline-slow"} & set(by), by.keys()
 
 
+@slow
 def test_short_outputs_make_the_requests_accept_length_disagree_with_the_log(nodes):
     node = nodes("short")
     exp = write_experiment(node, "short", [{"name": "baseline"}, {"name": "eagle3", "server_args": SPEC}],
@@ -241,6 +245,7 @@ def test_short_outputs_make_the_requests_accept_length_disagree_with_the_log(nod
     assert st.accept_len.mean / st.log_accept_len == pytest.approx(12 / 11, rel=0.02)
 
 
+@slow
 def test_a_cpu_starved_client_is_the_bottleneck(nodes, tmp_path: Path):
     node = nodes("client", scale="20")
     exp = write_experiment(node, "client", [{"name": "baseline"}], output_len=512, num_requests=2)
@@ -253,3 +258,46 @@ def test_a_cpu_starved_client_is_the_bottleneck(nodes, tmp_path: Path):
     assert r.tok_s < 0.7 * USUAL_BASELINE, r.tok_s               # the client read slower than the server decoded
     assert any("per running request" in ev for ev in cb[0].evidence), cb[0].evidence
     assert r.log and r.log.gen_tok_s_median and r.log.gen_tok_s_median > 0.85 * USUAL_BASELINE
+
+
+# Where each rule of doctor.RULES fires through the simulator, and where it is shown silent on real
+# simulated data with its evidence present (docs/analysis.md has the same table in words).
+COVERAGE = {
+    "verify-without-cuda-graph": ("test_e2e_sim::test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one",
+                                  "test_e2e_sim::test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one"),
+    "accept-below-break-even": ("test_e2e_sim::test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one",
+                                "test_e2e_sim::test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one"),
+    "env-not-confirmed": ("test_e2e_sim::test_env_not_applied_in_the_workers_is_reported",
+                          "test_e2e_rules::test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else"),
+    "arms-not-like-for-like": ("test_e2e_rules::test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else",
+                               "test_e2e_sim::test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one"),
+    "accept-length-mismatch": ("test_e2e_rules::test_short_outputs_make_the_requests_accept_length_disagree_with_the_log",
+                               "test_e2e_sim::test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one"),
+    "gpu-throttled": ("test_e2e_rules::test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else",
+                      "test_e2e_rules::test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else"),
+    "instance-outlier": ("test_e2e_rules::test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else",
+                         "test_e2e_rules::test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else"),
+    "nccl-untuned-baseline-slow": ("test_e2e_rules::test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else",
+                                   "test_e2e_sim::test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one"),
+    "baseline-drift": ("test_e2e_rules::test_a_drifting_node_provokes_baseline_drift",
+                       "test_e2e_rules::test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else"),
+    "client-bottleneck": ("test_e2e_rules::test_a_cpu_starved_client_is_the_bottleneck",
+                          "test_e2e_rules::test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else"),
+}
+
+
+def test_every_doctor_rule_is_provoked_and_shown_silent_end_to_end():
+    """A rule added to doctor.RULES fails here until it has an end-to-end provocation and a clean run."""
+    import importlib
+    import inspect
+    assert set(COVERAGE) == set(doctor.RULES)
+    for rule, where in COVERAGE.items():
+        for ref in where:
+            module, func = ref.split("::")
+            mod = importlib.import_module(f"tests.analysis.{module}")
+            fn = getattr(mod, func, None)
+            assert fn is not None, f"{rule}: {ref} does not exist"
+            assert any(m.name == "slow" for m in getattr(fn, "pytestmark", [])) or \
+                any(m.name == "slow" for m in getattr(mod, "pytestmark", [])), f"{ref} is not an end-to-end test"
+            src = inspect.getsource(fn)         # names the rule, or asserts the exact set of rules that fire
+            assert rule in src or re.search(r"assert set\(by\w*\) ==", src), f"{ref} asserts nothing about {rule}"
