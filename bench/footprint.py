@@ -364,8 +364,16 @@ def measure_driver_1000(root: Path, runs: int) -> dict[str, Any]:
     if proc.returncode != 0:
         raise BenchError(f"the driver with the stand-in runner failed (exit {proc.returncode}):\n{out[-3000:]}")
     marks = [json.loads(line) for line in rss_log.read_text().splitlines() if line.strip()]
+    # the peak is only the whole experiment's if the driver wrote its end-of-experiment report (it exits 0
+    # without one, printing "report not written: ...")
+    reports = [p for p in (root / "runs").glob("*/report.md") if (p.parent / "report.html").is_file()]
+    if not reports:
+        tail = "\n".join(line for line in out.splitlines() if "report" in line.lower())[-2000:]
+        raise BenchError(f"the driver finished but wrote no report.md/report.html under {root / 'runs'}: the peak "
+                         f"would not include the report. Its report lines:\n{tail or out[-2000:]}")
     return {"runs": 2 * repeats, "wall_s": round(time.perf_counter() - t0, 1), "driver_process": peaks,
             "rss_mb_after_runs": {str(m["runs"]): round(m["rss_kib"] / 1024, 1) for m in marks},
+            "report_written": str(reports[0].relative_to(root)),
             "target_mb": 300, "met": peaks["peak_rss_mb"] <= 300}
 
 

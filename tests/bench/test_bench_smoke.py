@@ -198,3 +198,4 @@ def test_footprint_driver_with_stand_in_runner_runs_the_whole_experiment(tmp_pat
     assert d["driver_process"]["peak_rss_mb"] >= d["rss_mb_after_runs"]["1"] > 10
     exp_dir = next((tmp_path / "driver-1000" / "runs").iterdir())
     assert (exp_dir / "report.md").is_file()                     # the driver's own end-of-experiment report
+    assert d["report_written"].endswith("report.md")
