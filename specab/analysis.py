@@ -158,8 +158,12 @@ class Run:
     @property
     def tok_s(self) -> float | None:
         """The run's output tok/s: median over its measured requests' decode tok/s."""
-        v = [r.decode_tok_s for r in self.measured if r.decode_tok_s]
-        return statistics.median(v) if v else None
+        # statistics.median's arithmetic, inline: the doctor asks ~260,000 times in a 1,000-run experiment
+        v = sorted([r.decode_tok_s for r in self.requests if not r.warmup and r.ok and r.decode_tok_s])
+        n = len(v)
+        if not n:
+            return None
+        return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
     @property
     def accept_len(self) -> float | None:
@@ -521,8 +525,8 @@ def _store_requests(store: Any) -> dict[int, list[Request]]:
 
 
 def _store_gpu_samples(store: Any) -> dict[int, list[GpuSample]]:
-    """Every GPU sample with a timestamp by seq. Repeated values (clocks, power, UUIDs, reason masks: most
-    samples of a run repeat them) share one object, which keeps a 1,000-run experiment's samples small."""
+    """Every GPU sample with a timestamp by seq. Repeated UUID strings and reason masks share one object
+    (sharing the floats too would save ~45 MB of a 1,000-run experiment's ~330,000 samples, at 0.3 s)."""
     same: dict[Any, Any] = {}
     reasons: dict[Any, int | None] = {}
     out: dict[int, list[GpuSample]] = {}
@@ -539,11 +543,8 @@ def _store_gpu_samples(store: Any) -> dict[int, list[GpuSample]]:
             r = reasons[thr]
         except KeyError:
             r = reasons[thr] = _reasons(thr)
-        # zero stays as read: -0.0 == 0.0 would otherwise share one object
-        cur.append(GpuSample(ts, int(gpu or 0), uuid and same.setdefault(uuid, uuid),
-                             sm and same.setdefault(sm, sm), max_sm and same.setdefault(max_sm, max_sm),
-                             mem and same.setdefault(mem, mem), util and same.setdefault(util, util),
-                             power and same.setdefault(power, power), temp and same.setdefault(temp, temp), r))
+        cur.append(GpuSample(ts, int(gpu or 0), uuid and same.setdefault(uuid, uuid), sm, max_sm, mem, util, power,
+                             temp, r))
     for seq in unsorted:       # by time; a stable sort keeps the insertion order of equal times
         out[seq].sort(key=lambda s: s.ts)
     return out
