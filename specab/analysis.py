@@ -7,10 +7,12 @@ see docs/architecture.md) or from the results store.
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import math
 import re
 import statistics
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -550,11 +552,31 @@ def _store_gpu_samples(store: Any) -> dict[int, list[GpuSample]]:
     return out
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for a block, restoring its state after. Building the
+    ~350,000 objects of a 1,000-run experiment (none in a reference cycle) otherwise triggers a collection
+    every 700 allocations, each older generation traversing everything built so far: ~0.3 s of a load,
+    ~0.7 s of a report. Reference counting still frees everything as usual meanwhile."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def load_store(path: str | Path, *, read_logs: bool = True) -> Experiment:
     """An experiment from its results store (`runs/<id>/results.sqlite`, docs/results.md).
 
     path: the experiment directory or the sqlite file. Server logs are read from the run
     directories when they exist (the store keeps only their tail)."""
+    with gc_paused():
+        return _load_store(path, read_logs=read_logs)
+
+
+def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
     from specab.store import FILENAME, Store   # local: the data model itself needs no store
 
     p = Path(path)
