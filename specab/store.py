@@ -354,8 +354,12 @@ class Store:
             return 0
         n = 0
         if not self._has_gpu_uuid_column():     # an older store (resumed): add the column; its old rows keep NULL
-            with self._tx() as c:
-                c.execute("ALTER TABLE gpu_samples ADD COLUMN uuid TEXT")
+            try:
+                with self._tx() as c:
+                    c.execute("ALTER TABLE gpu_samples ADD COLUMN uuid TEXT")
+            except sqlite3.OperationalError as exc:    # another connection (a fleet's other host) added it first
+                if "duplicate column" not in str(exc):
+                    raise
             self._gpu_uuid_column = True
         with self._tx() as c:
             for row in rows[1:]:

@@ -136,3 +136,26 @@ def test_store_of_before_the_uuid_column_reads_and_resumes(tmp_path):
     reqs, samples = _dict_loader(d)
     for r in back.runs:
         assert r.gpu_samples == sorted(samples.get(r.seq, []), key=lambda g: g.ts)
+
+
+def test_two_connections_to_an_old_store_both_add_samples(tmp_path):
+    """A fleet writes one store from several Store objects: both see no uuid column, the second ALTER
+    finds it added already and goes on."""
+    import sqlite3
+
+    from specab.store import Store
+    _, d = _store_with_samples(tmp_path)
+    con = sqlite3.connect(d / "results.sqlite")
+    con.execute("ALTER TABLE gpu_samples DROP COLUMN uuid")
+    con.commit()
+    con.close()
+    a, b = Store.open(d), Store.open(d)
+    try:
+        assert not a._has_gpu_uuid_column() and not b._has_gpu_uuid_column()
+        assert a.add_gpu_samples(1, "localhost", CSV) == 6          # every data row (one has no timestamp)
+        assert b.add_gpu_samples(2, "localhost", CSV) == 6
+    finally:
+        a.close()
+        b.close()
+    back = analysis.load_store(d)
+    assert {g.uuid for r in back.runs[:2] for g in r.gpu_samples} >= {"GPU-a", "GPU-b"}
