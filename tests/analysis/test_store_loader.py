@@ -159,3 +159,29 @@ def test_two_connections_to_an_old_store_both_add_samples(tmp_path):
         b.close()
     back = analysis.load_store(d)
     assert {g.uuid for r in back.runs[:2] for g in r.gpu_samples} >= {"GPU-a", "GPU-b"}
+
+
+@pytest.mark.parametrize("uuid_column", [True, False])
+def test_sqlite_without_json1_reads_the_same_samples(tmp_path, monkeypatch, uuid_column):
+    import sqlite3
+
+    from specab.store import Store
+    _, d = _store_with_samples(tmp_path)
+    with Store.open(d) as s:
+        s.add_gpu_samples(1, "localhost", CSV)
+    if not uuid_column:
+        con = sqlite3.connect(d / "results.sqlite")
+        con.execute("ALTER TABLE gpu_samples DROP COLUMN uuid")
+        con.commit()
+        con.close()
+    with Store.open(d) as s:
+        want = list(s.gpu_sample_rows())
+        real = Store._tuples
+
+        def no_json1(self, sql):
+            if "json_extract" in sql:
+                raise sqlite3.OperationalError("no such function: json_extract")
+            return real(self, sql)
+        monkeypatch.setattr(Store, "_tuples", no_json1)
+        assert list(s.gpu_sample_rows()) == want
+    assert any(row[-1] == "GPU-a" for row in want)
