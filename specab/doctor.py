@@ -316,30 +316,17 @@ def _concurrency(exp: Experiment) -> int:
 
 
 def _server_tok_s_per_request(r: Run, concurrency: int) -> tuple[float, str] | None:
-    """What the server says one request decoded at: its `gen throughput` is the whole batch's, so each
-    decode line's value is divided by its `#running-req` (median over the run's server log, in simulated
-    units on a time-scaled node). A run without its log file: the log summary's median over the client's
-    concurrency (never above the per-request value, so this fallback cannot raise a false alarm)."""
-    log = r.run_dir / "server.log" if r.run_dir else None
-    if log is not None and log.is_file():
-        from specab import logparse
-        vals = []
-        try:
-            with open(log, encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    rec = logparse.parse_line(line)
-                    if rec and rec.get("kind") == "decode" and rec.get("gen_throughput") is not None \
-                            and isinstance(rec.get("running_req"), int) and rec["running_req"] > 0:
-                        vals.append(float(rec["gen_throughput"]) / rec["running_req"])
-        except OSError:
-            vals = []
-        if vals:
-            return (statistics.median(vals) / (r.time_scale or 1.0),
-                    f"median over {len(vals)} decode lines of gen throughput / #running-req")
-    if r.log and r.log.gen_tok_s_median:
-        per = r.log.gen_tok_s_median / concurrency
+    """What the server says one request decoded at: its `gen throughput` is the whole batch's, so the
+    log summary's median of `gen throughput / #running-req` over the decode lines (simulated units on a
+    time-scaled node, converted by the loader); a log without running counts: the median gen throughput
+    over the client's concurrency (never above the per-request value, so it cannot raise a false alarm)."""
+    if r.log is None:
+        return None
+    if r.log.gen_tok_s_per_req_median:
+        return r.log.gen_tok_s_per_req_median, "median over the decode lines of gen throughput / #running-req"
+    if r.log.gen_tok_s_median:
         how = "median gen throughput" + (f" / concurrency {concurrency}" if concurrency > 1 else "")
-        return per, how
+        return r.log.gen_tok_s_median / concurrency, how
     return None
 
 

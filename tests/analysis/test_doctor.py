@@ -1,7 +1,7 @@
 """Every doctor rule fires on data that provokes it, quotes its evidence, and stays silent on a clean run."""
 import pytest
 
-from specab import doctor
+from specab import analysis, doctor
 from tests.analysis import factory as F
 
 CLEAN = {"baseline": 82.2, "eagle3-s2": 94.0}      # EAGLE wins at tau 2.1: nothing to report
@@ -135,21 +135,20 @@ def test_accept_length_from_requests_disagreeing_with_the_log():
 
 def test_client_vs_server_is_compared_per_request_at_any_concurrency(tmp_path):
     """The server's gen throughput is the whole batch's: at concurrency 4 a healthy client reads a
-    quarter of it per request. The rule divides each log line by its #running-req (the run's server.log),
-    or, without the log file, the median by the client's concurrency."""
+    quarter of it per request. The rule divides each log line by its #running-req (read from the run's
+    server.log by the real parser), or, for a log without running counts, the median by the concurrency."""
     line = ("[2026-11-29 10:41:51 TP0] Decode batch, #running-req: {n}, #token: 1696, token usage: 0.00, "
             "cuda graph: True, gen throughput (token/s): {gen:.2f}, #queue-req: 0\n")
 
     def batch_of_4(run, arm):
-        run.log.gen_tok_s_median = 4 * run.tok_s
-        run.run_dir = tmp_path / f"{id(run)}-{run.run_id}"
-        run.run_dir.mkdir()
-        (run.run_dir / "server.log").write_text("".join(line.format(n=4, gen=4 * run.tok_s) for _ in range(5))
-                                                + line.format(n=1, gen=run.tok_s))
+        log = tmp_path / f"{id(run)}-server.log"
+        log.write_text("".join(line.format(n=4, gen=4 * run.tok_s) for _ in range(5)) + line.format(n=1, gen=run.tok_s))
+        run.log = analysis.parse_server_log(log)
     exp = clean(tweak=batch_of_4)
+    assert all(r.log.gen_tok_s_median == pytest.approx(4 * r.tok_s, rel=0.01) for r in exp.runs)
     assert fired(exp, "client-bottleneck") == []
-    for r in exp.runs:                         # no log file: the client's concurrency from the experiment config
-        r.run_dir = None
+    for r in exp.runs:                         # no running counts: the client's concurrency from the experiment
+        r.log.gen_tok_s_per_req_median = None
     exp.meta["config"] = {"bench": {"concurrency": 4}}
     assert fired(exp, "client-bottleneck") == []
     exp.meta["config"] = {"bench": {"concurrency": 1}}
@@ -162,18 +161,6 @@ def test_client_vs_server_is_compared_per_request_at_any_concurrency(tmp_path):
                 q.decode_tok_s *= 0.6
     f = fired(clean(tweak=lagging_at_4), "client-bottleneck")
     assert len(f) == 1 and "per running request" in f[0].evidence[0] and "#running-req" in f[0].evidence[0]
-
-
-def test_time_scaled_log_throughput_is_compared_in_simulated_units(tmp_path):
-    line = ("[2026-11-29 10:41:51 TP0] Decode batch, #running-req: 1, #token: 1696, token usage: 0.00, "
-            "cuda graph: True, gen throughput (token/s): {gen:.2f}, #queue-req: 0\n")
-
-    def scaled(run, arm):
-        run.time_scale = 10.0                  # the log says 10x what the (unscaled) client numbers say
-        run.run_dir = tmp_path / run.run_id
-        run.run_dir.mkdir()
-        (run.run_dir / "server.log").write_text(line.format(gen=10 * run.tok_s) * 3)
-    assert fired(clean(tweak=scaled), "client-bottleneck") == []
 
 
 def test_short_outputs_explain_an_accept_length_mismatch():
