@@ -178,11 +178,16 @@ class Run:
 
     @property
     def window(self) -> tuple[float, float] | None:
-        """Measured window (first measured request sent .. last one finished)."""
+        """Measured window in wall-clock epoch seconds (first measured request sent .. last one finished).
+
+        start_ts is wall clock while e2e_s was converted to simulated seconds on a time-scaled
+        simulated node (_unscale_request), so it is divided back by the scale here."""
         rs = [r for r in self.measured if r.start_ts is not None]
         if not rs:
             return None
-        return (min(r.start_ts for r in rs), max(r.start_ts + (r.e2e_s or 0.0) for r in rs))  # type: ignore[operator]
+        scale = self.time_scale or 1.0
+        return (min(r.start_ts for r in rs),  # type: ignore[type-var]
+                max(r.start_ts + (r.e2e_s or 0.0) / scale for r in rs))  # type: ignore[operator]
 
     @property
     def midpoint(self) -> float | None:
