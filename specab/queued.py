@@ -1,0 +1,330 @@
+"""The queue executor (issue 8): runs of one host go through the node's sequencer, not one playbook each.
+
+`playbooks/enqueue.yml` renders each run's files and queues it on the node; the sequencer
+(`bin/sequence.py`, node side) runs the queued runs back to back with no Ansible task between two runs;
+`playbooks/collect_run.yml` waits for one run (`sequence.py wait`) and fetches its directory. The driver
+keeps ``lookahead`` runs queued beyond the one it waits for, so its own Ansible work (collect run k-1,
+enqueue run k+2) overlaps the benchmark of run k and the transition between two runs contains none.
+
+Contract with the node side: docs/architecture.md "Run queue". The run's outcome is the sequencer's
+``done.json``; its phases come from ``phases.jsonl`` (tailed live, stored with the node's times).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specab import store as st
+from specab.plan import PlannedRun
+from specab.remote import LogTail
+from specab.runner import Failure, PlaybookResult
+
+if TYPE_CHECKING:
+    from specab.experiment import ExperimentRun
+
+ENQUEUE_PLAYBOOK = "playbooks/enqueue.yml"
+COLLECT_PLAYBOOK = "playbooks/collect_run.yml"
+LOOKAHEAD = 2
+
+# node phase (phases.jsonl) -> the driver's display phase (the per-run path's names, so that the store,
+# the progress lines and the tests read the same); None ends the last phase
+NODE_PHASES: dict[str, str | None] = {
+    "claimed": "preparing",
+    "stopping-leftover": "stopping",
+    "gpus-free-before": "waiting for GPUs",
+    "starting": "starting",
+    "loading": "loading",
+    "ready": "ready",
+    "env": "verifying env",
+    "warming up": "warming up",
+    "benchmarking": "benchmarking",
+    "stopping": "stopping",
+    "gpus free": "waiting for GPUs",
+    "manifest": "writing manifest",
+    "done": None,
+}
+
+
+def display_phase(node_phase: str | None) -> str | None:
+    """The display name of a node phase (unknown names are shown as they are)."""
+    if node_phase is None:
+        return None
+    return NODE_PHASES.get(node_phase, node_phase)
+
+
+def phase_rows(lines: list[str]) -> list[tuple[str, float, float | None]]:
+    """Stored phases of one run from its phases.jsonl: (name, start, end), repeated phases named like the
+    per-run path does (`final stop`, `waiting for GPUs after stop`)."""
+    events: list[tuple[str | None, float]] = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            events.append((display_phase(str(rec["phase"])), float(rec["t"])))
+        except (ValueError, KeyError, TypeError):
+            continue                    # a line cut short by a crash of the sequencer
+    rows: list[tuple[str, float, float | None]] = []
+    names: list[str] = []
+    for i, (phase, t0) in enumerate(events):
+        if phase is None:
+            continue
+        t1 = events[i + 1][1] if i + 1 < len(events) else None
+        name = phase
+        if phase in names:
+            name = {"stopping": "final stop", "waiting for GPUs": "waiting for GPUs after stop"}.get(phase, phase)
+            if name in names:
+                name = f"{phase} ({names.count(phase) + 1})"
+        names.append(phase if name == phase else name)
+        rows.append((name, t0, t1))
+    return rows
+
+
+def _ident(what: str) -> str:
+    return f"{what}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+
+
+class QueueExecutor:
+    """The queue loop of one host (a single-node inventory, or one host of a fleet)."""
+
+    def __init__(self, run: "ExperimentRun", lookahead: int = LOOKAHEAD):
+        if len(run.p.inventory.hosts) != 1:
+            raise ValueError("the queue executor runs the runs of exactly one host")
+        self.run = run
+        self.host = run.p.inventory.hosts[0]
+        self.lookahead = max(0, lookahead)
+        self.node_path: str | None = None        # the absolute node directory, from enqueue.yml
+        self.finish_sent = False
+
+    # ------------------------------------------------------------------ playbooks
+    def _enqueue(self, runs: list[PlannedRun], *, reset: bool, finish: bool,
+                 cancel: threading.Event) -> PlaybookResult:
+        r = self.run
+        extravars = {
+            "specab_experiment": r.p.experiment.as_extravar(),
+            "specab_experiment_id": r.exp_id,
+            "specab_runs": [{"seq": pr.seq, "run_id": pr.run_id, "arm": r.arms[pr.arm].to_extravar()} for pr in runs],
+            "specab_queue_reset": reset,
+            "specab_queue_finish": finish,
+        }
+        ident = _ident("enqueue-" + ("-".join(pr.run_id.split("-", 1)[0] for pr in runs) or "none"))
+        try:
+            res = r.runner.run(ENQUEUE_PLAYBOOK, extravars, ident, cancel=cancel, secrets=r.secrets,
+                               limit=r.limit)
+        except Exception as exc:       # ansible-runner itself failed
+            return PlaybookResult(status="error", rc=None, ident=ident, artifact_dir=r.exp_dir / ".runner",
+                                  failures=[Failure(phase="starting", task="ansible-runner (enqueue.yml)",
+                                                    host=None, message=f"{type(exc).__name__}: {exc}")])
+        path = (res.facts.get(self.host.name) or {}).get("specab_node_path")
+        if isinstance(path, str) and path:
+            self.node_path = path
+        if res.ok and finish:
+            self.finish_sent = True
+        return res
+
+    def node_run_dir(self, run_id: str) -> str:
+        base = self.node_path or self.host.node_dir.rstrip("/")
+        return f"{base}/runs/{run_id}"
+
+    # ------------------------------------------------------------------ one run
+    def collect(self, pr: PlannedRun, cancel: threading.Event) -> tuple[str, bool]:
+        """Wait for run `pr` on the node, fetch and ingest it. Returns (status, queue still healthy)."""
+        from specab.experiment import _PhaseClock, check_writable   # the per-run path's helpers
+
+        r = self.run
+        run_dir = (r.exp_dir / pr.run_id).resolve()
+        check_writable(r.exp_dir)
+        if run_dir.exists():       # an earlier, unfinished attempt (resume): start clean
+            shutil.rmtree(run_dir)
+        ident = _ident(pr.run_id)
+        r.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block, host=self.host.name,
+                          run_dir=str(run_dir), runner_ident=ident)
+        clock = _PhaseClock(r.progress)
+        node_dir = self.node_run_dir(pr.run_id)
+        on_log, on_bench = r.tail_handlers(clock, enter_phases=False)
+
+        def on_node_phase(line: str) -> None:
+            try:
+                phase = display_phase(str(json.loads(line)["phase"]))
+            except (ValueError, KeyError, TypeError):
+                return
+            if phase is not None:
+                clock.enter(phase)
+
+        tails = [LogTail(self.host, node_dir + "/phases.jsonl", on_node_phase, interval=0.1).start(),
+                 LogTail(self.host, node_dir + "/server.log", on_log).start(),
+                 LogTail(self.host, node_dir + "/bench.jsonl", on_bench).start()]
+        collect_started: list[float] = []
+
+        def on_phase(phase: str) -> None:          # only the Collect tasks map to a phase (Wait tasks: none)
+            if phase == "collecting":
+                if not collect_started:
+                    collect_started.append(time.time())
+                clock.enter(phase)
+
+        extravars: dict[str, Any] = {
+            "specab_experiment": r.p.experiment.as_extravar(),
+            "specab_experiment_id": r.exp_id,
+            "specab_run_id": pr.run_id,
+            "specab_run_dir": str(run_dir),
+        }
+        if self.node_path:
+            extravars["specab_node_path"] = self.node_path
+        if r.opts.run_timeout_s:
+            extravars["specab_queue_wait_s"] = int(r.opts.run_timeout_s)
+        started = time.time()
+        try:
+            result = r.runner.run(COLLECT_PLAYBOOK, extravars, ident, cancel=cancel, on_phase=on_phase,
+                                  secrets=r.secrets, limit=r.limit)
+        except Exception as exc:
+            result = PlaybookResult(status="error", rc=None, ident=ident, artifact_dir=r.exp_dir / ".runner",
+                                    failures=[Failure(phase=clock.current, task="ansible-runner (collect_run.yml)",
+                                                      host=None, message=f"{type(exc).__name__}: {exc}")])
+        finally:
+            for t in tails:
+                t.stop()
+        clock.close()
+        canceled = cancel.is_set()
+        if not result.ok:
+            from specab.experiment import _fetch_missing
+            _fetch_missing(self.host, node_dir, run_dir)
+        done = _read_json(run_dir / "done.json")
+        if not isinstance(done, dict):
+            fact = (result.facts.get(self.host.name) or {}).get("specab_done")
+            done = fact if isinstance(fact, dict) and fact else None
+        rows = phase_rows(_read_lines(run_dir / "phases.jsonl"))
+        if collect_started:
+            rows.append(("collecting", collect_started[0], time.time()))
+        if not rows:          # nothing from the node (it never claimed the run): the live clock's view
+            rows = list(clock.times)
+        for name, t0, t1 in rows:
+            r.store.record_phase(pr.seq, name, t0, t1)
+        outcome = self._outcome(done, result, clock, canceled)
+        r.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=None,
+                        fetch_missing=False)
+        return outcome[0], result.ok
+
+    @staticmethod
+    def _outcome(done: dict[str, Any] | None, result: PlaybookResult, clock: Any,
+                 canceled: bool) -> tuple[str, str | None, str | None]:
+        """(status, failure phase, failure reason) of a run from done.json and the collect playbook."""
+        if canceled:
+            phase = display_phase(done.get("phase")) if done and not done.get("ok") else clock.current
+            return st.INTERRUPTED, phase, "interrupted by the user (SIGINT/SIGTERM)"
+        if not result.ok:
+            f = result.failures[0] if result.failures else None
+            reason = f"{f.task}: {f.message}" if f else f"ansible-runner status {result.status} rc {result.rc}"
+            phase = (display_phase(done.get("phase")) if done else None) or clock.current
+            return st.FAILED, phase, reason
+        if not done:
+            return st.FAILED, clock.current, ("the sequencer finished the run without a done.json; see "
+                                              "sequencer.log in the node directory")
+        if done.get("ok"):
+            return st.OK, None, None
+        status = st.INTERRUPTED if done.get("status") == "interrupted" else st.FAILED
+        task = done.get("task") or "sequencer"
+        error = done.get("error") or f"the run ended with status {done.get('status')!r}"
+        return status, display_phase(done.get("phase")) or clock.current, f"{task}: {error}"
+
+    # ------------------------------------------------------------------ the loop
+    def loop(self, todo: list[PlannedRun], cancel: threading.Event, index: int,
+             more: Callable[[], list[PlannedRun]] | None = None,
+             on_status: Callable[[str], None] | None = None) -> bool:
+        """Run `todo` (and what `more` adds when it runs out) through the queue. Returns True when
+        interrupted (`cancel` set); the caller stops the node's sequencer and server then."""
+        r = self.run
+        pending: deque[PlannedRun] = deque(todo)
+        queued: deque[PlannedRun] = deque()
+        reset = True                      # a new driver session or a resume starts from a clean queue
+        final = more is None              # no run can be added after the planned ones
+        while pending or queued:
+            want = self.lookahead + 1 - len(queued)
+            batch = [pending.popleft() for _ in range(min(max(want, 0), len(pending)))]
+            if reset:
+                batch = list(queued) + batch
+                queued.clear()
+            if batch or reset:
+                res = self._enqueue(batch, reset=reset, finish=final and not pending, cancel=cancel)
+                if cancel.is_set():
+                    current = (batch or list(queued))[:1]
+                    for pr in current:
+                        self._mark_interrupted(pr)
+                    return True
+                if not res.ok:
+                    # the node cannot take runs (unreachable, foreign GPU process, ...): the first run of the
+                    # batch fails with that message; the rest are queued again from a clean queue
+                    if not batch:
+                        batch = [pending.popleft()] if pending else []
+                    if not batch:
+                        break
+                    first, rest = batch[0], batch[1:]
+                    self._fail_unqueued(first, res, index + 1)
+                    index += 1
+                    if on_status:
+                        on_status(st.FAILED)
+                    pending.extendleft(reversed(rest))
+                    reset = True
+                    continue
+                queued.extend(batch)
+                reset = False
+            if not queued:
+                continue
+            pr = queued.popleft()
+            index += 1
+            r.progress.run_started(index, pr.run_id, pr.arm, pr.block)
+            status, healthy = self.collect(pr, cancel)
+            if on_status:
+                on_status(status)
+            if status == st.INTERRUPTED or cancel.is_set():
+                return True
+            if not healthy:
+                reset = True              # the sequencer may be gone, halted or still busy: start it anew
+            if not pending and not queued and more is not None:
+                added = more()
+                pending.extend(added)
+                if not added:
+                    break
+        if not self.finish_sent and not cancel.is_set():
+            self._enqueue([], reset=False, finish=True, cancel=cancel)
+        return cancel.is_set()
+
+    def _fail_unqueued(self, pr: PlannedRun, res: PlaybookResult, index: int) -> None:
+        """Record run `pr` as failed because it could not be queued."""
+        r = self.run
+        r.progress.run_started(index, pr.run_id, pr.arm, pr.block)
+        f = res.failures[0] if res.failures else None
+        reason = (f"{f.task}: {f.message}" if f else f"enqueue.yml: ansible-runner status {res.status} rc {res.rc}")
+        run_dir = (r.exp_dir / pr.run_id).resolve()
+        r.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block, host=self.host.name,
+                          run_dir=str(run_dir), runner_ident=res.ident)
+        r.store.finish_run(pr.seq, status=st.FAILED, runner_status=res.status, runner_rc=res.rc,
+                           failure_phase="starting", failure_reason=reason, log_tail=res.stdout_tail or None)
+        r.progress.run_finished(st.FAILED, 0.0, reason)
+
+    def _mark_interrupted(self, pr: PlannedRun) -> None:
+        """The run the node was on when the driver was interrupted outside a collect: recorded interrupted."""
+        r = self.run
+        run_dir = (r.exp_dir / pr.run_id).resolve()
+        r.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block, host=self.host.name,
+                          run_dir=str(run_dir), runner_ident=_ident(pr.run_id))
+        r.store.finish_run(pr.seq, status=st.INTERRUPTED, runner_status="canceled", runner_rc=None,
+                           failure_phase="starting", failure_reason="interrupted by the user (SIGINT/SIGTERM)")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
