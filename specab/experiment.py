@@ -295,11 +295,20 @@ class ExperimentRun:
         bench_state = {"warm": 0, "measured": 0}
         warmups = int(self.p.experiment.bench.get("warmup_requests") or 0)
 
+        load_order = ("loading", "loading weights", "capturing graphs", "ready")
+
         def on_log(line: str) -> None:
             self.progress.log_line(line)
             ph = load_phase(line)
-            if ph in ("loading weights", "capturing graphs", "ready"):
-                clock.enter(ph)
+            if ph not in ("loading weights", "capturing graphs", "ready"):
+                return
+            if not enter_phases:
+                # the node's phases lead; the log only refines a load in progress, forward only (with TP > 1
+                # the ranks' lines interleave)
+                cur = clock.current
+                if cur not in load_order or load_order.index(ph) <= load_order.index(cur):
+                    return
+            clock.enter(ph)
 
         def on_bench(line: str) -> None:
             try:

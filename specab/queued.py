@@ -69,6 +69,11 @@ def phase_rows(lines: list[str]) -> list[tuple[str, float, float | None]]:
             events.append((display_phase(str(rec["phase"])), float(rec["t"])))
         except (ValueError, KeyError, TypeError):
             continue                    # a line cut short by a crash of the sequencer
+    # the node stamps to 0.1 ms: a skipped phase (no leftover to stop) can share its start with the next;
+    # keep the order the node wrote them in (the store sorts by start time)
+    for i in range(1, len(events)):
+        if events[i][1] <= events[i - 1][1]:
+            events[i] = (events[i][0], events[i - 1][1] + 1e-6)
     rows: list[tuple[str, float, float | None]] = []
     names: list[str] = []
     for i, (phase, t0) in enumerate(events):
