@@ -326,6 +326,7 @@ class Runner(object):
         self.sampler: Optional[Deferred] = None
         self.parts_thread: Optional[threading.Thread] = None
         self.parts: Dict[str, Any] = {}
+        self.before: Optional[threading.Thread] = None
         self.result: Dict[str, Any] = {"ok": True, "status": "ok", "phase": None, "task": None, "error": None,
                                        "run_id": entry.run_id, "started_at": round(now(), 4),
                                        "finished_at": None, "time_to_ready_s": None, "stop_s": None,
@@ -418,8 +419,8 @@ class Runner(object):
         e = self.e
         self.phases.begin("env")
         # gpu_before.csv (one nvidia-smi call) while the environment is checked
-        before = threading.Thread(target=self.seq.one_sample, args=(e, "gpu_before.csv"), daemon=True)
-        before.start()
+        self.before = threading.Thread(target=self.seq.one_sample, args=(e, "gpu_before.csv"), daemon=True)
+        self.before.start()
         envcheck = tool_module("envcheck")
         argv = ["--node-dir", self.seq.node_dir, "--env-file", e.path("nccl.env")]
         argv += (["--url", e.url, "--server-info-out", e.path("server_info.json")] if e.server_info
@@ -431,13 +432,13 @@ class Runner(object):
             common.recorded(a.out, lambda: envcheck.check(a))
         except ToolError as exc:
             raise RunFailed("env", "Env verification failed on %s: %s" % (self.seq.hostname, exc.message))
-        finally:
-            before.join(timeout=60)
 
     def benchmark(self) -> None:
         e, b = self.e, self.e.bench
         self.phases.begin("warming up")
         assert self.client is not None and self.sampler is not None
+        if self.before is not None:      # gpu_before.csv is taken before the client starts
+            self.before.join(timeout=60)
         warmup = int(b.get("warmup_requests", 2))
         client_argv = ["--url", e.url, "--api", str(b.get("api", "generate")),
                        "--num-requests", str(int(b.get("num_requests", 8))), "--warmup", str(warmup),
@@ -457,7 +458,7 @@ class Runner(object):
         self.parts_thread.start()
         with self.seq.gate.armed():
             rc = self.wait_client(warmup)
-        self.stop_sampler()
+        self.signal_sampler()             # it exits on its own; waited for before done.json
         self.seq.one_sample(e, "gpu_after.csv")
         if rc != 0:
             summary = {}
@@ -504,18 +505,30 @@ class Runner(object):
                 return rc
             time.sleep(POLL_S)
 
-    def stop_sampler(self) -> None:
-        if self.sampler is not None and self.sampler.released:
-            self.sampler.finish(term_after=0.0)
+    def signal_sampler(self) -> None:
+        if self.sampler is not None and self.sampler.released and self.sampler.proc.poll() is None:
+            try:
+                self.sampler.proc.send_signal(signal.SIGTERM)
+            except OSError:
+                pass
 
     def drop_helpers(self) -> None:
-        for d in (self.client, self.sampler):
-            if d is None:
-                continue
-            if d.released:
-                d.finish(term_after=0.0)
+        """After the benchmark (or a failure): the client must be gone before the server stops;
+        the sampler is told to stop and waited for in the teardown (before done.json)."""
+        if self.client is not None:
+            if self.client.released:
+                self.client.finish(term_after=0.0)
             else:
-                d.discard()
+                self.client.discard()
+        if self.sampler is not None:
+            if self.sampler.released:
+                self.signal_sampler()
+            else:
+                self.sampler.discard()
+
+    def wait_sampler(self) -> None:
+        if self.sampler is not None and self.sampler.released:
+            self.sampler.finish(term_after=10.0)
 
     def slow_parts(self) -> None:
         try:
@@ -575,6 +588,7 @@ class Runner(object):
         except Exception as exc:
             common.log(traceback.format_exc())
             self.fail("manifest", "cannot write the manifest: %s: %s" % (type(exc).__name__, exc))
+        self.wait_sampler()
         self.phases.begin("done")
         if halt is not None and self.result["error"] != halt:
             self.result["teardown_error"] = halt
