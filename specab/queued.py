@@ -3,8 +3,9 @@
 `playbooks/enqueue.yml` renders each run's files and queues it on the node; the sequencer
 (`bin/sequence.py`, node side) runs the queued runs back to back with no Ansible task between two runs;
 `playbooks/collect_run.yml` waits for one run (`sequence.py wait`) and fetches its directory. The driver
-keeps ``lookahead`` runs queued beyond the one it waits for, so its own Ansible work (collect run k-1,
-enqueue run k+2) overlaps the benchmark of run k and the transition between two runs contains none.
+keeps runs queued ahead of the one it waits for (LOOKAHEAD at first, up to DEPTH), so its own Ansible
+work (collect run k-1, enqueue later runs) overlaps the benchmark of run k and the transition between
+two runs contains none.
 
 Contract with the node side: docs/architecture.md "Run queue". The run's outcome is the sequencer's
 ``done.json``; its phases come from ``phases.jsonl`` (tailed live, stored with the node's times).
@@ -31,7 +32,12 @@ if TYPE_CHECKING:
 
 ENQUEUE_PLAYBOOK = "playbooks/enqueue.yml"
 COLLECT_PLAYBOOK = "playbooks/collect_run.yml"
+# The first enqueue of a session queues the run the driver waits for and LOOKAHEAD more, so the node starts
+# at once; from then on up to DEPTH runs are queued and not yet collected, topped up (one enqueue.yml for
+# many runs) when half of them are collected. The sequencer must never wait for the driver: a run of a
+# real model is minutes, but a tiny one is shorter than the driver's collect of the one before.
 LOOKAHEAD = 2
+DEPTH = 16
 
 # node phase (phases.jsonl) -> the driver's display phase (the per-run path's names, so that the store,
 # the progress lines and the tests read the same); None ends the last phase
@@ -97,12 +103,13 @@ def _ident(what: str) -> str:
 class QueueExecutor:
     """The queue loop of one host (a single-node inventory, or one host of a fleet)."""
 
-    def __init__(self, run: "ExperimentRun", lookahead: int = LOOKAHEAD):
+    def __init__(self, run: "ExperimentRun", lookahead: int = LOOKAHEAD, depth: int = DEPTH):
         if len(run.p.inventory.hosts) != 1:
             raise ValueError("the queue executor runs the runs of exactly one host")
         self.run = run
         self.host = run.p.inventory.hosts[0]
         self.lookahead = max(0, lookahead)
+        self.depth = max(self.lookahead + 1, depth)
         self.node_path: str | None = None        # the absolute node directory, from enqueue.yml
         self.finish_sent = False
 
@@ -248,7 +255,12 @@ class QueueExecutor:
         reset = True                      # a new driver session or a resume starts from a clean queue
         final = more is None              # no run can be added after the planned ones
         while pending or queued:
-            want = self.lookahead + 1 - len(queued)
+            if reset:       # a small first batch: the node starts at once; the next top-up follows right away
+                want = self.lookahead + 1 - len(queued)
+            elif len(queued) <= self.depth // 2:
+                want = self.depth - len(queued)
+            else:
+                want = 0
             batch = [pending.popleft() for _ in range(min(max(want, 0), len(pending)))]
             if reset:
                 batch = list(queued) + batch
@@ -256,7 +268,8 @@ class QueueExecutor:
             if batch or reset:
                 res = self._enqueue(batch, reset=reset, finish=final and not pending, cancel=cancel)
                 if cancel.is_set():
-                    current = (batch or list(queued))[:1]
+                    # the run the node is on: the first queued one (or of a batch that re-queued them)
+                    current = list(queued)[:1] or batch[:1]
                     for pr in current:
                         self._mark_interrupted(pr)
                     return True
@@ -276,6 +289,9 @@ class QueueExecutor:
                     reset = True
                     continue
                 queued.extend(batch)
+                if reset and pending and len(queued) <= self.depth // 2:
+                    reset = False
+                    continue          # top up at once, before waiting for the first run
                 reset = False
             if not queued:
                 continue
