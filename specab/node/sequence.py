@@ -327,6 +327,7 @@ class Runner(object):
         self.parts_thread: Optional[threading.Thread] = None
         self.parts: Dict[str, Any] = {}
         self.before: Optional[threading.Thread] = None
+        self.after: Optional[threading.Thread] = None
         self.result: Dict[str, Any] = {"ok": True, "status": "ok", "phase": None, "task": None, "error": None,
                                        "run_id": entry.run_id, "started_at": round(now(), 4),
                                        "finished_at": None, "time_to_ready_s": None, "stop_s": None,
@@ -456,10 +457,15 @@ class Runner(object):
         # the manifest's slow parts (versions, nvidia-smi, checksums) while the benchmark runs
         self.parts_thread = threading.Thread(target=self.slow_parts, daemon=True)
         self.parts_thread.start()
-        with self.seq.gate.armed():
-            rc = self.wait_client(warmup)
-        self.signal_sampler()             # it exits on its own; waited for before done.json
-        self.seq.one_sample(e, "gpu_after.csv")
+        total = warmup + int(b.get("num_requests", 8))
+        try:
+            with self.seq.gate.armed():
+                rc = self.wait_client(warmup, total)
+        finally:
+            self.signal_sampler()         # it exits on its own; waited for before done.json
+        if self.after is None:
+            self.take_after()
+        self.after.join(timeout=60)
         if rc != 0:
             summary = {}
             try:
@@ -472,36 +478,44 @@ class Runner(object):
                             % (self.seq.hostname, rc, summary.get("failed", "?"), summary.get("requests", "?"),
                                errors[0] if errors else ""))
 
-    def wait_client(self, warmup: int) -> int:
+    def take_after(self) -> None:
+        """gpu_after.csv: the GPUs after the last request, the server still up (one nvidia-smi call)."""
+        self.after = threading.Thread(target=self.seq.one_sample, args=(self.e, "gpu_after.csv"), daemon=True)
+        self.after.start()
+
+    def wait_client(self, warmup: int, total: int) -> int:
+        """Poll the client every 50 ms; from its bench.jsonl lines: the end of the warm-up (phase
+        "benchmarking") and the end of the last request (gpu_after.csv starts while it exits)."""
         assert self.client is not None
         path = self.e.path("bench.jsonl")
-        seen = 0
-        offset = 0
+        warm_seen = lines = offset = 0
         measuring = warmup <= 0
         if measuring:
             self.phases.begin("benchmarking")
         while True:
             rc = self.client.proc.poll()
-            if not measuring:
-                try:
-                    with open(path, "rb") as fh:
-                        fh.seek(offset)
-                        data = fh.read()
-                    cut = data.rfind(b"\n") + 1
-                    offset += cut
-                    for line in data[:cut].splitlines():
-                        if b'"warmup":true' in line.replace(b" ", b""):
-                            seen += 1
-                        elif line.strip():
-                            seen = warmup
-                except OSError:
-                    pass
-                if seen >= warmup:
-                    measuring = True
-                    self.phases.begin("benchmarking")
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(offset)
+                    data = fh.read()
+                cut = data.rfind(b"\n") + 1
+                offset += cut
+                for line in data[:cut].splitlines():
+                    if not line.strip():
+                        continue
+                    lines += 1
+                    if b'"warmup":true' in line.replace(b" ", b""):
+                        warm_seen += 1
+                    else:
+                        warm_seen = warmup
+            except OSError:
+                pass
+            if not measuring and (warm_seen >= warmup or rc is not None):
+                measuring = True
+                self.phases.begin("benchmarking")
+            if lines >= total and self.after is None:
+                self.take_after()
             if rc is not None:
-                if not measuring:
-                    self.phases.begin("benchmarking")
                 return rc
             time.sleep(POLL_S)
 
@@ -640,7 +654,7 @@ class Sequencer(object):
                   csv: Optional[str] = None) -> Dict[str, Any]:
         gpufree = tool_module("gpufree")
         argv = ["--smi", json.dumps(smi), "--gpus", gpus, "--threshold-mib", "64", "--timeout", str(timeout),
-                "--node-dir", self.node_dir]
+                "--node-dir", self.node_dir, "--interval", str(POLL_S)]
         argv += ["--out", out] if out else []
         argv += ["--csv", csv] if csv else []
         a = tool_args(gpufree, argv)
