@@ -257,3 +257,59 @@ def test_idle_timeout_ends_a_sequencer_nobody_feeds(node):
     assert wait_for(lambda: not alive(r.data["pid"]), 30)
     rec = node.record()
     assert rec["state"] == "exited" and "idle" in rec["reason"]
+
+
+def test_wait_times_out_or_refuses_a_run_that_was_never_queued(node):
+    r = node.ensure()
+    assert r.rc == 0
+    node.enqueue(1, node.arm("baseline"), experiment_id="someone-else-20261129-000000")
+    w = node.wait("001-baseline", timeout=1)
+    assert w.rc == 1 and "not done after 1s" in w.error and "not claimed yet" in w.error
+    w = node.wait("007-never", timeout=20)
+    assert w.rc == 1 and "neither queued" in w.error and "enqueue it again" in w.error
+    assert node.seq("wait", "--run-id", "../x", "--timeout", "1").rc == 2
+
+
+def _fake_sequencer(node: SeqNode, ignore_term: bool) -> subprocess.Popen:
+    """A process recorded in sequencer.json as the node's sequencer (pid + start time, own session)."""
+    code = ("import signal, time\n" + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_term else "")
+            + "print('up', flush=True)\ntime.sleep(120)\n")
+    p = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    p.stdout.readline()
+    node.sessions.append(p.pid)
+    raw = open("/proc/%d/stat" % p.pid).read()
+    starttime = int(raw[raw.rfind(")") + 2:].split()[19])
+    (node.node_dir / "sequencer.json").write_text(json.dumps(
+        {"pid": p.pid, "starttime": starttime, "sid": p.pid, "experiment_id": "x", "state": "running",
+         "run_id": None}))
+    return p
+
+
+def test_stop_escalates_to_sigkill_for_a_sequencer_that_ignores_sigterm(node):
+    p = _fake_sequencer(node, ignore_term=True)
+    s = subprocess.run([PY, str(node.bin / "stop.py"), "--node-dir", str(node.node_dir), "--smi",
+                        json.dumps(node.smi), "--grace", "5", "--sequencer-grace", "0.5"], env=node.env,
+                       capture_output=True, text=True, timeout=60)
+    assert s.returncode == 0, s.stdout + s.stderr
+    seq = json.loads(s.stdout)["sequencer"]
+    assert seq["was_running"] and seq["escalated"]
+    assert [x["signal"] for x in seq["signals"]] == ["SIGTERM", "SIGKILL"] and seq["signals"][1]["target"] == "pgid"
+    assert p.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_stop_never_signals_a_process_that_only_reuses_the_recorded_pid(node):
+    p = _fake_sequencer(node, ignore_term=False)
+    rec = json.loads((node.node_dir / "sequencer.json").read_text())
+    rec["starttime"] -= 1          # the recorded sequencer is gone; this pid is someone else's now
+    (node.node_dir / "sequencer.json").write_text(json.dumps(rec))
+    s = subprocess.run([PY, str(node.bin / "stop.py"), "--node-dir", str(node.node_dir), "--smi",
+                        json.dumps(node.smi), "--grace", "5"], env=node.env, capture_output=True, text=True,
+                       timeout=60)
+    assert s.returncode == 0, s.stdout + s.stderr
+    seq = json.loads(s.stdout)["sequencer"]
+    assert seq["was_running"] is False and seq["signals"] == []
+    assert p.poll() is None, "not ours: left alone"
+    r = node.ensure()
+    assert r.rc == 0 and r.data["pid"] != p.pid and p.poll() is None, "ensure starts its own, kills nothing"
+    p.kill()
+    p.wait()
