@@ -971,6 +971,13 @@ def cmd_wait(a: argparse.Namespace) -> Dict[str, Any]:
             queued = any(ENTRY_RE.match(n) and n.endswith("-%s.json" % a.run_id) for n in queued_names(a.node_dir))
             claimed = os.path.exists(os.path.join(run_dir, "queue_entry.json"))
             missing_entry = 0 if (queued or claimed) else missing_entry + 1
+            refused = [n for n in os.listdir(queue_dir(a.node_dir)) if n.endswith("-%s.json.refused" % a.run_id)] \
+                if os.path.isdir(queue_dir(a.node_dir)) else []
+            if missing_entry >= 2 and refused:
+                raise ToolError("run %s: the sequencer refused its queue entry %s (malformed, or its run directory "
+                                "is missing); the reason is in %s:\n%s" % (a.run_id, refused[0], log_path,
+                                                                           log_tail(log_path)),
+                                {"run_id": a.run_id, "sequencer": rec})
             if missing_entry >= 2:
                 raise ToolError("run %s is neither queued (%s) nor claimed (%s): it was never enqueued, or a reset "
                                 "removed it; enqueue it again" % (a.run_id, queue_dir(a.node_dir), run_dir),

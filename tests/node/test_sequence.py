@@ -313,3 +313,18 @@ def test_stop_never_signals_a_process_that_only_reuses_the_recorded_pid(node):
     assert r.rc == 0 and r.data["pid"] != p.pid and p.poll() is None, "ensure starts its own, kills nothing"
     p.kill()
     p.wait()
+
+
+def test_a_malformed_entry_is_refused_and_the_next_runs(node):
+    bad = node.enqueue(1, node.arm("baseline"))
+    entry_path = node.node_dir / "queue" / ("000001-%s.json" % bad)
+    entry = json.loads(entry_path.read_text())
+    entry["run_dir"] = "/etc"        # never written outside the node's run directory
+    entry_path.write_text(json.dumps(entry))
+    good = node.enqueue(2, node.arm("baseline"))
+    assert node.ensure().rc == 0
+    w = node.wait(bad, timeout=30)
+    assert w.rc == 0 and (w.data["status"], w.data["phase"]) == ("failed", "claimed")
+    assert "run_dir '/etc' is not this node's run directory" in w.data["error"]
+    assert (node.node_dir / "queue" / ("000001-%s.json.refused" % bad)).exists()
+    assert node.wait(good).data["status"] == "ok"
