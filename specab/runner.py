@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
 import threading
 import time
@@ -145,39 +144,20 @@ class PlaybookRunner:
         self.verbose = verbose
         self.stream = stream or (lambda line: print(line, file=sys.stderr))
 
-    def child_env(self, nice: int = 0) -> dict[str, str]:
-        """Extra environment: venv bin dir first on PATH (with `nice`, a wrapper dir before it whose
-        ansible-playbook runs the venv's under `nice -n N`)."""
+    def child_env(self) -> dict[str, str]:
+        """Extra environment: venv bin dir first on PATH."""
         venv_bin = str(Path(sys.executable).parent)
         path = os.environ.get("PATH", "")
-        first = venv_bin
-        if nice > 0:
-            first = f"{self._nice_wrapper(venv_bin, nice)}{os.pathsep}{venv_bin}"
-        return {"PATH": f"{first}{os.pathsep}{path}" if path else first,
+        return {"PATH": f"{venv_bin}{os.pathsep}{path}" if path else venv_bin,
                 "ANSIBLE_CONFIG": str(self.project_dir / "ansible.cfg"),
                 "ANSIBLE_NOCOLOR": "1",
                 "PYTHONUNBUFFERED": "1"}
 
-    def _nice_wrapper(self, venv_bin: str, nice: int) -> str:
-        """A directory holding `ansible-playbook` = the venv's, at a lower CPU priority. ansible-runner finds
-        ansible-playbook through the child's PATH, so its mode and event handling stay as they are."""
-        d = self.private_root / f"nice{nice}-bin"
-        script = d / "ansible-playbook"
-        text = f'#!/bin/sh\nexec nice -n {int(nice)} {shlex.quote(venv_bin + "/ansible-playbook")} "$@"\n'
-        if not script.exists() or script.read_text() != text:
-            d.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = d / f".ansible-playbook.{os.getpid()}"
-            tmp.write_text(text)
-            tmp.chmod(0o755)
-            tmp.replace(script)
-        return str(d)
-
     def run(self, playbook: str, extravars: dict[str, Any], ident: str, *,
             cancel: threading.Event | None = None, on_phase: Callable[[str], None] | None = None,
             secrets: list[str] | None = None, timeout: int | None = None,
-            limit: str | None = None, nice: int = 0) -> PlaybookResult:
-        """Run `playbook` once; blocks until it ends or `cancel` is set. `nice` > 0: at that lower CPU
-        priority (the queue executor's controller work, which overlaps a benchmark on a localhost node)."""
+            limit: str | None = None) -> PlaybookResult:
+        """Run `playbook` once; blocks until it ends or `cancel` is set."""
         self.private_root.mkdir(parents=True, exist_ok=True, mode=0o700)
         failures: list[Failure] = []
         phase_times: list[tuple[str, float, float | None]] = []
@@ -239,7 +219,7 @@ class PlaybookRunner:
         secret_values = list(secrets or []) + [v for k, v in os.environ.items() if is_secret_name(k) and v]
         kwargs: dict[str, Any] = dict(
             private_data_dir=str(self.private_root), project_dir=str(self.project_dir), playbook=playbook,
-            inventory=str(self.inventory), extravars=extravars, envvars=self.child_env(nice), ident=ident,
+            inventory=str(self.inventory), extravars=extravars, envvars=self.child_env(), ident=ident,
             quiet=True, suppress_env_files=True, event_handler=on_event,
             cancel_callback=(lambda: bool(cancel and cancel.is_set())),
             settings={"pexpect_timeout": 0.25, "suppress_ansible_output": True},
