@@ -436,11 +436,12 @@ class ExperimentRun:
                         total = len(self.store.plan())
                         self.progress.state.total = total
             finally:
-                if interrupted:
+                if interrupted and self.executor != "queue":   # the queue executor stopped the node itself
                     self.progress.notice("interrupted: stopping the server of the current run (stop role) ...")
                     err = self.stop_servers()
                     if err:
                         self.progress.notice(f"WARNING: {err} Check the node with `python driver.py status`.")
+                if interrupted:
                     self.store.set_experiment_status("interrupted")
                 self.progress.close()
         if interrupted:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from specab import store as st
 from specab.plan import PlannedRun
-from specab.remote import LogTail
+from specab.remote import LogTail, read_tail
 from specab.runner import Failure, PlaybookResult
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ COLLECT_PLAYBOOK = "playbooks/collect_run.yml"
 # real model is minutes, but a tiny one is shorter than the driver's collect of the one before.
 LOOKAHEAD = 2
 DEPTH = 16
+CANCELED = "canceled"      # a collect cut short by the interrupt (not a run status: the run is collected again)
 
 # node phase (phases.jsonl) -> the driver's display phase (the per-run path's names, so that the store,
 # the progress lines and the tests read the same); None ends the last phase
@@ -112,6 +113,7 @@ class QueueExecutor:
         self.depth = max(self.lookahead + 1, depth)
         self.node_path: str | None = None        # the absolute node directory, from enqueue.yml
         self.finish_sent = False
+        self.stopped = False                      # interrupt: the node was stopped through stop.yml
 
     # ------------------------------------------------------------------ playbooks
     def _enqueue(self, runs: list[PlannedRun], *, reset: bool, finish: bool,
@@ -144,18 +146,22 @@ class QueueExecutor:
         return f"{base}/runs/{run_id}"
 
     # ------------------------------------------------------------------ one run
-    def collect(self, pr: PlannedRun, cancel: threading.Event) -> tuple[str, bool]:
-        """Wait for run `pr` on the node, fetch and ingest it. Returns (status, queue still healthy)."""
+    def collect(self, pr: PlannedRun, cancel: threading.Event, *, new_row: bool = True,
+                wait_s: float | None = None, after_stop: bool = False) -> tuple[str, bool]:
+        """Wait for run `pr` on the node, fetch and ingest it. Returns (status, queue still healthy);
+        status CANCELED when `cancel` cut the collect short (nothing recorded: collected again after the
+        stop). `after_stop`: the node was stopped (interrupt), a run without done.json was interrupted."""
         from specab.experiment import _PhaseClock, check_writable   # the per-run path's helpers
 
         r = self.run
         run_dir = (r.exp_dir / pr.run_id).resolve()
-        check_writable(r.exp_dir)
-        if run_dir.exists():       # an earlier, unfinished attempt (resume): start clean
-            shutil.rmtree(run_dir)
         ident = _ident(pr.run_id)
-        r.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block, host=self.host.name,
-                          run_dir=str(run_dir), runner_ident=ident)
+        if new_row:
+            check_writable(r.exp_dir)
+            if run_dir.exists():       # an earlier, unfinished attempt (resume): start clean
+                shutil.rmtree(run_dir)
+            r.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block, host=self.host.name,
+                              run_dir=str(run_dir), runner_ident=ident)
         clock = _PhaseClock(r.progress)
         node_dir = self.node_run_dir(pr.run_id)
         on_log, on_bench = r.tail_handlers(clock, enter_phases=False)
@@ -187,7 +193,9 @@ class QueueExecutor:
         }
         if self.node_path:
             extravars["specab_node_path"] = self.node_path
-        if r.opts.run_timeout_s:
+        if wait_s is not None:
+            extravars["specab_queue_wait_s"] = wait_s
+        elif r.opts.run_timeout_s:
             extravars["specab_queue_wait_s"] = int(r.opts.run_timeout_s)
         started = time.time()
         try:
@@ -201,7 +209,8 @@ class QueueExecutor:
             for t in tails:
                 t.stop()
         clock.close()
-        canceled = cancel.is_set()
+        if cancel.is_set():
+            return CANCELED, False
         if not result.ok:
             from specab.experiment import _fetch_missing
             _fetch_missing(self.host, node_dir, run_dir)
@@ -216,18 +225,21 @@ class QueueExecutor:
             rows = list(clock.times)
         for name, t0, t1 in rows:
             r.store.record_phase(pr.seq, name, t0, t1)
-        outcome = self._outcome(done, result, clock, canceled)
+        if after_stop and not done:
+            outcome = (st.INTERRUPTED, clock.current, "interrupted by the user (SIGINT/SIGTERM)")
+        else:
+            outcome = self._outcome(done, result, clock)
         r.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=None,
                         fetch_missing=False)
         return outcome[0], result.ok
 
     @staticmethod
-    def _outcome(done: dict[str, Any] | None, result: PlaybookResult, clock: Any,
-                 canceled: bool) -> tuple[str, str | None, str | None]:
+    def _outcome(done: dict[str, Any] | None, result: PlaybookResult,
+                 clock: Any) -> tuple[str, str | None, str | None]:
         """(status, failure phase, failure reason) of a run from done.json and the collect playbook."""
-        if canceled:
-            phase = display_phase(done.get("phase")) if done and not done.get("ok") else clock.current
-            return st.INTERRUPTED, phase, "interrupted by the user (SIGINT/SIGTERM)"
+        if done and done.get("status") == "interrupted":
+            return st.INTERRUPTED, display_phase(done.get("phase")) or clock.current, \
+                "interrupted by the user (SIGINT/SIGTERM)"
         if not result.ok:
             f = result.failures[0] if result.failures else None
             reason = f"{f.task}: {f.message}" if f else f"ansible-runner status {result.status} rc {result.rc}"
@@ -238,10 +250,9 @@ class QueueExecutor:
                                               "sequencer.log in the node directory")
         if done.get("ok"):
             return st.OK, None, None
-        status = st.INTERRUPTED if done.get("status") == "interrupted" else st.FAILED
         task = done.get("task") or "sequencer"
         error = done.get("error") or f"the run ended with status {done.get('status')!r}"
-        return status, display_phase(done.get("phase")) or clock.current, f"{task}: {error}"
+        return st.FAILED, display_phase(done.get("phase")) or clock.current, f"{task}: {error}"
 
     # ------------------------------------------------------------------ the loop
     def loop(self, todo: list[PlannedRun], cancel: threading.Event, index: int,
@@ -268,10 +279,7 @@ class QueueExecutor:
             if batch or reset:
                 res = self._enqueue(batch, reset=reset, finish=final and not pending, cancel=cancel)
                 if cancel.is_set():
-                    # the run the node is on: the first queued one (or of a batch that re-queued them)
-                    current = list(queued)[:1] or batch[:1]
-                    for pr in current:
-                        self._mark_interrupted(pr)
+                    self.interrupted(None, list(queued) + [pr for pr in batch if pr not in queued])
                     return True
                 if not res.ok:
                     # the node cannot take runs (unreachable, foreign GPU process, ...): the first run of the
@@ -299,9 +307,13 @@ class QueueExecutor:
             index += 1
             r.progress.run_started(index, pr.run_id, pr.arm, pr.block)
             status, healthy = self.collect(pr, cancel)
+            if status == CANCELED or cancel.is_set():
+                self.interrupted(pr if status == CANCELED else None, list(queued), on_status)
+                return True
             if on_status:
                 on_status(status)
-            if status == st.INTERRUPTED or cancel.is_set():
+            if status == st.INTERRUPTED:      # stopped on the node by someone else (stop.yml, stop.py)
+                self.interrupted(None, list(queued), on_status)
                 return True
             if not healthy:
                 reset = True              # the sequencer may be gone, halted or still busy: start it anew
@@ -327,14 +339,29 @@ class QueueExecutor:
                            failure_phase="starting", failure_reason=reason, log_tail=res.stdout_tail or None)
         r.progress.run_finished(st.FAILED, 0.0, reason)
 
-    def _mark_interrupted(self, pr: PlannedRun) -> None:
-        """The run the node was on when the driver was interrupted outside a collect: recorded interrupted."""
+    def interrupted(self, current: PlannedRun | None, queued: list[PlannedRun],
+                    on_status: Callable[[str], None] | None = None) -> None:
+        """After SIGINT/SIGTERM: stop the node (stop.yml: the sequencer first, which stops its server and
+        marks its run interrupted), then keep what the node finished: `current` (whose collect was cut
+        short; its store row exists) and every queued run that has a done.json, in order, are fetched and
+        recorded (ok, failed, or interrupted for the run the stop cut); the runs after them stay missing."""
         r = self.run
-        run_dir = (r.exp_dir / pr.run_id).resolve()
-        r.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block, host=self.host.name,
-                          run_dir=str(run_dir), runner_ident=_ident(pr.run_id))
-        r.store.finish_run(pr.seq, status=st.INTERRUPTED, runner_status="canceled", runner_rc=None,
-                           failure_phase="starting", failure_reason="interrupted by the user (SIGINT/SIGTERM)")
+        r.progress.notice("interrupted: stopping the node's sequencer and server (stop role) ...")
+        err = r.stop_servers()
+        if err:
+            r.progress.notice(f"WARNING: {err} Check the node with `python driver.py status`.")
+        self.stopped = True
+        calm = threading.Event()           # never set: these collects do not wait (timeout 0) and are short
+        if current is not None:
+            status, _ = self.collect(current, calm, new_row=False, wait_s=0, after_stop=True)
+            if on_status:
+                on_status(status)
+        for pr in queued:
+            if read_tail(self.host, self.node_run_dir(pr.run_id) + "/done.json", lines=1) is None:
+                break                      # never run, or cut before it wrote done.json: missing, resumed later
+            status, _ = self.collect(pr, calm, wait_s=0, after_stop=True)
+            if on_status:
+                on_status(status)
 
 
 def _read_json(path: Path) -> Any:

@@ -116,17 +116,25 @@ def test_queue_sigint_mid_experiment_stops_sequencer_and_server_then_resume(node
     """SIGINT while run 2 of 4 benchmarks (runs 3 and 4 queued on the node): exit 130, no sequencer, no
     server, no GPU memory, run 1 kept, run 2 interrupted; --resume runs exactly the three missing runs
     through a fresh queue."""
-    node.time_scale = "0.5"                # the default profile's speeds at half speed: a window to hit
+    node.profile, node.time_scale = "default", "0.5"    # seconds of load and benchmark: a window to hit
     exp = node.write_experiment("qi", num_requests=6, output_len=48)
     inv = node.write_inventory()
     common = ["-e", str(exp), "-i", str(inv), "--runs-dir", str(node.runs_dir)]
     proc = driver("--repeats", "2", "--order", "blocked", *common)
     try:
+        def first_collected() -> bool:
+            try:
+                with st.Store.open(_exp_dir(node.runs_dir)) as s:
+                    return any(r["seq"] == 1 and r["status"] == "ok" for r in s.runs())
+            except (ValueError, OSError, st.sqlite3.Error):
+                return False
+
         def second_benchmarking() -> bool:
             s = node.server()
             bench = node.node_dir / "runs" / "002-baseline" / "bench.jsonl"
-            return bool(s and s.get("run_id") == "002-baseline" and node.server_alive() and bench.exists())
-        wait_for(second_benchmarking, timeout=600, what="run 002 benchmarking", proc=proc)
+            return bool(s and s.get("run_id") == "002-baseline" and node.server_alive() and bench.exists()
+                        and first_collected())
+        wait_for(second_benchmarking, timeout=600, what="run 001 collected and run 002 benchmarking", proc=proc)
         assert _sequencer_alive(node)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=600)
