@@ -541,6 +541,8 @@ def load_record(node_dir: str, name: str = SERVER_JSON) -> Optional[Dict[str, An
         return None
     try:
         rec = read_json(path)
+    except FileNotFoundError:
+        return None        # removed between the check and the read (stop.py renaming it): no record
     except (OSError, ValueError) as exc:
         raise ToolError("%s is unreadable (%s); inspect it, stop the server by hand if one runs, then "
                         "remove the file" % (path, exc))

@@ -570,23 +570,47 @@ class Runner(object):
     def teardown(self) -> Dict[str, Any]:
         s, e = self.seq, self.e
         halt: Optional[str] = None
+        free: Dict[str, Any] = {}
+
+        def wait_free() -> None:
+            try:
+                free["out"] = s.wait_free(e.smi, e.gpus, e.gpu_free_s, e.path("gpu_free.json"), e.path("gpu_free.csv"))
+            except ToolError as exc:
+                free["error"] = exc.message
+            except Exception as exc:  # reported as a failed GPU check, never lost in the thread
+                free["error"] = "internal error: %s: %s" % (type(exc).__name__, exc)
+
+        def start_free() -> None:
+            """The GPU-free wait, in parallel with stop's GPU sweep once our processes are gone: its
+            smi polls overlap the sweep's; server.json still names our session, so an orphan the sweep
+            kills is ours to wait for, never refused."""
+            if "thread" not in free:
+                self.phases.begin("gpus free")
+                free["thread"] = threading.Thread(target=wait_free, name="gpus-free", daemon=True)
+                free["thread"].start()
+
         if self.started_server or os.path.exists(os.path.join(s.node_dir, common.SERVER_JSON)):
             self.phases.begin("stopping")
             try:
-                out = s.stop_server(e.smi, e.stop_grace_s, e.path("stop.json") if self.started_server else None)
+                out = s.stop_server(e.smi, e.stop_grace_s, e.path("stop.json") if self.started_server else None,
+                                    on_gone=start_free)
                 self.result["stop_s"] = out.get("total_s")
             except ToolError as exc:
                 halt = "Stopping the server on %s failed: %s" % (s.hostname, exc.message)
                 self.fail("stopping", halt)
-        self.phases.begin("gpus free")
         if halt is None:
-            try:
-                out = s.wait_free(e.smi, e.gpus, e.gpu_free_s, e.path("gpu_free.json"), e.path("gpu_free.csv"))
-                self.result["time_to_free_s"] = out.get("time_to_free_s")
-                s.clean = True
-            except ToolError as exc:
-                halt = "The GPUs of %s are not free: %s" % (s.hostname, exc.message)
+            start_free()
+        if "thread" in free:
+            free["thread"].join()
+        else:
+            self.phases.begin("gpus free")
+        if halt is None:
+            if "error" in free:
+                halt = "The GPUs of %s are not free: %s" % (s.hostname, free["error"])
                 self.fail("gpus free", halt)
+            else:
+                self.result["time_to_free_s"] = free["out"].get("time_to_free_s")
+                s.clean = True
         self.phases.begin("manifest")
         try:
             if self.parts_thread is not None:
@@ -640,13 +664,14 @@ class Sequencer(object):
 
     # -- the node tools, in-process ----------------------------------------------------------
 
-    def stop_server(self, smi: List[str], grace: float, out: Optional[str]) -> Dict[str, Any]:
+    def stop_server(self, smi: List[str], grace: float, out: Optional[str],
+                    on_gone: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
         stop = tool_module("stop")
         argv = ["--node-dir", self.node_dir, "--smi", json.dumps(smi), "--grace", str(grace)]
         if out:
             argv += ["--out", out]
         a = tool_args(stop, argv)
-        res = common.recorded(a.out, lambda: stop.stop(a, stop_sequencer=False))
+        res = common.recorded(a.out, lambda: stop.stop(a, stop_sequencer=False, on_gone=on_gone))
         self.reap()
         return res
 

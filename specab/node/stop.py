@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -149,16 +149,19 @@ def idle_stop(a: argparse.Namespace, node_dir: str) -> Dict[str, Any]:
     return out
 
 
-def stop(a: argparse.Namespace, stop_sequencer: bool = True) -> Dict[str, Any]:
+def stop(a: argparse.Namespace, stop_sequencer: bool = True,
+         on_gone: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
     """The whole stop: a live sequencer of ours first (unless ``stop_sequencer`` is false: the
-    sequencer itself stopping its own server), then the server recorded in server.json."""
+    sequencer itself stopping its own server), then the server recorded in server.json.
+    ``on_gone`` is called once the recorded group and session are empty, before the GPU sweep
+    (the sequencer starts its GPU-free wait there; server.json still names our session)."""
     node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
     seq = None
     if stop_sequencer:
         grace = a.sequencer_grace if a.sequencer_grace is not None else a.grace + 90.0
         seq = common.stop_sequencer(node_dir, grace, a.kill_wait)
     try:
-        out = stop_server(a)
+        out = stop_server(a, on_gone)
     except ToolError as exc:
         if seq is not None:
             exc.result["sequencer"] = seq
@@ -168,7 +171,7 @@ def stop(a: argparse.Namespace, stop_sequencer: bool = True) -> Dict[str, Any]:
     return out
 
 
-def stop_server(a: argparse.Namespace) -> Dict[str, Any]:
+def stop_server(a: argparse.Namespace, on_gone: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
     node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
     rec = common.load_record(node_dir)
     if rec is None:
@@ -204,6 +207,8 @@ def stop_server(a: argparse.Namespace) -> Dict[str, Any]:
                                 "server.json is kept so stop can be retried"
                                 % (a.kill_wait, "; ".join(common.describe_text(p.pid) for p in left)), out)
             out["kill_to_gone_s"] = round(time.time() - t_kill, 4)
+    if on_gone is not None:
+        on_gone()
 
     # Sweep: GPU compute processes of our session, then anything left in the session/group.
     try:
