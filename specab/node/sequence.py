@@ -1033,7 +1033,13 @@ def cmd_serve(a: argparse.Namespace) -> Dict[str, Any]:
                                                                       (rec or {}).get("experiment_id")))
     common.log("sequencer %d for %s started in %s" % (os.getpid(), a.experiment_id, a.node_dir))
     seq = Sequencer(a)
-    rc = seq.serve()
+    try:
+        rc = seq.serve()
+    except Exception as exc:   # a bug: say so in sequencer.json, so that `wait` can tell the driver
+        common.log(traceback.format_exc())
+        seq.save(state="halted", error="internal error of the sequencer: %s: %s (traceback in %s)"
+                 % (type(exc).__name__, exc, os.path.join(a.node_dir, SEQUENCER_LOG)))
+        rc = 1
     common.log("sequencer %d: %s" % (os.getpid(), seq.record.get("state")))
     out = dict(seq.record)
     if rc != 0:
