@@ -153,6 +153,7 @@ class _Interrupt:
     def __init__(self, progress: Progress):
         self.event = threading.Event()
         self.signum: int | None = None
+        self.at: float | None = None        # time of the first signal
         self.progress = progress
         self._old: dict[int, Any] = {}
 
@@ -165,6 +166,7 @@ class _Interrupt:
     def _handle(self, signum: int, frame: Any) -> None:
         if not self.event.is_set():
             self.signum = signum
+            self.at = time.time()
             self.event.set()
             return
         # later signals: keep going, the server must still be stopped (no locks taken in a handler)
@@ -409,7 +411,8 @@ class ExperimentRun:
                     from specab.queued import QueueExecutor
                     more = self._more_blocks_counted if self.opts.target_ci is not None else None
                     try:
-                        interrupted = QueueExecutor(self).loop(list(todo), intr.event, done_before, more=more)
+                        interrupted = QueueExecutor(self, signal_time=lambda: intr.at).loop(
+                            list(todo), intr.event, done_before, more=more)
                     except BaseException:
                         # the sequencer would go on with the queued runs: stop it and the server first
                         self.progress.notice("stopping the node's sequencer and server (stop role) ...")

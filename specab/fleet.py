@@ -100,6 +100,11 @@ def run_fleet(prepared: Any, opts: Any, exp_id: str, exp_dir: Path, todo: list[P
     statuses: list[str] = []
     lock = threading.Lock()
 
+    interrupt: list[Any] = []          # the _Interrupt of the main thread, once entered
+
+    def signal_time() -> float | None:
+        return interrupt[0].at if interrupt else None
+
     def host_loop(name: str, runs: list[PlannedRun], cancel: threading.Event) -> None:
         store = st.Store.open(exp_dir)       # one SQLite connection per thread (WAL)
         try:
@@ -112,7 +117,7 @@ def run_fleet(prepared: Any, opts: Any, exp_id: str, exp_dir: Path, todo: list[P
                 def on_status(status: str) -> None:
                     with lock:
                         statuses.append(status)
-                QueueExecutor(run).loop(runs, cancel, 0, on_status=on_status)
+                QueueExecutor(run, signal_time=signal_time).loop(runs, cancel, 0, on_status=on_status)
                 return
             for i, pr in enumerate(runs, start=1):
                 if cancel.is_set():
@@ -130,6 +135,7 @@ def run_fleet(prepared: Any, opts: Any, exp_id: str, exp_dir: Path, todo: list[P
 
     interrupted = False
     with ex._Interrupt(progress) as intr:
+        interrupt.append(intr)         # the host loops read the signal's time through signal_time()
         threads = [threading.Thread(target=host_loop, args=(name, runs, intr.event), name=f"fleet-{name}",
                                     daemon=True)
                    for name, runs in assignment.items() if runs]

@@ -104,7 +104,8 @@ def _ident(what: str) -> str:
 class QueueExecutor:
     """The queue loop of one host (a single-node inventory, or one host of a fleet)."""
 
-    def __init__(self, run: "ExperimentRun", lookahead: int = LOOKAHEAD, depth: int = DEPTH):
+    def __init__(self, run: "ExperimentRun", lookahead: int = LOOKAHEAD, depth: int = DEPTH,
+                 signal_time: Callable[[], float | None] | None = None):
         if len(run.p.inventory.hosts) != 1:
             raise ValueError("the queue executor runs the runs of exactly one host")
         self.run = run
@@ -114,6 +115,7 @@ class QueueExecutor:
         self.node_path: str | None = None        # the absolute node directory, from enqueue.yml
         self.finish_sent = False
         self.stopped = False                      # interrupt: the node was stopped through stop.yml
+        self.signal_time = signal_time            # when the user's SIGINT/SIGTERM came
 
     # ------------------------------------------------------------------ playbooks
     def _enqueue(self, runs: list[PlannedRun], *, reset: bool, finish: bool,
@@ -147,10 +149,11 @@ class QueueExecutor:
 
     # ------------------------------------------------------------------ one run
     def collect(self, pr: PlannedRun, cancel: threading.Event, *, new_row: bool = True,
-                wait_s: float | None = None, after_stop: bool = False) -> tuple[str, bool]:
+                wait_s: float | None = None, after_stop: float | None = None) -> tuple[str, bool]:
         """Wait for run `pr` on the node, fetch and ingest it. Returns (status, queue still healthy);
         status CANCELED when `cancel` cut the collect short (nothing recorded: collected again after the
-        stop). `after_stop`: the node was stopped (interrupt), a run without done.json was interrupted."""
+        stop). `after_stop` = the time of the user's interrupt, after which the node was stopped: a run
+        without done.json, or that ended after that time, is interrupted (its files are kept)."""
         from specab.experiment import _PhaseClock, check_writable   # the per-run path's helpers
 
         r = self.run
@@ -225,8 +228,13 @@ class QueueExecutor:
             rows = list(clock.times)
         for name, t0, t1 in rows:
             r.store.record_phase(pr.seq, name, t0, t1)
-        if after_stop and not done:
-            outcome = (st.INTERRUPTED, clock.current, "interrupted by the user (SIGINT/SIGTERM)")
+        ended = (done or {}).get("finished_at")
+        if after_stop is not None and (not done or not isinstance(ended, (int, float)) or ended > after_stop):
+            # Ctrl-C at time T: what had not ended by T is interrupted (and resumed), however long the stop
+            # took to reach the node
+            phase = display_phase((done or {}).get("phase")) or clock.current
+            why = "" if not done else f" (it ended {float(ended or 0) - after_stop:.1f} s after the signal)"
+            outcome = (st.INTERRUPTED, phase, f"interrupted by the user (SIGINT/SIGTERM){why}")
         else:
             outcome = self._outcome(done, result, clock)
         r.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=None,
@@ -341,6 +349,7 @@ class QueueExecutor:
 
     def interrupted(self, current: PlannedRun | None, queued: list[PlannedRun],
                     on_status: Callable[[str], None] | None = None) -> None:
+        t_signal = (self.signal_time() if self.signal_time else None) or time.time()
         """After SIGINT/SIGTERM: stop the node (stop.yml: the sequencer first, which stops its server and
         marks its run interrupted), then keep what the node finished: `current` (whose collect was cut
         short; its store row exists) and every queued run that has a done.json, in order, are fetched and
@@ -353,13 +362,13 @@ class QueueExecutor:
         self.stopped = True
         calm = threading.Event()           # never set: these collects do not wait (timeout 0) and are short
         if current is not None:
-            status, _ = self.collect(current, calm, new_row=False, wait_s=0, after_stop=True)
+            status, _ = self.collect(current, calm, new_row=False, wait_s=0, after_stop=t_signal)
             if on_status:
                 on_status(status)
         for pr in queued:
             if read_tail(self.host, self.node_run_dir(pr.run_id) + "/done.json", lines=1) is None:
                 break                      # never run, or cut before it wrote done.json: missing, resumed later
-            status, _ = self.collect(pr, calm, wait_s=0, after_stop=True)
+            status, _ = self.collect(pr, calm, wait_s=0, after_stop=t_signal)
             if on_status:
                 on_status(status)
 
