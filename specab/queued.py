@@ -66,9 +66,28 @@ def display_phase(node_phase: str | None) -> str | None:
     return NODE_PHASES.get(node_phase, node_phase)
 
 
-def phase_rows(lines: list[str]) -> list[tuple[str, float, float | None]]:
+# ready.json's load phases (ready.py: first seen in the server log, node clock) -> display sub-phases of
+# `loading`, as the per-run path's live log tail records them
+LOAD_SUBPHASES = (("load_weight_begin", "loading weights"), ("capture_cuda_graph_begin", "capturing graphs"))
+
+
+def load_marks(ready: Any) -> list[tuple[str, float]]:
+    """(display sub-phase, node time first seen) from a run's ready.json."""
+    out = []
+    phases = ready.get("phases") if isinstance(ready, dict) else None
+    for key, name in LOAD_SUBPHASES:
+        rec = phases.get(key) if isinstance(phases, dict) else None
+        t = rec.get("seen_at") if isinstance(rec, dict) else None
+        if isinstance(t, (int, float)):
+            out.append((name, float(t)))
+    return out
+
+
+def phase_rows(lines: list[str], sub: list[tuple[str, float]] | None = None
+               ) -> list[tuple[str, float, float | None]]:
     """Stored phases of one run from its phases.jsonl: (name, start, end), repeated phases named like the
-    per-run path does (`final stop`, `waiting for GPUs after stop`)."""
+    per-run path does (`final stop`, `waiting for GPUs after stop`); `sub` (from `load_marks`) splits
+    `loading` into `loading weights` and `capturing graphs` where they fall inside it."""
     events: list[tuple[str | None, float]] = []
     for line in lines:
         try:
@@ -76,6 +95,12 @@ def phase_rows(lines: list[str]) -> list[tuple[str, float, float | None]]:
             events.append((display_phase(str(rec["phase"])), float(rec["t"])))
         except (ValueError, KeyError, TypeError):
             continue                    # a line cut short by a crash of the sequencer
+    starts = [i for i, (p, _) in enumerate(events) if p == "loading"]
+    if starts and sub:
+        i = starts[0]
+        end = events[i + 1][1] if i + 1 < len(events) else float("inf")
+        inside = sorted((t, name) for name, t in sub if events[i][1] < t < end)
+        events[i + 1:i + 1] = [(name, t) for t, name in inside]
     # the node stamps to 0.1 ms: a skipped phase (no leftover to stop) can share its start with the next;
     # keep the order the node wrote them in (the store sorts by start time)
     for i in range(1, len(events)):
@@ -221,7 +246,7 @@ class QueueExecutor:
         if not isinstance(done, dict):
             fact = (result.facts.get(self.host.name) or {}).get("specab_done")
             done = fact if isinstance(fact, dict) and fact else None
-        rows = phase_rows(_read_lines(run_dir / "phases.jsonl"))
+        rows = phase_rows(_read_lines(run_dir / "phases.jsonl"), load_marks(_read_json(run_dir / "ready.json")))
         if collect_started:
             rows.append(("collecting", collect_started[0], time.time()))
         if not rows:          # nothing from the node (it never claimed the run): the live clock's view

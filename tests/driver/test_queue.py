@@ -75,7 +75,7 @@ def test_queue_dead_time_per_transition_is_far_below_the_per_run_path(node: SimN
     """6 runs on the queue executor: every run ok, in plan order; the dead time of each transition (last
     request of run k -> first request of run k+1, minus the engine's start -> ready) is seconds, where the
     per-run path measured 16-50 s on this machine (docs/performance.md §1); the sequencer exits at the end."""
-    exp = node.write_experiment("dq", num_requests=2, output_len=16)
+    exp = node.write_experiment("dq", num_requests=2, output_len=16)   # instant profile: no load sub-phases
     inv = node.write_inventory()
     proc = driver("--repeats", "3", "-e", str(exp), "-i", str(inv), "--runs-dir", str(node.runs_dir))
     out, _ = proc.communicate(timeout=1000)
