@@ -152,6 +152,10 @@ def test_queue_sigint_mid_experiment_stops_sequencer_and_server_then_resume(node
         assert [r["seq"] for r in s.missing()] == [2, 3, 4]
         assert s.experiment()["status"] == "interrupted"
         first = (runs[1]["started"], runs[1]["runner_ident"])
+        # the default profile's load sub-phases, from the node's ready.json, in the per-run path's names
+        names = [p["phase"] for p in s.phases(1)]
+        assert names.index("loading") < names.index("loading weights") < names.index("capturing graphs") \
+            < names.index("ready") < names.index("verifying env"), names
     proc = driver("--resume", exp_dir.name, "--runs-dir", str(node.runs_dir))
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
