@@ -636,7 +636,8 @@ def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -
             if val is not None and key not in out:
                 out[key] = val
         for f in sorted(d.iterdir()):
-            if f.is_file() and f.suffix in (".json", ".csv") and f.name not in ("manifest.json",) \
+            # queue_entry.json (0600) holds the node env the client runs with, which may carry a secret
+            if f.is_file() and f.suffix in (".json", ".csv") and f.name not in ("manifest.json", "queue_entry.json") \
                     and f.stat().st_size <= 256 * 1024 and f.name != "gpu_samples.csv":
                 store.add_file(seq, host, f.name, f.read_text(errors="replace"))
     return out

@@ -14,6 +14,7 @@ from specab import store as st
 from tests.driver.simnode import SimNode, driver, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+NODE_SECRET = "node-planted-secret-4711"
 
 
 @pytest.fixture
@@ -76,7 +77,9 @@ def test_queue_dead_time_per_transition_is_far_below_the_per_run_path(node: SimN
     request of run k -> first request of run k+1, minus the engine's start -> ready) is seconds, where the
     per-run path measured 16-50 s on this machine (docs/performance.md §1); the sequencer exits at the end."""
     exp = node.write_experiment("dq", num_requests=2, output_len=16)   # instant profile: no load sub-phases
-    inv = node.write_inventory()
+    host_vars = node.host_vars()
+    host_vars["specab_node_env"] = {**node.node_env(), "MY_NODE_TOKEN": NODE_SECRET}   # reaches the queue entry
+    inv = node.write_inventory(host_vars)
     proc = driver("--repeats", "3", "-e", str(exp), "-i", str(inv), "--runs-dir", str(node.runs_dir))
     out, _ = proc.communicate(timeout=1000)
     assert proc.returncode == 0, out[-4000:]
@@ -106,6 +109,10 @@ def test_queue_dead_time_per_transition_is_far_below_the_per_run_path(node: SimN
         for name in ("manifest.json", "bench_summary.json", "env_check.json", "stop.json", "gpu_free.json",
                      "server.log", "launch.sh", "nccl.env", "done.json"):
             assert (d / name).exists(), d / name
+    # the queue entry carries the node env (a secret there stays in 0600 files, out of the store)
+    for d in dirs:
+        assert (d / "queue_entry.json").stat().st_mode & 0o077 == 0
+    assert NODE_SECRET.encode() not in (exp_dir / st.FILENAME).read_bytes()
     # END was sent: the sequencer exited by itself, nothing of ours runs, the queue is empty
     wait_for(lambda: not _sequencer_alive(node), timeout=60, what="the sequencer to exit after the END marker")
     assert not node.server_alive() and node.gpus_busy() == []
