@@ -112,7 +112,8 @@ def test_queue_dead_time_per_transition_is_far_below_the_per_run_path(node: SimN
     # the queue entry carries the node env (a secret there stays in 0600 files, out of the store)
     for d in dirs:
         assert (d / "queue_entry.json").stat().st_mode & 0o077 == 0
-    assert NODE_SECRET.encode() not in (exp_dir / st.FILENAME).read_bytes()
+    for f in exp_dir.glob(st.FILENAME + "*"):      # the store and its WAL
+        assert NODE_SECRET.encode() not in f.read_bytes(), f
     # END was sent: the sequencer exited by itself, nothing of ours runs, the queue is empty
     wait_for(lambda: not _sequencer_alive(node), timeout=60, what="the sequencer to exit after the END marker")
     assert not node.server_alive() and node.gpus_busy() == []
