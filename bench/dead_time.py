@@ -9,13 +9,19 @@ node runs the ``instant`` profile (every load phase 0 s), so the engine's load t
 spawn + imports only, and it is subtracted per transition.
 
 Harness: ``driver.py run`` with two arms (baseline, EAGLE-3) and ``--repeats R`` so that R*2 runs
-give ``--transitions`` transitions; every run is one ``playbooks/arm.yml`` through ansible-runner,
-exactly as a user runs it. Times come from the run directories (bench.jsonl ``start_ts`` and
-``e2e_s``) and a watcher thread in this process that polls (every 20 ms) the node's
-``server.json`` (spawn time, written by ``start.py``) and each run's ``server.log`` (ready line).
-Where the time goes comes from ansible-runner's job events (``.runner/artifacts/*/job_events``):
-the window of a transition is cut at every task start and each slice is charged to the task's role
-(or to the play's own task); the time between two playbooks is "driver + ansible-playbook start".
+give ``--transitions`` transitions, exactly as a user runs it: with ``--executor queue`` (the default
+on one node) the node's sequencer runs the queued runs back to back and the driver's Ansible work
+overlaps the benchmarks; with ``--executor per-run`` every run is one ``playbooks/arm.yml`` through
+ansible-runner. Times come from the run directories (bench.jsonl ``start_ts`` and ``e2e_s``) and a
+watcher thread in this process that polls (every 20 ms) the node's ``server.json`` (spawn time,
+written by ``start.py``'s logic) and each run's ``server.log`` (ready line). Where the time goes:
+queue executor: the sequencer's ``phases.jsonl`` (each slice charged to the node phase it is in);
+per-run: ansible-runner's job events (``.runner/artifacts/*/job_events``): the window of a
+transition is cut at every task start and each slice is charged to the task's role (or to the
+play's own task); the time between two playbooks is "driver + ansible-playbook start".
+CPU: the driver's own children (driver, ansible-playbook and its module processes; with per-run
+also the node tools and the client) and, for the queue, the sequencer (read from /proc: it runs
+detached, in its own session, with the node tools in-process and the client as its child).
 
 Naive: what the peers do (vLLM auto_tune: ``pkill`` then ``sleep 10``; SGLang's speculative sweep:
 ``sleep 5`` after killing): one bash script per transition on the node: ``pkill -f <model path>``
@@ -79,6 +85,8 @@ class Watcher:
     server_jsons: list[Path]
     log_globs: list[tuple[Path, str]]
     interval: float = 0.02
+    sequencer_json: Path | None = None
+    sequencer_cpu: dict[int, float] = field(default_factory=dict)  # sequencer pid -> last CPU seconds seen
     spawned: dict[str, float] = field(default_factory=dict)       # run id -> started_at (start.py)
     ready: dict[str, float] = field(default_factory=dict)         # log path -> first time the ready line was seen
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -88,6 +96,16 @@ class Watcher:
         self._thread = threading.Thread(target=self._loop, name="dead-time-watcher", daemon=True)
         self._thread.start()
         return self
+
+    def _sample_sequencer(self) -> None:
+        try:
+            rec = json.loads(self.sequencer_json.read_text())   # type: ignore[union-attr]
+            pid = int(rec["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        cpu = _proc_cpu_s(pid)
+        if cpu is not None:
+            self.sequencer_cpu[pid] = cpu
 
     def stop(self) -> None:
         self._stop.set()
@@ -108,6 +126,8 @@ class Watcher:
                             self.spawned.setdefault(str(rec["run_id"]), float(rec["started_at"]))
                 except (OSError, ValueError):
                     pass
+            if self.sequencer_json is not None:
+                self._sample_sequencer()
             for base, pattern in self.log_globs:
                 for log in base.glob(pattern):
                     key = str(log)
@@ -153,6 +173,15 @@ class Node:
         p = self.root / "inventory.yml"
         p.write_text(json.dumps(inv, indent=1))        # JSON is YAML
         return p
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    """utime + stime + cutime + cstime of a live process, in seconds (None when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def experiment_file(node: Node, output_len: int) -> Path:
@@ -307,16 +336,35 @@ def median_buckets(parts: list[dict[str, float]]) -> dict[str, float]:
 # harness
 
 
-def run_harness(node: Node, transitions: int, output_len: int, log) -> dict[str, Any]:
+def phase_marks(run_dir: Path) -> tuple[float, float, list[tuple[float, str]]] | None:
+    """A run's node phases (the sequencer's phases.jsonl) as slices for `breakdown`."""
+    marks = []
+    try:
+        lines = (run_dir / "phases.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            marks.append((float(rec["t"]), f"node: {rec['phase']}"))
+        except (ValueError, KeyError, TypeError):
+            continue
+    if not marks:
+        return None
+    return marks[0][0], marks[-1][0], sorted(marks)
+
+
+def run_harness(node: Node, transitions: int, output_len: int, log, executor: str = "queue") -> dict[str, Any]:
     repeats = (transitions + 2) // 2            # 2 arms x repeats runs -> 2*repeats - 1 transitions
     exp = experiment_file(node, output_len)
     inv = node.inventory()
     runs_dir = node.root / "runs"
-    watcher = Watcher([node.node_dir / "server.json"], [(node.node_dir / "runs", "*/server.log")]).start()
+    watcher = Watcher([node.node_dir / "server.json"], [(node.node_dir / "runs", "*/server.log")],
+                      sequencer_json=node.node_dir / "sequencer.json").start()
     t_start = time.time()
     try:
         cmd = [PYTHON, str(REPO / "driver.py"), "run", "-e", str(exp), "-i", str(inv), "--repeats", str(repeats),
-               "--seed", "1", "--runs-dir", str(runs_dir)]
+               "--seed", "1", "--runs-dir", str(runs_dir), "--executor", executor]
         log(f"harness: {' '.join(cmd[1:])}")
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         proc = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True,
@@ -331,8 +379,12 @@ def run_harness(node: Node, transitions: int, output_len: int, log) -> dict[str,
         raise BenchError(f"driver.py exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-4000:]}")
     [exp_dir] = [d for d in runs_dir.iterdir() if d.is_dir()]
     runs = sorted(d for d in exp_dir.iterdir() if d.is_dir() and re.match(r"\d{3}-", d.name))
-    playbooks = load_playbooks(exp_dir)
-    tasks = load_playbooks(exp_dir, detail=True)
+    if executor == "queue":     # no Ansible inside a transition: where the time goes is the node's phases
+        playbooks = {r.name: m for r in runs if (m := phase_marks(r)) is not None}
+        tasks = playbooks
+    else:
+        playbooks = load_playbooks(exp_dir)
+        tasks = load_playbooks(exp_dir, detail=True)
     rows, parts, task_parts = [], [], []
     for prev, nxt in zip(runs, runs[1:]):
         _, t_stop = bench_window(prev / "bench.jsonl")
@@ -353,8 +405,12 @@ def run_harness(node: Node, transitions: int, output_len: int, log) -> dict[str,
         tps = [tasks[r.name] for r in (prev, nxt) if r.name in tasks]
         task_parts.append(_add(breakdown(t_stop, spawn, tps), breakdown(ready, t_bench, tps)))
     run_wall = [playbooks[r.name][1] - playbooks[r.name][0] for r in runs if r.name in playbooks]
-    return {"driver_wall_s": round(time.time() - t_start, 1), "runs": len(runs), "transitions": rows,
-            "cpu_s_per_run": round(cpu_s / max(1, len(runs)), 2),
+    sequencer_cpu = sum(watcher.sequencer_cpu.values())
+    return {"executor": executor, "driver_wall_s": round(time.time() - t_start, 1), "runs": len(runs),
+            "transitions": rows,
+            "cpu_s_per_run": round((cpu_s + sequencer_cpu) / max(1, len(runs)), 2),
+            "controller_cpu_s_per_run": round(cpu_s / max(1, len(runs)), 2),
+            "sequencer_cpu_s_per_run": round(sequencer_cpu / max(1, len(runs)), 2),
             "dead": summarize([r["dead_s"] for r in rows]), "engine_load": summarize([r["engine_load_s"] for r in rows]),
             "breakdown_median_s": median_buckets(parts),
             "tasks_median_s": dict(list(median_buckets(task_parts).items())[:30]), "playbook_wall_median_s": round(statistics.median(run_wall), 2)
@@ -547,7 +603,16 @@ def _kill_group_file(pid_file: Path) -> None:
 
 
 def _kill_harness_server(node: Node) -> None:
-    """The driver stops its servers; if it failed half-way, kill the group recorded in server.json (ours)."""
+    """The driver stops its servers; if it failed half-way, kill the group recorded in server.json (ours)
+    and the sequencer recorded in sequencer.json (ours, when its pid still has the recorded start time)."""
+    try:
+        rec = json.loads((node.node_dir / "sequencer.json").read_text())
+        pid = int(rec["pid"])
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        if int(stat[19]) == int(rec["starttime"]):
+            os.killpg(pid, 9)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, ProcessLookupError, PermissionError):
+        pass
     try:
         rec = json.loads((node.node_dir / "server.json").read_text())
         os.killpg(int(rec["pgid"]), 9)
@@ -595,7 +660,7 @@ def run_mode(where: str, root: Path, args: argparse.Namespace, log) -> dict[str,
             node = Node(root / "harness", free_port(), extra)
             node.root.mkdir()
             try:
-                result["harness"] = run_harness(node, args.transitions, args.output_len, log)
+                result["harness"] = run_harness(node, args.transitions, args.output_len, log, args.executor)
             finally:
                 _kill_harness_server(node)
             result["harness"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -628,6 +693,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--what", nargs="+", choices=("harness", "tools", "naive"),
                     default=["harness", "tools", "naive"])
     ap.add_argument("--transitions", type=int, default=11, help="harness transitions (>= 10 for the target)")
+    ap.add_argument("--executor", choices=("queue", "per-run"), default="queue",
+                    help="the driver's executor for the harness sequence (queue: the default on one node)")
     ap.add_argument("--naive-transitions", type=int, default=10)
     ap.add_argument("--naive-sleeps", type=float, nargs="+", default=[5.0, 10.0],
                     help="fixed sleeps after the kill (SGLang sweep: 5 s, vLLM auto_tune: 10 s)")

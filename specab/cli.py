@@ -50,7 +50,11 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-ci", metavar="PCT", type=_percent,
                    help="add blocks until every speedup's 95%% CI half-width is within PCT (e.g. 2%%)")
     p.add_argument("--max-repeats", type=int, help="upper bound on blocks with --target-ci")
-    p.add_argument("--run-timeout", type=int, metavar="S", help="wall-clock limit of one run's playbook")
+    p.add_argument("--run-timeout", type=int, metavar="S", help="wall-clock limit of one run (its playbook, or its wait on the node's queue)")
+    p.add_argument("--executor", choices=("auto", "queue", "per-run"), default="auto",
+                   help="how runs reach the node: queue = the node's sequencer runs queued runs back to back "
+                        "(no Ansible between two runs; the default for one host and for each host of a fleet); "
+                        "per-run = one arm.yml per run (the default for a multi-node server)")
     p.add_argument("--fleet", action="store_true",
                    help="every host of gpu_nodes runs its own whole blocks at the same time (block b on host "
                         "(b-1) mod hosts); the host is a blocking factor in the statistics (docs/scale.md)")
@@ -125,7 +129,7 @@ def _options(args: argparse.Namespace, argv: list[str]) -> ex.Options:
                       max_repeats=getattr(args, "max_repeats", None),
                       retry_failed=getattr(args, "retry_failed", False),
                       run_timeout_s=getattr(args, "run_timeout", None), argv=argv,
-                      fleet=getattr(args, "fleet", False))
+                      fleet=getattr(args, "fleet", False), executor=getattr(args, "executor", "auto"))
 
 
 # --------------------------------------------------------------------------- commands

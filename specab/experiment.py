@@ -16,7 +16,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from collections.abc import Callable
+from typing import Any, Literal, TextIO
 
 from specab import preflight
 from specab import store as st
@@ -33,6 +34,9 @@ MULTINODE_PLAYBOOK = "playbooks/multinode_arm.yml"   # one server over every hos
 STOP_PLAYBOOK = "playbooks/stop.yml"
 MIN_FREE_MB = 50
 EXIT_OK, EXIT_FAILED_RUNS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+Executor = Literal["auto", "queue", "per-run"]
 
 
 class ExperimentError(Exception):
@@ -56,6 +60,7 @@ class Options:
     run_timeout_s: int | None = None
     argv: list[str] = field(default_factory=list)
     fleet: bool = False                     # independent blocks per host at once (specab/fleet.py)
+    executor: Executor = "auto"             # auto: the run queue on one host, per-run otherwise
 
 
 @dataclass
@@ -80,6 +85,7 @@ def prepare(opts: Options) -> Prepared:
         raise ConfigError(f"--repeats must be at least 1, got {opts.repeats}.")
     if opts.target_ci is not None and opts.order == "blocked":
         raise ConfigError("--target-ci adds interleaved blocks; it cannot be combined with --order blocked.")
+    check_executor(opts.executor, inv, opts.fleet)
     plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order)
     return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
                     notices=exp.warnings + armset.notices + preflight.bind_warnings(armset.arms), plan=plan)
@@ -147,6 +153,7 @@ class _Interrupt:
     def __init__(self, progress: Progress):
         self.event = threading.Event()
         self.signum: int | None = None
+        self.at: float | None = None        # time of the first signal
         self.progress = progress
         self._old: dict[int, Any] = {}
 
@@ -159,6 +166,7 @@ class _Interrupt:
     def _handle(self, signum: int, frame: Any) -> None:
         if not self.event.is_set():
             self.signum = signum
+            self.at = time.time()
             self.event.set()
             return
         # later signals: keep going, the server must still be stopped (no locks taken in a handler)
@@ -174,6 +182,25 @@ def is_multinode(hosts: list[Host]) -> bool:
     return any(bool(h.vars.get("specab_multinode")) for h in hosts)
 
 
+def choose_executor(asked: str, multinode: bool, n_hosts: int) -> str:
+    """`queue` (the node's sequencer runs the runs back to back, docs/architecture.md "Run queue") for one
+    host; `per-run` (one arm.yml per run) for a multi-node server or several hosts running each run."""
+    if asked == "per-run" or multinode or n_hosts != 1:
+        return "per-run"
+    return "queue"
+
+
+def check_executor(asked: str, inventory: Inventory, fleet: bool) -> None:
+    """Refuse `--executor queue` where it cannot apply (before anything runs)."""
+    if asked != "queue" or (fleet and not is_multinode(inventory.hosts)):
+        return
+    n = len(inventory.hosts)
+    if is_multinode(inventory.hosts) or n != 1:
+        what = "places one server over several hosts" if is_multinode(inventory.hosts) else f"runs every run on {n} hosts"
+        raise ConfigError(f"{inventory.path}: --executor queue runs the runs of one host, but this inventory {what}. "
+                          f"Use --executor per-run (the default here), or --fleet for one queue per host.")
+
+
 class ExperimentRun:
     """One experiment's execution loop (new or resumed)."""
 
@@ -186,6 +213,7 @@ class ExperimentRun:
             raise ExperimentError(f"{prepared.inventory.path}: specab_multinode is set but group gpu_nodes has "
                                   f"one host; a multi-node server needs at least two (docs/scale.md).")
         self.playbook = MULTINODE_PLAYBOOK if multinode else ARM_PLAYBOOK
+        self.executor = choose_executor(opts.executor, multinode, len(prepared.inventory.hosts))
         # hosts whose results the run has: the head alone for a multi-node server (rank 0 serves and is
         # benchmarked; the other ranks' files are kept under <run dir>/node<r>-<host>/)
         self.result_hosts = prepared.inventory.hosts[:1] if multinode else prepared.inventory.hosts
@@ -218,31 +246,8 @@ class ExperimentRun:
         head = hosts[0]
         tails: list[LogTail] = []
 
-        def on_log(line: str) -> None:
-            self.progress.log_line(line)
-            ph = load_phase(line)
-            if ph in ("loading weights", "capturing graphs", "ready"):
-                clock.enter(ph)
-
-        bench_state = {"warm": 0, "measured": 0}
-
+        on_log, on_bench = self.tail_handlers(clock)
         warmups = int(self.p.experiment.bench.get("warmup_requests") or 0)
-
-        def on_bench(line: str) -> None:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                return
-            if rec.get("warmup"):
-                bench_state["warm"] += 1
-                if bench_state["warm"] >= warmups:
-                    clock.enter("benchmarking")     # the measured requests start now
-            else:
-                bench_state["measured"] += 1
-                clock.enter("benchmarking")
-                n = self.p.experiment.bench.get("num_requests")
-                self.progress.log_line(f"request {bench_state['measured']}" + (f" of {n}" if n else "")
-                                       + f": {rec.get('decode_tok_s') or 0:.1f} tok/s")
 
         def on_phase(phase: str) -> None:
             if phase == "starting" and clock.current in (None, "preparing"):
@@ -285,10 +290,69 @@ class ExperimentRun:
             self.store.record_phase(pr.seq, phase, t0, t1)
         return self._finish(pr, result, run_dir, clock, started, cancel.is_set())
 
+    def tail_handlers(self, clock: "_PhaseClock", enter_phases: bool = True
+                      ) -> tuple[Callable[[str], None], Callable[[str], None]]:
+        """Callbacks for the live tails of server.log (load phases) and bench.jsonl (request lines).
+        `enter_phases=False`: the phases come from elsewhere (the sequencer's phases.jsonl)."""
+        bench_state = {"warm": 0, "measured": 0}
+        warmups = int(self.p.experiment.bench.get("warmup_requests") or 0)
+
+        load_order = ("loading", "loading weights", "capturing graphs", "ready")
+
+        def on_log(line: str) -> None:
+            self.progress.log_line(line)
+            ph = load_phase(line)
+            if ph not in ("loading weights", "capturing graphs", "ready"):
+                return
+            if not enter_phases:
+                # the node's phases lead; the log only refines a load in progress, forward only (with TP > 1
+                # the ranks' lines interleave)
+                cur = clock.current
+                if cur not in load_order or load_order.index(ph) <= load_order.index(cur):
+                    return
+            clock.enter(ph)
+
+        def on_bench(line: str) -> None:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                return
+            if rec.get("warmup"):
+                bench_state["warm"] += 1
+                if bench_state["warm"] >= warmups and enter_phases:
+                    clock.enter("benchmarking")     # the measured requests start now
+            else:
+                bench_state["measured"] += 1
+                if enter_phases:
+                    clock.enter("benchmarking")
+                n = self.p.experiment.bench.get("num_requests")
+                self.progress.log_line(f"request {bench_state['measured']}" + (f" of {n}" if n else "")
+                                       + f": {rec.get('decode_tok_s') or 0:.1f} tok/s")
+        return on_log, on_bench
+
     def _finish(self, pr: PlannedRun, result: PlaybookResult, run_dir: Path, clock: "_PhaseClock",
                 started: float, canceled: bool) -> str:
+        if canceled:
+            outcome = (st.INTERRUPTED, clock.current, "interrupted by the user (SIGINT/SIGTERM)")
+        elif result.ok:
+            outcome = (st.OK, None, None)
+        else:
+            f = result.failures[0] if result.failures else None
+            reason = (f"{f.task}: {f.message}" if f else f"ansible-runner status {result.status} rc {result.rc}")
+            if f and f.host and len(self.result_hosts) > 1:
+                reason = f"[{f.host}] {reason}"
+            phase = clock.phase_at(f.time) if f else clock.current
+            if f and f.phase and f.phase != "loading" and phase not in (f.phase,):
+                phase = f.phase
+            outcome = (st.FAILED, phase, reason)
+        return self.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=clock.load_phases())
+
+    def record_finish(self, pr: PlannedRun, result: PlaybookResult, run_dir: Path, started: float, *,
+                      outcome: tuple[str, str | None, str | None], load_phases: dict[str, float] | None,
+                      fetch_missing: bool = True) -> str:
+        """Ingest the collected run directory and record the run's outcome (status, failed phase, reason)."""
         hosts = self.result_hosts
-        if not result.ok:
+        if not result.ok and fetch_missing:
             # keep what the node produced (partial bench records, server log) when collect did not run
             for h in hosts:
                 dest = run_dir if len(hosts) == 1 else run_dir / h.name
@@ -308,28 +372,14 @@ class ExperimentRun:
                 tail = log_excerpt(remote) if remote else None
             if tail:
                 log_tail = tail if len(hosts) == 1 else (log_tail or "") + f"== {h.name} ==\n{tail}\n"
-        if canceled:
-            status = st.INTERRUPTED
-            reason = "interrupted by the user (SIGINT/SIGTERM)"
-            phase = clock.current
-        elif result.ok:
-            status, reason, phase = st.OK, None, None
-        else:
-            status = st.FAILED
-            f = result.failures[0] if result.failures else None
-            reason = (f"{f.task}: {f.message}" if f else f"ansible-runner status {result.status} rc {result.rc}")
-            if f and f.host and len(hosts) > 1:
-                reason = f"[{f.host}] {reason}"
-            phase = clock.phase_at(f.time) if f else clock.current
-            if f and f.phase and f.phase != "loading" and phase not in (f.phase,):
-                phase = f.phase
-            if log_tail is None:
-                log_tail = result.stdout_tail
+        status, phase, reason = outcome
+        if status == st.FAILED and log_tail is None:
+            log_tail = result.stdout_tail
         self.store.finish_run(pr.seq, status=status, runner_status=result.status, runner_rc=result.rc,
                               failure_phase=phase if status != st.OK else None, failure_reason=reason,
                               log_tail=log_tail if status != st.OK else None, partial=partial,
                               summary=ingested.get("summary"), timings=ingested.get("timings"),
-                              load_phases=clock.load_phases() or ingested.get("ready"),
+                              load_phases=load_phases or ingested.get("ready"),
                               server_info=ingested.get("server_info"), stop=ingested.get("stop"),
                               gpu_free=ingested.get("gpu_free"))
         self.progress.run_finished(status, time.time() - started, reason)
@@ -357,6 +407,19 @@ class ExperimentRun:
         interrupted = False
         with _Interrupt(self.progress) as intr:
             try:
+                if self.executor == "queue":
+                    from specab.queued import QueueExecutor
+                    more = self._more_blocks_counted if self.opts.target_ci is not None else None
+                    try:
+                        interrupted = QueueExecutor(self, signal_time=lambda: intr.at).loop(
+                            list(todo), intr.event, done_before, more=more)
+                    except BaseException:
+                        # the sequencer would go on with the queued runs: stop it and the server first
+                        self.progress.notice("stopping the node's sequencer and server (stop role) ...")
+                        self.stop_servers()
+                        self.store.set_experiment_status("interrupted")
+                        raise
+                    todo = []
                 queue = list(todo)
                 index = done_before
                 while queue:
@@ -376,11 +439,12 @@ class ExperimentRun:
                         total = len(self.store.plan())
                         self.progress.state.total = total
             finally:
-                if interrupted:
+                if interrupted and self.executor != "queue":   # the queue executor stopped the node itself
                     self.progress.notice("interrupted: stopping the server of the current run (stop role) ...")
                     err = self.stop_servers()
                     if err:
                         self.progress.notice(f"WARNING: {err} Check the node with `python driver.py status`.")
+                if interrupted:
                     self.store.set_experiment_status("interrupted")
                 self.progress.close()
         if interrupted:
@@ -390,6 +454,13 @@ class ExperimentRun:
             return EXIT_INTERRUPTED
         self.store.set_experiment_status("finished")
         return EXIT_OK
+
+    def _more_blocks_counted(self) -> list[PlannedRun]:
+        """`_more_blocks`, keeping the progress display's total up to date."""
+        new = self._more_blocks()
+        if new:
+            self.progress.state.total = len(self.store.plan())
+        return new
 
     def _more_blocks(self) -> list[PlannedRun]:
         """Sequential stopping hook: after the planned blocks, ask specab.stats whether to add one."""
@@ -565,7 +636,8 @@ def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -
             if val is not None and key not in out:
                 out[key] = val
         for f in sorted(d.iterdir()):
-            if f.is_file() and f.suffix in (".json", ".csv") and f.name not in ("manifest.json",) \
+            # queue_entry.json (0600) holds the node env the client runs with, which may carry a secret
+            if f.is_file() and f.suffix in (".json", ".csv") and f.name not in ("manifest.json", "queue_entry.json") \
                     and f.stat().st_size <= 256 * 1024 and f.name != "gpu_samples.csv":
                 store.add_file(seq, host, f.name, f.read_text(errors="replace"))
     return out
@@ -633,7 +705,7 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
                         runs_dir=opts.runs_dir, verbose=opts.verbose, skip_invalid=True,
                         target_ci=opts.target_ci, max_repeats=opts.max_repeats, retry_failed=opts.retry_failed,
                         run_timeout_s=opts.run_timeout_s, argv=opts.argv,
-                        fleet=opts.fleet or "--fleet" in (row.get("argv") or []))
+                        fleet=opts.fleet or "--fleet" in (row.get("argv") or []), executor=opts.executor)
         prepared = prepare(ropts)
         stored = {a["name"]: a for a in store.arms()}
         for arm in prepared.arms:

@@ -4,8 +4,9 @@ Block b of the plan goes to host ``hosts[(b - 1) % n]`` (inventory order), so ea
 blocks and hosts never mix within a block: every paired comparison (arm vs baseline of the same block)
 is made on one host, and the statistics treat the host as a blocking factor (specab.stats pairs within
 (host, block) and reports the speedup per host). The parallelism is Ansible's: one ansible-runner run
-per planned run with ``--limit <host>``, one thread per host, each thread taking its host's runs in
-plan order. There is no scheduler beyond that fixed assignment.
+per host with ``--limit <host>``, one thread per host, each thread taking its host's runs in plan order:
+through that host's run queue (``specab/queued.py``: one sequencer per host) by default, or one
+``arm.yml`` per run with ``--executor per-run``. There is no scheduler beyond that fixed assignment.
 """
 from __future__ import annotations
 
@@ -99,12 +100,25 @@ def run_fleet(prepared: Any, opts: Any, exp_id: str, exp_dir: Path, todo: list[P
     statuses: list[str] = []
     lock = threading.Lock()
 
+    interrupt: list[Any] = []          # the _Interrupt of the main thread, once entered
+
+    def signal_time() -> float | None:
+        return interrupt[0].at if interrupt else None
+
     def host_loop(name: str, runs: list[PlannedRun], cancel: threading.Event) -> None:
         store = st.Store.open(exp_dir)       # one SQLite connection per thread (WAL)
         try:
             sub = replace(prepared, inventory=Inventory(path=prepared.inventory.path, hosts=[by_name[name]]))
             run = ex.ExperimentRun(sub, opts, exp_id, exp_dir, store, out,
                                    HostProgress(progress, name, counter), limit=name)  # type: ignore[arg-type]
+            if run.executor == "queue":         # this host's runs through its own run queue (sequencer)
+                from specab.queued import QueueExecutor
+
+                def on_status(status: str) -> None:
+                    with lock:
+                        statuses.append(status)
+                QueueExecutor(run, signal_time=signal_time).loop(runs, cancel, 0, on_status=on_status)
+                return
             for i, pr in enumerate(runs, start=1):
                 if cancel.is_set():
                     return
@@ -121,6 +135,7 @@ def run_fleet(prepared: Any, opts: Any, exp_id: str, exp_dir: Path, todo: list[P
 
     interrupted = False
     with ex._Interrupt(progress) as intr:
+        interrupt.append(intr)         # the host loops read the signal's time through signal_time()
         threads = [threading.Thread(target=host_loop, args=(name, runs, intr.event), name=f"fleet-{name}",
                                     daemon=True)
                    for name, runs in assignment.items() if runs]

@@ -90,6 +90,11 @@ def recorded(path: Optional[str], work: Callable[[], Dict[str, Any]]) -> Dict[st
     return out
 
 
+class Verbatim(dict):
+    """A tool result printed unchanged with exit 0, whatever its ``ok`` says: a record of something
+    that failed (``sequence.py wait`` prints a failed run's done.json), not a failure of the tool."""
+
+
 def run_tool(main: Callable[[Optional[Sequence[str]]], Dict[str, Any]],
              argv: Optional[Sequence[str]] = None) -> int:
     """Run a tool's ``main``: print its JSON, map ToolError to exit 1 (argparse exits 2 itself)."""
@@ -106,6 +111,9 @@ def run_tool(main: Callable[[Optional[Sequence[str]]], Dict[str, Any]],
         emit(out)
         log("error: " + exc.message)
         return 1
+    if isinstance(result, Verbatim):
+        emit(dict(result))
+        return 0
     result.setdefault("ok", True)
     emit(result)
     return 0 if result.get("ok") else 1
@@ -533,6 +541,8 @@ def load_record(node_dir: str, name: str = SERVER_JSON) -> Optional[Dict[str, An
         return None
     try:
         rec = read_json(path)
+    except FileNotFoundError:
+        return None        # removed between the check and the read (stop.py renaming it): no record
     except (OSError, ValueError) as exc:
         raise ToolError("%s is unreadable (%s); inspect it, stop the server by hand if one runs, then "
                         "remove the file" % (path, exc))
@@ -731,3 +741,90 @@ def poll_until(cond: Callable[[], bool], timeout: float, interval: float = 0.05)
         if left <= 0:
             return False
         time.sleep(min(interval, left))
+
+
+# ---------------------------------------------------------------------------------------------
+# sequencer.json: the node-side run queue's live process (sequence.py serve), also ours
+# ---------------------------------------------------------------------------------------------
+
+SEQUENCER_JSON = "sequencer.json"
+
+
+def load_sequencer(node_dir: str) -> Optional[Dict[str, Any]]:
+    """The sequencer record of ``node_dir`` (None when there is none); refuses a malformed one."""
+    path = os.path.join(node_dir, SEQUENCER_JSON)
+    if not os.path.exists(path):
+        return None
+    try:
+        rec = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise ToolError("%s is unreadable (%s); inspect it, stop the sequencer by hand if one runs "
+                        "(its pid is in sequencer.log), then remove the file" % (path, exc))
+    if not isinstance(rec, dict) or not isinstance(rec.get("pid"), int) or rec["pid"] <= 1:
+        raise ToolError("%s does not record a sequencer pid; inspect it and remove it" % path)
+    return rec
+
+
+def sequencer_alive(rec: Optional[Dict[str, Any]]) -> bool:
+    """The recorded sequencer pid is alive and is the very process recorded (start time matches)."""
+    if not rec or not isinstance(rec.get("pid"), int) or rec["pid"] <= 1:
+        return False
+    st = proc_stat(int(rec["pid"]))
+    if st is None or not st.alive:
+        return False
+    want = rec.get("starttime")
+    return want is not None and int(want) == st.starttime
+
+
+def stop_sequencer(node_dir: str, grace: float, kill_wait: float = 15.0) -> Optional[Dict[str, Any]]:
+    """Stop the live sequencer recorded in ``node_dir``/sequencer.json: SIGTERM, poll every 50 ms,
+    SIGKILL (its process group when it leads one, else the pid) after ``grace`` seconds.
+
+    None when no record exists; ``{"was_running": false, ...}`` when the recorded process is gone
+    (or is not the recorded one any more: pid reuse). The caller is never signalled itself.
+    On SIGTERM the sequencer stops its own server and marks its run interrupted before it exits.
+    """
+    rec = load_sequencer(node_dir)
+    if rec is None:
+        return None
+    out: Dict[str, Any] = {"was_running": False, "pid": rec.get("pid"),
+                           "experiment_id": rec.get("experiment_id"), "run_id": rec.get("run_id"),
+                           "state": rec.get("state"), "signals": []}
+    pid = int(rec["pid"])
+    if pid == os.getpid() or not sequencer_alive(rec):
+        return out
+    out["was_running"] = True
+    t0 = time.time()
+
+    def send(sig: int, target: str, ident: int, why: str) -> None:
+        entry = {"signal": signal.Signals(sig).name, "target": target, "id": ident, "why": why,
+                 "t": round(time.time(), 4), "t_rel_s": round(time.time() - t0, 4)}
+        try:
+            if target == "pgid":
+                os.killpg(ident, sig)
+            else:
+                os.kill(ident, sig)
+            entry["delivered"] = True
+        except OSError as exc:
+            entry["delivered"] = False
+            entry["note"] = str(exc)
+        out["signals"].append(entry)
+        log("%s -> sequencer %s %d (%s)" % (entry["signal"], target, ident, why))
+
+    send(signal.SIGTERM, "pid", pid, "stop the sequencer first (it stops its server and records the run)")
+    if poll_until(lambda: not sequencer_alive(rec), grace, 0.05):
+        out["term_to_gone_s"] = round(time.time() - t0, 4)
+        out["escalated"] = False
+        return out
+    out["escalated"] = True
+    st = proc_stat(pid)
+    t_kill = time.time()
+    if st is not None and st.pgrp == pid and st.session == pid:
+        send(signal.SIGKILL, "pgid", pid, "grace period of %gs expired" % grace)
+    else:
+        send(signal.SIGKILL, "pid", pid, "grace period of %gs expired" % grace)
+    if not poll_until(lambda: not sequencer_alive(rec), kill_wait, 0.05):
+        raise ToolError("the sequencer (pid %d) survived SIGKILL for %gs (uninterruptible sleep?): %s"
+                        % (pid, kill_wait, describe_text(pid)), {"sequencer": out})
+    out["kill_to_gone_s"] = round(time.time() - t_kill, 4)
+    return out

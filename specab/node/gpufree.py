@@ -16,6 +16,7 @@ import argparse
 import csv
 import os
 import sys
+import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -64,8 +65,24 @@ def classify(pid: int, recs: List[Dict[str, Any]]) -> str:
 
 
 def snapshot(smi: Sequence[str], timeout: float, gpus_spec: str) -> Dict[str, Any]:
-    gpus = common.query_gpus(smi, GPU_FIELDS, timeout)
-    apps = common.query_compute_apps(smi, timeout)
+    # the two nvidia-smi queries run side by side: one poll costs one call's time, not two
+    box: Dict[str, Any] = {}
+
+    def query_apps() -> None:
+        try:
+            box["apps"] = common.query_compute_apps(smi, timeout)
+        except Exception as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=query_apps, name="gpufree-apps", daemon=True)
+    worker.start()
+    try:
+        gpus = common.query_gpus(smi, GPU_FIELDS, timeout)
+    finally:
+        worker.join()
+    if "error" in box:
+        raise box["error"]
+    apps = box["apps"]
     selected = common.select_gpus(gpus_spec, [g["index"] for g in gpus if isinstance(g["index"], int)])
     by_uuid = {g["uuid"]: g["index"] for g in gpus}
     table = []

@@ -50,13 +50,23 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 class StopFlag(object):
     """SIGTERM/SIGINT set the flag and wake the sleeping loop through a self-pipe."""
 
-    def __init__(self) -> None:
+    def __init__(self, install: bool = True) -> None:
+        """``install=False``: no signal handlers (a caller sampling in-process, e.g. one sample
+        from the sequencer, keeps its own handlers; signal.signal works in the main thread only)."""
         self.stop = False
         self.signal: Optional[str] = None
         self.r, self.w = os.pipe()
         os.set_blocking(self.w, False)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handler)
+        if install:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._handler)
+
+    def close(self) -> None:
+        for fd in (self.r, self.w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.stop = True
@@ -77,8 +87,11 @@ class StopFlag(object):
             os.read(self.r, 64)
 
 
-def sample(a: argparse.Namespace) -> Dict[str, Any]:
-    flag = StopFlag()
+def sample(a: argparse.Namespace, flag: Optional[StopFlag] = None) -> Dict[str, Any]:
+    """Sample until stopped (or --count/--duration). ``flag``: a StopFlag the caller owns (default:
+    a new one that installs the SIGTERM/SIGINT handlers, as the CLI needs)."""
+    if flag is None:
+        flag = StopFlag()
     parent = os.getppid()
     t0 = time.monotonic()
     samples = rows = errors = 0

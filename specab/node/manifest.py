@@ -179,9 +179,33 @@ def server_environ(node_dir: str) -> Optional[Dict[str, Any]]:
     return info
 
 
-def build(a: argparse.Namespace) -> Dict[str, Any]:
+def slow_parts(a: argparse.Namespace, versions_cache: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The parts of the manifest that take time (engine version probes: two interpreter starts;
+    nvidia-smi; model file checksums), computable before the run ends; ``build(a, parts)`` then
+    only adds the cheap rest. ``versions_cache`` (engine python → versions) is filled and reused:
+    the engine's versions do not change between the runs of one sequencer."""
     run_dir = os.path.abspath(a.run_dir)
-    node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
+    sa = _server_args(a, run_dir)
+    sa = sa if isinstance(sa, dict) else {}
+    if versions_cache is not None and a.python in versions_cache:
+        vers = dict(versions_cache[a.python])
+    else:
+        vers = versions(a.python, a.probe_timeout)
+        if versions_cache is not None:
+            versions_cache[a.python] = dict(vers)
+    return {"versions": vers, "gpu": gpus(a.smi, a.smi_timeout), "host": host_info(),
+            "models": {"target": model_info(a.model_path or sa.get("model_path")),
+                       "draft": model_info(a.draft_model_path or sa.get("speculative_draft_model_path"))}}
+
+
+def host_info() -> Dict[str, Any]:
+    """Host facts (``socket.getfqdn()`` may wait for DNS: one of the slow parts)."""
+    uname = os.uname()
+    return {"hostname": socket.gethostname(), "fqdn": socket.getfqdn(), "kernel": uname.release,
+            "os": platform.platform(), "machine": uname.machine, "python_of_tools": platform.python_version()}
+
+
+def _server_args(a: argparse.Namespace, run_dir: str) -> Any:
     args_path = a.args_json or os.path.join(run_dir, "args.json")
     server_args: Any = None
     if os.path.isfile(args_path):
@@ -190,6 +214,14 @@ def build(a: argparse.Namespace) -> Dict[str, Any]:
                 server_args = json.load(fh)
         except ValueError as exc:
             server_args = "error: %s" % exc
+    return server_args
+
+
+def build(a: argparse.Namespace, parts: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The manifest; ``parts`` (from ``slow_parts``) replaces its host, versions, gpu and models."""
+    run_dir = os.path.abspath(a.run_dir)
+    node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
+    server_args = _server_args(a, run_dir)
     env_path = a.env_file or os.path.join(run_dir, "nccl.env")
     env: Any = None
     if os.path.isfile(env_path):
@@ -198,7 +230,6 @@ def build(a: argparse.Namespace) -> Dict[str, Any]:
         except common.ToolError as exc:
             env = "error: %s" % exc.message
     sa = server_args if isinstance(server_args, dict) else {}
-    uname = os.uname()
     extra = {}
     for kv in a.extra:
         k, _, v = kv.partition("=")
@@ -209,17 +240,16 @@ def build(a: argparse.Namespace) -> Dict[str, Any]:
         "created_at_iso": common.now_iso(),
         "run_dir": run_dir,
         "run_id": os.path.basename(run_dir),
-        "host": {"hostname": socket.gethostname(), "fqdn": socket.getfqdn(), "kernel": uname.release,
-                 "os": platform.platform(), "machine": uname.machine,
-                 "python_of_tools": platform.python_version()},
-        "versions": versions(a.python, a.probe_timeout),
-        "gpu": gpus(a.smi, a.smi_timeout),
+        "host": parts["host"] if parts else host_info(),
+        "versions": parts["versions"] if parts else versions(a.python, a.probe_timeout),
+        "gpu": parts["gpu"] if parts else gpus(a.smi, a.smi_timeout),
         "server_args": common.redact_mapping(server_args),
         "env_file": {"path": env_path, "values": env},
         "launch": read_text(a.launch or os.path.join(run_dir, "launch.sh")),
         "server": server_environ(node_dir),
-        "models": {"target": model_info(a.model_path or sa.get("model_path")),
-                   "draft": model_info(a.draft_model_path or sa.get("speculative_draft_model_path"))},
+        "models": parts["models"] if parts else {
+            "target": model_info(a.model_path or sa.get("model_path")),
+            "draft": model_info(a.draft_model_path or sa.get("speculative_draft_model_path"))},
         "seed": a.seed,
         "extra": extra,
     }

@@ -11,6 +11,12 @@ left the group, renamed via prctl, or orphaned) and any process still in our ses
 SIGKILLed. GPU compute processes that are not ours are reported and left alone unless
 ``--force-foreign``. Every signal is recorded with its time. Idempotent: with nothing recorded
 the answer is ``{"was_running": false}``. On success server.json becomes last_server.json.
+
+A live sequencer of ours (``sequence.py serve``, recorded in sequencer.json with its pid and start
+time) is stopped FIRST (SIGTERM, poll, SIGKILL after ``--sequencer-grace``): it would otherwise
+start the next queued run right after this stop. On SIGTERM it stops its own server and marks its
+run interrupted; the server stop that follows then usually finds nothing left. The output then
+has a ``sequencer`` key (absent when no sequencer.json exists).
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -38,6 +44,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="also kill GPU compute processes that are NOT ours (never the default)")
     p.add_argument("--smi-timeout", type=float, default=common.DEFAULT_SMI_TIMEOUT)
     p.add_argument("--out", default=None, help="also write the JSON result to this file (stop.json)")
+    p.add_argument("--sequencer-grace", type=float, default=None,
+                   help="seconds between SIGTERM and SIGKILL for a live sequencer (default: --grace + 90: "
+                        "it first stops its server and waits for free GPUs)")
     return p.parse_args(argv)
 
 
@@ -140,7 +149,29 @@ def idle_stop(a: argparse.Namespace, node_dir: str) -> Dict[str, Any]:
     return out
 
 
-def stop(a: argparse.Namespace) -> Dict[str, Any]:
+def stop(a: argparse.Namespace, stop_sequencer: bool = True,
+         on_gone: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+    """The whole stop: a live sequencer of ours first (unless ``stop_sequencer`` is false: the
+    sequencer itself stopping its own server), then the server recorded in server.json.
+    ``on_gone`` is called once the recorded group and session are empty, before the GPU sweep
+    (the sequencer starts its GPU-free wait there; server.json still names our session)."""
+    node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
+    seq = None
+    if stop_sequencer:
+        grace = a.sequencer_grace if a.sequencer_grace is not None else a.grace + 90.0
+        seq = common.stop_sequencer(node_dir, grace, a.kill_wait)
+    try:
+        out = stop_server(a, on_gone)
+    except ToolError as exc:
+        if seq is not None:
+            exc.result["sequencer"] = seq
+        raise
+    if seq is not None:
+        out["sequencer"] = seq
+    return out
+
+
+def stop_server(a: argparse.Namespace, on_gone: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
     node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
     rec = common.load_record(node_dir)
     if rec is None:
@@ -176,6 +207,8 @@ def stop(a: argparse.Namespace) -> Dict[str, Any]:
                                 "server.json is kept so stop can be retried"
                                 % (a.kill_wait, "; ".join(common.describe_text(p.pid) for p in left)), out)
             out["kill_to_gone_s"] = round(time.time() - t_kill, 4)
+    if on_gone is not None:
+        on_gone()
 
     # Sweep: GPU compute processes of our session, then anything left in the session/group.
     try:

@@ -119,7 +119,8 @@ arms:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_run_over_ssh_shows_load_phases_from_the_live_tail(ssh_node):
-    """One run through arm.yml over SSH: the load sub-phases in the store come only from the fabric log tail."""
+    """One run through arm.yml over SSH: the load sub-phases in the store come only from the fabric log tail.
+    (--executor per-run: on the run queue the stored sub-phases come from the node's ready.json instead.)"""
     from specab import store as st
     from tests.driver.simnode import driver
     node, inv, _ = ssh_node
@@ -128,7 +129,8 @@ def test_a_run_over_ssh_shows_load_phases_from_the_live_tail(ssh_node):
     host_vars["specab_node_env"] = node.node_env()                 # default profile at time scale 1
     inv = node.write_inventory(host_vars)
     exp = node.write_experiment("ssh1", arms=BASELINE_ONLY, num_requests=2, output_len=32)
-    proc = driver("-e", str(exp), "-i", str(inv), "--repeats", "1", "--runs-dir", str(node.runs_dir))
+    proc = driver("-e", str(exp), "-i", str(inv), "--repeats", "1", "--runs-dir", str(node.runs_dir),
+                  "--executor", "per-run")
     out, _ = proc.communicate(timeout=1100)
     assert proc.returncode == 0, out[-4000:]
     [exp_dir] = [d for d in node.runs_dir.iterdir() if d.is_dir()]

@@ -1,0 +1,412 @@
+"""The queue executor (issue 8): runs of one host go through the node's sequencer, not one playbook each.
+
+`playbooks/enqueue.yml` renders each run's files and queues it on the node; the sequencer
+(`bin/sequence.py`, node side) runs the queued runs back to back with no Ansible task between two runs;
+`playbooks/collect_run.yml` waits for one run (`sequence.py wait`) and fetches its directory. The driver
+keeps runs queued ahead of the one it waits for (LOOKAHEAD at first, up to DEPTH), so its own Ansible
+work (collect run k-1, enqueue later runs) overlaps the benchmark of run k and the transition between
+two runs contains none.
+
+Contract with the node side: docs/architecture.md "Run queue". The run's outcome is the sequencer's
+``done.json``; its phases come from ``phases.jsonl`` (tailed live, stored with the node's times).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specab import store as st
+from specab.plan import PlannedRun
+from specab.remote import LogTail, read_tail
+from specab.runner import Failure, PlaybookResult
+
+if TYPE_CHECKING:
+    from specab.experiment import ExperimentRun
+
+ENQUEUE_PLAYBOOK = "playbooks/enqueue.yml"
+COLLECT_PLAYBOOK = "playbooks/collect_run.yml"
+# The first enqueue of a session queues the run the driver waits for and LOOKAHEAD more, so the node starts
+# at once; from then on up to DEPTH runs are queued and not yet collected, topped up (one enqueue.yml for
+# many runs) when half of them are collected. The sequencer must never wait for the driver: a run of a
+# real model is minutes, but a tiny one is shorter than the driver's collect of the one before.
+LOOKAHEAD = 2
+DEPTH = 16
+CANCELED = "canceled"      # a collect cut short by the interrupt (not a run status: the run is collected again)
+
+# node phase (phases.jsonl) -> the driver's display phase (the per-run path's names, so that the store,
+# the progress lines and the tests read the same); None ends the last phase
+NODE_PHASES: dict[str, str | None] = {
+    "claimed": "preparing",
+    "stopping-leftover": "stopping",
+    "gpus-free-before": "waiting for GPUs",
+    "starting": "starting",
+    "loading": "loading",
+    "ready": "ready",
+    "env": "verifying env",
+    "warming up": "warming up",
+    "benchmarking": "benchmarking",
+    "stopping": "stopping",
+    "gpus free": "waiting for GPUs",
+    "manifest": "writing manifest",
+    "done": None,
+}
+
+
+def display_phase(node_phase: str | None) -> str | None:
+    """The display name of a node phase (unknown names are shown as they are)."""
+    if node_phase is None:
+        return None
+    return NODE_PHASES.get(node_phase, node_phase)
+
+
+# ready.json's load phases (ready.py: first seen in the server log, node clock) -> display sub-phases of
+# `loading`, as the per-run path's live log tail records them
+LOAD_SUBPHASES = (("load_weight_begin", "loading weights"), ("capture_cuda_graph_begin", "capturing graphs"))
+
+
+def load_marks(ready: Any) -> list[tuple[str, float]]:
+    """(display sub-phase, node time first seen) from a run's ready.json."""
+    out = []
+    phases = ready.get("phases") if isinstance(ready, dict) else None
+    for key, name in LOAD_SUBPHASES:
+        rec = phases.get(key) if isinstance(phases, dict) else None
+        t = rec.get("seen_at") if isinstance(rec, dict) else None
+        if isinstance(t, (int, float)):
+            out.append((name, float(t)))
+    return out
+
+
+def phase_rows(lines: list[str], sub: list[tuple[str, float]] | None = None
+               ) -> list[tuple[str, float, float | None]]:
+    """Stored phases of one run from its phases.jsonl: (name, start, end), repeated phases named like the
+    per-run path does (`final stop`, `waiting for GPUs after stop`); `sub` (from `load_marks`) splits
+    `loading` into `loading weights` and `capturing graphs` where they fall inside it."""
+    events: list[tuple[str | None, float]] = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            events.append((display_phase(str(rec["phase"])), float(rec["t"])))
+        except (ValueError, KeyError, TypeError):
+            continue                    # a line cut short by a crash of the sequencer
+    starts = [i for i, (p, _) in enumerate(events) if p == "loading"]
+    if starts and sub:
+        i = starts[0]
+        end = events[i + 1][1] if i + 1 < len(events) else float("inf")
+        inside = sorted((t, name) for name, t in sub if events[i][1] < t < end)
+        events[i + 1:i + 1] = [(name, t) for t, name in inside]
+    # the node stamps to 0.1 ms: a skipped phase (no leftover to stop) can share its start with the next;
+    # keep the order the node wrote them in (the store sorts by start time)
+    for i in range(1, len(events)):
+        if events[i][1] <= events[i - 1][1]:
+            events[i] = (events[i][0], events[i - 1][1] + 1e-6)
+    rows: list[tuple[str, float, float | None]] = []
+    names: list[str] = []
+    for i, (phase, t0) in enumerate(events):
+        if phase is None:
+            continue
+        t1 = events[i + 1][1] if i + 1 < len(events) else None
+        name = phase
+        if phase in names:
+            name = {"stopping": "final stop", "waiting for GPUs": "waiting for GPUs after stop"}.get(phase, phase)
+            if name in names:
+                name = f"{phase} ({names.count(phase) + 1})"
+        names.append(phase if name == phase else name)
+        rows.append((name, t0, t1))
+    return rows
+
+
+def _ident(what: str) -> str:
+    return f"{what}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+
+
+class QueueExecutor:
+    """The queue loop of one host (a single-node inventory, or one host of a fleet)."""
+
+    def __init__(self, run: "ExperimentRun", lookahead: int = LOOKAHEAD, depth: int = DEPTH,
+                 signal_time: Callable[[], float | None] | None = None):
+        if len(run.p.inventory.hosts) != 1:
+            raise ValueError("the queue executor runs the runs of exactly one host")
+        self.run = run
+        self.host = run.p.inventory.hosts[0]
+        self.lookahead = max(0, lookahead)
+        self.depth = max(self.lookahead + 1, depth)
+        self.node_path: str | None = None        # the absolute node directory, from enqueue.yml
+        self.finish_sent = False
+        self.stopped = False                      # interrupt: the node was stopped through stop.yml
+        self.signal_time = signal_time            # when the user's SIGINT/SIGTERM came
+
+    # ------------------------------------------------------------------ playbooks
+    def _enqueue(self, runs: list[PlannedRun], *, reset: bool, finish: bool,
+                 cancel: threading.Event) -> PlaybookResult:
+        r = self.run
+        extravars = {
+            "specab_experiment": r.p.experiment.as_extravar(),
+            "specab_experiment_id": r.exp_id,
+            "specab_runs": [{"seq": pr.seq, "run_id": pr.run_id, "arm": r.arms[pr.arm].to_extravar()} for pr in runs],
+            "specab_queue_reset": reset,
+            "specab_queue_finish": finish,
+        }
+        ident = _ident("enqueue-" + ("-".join(pr.run_id.split("-", 1)[0] for pr in runs) or "none"))
+        try:
+            res = r.runner.run(ENQUEUE_PLAYBOOK, extravars, ident, cancel=cancel, secrets=r.secrets,
+                               limit=r.limit)
+        except Exception as exc:       # ansible-runner itself failed
+            return PlaybookResult(status="error", rc=None, ident=ident, artifact_dir=r.exp_dir / ".runner",
+                                  failures=[Failure(phase="starting", task="ansible-runner (enqueue.yml)",
+                                                    host=None, message=f"{type(exc).__name__}: {exc}")])
+        path = (res.facts.get(self.host.name) or {}).get("specab_node_path")
+        if isinstance(path, str) and path:
+            self.node_path = path
+        if res.ok and finish:
+            self.finish_sent = True
+        return res
+
+    def node_run_dir(self, run_id: str) -> str:
+        base = self.node_path or self.host.node_dir.rstrip("/")
+        return f"{base}/runs/{run_id}"
+
+    # ------------------------------------------------------------------ one run
+    def collect(self, pr: PlannedRun, cancel: threading.Event, *, new_row: bool = True,
+                wait_s: float | None = None, after_stop: float | None = None) -> tuple[str, bool]:
+        """Wait for run `pr` on the node, fetch and ingest it. Returns (status, queue still healthy);
+        status CANCELED when `cancel` cut the collect short (nothing recorded: collected again after the
+        stop). `after_stop` = the time of the user's interrupt, after which the node was stopped: a run
+        without done.json, or that ended after that time, is interrupted (its files are kept)."""
+        from specab.experiment import _PhaseClock, check_writable   # the per-run path's helpers
+
+        r = self.run
+        run_dir = (r.exp_dir / pr.run_id).resolve()
+        ident = _ident(pr.run_id)
+        if new_row:
+            check_writable(r.exp_dir)
+            if run_dir.exists():       # an earlier, unfinished attempt (resume): start clean
+                shutil.rmtree(run_dir)
+            r.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block, host=self.host.name,
+                              run_dir=str(run_dir), runner_ident=ident)
+        clock = _PhaseClock(r.progress)
+        node_dir = self.node_run_dir(pr.run_id)
+        on_log, on_bench = r.tail_handlers(clock, enter_phases=False)
+
+        def on_node_phase(line: str) -> None:
+            try:
+                phase = display_phase(str(json.loads(line)["phase"]))
+            except (ValueError, KeyError, TypeError):
+                return
+            if phase is not None:
+                clock.enter(phase)
+
+        tails = [LogTail(self.host, node_dir + "/phases.jsonl", on_node_phase, interval=0.1).start(),
+                 LogTail(self.host, node_dir + "/server.log", on_log).start(),
+                 LogTail(self.host, node_dir + "/bench.jsonl", on_bench).start()]
+        collect_started: list[float] = []
+
+        def on_phase(phase: str) -> None:          # only the Collect tasks map to a phase (Wait tasks: none)
+            if phase == "collecting":
+                if not collect_started:
+                    collect_started.append(time.time())
+                clock.enter(phase)
+
+        extravars: dict[str, Any] = {
+            "specab_experiment": r.p.experiment.as_extravar(),
+            "specab_experiment_id": r.exp_id,
+            "specab_run_id": pr.run_id,
+            "specab_run_dir": str(run_dir),
+        }
+        if self.node_path:
+            extravars["specab_node_path"] = self.node_path
+        if wait_s is not None:
+            extravars["specab_queue_wait_s"] = wait_s
+        elif r.opts.run_timeout_s:
+            extravars["specab_queue_wait_s"] = int(r.opts.run_timeout_s)
+        started = time.time()
+        try:
+            result = r.runner.run(COLLECT_PLAYBOOK, extravars, ident, cancel=cancel, on_phase=on_phase,
+                                  secrets=r.secrets, limit=r.limit)
+        except Exception as exc:
+            result = PlaybookResult(status="error", rc=None, ident=ident, artifact_dir=r.exp_dir / ".runner",
+                                    failures=[Failure(phase=clock.current, task="ansible-runner (collect_run.yml)",
+                                                      host=None, message=f"{type(exc).__name__}: {exc}")])
+        finally:
+            for t in tails:
+                t.stop()
+        clock.close()
+        if cancel.is_set():
+            return CANCELED, False
+        if not result.ok:
+            from specab.experiment import _fetch_missing
+            _fetch_missing(self.host, node_dir, run_dir)
+        done = _read_json(run_dir / "done.json")
+        if not isinstance(done, dict):
+            fact = (result.facts.get(self.host.name) or {}).get("specab_done")
+            done = fact if isinstance(fact, dict) and fact else None
+        rows = phase_rows(_read_lines(run_dir / "phases.jsonl"), load_marks(_read_json(run_dir / "ready.json")))
+        if collect_started:
+            rows.append(("collecting", collect_started[0], time.time()))
+        if not rows:          # nothing from the node (it never claimed the run): the live clock's view
+            rows = list(clock.times)
+        for name, t0, t1 in rows:
+            r.store.record_phase(pr.seq, name, t0, t1)
+        ended = (done or {}).get("finished_at")
+        if after_stop is not None and (not done or not isinstance(ended, (int, float)) or ended > after_stop):
+            # Ctrl-C at time T: what had not ended by T is interrupted (and resumed), however long the stop
+            # took to reach the node
+            phase = display_phase((done or {}).get("phase")) or clock.current
+            why = "" if not done else f" (it ended {float(ended or 0) - after_stop:.1f} s after the signal)"
+            outcome = (st.INTERRUPTED, phase, f"interrupted by the user (SIGINT/SIGTERM){why}")
+        else:
+            outcome = self._outcome(done, result, clock)
+        r.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=None,
+                        fetch_missing=False)
+        return outcome[0], result.ok
+
+    @staticmethod
+    def _outcome(done: dict[str, Any] | None, result: PlaybookResult,
+                 clock: Any) -> tuple[str, str | None, str | None]:
+        """(status, failure phase, failure reason) of a run from done.json and the collect playbook."""
+        if done and done.get("status") == "interrupted":
+            return st.INTERRUPTED, display_phase(done.get("phase")) or clock.current, \
+                "interrupted by the user (SIGINT/SIGTERM)"
+        if not result.ok:
+            f = result.failures[0] if result.failures else None
+            reason = f"{f.task}: {f.message}" if f else f"ansible-runner status {result.status} rc {result.rc}"
+            phase = (display_phase(done.get("phase")) if done else None) or clock.current
+            return st.FAILED, phase, reason
+        if not done:
+            return st.FAILED, clock.current, ("the sequencer finished the run without a done.json; see "
+                                              "sequencer.log in the node directory")
+        if done.get("ok"):
+            return st.OK, None, None
+        task = done.get("task") or "sequencer"
+        error = done.get("error") or f"the run ended with status {done.get('status')!r}"
+        return st.FAILED, display_phase(done.get("phase")) or clock.current, f"{task}: {error}"
+
+    # ------------------------------------------------------------------ the loop
+    def loop(self, todo: list[PlannedRun], cancel: threading.Event, index: int,
+             more: Callable[[], list[PlannedRun]] | None = None,
+             on_status: Callable[[str], None] | None = None) -> bool:
+        """Run `todo` (and what `more` adds when it runs out) through the queue. Returns True when
+        interrupted (`cancel` set); the caller stops the node's sequencer and server then."""
+        r = self.run
+        pending: deque[PlannedRun] = deque(todo)
+        queued: deque[PlannedRun] = deque()
+        reset = True                      # a new driver session or a resume starts from a clean queue
+        final = more is None              # no run can be added after the planned ones
+        while pending or queued:
+            if reset:       # a small first batch: the node starts at once; the next top-up follows right away
+                want = self.lookahead + 1 - len(queued)
+            elif len(queued) <= self.depth // 2:
+                want = self.depth - len(queued)
+            else:
+                want = 0
+            batch = [pending.popleft() for _ in range(min(max(want, 0), len(pending)))]
+            if reset:
+                batch = list(queued) + batch
+                queued.clear()
+            if batch or reset:
+                res = self._enqueue(batch, reset=reset, finish=final and not pending, cancel=cancel)
+                if cancel.is_set():
+                    self.interrupted(None, list(queued) + [pr for pr in batch if pr not in queued])
+                    return True
+                if not res.ok:
+                    # the node cannot take runs (unreachable, foreign GPU process, ...): the first run of the
+                    # batch fails with that message; the rest are queued again from a clean queue
+                    if not batch:
+                        batch = [pending.popleft()] if pending else []
+                    if not batch:
+                        break
+                    first, rest = batch[0], batch[1:]
+                    self._fail_unqueued(first, res, index + 1)
+                    index += 1
+                    if on_status:
+                        on_status(st.FAILED)
+                    pending.extendleft(reversed(rest))
+                    reset = True
+                    continue
+                queued.extend(batch)
+                if reset and pending and len(queued) <= self.depth // 2:
+                    reset = False
+                    continue          # top up at once, before waiting for the first run
+                reset = False
+            if not queued:
+                continue
+            pr = queued.popleft()
+            index += 1
+            r.progress.run_started(index, pr.run_id, pr.arm, pr.block)
+            status, healthy = self.collect(pr, cancel)
+            if status == CANCELED or cancel.is_set():
+                self.interrupted(pr if status == CANCELED else None, list(queued), on_status)
+                return True
+            if on_status:
+                on_status(status)
+            if status == st.INTERRUPTED:      # stopped on the node by someone else (stop.yml, stop.py)
+                self.interrupted(None, list(queued), on_status)
+                return True
+            if not healthy:
+                reset = True              # the sequencer may be gone, halted or still busy: start it anew
+            if not pending and not queued and more is not None:
+                added = more()
+                pending.extend(added)
+                if not added:
+                    break
+        if not self.finish_sent and not cancel.is_set():
+            self._enqueue([], reset=False, finish=True, cancel=cancel)
+        return cancel.is_set()
+
+    def _fail_unqueued(self, pr: PlannedRun, res: PlaybookResult, index: int) -> None:
+        """Record run `pr` as failed because it could not be queued."""
+        r = self.run
+        r.progress.run_started(index, pr.run_id, pr.arm, pr.block)
+        f = res.failures[0] if res.failures else None
+        reason = (f"{f.task}: {f.message}" if f else f"enqueue.yml: ansible-runner status {res.status} rc {res.rc}")
+        run_dir = (r.exp_dir / pr.run_id).resolve()
+        r.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block, host=self.host.name,
+                          run_dir=str(run_dir), runner_ident=res.ident)
+        r.store.finish_run(pr.seq, status=st.FAILED, runner_status=res.status, runner_rc=res.rc,
+                           failure_phase="starting", failure_reason=reason, log_tail=res.stdout_tail or None)
+        r.progress.run_finished(st.FAILED, 0.0, reason)
+
+    def interrupted(self, current: PlannedRun | None, queued: list[PlannedRun],
+                    on_status: Callable[[str], None] | None = None) -> None:
+        t_signal = (self.signal_time() if self.signal_time else None) or time.time()
+        """After SIGINT/SIGTERM: stop the node (stop.yml: the sequencer first, which stops its server and
+        marks its run interrupted), then keep what the node finished: `current` (whose collect was cut
+        short; its store row exists) and every queued run that has a done.json, in order, are fetched and
+        recorded (ok, failed, or interrupted for the run the stop cut); the runs after them stay missing."""
+        r = self.run
+        r.progress.notice("interrupted: stopping the node's sequencer and server (stop role) ...")
+        err = r.stop_servers()
+        if err:
+            r.progress.notice(f"WARNING: {err} Check the node with `python driver.py status`.")
+        self.stopped = True
+        calm = threading.Event()           # never set: these collects do not wait (timeout 0) and are short
+        if current is not None:
+            status, _ = self.collect(current, calm, new_row=False, wait_s=0, after_stop=t_signal)
+            if on_status:
+                on_status(status)
+        for pr in queued:
+            if read_tail(self.host, self.node_run_dir(pr.run_id) + "/done.json", lines=1) is None:
+                break                      # never run, or cut before it wrote done.json: missing, resumed later
+            status, _ = self.collect(pr, calm, wait_s=0, after_stop=t_signal)
+            if on_status:
+                on_status(status)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []

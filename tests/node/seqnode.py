@@ -1,0 +1,193 @@
+"""A simulated node laid out as the controller's enqueue playbook leaves it, for the sequencer's tests
+and its dead-time measurement (``python -m tests.node.seq_deadtime``).
+
+The node tools are deployed into ``<node>/bin/`` (as node_prepare does: every ``specab/node/*.py``
+plus ``loadgen.py``); each run directory gets launch.sh / nccl.env / args.json rendered from the
+same templates with the same Jinja settings as the server_start role (``specab.render``), then its
+queue entry is written atomically, in the format of docs/architecture.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from specab import render
+
+REPO = Path(__file__).resolve().parents[2]
+PY = sys.executable
+BENCH = {"api": "generate", "num_requests": 2, "warmup_requests": 1, "input_len": 16, "output_len": 16,
+         "concurrency": 1, "seed": 1, "timeout_s": 60}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Result:
+    rc: int
+    data: Dict[str, Any]
+    stderr: str
+
+    @property
+    def error(self) -> str:
+        return str(self.data.get("error", ""))
+
+
+def proc_session(pid: int) -> Optional[int]:
+    try:
+        raw = open("/proc/%d/stat" % pid).read()
+    except OSError:
+        return None
+    rest = raw[raw.rfind(")") + 2:].split()
+    return None if rest[0] in ("Z", "X") else int(rest[3])
+
+
+def session_pids(sid: int) -> List[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit() and proc_session(int(d)) == sid]
+
+
+def wait_for(cond, timeout: float = 30.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(interval)
+    return bool(cond())
+
+
+@dataclass
+class SeqNode:
+    root: Path
+    experiment_id: str = "exp-20261129-100000"
+    tp: int = 2
+    scale: float = 10.0
+    profile: str = "instant"
+    port: int = field(default_factory=free_port)
+    sessions: List[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.node_dir = self.root / "node"
+        self.bin = self.node_dir / "bin"
+        self.bin.mkdir(parents=True, exist_ok=True)
+        for f in (REPO / "specab" / "node").glob("*.py"):
+            shutil.copy2(f, self.bin / f.name)
+        shutil.copy2(REPO / "specab" / "loadgen.py", self.bin / "loadgen.py")
+        self.state = self.root / "gpus"
+
+    # -- the node's environment (specab_node_env) -------------------------------------------
+
+    @property
+    def node_env(self) -> Dict[str, str]:
+        return {"SPECAB_SIM_STATE": str(self.state), "SPECAB_SIM_TIME_SCALE": str(self.scale),
+                "SPECAB_SIM_PROFILE": self.profile, "PYTHONPATH": str(REPO)}
+
+    @property
+    def env(self) -> Dict[str, str]:
+        return dict(os.environ, **self.node_env)
+
+    @property
+    def smi(self) -> List[str]:
+        return [PY, "-m", "specab.sim.smi"]
+
+    # -- what the enqueue playbook does ------------------------------------------------------
+
+    def arm(self, name: str, **server_args: Any) -> Dict[str, Any]:
+        sa = {"model_path": "/models/Kimi-K2.5-INT4", "tp_size": self.tp, "mem_fraction_static": 0.88,
+              "host": "127.0.0.1", "port": self.port}
+        sa.update(server_args)
+        return {"name": name, "server_args": {k: v for k, v in sa.items() if v is not None},
+                "env": {"NCCL_PROTO": "LL", "NCCL_DEBUG": "INFO"}}
+
+    def enqueue(self, seq: int, arm: Dict[str, Any], bench: Optional[Dict[str, Any]] = None,
+                node_env_extra: Optional[Dict[str, str]] = None, experiment_id: Optional[str] = None) -> str:
+        run_id = "%03d-%s" % (seq, arm["name"])
+        run_dir = self.node_dir / "runs" / run_id
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        env = render.environment()
+        ctx = {"specab_arm": arm, "specab_engine_cmd": [PY, "-m", "specab.sim.launch_server"],
+               "specab_node_env": dict(self.node_env, **(node_env_extra or {})), "specab_run_id": run_id}
+        (run_dir / "launch.sh").write_text(env.get_template(render.LAUNCH_TEMPLATE).render(ctx))
+        os.chmod(run_dir / "launch.sh", 0o755)
+        (run_dir / "nccl.env").write_text(env.get_template(render.ENV_TEMPLATE).render(ctx))
+        os.chmod(run_dir / "nccl.env", 0o600)
+        (run_dir / "args.json").write_text(json.dumps(arm["server_args"], indent=4, sort_keys=True) + "\n")
+        exp = experiment_id or self.experiment_id
+        host = str(arm["server_args"].get("host", "127.0.0.1"))
+        port = int(arm["server_args"].get("port", 30000))
+        entry = {"version": 1, "experiment_id": exp, "seq": seq, "run_id": run_id, "arm": arm["name"],
+                 "run_dir": str(run_dir), "host": host, "port": port, "url": "http://%s:%d" % (host, port),
+                 "smi": self.smi, "gpus": "all", "python": PY, "engine_python": PY,
+                 "timeouts": {"stop_grace_s": 15, "gpu_free_s": 30, "ready_s": 120},
+                 "bench": dict(bench or BENCH), "bench_env": self.node_env, "sample_interval_s": 0.2,
+                 "env_verify": {"server_info": True},
+                 "manifest": {"seed": 1, "extra": {"experiment_id": exp, "run_id": run_id, "arm": arm["name"],
+                                                   "specab_git": "test", "ansible_version": "none",
+                                                   "inventory_hostname": "simnode"}}}
+        qdir = self.node_dir / "queue"
+        qdir.mkdir(exist_ok=True)
+        tmp = qdir / (".tmp-%s" % run_id)
+        tmp.write_text(json.dumps(entry))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, qdir / ("%06d-%s.json" % (seq, run_id)))
+        return run_id
+
+    # -- the sequencer's CLI -------------------------------------------------------------------
+
+    def seq(self, *args: str, timeout: float = 120) -> Result:
+        p = subprocess.run([PY, str(self.bin / "sequence.py"), "--node-dir", str(self.node_dir)] + list(args),
+                           env=self.env, capture_output=True, text=True, timeout=timeout)
+        try:
+            data = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {}
+        except ValueError:
+            raise AssertionError("sequence.py printed no JSON: %r %r" % (p.stdout, p.stderr))
+        return Result(p.returncode, data, p.stderr)
+
+    def ensure(self, *extra: str, experiment_id: Optional[str] = None) -> Result:
+        r = self.seq("ensure", "--experiment-id", experiment_id or self.experiment_id, "--smi",
+                     json.dumps(self.smi), "--gpu-free-timeout", "30", *extra)
+        if r.rc == 0 and r.data.get("sid"):
+            self.sessions.append(int(r.data["sid"]))
+        return r
+
+    def wait(self, run_id: str, timeout: float = 90) -> Result:
+        return self.seq("wait", "--run-id", run_id, "--timeout", str(timeout), timeout=timeout + 30)
+
+    def record(self) -> Dict[str, Any]:
+        return json.loads((self.node_dir / "sequencer.json").read_text())
+
+    def run_file(self, run_id: str, name: str) -> Path:
+        return self.node_dir / "runs" / run_id / name
+
+    def phases(self, run_id: str) -> List[Dict[str, Any]]:
+        return [json.loads(l) for l in self.run_file(run_id, "phases.jsonl").read_text().splitlines() if l.strip()]
+
+    def cleanup(self) -> None:
+        """Kill whatever is left in the sessions this node's records name (all started by the test)."""
+        sids = set(self.sessions)
+        for name in ("sequencer.json", "server.json", "last_server.json"):
+            p = self.node_dir / name
+            try:
+                rec = json.loads(p.read_text())
+                sids.add(int(rec.get("sid") or rec["pid"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        for sid in sids:
+            for pid in session_pids(sid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
