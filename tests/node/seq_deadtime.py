@@ -68,8 +68,8 @@ def summarize(values: List[float]) -> Dict[str, Any]:
             "max": round(max(values), 3)}
 
 
-def measure(root: Path, runs: int, tp: int) -> Dict[str, Any]:
-    node = SeqNode(root, tp=tp, scale=1.0, profile="instant")
+def measure(root: Path, runs: int, tp: int, gpu: bool = False) -> Dict[str, Any]:
+    node = SeqNode(root, tp=tp, scale=1.0, profile="instant", gpu=gpu)
     bench = {"api": "generate", "num_requests": 1, "warmup_requests": 1, "input_len": 8, "output_len": 8,
              "concurrency": 1, "seed": 1, "timeout_s": 60}
     spec = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/models/eagle3-head",
@@ -131,14 +131,17 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=11)
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--workdir", default=None, help="keep every run here (default: a temporary directory)")
+    ap.add_argument("--gpu", action="store_true",
+                    help="GPU mode on a real GPU machine: the schedulers allocate real CUDA memory and the "
+                         "sequencer reads the real nvidia-smi (use --tp <= the GPU count)")
     a = ap.parse_args()
     if a.workdir:
         root = Path(a.workdir)
         root.mkdir(parents=True, exist_ok=True)
-        print(json.dumps(measure(root, a.runs, a.tp), indent=1))
+        print(json.dumps(measure(root, a.runs, a.tp, a.gpu), indent=1))
     else:
         with tempfile.TemporaryDirectory(prefix="specab-seq-dead-") as d:
-            print(json.dumps(measure(Path(d), a.runs, a.tp), indent=1))
+            print(json.dumps(measure(Path(d), a.runs, a.tp, a.gpu), indent=1))
 
 
 if __name__ == "__main__":

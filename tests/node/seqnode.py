@@ -76,6 +76,7 @@ class SeqNode:
     profile: str = "instant"
     port: int = field(default_factory=free_port)
     sessions: List[int] = field(default_factory=list)
+    gpu: bool = False          # GPU mode: real CUDA allocations and the real nvidia-smi (docs/simulator.md)
 
     def __post_init__(self) -> None:
         self.node_dir = self.root / "node"
@@ -90,8 +91,11 @@ class SeqNode:
 
     @property
     def node_env(self) -> Dict[str, str]:
-        return {"SPECAB_SIM_STATE": str(self.state), "SPECAB_SIM_TIME_SCALE": str(self.scale),
-                "SPECAB_SIM_PROFILE": self.profile, "PYTHONPATH": str(REPO)}
+        env = {"SPECAB_SIM_STATE": str(self.state), "SPECAB_SIM_TIME_SCALE": str(self.scale),
+               "SPECAB_SIM_PROFILE": self.profile, "PYTHONPATH": str(REPO)}
+        if self.gpu:
+            env["SPECAB_SIM_GPU"] = "cuda"
+        return env
 
     @property
     def env(self) -> Dict[str, str]:
@@ -99,7 +103,7 @@ class SeqNode:
 
     @property
     def smi(self) -> List[str]:
-        return [PY, "-m", "specab.sim.smi"]
+        return ["nvidia-smi"] if self.gpu else [PY, "-m", "specab.sim.smi"]
 
     # -- what the enqueue playbook does ------------------------------------------------------
 
