@@ -4,12 +4,14 @@
 What a user relies on: every block runs on exactly one host (pairs never mix hosts), the hosts really
 work at the same time, and the report shows the result of each host next to the pooled one.
 
-The wall-time ratio (fleet / one after another) is measured and printed. It is not asserted: here the
-"hosts" share the test machine's CPUs with the controller, so Ansible's own CPU work of two hosts
-competes (on a 2-core box under load the ratio is set by the load, not by specab); on real nodes the
-run time is the node's (model load, benchmark) and overlaps fully. What is asserted is what specab
-controls: both hosts are busy at the same time for most of the fleet's wall time. The runs use the
-`default` profile at time scale 0.5 so that, as on a GPU node, part of each run is the engine's time.
+The wall-time ratio (fleet / one after another) is measured and printed, with the ratio of the nodes'
+run spans (first run claimed .. last run done, from the runs' phases.jsonl). Each run is mostly the
+node's time (`default` profile at time scale 0.5, 3 requests of 160 tokens), as on a GPU node where model
+load and benchmark take minutes: the run queue overlaps the controller's Ansible work for a run with the
+node's, so two hosts' runs really run side by side even though the "hosts" share the test machine's two
+cores with the controller. Asserted: the run spans' ratio < 0.75 and the whole wall-time ratio < 0.85
+(it also holds the experiment's one-off start — preflight, first enqueue — and end — the report — that
+a fleet does not shorten), both hosts busy together for most of the fleet's time, blocks never split.
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ from tests.scale.cluster import (Node, experiment, experiment_dirs, namespace_no
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(2400)]
 BLOCKS_PER_HOST = 2
+# ~4-5 s per request at time scale 0.5: a run is mostly the node's time, as on a GPU node (model load and
+# a benchmark of minutes), so the controller's work for a run overlaps the node's (run queue)
+FLEET_OUTPUT_LEN = 160
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +54,22 @@ def _timed_driver(root: Path, *args: str) -> tuple[float, Path]:
     return wall, exp_dir
 
 
+def node_span(exp_dir: Path) -> float:
+    """First run claimed .. last run done, from the nodes' own clocks (each run's phases.jsonl)."""
+    import json
+    first, last = [], []
+    for f in exp_dir.glob("*/phases.jsonl"):
+        ts = [json.loads(line)["t"] for line in f.read_text().splitlines() if line.strip()]
+        first.append(min(ts))
+        last.append(max(ts))
+    assert first, f"no phases.jsonl under {exp_dir}"
+    return max(last) - min(first)
+
+
 def test_fleet_runs_whole_blocks_per_host_in_parallel(fleet) -> None:
     root, nodes = fleet
     hosts = [n.name for n in nodes]
-    exp = write_experiment(root, experiment("fleet", port=30002, tp=1, num_requests=3, output_len=48))
+    exp = write_experiment(root, experiment("fleet", port=30002, tp=1, num_requests=3, output_len=FLEET_OUTPUT_LEN))
     blocks = BLOCKS_PER_HOST * len(nodes)
     both = write_inventory(root / "inventory-fleet.yml", {"gpu_nodes": nodes})
     one = write_inventory(root / "inventory-one.yml", {"gpu_nodes": nodes[:1]})
@@ -60,8 +77,16 @@ def test_fleet_runs_whole_blocks_per_host_in_parallel(fleet) -> None:
     fleet_wall, fleet_dir = _timed_driver(root, "-e", str(exp), "-i", str(both), "--repeats", str(blocks), "--fleet")
     seq_wall, _ = _timed_driver(root, "-e", str(exp), "-i", str(one), "--repeats", str(blocks))
     ratio = fleet_wall / seq_wall
+    seq_dir = experiment_dirs(root / "runs-1")[0]
+    node_ratio = node_span(fleet_dir) / node_span(seq_dir)
     print(f"\nfleet of {len(nodes)} hosts x {BLOCKS_PER_HOST} blocks: {fleet_wall:.1f} s; the same {blocks} blocks "
-          f"one after another: {seq_wall:.1f} s; measured ratio {ratio:.2f} (ideal 0.50)")
+          f"one after another: {seq_wall:.1f} s; measured ratio {ratio:.2f} (ideal 0.50); the nodes' run "
+          f"spans (first run claimed .. last run done): {node_span(fleet_dir):.1f} s vs {node_span(seq_dir):.1f} s, "
+          f"ratio {node_ratio:.2f}")
+    # the runs themselves overlap (what --fleet parallelises); the whole wall time also holds the
+    # experiment's one-off start (preflight, first enqueue) and end (report), which do not
+    assert node_ratio < 0.75, (node_ratio, ratio)
+    assert ratio < 0.85, (ratio, node_ratio)
 
     runs = runs_of(fleet_dir)
     assert len(runs) == blocks * 2 and all(r["status"] == "ok" for r in runs), runs
