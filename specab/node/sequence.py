@@ -44,6 +44,7 @@ PROBE_TIMEOUT_S = 60.0          # manifest.py --probe-timeout default: one engin
 QUEUE_DIR = "queue"
 SEQUENCER_LOG = "sequencer.log"
 SEQUENCER_START = "sequencer_start.json"
+LEASE_FILE = "sequencer.lease"  # touched by the controller's ensure/wait: its sign of life
 SERVE_LOCK = "sequencer.lock"
 ENSURE_LOCK = "sequencer.ensure.lock"
 END_PREFIX = "END-"
@@ -194,6 +195,26 @@ class Entry(object):
 
     def task(self, phase: str) -> str:
         return TASKS.get(phase, phase).format(arm=self.arm)
+
+
+def touch_lease(node_dir: str) -> None:
+    """The controller is alive: `ensure` and every `wait` (each collect) touch the lease file."""
+    path = os.path.join(node_dir, LEASE_FILE)
+    try:
+        with open(path, "a"):
+            pass
+        os.utime(path, None)
+    except OSError as exc:
+        common.log("cannot touch %s: %s" % (path, exc))
+
+
+def lease_age(node_dir: str, since: float) -> float:
+    """Seconds since the controller's last sign of life (or since `since`, when it never gave one)."""
+    try:
+        last = os.stat(os.path.join(node_dir, LEASE_FILE)).st_mtime
+    except OSError:
+        last = since
+    return now() - last
 
 
 def queue_dir(node_dir: str) -> str:
@@ -835,6 +856,16 @@ class Sequencer(object):
             if self.gate.requested:
                 self.save(state="exited", run_id=None, reason="signal %s" % self.gate.requested)
                 return 0
+            if self.a.lease_s > 0 and queued_names(self.node_dir):
+                age = lease_age(self.node_dir, self.record["started_at"])
+                if age > self.a.lease_s:
+                    # the driver died or lost the node: do not spend hours of GPU time on runs nobody
+                    # collects; the entries stay queued (a resume resets the queue and queues them again)
+                    self.save(state="exited", run_id=None,
+                              reason="no sign of the controller for %.0fs (--lease-s %g): queued runs left "
+                                     "unclaimed; resume the experiment to run them" % (age, self.a.lease_s))
+                    common.log(self.record["reason"])
+                    return 0
             entry = self.claim()
             if entry is not None:
                 halt = self.run_entry(entry)
@@ -889,6 +920,7 @@ def stop_live(node_dir: str, grace: float) -> Optional[Dict[str, Any]]:
 def spawn(a: argparse.Namespace) -> Dict[str, Any]:
     argv = [sys.executable, os.path.abspath(__file__), "--node-dir", a.node_dir, "serve",
             "--experiment-id", a.experiment_id, "--idle-timeout", str(a.idle_timeout),
+            "--lease-s", str(a.lease_s),
             "--gpus", a.gpus, "--gpu-free-timeout", str(a.gpu_free_timeout), "--stop-grace", str(a.stop_grace)]
     if a.smi:
         argv += ["--smi", json.dumps(a.smi)]
@@ -922,6 +954,7 @@ def spawn(a: argparse.Namespace) -> Dict[str, Any]:
 
 def cmd_ensure(a: argparse.Namespace) -> Dict[str, Any]:
     os.makedirs(queue_dir(a.node_dir), exist_ok=True)
+    touch_lease(a.node_dir)
     with ensure_lock(a.node_dir):
         # runs will come: an END marker of an earlier session of this experiment no longer holds
         try:
@@ -971,6 +1004,7 @@ def cmd_wait(a: argparse.Namespace) -> Dict[str, Any]:
         raise UsageError("--run-id %r is not a run id (<seq>-<arm>)" % a.run_id)
     run_dir = os.path.join(a.node_dir, "runs", a.run_id)
     done = os.path.join(run_dir, "done.json")
+    touch_lease(a.node_dir)              # the controller is alive, even when the run is long done
     log_path = os.path.join(a.node_dir, SEQUENCER_LOG)
     deadline = time.monotonic() + a.timeout
     missing_entry = 0
@@ -996,6 +1030,7 @@ def cmd_wait(a: argparse.Namespace) -> Dict[str, Any]:
             return common.Verbatim(res)
         if time.monotonic() >= next_check:
             next_check = time.monotonic() + 0.5
+            touch_lease(a.node_dir)
             rec = None
             try:
                 rec = common.load_sequencer(a.node_dir)
@@ -1090,6 +1125,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     def runner_opts(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--idle-timeout", type=float, default=900.0,
                         help="exit after this many seconds without work (a dead driver never leaves it forever)")
+        sp.add_argument("--lease-s", type=float, default=600.0,
+                        help="claim no new run when the controller (ensure, wait) gave no sign of life for this "
+                             "many seconds: a killed driver never leaves its queued runs burning GPU time "
+                             "(0: never)")
         sp.add_argument("--smi", default=None, type=lambda s: common.json_list_arg(s, "--smi"),
                         help="nvidia-smi argv (JSON list): at startup, stop leftovers and wait for free GPUs")
         sp.add_argument("--gpus", default="all")

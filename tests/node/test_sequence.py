@@ -328,3 +328,22 @@ def test_a_malformed_entry_is_refused_and_the_next_runs(node):
     assert "run_dir '/etc' is not this node's run directory" in w.data["error"]
     assert (node.node_dir / "queue" / ("000001-%s.json.refused" % bad)).exists()
     assert node.wait(good).data["status"] == "ok"
+
+
+def test_a_sequencer_without_its_controller_claims_no_new_run(node):
+    """A killed driver must not leave its queued runs burning GPU time for hours: once neither `ensure`
+    nor `wait` touched the lease for --lease-s, the sequencer claims nothing more and exits, leaving the
+    entries queued for a resume (which resets the queue)."""
+    r = node.ensure("--lease-s", "30")
+    assert r.rc == 0, r
+    lease = node.node_dir / "sequencer.lease"
+    assert lease.exists()
+    old = time.time() - 120
+    os.utime(lease, (old, old))                 # the controller's last sign of life: 2 minutes ago
+    node.enqueue(1, node.arm("baseline"))
+    assert wait_for(lambda: not alive(r.data["pid"]), 30)
+    rec = node.record()
+    assert rec["state"] == "exited" and "no sign of the controller" in rec["reason"], rec
+    assert "resume" in rec["reason"]
+    assert (node.node_dir / "queue" / "000001-001-baseline.json").exists()     # still queued, never run
+    assert not (node.node_dir / "runs" / "001-baseline" / "done.json").exists()
