@@ -196,16 +196,27 @@ def measure_node(root: Path, tp: int, requests: int, concurrency: int, time_scal
                                capture_output=True, text=True, timeout=600)
         if bench.returncode != 0:
             raise BenchError(f"the benchmark client failed: {bench.stderr[-2000:]}")
-        rss, pss, n = sampler.sample()
-        phases["after_bench"] = {"rss_mb": round(rss / 1024, 1), "pss_mb": round(pss / 1024, 1), "processes": n}
+        # one snapshot for the after-bench totals, the process count and the per-process list, so they
+        # agree: the sampler's peak count can include a transient process (the simulated GPU state's
+        # watcher is started by a double fork, and the first child sits in the server's session until its
+        # setsid(): a momentary copy of the server, gone by the next sample)
         per_proc = []
         for p in sorted(session_pids(sid)):
             try:
                 name = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")[:60]
             except OSError:
-                name = "?"
-            per_proc.append({"pid": p, "name": name, "rss_mb": round(rss_kib(p) / 1024, 1),
-                             "pss_mb": round((pss_kib(p) or 0) / 1024, 1)})
+                continue                   # exited between the listing and this read: not in the snapshot
+            r_kib, p_kib = rss_kib(p), pss_kib(p)
+            if not name or p_kib is None:  # exited (or a zombie) while being read
+                continue
+            per_proc.append({"pid": p, "name": name, "rss_kib": r_kib, "pss_kib": p_kib})
+        snap_rss = sum(x["rss_kib"] for x in per_proc)
+        snap_pss = sum(x["pss_kib"] for x in per_proc)
+        for x in per_proc:
+            x["rss_mb"] = round(x.pop("rss_kib") / 1024, 1)
+            x["pss_mb"] = round(x.pop("pss_kib") / 1024, 1)
+        phases["after_bench"] = {"rss_mb": round(snap_rss / 1024, 1), "pss_mb": round(snap_pss / 1024, 1),
+                                 "processes": len(per_proc)}
     finally:
         peaks = sampler.stop()
         try:
@@ -213,8 +224,9 @@ def measure_node(root: Path, tp: int, requests: int, concurrency: int, time_scal
         except ProcessLookupError:
             pass
         proc.wait(timeout=30)
+    peaks["peak_processes"] = peaks.pop("processes")   # may count a transient fork child (see above)
     return {"tp": tp, "bench": {"requests": requests, "concurrency": concurrency, "output_len": 256},
-            **peaks, **phases, "per_process": per_proc, "target_mb": 500,
+            **peaks, **phases, "processes": len(per_proc), "per_process": per_proc, "target_mb": 500,
             "met": peaks["peak_pss_mb"] <= 500}
 
 
@@ -285,15 +297,41 @@ def rss():
             return int(line.split()[1])
 
 class StandIn:
-    """Writes what collect leaves in a run directory; reports the playbook's phases like ansible-runner."""
+    """Plays the driver's playbooks: the queue executor's enqueue.yml (records the runs queued) and
+    collect_run.yml (leaves a queued run's directory as the sequencer and the fetch leave it: artefacts,
+    phases.jsonl, done.json), or the per-run path's arm.yml; reports phases like ansible-runner."""
     def __init__(self, project_dir, inventory, private_root, verbose=False, stream=None):
         self.private_root = Path(private_root)
+        self.queued = {}                                   # run_id -> arm extravar, from enqueue.yml
     def run(self, playbook, extravars, ident, *, cancel=None, on_phase=None, secrets=None, timeout=None, limit=None):
-        run_id = extravars["specab_run_id"]
-        arm = extravars["specab_arm"]
+        art = self.private_root / "artifacts" / ident; art.mkdir(parents=True, exist_ok=True)
+        name = Path(playbook).name
+        if name == "enqueue.yml":
+            if extravars.get("specab_queue_reset"):
+                self.queued.clear()
+            for r in extravars["specab_runs"]:
+                self.queued[r["run_id"]] = r["arm"]
+            return PlaybookResult(status="successful", rc=0, ident=ident, artifact_dir=art)
+        if name == "collect_run.yml":
+            run_id = extravars["specab_run_id"]
+            if run_id not in self.queued:
+                raise RuntimeError(f"collect_run.yml for {run_id}, which no enqueue.yml queued")
+            self.write_run(run_id, self.queued.pop(run_id), Path(extravars["specab_run_dir"]), None, queue=True)
+            if on_phase: on_phase("collecting")
+        elif name == "arm.yml":
+            self.write_run(extravars["specab_run_id"], extravars["specab_arm"], Path(extravars["specab_run_dir"]),
+                           on_phase, queue=False)
+        else:
+            raise RuntimeError(f"the stand-in runner has no stand-in for {playbook}")
+        count[0] += 1
+        if count[0] in (1, 10, 100, 250, 500, 750, 1000) or count[0] % 100 == 0:
+            rss_log.write(json.dumps({"runs": count[0], "rss_kib": rss()}) + "\n"); rss_log.flush()
+        return PlaybookResult(status="successful", rc=0, ident=ident, artifact_dir=art)
+
+    def write_run(self, run_id, arm, d, on_phase, queue):
         sa = arm["server_args"]
         steps = int(sa.get("speculative_num_steps") or 0)
-        d = Path(extravars["specab_run_dir"]); d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(parents=True, exist_ok=True)
         nd = node_dir / "runs" / run_id; nd.mkdir(parents=True, exist_ok=True)
         (nd / "server.log").write_text("[2026-11-29 08:00:00] The server is fired up and ready to roll!\n")
         (nd / "bench.jsonl").write_text("")
@@ -301,7 +339,7 @@ class StandIn:
                    "final stop", "collecting"):
             if on_phase: on_phase(ph)
         tok_s = (60.5 if steps else 82.2) * (1 + 0.004 * rng.gauss(0, 1))
-        t = time.time(); lines = []
+        t = time.time(); t_start = t; lines = []
         for i in range(10):
             chunks_t, chunks_n, ct, left = [0.06], [1], 0.06, 255
             while left > 0:
@@ -326,17 +364,24 @@ class StandIn:
         (d / "bench_summary.json").write_text(json.dumps({"requests": 8, "ok": 8, "failed": 0,
             "decode_tok_s_median": tok_s, "accept_len_mean": 2.1 if steps else None, "duration_s": 30.0,
             "client_cpu_s": 0.05}))
-        for name, val in (("stop.json", {"was_running": True, "total_s": 0.26, "ok": True}),
-                          ("gpu_free.json", {"ok": True, "time_to_free_s": 0.3}),
-                          ("ready.json", {"ready": True, "elapsed_s": 0.5, "ok": True}),
-                          ("server_info.json", {**sa, "version": "0.5.9"})):
-            (d / name).write_text(json.dumps(val))
+        for fname, val in (("stop.json", {"was_running": True, "total_s": 0.26, "ok": True}),
+                           ("gpu_free.json", {"ok": True, "time_to_free_s": 0.3}),
+                           ("ready.json", {"ready": True, "elapsed_s": 0.5, "ok": True}),
+                           ("server_info.json", {**sa, "version": "0.5.9"})):
+            (d / fname).write_text(json.dumps(val))
         (d / "server.log").write_text((nd / "server.log").read_text())
-        count[0] += 1
-        if count[0] in (1, 10, 100, 250, 500, 750, 1000) or count[0] % 100 == 0:
-            rss_log.write(json.dumps({"runs": count[0], "rss_kib": rss()}) + "\n"); rss_log.flush()
-        art = self.private_root / "artifacts" / ident; art.mkdir(parents=True, exist_ok=True)
-        return PlaybookResult(status="successful", rc=0, ident=ident, artifact_dir=art)
+        if queue:
+            # the sequencer's phases.jsonl (node phases, node clock) and done.json, as fetched with the run
+            t0 = t_start - 40.0
+            ph = [("claimed", 0.0), ("stopping-leftover", 0.01), ("gpus-free-before", 0.3), ("starting", 0.6),
+                  ("loading", 0.7), ("ready", 5.0), ("env", 5.1), ("warming up", 5.3), ("benchmarking", 6.0),
+                  ("stopping", 36.0), ("gpus free", 36.3), ("manifest", 36.6), ("done", 37.0)]
+            text = "".join(json.dumps({"phase": n, "t": round(t0 + dt, 4)}) + "\n" for n, dt in ph)
+            (d / "phases.jsonl").write_text(text); (nd / "phases.jsonl").write_text(text)
+            done = {"ok": True, "status": "ok", "phase": None, "task": None, "error": None, "run_id": run_id,
+                    "started_at": round(t0, 4), "finished_at": round(t0 + 37.0, 4), "time_to_ready_s": 4.4,
+                    "stop_s": 0.3, "time_to_free_s": 0.3}
+            (d / "done.json").write_text(json.dumps(done)); (nd / "done.json").write_text(json.dumps(done))
 
 ex.PlaybookRunner = StandIn
 from specab.cli import main
@@ -346,7 +391,7 @@ sys.exit(rc)
 '''
 
 
-def measure_driver_1000(root: Path, runs: int) -> dict[str, Any]:
+def measure_driver_1000(root: Path, runs: int, executor: str = "queue") -> dict[str, Any]:
     root.mkdir(parents=True)
     inv, ef = _node_files(root, free_port())
     script = root / "standin_driver.py"
@@ -354,7 +399,7 @@ def measure_driver_1000(root: Path, runs: int) -> dict[str, Any]:
     rss_log = root / "rss.jsonl"
     repeats = -(-runs // 2)
     cmd = [PYTHON, str(script), str(REPO), str(rss_log), str(root / "node"), "run", "-e", str(ef), "-i", str(inv),
-           "--repeats", str(repeats), "--runs-dir", str(root / "runs")]
+           "--repeats", str(repeats), "--runs-dir", str(root / "runs"), "--executor", executor]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg"))
@@ -371,7 +416,7 @@ def measure_driver_1000(root: Path, runs: int) -> dict[str, Any]:
         tail = "\n".join(line for line in out.splitlines() if "report" in line.lower())[-2000:]
         raise BenchError(f"the driver finished but wrote no report.md/report.html under {root / 'runs'}: the peak "
                          f"would not include the report. Its report lines:\n{tail or out[-2000:]}")
-    return {"runs": 2 * repeats, "wall_s": round(time.perf_counter() - t0, 1), "driver_process": peaks,
+    return {"runs": 2 * repeats, "executor": executor, "wall_s": round(time.perf_counter() - t0, 1), "driver_process": peaks,
             "rss_mb_after_runs": {str(m["runs"]): round(m["rss_kib"] / 1024, 1) for m in marks},
             "report_written": str(reports[0].relative_to(root)),
             "target_mb": 300, "met": peaks["peak_rss_mb"] <= 300}
@@ -386,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=8, help="node: client concurrency")
     ap.add_argument("--time-scale", default="20", help="node: SPECAB_SIM_TIME_SCALE (faster load and decode)")
     ap.add_argument("--runs", type=int, default=1000, help="driver-1000: runs of the experiment")
+    ap.add_argument("--executor", choices=("queue", "per-run"), default="queue",
+                    help="driver-1000: the driver's executor (queue: the default on one node)")
     ap.add_argument("--workdir", help="keep files here (default: a temporary directory, removed)")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args(argv)
@@ -398,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         if "driver-real" in args.what:
             res["driver_real"] = measure_driver_real(root / "driver-real")
         if "driver-1000" in args.what:
-            res["driver_1000"] = measure_driver_1000(root / "driver-1000", args.runs)
+            res["driver_1000"] = measure_driver_1000(root / "driver-1000", args.runs, args.executor)
     except BenchError as exc:
         print(f"footprint: {exc}", file=sys.stderr)
         return 1

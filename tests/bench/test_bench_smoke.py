@@ -182,8 +182,11 @@ def test_footprint_node_sums_every_process_of_the_server_session(tmp_path, capsy
                     "--workdir", str(tmp_path)], capsys)
     node = res["node"]
     names = [p["name"] for p in node["per_process"]]
-    assert sum(n.startswith("sglang::scheduler_TP") for n in names) == 2
-    assert node["processes"] == len(names) >= 3                  # main + schedulers (+ detokenizer)
+    # every process of the server at TP 2, each once: main (HTTP + tokenizer), detokenizer, one scheduler per rank
+    assert sorted(names) == ["sglang::detokenizer", "sglang::http_server/tokenizer_manager",
+                             "sglang::scheduler_TP0", "sglang::scheduler_TP1"]
+    assert node["processes"] == node["after_bench"]["processes"] == len(names)
+    assert node["peak_processes"] >= len(names)                  # the sampler saw them all (and maybe a transient fork)
     assert 0 < node["peak_pss_mb"] <= node["peak_rss_mb"]
     total = sum(p["rss_mb"] for p in node["per_process"])
     assert node["after_bench"]["rss_mb"] == pytest.approx(total, rel=0.1)
