@@ -151,11 +151,15 @@ sys.exit(child.wait())
 
 
 def quota_client_python(tmp: Path, share: float) -> Path:
-    """An executable to use as the node's bench Python: loadgen runs under the quota, the sampler does not."""
+    """An executable to use as the node's bench Python: loadgen runs under the quota, the sampler does not.
+
+    The per-run path runs `python <bin>/loadgen.py ...`; the run queue's sequencer starts the client
+    ahead as `python -c <loader> <bin> loadgen` (released when the benchmark starts): both are matched."""
     (tmp / "quota.py").write_text(QUOTA)
     wrapper = tmp / "python-quota-client"
-    wrapper.write_text(f'#!/bin/sh\ncase "$1" in\n  */loadgen.py) exec "{PY}" "{tmp}/quota.py" {share} '
-                       f'"{PY}" "$@" ;;\n  *) exec "{PY}" "$@" ;;\nesac\n')
+    wrapper.write_text(f'#!/bin/sh\nfor a in "$@"; do\n  case "$a" in\n    */loadgen.py|loadgen) '
+                       f'exec "{PY}" "{tmp}/quota.py" {share} "{PY}" "$@" ;;\n  esac\ndone\n'
+                       f'exec "{PY}" "$@"\n')
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     return wrapper
 
