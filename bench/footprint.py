@@ -14,7 +14,10 @@
   module processes it forks), sampled every 0.1 s.
 * ``driver-1000``: the driver over a 1,000-run experiment. A real one takes ~10 h here (each run is
   a full ``arm.yml`` playbook), so the driver runs in a child process with
-  ``specab.experiment.PlaybookRunner`` replaced by a stand-in that writes each run's artefacts
+  ``specab.experiment.PlaybookRunner`` replaced by a stand-in for the queue executor's playbooks (the
+  default on one node; ``enqueue.yml`` records the queued runs, ``collect_run.yml`` leaves the run's
+  directory as the sequencer and the fetch do, with ``phases.jsonl`` and ``done.json``; ``--executor
+  per-run``: ``arm.yml``) that writes each run's artefacts
   (bench.jsonl with per-chunk arrays, 8-GPU samples, manifest, env check, stop/gpu-free/ready JSON,
   server.log) into the run directory, as collect leaves them, and reports the phases, then returns
   a successful result. Everything else is the real driver: plan, progress display, log tails,
