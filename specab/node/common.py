@@ -776,6 +776,30 @@ def sequencer_alive(rec: Optional[Dict[str, Any]]) -> bool:
     return want is not None and int(want) == st.starttime
 
 
+def send_signal(sig: int, target: str, ident: int, why: str, t0: float, what: str = "") -> Dict[str, Any]:
+    """Send ``sig`` to a group (``target='pgid'``) or a process and log it; the signal log entry
+    (``delivered`` false with a ``note`` when nothing was there). Never kill(0/-1/1)."""
+    if ident is None or ident <= 1:
+        raise AssertionError("refusing to signal %s %r" % (target, ident))
+    entry: Dict[str, Any] = {"signal": signal.Signals(sig).name, "target": target, "id": ident, "why": why,
+                             "t": round(time.time(), 4), "t_rel_s": round(time.time() - t0, 4)}
+    try:
+        if target == "pgid":
+            os.killpg(ident, sig)
+        else:
+            os.kill(ident, sig)
+        entry["delivered"] = True
+    except ProcessLookupError:
+        entry["delivered"] = False
+        entry["note"] = "no such process/group"
+    except PermissionError as exc:
+        entry["delivered"] = False
+        entry["note"] = "permission denied: %s" % exc
+    log("%s -> %s%s %d (%s)%s" % (entry["signal"], what, target, ident, why,
+                                  "" if entry["delivered"] else " [%s]" % entry["note"]))
+    return entry
+
+
 def stop_sequencer(node_dir: str, grace: float, kill_wait: float = 15.0) -> Optional[Dict[str, Any]]:
     """Stop the live sequencer recorded in ``node_dir``/sequencer.json: SIGTERM, poll every 50 ms,
     SIGKILL (its process group when it leads one, else the pid) after ``grace`` seconds.
@@ -797,19 +821,7 @@ def stop_sequencer(node_dir: str, grace: float, kill_wait: float = 15.0) -> Opti
     t0 = time.time()
 
     def send(sig: int, target: str, ident: int, why: str) -> None:
-        entry = {"signal": signal.Signals(sig).name, "target": target, "id": ident, "why": why,
-                 "t": round(time.time(), 4), "t_rel_s": round(time.time() - t0, 4)}
-        try:
-            if target == "pgid":
-                os.killpg(ident, sig)
-            else:
-                os.kill(ident, sig)
-            entry["delivered"] = True
-        except OSError as exc:
-            entry["delivered"] = False
-            entry["note"] = str(exc)
-        out["signals"].append(entry)
-        log("%s -> sequencer %s %d (%s)" % (entry["signal"], target, ident, why))
+        out["signals"].append(send_signal(sig, target, ident, why, t0, "sequencer "))
 
     send(signal.SIGTERM, "pid", pid, "stop the sequencer first (it stops its server and records the run)")
     if poll_until(lambda: not sequencer_alive(rec), grace, 0.05):

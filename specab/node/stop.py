@@ -64,25 +64,8 @@ class Stopper(object):
 
     def send(self, sig: int, target: str, ident: int, why: str) -> bool:
         """Send ``sig`` to a group (``target='pgid'``) or a process; log it; False if nothing was there."""
-        if ident is None or ident <= 1:
-            raise AssertionError("refusing to signal %s %r" % (target, ident))  # never kill(0/-1/1)
-        entry = {"signal": signal.Signals(sig).name, "target": target, "id": ident, "why": why,
-                 "t": round(time.time(), 4), "t_rel_s": self.rel()}
-        try:
-            if target == "pgid":
-                os.killpg(ident, sig)
-            else:
-                os.kill(ident, sig)
-            entry["delivered"] = True
-        except ProcessLookupError:
-            entry["delivered"] = False
-            entry["note"] = "no such process/group"
-        except PermissionError as exc:
-            entry["delivered"] = False
-            entry["note"] = "permission denied: %s" % exc
+        entry = common.send_signal(sig, target, ident, why, self.t0)
         self.signals.append(entry)
-        common.log("%s -> %s %d (%s)%s" % (entry["signal"], target, ident, why,
-                                           "" if entry["delivered"] else " [%s]" % entry["note"]))
         return bool(entry["delivered"])
 
     def remaining(self) -> List[common.ProcStat]:
