@@ -145,6 +145,18 @@ def driver(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Po
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
+def reap_driver(proc: subprocess.Popen, timeout: float) -> None:
+    """A test's `finally`: a driver still running gets SIGTERM (it stops its server itself), then
+    SIGKILL when it has not exited within ``timeout`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
 def wait_for(pred, timeout: float, interval: float = 0.2, what: str = "condition",
              proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout

@@ -14,7 +14,7 @@ from specab.config import load_experiment, load_inventory
 from specab.matrix import build_arms, parse_matrix
 from specab.plan import make_plan
 from specab.render import render_arm
-from tests.driver.simnode import SimNode, driver, free_port, wait_for
+from tests.driver.simnode import reap_driver, SimNode, driver, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -130,13 +130,7 @@ def test_failure_recorded_sigint_mid_run_then_resume(node: SimNode):
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=600)
     finally:
-        if proc.poll() is None:                 # let the driver stop the server itself, then insist
-            proc.terminate()
-            try:
-                proc.communicate(timeout=300)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
+        reap_driver(proc, 300)                 # let the driver stop the server itself, then insist
     assert proc.returncode == 130, out[-4000:]
     assert "--resume" in out
     # no server of ours left, no GPU memory held

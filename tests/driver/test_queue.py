@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from specab import store as st
-from tests.driver.simnode import SimNode, driver, free_port, wait_for
+from tests.driver.simnode import reap_driver, SimNode, driver, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 NODE_SECRET = "node-planted-secret-4711"
@@ -140,13 +140,7 @@ def test_queue_sigint_mid_experiment_stops_sequencer_and_server_then_resume(node
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=600)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.communicate(timeout=300)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
+        reap_driver(proc, 300)
     assert proc.returncode == 130, out[-4000:]
     assert "--resume" in out
     assert not _sequencer_alive(node), _sequencer(node)

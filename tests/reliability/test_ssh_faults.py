@@ -11,7 +11,7 @@ import pytest
 from specab import store as st
 from specab.config import load_inventory
 from specab.remote import RemoteError, open_node
-from tests.driver.simnode import PYTHON, REPO, SimNode, driver, free_port, wait_for
+from tests.driver.simnode import reap_driver, PYTHON, REPO, SimNode, driver, free_port, wait_for
 from tests.netns import NetnsHost, netns_host  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(600)]
@@ -108,13 +108,7 @@ def test_item08_ssh_drop_mid_run_is_a_failed_run_and_the_next_starts_clean(tmp_p
         assert cut, "no SSH session to cut: the run was not going over SSH"
         out, _ = proc.communicate(timeout=500)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
+        reap_driver(proc, 120)
         node.cleanup()
     exp_dir = next(d for d in node.runs_dir.iterdir() if (d / st.FILENAME).exists())
     with st.Store.open(exp_dir) as s:
