@@ -361,12 +361,13 @@ def drift(exp: Experiment, level: float = 0.95) -> Drift:
     start = icept
     change = slope * float(x[-1]) / start if start else None
     beyond = ci[0] > 0 or ci[1] < 0
-    span_min = float(x[-1]) * 60
+    span_s = float(x[-1]) * 3600
+    span = f"{span_s:.0f} s" if span_s < 60 else f"{span_s / 60:.0f} min"
     if beyond:
-        msg = (f"drift: the baseline moved {change * 100:+.1f}% over {span_min:.0f} min "
+        msg = (f"drift: the baseline moved {change * 100:+.1f}% over {span} "
                f"({slope:+.2f} tok/s per hour, 95% CI {ci[0]:+.2f} to {ci[1]:+.2f}), beyond run-to-run noise.")
     else:
-        msg = (f"drift: no trend beyond noise in {n} baseline runs over {span_min:.0f} min "
+        msg = (f"drift: no trend beyond noise in {n} baseline runs over {span} "
                f"(slope {slope:+.2f} tok/s per hour, 95% CI {ci[0]:+.2f} to {ci[1]:+.2f}).")
     return Drift([(float(a * 3600), float(b)) for a, b in zip(x, y)], slope, ci, change, beyond, exposed, msg + expo)
 

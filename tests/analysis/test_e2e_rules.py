@@ -11,7 +11,7 @@ and each experiment asserts which rules fire, so the rest are shown silent on th
   instance (`slow_instance` fault) -> `instance-outlier`; it sets another --cuda-graph-max-bs ->
   `arms-not-like-for-like`. Silent there, with their evidence present: drift and outliers over three
   stable baseline runs, throttling on the baseline's GPU samples, the client at concurrency 2.
-- `drift` (3 baseline runs): a node profile drifting -200 %/h (simulated) -> `baseline-drift`.
+- `drift` (5 baseline runs): a node profile drifting -200 %/h (simulated) -> `baseline-drift`.
 - `short` (baseline + EAGLE-3, 12 output tokens, a decode log line per step): the requests' accept
   length counts the prefill token, the log's does not -> `accept-length-mismatch`.
 - `client` (one run): loadgen under a CPU quota (4 % of a core, what CFS bandwidth control does to a
@@ -241,12 +241,13 @@ def test_a_drifting_node_provokes_baseline_drift(nodes, tmp_path: Path):
     exp = write_experiment(node, "drift", [{"name": "baseline"}])
     hv = host_vars(node)
     hv["specab_node_env"] = {**node.node_env(), "SPECAB_SIM_PROFILE": str(drifting)}
-    e = run(node, exp, node.write_inventory(hv), 3)
+    e = run(node, exp, node.write_inventory(hv), 5)
     by = findings(e)
     st = stats.analyse(e)
     drift = by.get("baseline-drift", [])
+    print(st.drift.message, [(round(t), round(v, 1)) for t, v in st.drift.points])
     assert len(drift) == 1 and "drifted -" in drift[0].message, st.drift.message
-    assert st.drift.beyond_noise and st.drift.slope_per_hour < 0 and len(st.drift.points) == 3
+    assert st.drift.beyond_noise and st.drift.slope_per_hour < 0 and len(st.drift.points) == 5
     assert not {"gpu-throttled", "client-bottleneck", "nccl-untuned-baseline-slow"} & set(by), by.keys()
 
 
