@@ -46,6 +46,7 @@ class DoctorConfig:
     clock_drop: float = 0.10                    # SM clock below (1 - this) x max clock under load
     client_cpu_share: float = 0.8               # client CPU time / wall time
     client_vs_server: float = 0.85              # client-measured tok/s below this x server's gen throughput
+    drift_min_change: float = 0.02              # a baseline trend beyond noise that moved at least this much
     outlier_rel: float = 0.05                   # a run this much off its siblings' median ...
     outlier_mads: float = 4.0                   # ... and this many robust sd
 
@@ -288,7 +289,9 @@ def gpu_throttled(exp: Experiment, ctx: Context) -> list[Finding]:
 def baseline_drift(exp: Experiment, ctx: Context) -> list[Finding]:
     d = ctx.stats.drift
     out = []
-    if d.beyond_noise:
+    # beyond noise AND large enough to matter: with a few runs, a 95% interval excludes zero by chance in
+    # one experiment in twenty, and a trend of 1% moves no verdict made at the usual 2% precision
+    if d.beyond_noise and d.change_rel is not None and abs(d.change_rel) >= ctx.config.drift_min_change:
         pts = ", ".join(f"{t / 60:.0f} min: {v:.1f}" for t, v in d.points[:8])
         out.append(Finding(
             "baseline-drift", "warning",

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import ipaddress
 import os
 import random
@@ -40,11 +41,27 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+import tempfile
 from typing import Iterator, Optional
 
 import pytest
 
 SSHD = "/usr/sbin/sshd"
+def control_path_dir(root: Path) -> str:
+    """A directory for ssh's ControlPath sockets (ANSIBLE_SSH_CONTROL_PATH_DIR) of a test rooted at `root`.
+
+    ssh names a socket `<dir>/<10-char hash>.<16 random chars>` and a Unix socket path holds 107 bytes;
+    pytest-xdist's temporary paths (`.../popen-gw0/<test name>0/...`) can be too long for that
+    ("unix_listener: ... too long for Unix domain socket"). A long root gets a short directory under
+    the temporary directory, named after the root (one per test, like root/cp)."""
+    d = root / "cp"
+    if len(str(d)) <= 64:
+        return str(d)
+    short = Path(tempfile.gettempdir()) / "specab-cp" / hashlib.sha1(str(root).encode()).hexdigest()[:12]
+    short.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return str(short)
+
+
 LOCK_FILE = "/tmp/specab-netns.lock"
 SUBNET_POOL = ipaddress.ip_network("10.231.0.0/16")
 START_TIMEOUT_S = 20.0

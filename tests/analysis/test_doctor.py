@@ -1,7 +1,7 @@
 """Every doctor rule fires on data that provokes it, quotes its evidence, and stays silent on a clean run."""
 import pytest
 
-from specab import analysis, doctor
+from specab import analysis, doctor, stats
 from tests.analysis import factory as F
 
 CLEAN = {"baseline": 82.2, "eagle3-s2": 94.0}      # EAGLE wins at tau 2.1: nothing to report
@@ -100,6 +100,19 @@ def test_baseline_drift_and_blocked_exposure():
     blocked = F.experiment(CLEAN, blocks=8, accept={"eagle3-s2": 2.1}, drift_per_run=-0.005, order="blocked")
     f = fired(blocked, "baseline-drift")
     assert "--order interleaved" in f[0].message
+
+
+def test_a_trend_beyond_noise_but_under_two_percent_is_not_a_warning():
+    # 8 blocks, -0.1 % per run (-1.5 % over the experiment), almost no run noise: statistically clear, too
+    # small to move a verdict at the usual 2 % precision (and with 3 runs, 1 experiment in 20 is "beyond
+    # noise" by chance)
+    exp = F.experiment(CLEAN, blocks=8, accept={"eagle3-s2": 2.1}, drift_per_run=-0.001, run_cv=0.0005)
+    d = stats.analyse(exp).drift
+    assert d.beyond_noise and -0.02 < d.change_rel < -0.01, d.message
+    assert fired(exp, "baseline-drift") == []
+    blocked = F.experiment(CLEAN, blocks=8, accept={"eagle3-s2": 2.1}, drift_per_run=-0.001, run_cv=0.0005,
+                           order="blocked")
+    assert fired(blocked, "baseline-drift") == [] and len(fired(blocked, "blocked-order")) == 1
 
 
 def test_client_bottleneck():

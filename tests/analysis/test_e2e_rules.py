@@ -228,7 +228,10 @@ def test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else(n
 
     # silent, with their evidence present: three stable baseline runs (drift, outlier); concurrency 2,
     # where the server's gen throughput is the batch's and the client's tok/s is per request
-    assert len(st.drift.points) == 3 and not st.drift.beyond_noise
+    # (the doctor's drift rule needs a trend beyond noise AND a change of 2 % or more: with three runs, a
+    # 95 % interval excludes zero by chance in one experiment in twenty, and CI's load moves tok/s by ~1 %)
+    assert len(st.drift.points) == 3 and not (st.drift.beyond_noise and abs(st.drift.change_rel) >= 0.02), \
+        st.drift.message
     r = e.runs_of("baseline")[0]
     assert r.log and r.log.gen_tok_s_median and r.tok_s and r.log.gen_tok_s_median > 1.5 * r.tok_s
 

@@ -18,6 +18,8 @@ from typing import Any, Iterator, Optional
 import pytest
 import yaml
 
+from tests.netns import control_path_dir
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 TIME_SCALE = "50"
@@ -131,7 +133,7 @@ class SimNode:
         env["ANSIBLE_NOCOLOR"] = "1"
         env["ANSIBLE_FORCE_COLOR"] = "0"
         env["ANSIBLE_LOCAL_TEMP"] = str(self.root / "ansible-local")
-        env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(self.root / "cp")
+        env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = control_path_dir(self.root)
         env.pop("ANSIBLE_CONFIG", None)
         return env
 

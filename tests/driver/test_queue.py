@@ -150,7 +150,11 @@ def test_queue_sigint_mid_experiment_stops_sequencer_and_server_then_resume(node
         runs = {r["seq"]: r for r in s.runs()}
         assert runs[1]["status"] == "ok" and runs[1]["n_requests"] == 6
         assert runs[2]["status"] == "interrupted"
-        assert 3 not in runs and 4 not in runs, runs
+        # run 3 never started, or (a stop that reached the node only after run 2 had ended, on a loaded
+        # machine) was cut while loading: the signal's time decides, so run 2 is interrupted either way and
+        # run 3, when it has a row, is interrupted too; run 4 never ran
+        assert runs.get(3, {"status": "interrupted"})["status"] == "interrupted" and 4 not in runs, runs
+        attempts3 = 2 if 3 in runs else 1
         assert [r["seq"] for r in s.missing()] == [2, 3, 4]
         assert s.experiment()["status"] == "interrupted"
         first = (runs[1]["started"], runs[1]["runner_ident"])
@@ -166,7 +170,8 @@ def test_queue_sigint_mid_experiment_stops_sequencer_and_server_then_resume(node
         runs = {r["seq"]: r for r in s.runs()}
         assert [runs[k]["status"] for k in (1, 2, 3, 4)] == ["ok"] * 4
         assert (runs[1]["started"], runs[1]["runner_ident"]) == first
-        assert runs[2]["attempt"] == 2 and all(runs[k]["n_requests"] == 6 for k in (1, 2, 3, 4))
+        assert runs[2]["attempt"] == 2 and runs[3]["attempt"] == attempts3
+        assert all(runs[k]["n_requests"] == 6 for k in (1, 2, 3, 4))
         assert s.experiment()["status"] == "finished"
     wait_for(lambda: not _sequencer_alive(node), timeout=60, what="the sequencer to exit after the END marker")
     assert not node.server_alive() and node.gpus_busy() == []

@@ -12,7 +12,7 @@ from specab import store as st
 from specab.config import load_inventory
 from specab.remote import RemoteError, open_node
 from tests.driver.simnode import reap_driver, PYTHON, REPO, SimNode, driver, free_port, wait_for
-from tests.netns import NetnsHost, netns_host  # noqa: F401  (fixture)
+from tests.netns import NetnsHost, control_path_dir, netns_host  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(600)]
 
@@ -30,7 +30,7 @@ def _ansible_ping(inv: Path) -> subprocess.CompletedProcess:
     """Ansible with the repository's ansible.cfg (host_key_checking = True), as the driver runs it."""
     return subprocess.run([str(Path(PYTHON).parent / "ansible"), "-i", str(inv), "gpu_nodes", "-m", "ping"],
                           cwd=str(REPO), capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, ANSIBLE_SSH_CONTROL_PATH_DIR=str(inv.parent / "cp")))
+                          env=dict(os.environ, ANSIBLE_SSH_CONTROL_PATH_DIR=control_path_dir(inv.parent)))
 
 
 def test_item19_host_keys_checked_by_default_unknown_or_changed_key_refused(tmp_path: Path, netns_host):  # noqa: F811

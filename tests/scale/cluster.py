@@ -14,7 +14,7 @@ from typing import Any, Iterator, Optional
 
 import yaml
 
-from tests.netns import NetnsHost
+from tests.netns import NetnsHost, control_path_dir
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -130,7 +130,7 @@ def ansible_env(root: Path) -> dict[str, str]:
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env["ANSIBLE_NOCOLOR"] = "1"
     env["ANSIBLE_LOCAL_TEMP"] = str(root / "ansible-local")
-    env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(root / "cp")
+    env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = control_path_dir(root)
     env.pop("ANSIBLE_CONFIG", None)
     return env
 
