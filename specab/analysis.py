@@ -122,9 +122,21 @@ class GpuSample:
     power_w: float | None = None
     temp_c: float | None = None
     reasons: int | None = None          # clocks_event_reasons.active bitmask
+    host: str | None = None             # the host that sampled it (a multi-node server's ranks); None: the run's
 
 
 # --------------------------------------------------------------------------- runs, arms, experiment
+
+@dataclass
+class Rank:
+    """Another rank of a multi-node server (rank 0, the head, serves and is benchmarked: its files are the
+    run's own): what its host verified and recorded. (A run that every host of the inventory runs on its
+    own lists the other hosts here the same way, with no rank.)"""
+    host: str
+    rank: int | None = None
+    env_check: EnvCheck | None = None
+    manifest: dict = field(default_factory=dict)
+
 
 @dataclass
 class Run:
@@ -148,6 +160,7 @@ class Run:
     run_dir: Path | None = None
     error: str | None = None
     time_scale: float = 1.0                  # simulated node: times were divided by this (already undone)
+    ranks: list[Rank] = field(default_factory=list)   # a multi-node server's other ranks, by rank
 
     @property
     def ok(self) -> bool:
@@ -540,7 +553,7 @@ def _store_gpu_samples(store: Any) -> dict[int, list[GpuSample]]:
     cur_seq, cur = None, None
     unsorted: set[int] = set()
     last_ts = 0.0
-    for seq, ts, gpu, sm, max_sm, mem, util, power, temp, thr, uuid in store.gpu_sample_rows():
+    for seq, ts, gpu, sm, max_sm, mem, util, power, temp, thr, host, uuid in store.gpu_sample_rows():
         if seq != cur_seq:
             cur_seq, cur = seq, out.setdefault(seq, [])
         elif ts < last_ts:
@@ -551,10 +564,29 @@ def _store_gpu_samples(store: Any) -> dict[int, list[GpuSample]]:
         except KeyError:
             r = reasons[thr] = _reasons(thr)
         cur.append(GpuSample(ts, int(gpu or 0), uuid and same.setdefault(uuid, uuid), sm, max_sm, mem, util, power,
-                             temp, r))
+                             temp, r, host and same.setdefault(host, host)))
     for seq in unsorted:       # by time; a stable sort keeps the insertion order of equal times
         out[seq].sort(key=lambda s: s.ts)
     return out
+
+
+def _head_and_ranks(row: dict, manifests: dict[str, dict], checks: dict[str, dict]
+                    ) -> tuple[dict | None, dict | None, list[Rank]]:
+    """The run's own manifest and env check (its host's; a multi-node run's row names every host, the head
+    first) and its other ranks' (sorted by the node_rank their manifest records)."""
+    hosts = [h for h in str(row.get("host") or "").split(",") if h]
+    known = list(manifests) + [h for h in checks if h not in manifests]
+    head = hosts[0] if hosts and (hosts[0] in manifests or hosts[0] in checks) else (known[0] if known else None)
+    ranks = []
+    for h in known:
+        if h == head:
+            continue
+        m = manifests.get(h) or {}
+        rank = (m.get("extra") or {}).get("node_rank") if isinstance(m.get("extra"), dict) else None
+        ranks.append(Rank(host=h, rank=int(rank) if str(rank).isdigit() else None,
+                          env_check=env_check_from_json(checks[h]) if h in checks else None, manifest=m))
+    ranks.sort(key=lambda k: (k.rank is None, k.rank or 0, hosts.index(k.host) if k.host in hosts else 0))
+    return manifests.get(head) if head else None, checks.get(head) if head else None, ranks
 
 
 @contextmanager
@@ -597,8 +629,12 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
         run_rows = store.runs()
         reqs = _store_requests(store)
         samples = _store_gpu_samples(store)
-        manifests = {m["seq"]: m["manifest"] for m in store.manifests()}
-        checks = {c["seq"]: c["check"] for c in store.env_checks()}
+        manifests: dict[int, dict[str, dict]] = {}
+        for m in store.manifests():
+            manifests.setdefault(m["seq"], {})[m["host"]] = m["manifest"]
+        checks: dict[int, dict[str, dict]] = {}
+        for c in store.env_checks():
+            checks.setdefault(c["seq"], {})[c["host"]] = c["check"]
     finally:
         store.close()
     arms = [Arm(name=a["name"], server_args=a.get("server_args") or {}, env=a.get("env") or {},
@@ -618,6 +654,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             log = parse_server_log(run_dir / "server.log")
         if run_dir and not samples.get(r["seq"]) and (run_dir / "gpu_samples.csv").is_file():
             samples[r["seq"]] = read_gpu_samples(run_dir / "gpu_samples.csv")
+        manifest, check, ranks = _head_and_ranks(r, manifests.get(r["seq"], {}), checks.get(r["seq"], {}))
         scale = _time_scale(info)
         if scale != 1.0:
             for q in reqs.get(r["seq"], []):
@@ -632,8 +669,8 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             status=r["status"], started=r.get("started"), finished=r.get("finished"),
             server_args=eff or dict(arm.server_args if arm else {}), env=dict(arm.env if arm else {}),
             requests=reqs.get(r["seq"], []), log=log,
-            env_check=env_check_from_json(checks[r["seq"]]) if r["seq"] in checks else None,
-            gpu_samples=samples.get(r["seq"], []), manifest=manifests.get(r["seq"], {}),
+            env_check=env_check_from_json(check) if check else None,
+            gpu_samples=samples.get(r["seq"], []), manifest=manifest or {}, ranks=ranks,
             client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
             run_dir=run_dir, error=r.get("failure_reason")))
     argv = e.get("argv") or []

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specab import specmodel
-from specab.analysis import REASON_IDLE, Experiment, Run, reason_names
+from specab.analysis import REASON_IDLE, Experiment, GpuSample, Run, reason_names
 from specab.stats import ExperimentStats, analyse
 
 SEVERITIES = ("error", "warning", "info")
@@ -94,25 +94,30 @@ def verify_without_cuda_graph(exp: Experiment, ctx: Context) -> list[Finding]:
 
 
 def env_not_confirmed(exp: Experiment, ctx: Context) -> list[Finding]:
+    """Every host's env check: the run's own, and each other rank's of a multi-node server."""
     out = []
-    by_arm: dict[str, list[tuple[Run, list]]] = {}
+    by_arm: dict[str, list[tuple[Run, str, list]]] = {}
     for r in exp.runs:
-        if r.env_check and r.env_check.unconfirmed():
-            by_arm.setdefault(r.arm, []).append((r, r.env_check.unconfirmed()))
+        checks = [("", r.env_check)] + [(f" (rank {k.rank} on {k.host})" if k.rank is not None else f" ({k.host})",
+                                        k.env_check) for k in r.ranks]
+        for where, check in checks:
+            if check and check.unconfirmed():
+                by_arm.setdefault(r.arm, []).append((r, where, check.unconfirmed()))
     for arm, items in by_arm.items():
-        names = sorted({v.name for _, vs in items for v in vs})
+        names = sorted({v.name for _, _, vs in items for v in vs})
+        runs = list(dict.fromkeys(r.run_id for r, _, _ in items))
         ev = []
-        for r, vs in items[:3]:
+        for r, where, vs in items[:3]:
             for v in vs[:4]:
                 detail = "; ".join(v.mismatches) or "no evidence in any worker"
                 seen = ", ".join(v.evidence) or "none"
-                ev.append(f"{r.run_id}: {v.name} expected {v.expected!r}: {detail} (confirmed by: {seen})")
+                ev.append(f"{r.run_id}{where}: {v.name} expected {v.expected!r}: {detail} (confirmed by: {seen})")
         out.append(Finding(
             "env-not-confirmed", "error",
-            f"{arm}: {', '.join(names)} not confirmed in the engine's worker processes in {len(items)} run(s); "
+            f"{arm}: {', '.join(names)} not confirmed in the engine's worker processes in {len(runs)} run(s); "
             f"the arm may have run without them. Put them in the env file the launch script sources (not only in "
             f"the parent shell), and keep env verification on so a mismatch fails the arm.",
-            ev, arm, [r.run_id for r, _ in items]))
+            ev, arm, runs))
     return out
 
 
@@ -250,20 +255,27 @@ def accept_len_mismatch(exp: Experiment, ctx: Context) -> list[Finding]:
 
 
 def gpu_throttled(exp: Experiment, ctx: Context) -> list[Finding]:
+    """GPU samples of every host of the run (a multi-node server's ranks sample their own GPUs: one slow
+    GPU slows the whole tensor-parallel server), each GPU against its own maximum clock."""
     out = []
     for r in exp.runs:
         w = r.window
         samples = [s for s in r.gpu_samples if w is None or w[0] <= s.ts <= w[1]]
         if not samples:
             continue
+        several = len({s.host for s in r.gpu_samples}) > 1
+
+        def gpu(s: GpuSample) -> str:
+            return f"GPU {s.index}" + (f" on {s.host}" if several and s.host else "")
+
         bad_reasons = [s for s in samples if s.reasons and s.reasons & ~REASON_IDLE]
-        max_by_gpu: dict[int, float] = {}
+        max_by_gpu: dict[tuple[str | None, int], float] = {}
         for s in r.gpu_samples:
             ref = s.max_sm_mhz or s.sm_mhz
             if ref:
-                max_by_gpu[s.index] = max(max_by_gpu.get(s.index, 0.0), ref)
-        dropped = [s for s in samples if s.sm_mhz and max_by_gpu.get(s.index)
-                   and s.sm_mhz < (1 - ctx.config.clock_drop) * max_by_gpu[s.index]
+                max_by_gpu[s.host, s.index] = max(max_by_gpu.get((s.host, s.index), 0.0), ref)
+        dropped = [s for s in samples if s.sm_mhz and max_by_gpu.get((s.host, s.index))
+                   and s.sm_mhz < (1 - ctx.config.clock_drop) * max_by_gpu[s.host, s.index]
                    and not (s.reasons == REASON_IDLE)]
         if not bad_reasons and not dropped:
             continue
@@ -271,13 +283,14 @@ def gpu_throttled(exp: Experiment, ctx: Context) -> list[Finding]:
         if bad_reasons:
             names = sorted({n for s in bad_reasons for n in reason_names(s.reasons & ~REASON_IDLE)})
             s = bad_reasons[0]
+            where = sorted({str(x.host) for x in bad_reasons}) if several else []
             ev.append(f"{len(bad_reasons)} of {len(samples)} samples during the measured window report clock event "
-                      f"reasons {', '.join(names)}; first: GPU {s.index} at {s.ts:.1f}: reasons 0x{s.reasons:x}, "
-                      f"SM {s.sm_mhz} MHz")
+                      f"reasons {', '.join(names)}" + (f" (on {', '.join(where)})" if where else "")
+                      + f"; first: {gpu(s)} at {s.ts:.1f}: reasons 0x{s.reasons:x}, SM {s.sm_mhz} MHz")
         if dropped:
             s = min(dropped, key=lambda x: x.sm_mhz or 0)
             ev.append(f"{len(dropped)} samples with the SM clock below {1 - ctx.config.clock_drop:.0%} of the maximum; "
-                      f"lowest: GPU {s.index} {s.sm_mhz:.0f} MHz vs {max_by_gpu[s.index]:.0f} MHz")
+                      f"lowest: {gpu(s)} {s.sm_mhz:.0f} MHz vs {max_by_gpu[s.host, s.index]:.0f} MHz")
         out.append(Finding(
             "gpu-throttled", "warning",
             f"{r.run_id}: the GPUs slowed down during the measured window (power/thermal/clock limits), so this run "

@@ -597,10 +597,26 @@ def _read_json(path: Path) -> Any:
         return None
 
 
+RANK_DIR = re.compile(r"node(\d+)-(.+)")
+
+
+def rank_dirs(run_dir: Path) -> list[tuple[str, Path]]:
+    """(host, directory) of a multi-node run's other ranks, by rank: rank r's files are collected into
+    <run dir>/node<r>-<host>/ (playbooks/tasks/multinode_run_arm.yml)."""
+    found = []
+    if run_dir.is_dir():
+        for d in run_dir.iterdir():
+            m = RANK_DIR.fullmatch(d.name)
+            if m and d.is_dir() and int(m.group(1)) > 0:
+                found.append((int(m.group(1)), m.group(2), d))
+    return [(host, d) for _, host, d in sorted(found)]
+
+
 def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -> dict[str, Any]:
-    """Read a collected run directory into the store (immediately after the run)."""
+    """Read a collected run directory into the store (immediately after the run). A multi-node run's
+    other ranks (their manifest, env check, GPU samples and small files) are stored under their hosts."""
     out: dict[str, Any] = {"measured": 0, "measured_ok": 0}
-    dirs = [(hosts[0], run_dir)] if len(hosts) == 1 else [(h, run_dir / h) for h in hosts]
+    dirs = [(hosts[0], run_dir), *rank_dirs(run_dir)] if len(hosts) == 1 else [(h, run_dir / h) for h in hosts]
     for host, d in dirs:
         if not d.is_dir():
             continue

@@ -166,9 +166,14 @@ def load_manifest(ref: str, runs_dir: str | Path | None = None) -> tuple[str, di
             st = Store.open(exp_dir / FILENAME)
             try:
                 runs = {r["seq"]: r["run_id"] for r in st.runs()}
-                for m in st.manifests():
-                    if str(m["seq"]) == run_part.lstrip("0") or runs.get(m["seq"]) == run_part:
-                        return f"{exp_dir.name}/{runs.get(m['seq'], m['seq'])}", m["manifest"]
+                heads = {r["seq"]: str(r.get("host") or "").split(",")[0] for r in st.runs()}
+                found = [m for m in st.manifests()
+                         if str(m["seq"]) == run_part.lstrip("0") or runs.get(m["seq"]) == run_part]
+                # a multi-node run also stores its other ranks' manifests: the run's is its head's
+                found.sort(key=lambda m: m["host"] != heads.get(m["seq"]))
+                if found:
+                    m = found[0]
+                    return f"{exp_dir.name}/{runs.get(m['seq'], m['seq'])}", m["manifest"]
             finally:
                 st.close()
     raise ProvenanceError(f"run {ref!r} not found: no {run_part}/manifest.json under {exp_part} or {base / exp_part}, "

@@ -463,7 +463,7 @@ class Store:
     # raw_json are not decoded (a 1,000-run experiment has ~330,000 GPU-sample rows).
     REQUEST_ROW = ("seq",) + REQUEST_FIELDS
     GPU_SAMPLE_ROW = ("seq", "ts", "gpu", "sm_clock_mhz", "max_sm_clock_mhz", "mem_clock_mhz", "util_pct",
-                      "power_w", "temp_c", "throttle_reasons", "uuid")
+                      "power_w", "temp_c", "throttle_reasons", "host", "uuid")
 
     def _tuples(self, sql: str) -> sqlite3.Cursor:
         cur = self.conn.cursor()
@@ -479,7 +479,8 @@ class Store:
         """GPU samples with a timestamp as tuples in GPU_SAMPLE_ROW order, by seq and then as inserted (the CSV's
         order, which is by time: sort a run's rows by ts where it is not). uuid is the CSV row's `uuid` column
         (None when the CSV had none): the uuid column, or raw_json's for rows written before it existed."""
-        cols = "seq, ts, gpu, sm_clock_mhz, max_sm_clock_mhz, mem_clock_mhz, util_pct, power_w, temp_c, throttle_reasons"
+        cols = ("seq, ts, gpu, sm_clock_mhz, max_sm_clock_mhz, mem_clock_mhz, util_pct, power_w, temp_c, "
+                "throttle_reasons, host")
         order = " FROM gpu_samples WHERE ts IS NOT NULL ORDER BY seq, rowid"     # the seq index's order: no sort
         from_raw = "json_extract(raw_json, '$.uuid')"
         uuid = f"COALESCE(uuid, {from_raw})" if self._has_gpu_uuid_column() else from_raw

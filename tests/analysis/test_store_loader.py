@@ -71,7 +71,7 @@ def _dict_loader(d):
                 ts=g["ts"], index=int(g.get("gpu") or 0), uuid=json.loads(g["raw_json"]).get("uuid"),
                 sm_mhz=g.get("sm_clock_mhz"), max_sm_mhz=g.get("max_sm_clock_mhz"), mem_mhz=g.get("mem_clock_mhz"),
                 util_pct=g.get("util_pct"), power_w=g.get("power_w"), temp_c=g.get("temp_c"),
-                reasons=analysis._reasons(g.get("throttle_reasons"))))
+                reasons=analysis._reasons(g.get("throttle_reasons")), host=g.get("host")))
         return reqs, samples
     finally:
         s.close()

@@ -16,6 +16,7 @@ from typing import Iterator
 
 import pytest
 
+from specab import analysis, doctor
 from tests.netns import unavailable_reason
 from tests.scale.cluster import (NCCL_TUNED, Node, experiment, experiment_dirs, namespace_nodes, pid_alive, run_driver,
                                  runs_of, start_driver, write_experiment, write_inventory)
@@ -48,8 +49,22 @@ def _measured(bench: Path) -> int:
     return n
 
 
+def _samplers(node: Node) -> list[int]:
+    """GPU samplers (gpusample.py) alive in the node's namespace."""
+    found = []
+    for pid in node.ns.pids():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"gpusample.py") for a in argv):
+            found.append(pid)
+    return found
+
+
 def _clean(nodes: list[Node]) -> None:
     for n in nodes:
+        assert _samplers(n) == [], f"{n.name}: GPU sampler left running"
         rec = n.server_record() or n.server_record("last_server.json")
         if rec:
             assert not pid_alive(int(rec["pid"])), f"{n.name}: server {rec['pid']} still running"
@@ -99,7 +114,22 @@ def test_ab_round_with_one_server_over_two_hosts(cluster) -> None:
         for d in (run_dir, rank_dir):
             assert json.loads((d / "gpu_free_before.json").read_text())["ok"] is True
             assert json.loads((d / "gpu_free.json").read_text())["ok"] is True
+        # rank 1 sampled its own GPUs during the head's benchmark (a slow GPU there slows the whole server)
+        window = [b["start_ts"] for b in bench if not b["warmup"]]
+        rows = (rank_dir / "gpu_samples.csv").read_text().splitlines()
+        stamps = [float(x.split(",")[0]) for x in rows[1:]]
+        assert rows[0].startswith("timestamp,index,") and stamps and len({x.split(",")[1] for x in rows[1:]}) == 8
+        assert min(stamps) <= min(window) + 2 and not (rank_dir / "gpu_sampler.pid").exists(), (stamps[:3], window)
     assert "eagle3-s2" in {r["arm"] for r in runs}
+    # the results store holds rank 1's env check, manifest and GPU samples under its host; the analysis
+    # keeps the head's as the run's own and lists rank 1
+    e = analysis.load_store(exp_dir)
+    for r in e.runs:
+        assert r.manifest["extra"]["inventory_hostname"] == head.name, r.manifest.get("extra")
+        assert [(k.host, k.rank) for k in r.ranks] == [(rank1.name, 1)], r.ranks
+        assert r.ranks[0].env_check and r.ranks[0].env_check.ok and r.env_check and r.env_check.ok
+        assert {s.host for s in r.gpu_samples} == {head.name, rank1.name}
+    assert not {f.rule for f in doctor.diagnose(e)} & {"env-not-confirmed", "gpu-throttled"}
     _clean(nodes[:2])
     assert not spare.node_dir.exists(), "the standby host was touched by a run it is not part of"
 
