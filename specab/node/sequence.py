@@ -48,6 +48,7 @@ LEASE_FILE = "sequencer.lease"  # touched by the controller's ensure/wait: its s
 SERVE_LOCK = "sequencer.lock"
 ENSURE_LOCK = "sequencer.ensure.lock"
 END_PREFIX = "END-"
+STAGING_DIR = ".staging"     # queue/.staging: entries being written (enqueue.yml), not yet queued
 ENTRY_RE = re.compile(r"^(?P<seq>\d{6})-(?P<run_id>[A-Za-z0-9][A-Za-z0-9._-]{0,95})\.json$")
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PHASES = ("claimed", "stopping-leftover", "gpus-free-before", "starting", "loading", "ready", "env",
@@ -981,13 +982,19 @@ def cmd_reset(a: argparse.Namespace) -> Dict[str, Any]:
         stopped = stop_live(a.node_dir, a.stop_grace + a.gpu_free_timeout + 30)
         removed = []
         qdir = queue_dir(a.node_dir)
-        for name in sorted(os.listdir(qdir)):
-            if ENTRY_RE.match(name) or name.startswith(END_PREFIX) or name.endswith(".refused"):
-                try:
-                    os.remove(os.path.join(qdir, name))
-                    removed.append(name)
-                except OSError:
-                    pass
+        staging = os.path.join(qdir, STAGING_DIR)     # enqueue.yml writes entries here, then renames them in
+        for d, prefix in ((qdir, ""), (staging, STAGING_DIR + "/")):
+            try:
+                names = sorted(os.listdir(d))
+            except OSError:
+                continue
+            for name in names:
+                if ENTRY_RE.match(name) or name.startswith(END_PREFIX) or name.endswith(".refused"):
+                    try:
+                        os.remove(os.path.join(d, name))
+                        removed.append(prefix + name)
+                    except OSError:
+                        pass
         return {"experiment_id": a.experiment_id, "sequencer": stopped, "removed": removed}
 
 

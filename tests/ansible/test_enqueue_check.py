@@ -27,7 +27,7 @@ def test_enqueue_check_diff_shows_files_and_entries_and_changes_nothing(sim_node
     assert out.count("+NCCL_PROTO=LL") == 2
     # the queue entries: named by seq and run id, with the values the sequencer runs with
     flat = result.flat
-    assert "queue/000001-001-eagle3-s2.json" in flat and "queue/000002-002-baseline.json" in flat
+    assert "queue/.staging/000001-001-eagle3-s2.json" in flat and "queue/.staging/000002-002-baseline.json" in flat
     assert f'"url": "http://127.0.0.1:{sim_node.port}"' in out
     assert '"num_requests": 2' in out and '"stop_grace_s": 10.0' in out
     # nothing changed, nothing started

@@ -242,12 +242,17 @@ def test_ensure_is_idempotent_replaces_another_experiment_and_reset_clears_the_q
     time.sleep(0.5)   # several of the sequencer's 50 ms polls
     assert len(os.listdir(node.node_dir / "queue")) == 2
     node.seq("finish", "--experiment-id", node.experiment_id)
+    # an entry enqueue.yml had staged but not handed over (a controller that died in between)
+    staging = node.node_dir / "queue" / ".staging"
+    staging.mkdir()
+    (staging / "000003-003-baseline.json").write_text("{}")
     r = node.seq("reset", "--experiment-id", node.experiment_id)
     assert r.rc == 0, r.error
     assert r.data["sequencer"]["was_running"] and r.data["sequencer"]["pid"] == other.data["pid"]
     assert sorted(r.data["removed"]) == sorted(["000001-%s.json" % queued[0], "000002-%s.json" % queued[1],
-                                                "END-%s" % node.experiment_id])
-    assert os.listdir(node.node_dir / "queue") == [] and not alive(other.data["pid"])
+                                                "END-%s" % node.experiment_id, ".staging/000003-003-baseline.json"])
+    assert os.listdir(node.node_dir / "queue") == [".staging"] and os.listdir(staging) == []
+    assert not alive(other.data["pid"])
     assert node.seq("reset", "--experiment-id", node.experiment_id).data["removed"] == []
 
 
