@@ -582,7 +582,8 @@ def _head_and_ranks(row: dict, manifests: dict[str, dict], checks: dict[str, dic
         if h == head:
             continue
         m = manifests.get(h) or {}
-        rank = (m.get("extra") or {}).get("node_rank") if isinstance(m.get("extra"), dict) else None
+        extra = m.get("extra")
+        rank = extra.get("node_rank") if isinstance(extra, dict) else None
         ranks.append(Rank(host=h, rank=int(rank) if str(rank).isdigit() else None,
                           env_check=env_check_from_json(checks[h]) if h in checks else None, manifest=m))
     ranks.sort(key=lambda k: (k.rank is None, k.rank or 0, hosts.index(k.host) if k.host in hosts else 0))

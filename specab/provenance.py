@@ -165,8 +165,9 @@ def load_manifest(ref: str, runs_dir: str | Path | None = None) -> tuple[str, di
         if (exp_dir / FILENAME).exists():
             st = Store.open(exp_dir / FILENAME)
             try:
-                runs = {r["seq"]: r["run_id"] for r in st.runs()}
-                heads = {r["seq"]: str(r.get("host") or "").split(",")[0] for r in st.runs()}
+                rows = st.runs()
+                runs = {r["seq"]: r["run_id"] for r in rows}
+                heads = {r["seq"]: str(r.get("host") or "").split(",")[0] for r in rows}
                 found = [m for m in st.manifests()
                          if str(m["seq"]) == run_part.lstrip("0") or runs.get(m["seq"]) == run_part]
                 # a multi-node run also stores its other ranks' manifests: the run's is its head's

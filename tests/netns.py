@@ -177,6 +177,16 @@ class NetnsHost:
         out = _run("ip", "netns", "pids", self.name, check=False).stdout
         return [int(p) for p in out.split() if p.isdigit()]
 
+    def argvs(self) -> dict[int, list[bytes]]:
+        """The argv of each process living in the namespace (those that exited meanwhile left out)."""
+        out = {}
+        for pid in self.pids():
+            try:
+                out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+        return out
+
     # ----------------------------------------------------------------------------- lifecycle
     @classmethod
     @contextlib.contextmanager

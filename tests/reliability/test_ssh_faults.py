@@ -88,14 +88,8 @@ def _sshd_sessions(ns: NetnsHost) -> list[int]:
 
 def _waiting_for(ns: NetnsHost, run_id: str) -> bool:
     """The controller's `sequence.py ... wait --run-id <run_id>` runs on the node (over SSH)."""
-    for pid in ns.pids():
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(a.endswith(b"sequence.py") for a in argv) and b"wait" in argv and run_id.encode() in argv:
-            return True
-    return False
+    return any(any(a.endswith(b"sequence.py") for a in argv) and b"wait" in argv and run_id.encode() in argv
+               for argv in ns.argvs().values())
 
 
 def test_item08_ssh_drop_mid_run_is_a_failed_run_and_the_next_starts_clean(tmp_path: Path, netns_host):  # noqa: F811

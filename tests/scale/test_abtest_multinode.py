@@ -127,15 +127,9 @@ def test_both_hosts_are_clean_after_the_round(round_: dict[str, Any]) -> None:
         assert last and last["run_id"] == "002-eagle3-s2", last
         assert not pid_alive(int(last["pid"])), f"{node.name}: server {last['pid']} still running"
         assert node.compute_apps() == "", f"{node.name} still has GPU processes: {node.compute_apps()}"
-        engines = [p for p in node.ns.pids() if any(m in _cmdline(p) for m in ENGINE_MARKS)]
-        assert engines == [], f"{node.name}: engine processes left: {[_cmdline(p) for p in engines]}"
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+        cmdlines = {p: b" ".join(argv).decode(errors="replace") for p, argv in node.ns.argvs().items()}
+        engines = [c for c in cmdlines.values() if any(m in c for m in ENGINE_MARKS)]
+        assert engines == [], f"{node.name}: engine processes left: {engines}"
 
 
 def _measured(bench: Path) -> int:

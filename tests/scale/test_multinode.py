@@ -51,15 +51,7 @@ def _measured(bench: Path) -> int:
 
 def _samplers(node: Node) -> list[int]:
     """GPU samplers (gpusample.py) alive in the node's namespace."""
-    found = []
-    for pid in node.ns.pids():
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(a.endswith(b"gpusample.py") for a in argv):
-            found.append(pid)
-    return found
+    return [pid for pid, argv in node.ns.argvs().items() if any(a.endswith(b"gpusample.py") for a in argv)]
 
 
 def _clean(nodes: list[Node]) -> None:
