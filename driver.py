@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from specab.cli import main  # noqa: E402
+from specab.driver.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

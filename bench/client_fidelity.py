@@ -6,7 +6,7 @@ A ground-truth server runs in its own process (aiohttp, like a real engine's HTT
 streams SGLang ``/generate`` SSE chunks in the shape of speculative decoding: after a prefill
 delay, one chunk per verify step every ``--gap-ms`` carrying 1..``--max-chunk`` tokens, and it
 records when it wrote each chunk (time.perf_counter = CLOCK_MONOTONIC, shared by the processes
-of one machine). ``specab/loadgen.py`` then runs against it as a separate process, exactly as on
+of one machine). ``specab/node/loadgen.py`` then runs against it as a separate process, exactly as on
 a node, and its bench.jsonl/bench_summary.json are compared with the server's record:
 
 * per-request decode tok/s: client (tokens after the first chunk / client first->last chunk span)
@@ -181,7 +181,7 @@ def run_level(concurrency: int, ns: argparse.Namespace, tmp: Path) -> dict:
         server.wait(timeout=30)
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from specab import loadgen  # the same file the client ran
+    from specab.node import loadgen# the same file the client ran
 
     prompts = loadgen.make_prompts(1, "measure", n, ns.input_len)
     truths = {}

@@ -2,7 +2,7 @@
 
     python bench/report_scale.py [--runs 1000] [--steps 1 2 3] [--requests 8] [--warmup 2]
 
-Synthesises an experiment directory of ``--runs`` runs through ``specab.store.Store``'s API, the
+Synthesises an experiment directory of ``--runs`` runs through ``specab.results.store.Store``'s API, the
 calls the driver makes for each run (``start_run``, ``record_phase``, ``add_requests``,
 ``add_gpu_samples``, ``add_manifest``, ``add_env_check``, ``add_file``, ``finish_run``):
 
@@ -18,7 +18,7 @@ calls the driver makes for each run (``start_run``, ``record_phase``, ``add_requ
 
 Then ``python driver.py report <dir>`` runs in a fresh process (what a user types: imports, store
 load, statistics, doctor, spec model, six plots, Markdown + HTML + JSON) and its wall time is the
-measurement. ``--profile`` also runs ``specab.report.write_report`` in-process under cProfile and
+measurement. ``--profile`` also runs ``specab.analysis.report.write_report`` in-process under cProfile and
 lists the top functions. Target: <= 5 s. Prints one JSON object.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from specab.store import FILENAME, Store  # noqa: E402
+from specab.results.store import FILENAME, Store  # noqa: E402
 
 NCCL = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
         "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
@@ -228,7 +228,10 @@ def stage_times(exp_dir: Path) -> dict[str, float]:
     """CPU seconds of each stage of the report, in this process (after a first, warming report)."""
     import matplotlib
     matplotlib.use("Agg")
-    from specab import analysis, doctor, report, stats
+    from specab.analysis import model as analysis
+    from specab.analysis import doctor
+    from specab.analysis import report
+    from specab.analysis import stats
     report.write_report(exp_dir)
     out: dict[str, float] = {}
 
@@ -252,7 +255,7 @@ def stage_times(exp_dir: Path) -> dict[str, float]:
 
 
 def profile_report(exp_dir: Path, top: int) -> list[str]:
-    from specab.report import write_report
+    from specab.analysis.report import write_report
     prof = cProfile.Profile()
     prof.enable()
     write_report(exp_dir)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specab.analysis import Arm, EnvCheck, EnvVarCheck, Experiment, GpuSample, LogStats, Request, Run
+from specab.analysis.model import Arm, EnvCheck, EnvVarCheck, Experiment, GpuSample, LogStats, Request, Run
 
 TUNED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
          "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
@@ -168,7 +168,7 @@ def write_store(exp: Experiment, root, time_scale: float = 1.0) -> "Path":
     import json as _json
     from pathlib import Path
 
-    from specab.store import FILENAME, Store
+    from specab.results.store import FILENAME, Store
     d = Path(root) / exp.id
     d.mkdir(parents=True, exist_ok=True)
     st = Store.create(d / FILENAME)

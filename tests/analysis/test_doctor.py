@@ -1,7 +1,9 @@
 """Every doctor rule fires on data that provokes it, quotes its evidence, and stays silent on a clean run."""
 import pytest
 
-from specab import analysis, doctor, stats
+from specab.analysis import model as analysis
+from specab.analysis import doctor
+from specab.analysis import stats
 from tests.analysis import factory as F
 
 CLEAN = {"baseline": 82.2, "eagle3-s2": 94.0}      # EAGLE wins at tau 2.1: nothing to report

@@ -33,7 +33,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specab import analysis, doctor, stats
+from specab.analysis import model as analysis
+from specab.analysis import doctor
+from specab.analysis import stats
 from specab.sim.profile import PROFILE_DIR
 from tests.driver.simnode import NCCL_TUNED, SimNode, driver, free_port
 

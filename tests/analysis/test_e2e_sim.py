@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specab import analysis, doctor, stats
+from specab.analysis import model as analysis
+from specab.analysis import doctor
+from specab.analysis import stats
 from tests.driver.simnode import NCCL_TUNED, SimNode, driver, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -94,7 +96,7 @@ def test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one(node: S
     assert set(by_rule) == {"verify-without-cuda-graph", "accept-below-break-even"}, \
         {k: [f.message for f in v] for k, v in by_rule.items()}
     # provenance: the two EAGLE-3 runs differ only in the arm's env (the node profile)
-    from specab import provenance
+    from specab.analysis import provenance
     ra, rb = (next(r for r in e.runs if r.arm == n) for n in ("eagle3-nograph", "eagle3-graph"))
     diffs = provenance.diff_manifests(ra.manifest, rb.manifest)
     assert [(x.category, x.key) for x in diffs if x.category != "versions"] == [("env", "SPECAB_SIM_PROFILE")], diffs

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specab import report
+from specab.analysis import report
 from tests.analysis import factory as F
 
 ROOT = Path(__file__).resolve().parents[2]

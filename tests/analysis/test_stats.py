@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from specab import stats
+from specab.analysis import stats
 from tests.analysis import factory as F
 
 

@@ -1,7 +1,9 @@
 """The analysis reads an experiment back from the driver's results store (docs/results.md)."""
 import pytest
 
-from specab import analysis, doctor, stats
+from specab.analysis import model as analysis
+from specab.analysis import doctor
+from specab.analysis import stats
 from tests.analysis import factory as F
 
 
@@ -58,7 +60,7 @@ def _dict_loader(d):
     """The loader before it streamed tuples: every row as a dict, uuid decoded from raw_json."""
     import json
 
-    from specab.store import Store
+    from specab.results.store import Store
     s = Store.open(d)
     try:
         reqs, samples = {}, {}
@@ -93,7 +95,7 @@ def _store_with_samples(tmp_path):
 
 
 def test_lean_loader_gives_what_the_dict_loader_gave(tmp_path):
-    from specab.store import Store
+    from specab.results.store import Store
     _, d = _store_with_samples(tmp_path)
     with Store.open(d) as s:
         s.add_gpu_samples(1, "localhost", CSV)
@@ -115,8 +117,8 @@ def test_store_of_before_the_uuid_column_reads_and_resumes(tmp_path):
     resumed experiment adds the column on its first write; uuids come from raw_json for the old rows."""
     import sqlite3
 
-    from specab import report
-    from specab.store import Store
+    from specab.analysis import report
+    from specab.results.store import Store
     exp, d = _store_with_samples(tmp_path)
     con = sqlite3.connect(d / "results.sqlite")
     con.execute("ALTER TABLE gpu_samples DROP COLUMN uuid")
@@ -143,7 +145,7 @@ def test_two_connections_to_an_old_store_both_add_samples(tmp_path):
     finds it added already and goes on."""
     import sqlite3
 
-    from specab.store import Store
+    from specab.results.store import Store
     _, d = _store_with_samples(tmp_path)
     con = sqlite3.connect(d / "results.sqlite")
     con.execute("ALTER TABLE gpu_samples DROP COLUMN uuid")
@@ -165,7 +167,7 @@ def test_two_connections_to_an_old_store_both_add_samples(tmp_path):
 def test_sqlite_without_json1_reads_the_same_samples(tmp_path, monkeypatch, uuid_column):
     import sqlite3
 
-    from specab.store import Store
+    from specab.results.store import Store
     _, d = _store_with_samples(tmp_path)
     with Store.open(d) as s:
         s.add_gpu_samples(1, "localhost", CSV)

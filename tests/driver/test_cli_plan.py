@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specab.cli import main
+from specab.driver.cli import main
 
 INVENTORY = """\
 all:

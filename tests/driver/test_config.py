@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from specab.config import ConfigError, load_experiment, load_inventory, redact_env
+from specab.config.spec import ConfigError, load_experiment, load_inventory, redact_env
 from tests.driver.conftest import EXPERIMENT
 
 

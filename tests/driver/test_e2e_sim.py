@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from specab import store as st
-from specab.config import load_experiment, load_inventory
-from specab.matrix import build_arms, parse_matrix
-from specab.plan import make_plan
-from specab.render import render_arm
+from specab.results import store as st
+from specab.config.spec import load_experiment, load_inventory
+from specab.config.matrix import build_arms, parse_matrix
+from specab.config.plan import make_plan
+from specab.driver.render import render_arm
 from tests.driver.simnode import reap_driver, SimNode, driver, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]

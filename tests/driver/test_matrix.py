@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from specab.config import load_experiment
-from specab.matrix import MatrixError, build_arms, check_spec, parse_matrix
+from specab.config.spec import load_experiment
+from specab.config.matrix import MatrixError, build_arms, check_spec, parse_matrix
 
 
 def arms_of(exp_file, *specs, skip=False):

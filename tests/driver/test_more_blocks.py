@@ -1,13 +1,13 @@
-"""The sequential-stopping hook: after the planned blocks, specab.stats decides whether to add one."""
+"""The sequential-stopping hook: after the planned blocks, specab.analysis.stats decides whether to add one."""
 from __future__ import annotations
 
 import io
 
 import pytest
 
-from specab import experiment as ex
-from specab import store as st
-from specab.progress import Progress
+from specab.driver import session as ex
+from specab.results import store as st
+from specab.driver.progress import Progress
 from tests.driver.test_cli_plan import INVENTORY
 
 

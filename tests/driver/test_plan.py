@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from specab.plan import block_order, make_plan
+from specab.config.plan import block_order, make_plan
 
 ARMS = ["baseline", "eagle3-s1-k1-d2", "eagle3-s2-k1-d3", "eagle3-s3-k1-d4"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specab import store as st
+from specab.results import store as st
 from tests.driver.simnode import reap_driver, SimNode, driver, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from specab.cli import main
-from specab.config import load_inventory
-from specab.remote import LogTail, load_phase
+from specab.driver.cli import main
+from specab.config.spec import load_inventory
+from specab.driver.remote import LogTail, load_phase
 from tests.driver.simnode import PYTHON, SimNode, free_port, wait_for
 from tests.netns import netns_host  # noqa: F401  (fixture)
 
@@ -121,7 +121,7 @@ arms:
 def test_a_run_over_ssh_shows_load_phases_from_the_live_tail(ssh_node):
     """One run through arm.yml over SSH: the load sub-phases in the store come only from the fabric log tail.
     (--executor per-run: on the run queue the stored sub-phases come from the node's ready.json instead.)"""
-    from specab import store as st
+    from specab.results import store as st
     from tests.driver.simnode import driver
     node, inv, _ = ssh_node
     node.time_scale = "1"

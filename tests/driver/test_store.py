@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from specab import store as st
-from specab.plan import make_plan
+from specab.results import store as st
+from specab.config.plan import make_plan
 
 
 def _store(tmp_path):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from specab.cli import main
-from specab.experiment import ExperimentError, check_writable
-from specab.progress import Progress
-from specab.runner import _message, phase_of, scrub_tree
+from specab.driver.cli import main
+from specab.driver.session import ExperimentError, check_writable
+from specab.driver.progress import Progress
+from specab.driver.playbook import _message, phase_of, scrub_tree
 from tests.driver.test_store import _store
 
 
@@ -123,7 +123,7 @@ def test_export_unknown_experiment(tmp_path, capsys):
 
 
 def test_log_excerpt_keeps_the_buried_fatal_line():
-    from specab.experiment import log_excerpt
+    from specab.driver.session import log_excerpt
     lines = ["[2026-01-01 00:00:00 TP0] Load weight begin."] + \
         ["[2026-01-01 00:00:01 TP0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."] + \
         [f"[2026-01-01 00:00:02 TP{r}] Capture cuda graph end." for r in range(1, 60)]

@@ -3,7 +3,7 @@ and its dead-time measurement (``python -m tests.node.seq_deadtime``).
 
 The node tools are deployed into ``<node>/bin/`` (as node_prepare does: every ``specab/node/*.py``
 plus ``loadgen.py``); each run directory gets launch.sh / nccl.env / args.json rendered from the
-same templates with the same Jinja settings as the server_start role (``specab.render``), then its
+same templates with the same Jinja settings as the server_start role (``specab.driver.render``), then its
 queue entry is written atomically, in the format of docs/architecture.md.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from specab import render
+from specab.driver import render
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable

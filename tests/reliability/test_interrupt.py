@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specab import store as st
+from specab.results import store as st
 from tests.driver.simnode import SimNode, driver, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from specab import preflight
-from specab.cli import main
-from specab.config import ConfigError, load_experiment, load_inventory
-from specab.experiment import ExperimentError, check_writable
-from specab.matrix import build_arms, parse_matrix
+from specab.driver import preflight
+from specab.driver.cli import main
+from specab.config.spec import ConfigError, load_experiment, load_inventory
+from specab.driver.session import ExperimentError, check_writable
+from specab.config.matrix import build_arms, parse_matrix
 from tests.driver.simnode import SimNode, driver, free_port
 
 pytestmark = pytest.mark.timeout(300)
@@ -135,7 +135,7 @@ def test_item17_loopback_by_default_and_one_warning_for_another_address(node: Si
     exp.write_text(json.dumps({"specab_experiment": data}))
     arms = build_arms(load_experiment(exp), parse_matrix([])).arms
     assert preflight.bind_warnings(arms) == []
-    from specab.render import render_arm
+    from specab.driver.render import render_arm
     assert "--host" not in render_arm(arms[0], load_inventory(inv).hosts[0], run_id="001-baseline").launch_sh
     # another address: one warning, whatever the number of arms and runs
     data["server_args"]["host"] = "0.0.0.0"

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from specab import store as st
-from specab.plan import make_plan
+from specab.results import store as st
+from specab.config.plan import make_plan
 from tests.driver.simnode import NCCL_TUNED, SimNode, driver, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -16,7 +16,8 @@ from typing import Iterator
 
 import pytest
 
-from specab import analysis, doctor
+from specab.analysis import model as analysis
+from specab.analysis import doctor
 from tests.netns import unavailable_reason
 from tests.scale.cluster import (NCCL_TUNED, Node, experiment, experiment_dirs, namespace_nodes, pid_alive, run_driver,
                                  runs_of, start_driver, write_experiment, write_inventory)

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specab.config import load_inventory
-from specab.experiment import is_multinode
-from specab.fleet import FleetError, HostProgress, _Counter, assign_blocks
-from specab.plan import make_plan
-from specab.progress import Progress
+from specab.config.spec import load_inventory
+from specab.driver.session import is_multinode
+from specab.driver.fleet import FleetError, HostProgress, _Counter, assign_blocks
+from specab.config.plan import make_plan
+from specab.driver.progress import Progress
 from tests.scale.cluster import REPO, experiment, resolved_arm, run_playbook
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from specab import loadgen
+from specab.node import loadgen
 
 LOADGEN = Path(loadgen.__file__)
 

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-from specab import logparse
+from specab.analysis import logparse
 
 REPO = Path(__file__).resolve().parents[2]
 LOADGEN = REPO / "specab" / "loadgen.py"

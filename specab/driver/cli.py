@@ -15,13 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from specab import experiment as ex
-from specab import store as st
-from specab.config import ConfigError, is_secret_name, redact_env
-from specab.matrix import MatrixError
+from specab.driver import session as ex
+from specab.results import store as st
+from specab.config.spec import ConfigError, is_secret_name, redact_env
+from specab.config.matrix import MatrixError
 
 SUBCOMMANDS = ("run", "plan", "status", "export")
-CONTRIBUTED = ("specab.logparse", "specab.specmodel", "specab.report", "specab.provenance")
+CONTRIBUTED = ("specab.analysis.logparse", "specab.analysis.specmodel", "specab.analysis.report", "specab.analysis.provenance")
 
 
 def _add_experiment_options(p: argparse.ArgumentParser) -> None:
@@ -147,7 +147,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
-    from specab.render import render_arm
+    from specab.driver.render import render_arm
     opts = _options(args, args._argv)
     prepared = ex.prepare(opts)
     host = prepared.inventory.hosts[0]
@@ -191,8 +191,8 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from specab.config import load_inventory
-    from specab.remote import status_all
+    from specab.config.spec import load_inventory
+    from specab.driver.remote import status_all
     inv = load_inventory(args.inventory)
     rows = status_all(inv.hosts)
     if args.format == "json":

@@ -13,7 +13,7 @@ from typing import Any
 
 import jinja2
 
-from specab.config import REPO_ROOT, Arm, Host
+from specab.config.spec import REPO_ROOT, Arm, Host
 
 TEMPLATES = REPO_ROOT / "templates"
 LAUNCH_TEMPLATE = "launch_server.sh.j2"

@@ -10,9 +10,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specab import specmodel
-from specab.analysis import REASON_IDLE, Experiment, GpuSample, Run, reason_names
-from specab.stats import ExperimentStats, analyse
+from specab.analysis import specmodel
+from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, reason_names
+from specab.analysis.stats import ExperimentStats, analyse
 
 SEVERITIES = ("error", "warning", "info")
 

@@ -22,7 +22,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from specab.subcommand import standalone_main
+from specab.analysis.subcommand import standalone_main
 
 
 class SpecModelError(ValueError):

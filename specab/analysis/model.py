@@ -68,7 +68,7 @@ class Request:
 
 @dataclass
 class LogStats:
-    """What the analysis needs from a run's server log (filled from specab.logparse)."""
+    """What the analysis needs from a run's server log (filled from specab.analysis.logparse)."""
     decode_lines: int = 0
     cuda_graph_true: int = 0
     cuda_graph_false: int = 0
@@ -385,7 +385,7 @@ def env_check_from_json(d: dict) -> EnvCheck:
 
 def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None = None) -> LogStats:
     """LogStats from parsed log records: dicts with kind 'decode' and keys accept_len, cuda_graph,
-    gen_throughput, running_req, raw (the shape specab.logparse emits)."""
+    gen_throughput, running_req, raw (the shape specab.analysis.logparse emits)."""
     st = LogStats(nccl_env=dict(nccl or {}))
     acc, gen, per_req = [], [], []
     for r in records:
@@ -412,11 +412,11 @@ def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None 
 
 
 def parse_server_log(path: Path) -> LogStats:
-    """Server log -> LogStats through specab.logparse (the project's one log parser); streams.
+    """Server log -> LogStats through specab.analysis.logparse (the project's one log parser); streams.
 
     Reads only the decode and NCCL-env lines (`logparse.run_log_records`: the per-line parser's records
     for those lines), which is what LogStats summarises."""
-    from specab import logparse  # local import: the analysis works on in-memory data without it
+    from specab.analysis import logparse# local import: the analysis works on in-memory data without it
 
     nccl: dict[str, str] = {}
 
@@ -615,7 +615,7 @@ def load_store(path: str | Path, *, read_logs: bool = True) -> Experiment:
 
 
 def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
-    from specab.store import FILENAME, Store   # local: the data model itself needs no store
+    from specab.results.store import FILENAME, Store   # local: the data model itself needs no store
 
     p = Path(path)
     if p.is_dir():

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from specab.config import Arm, ConfigError, Host
+from specab.config.spec import Arm, ConfigError, Host
 
 DEFAULT_ENGINE_CMD = ["python3", "-m", "sglang.launch_server"]
 HELP_TIMEOUT_S = 180.0          # SGLang's --help imports torch: tens of seconds on a cold node
@@ -127,7 +127,7 @@ def _engine_version(node: Any, host: Host, cmd: list[str]) -> str | None:
 
 def engine_flags(host: Host, node: Any | None = None) -> EngineFlags:
     """The flags the node's engine accepts, from the cache when its version is unchanged."""
-    from specab.remote import open_node
+    from specab.driver.remote import open_node
     cmd = _engine_cmd(host)
     own = node is None
     node = node or open_node(host)
@@ -184,7 +184,7 @@ def check_engine_flags(arms: list[Arm], hosts: list[Host], notice: Any = None) -
 
     `notice(text)` receives a line when a node's engine cannot list its flags (the check is then skipped
     for that node: the engine itself refuses unknown flags at launch, and the run fails fast)."""
-    from specab.remote import RemoteError
+    from specab.driver.remote import RemoteError
     results = []
     problems: list[str] = []
     for host in hosts:

@@ -156,9 +156,10 @@ class Progress:
 # --------------------------------------------------------------------------- end-of-experiment summary
 
 def _stats_rows(store_path) -> list[list[str]] | None:
-    """Rows from specab.stats (analysis helper) when it can read the store; None otherwise."""
+    """Rows from specab.analysis.stats (analysis helper) when it can read the store; None otherwise."""
     try:
-        from specab import analysis, stats
+        from specab.analysis import model as analysis
+        from specab.analysis import stats
     except ImportError:
         return None
     loader = next((getattr(analysis, n) for n in ("load_store", "from_store", "load_experiment_store")

@@ -22,13 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specab import store as st
-from specab.plan import PlannedRun
-from specab.remote import LogTail, read_tail
-from specab.runner import Failure, PlaybookResult
+from specab.results import store as st
+from specab.config.plan import PlannedRun
+from specab.driver.remote import LogTail, read_tail
+from specab.driver.playbook import Failure, PlaybookResult
 
 if TYPE_CHECKING:
-    from specab.experiment import ExperimentRun
+    from specab.driver.session import ExperimentRun
 
 ENQUEUE_PLAYBOOK = "playbooks/enqueue.yml"
 COLLECT_PLAYBOOK = "playbooks/collect_run.yml"
@@ -179,7 +179,7 @@ class QueueExecutor:
         status CANCELED when `cancel` cut the collect short (nothing recorded: collected again after the
         stop). `after_stop` = the time of the user's interrupt, after which the node was stopped: a run
         without done.json, or that ended after that time, is interrupted (its files are kept)."""
-        from specab.experiment import _PhaseClock, check_writable   # the per-run path's helpers
+        from specab.driver.session import _PhaseClock, check_writable   # the per-run path's helpers
 
         r = self.run
         run_dir = (r.exp_dir / pr.run_id).resolve()
@@ -240,7 +240,7 @@ class QueueExecutor:
         if cancel.is_set():
             return CANCELED, False
         if not result.ok:
-            from specab.experiment import _fetch_missing
+            from specab.driver.session import _fetch_missing
             _fetch_missing(self.host, node_dir, run_dir)
         done = _read_json(run_dir / "done.json")
         if not isinstance(done, dict):

@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
-from specab import doctor, specmodel, stats
-from specab.analysis import Experiment, gc_paused, load_store
-from specab.subcommand import standalone_main
+from specab.analysis import doctor
+from specab.analysis import specmodel
+from specab.analysis import stats
+from specab.analysis.model import Experiment, gc_paused, load_store
+from specab.analysis.subcommand import standalone_main
 
 # ------------------------------------------------------------------------------ document model
 # A report is a list of blocks rendered twice (Markdown and HTML) from the same data.
@@ -540,9 +542,9 @@ def write_report(exp_dir: str | Path, *, config: doctor.DoctorConfig | None = No
 # ------------------------------------------------------------------------------ CLI
 
 def _locate(ref: str, runs_dir: str | None) -> Path:
-    from specab.store import FILENAME
+    from specab.results.store import FILENAME
     try:
-        from specab.experiment import locate   # the driver's own resolution (same default runs dir)
+        from specab.driver.session import locate   # the driver's own resolution (same default runs dir)
         return locate(ref, runs_dir)
     except ImportError:
         pass

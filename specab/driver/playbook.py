@@ -24,7 +24,7 @@ from typing import Any
 import ansible_runner
 from ansible_runner.interface import init_runner
 
-from specab.config import REDACTED, is_secret_name
+from specab.config.spec import REDACTED, is_secret_name
 
 # Task-name prefix (before " | ") -> display phase (docs/architecture.md "Phases").
 PHASES = {

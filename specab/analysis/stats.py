@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specab.analysis import Experiment, Run
+from specab.analysis.model import Experiment, Run
 
 DEFAULT_BOOT = 4000
 DEFAULT_SEED = 20240601

@@ -2,10 +2,10 @@
 
 Block b of the plan goes to host ``hosts[(b - 1) % n]`` (inventory order), so each host runs whole
 blocks and hosts never mix within a block: every paired comparison (arm vs baseline of the same block)
-is made on one host, and the statistics treat the host as a blocking factor (specab.stats pairs within
+is made on one host, and the statistics treat the host as a blocking factor (specab.analysis.stats pairs within
 (host, block) and reports the speedup per host). The parallelism is Ansible's: one ansible-runner run
 per host with ``--limit <host>``, one thread per host, each thread taking its host's runs in plan order:
-through that host's run queue (``specab/queued.py``: one sequencer per host) by default, or one
+through that host's run queue (``specab/driver/queue_executor.py``: one sequencer per host) by default, or one
 ``arm.yml`` per run with ``--executor per-run``. There is no scheduler beyond that fixed assignment.
 """
 from __future__ import annotations
@@ -16,10 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from specab import store as st
-from specab.config import Host, Inventory
-from specab.plan import PlannedRun
-from specab.progress import Progress
+from specab.results import store as st
+from specab.config.spec import Host, Inventory
+from specab.config.plan import PlannedRun
+from specab.driver.progress import Progress
 
 
 class FleetError(Exception):
@@ -80,7 +80,7 @@ class _Counter:
 def run_fleet(prepared: Any, opts: Any, exp_id: str, exp_dir: Path, todo: list[PlannedRun], out: TextIO,
               progress: Progress, total: int) -> int:
     """Run ``todo`` with every host taking its own blocks at once. Returns the experiment exit code."""
-    from specab import experiment as ex      # the run loop of one run lives there
+    from specab.driver import session as ex# the run loop of one run lives there
 
     hosts: list[Host] = prepared.inventory.hosts
     if ex.is_multinode(hosts):
@@ -112,7 +112,7 @@ def run_fleet(prepared: Any, opts: Any, exp_id: str, exp_dir: Path, todo: list[P
             run = ex.ExperimentRun(sub, opts, exp_id, exp_dir, store, out,
                                    HostProgress(progress, name, counter), limit=name)  # type: ignore[arg-type]
             if run.executor == "queue":         # this host's runs through its own run queue (sequencer)
-                from specab.queued import QueueExecutor
+                from specab.driver.queue_executor import QueueExecutor
 
                 def on_status(status: str) -> None:
                     with lock:

@@ -17,9 +17,9 @@ from typing import Any
 import jinja2
 import yaml
 
-from specab import engine_args
+from specab.config import engine_args
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "default.yml"
 DEFAULT_INVENTORY = REPO_ROOT / "inventory" / "local.yml"
 

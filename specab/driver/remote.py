@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specab.config import Host
+from specab.config.spec import Host
 
 SMI_TIMEOUT_S = 10.0
 

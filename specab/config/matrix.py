@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
-from specab import engine_args
-from specab.config import ENV_NAME, Arm, Experiment, overlay, resolve_arm
+from specab.config import engine_args
+from specab.config.spec import ENV_NAME, Arm, Experiment, overlay, resolve_arm
 
 ALIASES = {"steps": "speculative_num_steps", "topk": "speculative_eagle_topk",
            "draft_tokens": "speculative_num_draft_tokens"}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence, TextIO
 
 from specab.node.common import REDACTED, is_secret_name, redact_text
-from specab.subcommand import standalone_main
+from specab.analysis.subcommand import standalone_main
 
 CATEGORY_ORDER = ("engine args", "env", "versions", "gpu", "models", "dataset", "seed", "host", "bench", "other",
                   "volatile")
@@ -146,7 +146,7 @@ def load_manifest(ref: str, runs_dir: str | Path | None = None) -> tuple[str, di
         base = Path(runs_dir)
     else:
         try:
-            from specab.experiment import default_runs_dir   # the driver's default (<repo>/runs)
+            from specab.driver.session import default_runs_dir   # the driver's default (<repo>/runs)
             base = default_runs_dir()
         except ImportError:
             base = Path("runs")
@@ -161,7 +161,7 @@ def load_manifest(ref: str, runs_dir: str | Path | None = None) -> tuple[str, di
         for c in cands:
             if (c / "manifest.json").is_file():
                 return str(c), _read_manifest(c / "manifest.json")
-        from specab.store import FILENAME, Store
+        from specab.results.store import FILENAME, Store
         if (exp_dir / FILENAME).exists():
             st = Store.open(exp_dir / FILENAME)
             try:

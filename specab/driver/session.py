@@ -19,15 +19,15 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Literal, TextIO
 
-from specab import preflight
-from specab import store as st
-from specab.config import (REPO_ROOT, Arm, ConfigError, Experiment, Host, Inventory, is_secret_name,
+from specab.driver import preflight
+from specab.results import store as st
+from specab.config.spec import (REPO_ROOT, Arm, ConfigError, Experiment, Host, Inventory, is_secret_name,
                            load_experiment, load_inventory, redact_env)
-from specab.matrix import build_arms, parse_matrix
-from specab.plan import Order, PlannedRun, make_plan
-from specab.progress import Progress
-from specab.remote import LogTail, load_phase, open_node, read_tail
-from specab.runner import Failure, PlaybookResult, PlaybookRunner
+from specab.config.matrix import build_arms, parse_matrix
+from specab.config.plan import Order, PlannedRun, make_plan
+from specab.driver.progress import Progress
+from specab.driver.remote import LogTail, load_phase, open_node, read_tail
+from specab.driver.playbook import Failure, PlaybookResult, PlaybookRunner
 
 ARM_PLAYBOOK = "playbooks/arm.yml"
 MULTINODE_PLAYBOOK = "playbooks/multinode_arm.yml"   # one server over every host (docs/scale.md)
@@ -59,7 +59,7 @@ class Options:
     retry_failed: bool = False
     run_timeout_s: int | None = None
     argv: list[str] = field(default_factory=list)
-    fleet: bool = False                     # independent blocks per host at once (specab/fleet.py)
+    fleet: bool = False                     # independent blocks per host at once (specab/driver/fleet.py)
     executor: Executor = "auto"             # auto: the run queue on one host, per-run otherwise
 
 
@@ -408,7 +408,7 @@ class ExperimentRun:
         with _Interrupt(self.progress) as intr:
             try:
                 if self.executor == "queue":
-                    from specab.queued import QueueExecutor
+                    from specab.driver.queue_executor import QueueExecutor
                     more = self._more_blocks_counted if self.opts.target_ci is not None else None
                     try:
                         interrupted = QueueExecutor(self, signal_time=lambda: intr.at).loop(
@@ -463,7 +463,7 @@ class ExperimentRun:
         return new
 
     def _more_blocks(self) -> list[PlannedRun]:
-        """Sequential stopping hook: after the planned blocks, ask specab.stats whether to add one."""
+        """Sequential stopping hook: after the planned blocks, ask specab.analysis.stats whether to add one."""
         if self.opts.target_ci is None:
             return []
         exp_row = self.store.experiment()
@@ -586,7 +586,7 @@ def _fetch_missing(host: Host, node_run_dir: str, dest: Path) -> None:
 
 
 def _q(path: str) -> str:
-    from specab.remote import _shell_path
+    from specab.driver.remote import _shell_path
     return _shell_path(path)
 
 
@@ -660,14 +660,15 @@ def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -
 
 
 def decide_more_blocks(store: st.Store, target_ci: float, max_repeats: int) -> tuple[bool, str]:
-    """Ask specab.stats (analysis helper) whether another block is needed."""
+    """Ask specab.analysis.stats (analysis helper) whether another block is needed."""
     try:
-        from specab import analysis, stats
+        from specab.analysis import model as analysis
+        from specab.analysis import stats
     except ImportError:
-        return False, "specab.stats is not available; no blocks added."
+        return False, "specab.analysis.stats is not available; no blocks added."
     loader = getattr(analysis, "load_store", None) or getattr(analysis, "load_experiment_store", None)
     if loader is None or not hasattr(stats, "decide_more_blocks"):
-        return False, "specab.stats cannot read the store yet; no blocks added."
+        return False, "specab.analysis.stats cannot read the store yet; no blocks added."
     exp = loader(store.path)
     more, reason = stats.decide_more_blocks(exp, target_ci, max_repeats)
     return bool(more), str(reason)
@@ -698,7 +699,7 @@ def start(opts: Options, out: TextIO, progress: Progress | None = None) -> tuple
         store.write_arms([a.to_json() for a in prepared.arms])
         store.write_plan([r.to_json() for r in prepared.plan], repeats=opts.repeats)
         if opts.fleet:     # every host of gpu_nodes runs its own blocks at once (docs/scale.md)
-            from specab.fleet import run_fleet
+            from specab.driver.fleet import run_fleet
             code = run_fleet(prepared, opts, exp_id, exp_dir, list(prepared.plan), out, progress or Progress(),
                              total=len(prepared.plan))
         else:
@@ -744,7 +745,7 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
         with store._tx() as c:
             c.execute("UPDATE experiment SET status='running'")
         if ropts.fleet:
-            from specab.fleet import run_fleet
+            from specab.driver.fleet import run_fleet
             code = run_fleet(prepared, ropts, row["id"], exp_dir, todo, out, progress or Progress(),
                              total=len(store.plan()))
         else:
@@ -778,12 +779,12 @@ def _version() -> str | None:
 
 
 def _conclude(code: int, store: st.Store, exp_dir: Path, out: TextIO) -> int:
-    from specab.progress import print_summary
+    from specab.driver.progress import print_summary
     failed = print_summary(store, out)
     print(f"\nexperiment directory: {exp_dir}", file=out)
     if code == EXIT_OK:
         try:
-            from specab import report  # analysis helper's module, if present
+            from specab.analysis import report# analysis helper's module, if present
         except ImportError:
             report = None
         if report is not None and hasattr(report, "write_report"):
