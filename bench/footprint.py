@@ -14,7 +14,7 @@
   module processes it forks), sampled every 0.1 s.
 * ``driver-1000``: the driver over a 1,000-run experiment. A real one takes ~10 h here (each run is
   a full ``arm.yml`` playbook), so the driver runs in a child process with
-  ``specab.driver.session.PlaybookRunner`` replaced by a stand-in for the queue executor's playbooks (the
+  ``specab.driver.context.PlaybookRunner`` replaced by a stand-in for the queue executor's playbooks (the
   default on one node; ``enqueue.yml`` records the queued runs, ``collect_run.yml`` leaves the run's
   directory as the sequencer and the fetch do, with ``phases.jsonl`` and ``done.json``; ``--executor
   per-run``: ``arm.yml``) that writes each run's artefacts
@@ -287,7 +287,7 @@ FAKE_DRIVER = r'''
 import json, os, random, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-import specab.driver.session as ex
+import specab.driver.context as ctx_module
 from specab.driver.playbook import PlaybookResult
 rss_log = open(sys.argv[2], "a")
 node_dir = Path(sys.argv[3])
@@ -386,7 +386,7 @@ class StandIn:
                     "stop_s": 0.3, "time_to_free_s": 0.3}
             (d / "done.json").write_text(json.dumps(done)); (nd / "done.json").write_text(json.dumps(done))
 
-ex.PlaybookRunner = StandIn
+ctx_module.PlaybookRunner = StandIn
 from specab.driver.cli import main
 rc = main(sys.argv[4:])
 rss_log.write(json.dumps({"runs": "end", "rss_kib": rss()}) + "\n")

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
-from specab.node.common import REDACTED, is_secret_name, redact_text
+from specab.node.contract import REDACTED, is_secret_name, redact_mapping, redact_text
+from specab.results.locate import default_runs_dir
+from specab.results.store import FILENAME, Store
 from specab.analysis.subcommand import standalone_main
 
 CATEGORY_ORDER = ("engine args", "env", "versions", "gpu", "models", "dataset", "seed", "host", "bench", "other",
@@ -113,7 +115,6 @@ def diff_manifests(a: dict, b: dict, include_volatile: bool = False) -> list[Dif
             continue
         ra, rb = _redact(key, va), _redact(key, vb)
         if isinstance(va, dict) or isinstance(vb, dict):
-            from specab.node.common import redact_mapping
             ra = redact_mapping(va) if isinstance(va, dict) else ra
             rb = redact_mapping(vb) if isinstance(vb, dict) else rb
         if ra == rb and ra == REDACTED:
@@ -145,11 +146,7 @@ def load_manifest(ref: str, runs_dir: str | Path | None = None) -> tuple[str, di
     if runs_dir:
         base = Path(runs_dir)
     else:
-        try:
-            from specab.driver.session import default_runs_dir   # the driver's default (<repo>/runs)
-            base = default_runs_dir()
-        except ImportError:
-            base = Path("runs")
+        base = default_runs_dir()
     exp_part, _, run_part = ref.rstrip("/").rpartition("/")
     if not exp_part:
         raise ProvenanceError(f"run {ref!r} not found: give a run directory, a manifest.json, or "
@@ -161,7 +158,6 @@ def load_manifest(ref: str, runs_dir: str | Path | None = None) -> tuple[str, di
         for c in cands:
             if (c / "manifest.json").is_file():
                 return str(c), _read_manifest(c / "manifest.json")
-        from specab.results.store import FILENAME, Store
         if (exp_dir / FILENAME).exists():
             st = Store.open(exp_dir / FILENAME)
             try:

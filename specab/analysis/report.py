@@ -22,6 +22,7 @@ from specab.analysis import doctor
 from specab.analysis import specmodel
 from specab.analysis import stats
 from specab.analysis.model import Experiment, gc_paused, load_store
+from specab.results.locate import NotFound, locate
 from specab.analysis.subcommand import standalone_main
 
 # ------------------------------------------------------------------------------ document model
@@ -541,32 +542,11 @@ def write_report(exp_dir: str | Path, *, config: doctor.DoctorConfig | None = No
 
 # ------------------------------------------------------------------------------ CLI
 
-def _locate(ref: str, runs_dir: str | None) -> Path:
-    from specab.results.store import FILENAME
-    try:
-        from specab.driver.session import locate   # the driver's own resolution (same default runs dir)
-        return locate(ref, runs_dir)
-    except ImportError:
-        pass
-    except Exception as e:                    # ExperimentError: keep its actionable message
-        raise FileNotFoundError(str(e)) from e
-    p = Path(ref)
-    if p.is_file() and p.name == FILENAME:
-        return p.parent
-    if (p / FILENAME).exists():
-        return p
-    base = Path(runs_dir) if runs_dir else Path("runs")
-    if (base / ref / FILENAME).exists():
-        return base / ref
-    raise FileNotFoundError(f"experiment {ref!r} not found: no {FILENAME} in {p} or {base / ref}; give the "
-                            f"experiment id (a directory under {base}) or its path")
-
-
 def cmd_report(ns: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
-        exp_dir = _locate(ns.experiment, ns.runs_dir)
-    except FileNotFoundError as e:
+        exp_dir = locate(ns.experiment, ns.runs_dir)
+    except NotFound as e:
         print(f"specab report: {e}", file=out)
         return 2
     cfg = doctor.DoctorConfig(usual_baseline_tok_s=ns.usual_baseline_tok_s)

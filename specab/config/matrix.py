@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from specab.config import engine_args
-from specab.config.spec import ENV_NAME, Arm, Experiment, overlay, resolve_arm
+from specab.config.spec import ENV_NAME, ArmSpec, ExperimentSpec, overlay, resolve_arm
 
 ALIASES = {"steps": "speculative_num_steps", "topk": "speculative_eagle_topk",
            "draft_tokens": "speculative_num_draft_tokens"}
@@ -68,7 +68,7 @@ class Axis:
 
 @dataclass
 class ArmSet:
-    arms: list[Arm]
+    arms: list[ArmSpec]
     notices: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
 
@@ -244,14 +244,14 @@ def _suffix(combo: dict[Axis, Any]) -> str:
     return "-".join(parts)
 
 
-def _template_arm(exp: Experiment) -> dict[str, Any] | None:
+def _template_arm(exp: ExperimentSpec) -> dict[str, Any] | None:
     for arm in exp.arms:
         if (arm.get("server_args") or {}).get("speculative_algorithm"):
             return arm
     return None
 
 
-def build_arms(exp: Experiment, axes: list[Axis], skip_invalid: bool = False) -> ArmSet:
+def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False) -> ArmSet:
     """Arms of the experiment for this matrix (the experiment's own arms when `axes` is empty)."""
     notices: list[str] = []
     refused: list[str] = []
@@ -288,11 +288,11 @@ def build_arms(exp: Experiment, axes: list[Axis], skip_invalid: bool = False) ->
 
     conditions: list[dict[Axis, Any]] = [dict(zip(cond_axes, vals))
                                          for vals in itertools.product(*(a.values for a in cond_axes))]
-    arms: list[Arm] = []
+    arms: list[ArmSpec] = []
     names: set[str] = set()
     signatures: dict[str, str] = {}
 
-    def add(arm: Arm) -> None:
+    def add(arm: ArmSpec) -> None:
         sig = repr((sorted(arm.server_args.items(), key=str), sorted(arm.env.items(), key=str)))
         if sig in signatures:
             notices.append(f"{arm.name}: identical to arm {signatures[sig]} after SGLang's adjustments; "
@@ -304,7 +304,7 @@ def build_arms(exp: Experiment, axes: list[Axis], skip_invalid: bool = False) ->
             name = f"{arm.name}-{i}"
             i += 1
         if name != arm.name:
-            arm = Arm(name=name, server_args=arm.server_args, env=arm.env, is_baseline=arm.is_baseline,
+            arm = ArmSpec(name=name, server_args=arm.server_args, env=arm.env, is_baseline=arm.is_baseline,
                       baseline=name if arm.is_baseline else arm.baseline, matrix=arm.matrix)
         names.add(name)
         signatures[sig] = name
@@ -342,7 +342,7 @@ def build_arms(exp: Experiment, axes: list[Axis], skip_invalid: bool = False) ->
             if suffix:
                 aname = f"{aname}-{suffix}"
             aname = _fit(aname)
-            add(Arm(name=aname, server_args=adjusted, env=resolved.env, is_baseline=False, baseline=bname,
+            add(ArmSpec(name=aname, server_args=adjusted, env=resolved.env, is_baseline=False, baseline=bname,
                     matrix=resolved.matrix))
     if refused and not skip_invalid:
         raise MatrixError("refused before anything runs:\n  " + "\n  ".join(refused)

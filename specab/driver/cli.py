@@ -15,10 +15,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from specab.driver import session as ex
-from specab.results import store as st
-from specab.config.spec import ConfigError, is_secret_name, redact_env
+from specab.config.inventory import load_inventory
 from specab.config.matrix import MatrixError
+from specab.config.yamlfile import ConfigError
+from specab.driver import session
+from specab.driver.options import EXIT_INTERRUPTED, EXIT_USAGE, ExperimentError, Options, prepare
+from specab.driver.remote import status_all
+from specab.driver.render import render_arm
+from specab.node.contract import redact_env
+from specab.results import store as st
+from specab.results.locate import NotFound, locate
 
 SUBCOMMANDS = ("run", "plan", "status", "export")
 CONTRIBUTED = ("specab.analysis.logparse", "specab.analysis.specmodel", "specab.analysis.report", "specab.analysis.provenance")
@@ -121,8 +127,8 @@ def _normalise_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[st
     return argv
 
 
-def _options(args: argparse.Namespace, argv: list[str]) -> ex.Options:
-    return ex.Options(experiment_file=args.experiment, inventory_file=args.inventory, matrix=list(args.matrix),
+def _options(args: argparse.Namespace, argv: list[str]) -> Options:
+    return Options(experiment_file=args.experiment, inventory_file=args.inventory, matrix=list(args.matrix),
                       repeats=args.repeats, seed=args.seed, order=args.order,
                       runs_dir=getattr(args, "runs_dir", None), verbose=getattr(args, "verbose", False),
                       skip_invalid=args.skip_invalid, target_ci=getattr(args, "target_ci", None),
@@ -140,16 +146,15 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         if args.matrix or "--repeats" in args._argv or "--seed" in args._argv or "--order" in args._argv:
             raise ConfigError("--resume continues the recorded plan: --matrix, --repeats, --seed and --order "
                               "come from the experiment's store and cannot be changed.")
-        code, _ = ex.resume(args.resume, opts, out)
+        code, _ = session.resume(args.resume, opts, out)
         return code
-    code, _ = ex.start(opts, out)
+    code, _ = session.start(opts, out)
     return code
 
 
 def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
-    from specab.driver.render import render_arm
     opts = _options(args, args._argv)
-    prepared = ex.prepare(opts)
+    prepared = prepare(opts)
     host = prepared.inventory.hosts[0]
     if args.format == "json":
         arms = []
@@ -183,16 +188,13 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
 
 def _display_arm(arm: Any) -> Any:
     """The arm with secret values redacted, for printing."""
-    return replace(arm, env=redact_env(arm.env),
-                   server_args={k: ("<redacted>" if is_secret_name(k) else v) for k, v in arm.server_args.items()})
+    return replace(arm, env=redact_env(arm.env), server_args=redact_env(arm.server_args))
 
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from specab.config.spec import load_inventory
-    from specab.driver.remote import status_all
     inv = load_inventory(args.inventory)
     rows = status_all(inv.hosts)
     if args.format == "json":
@@ -226,7 +228,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
-    exp_dir = ex.locate(args.experiment, args.runs_dir)
+    exp_dir = locate(args.experiment, args.runs_dir)
     with st.Store.open(exp_dir) as s:
         dest: TextIO = open(args.output, "w", newline="") if args.output else out
         try:
@@ -272,16 +274,16 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     args._argv = argv
     if not getattr(args, "func", None):
         parser.print_help(out)
-        return ex.EXIT_USAGE
+        return EXIT_USAGE
     try:
         return int(args.func(args, out) or 0)
     except (ConfigError, MatrixError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         print("Nothing was started.", file=sys.stderr)
-        return ex.EXIT_USAGE
-    except (ex.ExperimentError, st.StoreError) as exc:
+        return EXIT_USAGE
+    except (ExperimentError, NotFound, st.StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return ex.EXIT_USAGE
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return ex.EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED

@@ -14,12 +14,20 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
-from specab.results import store as st
-from specab.config.spec import Host, Inventory
+from specab.config.inventory import Host, Inventory
 from specab.config.plan import PlannedRun
+from specab.driver.context import RunContext
+from specab.driver.options import EXIT_INTERRUPTED, EXIT_OK, Options, Prepared, is_multinode
 from specab.driver.progress import Progress
+from specab.driver.signals import Interrupt
+from specab.results import store as st
+
+# (prepared, opts, exp_id, exp_dir, store, out, progress, limit=host) -> the context of one host's runs
+MakeContext = Callable[..., RunContext]
+# (context, signal_time) -> an executor with loop()/abort() (session.make_executor)
+MakeExecutor = Callable[[RunContext, Callable[[], float | None]], Any]
 
 
 class FleetError(Exception):
@@ -39,7 +47,7 @@ def assign_blocks(runs: list[PlannedRun], hosts: list[str]) -> dict[str, list[Pl
 class HostProgress:
     """The part of Progress one host's runs report to, each line prefixed with the host."""
 
-    def __init__(self, base: Progress, host: str, counter: "_Counter"):
+    def __init__(self, base: Progress, host: str, counter: "RunCounter"):
         self.base = base
         self.host = host
         self.counter = counter
@@ -66,7 +74,7 @@ class HostProgress:
         self.base.notice(f"[{self.host}] {text}")
 
 
-class _Counter:
+class RunCounter:
     def __init__(self, done: int, total: int):
         self.done, self.total = done, total
         self._lock = threading.Lock()
@@ -77,13 +85,12 @@ class _Counter:
             return self.done, self.total
 
 
-def run_fleet(prepared: Any, opts: Any, exp_id: str, exp_dir: Path, todo: list[PlannedRun], out: TextIO,
-              progress: Progress, total: int) -> int:
-    """Run ``todo`` with every host taking its own blocks at once. Returns the experiment exit code."""
-    from specab.driver import session as ex# the run loop of one run lives there
-
+def run_fleet(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, todo: list[PlannedRun], out: TextIO,
+              progress: Progress, total: int, *, make_context: MakeContext, make_executor: MakeExecutor) -> int:
+    """Run ``todo`` with every host taking its own blocks at once, each host through the executor
+    ``make_executor`` gives its context. Returns the experiment exit code."""
     hosts: list[Host] = prepared.inventory.hosts
-    if ex.is_multinode(hosts):
+    if is_multinode(hosts):
         raise FleetError(f"{prepared.inventory.path}: --fleet runs independent servers per host, but the inventory "
                          f"sets specab_multinode (one server over all hosts). Use one or the other.")
     if opts.target_ci is not None:
@@ -91,7 +98,7 @@ def run_fleet(prepared: Any, opts: Any, exp_id: str, exp_dir: Path, todo: list[P
                          "with --fleet. Give the number of blocks with --repeats.")
     by_name = {h.name: h for h in hosts}
     assignment = assign_blocks(todo, [h.name for h in hosts])
-    counter = _Counter(total - len(todo), total)
+    counter = RunCounter(total - len(todo), total)
     progress.start(exp_id, total, done=total - len(todo))
     for h, runs in assignment.items():
         blocks = sorted({r.block for r in runs})
@@ -100,7 +107,7 @@ def run_fleet(prepared: Any, opts: Any, exp_id: str, exp_dir: Path, todo: list[P
     statuses: list[str] = []
     lock = threading.Lock()
 
-    interrupt: list[Any] = []          # the _Interrupt of the main thread, once entered
+    interrupt: list[Interrupt] = []    # the Interrupt of the main thread, once entered
 
     def signal_time() -> float | None:
         return interrupt[0].at if interrupt else None
@@ -109,23 +116,13 @@ def run_fleet(prepared: Any, opts: Any, exp_id: str, exp_dir: Path, todo: list[P
         store = st.Store.open(exp_dir)       # one SQLite connection per thread (WAL)
         try:
             sub = replace(prepared, inventory=Inventory(path=prepared.inventory.path, hosts=[by_name[name]]))
-            run = ex.ExperimentRun(sub, opts, exp_id, exp_dir, store, out,
-                                   HostProgress(progress, name, counter), limit=name)  # type: ignore[arg-type]
-            if run.executor == "queue":         # this host's runs through its own run queue (sequencer)
-                from specab.driver.queue_executor import QueueExecutor
+            ctx = make_context(sub, opts, exp_id, exp_dir, store, out, HostProgress(progress, name, counter),
+                               limit=name)
 
-                def on_status(status: str) -> None:
-                    with lock:
-                        statuses.append(status)
-                QueueExecutor(run, signal_time=signal_time).loop(runs, cancel, 0, on_status=on_status)
-                return
-            for i, pr in enumerate(runs, start=1):
-                if cancel.is_set():
-                    return
-                run.progress.run_started(i, pr.run_id, pr.arm, pr.block)
-                status = run.run_one(pr, cancel)
+            def on_status(status: str) -> None:
                 with lock:
                     statuses.append(status)
+            make_executor(ctx, signal_time).loop(runs, cancel, 0, on_status=on_status)
         except BaseException as exc:      # reported by the main thread
             with lock:
                 errors.append(exc)
@@ -134,7 +131,7 @@ def run_fleet(prepared: Any, opts: Any, exp_id: str, exp_dir: Path, todo: list[P
             store.close()
 
     interrupted = False
-    with ex._Interrupt(progress) as intr:
+    with Interrupt() as intr:
         interrupt.append(intr)         # the host loops read the signal's time through signal_time()
         threads = [threading.Thread(target=host_loop, args=(name, runs, intr.event), name=f"fleet-{name}",
                                     daemon=True)
@@ -151,7 +148,7 @@ def run_fleet(prepared: Any, opts: Any, exp_id: str, exp_dir: Path, todo: list[P
             try:
                 if interrupted:
                     progress.notice("interrupted: stopping the servers of every host (stop role) ...")
-                    full = ex.ExperimentRun(prepared, opts, exp_id, exp_dir, main_store, out, progress)
+                    full = make_context(prepared, opts, exp_id, exp_dir, main_store, out, progress)
                     err = full.stop_servers()
                     if err:
                         progress.notice(f"WARNING: {err} Check the nodes with `python driver.py status`.")
@@ -167,5 +164,5 @@ def run_fleet(prepared: Any, opts: Any, exp_id: str, exp_dir: Path, todo: list[P
         print(f"\nInterrupted. Finished runs are kept in {exp_dir}.\n"
               f"Resume with: python driver.py --resume {exp_id} --fleet"
               + (f" --runs-dir {opts.runs_dir}" if opts.runs_dir else ""), file=out)
-        return ex.EXIT_INTERRUPTED
-    return ex.EXIT_OK
+        return EXIT_INTERRUPTED
+    return EXIT_OK

@@ -24,33 +24,11 @@ from typing import Any
 import ansible_runner
 from ansible_runner.interface import init_runner
 
-from specab.config.spec import REDACTED, is_secret_name
+from specab.node import contract
+from specab.node.contract import REDACTED, is_secret_name
 
-# Task-name prefix (before " | ") -> display phase (docs/architecture.md "Phases").
-PHASES = {
-    "Stop": "stopping",
-    "GPUs free": "waiting for GPUs",
-    "Start": "starting",
-    "Ready": "loading",
-    "Env": "verifying env",
-    "Bench": "benchmarking",
-    "Collect": "collecting",
-}
-
-
-def phase_of(task_name: str | None) -> str | None:
-    """The display phase of an Ansible task name (`Stop | Stop the server` -> `stopping`)."""
-    if not task_name:
-        return None
-    head = task_name.split(" | ", 1)[0].strip()
-    if head == task_name.strip() and "|" in task_name:
-        head = task_name.split("|", 1)[0].strip()
-    if head not in PHASES:
-        # role-prefixed names: "server_stop : Stop | ..."
-        if " : " in task_name:
-            return phase_of(task_name.split(" : ", 1)[1])
-        return None
-    return PHASES[head]
+PHASES = contract.TASK_PREFIX_PHASES
+phase_of = contract.phase_of_task
 
 
 class RunnerSetupError(Exception):
@@ -83,7 +61,7 @@ class PlaybookResult:
         return self.status == "successful" and self.rc == 0 and not self.failures
 
 
-def _message(res: dict[str, Any]) -> str:
+def failure_message(res: dict[str, Any]) -> str:
     """The most useful message of a failed task result (node tools put theirs in JSON `error`)."""
     for key in ("stdout", "module_stdout"):
         text = res.get(key)
@@ -106,7 +84,7 @@ def _message(res: dict[str, Any]) -> str:
     if isinstance(results, list):
         for item in results:
             if isinstance(item, dict) and item.get("failed"):
-                return _message(item)
+                return failure_message(item)
     return json.dumps({k: v for k, v in res.items() if not k.startswith("_")})[:2000]
 
 
@@ -198,7 +176,7 @@ class PlaybookRunner:
                 res = data.get("res") or {}
                 task = str(data.get("task") or "")
                 failures.append(Failure(phase=phase_of(task) or current["phase"], task=task,
-                                        host=data.get("host"), message=_message(res)))
+                                        host=data.get("host"), message=failure_message(res)))
             elif kind == "runner_on_unreachable":
                 res = data.get("res") or {}
                 failures.append(Failure(phase=current["phase"], task=str(data.get("task") or ""),

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from specab.config.spec import Arm, ConfigError, Host
+from specab.config.inventory import Host
+from specab.config.spec import ArmSpec
+from specab.config.yamlfile import ConfigError
 
 DEFAULT_ENGINE_CMD = ["python3", "-m", "sglang.launch_server"]
 HELP_TIMEOUT_S = 180.0          # SGLang's --help imports torch: tens of seconds on a cold node
@@ -37,7 +39,7 @@ class PreflightError(ConfigError):
 
 # --------------------------------------------------------------------------- bind address
 
-def bind_warnings(arms: Iterable[Arm]) -> list[str]:
+def bind_warnings(arms: Iterable[ArmSpec]) -> list[str]:
     """One warning per non-loopback `host` the arms bind to (none when every arm binds loopback)."""
     by_host: dict[str, list[str]] = {}
     for arm in arms:
@@ -51,7 +53,7 @@ def bind_warnings(arms: Iterable[Arm]) -> list[str]:
             for host, names in by_host.items()]
 
 
-def _ports(arms: Iterable[Arm], host: str) -> str:
+def _ports(arms: Iterable[ArmSpec], host: str) -> str:
     ports = sorted({str(a.server_args.get("port", 30000)) for a in arms if str(a.server_args.get("host")) == host})
     return ", ".join(ports)
 
@@ -162,7 +164,7 @@ class EngineHelpUnavailable(Exception):
     """The node's engine could not list its flags (the launch itself stays the final check)."""
 
 
-def unknown_flags(arms: Iterable[Arm], ef: EngineFlags) -> list[str]:
+def unknown_flags(arms: Iterable[ArmSpec], ef: EngineFlags) -> list[str]:
     """One message per (arm, argument) whose flag the node's engine does not list."""
     msgs = []
     for arm in arms:
@@ -179,7 +181,7 @@ def unknown_flags(arms: Iterable[Arm], ef: EngineFlags) -> list[str]:
     return msgs
 
 
-def check_engine_flags(arms: list[Arm], hosts: list[Host], notice: Any = None) -> list[EngineFlags]:
+def check_engine_flags(arms: list[ArmSpec], hosts: list[Host], notice: Any = None) -> list[EngineFlags]:
     """Refuse (PreflightError) any arm argument that a node's engine does not accept.
 
     `notice(text)` receives a line when a node's engine cannot list its flags (the check is then skipped

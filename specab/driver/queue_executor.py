@@ -20,15 +20,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from specab.results import store as st
 from specab.config.plan import PlannedRun
 from specab.driver.remote import LogTail, read_tail
+from specab.driver.context import MoreBlocks, RunContext
 from specab.driver.playbook import Failure, PlaybookResult
+from specab.driver.record import PhaseClock, check_writable, fetch_missing
+from specab.node.contract import LOAD_SUBPHASES, REPEATED_PHASES, display_phase
 
-if TYPE_CHECKING:
-    from specab.driver.session import ExperimentRun
 
 ENQUEUE_PLAYBOOK = "playbooks/enqueue.yml"
 COLLECT_PLAYBOOK = "playbooks/collect_run.yml"
@@ -39,37 +40,6 @@ COLLECT_PLAYBOOK = "playbooks/collect_run.yml"
 LOOKAHEAD = 2
 DEPTH = 16
 CANCELED = "canceled"      # a collect cut short by the interrupt (not a run status: the run is collected again)
-
-# node phase (phases.jsonl) -> the driver's display phase (the per-run path's names, so that the store,
-# the progress lines and the tests read the same); None ends the last phase
-NODE_PHASES: dict[str, str | None] = {
-    "claimed": "preparing",
-    "stopping-leftover": "stopping",
-    "gpus-free-before": "waiting for GPUs",
-    "starting": "starting",
-    "loading": "loading",
-    "ready": "ready",
-    "env": "verifying env",
-    "warming up": "warming up",
-    "benchmarking": "benchmarking",
-    "stopping": "stopping",
-    "gpus free": "waiting for GPUs",
-    "manifest": "writing manifest",
-    "done": None,
-}
-
-
-def display_phase(node_phase: str | None) -> str | None:
-    """The display name of a node phase (unknown names are shown as they are)."""
-    if node_phase is None:
-        return None
-    return NODE_PHASES.get(node_phase, node_phase)
-
-
-# ready.json's load phases (ready.py: first seen in the server log, node clock) -> display sub-phases of
-# `loading`, as the per-run path's live log tail records them
-LOAD_SUBPHASES = (("load_weight_begin", "loading weights"), ("capture_cuda_graph_begin", "capturing graphs"))
-
 
 def load_marks(ready: Any) -> list[tuple[str, float]]:
     """(display sub-phase, node time first seen) from a run's ready.json."""
@@ -114,7 +84,7 @@ def phase_rows(lines: list[str], sub: list[tuple[str, float]] | None = None
         t1 = events[i + 1][1] if i + 1 < len(events) else None
         name = phase
         if phase in names:
-            name = {"stopping": "final stop", "waiting for GPUs": "waiting for GPUs after stop"}.get(phase, phase)
+            name = REPEATED_PHASES.get(phase, phase)
             if name in names:
                 name = f"{phase} ({names.count(phase) + 1})"
         names.append(phase if name == phase else name)
@@ -129,12 +99,14 @@ def _ident(what: str) -> str:
 class QueueExecutor:
     """The queue loop of one host (a single-node inventory, or one host of a fleet)."""
 
-    def __init__(self, run: "ExperimentRun", lookahead: int = LOOKAHEAD, depth: int = DEPTH,
+    stops_node_on_interrupt = True     # loop() stops the sequencer and the server itself (stop.yml)
+
+    def __init__(self, ctx: RunContext, lookahead: int = LOOKAHEAD, depth: int = DEPTH,
                  signal_time: Callable[[], float | None] | None = None):
-        if len(run.p.inventory.hosts) != 1:
+        if len(ctx.p.inventory.hosts) != 1:
             raise ValueError("the queue executor runs the runs of exactly one host")
-        self.run = run
-        self.host = run.p.inventory.hosts[0]
+        self.ctx = ctx
+        self.host = ctx.p.inventory.hosts[0]
         self.lookahead = max(0, lookahead)
         self.depth = max(self.lookahead + 1, depth)
         self.node_path: str | None = None        # the absolute node directory, from enqueue.yml
@@ -145,7 +117,7 @@ class QueueExecutor:
     # ------------------------------------------------------------------ playbooks
     def _enqueue(self, runs: list[PlannedRun], *, reset: bool, finish: bool,
                  cancel: threading.Event) -> PlaybookResult:
-        r = self.run
+        r = self.ctx
         extravars = {
             "specab_experiment": r.p.experiment.as_extravar(),
             "specab_experiment_id": r.exp_id,
@@ -179,9 +151,7 @@ class QueueExecutor:
         status CANCELED when `cancel` cut the collect short (nothing recorded: collected again after the
         stop). `after_stop` = the time of the user's interrupt, after which the node was stopped: a run
         without done.json, or that ended after that time, is interrupted (its files are kept)."""
-        from specab.driver.session import _PhaseClock, check_writable   # the per-run path's helpers
-
-        r = self.run
+        r = self.ctx
         run_dir = (r.exp_dir / pr.run_id).resolve()
         ident = _ident(pr.run_id)
         if new_row:
@@ -190,7 +160,7 @@ class QueueExecutor:
                 shutil.rmtree(run_dir)
             r.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block, host=self.host.name,
                               run_dir=str(run_dir), runner_ident=ident)
-        clock = _PhaseClock(r.progress)
+        clock = PhaseClock(r.progress)
         node_dir = self.node_run_dir(pr.run_id)
         on_log, on_bench = r.tail_handlers(clock, enter_phases=False)
 
@@ -240,8 +210,7 @@ class QueueExecutor:
         if cancel.is_set():
             return CANCELED, False
         if not result.ok:
-            from specab.driver.session import _fetch_missing
-            _fetch_missing(self.host, node_dir, run_dir)
+            fetch_missing(self.host, node_dir, run_dir)
         done = _read_json(run_dir / "done.json")
         if not isinstance(done, dict):
             fact = (result.facts.get(self.host.name) or {}).get("specab_done")
@@ -288,12 +257,16 @@ class QueueExecutor:
         return st.FAILED, display_phase(done.get("phase")) or clock.current, f"{task}: {error}"
 
     # ------------------------------------------------------------------ the loop
-    def loop(self, todo: list[PlannedRun], cancel: threading.Event, index: int,
-             more: Callable[[], list[PlannedRun]] | None = None,
-             on_status: Callable[[str], None] | None = None) -> bool:
+    def abort(self) -> None:
+        """The driver failed: the sequencer would go on with the queued runs; stop it and the server."""
+        self.ctx.progress.notice("stopping the node's sequencer and server (stop role) ...")
+        self.ctx.stop_servers()
+
+    def loop(self, todo: list[PlannedRun], cancel: threading.Event, index: int, *,
+             more: MoreBlocks | None = None, on_status: Callable[[str], None] | None = None) -> bool:
         """Run `todo` (and what `more` adds when it runs out) through the queue. Returns True when
-        interrupted (`cancel` set); the caller stops the node's sequencer and server then."""
-        r = self.run
+        interrupted (`cancel` set), after stopping the node's sequencer and server."""
+        r = self.ctx
         pending: deque[PlannedRun] = deque(todo)
         queued: deque[PlannedRun] = deque()
         reset = True                      # a new driver session or a resume starts from a clean queue
@@ -361,7 +334,7 @@ class QueueExecutor:
 
     def _fail_unqueued(self, pr: PlannedRun, res: PlaybookResult, index: int) -> None:
         """Record run `pr` as failed because it could not be queued."""
-        r = self.run
+        r = self.ctx
         r.progress.run_started(index, pr.run_id, pr.arm, pr.block)
         f = res.failures[0] if res.failures else None
         reason = (f"{f.task}: {f.message}" if f else f"enqueue.yml: ansible-runner status {res.status} rc {res.rc}")
@@ -379,7 +352,7 @@ class QueueExecutor:
         marks its run interrupted), then keep what the node finished: `current` (whose collect was cut
         short; its store row exists) and every queued run that has a done.json, in order, are fetched and
         recorded (ok, failed, or interrupted for the run the stop cut); the runs after them stay missing."""
-        r = self.run
+        r = self.ctx
         r.progress.notice("interrupted: stopping the node's sequencer and server (stop role) ...")
         err = r.stop_servers()
         if err:

@@ -19,34 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specab.config.spec import Host
+from specab.config.inventory import Host
 
 SMI_TIMEOUT_S = 10.0
-
-# Server-log lines of SGLang's load phases (shared/reference/sglang.md; the simulator prints the same).
-LOAD_PHASES = (
-    ("Load weight begin", "loading weights"),
-    ("Load weight end", "loading weights done"),
-    ("Capture draft cuda graph begin", "capturing graphs"),
-    ("Capture cuda graph begin", "capturing graphs"),
-    ("Capture cuda graph end", "graphs captured"),
-    ("The server is fired up and ready to roll", "ready"),
-)
-
-
-def load_phase(line: str) -> str | None:
-    """The load phase a server-log line announces, if any."""
-    for needle, phase in LOAD_PHASES:
-        if needle in line:
-            return phase
-    return None
-
 
 class RemoteError(Exception):
     """A node could not be reached or a read failed (host and reason named)."""
 
 
-def _shell_path(path: str) -> str:
+def shell_path(path: str) -> str:
     """Quote a path for a remote shell, keeping a leading ~/ expandable."""
     if path == "~":
         return '"$HOME"'
@@ -144,7 +125,7 @@ class SshNode(Node):
         return r.exited, r.stdout, r.stderr
 
     def read_from(self, path: str, offset: int, max_bytes: int = 1 << 20) -> bytes | None:
-        p = _shell_path(path)
+        p = shell_path(path)
         rc, out, _ = self.run(["sh", "-c", f"test -f {p} || exit 3; tail -c +{offset + 1} {p} | head -c {max_bytes}"])
         if rc == 3:
             return None
@@ -304,7 +285,7 @@ def read_tail(host: Host, path: str, lines: int = 40) -> str | None:
                 f.seek(max(0, size - 64 * 1024))
                 data = f.read().decode(errors="replace")
             return "\n".join(data.splitlines()[-lines:])
-        rc, out, _ = node.sh(f"test -f {_shell_path(path)} || exit 3; tail -n {int(lines)} {_shell_path(path)}")
+        rc, out, _ = node.sh(f"test -f {shell_path(path)} || exit 3; tail -n {int(lines)} {shell_path(path)}")
         return out if rc == 0 else None
     except RemoteError:
         return None

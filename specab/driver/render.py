@@ -13,7 +13,9 @@ from typing import Any
 
 import jinja2
 
-from specab.config.spec import REPO_ROOT, Arm, Host
+from specab.config.inventory import Host
+from specab.config.spec import ArmSpec
+from specab.config.yamlfile import REPO_ROOT
 
 TEMPLATES = REPO_ROOT / "templates"
 LAUNCH_TEMPLATE = "launch_server.sh.j2"
@@ -42,7 +44,7 @@ def environment(template_dir: Path = TEMPLATES) -> jinja2.Environment:
     return env
 
 
-def render_arm(arm: Arm, host: Host, run_id: str | None = None,
+def render_arm(arm: ArmSpec, host: Host, run_id: str | None = None,
                template_dir: Path = TEMPLATES) -> Rendered:
     """The launch script and env file of `arm` on `host` (node variables from the inventory)."""
     env = environment(template_dir)

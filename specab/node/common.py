@@ -25,6 +25,11 @@ import sys
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+if __package__:                 # imported as specab.node.common (the controller)
+    from specab.node import contract
+else:                           # a sibling script in <node_dir>/bin
+    import contract  # type: ignore[no-redef]
+
 # ---------------------------------------------------------------------------------------------
 # Tool entry point and errors
 # ---------------------------------------------------------------------------------------------
@@ -140,73 +145,13 @@ def now_iso(t: Optional[float] = None) -> str:
 # Secret redaction
 # ---------------------------------------------------------------------------------------------
 
-REDACTED = "<redacted>"
-_SECRET_SUFFIXES = ("_TOKEN", "_KEY", "_SECRET")
-_SECRET_NAMES = {"HF_TOKEN", "TOKEN", "API_KEY", "KEY", "SECRET", "PASSWORD"}
-
-
-def is_secret_name(name: str) -> bool:
-    """Names whose values are never printed: ``*_TOKEN``, ``*_KEY``, ``*_SECRET``, ``*PASSWORD*``.
-
-    Case-insensitive, and ``-`` counts as ``_`` so flag names (``--api-key``) match too.
-    """
-    n = name.strip().lstrip("-").upper().replace("-", "_")
-    return n in _SECRET_NAMES or n.endswith(_SECRET_SUFFIXES) or "PASSWORD" in n
-
-
-def redact_mapping(mapping: Any) -> Any:
-    """Deep copy of a JSON-like value with the values of secret-named keys replaced."""
-    if isinstance(mapping, dict):
-        out = {}
-        for k, v in mapping.items():
-            if isinstance(k, str) and is_secret_name(k) and v not in (None, "", False):
-                out[k] = REDACTED
-            else:
-                out[k] = redact_mapping(v)
-        return out
-    if isinstance(mapping, list):
-        return [redact_mapping(v) for v in mapping]
-    return mapping
-
-
-def redact_value(name: str, value: Any) -> Any:
-    return REDACTED if is_secret_name(name) and value not in (None, "") else value
-
-
-_ASSIGN_RE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>'[^']*'|\"[^\"]*\"|\S+)")
-_FLAG_RE = re.compile(r"(?P<flag>--[A-Za-z0-9][A-Za-z0-9_-]*)(?P<sep>=|\s+)(?P<value>'[^']*'|\"[^\"]*\"|[^\s\\]+)")
-
-
-def redact_text(text: str) -> str:
-    """Redact ``SECRET_NAME=value`` assignments and ``--secret-flag value`` pairs in free text."""
-
-    def assign(m: "re.Match[str]") -> str:
-        return m.group("name") + "=" + REDACTED if is_secret_name(m.group("name")) else m.group(0)
-
-    def flag(m: "re.Match[str]") -> str:
-        if is_secret_name(m.group("flag")):
-            return m.group("flag") + m.group("sep") + REDACTED
-        return m.group(0)
-
-    return _FLAG_RE.sub(flag, _ASSIGN_RE.sub(assign, text))
-
-
-def redact_argv(argv: Sequence[str]) -> List[str]:
-    out: List[str] = []
-    hide_next = False
-    for a in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        if a.startswith("--") and "=" in a and is_secret_name(a.split("=", 1)[0]):
-            out.append(a.split("=", 1)[0] + "=" + REDACTED)
-        elif a.startswith("--") and is_secret_name(a):
-            out.append(a)
-            hide_next = True
-        else:
-            out.append(redact_text(a))
-    return out
+# The one secret rule (specab/node/contract.py), re-exported for the node tools.
+REDACTED = contract.REDACTED
+is_secret_name = contract.is_secret_name
+redact_mapping = contract.redact_mapping
+redact_value = contract.redact_value
+redact_text = contract.redact_text
+redact_argv = contract.redact_argv
 
 
 # ---------------------------------------------------------------------------------------------

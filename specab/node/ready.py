@@ -24,32 +24,19 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import contract  # noqa: E402
 from common import ToolError  # noqa: E402
 
 # SGLang's log prefix: "[2025-10-22 10:27:57 TP0] message" (the rank part is optional).
 LINE_RE = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)?(?P<rank>[^\]]*)\]\s?(?P<msg>.*)$")
 
 # (phase key, message prefix, "first" or "last" occurrence wins across ranks / draft model)
-PHASE_MARKERS: Tuple[Tuple[str, str, str], ...] = (
-    ("load_weight_begin", "Load weight begin", "first"),
-    ("load_weight_end", "Load weight end", "last"),
-    ("capture_cuda_graph_begin", "Capture cuda graph begin", "first"),
-    ("capture_cuda_graph_end", "Capture cuda graph end", "last"),
-    ("capture_draft_cuda_graph_begin", "Capture draft cuda graph begin", "first"),
-    ("capture_draft_cuda_graph_end", "Capture draft cuda graph end", "last"),
-    ("ready_line", "The server is fired up and ready to roll!", "first"),
-)
+PHASE_MARKERS: Tuple[Tuple[str, str, str], ...] = tuple((ll.key, ll.needle, ll.which) for ll in contract.LOAD_LINES)
 
 # Lines that mean the launch failed, whatever the process does next.
-FATAL_RES: Tuple[Tuple[str, "re.Pattern[str]"], ...] = (
-    ("out of memory", re.compile(r"out of memory|OutOfMemoryError|Not enough memory", re.I)),
-    ("unrecognized arguments", re.compile(r"error: unrecognized arguments")),
-    ("invalid argument", re.compile(r"^\S*: error: argument ")),
-    ("address in use", re.compile(r"Address already in use|address already in use")),
-    ("child failed", re.compile(r"Received sigquit from a child process|Scheduler hit an exception")),
-)
+FATAL_RES = contract.FATAL_LINES
 FATAL_SETTLE_S = 1.0
-TRACEBACK_RE = re.compile(r"Traceback \(most recent call last\)")
+TRACEBACK_RE = contract.TRACEBACK_RE
 EXC_LINE_RE = re.compile(r"^(?:\[[^\]]*\]\s*)?[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b:?.*$")
 
 

@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import contract  # noqa: E402
 from common import ToolError, UsageError  # noqa: E402
 
 BIN_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -49,27 +50,11 @@ SERVE_LOCK = "sequencer.lock"
 ENSURE_LOCK = "sequencer.ensure.lock"
 END_PREFIX = "END-"
 STAGING_DIR = ".staging"     # queue/.staging: entries being written (enqueue.yml), not yet queued
-ENTRY_RE = re.compile(r"^(?P<seq>\d{6})-(?P<run_id>[A-Za-z0-9][A-Za-z0-9._-]{0,95})\.json$")
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-PHASES = ("claimed", "stopping-leftover", "gpus-free-before", "starting", "loading", "ready", "env",
-          "warming up", "benchmarking", "stopping", "gpus free", "manifest", "done")
-
+ENTRY_RE = contract.QUEUE_ENTRY_RE
+ID_RE = contract.ID_RE
+PHASES = contract.NODE_PHASES
 # What failed, in the words of the per-run path's task names (playbooks/tasks/run_arm.yml).
-TASKS = {
-    "claimed": "Queue | Claim the queued run",
-    "stopping-leftover": "Stop | Stop any server of ours left on the node",
-    "gpus-free-before": "GPUs free | Wait until the GPUs are free before starting",
-    "starting": "Start | Start arm {arm}",
-    "loading": "Ready | Wait until the server is ready",
-    "ready": "Ready | Wait until the server is ready",
-    "env": "Env | Verify env and server args",
-    "warming up": "Bench | Benchmark arm {arm}",
-    "benchmarking": "Bench | Benchmark arm {arm}",
-    "stopping": "Stop | Stop the server and record how",
-    "gpus free": "GPUs free | Wait until the GPUs are free again and record the time to free",
-    "manifest": "Collect | Write manifest.json on the node",
-    "done": "Queue | Write done.json",
-}
+TASKS = contract.TASKS
 
 # A client or sampler process started ahead (while the engine loads) and released by one line on
 # its stdin: the tool then runs exactly as `python <tool>.py ARGV` would, in the same process.

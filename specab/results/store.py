@@ -431,6 +431,16 @@ class Store:
             r["partial"] = bool(r["partial"])
         return out
 
+    def not_ok(self) -> list[dict[str, Any]]:
+        """Planned runs without an ok record (missing, failed or interrupted), in planned order."""
+        return self._rows("SELECT p.* FROM plan p LEFT JOIN runs r ON r.seq = p.seq"
+                          " WHERE r.status IS NULL OR r.status != ? ORDER BY p.seq", (OK,))
+
+    def mark_running(self) -> None:
+        """A resumed experiment runs again (its finish time stays until it finishes again)."""
+        with self._tx() as c:
+            c.execute("UPDATE experiment SET status='running'")
+
     def missing(self) -> list[dict[str, Any]]:
         """Planned runs without a finished (ok or failed) record, in planned order."""
         return self._rows("SELECT p.* FROM plan p LEFT JOIN runs r ON r.seq = p.seq"

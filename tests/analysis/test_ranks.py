@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from specab.analysis import model as analysis
 from specab.analysis import doctor
 from specab.results import store as st
-from specab.driver.session import ingest_run_dir, rank_dirs
+from specab.driver.record import ingest_run_dir, rank_dirs
 from tests.analysis import factory as F
 
 

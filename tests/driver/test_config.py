@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from specab.config.spec import ConfigError, load_experiment, load_inventory, redact_env
+from specab.config.inventory import load_inventory
+from specab.config.spec import load_experiment
+from specab.config.yamlfile import ConfigError
+from specab.node.contract import redact_env
 from tests.driver.conftest import EXPERIMENT
 
 

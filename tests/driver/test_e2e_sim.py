@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from specab.results import store as st
-from specab.config.spec import load_experiment, load_inventory
+from specab.config.inventory import load_inventory
+from specab.config.spec import load_experiment
 from specab.config.matrix import build_arms, parse_matrix
 from specab.config.plan import make_plan
 from specab.driver.render import render_arm

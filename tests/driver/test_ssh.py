@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from specab.driver.cli import main
-from specab.config.spec import load_inventory
-from specab.driver.remote import LogTail, load_phase
+from specab.config.inventory import load_inventory
+from specab.driver.remote import LogTail
+from specab.node.contract import load_phase
 from tests.driver.simnode import PYTHON, SimNode, free_port, wait_for
 from tests.netns import netns_host  # noqa: F401  (fixture)
 

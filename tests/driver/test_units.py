@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from specab.driver.cli import main
-from specab.driver.session import ExperimentError, check_writable
+from specab.driver.options import ExperimentError
+from specab.driver.record import check_writable
 from specab.driver.progress import Progress
-from specab.driver.playbook import _message, phase_of, scrub_tree
+from specab.driver.playbook import failure_message, phase_of, scrub_tree
 from tests.driver.test_store import _store
 
 
@@ -33,10 +34,10 @@ def test_task_names_map_to_phases(task, phase):
 
 
 def test_failure_message_prefers_the_node_tools_error():
-    assert _message({"stdout": json.dumps({"ok": False, "error": "GPU 0 held by pid 42 (bob): python train.py"}),
+    assert failure_message({"stdout": json.dumps({"ok": False, "error": "GPU 0 held by pid 42 (bob): python train.py"}),
                      "msg": "non-zero return code", "rc": 1}) == "GPU 0 held by pid 42 (bob): python train.py"
-    assert _message({"msg": "The server did not become ready: OOM"}) == "The server did not become ready: OOM"
-    assert "boom" in _message({"msg": "non-zero return code", "stderr": "boom", "stdout": ""})
+    assert failure_message({"msg": "The server did not become ready: OOM"}) == "The server did not become ready: OOM"
+    assert "boom" in failure_message({"msg": "non-zero return code", "stderr": "boom", "stdout": ""})
 
 
 def test_scrub_tree_removes_secret_values_everywhere(tmp_path):
@@ -123,7 +124,7 @@ def test_export_unknown_experiment(tmp_path, capsys):
 
 
 def test_log_excerpt_keeps_the_buried_fatal_line():
-    from specab.driver.session import log_excerpt
+    from specab.driver.record import log_excerpt
     lines = ["[2026-01-01 00:00:00 TP0] Load weight begin."] + \
         ["[2026-01-01 00:00:01 TP0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."] + \
         [f"[2026-01-01 00:00:02 TP{r}] Capture cuda graph end." for r in range(1, 60)]

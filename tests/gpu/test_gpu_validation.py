@@ -222,7 +222,8 @@ def test_tp2_needs_proto_and_algo_lines_from_every_rank(tmp_path):
 # --------------------------------------------------------------------------- config and guards
 
 def test_inventory_and_experiment_fit_a_gpu_node():
-    from specab.config.spec import load_experiment, load_inventory
+    from specab.config.inventory import load_inventory
+    from specab.config.spec import load_experiment
     host = load_inventory(REPO / "inventory" / "gpu-local.yml").hosts[0]
     assert host.smi_cmd == ["nvidia-smi"]
     env = host.node_env

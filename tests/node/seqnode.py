@@ -1,8 +1,8 @@
 """A simulated node laid out as the controller's enqueue playbook leaves it, for the sequencer's tests
 and its dead-time measurement (``python -m tests.node.seq_deadtime``).
 
-The node tools are deployed into ``<node>/bin/`` (as node_prepare does: every ``specab/node/*.py``
-plus ``loadgen.py``); each run directory gets launch.sh / nccl.env / args.json rendered from the
+The node tools are deployed into ``<node>/bin/`` (as node_prepare does: every ``specab/node/*.py``,
+the benchmark client ``loadgen.py`` among them); each run directory gets launch.sh / nccl.env / args.json rendered from the
 same templates with the same Jinja settings as the server_start role (``specab.driver.render``), then its
 queue entry is written atomically, in the format of docs/architecture.md.
 """
@@ -84,7 +84,6 @@ class SeqNode:
         self.bin.mkdir(parents=True, exist_ok=True)
         for f in (REPO / "specab" / "node").glob("*.py"):
             shutil.copy2(f, self.bin / f.name)
-        shutil.copy2(REPO / "specab" / "loadgen.py", self.bin / "loadgen.py")
         self.state = self.root / "gpus"
 
     # -- the node's environment (specab_node_env) -------------------------------------------

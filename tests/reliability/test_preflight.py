@@ -12,8 +12,11 @@ import pytest
 
 from specab.driver import preflight
 from specab.driver.cli import main
-from specab.config.spec import ConfigError, load_experiment, load_inventory
-from specab.driver.session import ExperimentError, check_writable
+from specab.config.inventory import load_inventory
+from specab.config.spec import load_experiment
+from specab.config.yamlfile import ConfigError
+from specab.driver.options import ExperimentError
+from specab.driver.record import check_writable
 from specab.config.matrix import build_arms, parse_matrix
 from tests.driver.simnode import SimNode, driver, free_port
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specab.results import store as st
-from specab.config.spec import load_inventory
+from specab.config.inventory import load_inventory
 from specab.driver.remote import RemoteError, open_node
 from tests.driver.simnode import reap_driver, PYTHON, REPO, SimNode, driver, free_port, wait_for
 from tests.netns import NetnsHost, control_path_dir, netns_host  # noqa: F401  (fixture)

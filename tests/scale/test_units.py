@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specab.config.spec import load_inventory
-from specab.driver.session import is_multinode
-from specab.driver.fleet import FleetError, HostProgress, _Counter, assign_blocks
+from specab.config.inventory import load_inventory
+from specab.driver.options import is_multinode
+from specab.driver.fleet import FleetError, HostProgress, RunCounter, assign_blocks
 from specab.config.plan import make_plan
 from specab.driver.progress import Progress
 from tests.scale.cluster import REPO, experiment, resolved_arm, run_playbook
@@ -34,7 +34,7 @@ def test_each_block_on_one_host_whole_and_in_order(blocks: int, hosts: int) -> N
 def test_host_progress_prefixes_every_line_with_the_host() -> None:
     out = io.StringIO()
     base = Progress(out=out, live=False)
-    p = HostProgress(base, "gpu-node-2", _Counter(0, 4))
+    p = HostProgress(base, "gpu-node-2", RunCounter(0, 4))
     p.run_started(1, "003-baseline", "baseline", 2)
     p.phase("starting")
     p.run_finished("ok", 12.0)

@@ -1,0 +1,190 @@
+"""One experiment's execution state, shared by the executors: the store, the playbook runner, the progress
+display, the resolved arms; recording a finished run; stopping the servers; more blocks on demand."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
+
+from specab.analysis import model, stats
+from specab.config.plan import PlannedRun, make_plan
+from specab.config.yamlfile import REPO_ROOT
+from specab.driver.options import ExperimentError, Options, Prepared, choose_executor, is_multinode
+from specab.driver.playbook import PlaybookResult, PlaybookRunner
+from specab.driver.progress import Progress
+from specab.driver.record import (PhaseClock, fetch_missing, ingest_run_dir, log_excerpt, node_run_dir,
+                                  tail_file)
+from specab.driver.remote import read_tail
+from specab.node.contract import load_phase, secret_values
+from specab.results import store as st
+
+ARM_PLAYBOOK = "playbooks/arm.yml"
+MULTINODE_PLAYBOOK = "playbooks/multinode_arm.yml"   # one server over every host (docs/scale.md)
+STOP_PLAYBOOK = "playbooks/stop.yml"
+
+
+def secrets_of(prepared: Prepared) -> list[str]:
+    """Every secret value an experiment carries (env, server args, the nodes' env): scrubbed from the
+    ansible-runner artifacts (the one secret rule: specab.node.contract)."""
+    vals: list[str] = []
+    for arm in prepared.arms:
+        vals += secret_values(arm.env, arm.server_args)
+    for h in prepared.inventory.hosts:
+        vals += secret_values(h.node_env)
+    return vals
+
+
+MoreBlocks = Callable[[], list[PlannedRun]]
+
+
+class RunContext:
+    """One experiment's execution state (new or resumed), for one host set (a fleet makes one per host)."""
+
+    def __init__(self, prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, store: st.Store,
+                 out: TextIO, progress: Progress, limit: str | None = None):
+        self.p = prepared
+        self.limit = limit          # ansible --limit: the fleet runs one host's blocks per RunContext
+        multinode = is_multinode(prepared.inventory.hosts)
+        if multinode and len(prepared.inventory.hosts) < 2:
+            raise ExperimentError(f"{prepared.inventory.path}: specab_multinode is set but group gpu_nodes has "
+                                  f"one host; a multi-node server needs at least two (docs/scale.md).")
+        self.playbook = MULTINODE_PLAYBOOK if multinode else ARM_PLAYBOOK
+        self.executor = choose_executor(opts.executor, multinode, len(prepared.inventory.hosts))
+        # hosts whose results the run has: the head alone for a multi-node server (rank 0 serves and is
+        # benchmarked; the other ranks' files are kept under <run dir>/node<r>-<host>/)
+        self.result_hosts = prepared.inventory.hosts[:1] if multinode else prepared.inventory.hosts
+        self.opts = opts
+        self.exp_id = exp_id
+        self.exp_dir = exp_dir
+        self.store = store
+        self.out = out
+        self.progress = progress
+        self.arms = {a.name: a for a in prepared.arms}
+        self.runner = PlaybookRunner(REPO_ROOT, prepared.inventory.path, exp_dir / ".runner",
+                                     verbose=opts.verbose, stream=lambda s: progress.notice(s))
+        self.secrets = secrets_of(prepared)
+
+    # ------------------------------------------------------------------ one run
+    def node_run_dir(self, host, run_id: str) -> str:
+        return node_run_dir(host, run_id)
+
+    def tail_handlers(self, clock: PhaseClock, enter_phases: bool = True
+                      ) -> tuple[Callable[[str], None], Callable[[str], None]]:
+        """Callbacks for the live tails of server.log (load phases) and bench.jsonl (request lines).
+        `enter_phases=False`: the phases come from elsewhere (the sequencer's phases.jsonl)."""
+        bench_state = {"warm": 0, "measured": 0}
+        warmups = int(self.p.experiment.bench.get("warmup_requests") or 0)
+
+        load_order = ("loading", "loading weights", "capturing graphs", "ready")
+
+        def on_log(line: str) -> None:
+            self.progress.log_line(line)
+            ph = load_phase(line)
+            if ph not in ("loading weights", "capturing graphs", "ready"):
+                return
+            if not enter_phases:
+                # the node's phases lead; the log only refines a load in progress, forward only (with TP > 1
+                # the ranks' lines interleave)
+                cur = clock.current
+                if cur not in load_order or load_order.index(ph) <= load_order.index(cur):
+                    return
+            clock.enter(ph)
+
+        def on_bench(line: str) -> None:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                return
+            if rec.get("warmup"):
+                bench_state["warm"] += 1
+                if bench_state["warm"] >= warmups and enter_phases:
+                    clock.enter("benchmarking")     # the measured requests start now
+            else:
+                bench_state["measured"] += 1
+                if enter_phases:
+                    clock.enter("benchmarking")
+                n = self.p.experiment.bench.get("num_requests")
+                self.progress.log_line(f"request {bench_state['measured']}" + (f" of {n}" if n else "")
+                                       + f": {rec.get('decode_tok_s') or 0:.1f} tok/s")
+        return on_log, on_bench
+
+    def record_finish(self, pr: PlannedRun, result: PlaybookResult, run_dir: Path, started: float, *,
+                      outcome: tuple[str, str | None, str | None], load_phases: dict[str, float] | None,
+                      fetch_missing: bool = True) -> str:
+        """Ingest the collected run directory and record the run's outcome (status, failed phase, reason)."""
+        hosts = self.result_hosts
+        if not result.ok and fetch_missing:
+            # keep what the node produced (partial bench records, server log) when collect did not run
+            for h in hosts:
+                dest = run_dir if len(hosts) == 1 else run_dir / h.name
+                fetch_missing(h, self.node_run_dir(h, pr.run_id), dest)
+        ingested = ingest_run_dir(self.store, pr.seq, run_dir, [h.name for h in hosts])
+        planned = int(self.p.experiment.bench.get("num_requests") or 0)
+        # partial: fewer answered measured requests than planned (a crash cuts the file short, or leaves
+        # records of requests that failed after it)
+        partial = planned > 0 and ingested["measured_ok"] < planned * len(hosts)
+        log_tail = None
+        for h in hosts:
+            local = (run_dir if len(hosts) == 1 else run_dir / h.name) / "server.log"
+            if local.exists():
+                tail = tail_file(local)
+            else:
+                remote = read_tail(h, self.node_run_dir(h, pr.run_id) + "/server.log", lines=2000)
+                tail = log_excerpt(remote) if remote else None
+            if tail:
+                log_tail = tail if len(hosts) == 1 else (log_tail or "") + f"== {h.name} ==\n{tail}\n"
+        status, phase, reason = outcome
+        if status == st.FAILED and log_tail is None:
+            log_tail = result.stdout_tail
+        self.store.finish_run(pr.seq, status=status, runner_status=result.status, runner_rc=result.rc,
+                              failure_phase=phase if status != st.OK else None, failure_reason=reason,
+                              log_tail=log_tail if status != st.OK else None, partial=partial,
+                              summary=ingested.get("summary"), timings=ingested.get("timings"),
+                              load_phases=load_phases or ingested.get("ready"),
+                              server_info=ingested.get("server_info"), stop=ingested.get("stop"),
+                              gpu_free=ingested.get("gpu_free"))
+        self.progress.run_finished(status, time.time() - started, reason)
+        return status
+
+    # ------------------------------------------------------------------ interruption
+    def stop_servers(self) -> str | None:
+        """Stop our server on every node through the stop role; returns an error text or None."""
+        ident = f"stop-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+        res = self.runner.run(STOP_PLAYBOOK, {"specab_experiment": self.p.experiment.as_extravar()}, ident,
+                              secrets=self.secrets, limit=self.limit)
+        if not res.ok:
+            f = res.failures[0] if res.failures else None
+            return f"stopping failed: {f.message if f else res.status}"
+        return None
+
+    # ------------------------------------------------------------------ more blocks
+    def more_blocks(self) -> list[PlannedRun]:
+        """Sequential stopping hook (--target-ci): after the planned blocks, ask the statistics whether to add
+        one; the new block is planned, stored, and counted in the progress display's total."""
+        if self.opts.target_ci is None:
+            return []
+        exp_row = self.store.experiment()
+        blocks = exp_row["repeats"]
+        limit = self.opts.max_repeats or blocks
+        if blocks >= limit:
+            self.progress.notice(f"--target-ci: stopping at --max-repeats {limit} blocks.")
+            return []
+        more, reason = decide_more_blocks(self.store, self.opts.target_ci, limit)
+        self.progress.notice(f"--target-ci {self.opts.target_ci:.1%}: {reason}")
+        if not more:
+            return []
+        last_seq = max(r["seq"] for r in self.store.plan())
+        new = make_plan(list(self.arms), 1, exp_row["seed"], exp_row["order_mode"], first_block=blocks + 1,
+                        first_seq=last_seq + 1)
+        self.store.write_plan([r.to_json() for r in new], repeats=blocks + 1)
+        self.progress.state.total = len(self.store.plan())
+        return new
+
+
+def decide_more_blocks(store: st.Store, target_ci: float, max_repeats: int) -> tuple[bool, str]:
+    """Whether another block is needed for the speedup's interval to reach ``target_ci`` (specab.analysis.stats)."""
+    more, reason = stats.decide_more_blocks(model.load_store(store.path), target_ci, max_repeats)
+    return bool(more), str(reason)

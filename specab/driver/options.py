@@ -1,0 +1,92 @@
+"""What an experiment run is asked to do: options, the validated plan (``prepare``), the executor choice.
+
+Nothing here touches a node: ``prepare`` validates the experiment file, the inventory, the matrix and every
+arm against the engine's rules and makes the plan.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from specab.config.inventory import Host, Inventory, load_inventory
+from specab.config.matrix import build_arms, parse_matrix
+from specab.config.plan import Order, PlannedRun, make_plan
+from specab.config.spec import ArmSpec, ExperimentSpec, load_experiment
+from specab.config.yamlfile import ConfigError
+from specab.driver import preflight
+
+EXIT_OK, EXIT_FAILED_RUNS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+Executor = Literal["auto", "queue", "per-run"]
+
+
+class ExperimentError(Exception):
+    """The experiment cannot start or continue (what, where, what to do)."""
+
+
+@dataclass
+class Options:
+    experiment_file: str | None = None
+    inventory_file: str | None = None
+    matrix: list[str] = field(default_factory=list)
+    repeats: int = 3
+    seed: int = 1
+    order: Order = "interleaved"
+    runs_dir: str | None = None
+    verbose: bool = False
+    skip_invalid: bool = False
+    target_ci: float | None = None          # relative half-width, e.g. 0.02
+    max_repeats: int | None = None
+    retry_failed: bool = False
+    run_timeout_s: int | None = None
+    argv: list[str] = field(default_factory=list)
+    fleet: bool = False                     # independent blocks per host at once (specab/driver/fleet.py)
+    executor: Executor = "auto"             # auto: the run queue on one host, per-run otherwise
+
+
+@dataclass
+class Prepared:
+    experiment: ExperimentSpec
+    inventory: Inventory
+    arms: list[ArmSpec]
+    notices: list[str]
+    plan: list[PlannedRun]
+
+
+def prepare(opts: Options) -> Prepared:
+    """Validate the experiment, inventory and matrix and make the plan. Touches nothing."""
+    exp = load_experiment(opts.experiment_file)
+    inv = load_inventory(opts.inventory_file)
+    armset = build_arms(exp, parse_matrix(opts.matrix), skip_invalid=opts.skip_invalid)
+    if opts.repeats < 1:
+        raise ConfigError(f"--repeats must be at least 1, got {opts.repeats}.")
+    if opts.target_ci is not None and opts.order == "blocked":
+        raise ConfigError("--target-ci adds interleaved blocks; it cannot be combined with --order blocked.")
+    check_executor(opts.executor, inv, opts.fleet)
+    plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order)
+    return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
+                    notices=exp.warnings + armset.notices + preflight.bind_warnings(armset.arms), plan=plan)
+
+
+def is_multinode(hosts: list[Host]) -> bool:
+    """Whether the inventory places ONE server over all its hosts (specab_multinode: true)."""
+    return any(bool(h.vars.get("specab_multinode")) for h in hosts)
+
+
+def choose_executor(asked: str, multinode: bool, n_hosts: int) -> str:
+    """`queue` (the node's sequencer runs the runs back to back, docs/architecture.md "Run queue") for one
+    host; `per-run` (one arm.yml per run) for a multi-node server or several hosts running each run."""
+    if asked == "per-run" or multinode or n_hosts != 1:
+        return "per-run"
+    return "queue"
+
+
+def check_executor(asked: str, inventory: Inventory, fleet: bool) -> None:
+    """Refuse `--executor queue` where it cannot apply (before anything runs)."""
+    if asked != "queue" or (fleet and not is_multinode(inventory.hosts)):
+        return
+    n = len(inventory.hosts)
+    if is_multinode(inventory.hosts) or n != 1:
+        what = "places one server over several hosts" if is_multinode(inventory.hosts) else f"runs every run on {n} hosts"
+        raise ConfigError(f"{inventory.path}: --executor queue runs the runs of one host, but this inventory {what}. "
+                          f"Use --executor per-run (the default here), or --fleet for one queue per host.")

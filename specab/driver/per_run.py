@@ -1,0 +1,122 @@
+"""The per-run executor: one ``playbooks/arm.yml`` (or ``multinode_arm.yml``) per run, phases from the
+Ansible task events, the server log and bench.jsonl tailed live over the node connection."""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+from specab.config.plan import PlannedRun
+from specab.driver.context import MoreBlocks, RunContext
+from specab.driver.playbook import Failure, PlaybookResult
+from specab.driver.record import PhaseClock, check_writable
+from specab.driver.remote import LogTail
+from specab.results import store as st
+
+
+class PerRunExecutor:
+    """Runs each planned run through one playbook run; the node is stopped by the caller on interruption."""
+
+    stops_node_on_interrupt = False
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+
+    def loop(self, todo: list[PlannedRun], cancel: threading.Event, index: int, *,
+             more: MoreBlocks | None = None, on_status=None) -> bool:
+        """Run ``todo`` in order (then what ``more`` adds). Returns True when interrupted."""
+        queue = list(todo)
+        while queue:
+            if cancel.is_set():
+                return True
+            pr = queue.pop(0)
+            index += 1
+            self.ctx.progress.run_started(index, pr.run_id, pr.arm, pr.block)
+            status = self.run_one(pr, cancel)
+            if on_status is not None:
+                on_status(status)
+            if status == st.INTERRUPTED or cancel.is_set():
+                return True
+            if not queue and more is not None:
+                queue += more()
+        return False
+
+    def abort(self) -> None:
+        """Nothing runs on the node between two playbooks: nothing to stop on an error."""
+
+    def run_one(self, pr: PlannedRun, cancel: threading.Event) -> str:
+        arm = self.ctx.arms[pr.arm]
+        run_dir = (self.ctx.exp_dir / pr.run_id).resolve()
+        check_writable(self.ctx.exp_dir)
+        if run_dir.exists():       # an earlier, unfinished attempt (resume): start clean
+            shutil.rmtree(run_dir)
+        ident = f"{pr.run_id}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+        hosts = self.ctx.p.inventory.hosts
+        self.ctx.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block,
+                             host=",".join(h.name for h in hosts), run_dir=str(run_dir), runner_ident=ident)
+        clock = PhaseClock(self.ctx.progress)
+        head = hosts[0]
+        tails: list[LogTail] = []
+
+        on_log, on_bench = self.ctx.tail_handlers(clock)
+        warmups = int(self.ctx.p.experiment.bench.get("warmup_requests") or 0)
+
+        def on_phase(phase: str) -> None:
+            if phase == "starting" and clock.current in (None, "preparing"):
+                phase = "preparing"             # arm.yml checks its variables before the first stop
+            if phase == "benchmarking" and warmups > 0 and clock.current not in ("warming up", "benchmarking"):
+                phase = "warming up"            # the client sends the warm-up requests first
+            if phase == "loading":
+                if clock.current in ("loading weights", "capturing graphs", "ready"):
+                    return
+                phase = "loading"
+            if phase in ("starting", "loading") and not tails:
+                node_dir = self.ctx.node_run_dir(head, pr.run_id)
+                tails.append(LogTail(head, node_dir + "/server.log", on_log).start())
+                tails.append(LogTail(head, node_dir + "/bench.jsonl", on_bench).start())
+            if phase == "benchmarking" and clock.current in ("warming up", "benchmarking"):
+                return
+            clock.enter(phase)
+
+        extravars = {
+            "specab_experiment": self.ctx.p.experiment.as_extravar(),
+            "specab_arm": arm.to_extravar(),
+            "specab_experiment_id": self.ctx.exp_id,
+            "specab_run_id": pr.run_id,
+            "specab_run_dir": str(run_dir),
+            "specab_stop_after": True,
+        }
+        started = time.time()
+        try:
+            result = self.ctx.runner.run(self.ctx.playbook, extravars, ident, cancel=cancel, on_phase=on_phase,
+                                     secrets=self.ctx.secrets, timeout=self.ctx.opts.run_timeout_s, limit=self.ctx.limit)
+        except Exception as exc:        # ansible-runner itself failed: record it, the experiment goes on
+            result = PlaybookResult(status="error", rc=None, ident=ident, artifact_dir=self.ctx.exp_dir / ".runner",
+                                    failures=[Failure(phase=clock.current, task="ansible-runner", host=None,
+                                                      message=f"{type(exc).__name__}: {exc}")])
+        finally:
+            for t in tails:
+                t.stop()
+        clock.close()
+        for phase, t0, t1 in clock.times:
+            self.ctx.store.record_phase(pr.seq, phase, t0, t1)
+        return self._finish(pr, result, run_dir, clock, started, cancel.is_set())
+
+    def _finish(self, pr: PlannedRun, result: PlaybookResult, run_dir: Path, clock: PhaseClock,
+                started: float, canceled: bool) -> str:
+        if canceled:
+            outcome = (st.INTERRUPTED, clock.current, "interrupted by the user (SIGINT/SIGTERM)")
+        elif result.ok:
+            outcome = (st.OK, None, None)
+        else:
+            f = result.failures[0] if result.failures else None
+            reason = (f"{f.task}: {f.message}" if f else f"ansible-runner status {result.status} rc {result.rc}")
+            if f and f.host and len(self.ctx.result_hosts) > 1:
+                reason = f"[{f.host}] {reason}"
+            phase = clock.phase_at(f.time) if f else clock.current
+            if f and f.phase and f.phase != "loading" and phase not in (f.phase,):
+                phase = f.phase
+            outcome = (st.FAILED, phase, reason)
+        return self.ctx.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=clock.load_phases())

@@ -1,0 +1,211 @@
+"""Recording a run on the controller: its phase clock, the collected directory into the store, what a
+failed run left on the node, the log excerpt of a failure.
+
+Shared by every executor (per-run, queue, fleet): one implementation of "what a run leaves in the store".
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from specab.config.inventory import Host
+from specab.driver.options import ExperimentError
+from specab.driver.progress import Progress
+from specab.driver.remote import open_node, shell_path
+from specab.node.contract import FIRST_ERROR_RE, REPEATED_PHASES
+from specab.results import store as st
+
+MIN_FREE_MB = 50
+
+
+def node_run_dir(host: Host, run_id: str) -> str:
+    """A run's directory on the node (docs/architecture.md "Node layout")."""
+    return host.node_dir.rstrip("/") + f"/runs/{run_id}"
+
+
+def check_writable(directory: Path, min_free_mb: int = MIN_FREE_MB) -> None:
+    """Refuse an unwritable or full run directory before a run starts (issue 6, item 11)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ExperimentError(f"{directory}: the run directory is not writable ({exc.strerror}). Fix its "
+                              f"permissions or pass --runs-dir to another directory.") from None
+    free_mb = shutil.disk_usage(directory).free / 1e6
+    if free_mb < min_free_mb:
+        raise ExperimentError(f"{directory}: only {free_mb:.0f} MB free on its disk (need at least {min_free_mb} MB "
+                              f"for a run's logs and records). Free some space or pass --runs-dir.")
+
+
+class PhaseClock:
+    """Phase timings of one run (driver side), fed by Ansible task events and the log tail."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.times: list[tuple[str, float, float | None]] = []
+        self.current: str | None = None
+        self._lock = threading.Lock()
+
+    def enter(self, phase: str) -> None:
+        with self._lock:
+            if phase == self.current:
+                return
+            now = time.time()
+            if self.times and self.times[-1][2] is None:
+                self.times[-1] = (self.times[-1][0], self.times[-1][1], now)
+            names = [t[0] for t in self.times]
+            name = phase
+            if phase in names:
+                name = REPEATED_PHASES.get(phase, phase)
+                if name in names:
+                    name = f"{phase} ({names.count(phase) + 1})"
+            self.current = phase
+            self.times.append((name, now, None))
+        self.progress.phase(phase)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.times and self.times[-1][2] is None:
+                self.times[-1] = (self.times[-1][0], self.times[-1][1], time.time())
+
+    def phase_at(self, t: float) -> str | None:
+        """The phase (display name) that was current at time `t`."""
+        with self._lock:
+            for name, t0, t1 in reversed(self.times):
+                if t0 <= t:
+                    return re.sub(r" \(\d+\)$", "", name)
+        return self.current
+
+    def load_phases(self) -> dict[str, float]:
+        """Seconds from the start of `starting` to each load phase reached."""
+        start = next((t0 for name, t0, _ in self.times if name == "starting"), None)
+        if start is None:
+            return {}
+        out = {}
+        for name, t0, _ in self.times:
+            if name in ("loading weights", "capturing graphs", "ready"):
+                out[name.replace(" ", "_") + "_s"] = round(t0 - start, 3)
+        return out
+
+
+def log_excerpt(text: str, lines: int = 40, context: int = 6) -> str:
+    """The last `lines` lines, preceded by the first fatal line (and a few after it) when that came
+    earlier: with TP>1 the other ranks keep logging after rank 0 failed, burying the cause."""
+    all_lines = text.splitlines()
+    tail = all_lines[-lines:]
+    head_end = len(all_lines) - len(tail)
+    for i, line in enumerate(all_lines[:head_end]):
+        if FIRST_ERROR_RE.search(line):
+            first = all_lines[i:min(i + context, head_end)]
+            gap = "[...]" if i + context < head_end else None
+            return "\n".join(first + ([gap] if gap else []) + tail)
+    return "\n".join(tail)
+
+
+def tail_file(path: Path, lines: int = 40) -> str:
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - 256 * 1024))
+        return log_excerpt(f.read().decode(errors="replace"), lines)
+
+
+def fetch_missing(host: Host, node_run_dir: str, dest: Path) -> None:
+    """Copy the node's run files that the controller run dir lacks (after a failed run; read-only)."""
+    try:
+        node = open_node(host)
+    except Exception:
+        return
+    try:
+        rc, out, _ = node.sh(f"cd {shell_path(node_run_dir)} 2>/dev/null && ls -1A")
+        if rc != 0:
+            return
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in out.split():
+            if "/" in name or (dest / name).exists():
+                continue
+            data = node.read_from(f"{node_run_dir}/{name}", 0, max_bytes=64 << 20)
+            if data is not None:
+                (dest / name).write_bytes(data)
+                if name.endswith(".env"):
+                    os.chmod(dest / name, 0o600)
+    except Exception:
+        return
+    finally:
+        node.close()
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+RANK_DIR = re.compile(r"node(\d+)-(.+)")
+
+
+def rank_dirs(run_dir: Path) -> list[tuple[str, Path]]:
+    """(host, directory) of a multi-node run's other ranks, by rank: rank r's files are collected into
+    <run dir>/node<r>-<host>/ (playbooks/tasks/multinode_run_arm.yml)."""
+    found = []
+    if run_dir.is_dir():
+        for d in run_dir.iterdir():
+            m = RANK_DIR.fullmatch(d.name)
+            if m and d.is_dir() and int(m.group(1)) > 0:
+                found.append((int(m.group(1)), m.group(2), d))
+    return [(host, d) for _, host, d in sorted(found)]
+
+
+def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -> dict[str, Any]:
+    """Read a collected run directory into the store (immediately after the run). A multi-node run's
+    other ranks (their manifest, env check, GPU samples and small files) are stored under their hosts."""
+    out: dict[str, Any] = {"measured": 0, "measured_ok": 0}
+    dirs = [(hosts[0], run_dir), *rank_dirs(run_dir)] if len(hosts) == 1 else [(h, run_dir / h) for h in hosts]
+    for host, d in dirs:
+        if not d.is_dir():
+            continue
+        bench = d / "bench.jsonl"
+        if bench.exists():
+            records = []
+            for line in bench.read_text(errors="replace").splitlines():
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue       # a line cut by a crash
+                if isinstance(rec, dict):
+                    records.append(rec)
+            store.add_requests(seq, host, records)
+            out["measured"] += sum(1 for r in records if not r.get("warmup"))
+            out["measured_ok"] += sum(1 for r in records if not r.get("warmup") and r.get("ok"))
+        samples = d / "gpu_samples.csv"
+        if samples.exists():
+            store.add_gpu_samples(seq, host, samples.read_text(errors="replace"))
+        manifest = read_json(d / "manifest.json")
+        if isinstance(manifest, dict):
+            store.add_manifest(seq, host, manifest)
+        env_check = read_json(d / "env_check.json")
+        if isinstance(env_check, dict):
+            store.add_env_check(seq, host, env_check)
+        for key, name in (("summary", "bench_summary.json"), ("timings", "timings.json"),
+                          ("server_info", "server_info.json"), ("stop", "stop.json"),
+                          ("gpu_free", "gpu_free.json"), ("ready", "ready.json")):
+            val = read_json(d / name)
+            if val is not None and key not in out:
+                out[key] = val
+        for f in sorted(d.iterdir()):
+            # queue_entry.json (0600) holds the node env the client runs with, which may carry a secret
+            if f.is_file() and f.suffix in (".json", ".csv") and f.name not in ("manifest.json", "queue_entry.json") \
+                    and f.stat().st_size <= 256 * 1024 and f.name != "gpu_samples.csv":
+                store.add_file(seq, host, f.name, f.read_text(errors="replace"))
+    return out

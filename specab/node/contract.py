@@ -1,0 +1,257 @@
+"""The node contract: the names the node tools, the roles and the controller exchange, in one place.
+
+stdlib only, no sibling imports: node tools import it as ``contract`` (a sibling in ``<node_dir>/bin``),
+the controller as ``specab.node.contract``. What lives here:
+
+* the run order on a node (``RUN_STEPS``): the per-run playbook (``playbooks/tasks/run_arm.yml``) and the
+  run queue's sequencer (``sequence.py``) both execute exactly these steps in this order
+  (``tests/unit/test_contract.py`` holds the playbook to it);
+* phases: the sequencer's node phases, the driver's display phases, the Ansible task-name prefixes;
+* the server-log lines of the engine's load phases (live progress, ready.json) and its fatal lines;
+* run and experiment id rules;
+* THE secret rule: which names are secrets, and how values, mappings, argv and free text are redacted;
+  used by the node tools, the ansible-runner scrub, the store's config and the reports alike.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+# ---------------------------------------------------------------------------------------------
+# Secrets
+# ---------------------------------------------------------------------------------------------
+
+REDACTED = "<redacted>"
+SECRET_SUFFIXES = ("_TOKEN", "_KEY", "_SECRET")
+SECRET_NAMES = frozenset({"HF_TOKEN", "TOKEN", "API_KEY", "KEY", "SECRET", "PASSWORD"})
+
+
+def is_secret_name(name: str) -> bool:
+    """Names whose values are never printed or stored: ``TOKEN``, ``*_TOKEN``, ``*_KEY``, ``*_SECRET``,
+    ``*PASSWORD*``. Case-insensitive, and ``-`` counts as ``_`` so flags (``--api-key``) match too."""
+    n = str(name).strip().lstrip("-").upper().replace("-", "_")
+    return n in SECRET_NAMES or n.endswith(SECRET_SUFFIXES) or "PASSWORD" in n
+
+
+def redact_value(name: str, value: Any) -> Any:
+    return REDACTED if is_secret_name(name) and value not in (None, "") else value
+
+
+def redact_env(env: Dict[str, Any]) -> Dict[str, Any]:
+    """A copy of a flat mapping (env, server args) with secret values replaced by ``<redacted>``."""
+    return {k: redact_value(k, v) for k, v in env.items()}
+
+
+def redact_mapping(mapping: Any) -> Any:
+    """Deep copy of a JSON-like value with the values of secret-named keys replaced."""
+    if isinstance(mapping, dict):
+        out = {}
+        for k, v in mapping.items():
+            if isinstance(k, str) and is_secret_name(k) and v not in (None, "", False):
+                out[k] = REDACTED
+            else:
+                out[k] = redact_mapping(v)
+        return out
+    if isinstance(mapping, list):
+        return [redact_mapping(v) for v in mapping]
+    return mapping
+
+
+ASSIGN_RE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>'[^']*'|\"[^\"]*\"|\S+)")
+FLAG_RE = re.compile(r"(?P<flag>--[A-Za-z0-9][A-Za-z0-9_-]*)(?P<sep>=|\s+)(?P<value>'[^']*'|\"[^\"]*\"|[^\s\\]+)")
+
+
+def redact_text(text: str) -> str:
+    """Redact ``SECRET_NAME=value`` assignments and ``--secret-flag value`` pairs in free text."""
+
+    def assign(m: "re.Match[str]") -> str:
+        return m.group("name") + "=" + REDACTED if is_secret_name(m.group("name")) else m.group(0)
+
+    def flag(m: "re.Match[str]") -> str:
+        if is_secret_name(m.group("flag")):
+            return m.group("flag") + m.group("sep") + REDACTED
+        return m.group(0)
+
+    return FLAG_RE.sub(flag, ASSIGN_RE.sub(assign, text))
+
+
+def redact_argv(argv: Sequence[str]) -> List[str]:
+    out: List[str] = []
+    hide_next = False
+    for a in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if a.startswith("--") and "=" in a and is_secret_name(a.split("=", 1)[0]):
+            out.append(a.split("=", 1)[0] + "=" + REDACTED)
+        elif a.startswith("--") and is_secret_name(a):
+            out.append(a)
+            hide_next = True
+        else:
+            out.append(redact_text(a))
+    return out
+
+
+def secret_values(*mappings: Dict[str, Any]) -> List[str]:
+    """The values of secret-named keys (to scrub from files that may hold them verbatim)."""
+    out: List[str] = []
+    for m in mappings:
+        out += [str(v) for k, v in m.items() if is_secret_name(k) and v not in (None, "", False, True)]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The run order on a node
+# ---------------------------------------------------------------------------------------------
+
+class RunStep(NamedTuple):
+    phase: str        # the sequencer's node phase (phases.jsonl) that begins the step
+    task: str         # the per-run playbook's task name (run_arm.yml), ``{arm}`` = the arm's name
+    role: str         # the role the per-run playbook includes for it
+
+
+RUN_STEPS: Tuple[RunStep, ...] = (
+    RunStep("stopping-leftover", "Stop | Stop any server of ours left on the node", "server_stop"),
+    RunStep("gpus-free-before", "GPUs free | Wait until the GPUs are free before starting", "gpu_free"),
+    RunStep("starting", "Start | Start arm {arm}", "server_start"),
+    RunStep("loading", "Ready | Wait until the server is ready", "server_ready"),
+    RunStep("env", "Env | Verify env and server args", "env_verify"),
+    RunStep("benchmarking", "Bench | Benchmark arm {arm}", "bench"),
+    RunStep("stopping", "Stop | Stop the server and record how", "server_stop"),
+    RunStep("gpus free", "GPUs free | Wait until the GPUs are free again and record the time to free", "gpu_free"),
+    RunStep("manifest", "Collect | Write manifest.json on the node", "collect"),
+)
+
+# The sequencer's node phases, in the order they begin (phases.jsonl): the run steps, the queue's own
+# bookends (claimed, done) and the sub-phases it marks inside a step (ready inside loading, warming up
+# before benchmarking).
+NODE_PHASES: Tuple[str, ...] = ("claimed", "stopping-leftover", "gpus-free-before", "starting", "loading", "ready",
+                                "env", "warming up", "benchmarking", "stopping", "gpus free", "manifest", "done")
+
+# What failed, in the words of the per-run path's task names.
+TASKS: Dict[str, str] = dict({s.phase: s.task for s in RUN_STEPS}, **{
+    "claimed": "Queue | Claim the queued run",
+    "ready": "Ready | Wait until the server is ready",
+    "warming up": "Bench | Benchmark arm {arm}",
+    "done": "Queue | Write done.json",
+})
+
+# Ansible task-name prefix (before " | ") -> the driver's display phase.
+TASK_PREFIX_PHASES: Dict[str, str] = {
+    "Stop": "stopping",
+    "GPUs free": "waiting for GPUs",
+    "Start": "starting",
+    "Ready": "loading",
+    "Env": "verifying env",
+    "Bench": "benchmarking",
+    "Collect": "collecting",
+}
+
+# node phase -> display phase (the per-run path's names, so the store, progress and tests read the same);
+# None ends the last phase
+DISPLAY_PHASES: Dict[str, Optional[str]] = {
+    "claimed": "preparing",
+    "stopping-leftover": "stopping",
+    "gpus-free-before": "waiting for GPUs",
+    "starting": "starting",
+    "loading": "loading",
+    "ready": "ready",
+    "env": "verifying env",
+    "warming up": "warming up",
+    "benchmarking": "benchmarking",
+    "stopping": "stopping",
+    "gpus free": "waiting for GPUs",
+    "manifest": "writing manifest",
+    "done": None,
+}
+
+# a phase that a run enters twice is stored under its second name
+REPEATED_PHASES: Dict[str, str] = {"stopping": "final stop", "waiting for GPUs": "waiting for GPUs after stop"}
+
+
+def phase_of_task(task_name: Optional[str]) -> Optional[str]:
+    """The display phase of an Ansible task name (``Stop | Stop the server`` -> ``stopping``)."""
+    if not task_name:
+        return None
+    head = task_name.split(" | ", 1)[0].strip()
+    if head == task_name.strip() and "|" in task_name:
+        head = task_name.split("|", 1)[0].strip()
+    if head not in TASK_PREFIX_PHASES:
+        if " : " in task_name:       # role-prefixed names: "server_stop : Stop | ..."
+            return phase_of_task(task_name.split(" : ", 1)[1])
+        return None
+    return TASK_PREFIX_PHASES[head]
+
+
+def display_phase(node_phase: Optional[str]) -> Optional[str]:
+    """The display name of a node phase (unknown names are shown as they are)."""
+    if node_phase is None:
+        return None
+    return DISPLAY_PHASES.get(node_phase, node_phase)
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine log lines: load phases and fatal lines
+# ---------------------------------------------------------------------------------------------
+
+READY_LINE = "The server is fired up and ready to roll!"
+
+
+class LoadLine(NamedTuple):
+    key: str                  # ready.json's phases key
+    needle: str               # substring of the server-log line
+    which: str                # "first" or "last" occurrence is recorded (TP ranks each print one)
+    display: Optional[str]    # the live progress's load sub-phase it announces (None: not shown)
+
+
+LOAD_LINES: Tuple[LoadLine, ...] = (
+    LoadLine("load_weight_begin", "Load weight begin", "first", "loading weights"),
+    LoadLine("load_weight_end", "Load weight end", "last", "loading weights done"),
+    LoadLine("capture_cuda_graph_begin", "Capture cuda graph begin", "first", "capturing graphs"),
+    LoadLine("capture_cuda_graph_end", "Capture cuda graph end", "last", "graphs captured"),
+    LoadLine("capture_draft_cuda_graph_begin", "Capture draft cuda graph begin", "first", "capturing graphs"),
+    LoadLine("capture_draft_cuda_graph_end", "Capture draft cuda graph end", "last", None),
+    LoadLine("ready_line", READY_LINE, "first", "ready"),
+)
+
+# ready.json's load keys -> the display sub-phases of `loading` that the driver stores
+LOAD_SUBPHASES: Tuple[Tuple[str, str], ...] = (("load_weight_begin", "loading weights"),
+                                               ("capture_cuda_graph_begin", "capturing graphs"))
+
+
+def load_phase(line: str) -> Optional[str]:
+    """The load sub-phase a server-log line announces, if any."""
+    for ll in LOAD_LINES:
+        if ll.needle in line and ll.display is not None:
+            return ll.display
+    return None
+
+
+# Lines after which the server will not become ready: readiness fails fast on them (named for the message).
+FATAL_LINES: Tuple[Tuple[str, "re.Pattern[str]"], ...] = (
+    ("out of memory", re.compile(r"out of memory|OutOfMemoryError|Not enough memory", re.I)),
+    ("unrecognized arguments", re.compile(r"error: unrecognized arguments")),
+    ("invalid argument", re.compile(r"^\S*: error: argument ")),
+    ("address in use", re.compile(r"Address already in use|address already in use")),
+    ("child failed", re.compile(r"Received sigquit from a child process|Scheduler hit an exception")),
+)
+TRACEBACK_RE = re.compile(r"Traceback \(most recent call last\)")
+# Where an error excerpt starts: a traceback, a fatal line, or any line that reads like an error (wider than
+# FATAL_LINES, which must not fire on a line that a healthy server also prints).
+FIRST_ERROR_RE = re.compile("|".join([TRACEBACK_RE.pattern] + [p.pattern for _, p in FATAL_LINES]
+                                     + [r"Error:", r"Killed", r"Segmentation fault"]), re.IGNORECASE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ids
+# ---------------------------------------------------------------------------------------------
+
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")                 # experiment and run ids
+ARM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")            # a directory name and role input
+QUEUE_ENTRY_RE = re.compile(r"^(?P<seq>\d{6})-(?P<run_id>[A-Za-z0-9][A-Za-z0-9._-]{0,95})\.json$")
+
+
+def run_id(seq: int, arm: str) -> str:
+    """A run's id: its plan sequence number and its arm (``003-eagle3-s2``)."""
+    return "%03d-%s" % (seq, arm)

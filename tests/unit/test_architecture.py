@@ -1,0 +1,77 @@
+"""The architecture holds: no import circle anywhere in specab, no module imports another's private name,
+and the run order on a node exists once (specab.node.contract.RUN_STEPS), which the per-run playbooks
+follow (the sequencer's own phase order is asserted in tests/node/test_sequence.py). The layers themselves
+are `lint-imports` contracts (pyproject.toml), run by `make test`."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import grimp
+import numpy as np
+import pytest
+import yaml
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
+
+from specab.node import contract
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_no_import_circle_in_specab():
+    graph = grimp.build_graph("specab", include_external_packages=False)
+    mods = sorted(graph.modules)
+    idx = {m: i for i, m in enumerate(mods)}
+    edges = [(idx[m], idx[d]) for m in mods for d in graph.find_modules_directly_imported_by(m) if d in idx]
+    rows, cols = zip(*edges)
+    adj = csr_matrix((np.ones(len(edges)), (rows, cols)), shape=(len(mods), len(mods)))
+    n, labels = connected_components(adj, directed=True, connection="strong")
+    circles = [sorted(m for m in mods if labels[idx[m]] == c) for c in range(n)]
+    circles = [c for c in circles if len(c) > 1]
+    assert not circles, f"import circles: {circles}"
+
+
+def _private_imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specab"):
+            bad += [f"{path.relative_to(REPO)}:{node.lineno}: from {node.module} import {a.name}"
+                    for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return bad
+
+
+def test_no_module_imports_another_modules_private_name():
+    bad = [b for p in sorted((REPO / "specab").rglob("*.py")) for b in _private_imports(p)]
+    assert not bad, "\n".join(bad)
+
+
+def _main_block_roles(playbook: Path) -> list[tuple[str, str]]:
+    """(task-name prefix, role) of every include_role of the run's main block, in order (the block's
+    rescue, which cleans up a failed run, is not the run order)."""
+    tasks = yaml.safe_load(playbook.read_text())
+    block = next(t for t in tasks if "block" in t and str(t.get("name", "")).startswith("Run | One run"))
+    out = []
+    for t in block["block"]:
+        role = (t.get("ansible.builtin.include_role") or {}).get("name")
+        if role and role != "node_prepare":          # deploys the tools; no step of the run
+            out.append((t["name"].split(" | ", 1)[0], role))
+    return out
+
+
+@pytest.mark.parametrize("playbook", ["playbooks/tasks/run_arm.yml", "playbooks/tasks/multinode_run_arm.yml"])
+def test_the_per_run_playbooks_follow_the_contracts_run_order(playbook):
+    assert _main_block_roles(REPO / playbook) == [(s.task.split(" | ", 1)[0], s.role) for s in contract.RUN_STEPS]
+
+
+def test_the_sequencer_names_its_phases_after_the_contract():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sequence_under_test", REPO / "specab/node/sequence.py")
+    seq = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seq)
+    assert seq.PHASES == contract.NODE_PHASES and seq.TASKS == contract.TASKS
+    assert [p for p in contract.NODE_PHASES if p in {s.phase for s in contract.RUN_STEPS}] == \
+        [s.phase for s in contract.RUN_STEPS]
+    # every display phase the sequencer can report is one the driver knows
+    assert set(contract.NODE_PHASES) == set(contract.DISPLAY_PHASES)
