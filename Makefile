@@ -20,6 +20,7 @@ demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-playbook playbooks/ab_test.yml
 
 lint: $(STAMP)
+	$(BIN)/lint-imports
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-lint --profile production
 
 # Two workers, one whole module each at a time (tests/conftest.py starts the long modules first);
@@ -27,7 +28,10 @@ lint: $(STAMP)
 PYTEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
+# The architecture contract (layers, no circle: pyproject.toml [tool.importlinter]) is checked first: it is
+# the quickest to fail.
 test: $(STAMP)
+	$(BIN)/lint-imports
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests $(XDIST) $(PYTEST_ARGS)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-lint --profile production
 
