@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-LOADGEN = REPO / "specab" / "loadgen.py"
+LOADGEN = REPO / "specab" / "node" / "loadgen.py"
 
 
 # ----------------------------------------------------------------------------------------------

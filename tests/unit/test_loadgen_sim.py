@@ -20,7 +20,7 @@ import pytest
 from specab.analysis import logparse
 
 REPO = Path(__file__).resolve().parents[2]
-LOADGEN = REPO / "specab" / "loadgen.py"
+LOADGEN = REPO / "specab" / "node" / "loadgen.py"
 EAGLE_S2 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/models/eagle3",
             "--speculative-num-steps", "2", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]
 SCALE = 20
