@@ -28,6 +28,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator, Sequence
 
+from specab.node.contract import READY_LINE
+
 # --------------------------------------------------------------------------------------------------
 # SGLang
 
@@ -56,7 +58,7 @@ _BATCH_KEYS = {
     "#pending-token": "pending_token",
 }
 
-_READY = "The server is fired up and ready to roll!"
+_READY = READY_LINE          # the node contract's ready line (specab/node/contract.py)
 
 _NUM = r"(-?[0-9.]+)"
 # (marker substring, phase name)
