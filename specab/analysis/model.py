@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from specab.analysis import logparse
+from specab.results.store import FILENAME, Store
+
 # Throttle / clock-event reason bits (nvml.h nvmlClocksEventReason*).
 CLOCK_REASONS = {
     0x1: "GpuIdle", 0x2: "ApplicationsClocksSetting", 0x4: "SwPowerCap", 0x8: "HwSlowdown",
@@ -416,8 +419,6 @@ def parse_server_log(path: Path) -> LogStats:
 
     Reads only the decode and NCCL-env lines (`logparse.run_log_records`: the per-line parser's records
     for those lines), which is what LogStats summarises."""
-    from specab.analysis import logparse# local import: the analysis works on in-memory data without it
-
     nccl: dict[str, str] = {}
 
     def decode_records() -> Iterator[dict]:
@@ -615,8 +616,6 @@ def load_store(path: str | Path, *, read_logs: bool = True) -> Experiment:
 
 
 def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
-    from specab.results.store import FILENAME, Store   # local: the data model itself needs no store
-
     p = Path(path)
     if p.is_dir():
         p = p / FILENAME

@@ -27,7 +27,7 @@ EXPERIMENT_KEYS = {"name", "description", "model_path", "server_args", "env", "a
 ARM_KEYS = {"name", "description", "server_args", "env"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
               "seed", "timeout_s", "model", "max_tokens", "dataset"}
-TIMEOUT_KEYS = {"ready_s", "stop_grace_s", "gpu_free_s", "bench_s", "run_s", "envcheck_s", "smi_s"}
+TIMEOUT_KEYS = {"ready_s", "stop_grace_s", "gpu_free_s"}
 BENCH_APIS = {"generate", "completions", "chat"}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # as the server_start role requires

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import json
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from specab.analysis import logparse, provenance, report, specmodel
 from specab.config.inventory import load_inventory
 from specab.config.matrix import MatrixError
 from specab.config.yamlfile import ConfigError
@@ -27,7 +27,7 @@ from specab.results import store as st
 from specab.results.locate import NotFound, locate
 
 SUBCOMMANDS = ("run", "plan", "status", "export")
-CONTRIBUTED = ("specab.analysis.logparse", "specab.analysis.specmodel", "specab.analysis.report", "specab.analysis.provenance")
+CONTRIBUTED = (logparse, specmodel, report, provenance)   # each registers its subcommand
 
 
 def _add_experiment_options(p: argparse.ArgumentParser) -> None:
@@ -103,14 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--runs-dir", metavar="DIR")
     export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     export.set_defaults(func=cmd_export)
-    for modname in CONTRIBUTED:
-        try:
-            mod = importlib.import_module(modname)
-        except ImportError:
-            continue
-        reg = getattr(mod, "register", None)
-        if callable(reg):
-            reg(sub)
+    for mod in CONTRIBUTED:
+        mod.register(sub)
     return parser
 
 

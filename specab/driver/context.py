@@ -142,7 +142,7 @@ class RunContext:
         self.store.finish_run(pr.seq, status=status, runner_status=result.status, runner_rc=result.rc,
                               failure_phase=phase if status != st.OK else None, failure_reason=reason,
                               log_tail=log_tail if status != st.OK else None, partial=partial,
-                              summary=ingested.get("summary"), timings=ingested.get("timings"),
+                              summary=ingested.get("summary"),
                               load_phases=load_phases or ingested.get("ready"),
                               server_info=ingested.get("server_info"), stop=ingested.get("stop"),
                               gpu_free=ingested.get("gpu_free"))

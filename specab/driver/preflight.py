@@ -24,6 +24,7 @@ from typing import Any, Iterable
 from specab.config.inventory import Host
 from specab.config.spec import ArmSpec
 from specab.config.yamlfile import ConfigError
+from specab.driver.remote import RemoteError, open_node
 
 DEFAULT_ENGINE_CMD = ["python3", "-m", "sglang.launch_server"]
 HELP_TIMEOUT_S = 180.0          # SGLang's --help imports torch: tens of seconds on a cold node
@@ -129,7 +130,6 @@ def _engine_version(node: Any, host: Host, cmd: list[str]) -> str | None:
 
 def engine_flags(host: Host, node: Any | None = None) -> EngineFlags:
     """The flags the node's engine accepts, from the cache when its version is unchanged."""
-    from specab.driver.remote import open_node
     cmd = _engine_cmd(host)
     own = node is None
     node = node or open_node(host)
@@ -186,7 +186,6 @@ def check_engine_flags(arms: list[ArmSpec], hosts: list[Host], notice: Any = Non
 
     `notice(text)` receives a line when a node's engine cannot list its flags (the check is then skipped
     for that node: the engine itself refuses unknown flags at launch, and the run fails fast)."""
-    from specab.driver.remote import RemoteError
     results = []
     problems: list[str] = []
     for host in hosts:

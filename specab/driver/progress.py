@@ -16,6 +16,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from specab.analysis import model, stats
+
 
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
@@ -156,25 +158,16 @@ class Progress:
 # --------------------------------------------------------------------------- end-of-experiment summary
 
 def _stats_rows(store_path) -> list[list[str]] | None:
-    """Rows from specab.analysis.stats (analysis helper) when it can read the store; None otherwise."""
+    """Rows from specab.analysis.stats; None when the analysis cannot read the store (then the
+    summary falls back to _simple_rows, so the end of an experiment never fails on its summary)."""
     try:
-        from specab.analysis import model as analysis
-        from specab.analysis import stats
-    except ImportError:
-        return None
-    loader = next((getattr(analysis, n) for n in ("load_store", "from_store", "load_experiment_store")
-                   if hasattr(analysis, n)), None)
-    if loader is None or not hasattr(stats, "analyse"):
-        return None
-    try:
-        exp = loader(store_path)
-        res = stats.analyse(exp)
+        res = stats.analyse(model.load_store(store_path))
     except Exception:
         return None
     rows = []
     for name, a in res.arms.items():
         d = a.tok_s_run
-        ci = f"[{d.ci.low:.1f}, {d.ci.high:.1f}]" if getattr(d, "ci", None) else "-"
+        ci = f"[{d.ci.low:.1f}, {d.ci.high:.1f}]" if d.ci else "-"
         sp = res.speedups.get(name)
         if sp is not None and sp.estimate is not None:
             spd = f"{sp.estimate:.3f}" + (f" [{sp.ci.low:.3f}, {sp.ci.high:.3f}]" if sp.ci else "")

@@ -347,11 +347,11 @@ class QueueExecutor:
 
     def interrupted(self, current: PlannedRun | None, queued: list[PlannedRun],
                     on_status: Callable[[str], None] | None = None) -> None:
-        t_signal = (self.signal_time() if self.signal_time else None) or time.time()
         """After SIGINT/SIGTERM: stop the node (stop.yml: the sequencer first, which stops its server and
         marks its run interrupted), then keep what the node finished: `current` (whose collect was cut
         short; its store row exists) and every queued run that has a done.json, in order, are fetched and
         recorded (ok, failed, or interrupted for the run the stop cut); the runs after them stay missing."""
+        t_signal = (self.signal_time() if self.signal_time else None) or time.time()
         r = self.ctx
         r.progress.notice("interrupted: stopping the node's sequencer and server (stop role) ...")
         err = r.stop_servers()

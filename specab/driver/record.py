@@ -197,9 +197,8 @@ def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -
         env_check = read_json(d / "env_check.json")
         if isinstance(env_check, dict):
             store.add_env_check(seq, host, env_check)
-        for key, name in (("summary", "bench_summary.json"), ("timings", "timings.json"),
-                          ("server_info", "server_info.json"), ("stop", "stop.json"),
-                          ("gpu_free", "gpu_free.json"), ("ready", "ready.json")):
+        for key, name in (("summary", "bench_summary.json"), ("server_info", "server_info.json"),
+                          ("stop", "stop.json"), ("gpu_free", "gpu_free.json"), ("ready", "ready.json")):
             val = read_json(d / name)
             if val is not None and key not in out:
                 out[key] = val

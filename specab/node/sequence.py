@@ -322,8 +322,9 @@ class PhaseLog(object):
         self.fh.close()
 
 
-class Runner(object):
-    """Runs one entry; the Sequencer owns the state that outlives a run (clean GPUs, caches)."""
+class RunSteps(object):
+    """The steps of one queued run (start, ready, env, bench, stop, GPUs free, manifest, done.json);
+    the Sequencer owns the state that outlives a run (clean GPUs, caches)."""
 
     def __init__(self, seq: "Sequencer", entry: Entry, phases: PhaseLog) -> None:
         self.seq = seq
@@ -815,14 +816,14 @@ class Sequencer(object):
         try:
             phases.begin("claimed", seq=entry.seq)
             self.save(state="running", run_id=entry.run_id)
-            runner = Runner(self, entry, phases)
-            result = runner.run()
+            steps = RunSteps(self, entry, phases)
+            result = steps.run()
         finally:
             phases.close()
         self.save(runs_done=self.record["runs_done"] + 1, last_run={"run_id": entry.run_id,
                                                                     "status": result["status"]})
         common.log("run %s: %s" % (entry.run_id, result["status"]))
-        return runner.halt
+        return steps.halt
 
     def serve(self) -> int:
         self.save()

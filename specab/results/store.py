@@ -16,7 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Versions this specab reads and resumes. 1 had runs.timings_json (a node timings.json that nothing wrote any
+# more); 2 dropped it. A version-1 store keeps the column, which the reads ignore and the writes leave NULL.
+READABLE_SCHEMA_VERSIONS = (1, 2)
 FILENAME = "results.sqlite"
 
 # Run status values.
@@ -90,7 +93,6 @@ CREATE TABLE IF NOT EXISTS runs (
     runner_status  TEXT,                    -- ansible-runner status: successful | failed | canceled | timeout
     runner_rc      INTEGER,
     summary_json     TEXT,                  -- bench_summary.json
-    timings_json     TEXT,                  -- node timings.json
     load_phases_json TEXT,                  -- server load phases (weights loaded, graphs captured, ready)
     server_info_json TEXT,                  -- /get_server_info as collected
     stop_json        TEXT,                  -- stop.json (signals, escalation, durations)
@@ -240,8 +242,9 @@ class Store:
             row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{p}: not a specab results store ({exc}).") from None
-        if row is None or int(row[0]) != SCHEMA_VERSION:
-            raise StoreError(f"{p}: schema version {row[0] if row else '?'}, this specab reads {SCHEMA_VERSION}.")
+        if row is None or int(row[0]) not in READABLE_SCHEMA_VERSIONS:
+            readable = ", ".join(map(str, READABLE_SCHEMA_VERSIONS))
+            raise StoreError(f"{p}: schema version {row[0] if row else '?'}, this specab reads {readable}.")
         return cls(p, conn)
 
     def close(self) -> None:
@@ -313,7 +316,7 @@ class Store:
     def finish_run(self, seq: int, *, status: str, runner_status: str | None = None, runner_rc: int | None = None,
                    failure_phase: str | None = None, failure_reason: str | None = None,
                    log_tail: str | None = None, partial: bool = False,
-                   summary: dict[str, Any] | None = None, timings: Any = None, load_phases: Any = None,
+                   summary: dict[str, Any] | None = None, load_phases: Any = None,
                    server_info: Any = None, stop: Any = None, gpu_free: Any = None) -> None:
         now = time.time()
         with self._tx() as c:
@@ -321,13 +324,12 @@ class Store:
                                " WHERE seq=? AND warmup=0", (seq,)).fetchone()
             c.execute("UPDATE runs SET status=?, finished=?, duration_s=?-started, failure_phase=?, failure_reason=?,"
                       " log_tail=?, partial=?, n_requests=?, n_ok=?, decode_tok_s_median=?, accept_len_mean=?,"
-                      " runner_status=?, runner_rc=?, summary_json=?, timings_json=?, load_phases_json=?,"
+                      " runner_status=?, runner_rc=?, summary_json=?, load_phases_json=?,"
                       " server_info_json=?, stop_json=?, gpu_free_json=? WHERE seq=?",
                       (status, now, now, failure_phase, failure_reason, log_tail, int(partial), counts["n"],
                        counts["k"], (summary or {}).get("decode_tok_s_median"),
                        (summary or {}).get("accept_len_mean"), runner_status, runner_rc, _dumps(summary),
-                       _dumps(timings), _dumps(load_phases), _dumps(server_info), _dumps(stop), _dumps(gpu_free),
-                       seq))
+                       _dumps(load_phases), _dumps(server_info), _dumps(stop), _dumps(gpu_free), seq))
 
     def add_requests(self, seq: int, host: str, records: Iterable[dict[str, Any]]) -> int:
         n = 0
@@ -424,8 +426,8 @@ class Store:
         sql = "SELECT * FROM runs" + (" WHERE status=?" if status else "") + " ORDER BY seq"
         out = self._rows(sql, (status,) if status else ())
         for r in out:
-            for k in ("summary_json", "timings_json", "load_phases_json", "server_info_json", "stop_json",
-                      "gpu_free_json"):
+            r.pop("timings_json", None)     # a version-1 store's column, no longer read
+            for k in ("summary_json", "load_phases_json", "server_info_json", "stop_json", "gpu_free_json"):
                 v = r.pop(k)
                 r[k[:-5]] = json.loads(v) if v else None
             r["partial"] = bool(r["partial"])

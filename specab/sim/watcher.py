@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from specab.sim.gpustate import Allocation, GpuNode
+from specab.sim.procutil import set_title
 
 IDLE_EXIT_S = 2.0
 POLL_S = 0.02
@@ -76,11 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m specab.sim.watcher STATE_DIR", file=sys.stderr)
         return 2
-    try:
-        from specab.sim.procutil import set_title
-        set_title(f"specab-sim-watcher {argv[0]}")
-    except ImportError:
-        pass
+    set_title(f"specab-sim-watcher {argv[0]}")
     return watch(Path(argv[0]))
 
 

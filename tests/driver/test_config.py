@@ -42,6 +42,15 @@ def test_unknown_keys_named_with_line(write):
     assert "num_request" in str(e.value)
 
 
+@pytest.mark.parametrize("key", ["bench_s", "run_s", "envcheck_s", "smi_s"])
+def test_timeout_keys_nothing_reads_are_unknown(write, key):
+    f = write("t.yml", EXPERIMENT.replace("    gpu_free_s: 30", f"    gpu_free_s: 30\n    {key}: 10"))
+    with pytest.raises(ConfigError) as e:
+        load_experiment(f)
+    assert f"unknown key '{key}' in timeouts" in str(e.value)
+    assert "Allowed keys in timeouts: gpu_free_s, ready_s, stop_grace_s." in str(e.value)
+
+
 def test_bad_values_refused(write):
     with pytest.raises(ConfigError, match="newline"):
         load_experiment(write("nl.yml", EXPERIMENT.replace("NCCL_PROTO: LL", 'NCCL_PROTO: "LL\\nrm -rf /"')))

@@ -67,3 +67,29 @@ def test_open_refuses_other_files(tmp_path):
     (tmp_path / "x.sqlite").write_text("not sqlite")
     with pytest.raises(st.StoreError):
         st.Store.open(tmp_path / "x.sqlite")
+
+
+def test_a_version_1_store_with_timings_json_is_read_and_resumed(tmp_path):
+    s = _store(tmp_path)
+    s.conn.execute("ALTER TABLE runs ADD COLUMN timings_json TEXT")       # version 1 had it
+    s.conn.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
+    s.conn.commit()
+    s.start_run(seq=1, run_id="001-baseline", arm="baseline", block=1, host="h", run_dir="/r", runner_ident="a")
+    s.conn.execute("UPDATE runs SET timings_json='{\"old\": 1}' WHERE seq=1")
+    s.conn.commit()
+    s.close()
+    s = st.Store.open(tmp_path)
+    s.finish_run(1, status=st.OK, summary={"decode_tok_s_median": 82.0})
+    run = s.runs()[0]
+    assert run["status"] == "ok" and "timings" not in run and "timings_json" not in run
+    assert "timings_json" not in {r[1] for r in st.Store.create(tmp_path / "new.sqlite").conn.execute(
+        "PRAGMA table_info(runs)")}
+
+
+def test_open_refuses_an_unknown_schema_version(tmp_path):
+    s = _store(tmp_path)
+    s.conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    s.conn.commit()
+    s.close()
+    with pytest.raises(st.StoreError, match="schema version 99, this specab reads 1, 2"):
+        st.Store.open(tmp_path)

@@ -23,13 +23,13 @@ def test_full_cycle_start_ready_envcheck_stop_gpufree(server, sim):
     assert r.wall_s < 10, "start returns at once"
 
     progress = server.run_dir / "progress.json"
-    r = server.ready(120, "--progress", str(progress), "--phases-out", str(server.run_dir / "timings.json"))
+    r = server.ready(120, "--progress", str(progress), "--phases-out", str(server.run_dir / "ready.json"))
     assert r.rc == 0, r.error
     assert r.data["ready"] and r.data["endpoint"] == "/health_generate"
     assert {"load_weight_begin", "load_weight_end", "capture_cuda_graph_begin", "capture_cuda_graph_end",
             "ready_line"} <= set(r.data["phases"])
     assert json.loads(progress.read_text())["phase"] == "ready"
-    assert json.loads((server.run_dir / "timings.json").read_text())["ok"] is True
+    assert json.loads((server.run_dir / "ready.json").read_text())["ok"] is True
     assert len(sim.query("apps").splitlines()) == 2, "two TP workers hold GPU memory"
 
     r = run_tool("envcheck", "--node-dir", server.node_dir, "--env-file", server.run_dir / "nccl.env",

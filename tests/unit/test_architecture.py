@@ -75,3 +75,27 @@ def test_the_sequencer_names_its_phases_after_the_contract():
         [s.phase for s in contract.RUN_STEPS]
     # every display phase the sequencer can report is one the driver knows
     assert set(contract.NODE_PHASES) == set(contract.DISPLAY_PHASES)
+
+
+def _stray_docstrings(path: Path) -> list[str]:
+    """String-literal statements that are not the first statement of a module, class or function
+    (a docstring written after a statement is a no-op string, not the docstring)."""
+    tree = ast.parse(path.read_text(), str(path))
+    scopes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    bad = []
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, name, None)
+            if not isinstance(stmts, list):      # a lambda's or an if-expression's body is one expression
+                continue
+            for i, stmt in enumerate(stmts):
+                if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) \
+                        and isinstance(stmt.value.value, str) \
+                        and not (i == 0 and name == "body" and isinstance(node, scopes)):
+                    bad.append(f"{path.relative_to(REPO)}:{stmt.lineno}")
+    return bad
+
+
+def test_no_docstring_after_a_statement():
+    bad = [b for p in sorted((REPO / "specab").rglob("*.py")) for b in _stray_docstrings(p)]
+    assert not bad, f"string statements that are not docstrings (make them comments): {bad}"
