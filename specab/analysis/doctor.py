@@ -10,6 +10,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
+from scipy import stats as scipy_stats
+
 from specab.analysis import specmodel
 from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, reason_names
 from specab.analysis.stats import ExperimentStats, analyse
@@ -378,7 +380,7 @@ def instance_outlier(exp: Experiment, ctx: Context) -> list[Finding]:
         for r in runs:
             sib = [x.tok_s for x in runs if x is not r]
             med = statistics.median(sib)
-            mad = statistics.median([abs(v - med) for v in sib]) * 1.4826
+            mad = float(scipy_stats.median_abs_deviation(sib, scale="normal"))   # sigma-consistent MAD
             dev = r.tok_s - med   # type: ignore[operator]
             if abs(dev) / med > ctx.config.outlier_rel and abs(dev) > ctx.config.outlier_mads * max(mad, 1e-9):
                 out.append(Finding(

@@ -13,10 +13,10 @@ import functools
 import math
 import statistics
 from dataclasses import dataclass, field
-from statistics import NormalDist
 from typing import Callable, Sequence
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 from specab.analysis.model import Experiment, Run
 
@@ -25,63 +25,14 @@ DEFAULT_SEED = 20240601
 MIN_BOOTSTRAP_N = 5
 
 
-# ------------------------------------------------------------------------ Student t quantile (no scipy)
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction for the regularized incomplete beta (Numerical Recipes, Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
-        de = d * c
-        h *= de
-        if abs(de - 1.0) < 1e-14:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    lbeta = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(lbeta) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(lbeta) * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    x = df / (df + t * t)
-    tail = 0.5 * _betainc(df / 2.0, 0.5, x)
-    return 1.0 - tail if t > 0 else tail
-
+# ------------------------------------------------------------------------ Student t quantile
 
 @functools.lru_cache(maxsize=4096)     # pure; a report asks for the same few (p, df) hundreds of times
 def t_ppf(p: float, df: float) -> float:
-    """Quantile of Student's t (bisection on t_cdf)."""
+    """Quantile of Student's t (scipy.stats.t.ppf, cached)."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"p must lie in (0, 1), got {p}")
-    lo, hi = -1e3, 1e3
-    for _ in range(200):
-        mid = (lo + hi) / 2.0
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2.0
+    return float(scipy_stats.t.ppf(p, df))
 
 
 # ------------------------------------------------------------------------ bootstrap
@@ -118,7 +69,7 @@ def _expanded_alpha(n: int, level: float) -> float:
     if n < 2:
         return a
     z = math.sqrt(n / (n - 1.0)) * t_ppf(1.0 - a / 2.0, n - 1)
-    return 2.0 * (1.0 - NormalDist().cdf(z))
+    return 2.0 * float(scipy_stats.norm.sf(z))
 
 
 def bootstrap_ci(values: Sequence[float], stat: Callable[[np.ndarray], np.ndarray] | None = None, *,
@@ -350,12 +301,9 @@ def drift(exp: Experiment, level: float = 0.95) -> Drift:
     if np.ptp(x) == 0:
         return Drift([(float(a * 3600), float(b)) for a, b in zip(x, y)], None, None, None, False, exposed,
                      "drift: baseline runs have no spread in time." + expo)
-    xm, ym = x.mean(), y.mean()
-    sxx = float(((x - xm) ** 2).sum())
-    slope = float(((x - xm) * (y - ym)).sum() / sxx)
-    icept = ym - slope * xm
-    resid = y - (icept + slope * x)
-    se = math.sqrt(float((resid ** 2).sum()) / (n - 2) / sxx) if n > 2 else math.inf
+    fit = scipy_stats.linregress(x, y)
+    slope, icept = float(fit.slope), float(fit.intercept)
+    se = float(fit.stderr)
     tq = t_ppf(0.5 + level / 2.0, n - 2)
     ci = (slope - tq * se, slope + tq * se)
     start = icept

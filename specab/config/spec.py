@@ -50,7 +50,8 @@ class ArmSpec:
         return {"name": self.name, "server_args": dict(self.server_args), "env": dict(self.env)}
 
     def to_json(self, redact: bool = True) -> dict[str, Any]:
-        return {"name": self.name, "server_args": dict(self.server_args),
+        """The arm as stored and printed: secret-named env vars and server args (``api_key``) redacted."""
+        return {"name": self.name, "server_args": redact_env(self.server_args) if redact else dict(self.server_args),
                 "env": redact_env(self.env) if redact else dict(self.env),
                 "is_baseline": self.is_baseline, "baseline": self.baseline, "matrix": dict(self.matrix)}
 

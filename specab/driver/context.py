@@ -13,12 +13,12 @@ from specab.analysis import model, stats
 from specab.config.plan import PlannedRun, make_plan
 from specab.config.yamlfile import REPO_ROOT
 from specab.driver.options import ExperimentError, Options, Prepared, choose_executor, is_multinode
-from specab.driver.playbook import PlaybookResult, PlaybookRunner
+from specab.driver.playbook import PlaybookResult, PlaybookRunner, scrub_tree
 from specab.driver.progress import Progress
 from specab.driver.record import (PhaseClock, fetch_missing, ingest_run_dir, log_excerpt, node_run_dir,
                                   tail_file)
 from specab.driver.remote import read_tail
-from specab.node.contract import load_phase, secret_values
+from specab.node.contract import REDACTED, load_phase, secret_values
 from specab.results import store as st
 
 ARM_PLAYBOOK = "playbooks/arm.yml"
@@ -121,6 +121,10 @@ class RunContext:
             for h in hosts:
                 dest = run_dir if len(hosts) == 1 else run_dir / h.name
                 fetch_missing(h, self.node_run_dir(h, pr.run_id), dest)
+        # The node's run files may hold a secret verbatim (launch.sh and args.json carry a secret server arg
+        # such as --api-key, the engine's log prints its args, nccl.env its env): the controller's copy and
+        # the store never do.
+        scrub_tree(run_dir, self.secrets)
         ingested = ingest_run_dir(self.store, pr.seq, run_dir, [h.name for h in hosts])
         planned = int(self.p.experiment.bench.get("num_requests") or 0)
         # partial: fewer answered measured requests than planned (a crash cuts the file short, or leaves
@@ -139,6 +143,7 @@ class RunContext:
         status, phase, reason = outcome
         if status == st.FAILED and log_tail is None:
             log_tail = result.stdout_tail
+        log_tail, reason = self.scrub_text(log_tail), self.scrub_text(reason)
         self.store.finish_run(pr.seq, status=status, runner_status=result.status, runner_rc=result.rc,
                               failure_phase=phase if status != st.OK else None, failure_reason=reason,
                               log_tail=log_tail if status != st.OK else None, partial=partial,
@@ -148,6 +153,14 @@ class RunContext:
                               gpu_free=ingested.get("gpu_free"))
         self.progress.run_finished(status, time.time() - started, reason)
         return status
+
+    def scrub_text(self, text: str | None) -> str | None:
+        """A text with the experiment's secret values replaced (a remote log tail, a failure message)."""
+        if not text:
+            return text
+        for v in sorted({v for v in self.secrets if v and len(v) >= 4}, key=len, reverse=True):
+            text = text.replace(v, REDACTED)
+        return text
 
     # ------------------------------------------------------------------ interruption
     def stop_servers(self) -> str | None:

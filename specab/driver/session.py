@@ -32,7 +32,7 @@ from specab.driver.progress import Progress, print_summary
 from specab.driver.queue_executor import QueueExecutor
 from specab.driver.record import check_writable
 from specab.driver.signals import Interrupt
-from specab.node.contract import redact_mapping
+from specab.node.contract import redact_env, redact_mapping
 from specab.results import store as st
 from specab.results.locate import NotFound, default_runs_dir, locate
 
@@ -180,7 +180,8 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
         for arm in prepared.arms:
             s = stored.get(arm.name)
             now = arm.to_json()
-            if s is None or s["server_args"] != now["server_args"] or s["env"] != now["env"]:
+            # (redact_env: experiments stored before server args were redacted hold them verbatim)
+            if s is None or redact_env(s["server_args"]) != now["server_args"] or redact_env(s["env"]) != now["env"]:
                 raise ExperimentError(f"arm {arm.name}: the experiment file {ropts.experiment_file} no longer "
                                       f"resolves to the arm recorded in {store.path}; resuming would mix two "
                                       f"experiments. Restore the file or start a new experiment.")

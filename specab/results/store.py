@@ -54,7 +54,7 @@ CREATE TABLE IF NOT EXISTS arms (
     position             INTEGER NOT NULL,  -- order of definition
     is_baseline          INTEGER NOT NULL,  -- 1 for a non-speculative arm
     baseline             TEXT NOT NULL,     -- the baseline arm this arm is compared with (itself for a baseline)
-    server_args_json     TEXT NOT NULL,     -- resolved server args (SGLang field names), model_path included
+    server_args_json     TEXT NOT NULL,     -- resolved server args (SGLang field names), model_path included (secrets redacted)
     env_json             TEXT NOT NULL,     -- resolved env (secrets redacted)
     matrix_json          TEXT NOT NULL,     -- matrix values that made this arm ({} for file arms)
     speculative_algorithm TEXT,

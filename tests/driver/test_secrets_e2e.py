@@ -1,0 +1,115 @@
+"""Secrets end to end: an arm's secret server arg (``api_key``, flag ``--api-key``) and secret env var (a bare
+``TOKEN``) reach the engine, and appear in no stored file of the experiment.
+
+The controller once used a narrower secret rule than the node (``*_TOKEN``/``*_KEY`` but not ``api_key`` or
+``TOKEN``), so these two were redacted in the node's manifest yet left verbatim in the ansible-runner artifacts
+and the stored config. Now one rule (specab.node.contract.is_secret_name) serves everything; this test runs the
+real driver on the simulated node and greps every byte under the experiment directory: the runner artifacts
+(``.runner/**``), results.sqlite with its WAL, each run's files and manifest.json, and the report."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from specab.results import store as st
+from tests.driver.simnode import PYTHON, REPO, SimNode, driver, free_port, reap_driver
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+API_KEY = "SECRETAPIVALUE123"
+TOKEN = "SECRETTOKENVALUE456"
+SECRETS = (API_KEY.encode(), TOKEN.encode())
+
+ARMS = f"""\
+arms:
+  - name: baseline
+  - name: eagle3-s2
+    server_args:
+      speculative_algorithm: EAGLE3
+      speculative_draft_model_path: /models/Kimi-K2.5-EAGLE3
+      speculative_num_steps: 2
+      speculative_eagle_topk: 1
+      speculative_num_draft_tokens: 3
+      api_key: {API_KEY}
+    env:
+      TOKEN: {TOKEN}
+"""
+
+
+
+@pytest.fixture
+def node(tmp_path: Path):
+    n = SimNode(root=tmp_path, port=free_port())
+    yield n
+    n.cleanup()
+
+
+def _leaks(root: Path) -> list[tuple[Path, list[str], int]]:
+    out = []
+    for f in sorted(root.rglob("*")):
+        if f.is_file() and not f.is_symlink():
+            data = f.read_bytes()
+            found = [s.decode() for s in SECRETS if s in data]
+            if found:
+                out.append((f, found, f.stat().st_mode & 0o777))
+    return out
+
+
+@pytest.mark.parametrize("executor", ["queue", "per-run"])
+def test_secret_server_arg_and_env_reach_the_engine_and_no_stored_file(node: SimNode, executor: str):
+    """The run queue and the per-run path (whose runner artifacts hold the arm as an extravar) alike."""
+    node.profile = "instant"
+    exp_file = node.write_experiment("sec", arms=ARMS, num_requests=2, output_len=16)
+    inv = node.write_inventory()
+    proc = driver("--executor", executor, "--repeats", "1", "--seed", "1", "-e", str(exp_file), "-i", str(inv),
+                  "--runs-dir", str(node.runs_dir))
+    try:
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        reap_driver(proc, 60)
+    assert proc.returncode == 0, out[-4000:]
+    assert API_KEY not in out and TOKEN not in out, "a secret printed on the driver's output"
+    exp_dirs = [d for d in node.runs_dir.iterdir() if (d / st.FILENAME).exists()]
+    assert len(exp_dirs) == 1, exp_dirs
+    exp_dir = exp_dirs[0]
+    rep = subprocess.run([PYTHON, "driver.py", "report", str(exp_dir)], cwd=str(REPO), capture_output=True,
+                         text=True, timeout=300)
+    assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-2000:]
+    assert API_KEY not in rep.stdout + rep.stderr and TOKEN not in rep.stdout + rep.stderr
+
+    # both runs ran, and the secret arm's values reached the engine (its argv and its environment)
+    with st.Store.open(exp_dir) as s:
+        runs = s.runs()
+        assert [r["status"] for r in runs] == ["ok", "ok"], runs
+        exp_row = s.experiment()
+        arms = s.arms()
+        manifests = s.manifests()
+    spec_run = node.node_dir / "runs" / next(r["run_id"] for r in runs if r["arm"] == "eagle3-s2")
+    launch = (spec_run / "launch.sh").read_text()
+    assert "--api-key" in launch and API_KEY in launch, launch
+    assert f"TOKEN={TOKEN}" in (spec_run / "nccl.env").read_text()
+
+    # the places the issue names, looked at as the user would
+    for name in ("report.md", "report.html", "report.json"):
+        assert (exp_dir / name).exists(), name
+    assert (exp_dir / ".runner").is_dir() and any((exp_dir / ".runner").rglob("*"))
+    cfg = json.dumps(exp_row, default=str)
+    assert API_KEY not in cfg and TOKEN not in cfg
+    assert "<redacted>" in cfg                      # the stored config shows that a secret was there
+    assert arms and API_KEY not in json.dumps(arms, default=str) and TOKEN not in json.dumps(arms, default=str)
+    assert manifests and API_KEY not in json.dumps(manifests, default=str)
+    assert TOKEN not in json.dumps(manifests, default=str)
+    for m in exp_dir.rglob("manifest.json"):
+        text = m.read_text()
+        assert API_KEY not in text and TOKEN not in text, m
+
+    # every byte under the experiment directory: runner artifacts, results.sqlite and its WAL, each run's
+    # files (launch.sh, args.json, nccl.env, server.log, queue_entry.json: scrubbed on collection), the report
+    # (the store is closed by now, its WAL checkpointed into results.sqlite: grepping the file covers its free
+    # pages too, which keep the bytes of rows written before)
+    assert (exp_dir / spec_run.name / "launch.sh").exists()
+    leaks = [(str(f.relative_to(exp_dir)), found, oct(mode)) for f, found, mode in _leaks(exp_dir)]
+    assert not leaks, f"secret values in stored files: {leaks}"

@@ -1,0 +1,77 @@
+"""THE secret rule (specab.node.contract): which names are secrets, and how text, argv and mappings are redacted.
+
+The controller once used a narrower rule than the node: ``--api-key X`` (server arg ``api_key``) and a bare
+``TOKEN`` were redacted on the node but not in the runner scrub or the stored config. These cases pin the one
+rule; the end-to-end proof is tests/driver/test_secrets_e2e.py."""
+from __future__ import annotations
+
+import pytest
+
+from specab.node import contract as c
+
+R = c.REDACTED
+
+
+@pytest.mark.parametrize("name", ["TOKEN", "token", "HF_TOKEN", "hf_token", "api_key", "API_KEY", "--api-key",
+                                  "api-key", "KEY", "MY_SECRET", "db_password", "DB_PASSWORD", "PASSWORD_FILE",
+                                  "--db-password", "MY_NODE_TOKEN"])
+def test_secret_names(name):
+    assert c.is_secret_name(name)
+
+
+@pytest.mark.parametrize("name", ["NCCL_PROTO", "--max-tokens", "max_tokens", "MAX_TOKENS", "TOKENS",
+                                  "MAX_NEW_TOKENS", "max_total_tokens", "--max-prefill-tokens",
+                                  "speculative_num_draft_tokens", "--speculative-num-draft-tokens",
+                                  "tokenizer_path", "--tokenizer-path", "speculative_token_map", "KEYS", "monkey",
+                                  "tp_size", "host", "port"])
+def test_not_secret_names(name):
+    """``*_TOKENS`` (plural: counts, not credentials) and names merely containing ``token``/``key`` are not secrets."""
+    assert not c.is_secret_name(name)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("--api-key X", f"--api-key {R}"),
+    ("--api-key=X", f"--api-key={R}"),
+    ("TOKEN=x", f"TOKEN={R}"),
+    ("export TOKEN=x", f"export TOKEN={R}"),
+    ("HF_TOKEN=hf_abc", f"HF_TOKEN={R}"),
+    ("db_password=pw", f"db_password={R}"),
+    ("--api-key 'two words' --port 1", f"--api-key {R} --port 1"),
+    ("NCCL_PROTO=LL", "NCCL_PROTO=LL"),
+    ("--max-tokens 256", "--max-tokens 256"),
+    ("--max-tokens=256 MAX_TOKENS=3", "--max-tokens=256 MAX_TOKENS=3"),
+    ("--speculative-num-draft-tokens 3", "--speculative-num-draft-tokens 3"),
+])
+def test_redact_text(text, expected):
+    assert c.redact_text(text) == expected
+
+
+def test_redact_text_in_a_launch_line_keeps_the_rest():
+    line = "exec python -m sglang.launch_server --tp-size 8 --api-key SECRETAPI --max-total-tokens 9 NCCL_PROTO=LL"
+    out = c.redact_text(line)
+    assert "SECRETAPI" not in out
+    assert out == f"exec python -m sglang.launch_server --tp-size 8 --api-key {R} --max-total-tokens 9 NCCL_PROTO=LL"
+
+
+def test_redact_argv():
+    argv = ["python", "-m", "sglang.launch_server", "--api-key", "X1", "--api-key=X2", "--max-tokens", "256",
+            "TOKEN=x3", "--db-password", "x4", "NCCL_PROTO=LL"]
+    assert c.redact_argv(argv) == ["python", "-m", "sglang.launch_server", "--api-key", R, f"--api-key={R}",
+                                   "--max-tokens", "256", f"TOKEN={R}", "--db-password", R, "NCCL_PROTO=LL"]
+
+
+def test_redact_mapping_is_deep_and_leaves_other_keys():
+    m = {"server_args": {"api_key": "X", "max_total_tokens": 5, "tp_size": 8},
+         "env": {"TOKEN": "t", "HF_TOKEN": "h", "db_password": "p", "NCCL_PROTO": "LL", "MAX_TOKENS": "3"},
+         "arms": [{"name": "a", "env": {"TOKEN": "t2"}, "server_args": {"api_key": None}}]}
+    out = c.redact_mapping(m)
+    assert out == {"server_args": {"api_key": R, "max_total_tokens": 5, "tp_size": 8},
+                   "env": {"TOKEN": R, "HF_TOKEN": R, "db_password": R, "NCCL_PROTO": "LL", "MAX_TOKENS": "3"},
+                   "arms": [{"name": "a", "env": {"TOKEN": R}, "server_args": {"api_key": None}}]}
+    assert m["env"]["TOKEN"] == "t"          # a copy: the input is untouched
+
+
+def test_redact_env_and_secret_values():
+    env = {"TOKEN": "t", "api_key": "k", "NCCL_PROTO": "LL", "EMPTY_TOKEN": "", "--max-tokens": "7"}
+    assert c.redact_env(env) == {"TOKEN": R, "api_key": R, "NCCL_PROTO": "LL", "EMPTY_TOKEN": "", "--max-tokens": "7"}
+    assert sorted(c.secret_values(env, {"HF_TOKEN": "h", "MAX_TOKENS": "9"})) == ["h", "k", "t"]
