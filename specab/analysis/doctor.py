@@ -10,6 +10,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
+from specab.config import defaults
 from specab.analysis import specmodel
 from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, reason_names
 from specab.analysis.stats import ExperimentStats, analyse
@@ -326,7 +327,7 @@ def _concurrency(exp: Experiment) -> int:
     cfg = exp.meta.get("config") if isinstance(exp.meta, dict) else None
     bench = cfg.get("bench") if isinstance(cfg, dict) else None
     try:
-        return max(1, int(bench.get("concurrency", 1))) if isinstance(bench, dict) else 1
+        return max(1, int(bench.get("concurrency", defaults.get("bench_concurrency")))) if isinstance(bench, dict) else 1
     except (TypeError, ValueError):
         return 1
 
