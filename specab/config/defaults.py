@@ -1,4 +1,4 @@
-"""specab's defaults, one source for Ansible and Python: ``roles/specab_defaults/defaults/main.yml``.
+"""specab's defaults, one source for Ansible and Python: ``roles/specab/defaults/main.yml``.
 
 Every play loads that role first, the roles and playbooks default from its ``specab_*`` values, and the
 driver reads the same file here (plain YAML values only, no Jinja). An experiment's ``bench:`` and
@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from specab.config.yamlfile import REPO_ROOT, ConfigError, load_yaml
 
-DEFAULTS_FILE = REPO_ROOT / "roles" / "specab_defaults" / "defaults" / "main.yml"
+DEFAULTS_FILE = REPO_ROOT / "roles" / "specab" / "defaults" / "main.yml"
 PREFIX = "specab_"
 
 # experiment key -> the defaults file's variable

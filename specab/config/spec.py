@@ -75,12 +75,12 @@ class ExperimentSpec:
 
     @property
     def bench_settings(self) -> dict[str, Any]:
-        """`bench` with specab's defaults filled in (roles/specab_defaults): what the node runs."""
+        """`bench` with specab's defaults filled in (roles/specab): what the node runs."""
         return defaults.bench(self.bench)
 
     @property
     def timeout_settings(self) -> dict[str, Any]:
-        """`timeouts` with specab's defaults filled in (roles/specab_defaults)."""
+        """`timeouts` with specab's defaults filled in (roles/specab)."""
         return defaults.timeouts(self.timeouts)
 
 

@@ -163,7 +163,7 @@ class Entry(object):
         self.smi: List[str] = list(data["smi"])
         self.gpus = str(data.get("gpus") or "all")
         # every setting comes from the entry (enqueue.yml writes them from the inventory and the experiment,
-        # defaults in roles/specab_defaults): the sequencer has no defaults of its own
+        # defaults in roles/specab): the sequencer has no defaults of its own
         t, g = data["timeouts"], data["gpu_free"]
         try:
             self.stop_grace_s = float(t["stop_grace_s"])

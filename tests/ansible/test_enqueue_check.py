@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.timeout(600)]
 def test_enqueue_check_diff_shows_files_and_entries_and_changes_nothing(sim_node: SimNode) -> None:
     exp = experiment(sim_node.port, arms=[{"name": "baseline"},
                                           {"name": "eagle3-s2", "server_args": dict(EAGLE3), "env": {}}])
-    # public inventory variables (roles/specab_defaults), which the entry must carry, not literals or role vars
+    # public inventory variables (roles/specab), which the entry must carry, not literals or role vars
     sim_node.write_inventory(specab_gpu_free_threshold_mib=512, specab_bench_sample_interval_s=0.25,
                              specab_bench_python="/opt/client/bin/python3")
     runs = [{"seq": 1, "run_id": "001-eagle3-s2", "arm": resolved_arm(exp, 1)},

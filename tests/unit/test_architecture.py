@@ -82,14 +82,14 @@ def test_the_sequencer_names_its_phases_after_the_contract():
 ANSIBLE_FILES = sorted([*(REPO / "playbooks").rglob("*.yml"), *(REPO / "roles").rglob("*.yml")])
 
 
-def test_every_play_loads_specab_defaults_first():
+def test_every_play_loads_specab_first():
     for path in sorted((REPO / "playbooks").glob("*.yml")):
         for play in yaml.safe_load(path.read_text()):
             roles = [r["role"] if isinstance(r, dict) else r for r in play.get("roles") or []]
-            assert roles[:1] == ["specab_defaults"], f"{path.name}: play {play['name']!r} roles {roles}"
+            assert roles[:1] == ["specab"], f"{path.name}: play {play['name']!r} roles {roles}"
 
 
-def test_no_numeric_default_outside_specab_defaults_and_each_default_is_used():
+def test_no_numeric_default_outside_specab_and_each_default_is_used():
     import re
 
     from specab.config import defaults
@@ -98,12 +98,12 @@ def test_no_numeric_default_outside_specab_defaults_and_each_default_is_used():
     literal = re.compile(r"default\(\s*[0-9]")
     bad, text = [], ""
     for path in ANSIBLE_FILES:
-        if "specab_defaults" in path.parts:
+        if "specab" in path.parts:
             continue
         body = path.read_text()
         text += body
         bad += [f"{path.relative_to(REPO)}:{i}: {line.strip()}" for i, line in enumerate(body.splitlines(), 1)
                 if literal.search(line.replace("pid | default(0)", ""))]      # pid 0: "none yet" in check mode
-    assert not bad, "numeric defaults belong in roles/specab_defaults/defaults/main.yml:\n" + "\n".join(bad)
+    assert not bad, "numeric defaults belong in roles/specab/defaults/main.yml:\n" + "\n".join(bad)
     unused = [k for k in values if k not in text]
     assert not unused, f"defaults nobody reads: {unused}"
