@@ -12,6 +12,7 @@ from typing import Callable
 
 from scipy import stats as scipy_stats
 
+from specab.config import defaults
 from specab.analysis import specmodel
 from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, reason_names
 from specab.analysis.stats import ExperimentStats, analyse
@@ -328,7 +329,7 @@ def _concurrency(exp: Experiment) -> int:
     cfg = exp.meta.get("config") if isinstance(exp.meta, dict) else None
     bench = cfg.get("bench") if isinstance(cfg, dict) else None
     try:
-        return max(1, int(bench.get("concurrency", 1))) if isinstance(bench, dict) else 1
+        return max(1, int(bench.get("concurrency", defaults.get("bench_concurrency")))) if isinstance(bench, dict) else 1
     except (TypeError, ValueError):
         return 1
 

@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from specab.config import engine_args
+from specab.config import defaults, engine_args
 from specab.config.yamlfile import REPO_ROOT, ConfigError, check_unknown, key_line, load_yaml
 from specab.node.contract import REDACTED, is_secret_name, redact_env
 
@@ -73,6 +73,16 @@ class ExperimentSpec:
     def as_extravar(self) -> dict[str, Any]:
         """The experiment dict passed to the playbook as `specab_experiment`."""
         return copy.deepcopy(self.raw)
+
+    @property
+    def bench_settings(self) -> dict[str, Any]:
+        """`bench` with specab's defaults filled in (roles/specab): what the node runs."""
+        return defaults.bench(self.bench)
+
+    @property
+    def timeout_settings(self) -> dict[str, Any]:
+        """`timeouts` with specab's defaults filled in (roles/specab)."""
+        return defaults.timeouts(self.timeouts)
 
 
 def _is_spec(server_args: dict[str, Any]) -> bool:

@@ -76,7 +76,7 @@ class RunContext:
         """Callbacks for the live tails of server.log (load phases) and bench.jsonl (request lines).
         `enter_phases=False`: the phases come from elsewhere (the sequencer's phases.jsonl)."""
         bench_state = {"warm": 0, "measured": 0}
-        warmups = int(self.p.experiment.bench.get("warmup_requests") or 0)
+        warmups = int(self.p.experiment.bench_settings["warmup_requests"])
 
         load_order = ("loading", "loading weights", "capturing graphs", "ready")
 
@@ -106,7 +106,7 @@ class RunContext:
                 bench_state["measured"] += 1
                 if enter_phases:
                     clock.enter("benchmarking")
-                n = self.p.experiment.bench.get("num_requests")
+                n = self.p.experiment.bench_settings["num_requests"]
                 self.progress.log_line(f"request {bench_state['measured']}" + (f" of {n}" if n else "")
                                        + f": {rec.get('decode_tok_s') or 0:.1f} tok/s")
         return on_log, on_bench
@@ -126,7 +126,7 @@ class RunContext:
         # the store never do.
         scrub_tree(run_dir, self.secrets)
         ingested = ingest_run_dir(self.store, pr.seq, run_dir, [h.name for h in hosts])
-        planned = int(self.p.experiment.bench.get("num_requests") or 0)
+        planned = int(self.p.experiment.bench_settings["num_requests"])
         # partial: fewer answered measured requests than planned (a crash cuts the file short, or leaves
         # records of requests that failed after it)
         partial = planned > 0 and ingested["measured_ok"] < planned * len(hosts)

@@ -61,7 +61,7 @@ class PerRunExecutor:
         tails: list[LogTail] = []
 
         on_log, on_bench = self.ctx.tail_handlers(clock)
-        warmups = int(self.ctx.p.experiment.bench.get("warmup_requests") or 0)
+        warmups = int(self.ctx.p.experiment.bench_settings["warmup_requests"])
 
         def on_phase(phase: str) -> None:
             if phase == "starting" and clock.current in (None, "preparing"):

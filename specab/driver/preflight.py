@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from specab.config import defaults
 from specab.config.inventory import Host
 from specab.config.spec import ArmSpec
 from specab.config.yamlfile import ConfigError
@@ -55,7 +56,7 @@ def bind_warnings(arms: Iterable[ArmSpec]) -> list[str]:
 
 
 def _ports(arms: Iterable[ArmSpec], host: str) -> str:
-    ports = sorted({str(a.server_args.get("port", 30000)) for a in arms if str(a.server_args.get("host")) == host})
+    ports = sorted({str(a.server_args.get("port", defaults.get("server_port"))) for a in arms if str(a.server_args.get("host")) == host})
     return ", ".join(ports)
 
 

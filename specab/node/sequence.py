@@ -2,7 +2,7 @@
 """The node-side run queue ("sequencer"): runs queued runs back to back in one process.
 
     sequence.py --node-dir D ensure --experiment-id X [--idle-timeout 900]
-                [--smi JSON --gpus G --gpu-free-timeout S --stop-grace S]
+                [--smi JSON --gpus G --gpu-free-timeout S --gpu-free-threshold-mib M --stop-grace S]
     sequence.py --node-dir D reset --experiment-id X
     sequence.py --node-dir D wait --run-id R --timeout S
     sequence.py --node-dir D finish --experiment-id X
@@ -151,7 +151,7 @@ class Entry(object):
         if not os.path.isabs(self.run_dir) or os.path.realpath(self.run_dir) != os.path.realpath(want):
             raise ValueError("queue entry %s: run_dir %r is not this node's run directory %s"
                              % (name, self.run_dir, want))
-        for key in ("experiment_id", "arm", "host", "port", "url", "smi", "python", "bench"):
+        for key in ("experiment_id", "arm", "host", "port", "url", "smi", "python", "bench", "timeouts", "gpu_free"):
             if key not in data:
                 raise ValueError("queue entry %s lacks %r (see docs/architecture.md, queue entry)" % (name, key))
         if not isinstance(data["smi"], list) or not data["smi"] or not all(isinstance(w, str) for w in data["smi"]):
@@ -162,10 +162,17 @@ class Entry(object):
         self.url = str(data["url"]).rstrip("/")
         self.smi: List[str] = list(data["smi"])
         self.gpus = str(data.get("gpus") or "all")
-        t = data.get("timeouts") or {}
-        self.stop_grace_s = float(t.get("stop_grace_s", 15))
-        self.gpu_free_s = float(t.get("gpu_free_s", 60))
-        self.ready_s = float(t.get("ready_s", 1800))
+        # every setting comes from the entry (enqueue.yml writes them from the inventory and the experiment,
+        # defaults in roles/specab): the sequencer has no defaults of its own
+        t, g = data["timeouts"], data["gpu_free"]
+        try:
+            self.stop_grace_s = float(t["stop_grace_s"])
+            self.gpu_free_s = float(t["gpu_free_s"])
+            self.ready_s = float(t["ready_s"])
+            self.gpu_free_threshold_mib = float(g["threshold_mib"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError("queue entry %s: timeouts {stop_grace_s, gpu_free_s, ready_s} and gpu_free "
+                             "{threshold_mib} must be numbers (%s: %s)" % (name, type(exc).__name__, exc))
         self.bench: Dict[str, Any] = dict(data.get("bench") or {})
         self.bench_env = {str(k): str(v) for k, v in (data.get("bench_env") or {}).items() if v is not None}
         self.python = str(data["python"])
@@ -387,7 +394,7 @@ class RunSteps(object):
                 s.stop_server(e.smi, e.stop_grace_s, None)
             self.phases.begin("gpus-free-before")
             with s.gate.armed():
-                s.wait_free(e.smi, e.gpus, e.gpu_free_s)
+                s.wait_free(e.smi, e.gpus, e.gpu_free_s, e.gpu_free_threshold_mib)
             s.clean = True
         else:
             note = "the previous teardown stopped our server and verified the GPUs free"
@@ -588,7 +595,8 @@ class RunSteps(object):
 
         def wait_free() -> None:
             try:
-                free["out"] = s.wait_free(e.smi, e.gpus, e.gpu_free_s, e.path("gpu_free.json"), e.path("gpu_free.csv"))
+                free["out"] = s.wait_free(e.smi, e.gpus, e.gpu_free_s, e.gpu_free_threshold_mib, e.path("gpu_free.json"),
+                                          e.path("gpu_free.csv"))
             except ToolError as exc:
                 free["error"] = exc.message
             except Exception as exc:  # reported as a failed GPU check, never lost in the thread
@@ -711,10 +719,10 @@ class Sequencer(object):
         self.reap()
         return res
 
-    def wait_free(self, smi: List[str], gpus: str, timeout: float, out: Optional[str] = None,
+    def wait_free(self, smi: List[str], gpus: str, timeout: float, threshold_mib: float, out: Optional[str] = None,
                   csv: Optional[str] = None) -> Dict[str, Any]:
         gpufree = tool_module("gpufree")
-        argv = ["--smi", json.dumps(smi), "--gpus", gpus, "--threshold-mib", "64", "--timeout", str(timeout),
+        argv = ["--smi", json.dumps(smi), "--gpus", gpus, "--threshold-mib", str(threshold_mib), "--timeout", str(timeout),
                 "--node-dir", self.node_dir, "--interval", str(POLL_S)]
         argv += ["--out", out] if out else []
         argv += ["--csv", csv] if csv else []
@@ -754,7 +762,7 @@ class Sequencer(object):
         if a.smi:
             try:
                 res["stop"] = self.stop_server(a.smi, a.stop_grace, None)
-                res["gpu_free"] = self.wait_free(a.smi, a.gpus, a.gpu_free_timeout)
+                res["gpu_free"] = self.wait_free(a.smi, a.gpus, a.gpu_free_timeout, a.gpu_free_threshold_mib)
                 self.clean = True
             except ToolError as exc:
                 res.update(ok=False, error=exc.message)
@@ -908,7 +916,8 @@ def spawn(a: argparse.Namespace) -> Dict[str, Any]:
     argv = [sys.executable, os.path.abspath(__file__), "--node-dir", a.node_dir, "serve",
             "--experiment-id", a.experiment_id, "--idle-timeout", str(a.idle_timeout),
             "--lease-s", str(a.lease_s),
-            "--gpus", a.gpus, "--gpu-free-timeout", str(a.gpu_free_timeout), "--stop-grace", str(a.stop_grace)]
+            "--gpus", a.gpus, "--gpu-free-timeout", str(a.gpu_free_timeout),
+            "--gpu-free-threshold-mib", str(a.gpu_free_threshold_mib), "--stop-grace", str(a.stop_grace)]
     if a.smi:
         argv += ["--smi", json.dumps(a.smi)]
     log_path = os.path.join(a.node_dir, SEQUENCER_LOG)
@@ -1126,6 +1135,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="nvidia-smi argv (JSON list): at startup, stop leftovers and wait for free GPUs")
         sp.add_argument("--gpus", default="all")
         sp.add_argument("--gpu-free-timeout", type=float, default=60.0)
+        sp.add_argument("--gpu-free-threshold-mib", type=float, default=64.0,
+                        help="startup GPU check: a GPU is free at most this many MiB used (enqueue.yml passes the "
+                             "inventory's specab_gpu_free_threshold_mib; each run's own checks use its entry's)")
         sp.add_argument("--stop-grace", type=float, default=15.0)
 
     for name in ("ensure", "serve"):

@@ -78,7 +78,7 @@ def write_experiment(node: SimNode, name: str, arms: list[dict], *, server_args:
 
 def host_vars(node: SimNode, **extra: object) -> dict:
     hv = node.host_vars()
-    hv["bench_sample_interval_s"] = 0.25        # a few GPU samples inside every measured window
+    hv["specab_bench_sample_interval_s"] = 0.25       # a few GPU samples inside every measured window
     hv.update(extra)
     return hv
 
@@ -274,7 +274,7 @@ def test_short_outputs_make_the_requests_accept_length_disagree_with_the_log(nod
 def test_a_cpu_starved_client_is_the_bottleneck(nodes, tmp_path: Path):
     node = nodes("client", scale="20")
     exp = write_experiment(node, "client", [{"name": "baseline"}], output_len=2048, num_requests=2)
-    inv = node.write_inventory(host_vars(node, bench_python=str(quota_client_python(tmp_path, 0.04))))
+    inv = node.write_inventory(host_vars(node, specab_bench_python=str(quota_client_python(tmp_path, 0.04))))
     e = run(node, exp, inv, 1)
     by = findings(e)
     cb = by.get("client-bottleneck", [])

@@ -13,7 +13,9 @@ pytestmark = [pytest.mark.timeout(600)]
 def test_enqueue_check_diff_shows_files_and_entries_and_changes_nothing(sim_node: SimNode) -> None:
     exp = experiment(sim_node.port, arms=[{"name": "baseline"},
                                           {"name": "eagle3-s2", "server_args": dict(EAGLE3), "env": {}}])
-    sim_node.write_inventory()
+    # public inventory variables (roles/specab), which the entry must carry, not literals or role vars
+    sim_node.write_inventory(specab_gpu_free_threshold_mib=512, specab_bench_sample_interval_s=0.25,
+                             specab_bench_python="/opt/client/bin/python3")
     runs = [{"seq": 1, "run_id": "001-eagle3-s2", "arm": resolved_arm(exp, 1)},
             {"seq": 2, "run_id": "002-baseline", "arm": resolved_arm(exp, 0)}]
     result = sim_node.playbook("enqueue.yml", {"specab_experiment": exp, "specab_experiment_id": "t-20261129-000000",
@@ -30,6 +32,8 @@ def test_enqueue_check_diff_shows_files_and_entries_and_changes_nothing(sim_node
     assert "queue/.staging/000001-001-eagle3-s2.json" in flat and "queue/.staging/000002-002-baseline.json" in flat
     assert f'"url": "http://127.0.0.1:{sim_node.port}"' in out
     assert '"num_requests": 2' in out and '"stop_grace_s": 10.0' in out
+    assert out.count('"threshold_mib": 512.0') == 2, "the inventory's GPU-free threshold is in every entry"
+    assert out.count('"sample_interval_s": 0.25') == 2 and out.count('"python": "/opt/client/bin/python3"') == 2
     # nothing changed, nothing started
     assert not sim_node.node_dir.exists(), "check mode must not create the node directory"
     assert not processes_mentioning(str(sim_node.node_dir)), "check mode must start nothing"

@@ -114,7 +114,8 @@ class SeqNode:
                 "env": {"NCCL_PROTO": "LL", "NCCL_DEBUG": "INFO"}}
 
     def enqueue(self, seq: int, arm: Dict[str, Any], bench: Optional[Dict[str, Any]] = None,
-                node_env_extra: Optional[Dict[str, str]] = None, experiment_id: Optional[str] = None) -> str:
+                node_env_extra: Optional[Dict[str, str]] = None, experiment_id: Optional[str] = None,
+                gpu_free_threshold_mib: float = 64, gpu_free_s: float = 30) -> str:
         run_id = "%03d-%s" % (seq, arm["name"])
         run_dir = self.node_dir / "runs" / run_id
         if run_dir.exists():
@@ -134,7 +135,8 @@ class SeqNode:
         entry = {"version": 1, "experiment_id": exp, "seq": seq, "run_id": run_id, "arm": arm["name"],
                  "run_dir": str(run_dir), "host": host, "port": port, "url": "http://%s:%d" % (host, port),
                  "smi": self.smi, "gpus": "all", "python": PY, "engine_python": PY,
-                 "timeouts": {"stop_grace_s": 15, "gpu_free_s": 30, "ready_s": 120},
+                 "timeouts": {"stop_grace_s": 15, "gpu_free_s": gpu_free_s, "ready_s": 120},
+                 "gpu_free": {"threshold_mib": gpu_free_threshold_mib},
                  "bench": dict(bench or BENCH), "bench_env": self.node_env, "sample_interval_s": 0.2,
                  "env_verify": {"server_info": True},
                  "manifest": {"seed": 1, "extra": {"experiment_id": exp, "run_id": run_id, "arm": arm["name"],

@@ -229,6 +229,37 @@ def test_a_foreign_gpu_holder_is_refused_by_name_and_left_alone(node):
         holder.wait()
 
 
+def test_the_gpu_checks_use_the_inventorys_threshold_from_the_entry_not_a_literal(node):
+    """The queue executor honours an inventory's GPU-free threshold (specab_gpu_free_threshold_mib, which the
+    per-run gpu_free role defaults from): enqueue.yml passes it to `ensure` and writes it into every entry.
+    A GPU that keeps 200 MiB used after its process died is free under a 256 MiB threshold and not free
+    under the default 64."""
+    holder = subprocess.Popen([PY, "-m", "specab.sim.hold", "--gpu", "0", "--mib", "200", "--release-lag", "3600"],
+                              env=node.env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    holder.stdout.readline()
+    holder.kill()           # dead: no compute process listed, its 200 MiB stay used for an hour
+    holder.wait()
+    r = node.ensure("--gpu-free-timeout", "1")
+    assert r.rc == 1 and "not free" in r.error and "threshold 64" in r.error, r.error
+    r = node.ensure("--gpu-free-threshold-mib", "256")
+    assert r.rc == 0, r.error
+    start = json.loads((node.node_dir / "sequencer_start.json").read_text())
+    assert start["gpu_free"]["threshold_mib"] == 256
+
+    high = node.enqueue(1, node.arm("baseline"), gpu_free_threshold_mib=256)
+    w = node.wait(high)
+    assert (w.data["ok"], w.data["status"]) == (True, "ok"), w.data
+    free = json.loads(node.run_file(high, "gpu_free.json").read_text())
+    assert free["ok"] and free["threshold_mib"] == 256
+
+    default = node.enqueue(2, node.arm("baseline"), gpu_free_s=1)      # the default threshold, 64 MiB
+    w = node.wait(default)
+    assert (w.data["ok"], w.data["phase"]) == (False, "gpus free"), w.data
+    assert "are not free" in w.data["error"] and "threshold 64" in w.data["error"], w.data["error"]
+    assert json.loads(node.run_file(default, "gpu_free.json").read_text())["threshold_mib"] == 64
+    assert wait_for(lambda: node.record()["state"] == "halted", 30)
+
+
 def test_ensure_is_idempotent_replaces_another_experiment_and_reset_clears_the_queue(node):
     first = node.ensure()
     assert first.rc == 0 and first.data["ensured"] == "started"

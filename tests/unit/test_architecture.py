@@ -99,3 +99,34 @@ def _stray_docstrings(path: Path) -> list[str]:
 def test_no_docstring_after_a_statement():
     bad = [b for p in sorted((REPO / "specab").rglob("*.py")) for b in _stray_docstrings(p)]
     assert not bad, f"string statements that are not docstrings (make them comments): {bad}"
+
+# --------------------------------------------------------------------------- one source of defaults
+
+ANSIBLE_FILES = sorted([*(REPO / "playbooks").rglob("*.yml"), *(REPO / "roles").rglob("*.yml")])
+
+
+def test_every_play_loads_specab_first():
+    for path in sorted((REPO / "playbooks").glob("*.yml")):
+        for play in yaml.safe_load(path.read_text()):
+            roles = [r["role"] if isinstance(r, dict) else r for r in play.get("roles") or []]
+            assert roles[:1] == ["specab"], f"{path.name}: play {play['name']!r} roles {roles}"
+
+
+def test_no_numeric_default_outside_specab_and_each_default_is_used():
+    import re
+
+    from specab.config import defaults
+
+    values = defaults.load()                   # plain values, no Jinja (load() checks)
+    literal = re.compile(r"default\(\s*[0-9]")
+    bad, text = [], ""
+    for path in ANSIBLE_FILES:
+        if path.relative_to(REPO).parts[:2] == ("roles", "specab"):
+            continue
+        body = path.read_text()
+        text += body
+        bad += [f"{path.relative_to(REPO)}:{i}: {line.strip()}" for i, line in enumerate(body.splitlines(), 1)
+                if literal.search(line.replace("pid | default(0)", ""))]      # pid 0: "none yet" in check mode
+    assert not bad, "numeric defaults belong in roles/specab/defaults/main.yml:\n" + "\n".join(bad)
+    unused = [k for k in values if k not in text]
+    assert not unused, f"defaults nobody reads: {unused}"

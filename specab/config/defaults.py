@@ -1,0 +1,61 @@
+"""specab's defaults, one source for Ansible and Python: ``roles/specab/defaults/main.yml``.
+
+Every play loads that role first, the roles and playbooks default from its ``specab_*`` values, and the
+driver reads the same file here (plain YAML values only, no Jinja). An experiment's ``bench:`` and
+``timeouts:`` sections override the bench and timeout values, exactly as the playbooks do
+(``specab_experiment.bench.num_requests | default(specab_bench_num_requests)``).
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Mapping
+
+from specab.config.yamlfile import REPO_ROOT, ConfigError, load_yaml
+
+DEFAULTS_FILE = REPO_ROOT / "roles" / "specab" / "defaults" / "main.yml"
+PREFIX = "specab_"
+
+# experiment key -> the defaults file's variable
+BENCH_DEFAULTS = {k: f"specab_bench_{k}" for k in ("api", "num_requests", "warmup_requests", "input_len",
+                                                      "output_len", "concurrency", "seed", "timeout_s")}
+TIMEOUT_DEFAULTS = {"ready_s": "specab_ready_timeout_s", "stop_grace_s": "specab_stop_grace_s",
+                    "gpu_free_s": "specab_gpu_free_timeout_s"}
+
+
+@functools.lru_cache(maxsize=None)
+def load(path: Path = DEFAULTS_FILE) -> dict[str, Any]:
+    """The defaults file as a mapping ``specab_<name>: value`` (checked: plain values, no Jinja)."""
+    data, _ = load_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: specab's defaults must be a mapping of specab_* names to values.")
+    for k, v in data.items():
+        if not str(k).startswith(PREFIX):
+            raise ConfigError(f"{path}: {k!r} does not start with {PREFIX!r}.")
+        if isinstance(v, str) and ("{{" in v or "{%" in v):
+            raise ConfigError(f"{path}: {k} is a Jinja expression; this file holds plain values only "
+                              f"(specab/config/defaults.py reads it).")
+    return dict(data)
+
+
+def get(name: str) -> Any:
+    """One default by its variable name, with or without the ``specab_`` prefix."""
+    key = name if name.startswith(PREFIX) else PREFIX + name
+    values = load()
+    if key not in values:
+        raise KeyError(f"{key} is not in {DEFAULTS_FILE}")
+    return values[key]
+
+
+def bench(settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """An experiment's bench section with the defaults filled in (what the node runs)."""
+    out = {k: get(var) for k, var in BENCH_DEFAULTS.items()}
+    out.update({k: v for k, v in (settings or {}).items() if v is not None})
+    return out
+
+
+def timeouts(settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """An experiment's timeouts section with the defaults filled in."""
+    out = {k: get(var) for k, var in TIMEOUT_DEFAULTS.items()}
+    out.update({k: v for k, v in (settings or {}).items() if v is not None})
+    return out
