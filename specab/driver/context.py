@@ -14,8 +14,9 @@ from specab.config.plan import PlannedRun, make_plan
 from specab.config.yamlfile import REPO_ROOT
 from specab.driver.options import ExperimentError, Options, Prepared, choose_executor, is_multinode
 from specab.driver.playbook import PlaybookResult, PlaybookRunner
+from specab.driver import record
 from specab.driver.progress import Progress
-from specab.driver.record import (PhaseClock, fetch_missing, ingest_run_dir, log_excerpt, node_run_dir,
+from specab.driver.record import (PhaseClock, ingest_run_dir, log_excerpt, node_run_dir,
                                   tail_file)
 from specab.driver.remote import read_tail
 from specab.node.contract import load_phase, secret_values
@@ -120,7 +121,7 @@ class RunContext:
             # keep what the node produced (partial bench records, server log) when collect did not run
             for h in hosts:
                 dest = run_dir if len(hosts) == 1 else run_dir / h.name
-                fetch_missing(h, self.node_run_dir(h, pr.run_id), dest)
+                record.fetch_missing(h, self.node_run_dir(h, pr.run_id), dest)
         ingested = ingest_run_dir(self.store, pr.seq, run_dir, [h.name for h in hosts])
         planned = int(self.p.experiment.bench.get("num_requests") or 0)
         # partial: fewer answered measured requests than planned (a crash cuts the file short, or leaves
