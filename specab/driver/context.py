@@ -13,9 +13,10 @@ from specab.analysis import model, stats
 from specab.config.plan import PlannedRun, make_plan
 from specab.config.yamlfile import REPO_ROOT
 from specab.driver.options import ExperimentError, Options, Prepared, choose_executor, is_multinode
+from specab.driver import record
 from specab.driver.playbook import PlaybookResult, PlaybookRunner, scrub_tree
 from specab.driver.progress import Progress
-from specab.driver.record import (PhaseClock, fetch_missing, ingest_run_dir, log_excerpt, node_run_dir,
+from specab.driver.record import (PhaseClock, ingest_run_dir, log_excerpt, node_run_dir,
                                   tail_file)
 from specab.driver.remote import read_tail
 from specab.node.contract import REDACTED, load_phase, secret_values
@@ -120,7 +121,7 @@ class RunContext:
             # keep what the node produced (partial bench records, server log) when collect did not run
             for h in hosts:
                 dest = run_dir if len(hosts) == 1 else run_dir / h.name
-                fetch_missing(h, self.node_run_dir(h, pr.run_id), dest)
+                record.fetch_missing(h, self.node_run_dir(h, pr.run_id), dest)
         # The node's run files may hold a secret verbatim (launch.sh and args.json carry a secret server arg
         # such as --api-key, the engine's log prints its args, nccl.env its env): the controller's copy and
         # the store never do.
