@@ -16,6 +16,7 @@ from specab.config import defaults
 from specab.analysis import specmodel
 from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, reason_names
 from specab.analysis.stats import ExperimentStats, analyse
+from specab.node import engines
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -69,8 +70,28 @@ def _fmt_args(v) -> str:
 
 # ---------------------------------------------------------------------------------------------- rules
 
+def engine_generation(exp: Experiment) -> str:
+    """The SGLang generation the runs met, from their /server_info readback (0.5.23: `cuda_graph_config`)."""
+    for a in exp.arms:
+        for r in exp.runs_of(a.name, ok_only=False):
+            if r.server_args and "cuda_graph_config" in r.server_args:
+                return engines.SGLANG_0_5_23
+            if r.server_args and "cuda_graph_max_bs" in r.server_args:
+                return engines.SGLANG_0_5_9
+    return engines.SGLANG_0_5_9
+
+
+def _flag_on(gen: str, key: str) -> str:
+    """How a logical server argument is spelt on that generation (advice names only flags the node has)."""
+    if gen == engines.SGLANG_0_5_23 and key in engines.SPELLINGS:
+        first = engines.SPELLINGS[key][0]
+        return " ".join(engines.flag_of(k) + ("" if not isinstance(v, str) else f"={v}") for k, v in first)
+    return engines.flag_of(key)
+
+
 def verify_without_cuda_graph(exp: Experiment, ctx: Context) -> list[Finding]:
     out = []
+    gen = engine_generation(exp)
     for arm in exp.spec_arms:
         if not arm.is_spec:
             continue
@@ -89,8 +110,9 @@ def verify_without_cuda_graph(exp: Experiment, ctx: Context) -> list[Finding]:
         out.append(Finding(
             "verify-without-cuda-graph", "warning",
             f"{arm.name}: the verify forward ran without a CUDA graph in {1 - share:.0%} of decode steps, so every "
-            f"draft+verify cycle pays the eager (extend-mode) verify time. Check that --disable-cuda-graph is not set "
-            f"and --cuda-graph-max-bs covers the running batch, then rerun; the spec model shows how much a shorter "
+            f"draft+verify cycle pays the eager (extend-mode) verify time. Check that "
+            f"{'--cuda-graph-backend-decode is not `disabled`' if gen == engines.SGLANG_0_5_23 else '--disable-cuda-graph is not set'} "
+            f"and {_flag_on(gen, 'cuda_graph_max_bs')} covers the running batch, then rerun; the spec model shows how much a shorter "
             f"cycle lowers the break-even accept length.",
             ev, arm.name, [r.run_id for r in runs if r.log and r.log.cuda_graph_false]))
     return out
@@ -164,10 +186,15 @@ def nccl_missing_baseline_slow(exp: Experiment, ctx: Context) -> list[Finding]:
 
 def arms_not_like_for_like(exp: Experiment, ctx: Context) -> list[Finding]:
     values: dict[str, dict[str, object]] = {}
+    gen = engine_generation(exp)
     for a in exp.arms:
         runs = exp.runs_of(a.name, ok_only=False)
         effective = runs[0].server_args if runs and runs[0].server_args else a.server_args
         values[a.name] = {k: effective.get(k) for k in LIKE_FOR_LIKE}
+        if "cuda_graph_config" in effective:        # 0.5.23 readback: graph settings per phase
+            values[a.name]["cuda_graph_max_bs"] = engines.graph_max_bs(effective)
+            values[a.name]["disable_cuda_graph"] = engines.graph_disabled(effective)
+            values[a.name]["cuda_graph_bs"] = (effective["cuda_graph_config"].get("decode") or {}).get("bs")
     out = []
     base = values.get(exp.baseline, {})
     diffs = []
@@ -177,12 +204,14 @@ def arms_not_like_for_like(exp: Experiment, ctx: Context) -> list[Finding]:
             diffs.append((k, seen))
     if diffs:
         ev = [f"{k}: " + ", ".join(f"{arm}={_fmt_args(v)}" for arm, v in seen.items()) for k, seen in diffs]
-        fix = ", ".join(f"--{k.replace('_', '-')}" for k, _ in diffs)
+        fix = ", ".join(_flag_on(gen, k) for k, _ in diffs)
+        by_sglang = ("max_running_requests=48 from SGLang itself (SGLang 0.5.23 keeps the overlap scheduler on "
+                     "under speculation)" if engines.generation(gen).overlap_kept_under_spec else
+                     "max_running_requests=48 and the overlap scheduler disabled by SGLang itself")
         out.append(Finding(
             "arms-not-like-for-like", "warning",
             f"The arms differ in more than the speculative settings ({', '.join(k for k, _ in diffs)}), so the A/B "
-            f"is not like for like: EAGLE arms get max_running_requests=48 and the overlap scheduler disabled by "
-            f"SGLang itself. Set {fix} explicitly in the experiment's common server_args so every arm runs with the "
+            f"is not like for like: EAGLE arms get {by_sglang}. Set {fix} explicitly in the experiment's common server_args so every arm runs with the "
             f"same values.", ev, None, []))
     _ = base
     return out

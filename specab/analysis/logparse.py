@@ -28,6 +28,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator, Sequence
 
+from specab.node import engines
 from specab.node.contract import READY_LINE
 
 # --------------------------------------------------------------------------------------------------
@@ -75,8 +76,12 @@ _AVAIL = re.compile(r"avail mem=" + _NUM + r" ?GB")
 _MEM_USAGE = re.compile(r"mem usage=" + _NUM + r" ?GB")
 _KV = re.compile(r"#tokens: (?P<tokens>\d+)(?:, K size: (?P<k>[0-9.]+) GB, V size: (?P<v>[0-9.]+) GB"
                  r"|, KV size: (?P<kv>[0-9.]+) GB)?")
-_CAPTURE = re.compile(r"Capture (?P<which>draft extend |draft )?(?P<backend>\w+) graph (?P<edge>begin|end)")
-_ELAPSED = re.compile(r"Time elapsed: " + _NUM + r" ?s")
+# 0.5.9 "Capture [draft [extend ]]cuda graph begin|end"; 0.5.23 "Capture target|draft decode|verify CUDA graph
+# begin. backend=full, ..." / "... end. bs=[...], elapsed=X s, mem usage=..." (engines-2026.md A3)
+_CAPTURE = re.compile(r"Capture (?:(?P<role>target|draft) (?P<gphase>decode|verify|extend) (?P<backend_new>CUDA) graph"
+                      r"|(?P<which>draft extend |draft )?(?P<backend>\w+) graph) (?P<edge>begin|end)")
+_ELAPSED = re.compile(r"(?:Time elapsed: |elapsed=)" + _NUM + r" ?s")
+_GRAPH_MODE = re.compile(r"backend=(\w+)")
 _SHARDS = re.compile(r"Loading (?P<what>[\w ]+?) checkpoint shards:\s+(?P<pct>\d+)% Completed \| "
                      r"(?P<done>\d+)/(?P<total>\d+)")
 _CAPACITY = re.compile(r"(\w+)=([^,\s]+)")
@@ -183,6 +188,11 @@ def _parse_batch(line: str, m: re.Match) -> dict[str, Any]:
     if m.group("iter"):
         rec["iter"] = int(m.group("iter"))
     _batch_fields(line[m.end():].rstrip().rstrip(","), rec)
+    if "accept_rate" in rec:
+        # the accept-rate definition changed in 0.5.15+ ((tau-1)/K; 0.5.9 tau/(K+1)): say so when the line tells
+        gen = engines.accept_rate_generation([p.partition(": ")[0].strip() for p in line[m.end():].split(", ")])
+        if gen:
+            rec["accept_rate_def"] = gen
     return rec
 
 
@@ -213,9 +223,18 @@ def _parse_load(line: str) -> dict[str, Any] | None:
             return rec
     c = _CAPTURE.search(line)
     if c:
-        which = (c.group("which") or "").strip().replace(" ", "_") or "target"
-        rec = {"kind": "load", "phase": "graph_" + c.group("edge"), "graph": which,
-               "graph_backend": c.group("backend"), "ts": None, "rank": None}
+        if c.group("role"):
+            which = c.group("role") if c.group("gphase") != "extend" else c.group("role") + "_extend"
+            rec = {"kind": "load", "phase": "graph_" + c.group("edge"), "graph": which,
+                   "graph_phase": c.group("gphase"), "graph_backend": c.group("backend_new").lower(),
+                   "ts": None, "rank": None}
+            mode = _GRAPH_MODE.search(line)
+            if mode:
+                rec["graph_mode"] = mode.group(1)
+        else:
+            which = (c.group("which") or "").strip().replace(" ", "_") or "target"
+            rec = {"kind": "load", "phase": "graph_" + c.group("edge"), "graph": which,
+                   "graph_backend": c.group("backend"), "ts": None, "rank": None}
         _sgl_prefix(line, rec)
         for rx, name in ((_ELAPSED, "elapsed_s"), (_AVAIL, "avail_mem_gb"), (_MEM_USAGE, "mem_usage_gb")):
             x = rx.search(line)
@@ -349,6 +368,7 @@ class Summary:
     vllm_accepted: int = 0
     vllm_drafted: int = 0
     vllm_gen_throughput: _Mean = field(default_factory=_Mean)
+    accept_rate_defs: set = field(default_factory=set)     # engine generations whose definition a line showed
 
     def add(self, rec: dict[str, Any]) -> None:
         kind = rec["kind"]
@@ -363,6 +383,8 @@ class Summary:
         if kind == "decode":
             self.accept_len.add(rec.get("accept_len"))
             self.accept_rate.add(rec.get("accept_rate"))
+            if rec.get("accept_rate_def"):
+                self.accept_rate_defs.add(rec["accept_rate_def"])
             self.gen_throughput.add(rec.get("gen_throughput"))
             g = rec.get("cuda_graph")
             if g is True:
@@ -408,6 +430,9 @@ class Summary:
             "accept_len_mean": self.accept_len.mean,
             "accept_len_lines": self.accept_len.n,
             "accept_rate_mean": self.accept_rate.mean,
+            # which accept-rate definition the lines used, when they said (0.5.23: (tau-1)/K; else unknown)
+            "accept_rate_def": (next(iter(self.accept_rate_defs)) if len(self.accept_rate_defs) == 1
+                                else sorted(self.accept_rate_defs) or None),
             "gen_throughput_mean": self.gen_throughput.mean,
             "cuda_graph_true": self.graph_true,
             "cuda_graph_false": self.graph_false,

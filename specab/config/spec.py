@@ -45,9 +45,13 @@ class ArmSpec:
     is_baseline: bool
     baseline: str                       # name of the baseline arm this arm is compared with
     matrix: dict[str, Any] = field(default_factory=dict)   # matrix values that made it, if any
+    # server_args in the node engine's spelling (specab/node/engines.py spell_args), set by the driver once
+    # the node's `--help` is known; None: launch with the experiment's names
+    node_args: dict[str, Any] | None = None
 
     def to_extravar(self) -> dict[str, Any]:
-        return {"name": self.name, "server_args": dict(self.server_args), "env": dict(self.env)}
+        args = self.server_args if self.node_args is None else self.node_args
+        return {"name": self.name, "server_args": dict(args), "env": dict(self.env)}
 
     def to_json(self, redact: bool = True) -> dict[str, Any]:
         """The arm as stored and printed: secret-named env vars and server args (``api_key``) redacted."""

@@ -18,7 +18,7 @@ from specab.analysis import logparse, provenance, report, specmodel
 from specab.config.inventory import load_inventory
 from specab.config.matrix import MatrixError
 from specab.config.yamlfile import ConfigError
-from specab.driver import session
+from specab.driver import preflight, session
 from specab.driver.options import EXIT_INTERRUPTED, EXIT_USAGE, ExperimentError, Options, prepare
 from specab.driver.remote import status_all
 from specab.driver.render import render_arm
@@ -150,12 +150,15 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     opts = _options(args, args._argv)
     prepared = prepare(opts)
     host = prepared.inventory.hosts[0]
+    # the spelling of the node's engine build, when its flags are cached (plan itself touches no node)
+    ef = preflight.cached_engine_flags(host)
+    prepared = replace(prepared, arms=preflight.spell_arms(prepared.arms, [ef] if ef else []))
     if args.format == "json":
         arms = []
         for arm in prepared.arms:
             r = render_arm(_display_arm(arm), host)
             arms.append({**arm.to_json(), "launch_sh": r.launch_sh, "env_file": r.env_file})
-        json.dump({"seed": opts.seed, "order": opts.order, "repeats": opts.repeats, "notices": prepared.notices,
+        json.dump({"engine": preflight.describe_engine(ef), "seed": opts.seed, "order": opts.order, "repeats": opts.repeats, "notices": prepared.notices,
                    "hosts": [h.name for h in prepared.inventory.hosts],
                    "plan": [r.to_json() for r in prepared.plan], "arms": arms}, out, indent=2)
         out.write("\n")
@@ -165,7 +168,8 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     print(f"experiment {prepared.experiment.name} ({prepared.experiment.path}), inventory "
           f"{prepared.inventory.path} (hosts: {', '.join(h.name for h in prepared.inventory.hosts)})", file=out)
     print(f"{len(prepared.arms)} arms x {opts.repeats} blocks = {len(prepared.plan)} runs, order {opts.order}, "
-          f"seed {opts.seed}\n", file=out)
+          f"seed {opts.seed}", file=out)
+    print(preflight.describe_engine(ef) + "\n", file=out)
     print(f"{'seq':>4}  {'block':>5}  run_id", file=out)
     for r in prepared.plan:
         print(f"{r.seq:>4}  {r.block:>5}  {r.run_id}", file=out)
@@ -182,7 +186,8 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
 
 def _display_arm(arm: Any) -> Any:
     """The arm with secret values redacted, for printing."""
-    return replace(arm, env=redact_env(arm.env), server_args=redact_env(arm.server_args))
+    return replace(arm, env=redact_env(arm.env), server_args=redact_env(arm.server_args),
+                   node_args=None if arm.node_args is None else redact_env(arm.node_args))
 
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:

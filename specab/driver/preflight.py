@@ -11,6 +11,7 @@ Both only read: `--help` starts no server and writes nothing on the node.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import ipaddress
@@ -26,6 +27,7 @@ from specab.config.inventory import Host
 from specab.config.spec import ArmSpec
 from specab.config.yamlfile import ConfigError
 from specab.driver.remote import RemoteError, open_node
+from specab.node import engines
 
 DEFAULT_ENGINE_CMD = ["python3", "-m", "sglang.launch_server"]
 HELP_TIMEOUT_S = 180.0          # SGLang's --help imports torch: tens of seconds on a cold node
@@ -113,7 +115,10 @@ def cache_dir() -> Path:
 
 
 def _cache_file(host: Host, cmd: list[str], version: str) -> Path:
-    key = hashlib.sha256(json.dumps([host.name, host.address, cmd, version]).encode()).hexdigest()[:20]
+    # the node env is part of the key: the same interpreter with another engine environment (e.g. the
+    # simulator's SPECAB_SIM_SGLANG_VERSION) may be another engine build
+    env = sorted((str(k), str(v)) for k, v in (host.node_env or {}).items())
+    key = hashlib.sha256(json.dumps([host.name, host.address, cmd, version, env]).encode()).hexdigest()[:20]
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", host.name)[:40]
     return cache_dir() / f"{safe}-{key}.json"
 
@@ -161,6 +166,35 @@ def engine_flags(host: Host, node: Any | None = None) -> EngineFlags:
     return EngineFlags(host.name, tuple(cmd), version, frozenset(flags), cached=False)
 
 
+def cached_engine_flags(host: Host) -> EngineFlags | None:
+    """The newest cached flag list of `host`'s engine, read locally (touches no node), or None."""
+    cmd = _engine_cmd(host)
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", host.name)[:40]
+    best: tuple[float, EngineFlags] | None = None
+    for path in cache_dir().glob(f"{safe}-*.json"):
+        try:
+            data = json.loads(path.read_text())
+            if data.get("host") != host.name or data.get("engine_cmd") != cmd:
+                continue
+            ef = EngineFlags(host.name, tuple(cmd), data.get("version"), frozenset(data["flags"]), cached=True)
+            mtime = path.stat().st_mtime
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if best is None or mtime > best[0]:
+            best = (mtime, ef)
+    return best[1] if best else None
+
+
+def describe_engine(ef: EngineFlags | None) -> str:
+    """One line naming the engine build a plan is rendered for."""
+    if ef is None:
+        return ("engine build: not yet known (its `--help` is read, read-only and cached, before the first "
+                "launch); shown with the experiment's argument names")
+    gen = engines.generation_of_flags(ef.flags)
+    return (f"engine build: {ef.version or ' '.join(ef.engine_cmd)}, SGLang {gen} flag set "
+            f"({len(ef.flags)} flags, fingerprint {engines.flags_fingerprint(ef.flags)}, from the local cache)")
+
+
 class EngineHelpUnavailable(Exception):
     """The node's engine could not list its flags (the launch itself stays the final check)."""
 
@@ -169,7 +203,13 @@ def unknown_flags(arms: Iterable[ArmSpec], ef: EngineFlags) -> list[str]:
     """One message per (arm, argument) whose flag the node's engine does not list."""
     msgs = []
     for arm in arms:
-        for key, value in arm.server_args.items():
+        try:
+            spelled = engines.spell_args(arm.server_args, ef.flags)
+        except engines.NoSpelling as exc:
+            msgs.append(f"arm {arm.name} on {ef.host} ({ef.version or ' '.join(ef.engine_cmd)}, SGLang "
+                        f"{engines.generation_of_flags(ef.flags)} flags): {exc}")
+            continue
+        for key, value in spelled.items():
             if value is None or value is False:
                 continue        # omitted from the command line
             flag = flag_of(key)
@@ -180,6 +220,22 @@ def unknown_flags(arms: Iterable[ArmSpec], ef: EngineFlags) -> list[str]:
             msgs.append(f"arm {arm.name}: server_args.{key} -> {flag} is not a flag of the engine on {ef.host} "
                         f"({ef.version or ' '.join(ef.engine_cmd)}){hint}")
     return msgs
+
+
+def spell_arms(arms: Iterable[ArmSpec], results: list[EngineFlags]) -> list[ArmSpec]:
+    """The arms with `node_args` in the spelling of the checked node's engine (the first host's: the
+    hosts of one server run one engine build); unchanged when no engine listed its flags."""
+    if not results:
+        return list(arms)
+    ef = results[0]
+    out = []
+    for a in arms:
+        try:
+            out.append(dataclasses.replace(a, node_args=engines.spell_args(a.server_args, ef.flags)))
+        except engines.NoSpelling as exc:
+            raise PreflightError(f"arm {a.name} on {ef.host} ({ef.version or ' '.join(ef.engine_cmd)}, SGLang "
+                                 f"{engines.generation_of_flags(ef.flags)} flags): {exc}") from None
+    return out
 
 
 def check_engine_flags(arms: list[ArmSpec], hosts: list[Host], notice: Any = None) -> list[EngineFlags]:

@@ -12,6 +12,7 @@ keeps every finished run; ``resume`` runs exactly what is missing.
 """
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import time
 from importlib.metadata import PackageNotFoundError, version
@@ -139,8 +140,8 @@ def start(opts: Options, out: TextIO, progress: Progress | None = None) -> tuple
     check_writable(runs_dir)
     # the node's engine lists its flags (read-only, cached per node and engine version): an unknown flag is
     # refused now rather than after a model load of minutes (issue 6, item 14)
-    preflight.check_engine_flags(prepared.arms, prepared.inventory.hosts,
-                                 notice=lambda n: print(f"notice: {n}", file=out))
+    checked = preflight.check_engine_flags(prepared.arms, prepared.inventory.hosts,
+                                           notice=lambda n: print(f"notice: {n}", file=out))
     exp_id, exp_dir = _new_experiment_dir(runs_dir, prepared.experiment.name)
     store = st.Store.create(exp_dir / st.FILENAME)
     try:
@@ -152,6 +153,8 @@ def start(opts: Options, out: TextIO, progress: Progress | None = None) -> tuple
                                specab_version=_specab_version(), git_sha=_git_sha())
         store.write_arms([a.to_json() for a in prepared.arms])
         store.write_plan([r.to_json() for r in prepared.plan], repeats=opts.repeats)
+        # stored: the experiment's logical names; launched: the node engine's spelling (issue 15)
+        prepared = dataclasses.replace(prepared, arms=preflight.spell_arms(prepared.arms, checked))
         code = _run(prepared, opts, exp_id, exp_dir, store, list(prepared.plan), out, progress or Progress(),
                     total=len(prepared.plan))
         return conclude(code, store, exp_dir, out), exp_dir
@@ -190,6 +193,9 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
         print(f"resuming {row['id']}: {len(todo)} of {len(store.plan())} runs to do", file=out)
         if not todo:
             return conclude(EXIT_OK, store, exp_dir, out), exp_dir
+        checked = preflight.check_engine_flags(prepared.arms, prepared.inventory.hosts,
+                                               notice=lambda n: print(f"notice: {n}", file=out))
+        prepared = dataclasses.replace(prepared, arms=preflight.spell_arms(prepared.arms, checked))
         store.mark_running()
         code = _run(prepared, ropts, row["id"], exp_dir, store, todo, out, progress or Progress(),
                     total=len(store.plan()))

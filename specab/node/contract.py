@@ -212,6 +212,14 @@ LOAD_LINES: Tuple[LoadLine, ...] = (
     LoadLine("capture_cuda_graph_end", "Capture cuda graph end", "last", "graphs captured"),
     LoadLine("capture_draft_cuda_graph_begin", "Capture draft cuda graph begin", "first", "capturing graphs"),
     LoadLine("capture_draft_cuda_graph_end", "Capture draft cuda graph end", "last", None),
+    # SGLang 0.5.15+ (0.5.23) rewords the capture lines (shared/reference/engines-2026.md A3); same keys,
+    # so ready.json and the live progress read both generations
+    LoadLine("capture_cuda_graph_begin", "Capture target decode CUDA graph begin", "first", "capturing graphs"),
+    LoadLine("capture_cuda_graph_begin", "Capture target verify CUDA graph begin", "first", "capturing graphs"),
+    LoadLine("capture_cuda_graph_end", "Capture target decode CUDA graph end", "last", "graphs captured"),
+    LoadLine("capture_cuda_graph_end", "Capture target verify CUDA graph end", "last", "graphs captured"),
+    LoadLine("capture_draft_cuda_graph_begin", "Capture draft decode CUDA graph begin", "first", "capturing graphs"),
+    LoadLine("capture_draft_cuda_graph_end", "Capture draft decode CUDA graph end", "last", None),
     LoadLine("ready_line", READY_LINE, "first", "ready"),
 )
 
@@ -233,6 +241,8 @@ FATAL_LINES: Tuple[Tuple[str, "re.Pattern[str]"], ...] = (
     ("out of memory", re.compile(r"out of memory|OutOfMemoryError|Not enough memory", re.I)),
     ("unrecognized arguments", re.compile(r"error: unrecognized arguments")),
     ("invalid argument", re.compile(r"^\S*: error: argument ")),
+    # SGLang 0.5.23 with a 0.5.9 flag: "error: ambiguous option: --cuda-graph-max-bs could match ..." (exit 2)
+    ("ambiguous option", re.compile(r"error: ambiguous option: ")),
     ("address in use", re.compile(r"Address already in use|address already in use")),
     ("child failed", re.compile(r"Received sigquit from a child process|Scheduler hit an exception")),
 )

@@ -41,6 +41,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
+if __package__:                 # imported as specab.node.loadgen (the controller, tests)
+    from specab.node import engines
+else:                           # a sibling script in <node_dir>/bin
+    import engines  # type: ignore[no-redef]
+
 APIS = ("generate", "completions", "chat")
 API_PATHS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -154,7 +159,9 @@ class ChunkCounter:
     def _feed_generate(self, event: Dict[str, Any]) -> int:
         meta = event.get("meta_info") or {}
         if meta:
-            self.meta = meta
+            # spec fields come in the final chunk only (0.5.23; engines-2026.md A4): keep every spec_* seen
+            spec = {k: v for k, v in self.meta.items() if k.startswith("spec_")}
+            self.meta = {**spec, **meta}
             if meta.get("prompt_tokens") is not None:
                 self.prompt_tokens = int(meta["prompt_tokens"])
         ct = meta.get("completion_tokens")
@@ -290,7 +297,8 @@ def run_request(target: Target, api: str, body: Dict[str, Any], timeout: float) 
         "ok": False, "error": None, "start_ts": time.time(), "prompt_tokens": None,
         "output_tokens": None, "ttft_s": None, "e2e_s": None, "chunk_t_s": [], "chunk_tokens": [],
         "chunk_tokens_exact": None, "tokens_from": None, "decode_tok_s": None, "tpot_s": None,
-        "spec_verify_ct": None, "accept_len": None, "finish_reason": None,
+        "spec_verify_ct": None, "accept_len": None, "spec_correct_drafts": None, "spec_proposed_drafts": None,
+        "finish_reason": None,
     }  # type: Dict[str, Any]
     counter = ChunkCounter(api)
     path = target.base_path + API_PATHS[api]
@@ -367,7 +375,8 @@ def _finish_record(rec: Dict[str, Any], counter: ChunkCounter, e2e: float) -> No
     chunk_t = rec["chunk_t_s"]
     chunk_n = rec["chunk_tokens"]
     out = counter.reported_total if counter.reported_total is not None else counter.total
-    rec.update(decode_tok_s=None, tpot_s=None, spec_verify_ct=None, accept_len=None)
+    rec.update(decode_tok_s=None, tpot_s=None, spec_verify_ct=None, accept_len=None, spec_correct_drafts=None,
+               spec_proposed_drafts=None)
     rec["ok"] = True
     rec["output_tokens"] = out
     rec["prompt_tokens"] = counter.prompt_tokens
@@ -388,6 +397,12 @@ def _finish_record(rec: Dict[str, Any], counter: ChunkCounter, e2e: float) -> No
         rec["spec_verify_ct"] = verify
         ct = counter.meta.get("completion_tokens")
         rec["accept_len"] = (ct if isinstance(ct, int) else out) / verify
+    # both field-name generations (0.5.9 spec_accept_token_num/spec_draft_token_num, 0.5.23 renamed)
+    spec = engines.spec_meta(counter.meta)
+    for src, dst in (("spec_num_correct_drafts", "spec_correct_drafts"),
+                     ("spec_num_proposed_drafts", "spec_proposed_drafts")):
+        if isinstance(spec.get(src), int):
+            rec[dst] = spec[src]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -84,6 +85,10 @@ class ServerArgs:
     disable_cuda_graph_padding: bool = False
     cuda_graph_max_bs: Optional[int] = None
     cuda_graph_bs: Optional[list[int]] = None
+    cuda_graph_backend_decode: Optional[str] = None      # 0.5.23: full | breakable | disabled
+    cuda_graph_backend_prefill: Optional[str] = None
+    cuda_graph_max_bs_prefill: Optional[int] = None
+    cuda_graph_bs_prefill: Optional[list[int]] = None
     disable_custom_all_reduce: bool = False
     disable_overlap_schedule: bool = False
     enable_mixed_chunk: bool = False
@@ -190,10 +195,38 @@ _FLAGS: list[tuple[tuple[str, ...], str, Any, dict[str, Any]]] = [
 ]
 
 
-def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+# 0.5.23 (shared/facts/sglang-0.5.23-help.txt): the legacy graph flags are gone (a prefix of the per-phase ones,
+# so argparse answers "ambiguous option" and exits 2), --disable-cuda-graph is a deprecated alias.
+_REMOVED_0523 = ("--cuda-graph-max-bs", "--cuda-graph-bs", "--stream-output")
+_FLAGS_0523: list[tuple[tuple[str, ...], str, Any, dict[str, Any]]] = [
+    (("--cuda-graph-backend-decode",), "cuda_graph_backend_decode", str, {"choices": ["full", "breakable", "disabled"]}),
+    (("--cuda-graph-backend-prefill",), "cuda_graph_backend_prefill", str, {"choices": ["full", "breakable", "disabled"]}),
+    (("--cuda-graph-max-bs-decode",), "cuda_graph_max_bs", int, {}),
+    (("--cuda-graph-max-bs-prefill",), "cuda_graph_max_bs_prefill", int, {}),
+    (("--cuda-graph-bs-decode",), "cuda_graph_bs", int, {"nargs": "+"}),
+    (("--cuda-graph-bs-prefill",), "cuda_graph_bs_prefill", int, {"nargs": "+"}),
+]
+_IGNORED = "_sim_ignored_"
+
+
+def _help_0523_flags() -> list[str]:
+    """Every long flag of SGLang 0.5.23's real --help (the usage block lists each one)."""
+    import re
+    from specab.sim.versions import HELP_0523
+    text = HELP_0523.read_text()
+    usage = text.split("\n\n", 1)[0]
+    return sorted(set(re.findall(r"\[(--[A-Za-z0-9][A-Za-z0-9_-]*)", usage)) - {"--help"})
+
+
+def build_parser(prog: Optional[str] = None, version: str = "0.5.23") -> argparse.ArgumentParser:
+    """SGLang's argparse parser of `version` (0.5.9: the simulator's subset; 0.5.23: the same subset with the
+    per-phase graph flags, and every other flag of the real 0.5.23 --help accepted and ignored)."""
     parser = argparse.ArgumentParser(prog=prog)
     defaults = ServerArgs()
-    for flags, dest, kind, extra in _FLAGS:
+    table = _FLAGS
+    if version != "0.5.9":
+        table = [f for f in _FLAGS if f[0][0] not in _REMOVED_0523] + _FLAGS_0523
+    for flags, dest, kind, extra in table:
         default = getattr(defaults, dest)
         if kind == "store_true":
             parser.add_argument(*flags, dest=dest, action="store_true", **extra)
@@ -202,13 +235,27 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
             if not extra.get("required"):
                 extra.setdefault("default", default)
             parser.add_argument(*flags, dest=dest, type=kind, **extra)
+    if version != "0.5.9":
+        known = {f for flags, _, _, _ in table for f in flags}
+        for i, flag in enumerate(f for f in _help_0523_flags() if f not in known):
+            parser.add_argument(flag, dest=f"{_IGNORED}{i}", nargs="*", help=argparse.SUPPRESS)
     return parser
 
 
-def parse_server_args(argv: list[str], prog: Optional[str] = None) -> ServerArgs:
-    """Parse SGLang flags (argparse exits 2 with "unrecognized arguments" on an unknown flag)."""
-    ns = build_parser(prog).parse_args(argv)
-    return ServerArgs(**vars(ns))
+def parse_server_args(argv: list[str], prog: Optional[str] = None, version: str = "0.5.23") -> ServerArgs:
+    """Parse SGLang flags (argparse exits 2 with "unrecognized arguments" on an unknown flag, and on 0.5.23
+    with "ambiguous option: --cuda-graph-max-bs could match ..." for the removed legacy graph flags).
+    On 0.5.23 `--help` prints the real 0.5.23 help text."""
+    if version != "0.5.9" and ("--help" in argv or "-h" in argv):
+        from specab.sim.versions import HELP_0523
+        sys.stdout.write(HELP_0523.read_text())
+        sys.stdout.flush()
+        raise SystemExit(0)
+    ns = build_parser(prog, version).parse_args(argv)
+    values = {k: v for k, v in vars(ns).items() if not k.startswith(_IGNORED)}
+    if version != "0.5.9" and values.get("cuda_graph_backend_decode") == "disabled":
+        values["disable_cuda_graph"] = True     # the simulator models decode graphs only
+    return ServerArgs(**values)
 
 
 def auto_speculative_params(architecture: str, algorithm: str) -> tuple[int, int, int]:
@@ -220,7 +267,8 @@ def auto_speculative_params(architecture: str, algorithm: str) -> tuple[int, int
     return (3, 1, 4)
 
 
-def apply_rules(args: ServerArgs, architecture: str = "DeepseekV3ForCausalLM") -> tuple[ServerArgs, list[str]]:
+def apply_rules(args: ServerArgs, architecture: str = "DeepseekV3ForCausalLM",
+                version: str = "0.5.23") -> tuple[ServerArgs, list[str]]:
     """SGLang's ``__post_init__`` rules for the arguments an A/B run uses.
 
     Returns the adjusted copy and the warnings SGLang logs. Raises :class:`SpecRuleError` for
@@ -250,10 +298,11 @@ def apply_rules(args: ServerArgs, architecture: str = "DeepseekV3ForCausalLM") -
             a.max_running_requests = 48
             warnings.append("Max running requests is reset to 48 for speculative decoding. "
                             "You can override this by explicitly setting --max-running-requests.")
-        if not a.disable_overlap_schedule:
+        # 0.5.23: spec v2 is the only worker, the overlap scheduler stays on and mixed chunk is kept
+        if version == "0.5.9" and not a.disable_overlap_schedule:
             a.disable_overlap_schedule = True
             warnings.append("Overlap scheduler is disabled because of using eagle speculative decoding.")
-        if a.enable_mixed_chunk:
+        if version == "0.5.9" and a.enable_mixed_chunk:
             a.enable_mixed_chunk = False
             warnings.append("Mixed chunked prefill is disabled because of using eagle speculative decoding.")
         if a.speculative_num_steps is None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from specab.sim.loadplan import Capacity
+from specab.sim import versions
 from specab.sim.simlog import SimLogger
 from specab.sim.throttle import Throttle
 from specab.sim.timing import TimingModel, request_rng
@@ -308,9 +309,15 @@ class Engine:
         elapsed = max(1e-9, time.monotonic() - self._last_prefill)
         self._last_prefill = time.monotonic()
         usage = (self._num_used() + sum(r.prompt_tokens for r in batch)) / max(1, self.cap.max_total_num_tokens)
-        self.log.info(f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, "
-                      f"#cached-token: {cached}, token usage: {usage:.2f}, #running-req: {running_before}, "
-                      f"#queue-req: {len(self.waiting)}, input throughput (token/s): {new_tokens / elapsed:.2f}, ")
+        if versions.current().name == "0.5.9":
+            self.log.info(f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, "
+                          f"#cached-token: {cached}, token usage: {usage:.2f}, #running-req: {running_before}, "
+                          f"#queue-req: {len(self.waiting)}, input throughput (token/s): {new_tokens / elapsed:.2f}, ")
+        else:       # 0.5.23 metrics_reporter.py:754-779: #pending-token, then the graph field, no trailing comma
+            self.log.info(f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, "
+                          f"#cached-token: {cached}, token usage: {usage:.2f}, #running-req: {running_before}, "
+                          f"#queue-req: {len(self.waiting)}, #pending-token: {sum(r.prompt_tokens for r in self.waiting)}, "
+                          f"cuda graph: False, input throughput (token/s): {new_tokens / elapsed:.2f}")
         for r in batch:
             if r.aborted:
                 continue
@@ -376,7 +383,10 @@ class Engine:
         msg = f"Decode batch, #running-req: {len(self.running)}, #token: {num_used}, token usage: {usage:.2f}, "
         if self.timing.speculative:
             acc = self._win_accept_tokens / self._win_accept_steps if self._win_accept_steps else 0.0
-            rate = acc / max(1, self.timing.draft_tokens)
+            k = max(1, self.timing.draft_tokens)
+            # 0.5.9: accepted tokens incl. bonus / (verify * draft tokens); 0.5.23: correct drafts /
+            # (verify * (draft tokens - 1)) (engines-2026.md A3)
+            rate = acc / k if versions.current().name == "0.5.9" else max(0.0, acc - 1) / max(1, k - 1)
             msg += f"accept len: {acc:.2f}, accept rate: {rate:.2f}, "
             self.stats.last_accept_length = acc
         msg += f"cuda graph: {graph}, gen throughput (token/s): {thr:.2f}, #queue-req: {len(self.waiting)}"

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from aiohttp import web
 
 from specab.sim.args import ServerArgs
+from specab.sim import versions
 from specab.sim.engine import Engine, GenRequest, count_prompt_tokens
 from specab.sim.loadplan import Capacity
 from specab.sim.simlog import SimLogger
@@ -140,7 +141,22 @@ class Api:
         return st
 
     def _server_info(self) -> dict[str, Any]:
-        return {**self.s.args.to_dict(),
+        args = self.s.args.to_dict()
+        if versions.current().name != "0.5.9":
+            # 0.5.23: no cuda_graph_max_bs/_bs keys; the resolved graph settings sit in cuda_graph_config
+            a = self.s.args
+            max_bs = self.s.engine.timing.cuda_graph_max_bs
+            for k in ("cuda_graph_max_bs", "cuda_graph_bs", "cuda_graph_max_bs_prefill", "cuda_graph_bs_prefill",
+                      "cuda_graph_backend_decode", "cuda_graph_backend_prefill", "stream_output"):
+                args.pop(k, None)
+            args["cuda_graph_config"] = {
+                "decode": {"backend": "disabled" if a.disable_cuda_graph else (a.cuda_graph_backend_decode or "full"),
+                           "max_bs": max_bs,
+                           "bs": list(a.cuda_graph_bs) if a.cuda_graph_bs else
+                           [b for b in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64) if b <= max_bs] or [1]},
+                "prefill": {"backend": a.cuda_graph_backend_prefill or ("disabled" if a.disable_cuda_graph else "full"),
+                            "max_bs": a.cuda_graph_max_bs_prefill, "bs": a.cuda_graph_bs_prefill}}
+        return {**args,
                 "max_total_num_tokens": self.s.cap.max_total_num_tokens,
                 "max_req_input_len": self.s.cap.context_len - 5,
                 "internal_states": [self._internal_state()],
@@ -212,10 +228,17 @@ class Api:
             "completion_tokens": count,
             "cached_tokens": req.cached_tokens,
         }
-        if self.s.args.speculative_algorithm:
+        if self.s.args.speculative_algorithm and finished:
+            # per-request spec fields in the final chunk only (both versions; engines-2026.md A4), 0.5.23 names
             meta["spec_verify_ct"] = req.verify_ct
-            if finished:
-                meta["spec_accept_length"] = count / req.verify_ct if req.verify_ct else 0.0
+            meta["spec_accept_length"] = count / req.verify_ct if req.verify_ct else 0.0
+            k = max(1, (self.s.args.speculative_num_draft_tokens or 1) - 1)
+            correct, proposed = max(0, count - req.verify_ct), req.verify_ct * k
+            old = versions.current().name == "0.5.9"
+            meta["spec_accept_token_num" if old else "spec_num_correct_drafts"] = correct
+            meta["spec_draft_token_num" if old else "spec_num_proposed_drafts"] = proposed
+            if not old:
+                meta["spec_accept_rate"] = correct / proposed if proposed else 0.0
         if finished:
             meta["e2e_latency"] = (req.finished_at or time.time()) - req.created
         return meta

@@ -1,8 +1,9 @@
 """The simulated SGLang server: ``python -m specab.sim.launch_server <SGLang flags>``.
 
-Process tree like SGLang 0.5.x: this main process (HTTP server + tokenizer manager, titled
-``sglang::http_server/tokenizer_manager``), one ``sglang::scheduler_TP{r}`` per local TP rank and one
-``sglang::detokenizer``; the children die with the parent (PR_SET_PDEATHSIG). The port stays closed
+Process tree like SGLang 0.5.x: this main process (HTTP server + tokenizer manager, untitled as in
+SGLang), one ``sglang::scheduler_TP{r}`` per local TP rank (``sglang::scheduler`` at TP 1) and one
+``sglang::detokenizer``; the SGLang release played is ``SPECAB_SIM_SGLANG_VERSION`` (:mod:`specab.sim.versions`:
+0.5.23 default, 0.5.9 kept: flags, log lines, /server_info, meta_info, env and shutdown follow it); the children die with the parent (PR_SET_PDEATHSIG). The port stays closed
 while the schedulers "load"; then the HTTP server starts, a warm-up request runs, and the server logs
 ``The server is fired up and ready to roll!``. Environment: see :mod:`specab.sim.settings`.
 """
@@ -20,6 +21,7 @@ import sys
 import time
 from typing import Any, Optional
 
+from specab.sim import versions
 from specab.sim.args import ServerArgs, SpecRuleError, apply_rules, parse_server_args
 from specab.sim.gpustate import GpuNode
 from specab.sim.loadplan import capacity, scheduler_plan
@@ -300,6 +302,14 @@ class Launch:
                 remaining = max(st.inflight, len(st.engine.running) + len(st.engine.waiting))
                 self.log.info(f"Gracefully exiting... remaining number of requests {remaining}")
                 await asyncio.sleep(poll)
+        if versions.current().shutdown_req:
+            # 0.5.23 (tokenizer_manager.py:3508-3570): ShutdownReq to the schedulers, wait up to 15 s, kill the
+            # children only, stop uvicorn; the main process exits normally (0)
+            self.log.info("Sending ShutdownReq to the schedulers and waiting for them to exit.")
+            self.kill_tree(include_parent=False)
+            self.log.raw("INFO:     Shutting down")
+            self.log.raw("INFO:     Application shutdown complete.")
+            return
         self.kill_tree()
 
     async def _dummy_health(self) -> int:
@@ -338,18 +348,26 @@ def _print_rule_error(exc: BaseException) -> None:
     sys.stderr.flush()
 
 
-def apply_sglang_env(args: ServerArgs) -> None:
-    """Environment SGLang's _set_envs_and_config sets before spawning the schedulers (0.5.x)."""
+def apply_sglang_env(args: ServerArgs, version: str = versions.DEFAULT) -> None:
+    """Environment SGLang's _set_envs_and_config sets before spawning the schedulers (engine.py:1878-1921;
+    0.5.9 engine.py:807-819): CUDA_DEVICE_MAX_CONNECTIONS=8 in both, CUDA_MODULE_LOADING=AUTO in 0.5.9 only."""
     os.environ.setdefault("NCCL_CUMEM_ENABLE", str(int(args.enable_symm_mem)))
     if not args.enable_symm_mem:
         os.environ.setdefault("NCCL_NVLS_ENABLE", str(int(args.enable_nccl_nvls)))
-    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "4"
-    os.environ["CUDA_MODULE_LOADING"] = "AUTO"
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
+    if versions.VERSIONS[version].cuda_module_loading:
+        os.environ["CUDA_MODULE_LOADING"] = "AUTO"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = parse_server_args(argv)      # exits 2 with "unrecognized arguments", as SGLang does
+    try:
+        version = versions.current()
+    except versions.VersionError as exc:
+        sys.stderr.write(f"specab.sim: {exc}\n")
+        return 1
+    # exits 2 with "unrecognized arguments" (0.5.23 also "ambiguous option"), as SGLang does
+    args = parse_server_args(argv, version=version.name)
     log = SimLogger("")
     try:
         settings = SimSettings.from_env()
@@ -358,19 +376,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         sys.stderr.write(f"specab.sim: {exc}\n")
         return 1
     try:
-        args, warnings = apply_rules(args, profile.model.architecture)
+        args, warnings = apply_rules(args, profile.model.architecture, version=version.name)
     except SpecRuleError as exc:
         _print_rule_error(exc)
         return 1
     log = SimLogger("", level=args.log_level)
+    if version.graph_flags_per_phase and "--disable-cuda-graph" in argv:
+        log.warning("--disable-cuda-graph is deprecated; use --cuda-graph-backend-decode=disabled "
+                    "--cuda-graph-backend-prefill=disabled instead.")
     for w in warnings:
         log.warning(w)
     if settings.faults.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from specab.sim.procutil import set_title
-    set_title("sglang::http_server/tokenizer_manager")
+    # the main process (HTTP server + tokenizer manager) is untitled in SGLang, both versions (A7)
     log.info(f"server_args={args!r}")
-    apply_sglang_env(args)
+    apply_sglang_env(args, version.name)
     try:
         return asyncio.run(Launch(args, settings, profile, log).run())
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specab.sim.args import ServerArgs
+from specab.sim import versions
 from specab.sim.profile import Profile
 
 GIB_MIB = 1024.0
@@ -93,18 +94,33 @@ def scheduler_plan(profile: Profile, args: ServerArgs, tp_rank: int, oom: bool, 
                      else args.cuda_graph_max_bs, cap.max_running_requests)
         sizes = [b for b in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160, 192, 224, 256)
                  if b <= bs_max] or [1]
-        step(0.0, f"Capture cuda graph begin. This can take up to several minutes. avail mem={_gb(total - used)} GB")
-        step(0.0, f"Capture cuda graph bs {sizes}")
-        used += cap.graph_mib * 3 // 4
-        step(ld.cuda_graph_s, f"Capture cuda graph end. Time elapsed: {ld.cuda_graph_s:.2f} s. "
-                              f"mem usage={_gb(cap.graph_mib * 3 // 4)} GB. avail mem={_gb(total - used)} GB.", used)
-        if args.speculative_algorithm:
-            step(0.0, f"Capture draft cuda graph begin. This can take up to several minutes. "
+        new = versions.current().name != "0.5.9"
+        if new:     # 0.5.23 cuda_graph_setup.py:750-792, eagle_worker_v2.py:513-533
+            kind = "verify" if args.speculative_algorithm else "decode"
+            per_req = args.speculative_num_draft_tokens or 1 if args.speculative_algorithm else 1
+            step(0.0, f"Capture target {kind} CUDA graph begin. backend=full, num_tokens_per_req={per_req}, "
                       f"avail mem={_gb(total - used)} GB")
+        else:
+            step(0.0, f"Capture cuda graph begin. This can take up to several minutes. avail mem={_gb(total - used)} GB")
+            step(0.0, f"Capture cuda graph bs {sizes}")
+        used += cap.graph_mib * 3 // 4
+        if new:
+            step(ld.cuda_graph_s, f"Capture target {kind} CUDA graph end. bs={sizes}, elapsed={ld.cuda_graph_s:.2f} s, "
+                                  f"mem usage={_gb(cap.graph_mib * 3 // 4)} GB, avail mem={_gb(total - used)} GB", used)
+        else:
+            step(ld.cuda_graph_s, f"Capture cuda graph end. Time elapsed: {ld.cuda_graph_s:.2f} s. "
+                                  f"mem usage={_gb(cap.graph_mib * 3 // 4)} GB. avail mem={_gb(total - used)} GB.", used)
+        if args.speculative_algorithm:
+            step(0.0, ("Capture draft decode CUDA graph begin. " if new else
+                       "Capture draft cuda graph begin. This can take up to several minutes. ")
+                 + f"avail mem={_gb(total - used)} GB")
             delta = cap.final_mib - used
             used = cap.final_mib
-            step(ld.draft_cuda_graph_s, f"Capture draft cuda graph end. Time elapsed: {ld.draft_cuda_graph_s:.2f} s. "
-                                        f"mem usage={_gb(delta)} GB. avail mem={_gb(total - used)} GB.", used)
+            step(ld.draft_cuda_graph_s,
+                 (f"Capture draft decode CUDA graph end. elapsed={ld.draft_cuda_graph_s:.2f} s, "
+                  f"mem usage={_gb(delta)} GB, avail mem={_gb(total - used)} GB") if new else
+                 (f"Capture draft cuda graph end. Time elapsed: {ld.draft_cuda_graph_s:.2f} s. "
+                  f"mem usage={_gb(delta)} GB. avail mem={_gb(total - used)} GB."), used)
     used = cap.final_mib
     step(0.0, None, used)
     if tp_rank == 0:

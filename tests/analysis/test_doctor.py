@@ -190,3 +190,50 @@ def test_short_outputs_explain_an_accept_length_mismatch():
     f = fired(clean(tweak=short), "accept-length-mismatch")
     assert len(f) == 1 and "prefill" in f[0].message and "longer outputs" in f[0].message
     assert any("12 output tokens" in e and "1.091x" in e for e in f[0].evidence), f[0].evidence
+
+
+def _flags_0523() -> frozenset:
+    from pathlib import Path
+
+    from specab.driver.preflight import parse_help_flags
+    help_text = (Path(__file__).resolve().parents[2] / "specab/sim/data/sglang-0.5.23-help.txt").read_text()
+    return frozenset(parse_help_flags(help_text))
+
+
+def _as_0523(run, arm):
+    """The /server_info readback of SGLang 0.5.23: no cuda_graph_max_bs key, cuda_graph_config per phase."""
+    args = {k: v for k, v in run.server_args.items() if k not in ("cuda_graph_max_bs", "cuda_graph_bs")}
+    args["cuda_graph_config"] = {"decode": {"backend": "full", "max_bs": 48, "bs": [1, 2, 4]}}
+    args["disable_overlap_schedule"] = False
+    run.server_args = args
+
+
+def _flags_named(text: str) -> set:
+    import re
+    return set(re.findall(r"--[a-z][a-z0-9-]*", text))
+
+
+def test_doctor_advice_on_0523_names_only_flags_the_node_has():
+    """Issue 15: on 0.5.23 the advice names per-phase graph flags and knows overlap stays on under spec."""
+    flags = _flags_0523()
+
+    def no_graph(run, arm):
+        _as_0523(run, arm)
+        if arm.is_spec:
+            run.log = F.log_stats(True, 2.1, 60.5, cuda_graph=False)
+    (g,) = fired(clean(tweak=no_graph), "verify-without-cuda-graph")
+    assert "--cuda-graph-max-bs-decode" in g.message and _flags_named(g.message) <= flags, g.message
+
+    def differ(run, arm):
+        _as_0523(run, arm)
+        if not arm.is_spec:
+            run.server_args = {**run.server_args, "max_running_requests": 4096,
+                               "cuda_graph_config": {"decode": {"backend": "full", "max_bs": 160, "bs": [1]}}}
+    (f,) = fired(clean(tweak=differ), "arms-not-like-for-like")
+    assert "cuda_graph_max_bs: baseline=160, eagle3-s2=48" in f.evidence
+    assert "keeps the overlap scheduler on" in f.message and "overlap scheduler disabled" not in f.message
+    assert _flags_named(f.message) <= flags, f.message
+    # the same data read back from 0.5.9 keeps the 0.5.9 advice
+    (old,) = fired(clean(tweak=lambda run, arm: setattr(run, "log", F.log_stats(True, 2.1, 60.5, cuda_graph=False))
+                         if arm.is_spec else None), "verify-without-cuda-graph")
+    assert "--disable-cuda-graph" in old.message

@@ -104,3 +104,43 @@ def test_invalid_matrix_refused_before_anything_runs(tmp_path, experiment_file, 
     err = capsys.readouterr().err
     assert code == 2 and needle in err and "Nothing was started" in err
     assert not node_dir.exists() and not (tmp_path / "runs").exists()
+
+
+def _cache_flags(tmp_path: Path, monkeypatch, inv: Path, flags: set[str], version: str) -> None:
+    """A cached `--help` flag list for the inventory's host, as a launch would leave it."""
+    import json
+
+    from specab.config.inventory import load_inventory
+    from specab.driver import preflight
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    host = load_inventory(str(inv)).hosts[0]
+    cmd = [str(c) for c in host.vars["specab_engine_cmd"]]
+    path = preflight._cache_file(host, cmd, version)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"host": host.name, "engine_cmd": cmd, "version": version, "flags": sorted(flags)}))
+
+
+def test_plan_shows_the_node_spelling_and_the_engine_build(tmp_path, write, inventory, no_processes, monkeypatch):
+    """Logical names (cuda_graph_max_bs, disable_cuda_graph) are shown in the 0.5.23 node's spelling (issue 15)."""
+    from specab.driver import preflight
+    from tests.driver.conftest import EXPERIMENT
+    help_text = (Path(__file__).resolve().parents[2] / "specab/sim/data/sglang-0.5.23-help.txt").read_text()
+    _cache_flags(tmp_path, monkeypatch, inventory[0], preflight.parse_help_flags(help_text), "sglang 0.5.23")
+    exp = write("g.yml", EXPERIMENT.replace("tp_size: 2", "tp_size: 2\n    cuda_graph_max_bs: 16\n"
+                                            "    disable_cuda_graph: true"))
+    code, out = run_cli("plan", "-e", str(exp), "-i", str(inventory[0]))
+    assert code == 0, out
+    assert "engine build: sglang 0.5.23, SGLang 0.5.23 flag set" in out
+    assert "--cuda-graph-max-bs-decode 16" in out and "--cuda-graph-backend-decode disabled" in out
+    assert "--cuda-graph-max-bs " not in out and "--disable-cuda-graph " not in out
+
+
+def test_plan_refuses_a_name_without_spelling_on_the_node(tmp_path, write, inventory, no_processes, monkeypatch,
+                                                          capsys):
+    from tests.driver.conftest import EXPERIMENT
+    _cache_flags(tmp_path, monkeypatch, inventory[0], {"--model-path", "--tp-size", "--cuda-graph-backend-decode"},
+                 "sglang 9.9.9")
+    exp = write("g.yml", EXPERIMENT.replace("tp_size: 2", "tp_size: 2\n    cuda_graph_max_bs: 16"))
+    code, _ = run_cli("plan", "-e", str(exp), "-i", str(inventory[0]))
+    err = capsys.readouterr().err
+    assert code == 2 and "no spelling" in err and "--cuda-graph-backend-decode" in err

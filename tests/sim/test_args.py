@@ -20,7 +20,7 @@ HARNESS_FLAGS = [
 
 
 def test_every_flag_the_harness_uses_is_accepted_with_sglang_field_names():
-    a = parse_server_args(HARNESS_FLAGS)
+    a = parse_server_args(HARNESS_FLAGS, version="0.5.9")
     assert (a.model_path, a.tp_size, a.mem_fraction_static, a.host, a.port) == ("/m", 8, 0.88, "0.0.0.0", 8000)
     assert a.trust_remote_code and a.disable_custom_all_reduce and a.disable_overlap_schedule and a.enable_metrics
     assert a.disable_cuda_graph and a.num_continuous_decode_steps == 4 and a.cuda_graph_max_bs == 48
@@ -66,7 +66,7 @@ def test_spec_rules_adjust_like_sglang():
     a, warnings = apply_rules(parse_server_args(["--model-path", "/m", "--speculative-algorithm", "EAGLE3",
                                                  "--speculative-draft-model-path", "/d", "--speculative-num-steps",
                                                  "2", "--speculative-eagle-topk", "1",
-                                                 "--speculative-num-draft-tokens", "5"]))
+                                                 "--speculative-num-draft-tokens", "5"]), version="0.5.9")
     assert a.speculative_num_draft_tokens == 3
     assert a.max_running_requests == 48 and a.disable_overlap_schedule is True
     assert ("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
@@ -95,3 +95,51 @@ def test_tp_must_divide_by_nodes():
     with pytest.raises(SpecRuleError, match="tp_size must be divisible by number of nodes"):
         apply_rules(parse_server_args(["--model-path", "/m", "--tp-size", "3", "--nnodes", "2",
                                        "--dist-init-addr", "h:1"]))
+
+
+# 0.5.23 (shared/facts/sglang-0.5.23-help.txt, engines-2026.md A1/A2)
+_I = HARNESS_FLAGS.index("--cuda-graph-max-bs")
+FLAGS_0523 = [f for f in HARNESS_FLAGS[:_I] + HARNESS_FLAGS[_I + 2:] if f != "--disable-cuda-graph"] + [
+    "--cuda-graph-max-bs-decode", "48", "--cuda-graph-backend-decode", "disabled",
+    "--cuda-graph-backend-prefill", "disabled"]
+
+
+def test_0523_per_phase_graph_flags_and_real_flags_accepted():
+    flags = FLAGS_0523 + ["--enable-mfu-metrics", "--attn-dp-size", "1"]     # real 0.5.23 flags the sim ignores
+    a = parse_server_args(flags, version="0.5.23")
+    assert a.cuda_graph_max_bs == 48 and a.disable_cuda_graph and a.cuda_graph_backend_prefill == "disabled"
+
+
+@pytest.mark.parametrize("flag, could", [("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"),
+                                         ("--cuda-graph-bs", "--cuda-graph-bs-decode, --cuda-graph-bs-prefill")])
+def test_0523_legacy_graph_flags_exit_2_ambiguous(tmp_path, flag, could):
+    env = {**base_env(tmp_path, 1), "SPECAB_SIM_SGLANG_VERSION": "0.5.23"}
+    r = subprocess.run([PY, "-m", "specab.sim.launch_server", "--model-path", "/m", flag, "8"],
+                       env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert f"error: ambiguous option: {flag} could match {could}" in r.stderr
+
+
+def test_0523_help_is_the_real_flag_set(tmp_path):
+    from specab.sim.versions import HELP_0523
+    env = {**base_env(tmp_path, 1), "SPECAB_SIM_SGLANG_VERSION": "0.5.23"}
+    r = subprocess.run([PY, "-m", "specab.sim.launch_server", "--help"], env=env, cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == HELP_0523.read_text()
+
+
+def test_0523_keeps_overlap_and_mixed_chunk_under_spec():
+    argv = ["--model-path", "/m", "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d",
+            "--enable-mixed-chunk"]
+    new, warnings = apply_rules(parse_server_args(argv, version="0.5.23"), version="0.5.23")
+    assert new.disable_overlap_schedule is False and new.enable_mixed_chunk is True
+    assert not any("Overlap scheduler is disabled" in w for w in warnings)
+    old, warnings = apply_rules(parse_server_args(argv, version="0.5.9"), version="0.5.9")
+    assert old.disable_overlap_schedule is True and old.enable_mixed_chunk is False
+
+
+def test_unknown_version_is_refused(tmp_path):
+    env = {**base_env(tmp_path, 1), "SPECAB_SIM_SGLANG_VERSION": "0.4.0"}
+    r = subprocess.run([PY, "-m", "specab.sim.launch_server", "--model-path", "/m"], env=env, cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "SPECAB_SIM_SGLANG_VERSION='0.4.0'" in r.stderr and "0.5.23" in r.stderr

@@ -30,8 +30,10 @@ def test_server_info_has_sglang_fields_after_the_rules(spec_server):
         assert info["speculative_algorithm"] == "EAGLE3"
         assert (info["speculative_num_steps"], info["speculative_eagle_topk"],
                 info["speculative_num_draft_tokens"]) == (2, 1, 3)
-        assert info["max_running_requests"] == 48 and info["disable_overlap_schedule"] is True
-        assert info["disable_cuda_graph"] is False and info["cuda_graph_max_bs"] is None
+        # 0.5.23 (the default): overlap kept on under spec; graph settings in cuda_graph_config (engines-2026.md A2/A4)
+        assert info["max_running_requests"] == 48 and info["disable_overlap_schedule"] is False
+        assert "cuda_graph_max_bs" not in info and info["cuda_graph_config"]["decode"]["backend"] == "full"
+        assert info["cuda_graph_config"]["decode"]["max_bs"] >= 1
         assert info["host"] == "127.0.0.1" and info["port"] == spec_server.port
         assert info["model_path"] == "/models/Kimi-K2.5-INT4" and info["version"].startswith("0.5.")
         state = info["internal_states"][0]
@@ -75,6 +77,10 @@ def test_generate_streaming_sse_one_chunk_per_verify_step(spec_server):
     final = res.final["meta_info"]
     assert final["finish_reason"]["type"] == "length" and final["spec_verify_ct"] == len(res.chunks) - 1
     assert res.chunks[0]["meta_info"]["finish_reason"] is None
+    # spec fields in the final chunk only, under 0.5.23's names (engines-2026.md A4)
+    assert not any(k.startswith("spec_") for c in res.chunks[:-1] for k in c["meta_info"])
+    assert final["spec_num_correct_drafts"] == 64 - final["spec_verify_ct"]
+    assert final["spec_num_proposed_drafts"] == final["spec_verify_ct"] * 2
 
 
 def test_generate_without_ignore_eos_may_stop_early(spec_server):

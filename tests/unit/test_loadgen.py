@@ -255,7 +255,11 @@ def test_loadgen_is_stdlib_only_and_python38_syntax() -> None:
         names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                  else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
         for name in names:
-            assert name.split(".")[0] in stdlib, name
+            # stdlib, or a stdlib-only sibling node tool (node_prepare copies every specab/node/*.py)
+            sibling = name.removeprefix("specab.node.") if name.startswith("specab.node") else name
+            if sibling == "specab.node":
+                sibling = node.names[0].name if isinstance(node, ast.ImportFrom) else sibling
+            assert name.split(".")[0] in stdlib or (LOADGEN.parent / f"{sibling}.py").exists(), name
     # Builtin generics (list[int]) and X | Y in annotations are not evaluated thanks to the future
     # import; make sure nothing else of 3.9+ sneaks in.
     src = LOADGEN.read_text()
@@ -386,3 +390,20 @@ def test_cli_exit_codes_and_files(make_server, tmp_path: Path) -> None:
 
     proc = subprocess.run(base + ["--concurrency", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--concurrency must be >= 1" in proc.stderr
+
+
+@pytest.mark.parametrize("names", [
+    ("spec_num_correct_drafts", "spec_num_proposed_drafts"),     # SGLang 0.5.23 (tokenizer_manager.py:2507-2558)
+    ("spec_accept_token_num", "spec_draft_token_num"),           # SGLang 0.5.9
+])
+def test_spec_fields_from_the_final_chunk_in_both_name_generations(names) -> None:
+    """0.5.23 sends the per-request spec fields in the final chunk only, three of them renamed (issue 15)."""
+    counter = loadgen.ChunkCounter("generate")
+    for total in (1, 4):
+        counter.feed({"meta_info": {"completion_tokens": total, "prompt_tokens": 9}})
+    counter.feed({"meta_info": {"completion_tokens": 8, "prompt_tokens": 9, "finish_reason": {"type": "length"},
+                                "spec_verify_ct": 4, "spec_accept_length": 2.0, names[0]: 4, names[1]: 8}})
+    rec = {"chunk_t_s": [0.05, 0.07, 0.09], "chunk_tokens": [1, 3, 4]}
+    loadgen._finish_record(rec, counter, 0.1)
+    assert rec["spec_verify_ct"] == 4 and rec["accept_len"] == 2.0
+    assert rec["spec_correct_drafts"] == 4 and rec["spec_proposed_drafts"] == 8

@@ -1,0 +1,46 @@
+"""Which SGLang release the simulated server plays: ``SPECAB_SIM_SGLANG_VERSION`` (0.5.23 default, 0.5.9 kept).
+
+The simulator keeps its own per-version table (it does not import specab/node/engines.py): it plays the real
+engine, and tests hold the harness's engine knowledge against it. Sources: shared/reference/engines-2026.md.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional
+
+ENV = "SPECAB_SIM_SGLANG_VERSION"
+DEFAULT = "0.5.23"
+HELP_0523 = Path(__file__).resolve().parent / "data" / "sglang-0.5.23-help.txt"
+
+
+@dataclass(frozen=True)
+class SimVersion:
+    name: str
+    graph_flags_per_phase: bool     # --cuda-graph-{backend,max-bs,bs}-{decode,prefill}; legacy max-bs/bs gone
+    overlap_kept_under_spec: bool   # 0.5.9 turns the overlap scheduler off under EAGLE
+    mixed_chunk_kept_under_spec: bool
+    cuda_module_loading: bool       # 0.5.9 also sets CUDA_MODULE_LOADING=AUTO
+    shutdown_req: bool              # drain, ShutdownReq, children killed, main exits 0 (0.5.9: SIGKILL tree + self)
+
+
+VERSIONS = {
+    "0.5.9": SimVersion("0.5.9", graph_flags_per_phase=False, overlap_kept_under_spec=False,
+                        mixed_chunk_kept_under_spec=False, cuda_module_loading=True, shutdown_req=False),
+    "0.5.23": SimVersion("0.5.23", graph_flags_per_phase=True, overlap_kept_under_spec=True,
+                         mixed_chunk_kept_under_spec=True, cuda_module_loading=False, shutdown_req=True),
+}
+
+
+class VersionError(ValueError):
+    """SPECAB_SIM_SGLANG_VERSION names a release the simulator does not play."""
+
+
+def current(env: Optional[Mapping[str, str]] = None) -> SimVersion:
+    env = os.environ if env is None else env
+    name = env.get(ENV) or DEFAULT
+    try:
+        return VERSIONS[name]
+    except KeyError:
+        raise VersionError(f"{ENV}={name!r}: the simulator plays SGLang {', '.join(VERSIONS)}") from None
