@@ -26,7 +26,7 @@ from specab.driver import preflight
 from specab.driver.context import MoreBlocks, RunContext
 from specab.driver.fleet import run_fleet
 from specab.driver.options import (EXIT_FAILED_RUNS, EXIT_INTERRUPTED, EXIT_OK, ExperimentError, Options,
-                                   Prepared, prepare)
+                                   Prepared, is_multinode, prepare)
 from specab.driver.per_run import PerRunExecutor
 from specab.driver.progress import Progress, print_summary
 from specab.driver.queue_executor import QueueExecutor
@@ -125,6 +125,19 @@ def _new_experiment_dir(runs_dir: Path, name: str) -> tuple[str, Path]:
     return exp_id, path
 
 
+def check_nodes(prepared: Prepared, out: TextIO) -> None:
+    """Read-only checks on the nodes that would otherwise fail every run, before the first one."""
+    def notice(n: str) -> None:
+        print(f"notice: {n}", file=out)
+    hosts = prepared.inventory.hosts
+    # the node's engine lists its flags (read-only, cached per node and engine version): an unknown flag is
+    # refused now rather than after a model load of minutes (issue 6, item 14)
+    preflight.check_engine_flags(prepared.arms, hosts, notice=notice)
+    # a port another process holds fails every run at its start (issue 20, item 5); a server over several
+    # hosts binds its HTTP port on the head only
+    preflight.check_ports(prepared.arms, hosts[:1] if is_multinode(hosts) else hosts, notice=notice)
+
+
 def redacted_config(exp: ExperimentSpec) -> dict[str, Any]:
     """The experiment as stored: every secret-named key (env, server args, common or per arm) redacted."""
     return redact_mapping(exp.as_extravar())
@@ -137,10 +150,7 @@ def start(opts: Options, out: TextIO, progress: Progress | None = None) -> tuple
         print(f"notice: {n}", file=out)
     runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
     check_writable(runs_dir)
-    # the node's engine lists its flags (read-only, cached per node and engine version): an unknown flag is
-    # refused now rather than after a model load of minutes (issue 6, item 14)
-    preflight.check_engine_flags(prepared.arms, prepared.inventory.hosts,
-                                 notice=lambda n: print(f"notice: {n}", file=out))
+    check_nodes(prepared, out)
     exp_id, exp_dir = _new_experiment_dir(runs_dir, prepared.experiment.name)
     store = st.Store.create(exp_dir / st.FILENAME)
     try:
@@ -190,6 +200,7 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
         print(f"resuming {row['id']}: {len(todo)} of {len(store.plan())} runs to do", file=out)
         if not todo:
             return conclude(EXIT_OK, store, exp_dir, out), exp_dir
+        check_nodes(prepared, out)
         store.mark_running()
         code = _run(prepared, ropts, row["id"], exp_dir, store, todo, out, progress or Progress(),
                     total=len(store.plan()))
