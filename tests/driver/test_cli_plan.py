@@ -104,3 +104,43 @@ def test_invalid_matrix_refused_before_anything_runs(tmp_path, experiment_file, 
     err = capsys.readouterr().err
     assert code == 2 and needle in err and "Nothing was started" in err
     assert not node_dir.exists() and not (tmp_path / "runs").exists()
+
+
+# --------------------------------------------------------------------------- issue 20, item 6: CLI edges
+
+def test_export_to_a_missing_directory_is_exit_2_without_traceback(tmp_path, capsys):
+    from specab.results import store as st
+    exp_dir = tmp_path / "runs" / "e-1"
+    exp_dir.mkdir(parents=True)
+    st.Store.create(exp_dir / st.FILENAME).close()
+    missing = tmp_path / "missing" / "dir" / "x.csv"
+    code = main(["export", str(exp_dir), "--format", "csv", "-o", str(missing)], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"error: {missing}: No such file or directory" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["rnu"], "unknown command 'rnu'. Did you mean `driver.py run`?"),
+    (["exprot", "x"], "Did you mean `driver.py export`?"),
+    (["--matrix", "steps=2", "plan"], "'plan' is a command: it goes first, before its options: "
+                                      "`driver.py plan --matrix steps=2`"),
+])
+def test_argparse_slips_get_the_closest_command_or_the_option_order(argv, hint, capsys, no_processes):
+    assert main(argv, out=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert hint in err and "usage: driver.py" in err, err
+
+
+def test_an_option_value_that_names_a_command_is_not_taken_for_one(tmp_path, capsys, no_processes):
+    """`-e plan` is a file called plan, not a misplaced command: the file is what gets refused."""
+    assert main(["plan", "-e", "status"], out=io.StringIO()) == 2
+    assert "status: file not found" in capsys.readouterr().err
+
+
+def test_top_level_help_shows_the_common_forms(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"], out=io.StringIO())
+    out = capsys.readouterr().out
+    assert "driver.py --matrix steps=1,2,3" in out and "driver.py --resume EXPERIMENT_ID" in out
+    assert "options go after the subcommand" in out
