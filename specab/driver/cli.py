@@ -10,6 +10,7 @@ import argparse
 import csv
 import difflib
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -318,9 +319,12 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     except (ExperimentError, NotFound, st.StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:     # `driver.py plan | head`: the reader has gone; nothing to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_USAGE
     except OSError as exc:      # a file or directory the user named (export -o, --runs-dir ...)
-        name = f" {exc.filename}" if exc.filename else ""
-        print(f"error:{name}: {exc.strerror or exc}. Check that the path exists and is writable.", file=sys.stderr)
+        name = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {name}{exc.strerror or exc}. Check that the path exists and is writable.", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -144,3 +144,35 @@ def test_top_level_help_shows_the_common_forms(capsys):
     out = capsys.readouterr().out
     assert "driver.py --matrix steps=1,2,3" in out and "driver.py --resume EXPERIMENT_ID" in out
     assert "options go after the subcommand" in out
+
+
+# --------------------------------------------------------------------------- issue 20, item 5: values and A/B shape
+
+def test_known_engine_argument_values_are_type_checked(experiment_file, inventory, no_processes, capsys):
+    inv, _ = inventory
+    code, _ = run_cli("plan", "-e", str(experiment_file), "-i", str(inv), "--matrix", "mem_fraction_static=abc")
+    err = capsys.readouterr().err
+    assert code == 2 and "mem_fraction_static takes a number, not 'abc'" in err, err
+    assert run_cli("plan", "-e", str(experiment_file), "-i", str(inv), "--matrix", "mem_fraction_static=0.8")[0] == 0
+    capsys.readouterr()
+    # in the experiment file too, with its line; a bare flag takes true/false
+    for bad, needle in (("mem_fraction_static: 0.88", "mem_fraction_static: abc"),
+                        ("trust_remote_code: true", "trust_remote_code: maybe")):
+        f = experiment_file.with_name("bad.yml")
+        f.write_text(experiment_file.read_text().replace(bad, needle))
+        code, _ = run_cli("plan", "-e", str(f), "-i", str(inv))
+        err = capsys.readouterr().err
+        assert code == 2 and f"{f}:" in err and needle.split(":")[0] in err, err
+
+
+def test_skip_invalid_never_leaves_a_baseline_only_ab(experiment_file, inventory, no_processes, capsys):
+    inv, _ = inventory
+    f = experiment_file.with_name("refused.yml")
+    f.write_text(experiment_file.read_text().replace("speculative_eagle_topk: 1", "speculative_eagle_topk: 2")
+                 .replace("speculative_num_draft_tokens: 3", "speculative_num_draft_tokens: 8"))
+    code, _ = run_cli("plan", "-e", str(f), "-i", str(inv), "--skip-invalid")
+    err = capsys.readouterr().err
+    assert code == 2 and "nothing to compare with the baseline" in err and "draft_tokens <= steps*topk+1" in err, err
+    code, _ = run_cli("plan", "-e", str(f), "-i", str(inv), "--skip-invalid", "--matrix", "env.NCCL_PROTO=LL,Simple")
+    err = capsys.readouterr().err
+    assert code == 2 and "nothing to compare with the baseline" in err, err
