@@ -213,6 +213,11 @@ def conclude(code: int, store: st.Store, exp_dir: Path, out: TextIO) -> int:
     """Print the summary table; write the report when the experiment ran to its end."""
     failed = print_summary(store, out)
     print(f"\nexperiment directory: {exp_dir}", file=out)
+    if code == EXIT_OK and not store.runs(status="ok"):
+        # nothing measured: a report would be a page of empty tables (issue 20, item 5)
+        print("no report: no run finished ok, so there is nothing to compare. The failures above say why; fix "
+              "them and run again (or --resume with --retry-failed).", file=out)
+        return EXIT_FAILED_RUNS
     if code == EXIT_OK:
         try:
             paths = write_report(exp_dir)
