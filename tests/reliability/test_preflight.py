@@ -270,7 +270,7 @@ def test_item14_an_engine_that_cannot_list_its_flags_is_a_notice_not_a_refusal(n
 
 # --------------------------------------------------------------------------- issue 20, item 5: ports
 
-def test_port_taken_on_the_node_is_refused_in_preflight_naming_the_holder(node: SimNode, capsys):
+def test_item20_port_taken_on_the_node_is_refused_in_preflight_naming_the_holder(node: SimNode, capsys):
     """A port another process holds would fail every run at its start: refused before the first run."""
     import socket
     exp = node.write_experiment("port")
@@ -288,7 +288,7 @@ def test_port_taken_on_the_node_is_refused_in_preflight_naming_the_holder(node: 
     assert node.server() is None
 
 
-def test_port_held_by_our_recorded_server_is_not_refused(tmp_path: Path):
+def test_item20_port_held_by_our_recorded_server_is_not_refused(tmp_path: Path):
     """The run's stop step frees a port our own (recorded) server holds: only foreign holders are refused."""
     import sys
     from specab.config.inventory import Host
