@@ -3,6 +3,7 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+SHELL  := /bin/bash
 
 .PHONY: demo test lint unit venv clean
 
@@ -15,9 +16,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# One A/B round (baseline vs EAGLE-3) on the embedded simulated node.
+# One A/B round (baseline vs EAGLE-3) on the embedded simulated node. The terminal shows the steps and the
+# table (scripts/demo_view.py); the whole Ansible output is kept in runs/demo-ansible.log.
 demo: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-playbook playbooks/ab_test.yml
+	@mkdir -p runs
+	@echo "specab demo: one A/B round (baseline vs EAGLE-3) on the embedded simulated node, about 2 minutes"
+	@set -o pipefail; PATH="$(CURDIR)/$(BIN):$$PATH" ANSIBLE_NOCOLOR=1 $(BIN)/ansible-playbook playbooks/ab_test.yml 2>&1 \
+		| $(BIN)/python scripts/demo_view.py runs/demo-ansible.log
 
 lint: $(STAMP)
 	$(BIN)/lint-imports

@@ -627,6 +627,7 @@ def cmd_parse_log(ns: argparse.Namespace, out: IO[str] | None = None) -> int:
         if ns.summary_only and ns.fast:
             with open(path, "rb") as fb:
                 summary = decode_stats(fb)
+            recognised = bool(summary.get("decode_lines"))
         else:
             s = Summary()
             with open(path, encoding="utf-8", errors="replace") as fh:
@@ -635,8 +636,13 @@ def cmd_parse_log(ns: argparse.Namespace, out: IO[str] | None = None) -> int:
                     if not ns.summary_only:
                         out.write((json.dumps(rec) if ns.format == "json" else _text_record(rec)) + "\n")
             summary = s.to_dict()
+            recognised = bool(s.counts)
     except OSError as exc:
         print("parse-log: cannot read %s: %s" % (path, exc.strerror or exc), file=sys.stderr)
+        return 1
+    if not recognised:      # an empty, binary or foreign file: the hint, not a summary of nothing
+        print("parse-log: no line of %s was recognised (empty, binary, or not an SGLang/vLLM server log?). "
+              "Pass the server.log of a run (SGLang at --log-level info)." % path, file=sys.stderr)
         return 1
     if ns.format == "json":
         out.write(json.dumps({"kind": "summary", **summary}) + "\n")

@@ -14,6 +14,7 @@ import io
 import json
 import math
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, TextIO
@@ -537,7 +538,15 @@ def write_report(exp_dir: str | Path, *, config: doctor.DoctorConfig | None = No
     """Write report.md, report.html, report.json and report/*.png into the experiment directory.
 
     Returns the paths {"markdown", "html", "json"}; the summary lines are in report.json ("summary")."""
-    return _write(Path(exp_dir), config, target_tok_s)[0]
+    return _quiet_write(Path(exp_dir), config, target_tok_s)[0]
+
+
+def _quiet_write(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None) -> Any:
+    """`_write` with the libraries' warnings (matplotlib, scipy) kept from the user's terminal: the report
+    itself says what is uncertain (issue 20, item 5)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _write(exp_dir, config, target_tok_s)
 
 
 # ------------------------------------------------------------------------------ CLI
@@ -550,7 +559,7 @@ def cmd_report(ns: argparse.Namespace, out: TextIO | None = None) -> int:
         print(f"specab report: {e}", file=out)
         return 2
     cfg = doctor.DoctorConfig(usual_baseline_tok_s=ns.usual_baseline_tok_s)
-    paths, rep = _write(exp_dir, cfg, ns.target_tok_s)
+    paths, rep = _quiet_write(exp_dir, cfg, ns.target_tok_s)
     print("\n".join(rep.summary), file=out)
     for k, v in paths.items():
         print(f"{k}: {v}", file=out)

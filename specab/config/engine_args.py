@@ -9,6 +9,7 @@ early, offline one. Add a name here when a new SGLang version introduces a flag.
 from __future__ import annotations
 
 import difflib
+from typing import Any
 
 SPEC_KEYS: tuple[str, ...] = (
     "speculative_algorithm",
@@ -132,3 +133,53 @@ def unknown_message(name: str, where: str) -> str:
     return (f"{where}: '{name}' is not a known SGLang server argument.{hint} "
             f"Use the SGLang field name (with '_', e.g. mem_fraction_static for --mem-fraction-static), "
             f"or env.{name}=... for an environment variable.")
+
+
+# --------------------------------------------------------------------------- value types (issue 20, item 5)
+# The type SGLang's argparse gives a known argument, so `mem_fraction_static=abc` is refused offline rather
+# than by the engine after the launch. Bare flags (`store_true`) take true/false (false omits the flag).
+
+INT_ARGS: frozenset[str] = frozenset({
+    "tp_size", "tensor_parallel_size", "pp_size", "pipeline_parallel_size", "dp_size", "data_parallel_size",
+    "ep_size", "expert_parallel_size", "max_running_requests", "max_queued_requests", "max_total_tokens",
+    "chunked_prefill_size", "max_prefill_tokens", "page_size", "cuda_graph_max_bs", "decode_log_interval",
+    "stream_interval", "port", "nccl_port", "num_continuous_decode_steps", "context_length", "random_seed",
+    "nnodes", "node_rank", "base_gpu_id", "gpu_id_step", "dist_timeout", "torch_compile_max_bs",
+    "max_lora_rank", "max_loras_per_batch", "tokenizer_worker_num", "ep_num_redundant_experts",
+    "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+    "disaggregation_bootstrap_port", "max_micro_batch_size"})
+FLOAT_ARGS: frozenset[str] = frozenset({
+    "mem_fraction_static", "schedule_conservativeness", "hicache_ratio", "swa_full_tokens_ratio",
+    "speculative_accept_threshold_single", "speculative_accept_threshold_acc", "watchdog_timeout",
+    "gc_warning_threshold_secs", "cpu_offload_gb"})
+BOOL_ARGS: frozenset[str] = frozenset({
+    "trust_remote_code", "skip_tokenizer_init", "is_embedding", "enable_multimodal", "skip_server_warmup",
+    "disable_radix_cache", "disable_cuda_graph", "disable_cuda_graph_padding", "disable_custom_all_reduce",
+    "disable_overlap_schedule", "enable_mixed_chunk", "enable_dp_attention", "enable_dp_lm_head",
+    "enable_torch_compile", "enable_nan_detection", "enable_p2p_check", "enable_metrics", "log_requests",
+    "show_time_cost", "enable_two_batch_overlap", "enable_eplb", "enable_hierarchical_cache", "enable_lora",
+    "enable_memory_saver", "enable_deterministic_inference", "enable_cache_report", "enable_nccl_nvls",
+    "enable_symm_mem", "enable_mscclpp", "disable_outlines_disk_cache", "disable_chunked_prefix_cache",
+    "enable_return_hidden_states", "enable_custom_logit_processor", "allow_auto_truncate"})
+
+
+def type_problem(name: str, value: Any) -> str | None:
+    """Why `value` is not a valid value of the known argument `name` (None when it is, or when the
+    argument's type is not known here: the node's --help and the engine stay the final checks)."""
+    if value is None or isinstance(value, list):
+        return None
+    if name in BOOL_ARGS:
+        return None if isinstance(value, bool) else (
+            f"{name} is a bare flag (--{name.replace('_', '-')}): give true or false, not {value!r}")
+    want: type | None = int if name in INT_ARGS else float if name in FLOAT_ARGS else None
+    if want is None:
+        return None
+    if isinstance(value, bool):
+        return f"{name} takes {'an integer' if want is int else 'a number'}, not {value!r}"
+    try:
+        number = float(str(value).strip())
+        if want is int and (not number.is_integer() or "." in str(value)):
+            raise ValueError
+    except ValueError:
+        return f"{name} takes {'an integer' if want is int else 'a number'}, not {value!r}"
+    return None

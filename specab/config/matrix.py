@@ -344,11 +344,22 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
             aname = _fit(aname)
             add(ArmSpec(name=aname, server_args=adjusted, env=resolved.env, is_baseline=False, baseline=bname,
                     matrix=resolved.matrix))
+    typed = sorted({f"arm {a.name}: {p}" for a in arms for k, v in a.server_args.items()
+                    if (p := engine_args.type_problem(k, v))})
+    if typed:       # a value the engine's argparse would refuse: every run of the arm would fail at its launch
+        raise MatrixError("refused before anything runs:\n  " + "\n  ".join(typed))
     if refused and not skip_invalid:
         raise MatrixError("refused before anything runs:\n  " + "\n  ".join(refused)
                           + "\nRemove those values, or pass --skip-invalid to run only the valid combinations.")
     if refused:
         notices += [f"skipped: {r}" for r in refused]
-    if not any(not a.is_baseline for a in arms) and spec_axes:
-        raise MatrixError("every speculative combination was refused; nothing to compare with the baseline.")
+    if not any(not a.is_baseline for a in arms) and (spec_axes or refused):
+        raise MatrixError("every speculative combination was refused; nothing to compare with the baseline."
+                          + (" (--skip-invalid skipped: " + "; ".join(refused) + ")" if refused else ""))
+    alone = [a.name for a in arms if a.is_baseline and not any(b.baseline == a.name and not b.is_baseline
+                                                                for b in arms)]
+    if refused and alone and specs:
+        raise MatrixError(f"--skip-invalid would leave baseline arm(s) {', '.join(alone)} with no arm to compare "
+                          f"with (an A/B with only its A). Skipped: " + "; ".join(refused)
+                          + ". Fix or remove those values instead.")
     return ArmSet(arms=arms, notices=notices, refused=refused)

@@ -145,6 +145,9 @@ def _check_server_args(args: Any, where: str, root: yaml.Node | None, path: tupl
             warnings.append(engine_args.unknown_message(k, f"{where}{key_line(root, path + (k,))}")
                             + " (passed through; the node's engine --help is the final check)")
         _check_value(v, f"{where}{key_line(root, path + (k,))}: server_args.{k}")
+        bad = engine_args.type_problem(k, v)
+        if bad:
+            raise ConfigError(f"{where}{key_line(root, path + (k,))}: server_args.{bad}.")
     return dict(args)
 
 

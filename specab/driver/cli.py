@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +29,15 @@ from specab.results import store as st
 from specab.results.locate import NotFound, locate
 
 SUBCOMMANDS = ("run", "plan", "status", "export")
+COMMON_FORMS = """common forms (options go after the subcommand; `driver.py COMMAND --help` lists them):
+  driver.py                                        run experiments/default.yml on the simulated node
+  driver.py --matrix steps=1,2,3 --repeats 3       a matrix of EAGLE-3 arms, 3 interleaved blocks
+  driver.py -e experiments/mine.yml -i inventory/mine.yml
+  driver.py plan --matrix steps=1,2 --matrix topk=1,4  the plan and each launch script; touches nothing
+  driver.py --resume EXPERIMENT_ID [--retry-failed] run what an interrupted experiment has not run
+  driver.py status                                 GPUs and our servers on every host
+  driver.py report EXPERIMENT_ID | diff A B | export EXPERIMENT_ID -o results.csv --format csv
+"""
 CONTRIBUTED = (logparse, specmodel, report, provenance)   # each registers its subcommand
 
 
@@ -81,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="driver.py",
         description="specab: controlled A/B experiments for speculative decoding. Without a subcommand, "
-                    "runs an experiment (the same as `run`).")
+                    "runs an experiment (the same as `run`).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=COMMON_FORMS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser("run", help="run an experiment (default)")
     _add_experiment_options(run)
@@ -119,6 +132,29 @@ def _normalise_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[st
     if not argv or argv[0] not in choices:
         return ["run", *argv]
     return argv
+
+
+def usage_error(argv: list[str], parser: argparse.ArgumentParser) -> str | None:
+    """A hint for the two common slips argparse only calls "unrecognized arguments": a misspelt subcommand
+    (`driver.py rnu`) and a subcommand after its options (`driver.py --matrix steps=2 plan`)."""
+    choices: list[str] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            choices = list(action.choices)
+    if not argv or argv[0] in choices or argv[0] in ("-h", "--help"):
+        return None
+    if not argv[0].startswith("-"):
+        close = difflib.get_close_matches(argv[0], choices, n=1)
+        hint = f" Did you mean `driver.py {close[0]}`?" if close else ""
+        return (f"unknown command '{argv[0]}'.{hint} Commands: {', '.join(choices)} "
+                f"(none: run an experiment, e.g. `driver.py --matrix steps=1,2`).")
+    later = [a for i, a in enumerate(argv[1:], 1) if a in choices and a != "run" and not argv[i - 1].startswith("-")]
+    if later:
+        cmd = later[0]
+        rest = [a for a in argv if a is not cmd]
+        return (f"'{cmd}' is a command: it goes first, before its options: "
+                f"`driver.py {cmd} {' '.join(rest)}`.")
+    return None
 
 
 def _options(args: argparse.Namespace, argv: list[str]) -> Options:
@@ -269,6 +305,11 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    slip = usage_error(argv, parser)
+    if slip:
+        parser.print_usage(sys.stderr)
+        print(f"driver.py: error: {slip}", file=sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(_normalise_argv(argv, parser))
     args._argv = argv
     if not getattr(args, "func", None):
@@ -282,6 +323,13 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         return EXIT_USAGE
     except (ExperimentError, NotFound, st.StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:     # `driver.py plan | head`: the reader has gone; nothing to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_USAGE
+    except OSError as exc:      # a file or directory the user named (export -o, --runs-dir ...)
+        name = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {name}{exc.strerror or exc}. Check that the path exists and is writable.", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -6,11 +6,15 @@
   is unchanged); when the version cannot be read the engine is asked every time.
 - Bind address (item 17): servers bind 127.0.0.1 unless the experiment asks for another address;
   then one warning per address is printed (once, however many arms use it).
+- Ports (issue 20, item 5): a port an arm's server would bind that another process already holds on the
+  node fails every run; it is refused before the first one, naming the holder (PID, user, command) with
+  the node's own check (`specab/node/start.py`, `check_port`, sent to the node and run there).
 
-Both only read: `--help` starts no server and writes nothing on the node.
+All only read: `--help` and the port probe start no server and write nothing on the node.
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import difflib
 import hashlib
@@ -18,9 +22,10 @@ import ipaddress
 import json
 import os
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from specab.config import defaults
 from specab.config.inventory import Host
@@ -30,6 +35,8 @@ from specab.driver.remote import RemoteError, open_node
 from specab.node import engines
 
 DEFAULT_ENGINE_CMD = ["python3", "-m", "sglang.launch_server"]
+NODE_TOOLS = Path(__file__).resolve().parents[1] / "node"
+PORT_PROBE_TIMEOUT_S = 60.0
 HELP_TIMEOUT_S = 180.0          # SGLang's --help imports torch: tens of seconds on a cold node
 VERSION_TIMEOUT_S = 60.0
 _DECL = re.compile(r"^ {1,6}(-\S.*)$")      # argparse option declaration lines ("  --tp-size TP_SIZE, ...")
@@ -259,3 +266,71 @@ def check_engine_flags(arms: list[ArmSpec], hosts: list[Host], notice: Any = Non
                              "Fix the names in the experiment file or --matrix (flags as `<engine> --help` lists "
                              "them, with '_' for '-').")
     return results
+
+
+# --------------------------------------------------------------------------- ports
+
+def endpoints(arms: Iterable[ArmSpec]) -> list[tuple[str, int]]:
+    """The (bind address, port) pairs the arms' servers use, each once, in arm order."""
+    out: list[tuple[str, int]] = []
+    for arm in arms:
+        host = arm.server_args.get("host") or "127.0.0.1"
+        port = arm.server_args.get("port", defaults.get("server_port"))
+        try:
+            pair = (str(host), int(port))
+        except (TypeError, ValueError):
+            continue            # a malformed port is the engine-argument check's concern
+        if pair not in out:
+            out.append(pair)
+    return out
+
+
+def _port_probe(node_dir: str, pairs: Sequence[tuple[str, int]]) -> str:
+    """A `python -c` program that runs the node tools' own port check (start.ports_refused) on the node,
+    without needing them installed there yet (the first run installs them)."""
+    sources = {name: (NODE_TOOLS / f"{name}.py").read_text() for name in ("contract", "common", "start")}
+    payload = base64.b64encode(zlib.compress(json.dumps(sources).encode(), 9)).decode()
+    return ("import base64, json, sys, types, zlib\n"
+            f"src = json.loads(zlib.decompress(base64.b64decode('{payload}')))\n"
+            "for name in ('contract', 'common', 'start'):\n"
+            "    m = types.ModuleType(name); m.__file__ = '<specab-preflight>/' + name + '.py'\n"
+            "    sys.modules[name] = m\n"
+            "    exec(compile(src[name], m.__file__, 'exec'), m.__dict__)\n"
+            f"print(json.dumps(sys.modules['start'].ports_refused({node_dir!r}, {[list(p) for p in pairs]!r})))\n")
+
+
+def ports_refused(host: Host, pairs: Sequence[tuple[str, int]], node: Any | None = None) -> list[str]:
+    """Why each (address, port) cannot be bound on `host` now (empty when all can). Raises
+    EngineHelpUnavailable when the probe itself cannot run (the start step stays the final check)."""
+    own = node is None
+    node = node or open_node(host)
+    python = str(host.vars.get("specab_python", "python3"))
+    try:
+        rc, out, err = node.run([python, "-c", _port_probe(host.node_dir, pairs)], timeout=PORT_PROBE_TIMEOUT_S)
+    finally:
+        if own:
+            node.close()
+    try:
+        problems = json.loads(out.strip().splitlines()[-1]) if rc == 0 and out.strip() else None
+    except ValueError:
+        problems = None
+    if not isinstance(problems, list):
+        tail = (err or out).strip().splitlines()
+        raise EngineHelpUnavailable(f"{host.name}: the port check exited {rc}" + (f": {tail[-1]}" if tail else ""))
+    return [f"{host.name}: {p}" for p in problems]
+
+
+def check_ports(arms: list[ArmSpec], hosts: list[Host], notice: Any = None) -> None:
+    """Refuse (PreflightError) when a port the arms' servers bind is already taken on a node: every run
+    would fail at its start. `hosts` are the hosts that bind the port (the head only, for a server over
+    several hosts)."""
+    pairs = endpoints(arms)
+    problems: list[str] = []
+    for host in hosts:
+        try:
+            problems += ports_refused(host, pairs)
+        except (EngineHelpUnavailable, RemoteError, OSError) as exc:
+            if notice:
+                notice(f"ports not checked before the first run ({exc}); the start step checks them.")
+    if problems:
+        raise PreflightError("\n".join(problems) + "\nEvery run would fail at its start.")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -108,11 +109,13 @@ class Progress:
             if status != "ok":
                 s.failed += 1
             s.phase = status
+        # the reason's first line whole: its end says what to do, so it is never cut
+        first = reason.strip().splitlines()[0] if reason and reason.strip() else ""
         if not self.live_mode:
-            extra = f": {reason.splitlines()[0][:200]}" if reason else ""
+            extra = f": {first}" if first else ""
             self._print(f"    {status} in {duration:.1f} s{extra}  (ETA {fmt_duration(self.eta())})")
-        elif reason:
-            self.console.print(Text(f"{self.state.run_id} {status}: {reason.splitlines()[0][:200]}", style="red"))
+        elif first:
+            self.console.print(Text(f"{self.state.run_id} {status}: {first}", style="red"))
         else:
             self.console.print(Text(f"{self.state.run_id} {status} in {duration:.1f} s"))
 
@@ -161,7 +164,9 @@ def _stats_rows(store_path) -> list[list[str]] | None:
     """Rows from specab.analysis.stats; None when the analysis cannot read the store (then the
     summary falls back to _simple_rows, so the end of an experiment never fails on its summary)."""
     try:
-        res = stats.analyse(model.load_store(store_path))
+        with warnings.catch_warnings():     # scipy's warnings on few runs are not the user's business
+            warnings.simplefilter("ignore")
+            res = stats.analyse(model.load_store(store_path))
     except Exception:
         return None
     rows = []

@@ -27,7 +27,7 @@ from specab.driver import preflight
 from specab.driver.context import MoreBlocks, RunContext
 from specab.driver.fleet import run_fleet
 from specab.driver.options import (EXIT_FAILED_RUNS, EXIT_INTERRUPTED, EXIT_OK, ExperimentError, Options,
-                                   Prepared, prepare)
+                                   Prepared, is_multinode, prepare)
 from specab.driver.per_run import PerRunExecutor
 from specab.driver.progress import Progress, print_summary
 from specab.driver.queue_executor import QueueExecutor
@@ -126,6 +126,21 @@ def _new_experiment_dir(runs_dir: Path, name: str) -> tuple[str, Path]:
     return exp_id, path
 
 
+def check_nodes(prepared: Prepared, out: TextIO) -> list[preflight.EngineFlags]:
+    """Read-only checks on the nodes that would otherwise fail every run, before the first one. Returns the
+    engine flag sets the nodes reported (the arms are spelled for them: issue 15)."""
+    def notice(n: str) -> None:
+        print(f"notice: {n}", file=out)
+    hosts = prepared.inventory.hosts
+    # the node's engine lists its flags (read-only, cached per node and engine version): an unknown flag is
+    # refused now rather than after a model load of minutes (issue 6, item 14)
+    checked = preflight.check_engine_flags(prepared.arms, hosts, notice=notice)
+    # a port another process holds fails every run at its start (issue 20, item 5); a server over several
+    # hosts binds its HTTP port on the head only
+    preflight.check_ports(prepared.arms, hosts[:1] if is_multinode(hosts) else hosts, notice=notice)
+    return checked
+
+
 def redacted_config(exp: ExperimentSpec) -> dict[str, Any]:
     """The experiment as stored: every secret-named key (env, server args, common or per arm) redacted."""
     return redact_mapping(exp.as_extravar())
@@ -138,10 +153,7 @@ def start(opts: Options, out: TextIO, progress: Progress | None = None) -> tuple
         print(f"notice: {n}", file=out)
     runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
     check_writable(runs_dir)
-    # the node's engine lists its flags (read-only, cached per node and engine version): an unknown flag is
-    # refused now rather than after a model load of minutes (issue 6, item 14)
-    checked = preflight.check_engine_flags(prepared.arms, prepared.inventory.hosts,
-                                           notice=lambda n: print(f"notice: {n}", file=out))
+    checked = check_nodes(prepared, out)
     exp_id, exp_dir = _new_experiment_dir(runs_dir, prepared.experiment.name)
     store = st.Store.create(exp_dir / st.FILENAME)
     try:
@@ -193,8 +205,7 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
         print(f"resuming {row['id']}: {len(todo)} of {len(store.plan())} runs to do", file=out)
         if not todo:
             return conclude(EXIT_OK, store, exp_dir, out), exp_dir
-        checked = preflight.check_engine_flags(prepared.arms, prepared.inventory.hosts,
-                                               notice=lambda n: print(f"notice: {n}", file=out))
+        checked = check_nodes(prepared, out)
         prepared = dataclasses.replace(prepared, arms=preflight.spell_arms(prepared.arms, checked))
         store.mark_running()
         code = _run(prepared, ropts, row["id"], exp_dir, store, todo, out, progress or Progress(),
@@ -208,6 +219,11 @@ def conclude(code: int, store: st.Store, exp_dir: Path, out: TextIO) -> int:
     """Print the summary table; write the report when the experiment ran to its end."""
     failed = print_summary(store, out)
     print(f"\nexperiment directory: {exp_dir}", file=out)
+    if code == EXIT_OK and not store.runs(status="ok"):
+        # nothing measured: a report would be a page of empty tables (issue 20, item 5)
+        print("no report: no run finished ok, so there is nothing to compare. The failures above say why; fix "
+              "them and run again (or --resume with --retry-failed).", file=out)
+        return EXIT_FAILED_RUNS
     if code == EXIT_OK:
         try:
             paths = write_report(exp_dir)

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -64,6 +64,32 @@ def check_port(host: str, port: int) -> None:
         raise ToolError("port %d on %s cannot be bound (%s) and no process visible here holds it "
                         "(another network namespace or a user whose /proc is hidden?); choose another "
                         "port" % (port, host, err), {"port": port, "holders": []})
+
+
+def ports_refused(node_dir: str, endpoints: Sequence[Sequence[Any]]) -> List[str]:
+    """Why each ``(host, port)`` cannot be bound by the next server (``check_port``'s message), for the
+    controller's preflight. A port held by the server a record of ours names is not a problem: the run's
+    stop step frees it before the start."""
+    node_dir = os.path.abspath(os.path.expanduser(node_dir))
+    ours: set = set()
+    for name in (common.SERVER_JSON, common.LAST_SERVER_JSON):
+        try:
+            rec = common.load_record(node_dir, name)
+        except ToolError:
+            continue                 # an unreadable record is the stop step's concern
+        if rec is not None:
+            ours.add(int(rec["pid"]))
+            ours.update(st.pid for st in common.members(rec))
+    problems = []
+    for host, port in endpoints:
+        holders = common.port_holders(int(port))
+        if holders and all(h["pid"] in ours for h in holders):
+            continue
+        try:
+            check_port(str(host), int(port))
+        except ToolError as exc:
+            problems.append(exc.message)
+    return problems
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:

@@ -138,16 +138,20 @@ class SimNode:
         return env
 
     def playbook(self, playbook: str, extravars: Optional[dict[str, Any]] = None, *args: str,
-                 timeout: float = PLAYBOOK_TIMEOUT_S) -> Result:
-        """Run ansible-playbook from the repository root (its ansible.cfg) against this node."""
+                 timeout: float = PLAYBOOK_TIMEOUT_S, cwd: Optional[Path] = None) -> Result:
+        """Run ansible-playbook from the repository root (its ansible.cfg) against this node; with ``cwd``,
+        from that directory (the repository's ansible.cfg named by ANSIBLE_CONFIG)."""
         if not self.inventory.exists():
             self.write_inventory()
         xv = {"specab_runs_dir": str(self.runs_dir), **(extravars or {})}
         xv_file = self.root / f"extravars-{len(list(self.root.glob('extravars-*')))}.json"
         xv_file.write_text(json.dumps(xv))
-        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inventory), f"playbooks/{playbook}",
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inventory), str(REPO / "playbooks" / playbook),
                 "-e", f"@{xv_file}", *args]
-        proc = subprocess.run(argv, cwd=REPO, env=self.env(), capture_output=True, text=True, timeout=timeout)
+        env = self.env()
+        if cwd is not None:
+            env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
+        proc = subprocess.run(argv, cwd=cwd or REPO, env=env, capture_output=True, text=True, timeout=timeout)
         return Result(proc.returncode, proc.stdout + proc.stderr)
 
     def infra_check(self, timeout: float = 120) -> Result:

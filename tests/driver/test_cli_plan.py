@@ -144,3 +144,74 @@ def test_plan_refuses_a_name_without_spelling_on_the_node(tmp_path, write, inven
     code, _ = run_cli("plan", "-e", str(exp), "-i", str(inventory[0]))
     err = capsys.readouterr().err
     assert code == 2 and "no spelling" in err and "--cuda-graph-backend-decode" in err
+
+# --------------------------------------------------------------------------- issue 20, item 6: CLI edges
+
+def test_export_to_a_missing_directory_is_exit_2_without_traceback(tmp_path, capsys):
+    from specab.results import store as st
+    exp_dir = tmp_path / "runs" / "e-1"
+    exp_dir.mkdir(parents=True)
+    st.Store.create(exp_dir / st.FILENAME).close()
+    missing = tmp_path / "missing" / "dir" / "x.csv"
+    code = main(["export", str(exp_dir), "--format", "csv", "-o", str(missing)], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"error: {missing}: No such file or directory" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["rnu"], "unknown command 'rnu'. Did you mean `driver.py run`?"),
+    (["exprot", "x"], "Did you mean `driver.py export`?"),
+    (["--matrix", "steps=2", "plan"], "'plan' is a command: it goes first, before its options: "
+                                      "`driver.py plan --matrix steps=2`"),
+])
+def test_argparse_slips_get_the_closest_command_or_the_option_order(argv, hint, capsys, no_processes):
+    assert main(argv, out=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert hint in err and "usage: driver.py" in err, err
+
+
+def test_an_option_value_that_names_a_command_is_not_taken_for_one(tmp_path, capsys, no_processes):
+    """`-e plan` is a file called plan, not a misplaced command: the file is what gets refused."""
+    assert main(["plan", "-e", "status"], out=io.StringIO()) == 2
+    assert "status: file not found" in capsys.readouterr().err
+
+
+def test_top_level_help_shows_the_common_forms(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"], out=io.StringIO())
+    out = capsys.readouterr().out
+    assert "driver.py --matrix steps=1,2,3" in out and "driver.py --resume EXPERIMENT_ID" in out
+    assert "options go after the subcommand" in out
+
+
+# --------------------------------------------------------------------------- issue 20, item 5: values and A/B shape
+
+def test_known_engine_argument_values_are_type_checked(experiment_file, inventory, no_processes, capsys):
+    inv, _ = inventory
+    code, _ = run_cli("plan", "-e", str(experiment_file), "-i", str(inv), "--matrix", "mem_fraction_static=abc")
+    err = capsys.readouterr().err
+    assert code == 2 and "mem_fraction_static takes a number, not 'abc'" in err, err
+    assert run_cli("plan", "-e", str(experiment_file), "-i", str(inv), "--matrix", "mem_fraction_static=0.8")[0] == 0
+    capsys.readouterr()
+    # in the experiment file too, with its line; a bare flag takes true/false
+    for bad, needle in (("mem_fraction_static: 0.88", "mem_fraction_static: abc"),
+                        ("trust_remote_code: true", "trust_remote_code: maybe")):
+        f = experiment_file.with_name("bad.yml")
+        f.write_text(experiment_file.read_text().replace(bad, needle))
+        code, _ = run_cli("plan", "-e", str(f), "-i", str(inv))
+        err = capsys.readouterr().err
+        assert code == 2 and f"{f}:" in err and needle.split(":")[0] in err, err
+
+
+def test_skip_invalid_never_leaves_a_baseline_only_ab(experiment_file, inventory, no_processes, capsys):
+    inv, _ = inventory
+    f = experiment_file.with_name("refused.yml")
+    f.write_text(experiment_file.read_text().replace("speculative_eagle_topk: 1", "speculative_eagle_topk: 2")
+                 .replace("speculative_num_draft_tokens: 3", "speculative_num_draft_tokens: 8"))
+    code, _ = run_cli("plan", "-e", str(f), "-i", str(inv), "--skip-invalid")
+    err = capsys.readouterr().err
+    assert code == 2 and "nothing to compare with the baseline" in err and "draft_tokens <= steps*topk+1" in err, err
+    code, _ = run_cli("plan", "-e", str(f), "-i", str(inv), "--skip-invalid", "--matrix", "env.NCCL_PROTO=LL,Simple")
+    err = capsys.readouterr().err
+    assert code == 2 and "nothing to compare with the baseline" in err, err

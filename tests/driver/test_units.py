@@ -134,3 +134,48 @@ def test_log_excerpt_keeps_the_buried_fatal_line():
     assert len(out) <= 40 + 6 + 1
     short = "\n".join(lines[:5])
     assert log_excerpt(short) == short
+
+
+# --------------------------------------------------------------------------- issue 20, item 5: what the user sees
+
+def test_live_failure_line_is_never_cut():
+    import io as _io
+    from specab.driver.progress import Progress
+    buf = _io.StringIO()
+    p = Progress(out=buf, live=False)
+    p.start("e-1", 2)
+    p.run_started(1, "001-baseline", "baseline", 1)
+    reason = ("port 30123 is already taken (LISTEN) by PID 3762, user alice, command " + "'x' " * 80
+              + "; stop that process or choose another port (server_args.port)")
+    p.run_finished("failed", 3.0, reason=reason + "\nsecond line")
+    text = " ".join(buf.getvalue().split())
+    assert " ".join(reason.split()) in text and "second line" not in text
+
+
+class _NoOkStore:
+    """A store whose every run failed (the few methods conclude and the summary read)."""
+    path = "/nonexistent/results.sqlite"
+
+    def arms(self):
+        return [{"name": "baseline", "baseline": "baseline"}, {"name": "eagle3", "baseline": "baseline"}]
+
+    def runs(self, status=None):
+        rows = [{"seq": i, "run_id": f"00{i}-{a}", "arm": a, "status": "failed", "failure_phase": "start",
+                 "failure_reason": "port taken"} for i, a in ((1, "baseline"), (2, "eagle3"))]
+        return [r for r in rows if status is None or r["status"] == status]
+
+    def requests(self):
+        return []
+
+    def missing(self):
+        return []
+
+
+def test_no_report_for_zero_ok_runs(tmp_path, monkeypatch):
+    import io as _io
+    from specab.driver import session
+    written = []
+    monkeypatch.setattr(session, "write_report", lambda d: written.append(d) or {})
+    out = _io.StringIO()
+    assert session.conclude(0, _NoOkStore(), tmp_path, out) == 1
+    assert written == [] and "no report: no run finished ok" in out.getvalue()

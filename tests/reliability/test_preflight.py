@@ -266,3 +266,48 @@ def test_item14_an_engine_that_cannot_list_its_flags_is_a_notice_not_a_refusal(n
     notices: list[str] = []
     assert preflight.check_engine_flags(arms, [host], notice=notices.append) == []
     assert len(notices) == 1 and "no-such-engine" in notices[0] and "when it starts" in notices[0], notices
+
+
+# --------------------------------------------------------------------------- issue 20, item 5: ports
+
+def test_item20_port_taken_on_the_node_is_refused_in_preflight_naming_the_holder(node: SimNode, capsys):
+    """A port another process holds would fail every run at its start: refused before the first run."""
+    import socket
+    exp = node.write_experiment("port")
+    inv = node.write_inventory()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", node.port))
+        s.listen()
+        code = main(["-e", str(exp), "-i", str(inv), "--runs-dir", str(node.runs_dir)], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"simT: port {node.port} is already taken (LISTEN) by PID {os.getpid()}" in err, err
+    assert "Every run would fail at its start." in err and "Nothing was started." in err
+    assert not node.runs_dir.exists() or not any(node.runs_dir.iterdir())
+    assert node.server() is None
+
+
+def test_item20_port_held_by_our_recorded_server_is_not_refused(tmp_path: Path):
+    """The run's stop step frees a port our own (recorded) server holds: only foreign holders are refused."""
+    import sys
+    from specab.config.inventory import Host
+    port = free_port()
+    listener = subprocess.Popen([sys.executable, "-c", "import socket, sys, time\n"
+                                 "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
+                                 "print('up', flush=True); time.sleep(120)", str(port)],
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert listener.stdout.readline().strip() == "up"
+        node_dir = tmp_path / "node"
+        node_dir.mkdir()
+        host = Host(name="n", vars={"ansible_connection": "local", "specab_python": sys.executable,
+                                    "specab_node_dir": str(node_dir)})
+        refused = preflight.ports_refused(host, [("127.0.0.1", port)])
+        assert len(refused) == 1 and f"by PID {listener.pid}" in refused[0], refused
+        (node_dir / "server.json").write_text(json.dumps({"pid": listener.pid, "pgid": listener.pid,
+                                                          "sid": listener.pid, "port": port}))
+        assert preflight.ports_refused(host, [("127.0.0.1", port)]) == []
+    finally:
+        listener.kill()
+        listener.wait()

@@ -297,3 +297,17 @@ def test_register_adds_parse_log_subcommand(tmp_path: Path, capsys: pytest.Captu
     buf = io.StringIO()   # the driver's CLI calls func(args, out)
     assert ns.func(ns, buf) == 0
     assert json.loads(buf.getvalue())["cuda_graph_share"] == 1.0
+
+
+@pytest.mark.parametrize("content", [b"", bytes(range(256)) * 64], ids=["empty", "binary"])
+def test_parse_log_of_nothing_recognised_exits_non_zero_with_the_hint_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture, content: bytes) -> None:
+    """Issue 20, item 6: no summary of None values, exit 1, the hint the first line on stderr."""
+    from specab.driver.cli import main
+    log = tmp_path / "x.log"
+    log.write_bytes(content)
+    out = io.StringIO()
+    assert main(["parse-log", str(log)], out=out) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[0].startswith(f"parse-log: no line of {log} was recognised"), err
+    assert out.getvalue() == "" and "None" not in err
