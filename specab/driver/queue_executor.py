@@ -223,7 +223,9 @@ class QueueExecutor:
         for name, t0, t1 in rows:
             r.store.record_phase(pr.seq, name, t0, t1)
         ended = (done or {}).get("finished_at")
-        if after_stop is not None and (not done or not isinstance(ended, (int, float)) or ended > after_stop):
+        healthy = True
+        if after_stop is not None and not (done and done.get("ok")) and (
+                not done or not isinstance(ended, (int, float)) or ended > after_stop):
             # Ctrl-C at time T: what had not ended by T is interrupted (and resumed), however long the stop
             # took to reach the node
             phase = display_phase((done or {}).get("phase")) or clock.current
@@ -231,9 +233,15 @@ class QueueExecutor:
             outcome = (st.INTERRUPTED, phase, f"interrupted by the user (SIGINT/SIGTERM){why}")
         else:
             outcome = self._outcome(done, result, clock)
-        r.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=None,
-                        fetch_missing=False)
-        return outcome[0], result.ok
+            if done and done.get("status") == "interrupted" and not self._signalled():
+                # the node's sequencer was stopped, but this driver received no signal: not an interruption
+                # by the user; the run failed, and the queue is started anew for the next runs
+                outcome = (st.FAILED, outcome[1], "the node's sequencer was stopped by a signal this driver did "
+                           "not send (another controller, stop.py or the system): " + str(done.get("error") or ""))
+                healthy = False
+        status = r.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=None,
+                                 fetch_missing=False)
+        return status, result.ok and healthy
 
     @staticmethod
     def _outcome(done: dict[str, Any] | None, result: PlaybookResult,
@@ -255,6 +263,10 @@ class QueueExecutor:
         task = done.get("task") or "sequencer"
         error = done.get("error") or f"the run ended with status {done.get('status')!r}"
         return st.FAILED, display_phase(done.get("phase")) or clock.current, f"{task}: {error}"
+
+    def _signalled(self) -> bool:
+        """Whether this driver received SIGINT/SIGTERM (only that is an interruption by the user)."""
+        return bool(self.signal_time and self.signal_time() is not None)
 
     # ------------------------------------------------------------------ the loop
     def abort(self) -> None:
@@ -318,7 +330,7 @@ class QueueExecutor:
                 return True
             if on_status:
                 on_status(status)
-            if status == st.INTERRUPTED:      # stopped on the node by someone else (stop.yml, stop.py)
+            if status == st.INTERRUPTED:      # (the driver's own signal: cancel is set, handled above)
                 self.interrupted(None, list(queued), on_status)
                 return True
             if not healthy:

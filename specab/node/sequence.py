@@ -338,6 +338,7 @@ class RunSteps(object):
         self.e = entry
         self.phases = phases
         self.started_server = False
+        self.client_grace = 0.0          # seconds the released client may take to exit on its own
         self.client: Optional[Deferred] = None
         self.sampler: Optional[Deferred] = None
         self.parts_thread: Optional[threading.Thread] = None
@@ -362,10 +363,17 @@ class RunSteps(object):
                 self.verify_env()
                 self.benchmark()
             except Interrupted as exc:
-                self.fail(self.phases.current or "claimed",
-                          "interrupted by %s (stop.py or the driver's interrupt) during phase %r; the server was "
-                          "stopped and the run is not measured: rerun it" % (exc, self.phases.current),
-                          status="interrupted")
+                if self.phases.current in ("warming up", "benchmarking") and self.bench_complete():
+                    # every measured request was answered before the signal: the measurement is whole
+                    common.log("run %s: %s after its last measured request: kept as ok"
+                               % (self.e.run_id, exc))
+                    self.result["note"] = "signal %s after the benchmark's last measured request" % exc
+                    self.client_grace = 10.0      # it only writes its summary now: let it finish
+                else:
+                    self.fail(self.phases.current or "claimed",
+                              "interrupted by %s (stop.py or the driver's interrupt) during phase %r; the server was "
+                              "stopped and the run is not measured: rerun it" % (exc, self.phases.current),
+                              status="interrupted")
             except RunFailed as exc:
                 self.fail(exc.phase, exc.message)
             except ToolError as exc:
@@ -403,6 +411,7 @@ class RunSteps(object):
 
     def start_engine(self) -> None:
         e = self.e
+        self.seq.gate.check()         # a signal already received: no engine is started for this run
         self.phases.begin("starting")
         start = tool_module("start")
         rec = start.main(["--node-dir", self.seq.node_dir, "--run-dir", e.run_dir, "--script", e.path("launch.sh"),
@@ -498,6 +507,23 @@ class RunSteps(object):
                             % (self.seq.hostname, rc, summary.get("failed", "?"), summary.get("requests", "?"),
                                errors[0] if errors else ""))
 
+    def bench_complete(self) -> bool:
+        """Whether bench.jsonl holds an answered (ok) record for every measured request."""
+        want = int(self.e.bench.get("num_requests", 8))
+        ok = set()
+        try:
+            with open(self.e.path("bench.jsonl"), "rb") as fh:
+                for line in fh:
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue            # a line cut short
+                    if isinstance(rec, dict) and not rec.get("warmup") and rec.get("ok"):
+                        ok.add(rec.get("i"))
+        except OSError:
+            return False
+        return want > 0 and len(ok) >= want
+
     def take_after(self) -> None:
         """gpu_after.csv: the GPUs after the last request, the server still up (one nvidia-smi call)."""
         self.after = threading.Thread(target=self.seq.one_sample, args=(self.e, "gpu_after.csv"), daemon=True)
@@ -551,7 +577,7 @@ class RunSteps(object):
         the sampler is told to stop and waited for in the teardown (before done.json)."""
         if self.client is not None:
             if self.client.released:
-                self.client.finish(term_after=0.0)
+                self.client.finish(term_after=self.client_grace)
             else:
                 self.client.discard()
         if self.sampler is not None:
