@@ -24,7 +24,7 @@ from typing import Any
 
 from specab.results import store as st
 from specab.config.plan import PlannedRun
-from specab.driver.remote import LogTail, read_tail
+from specab.driver.remote import LogTail, open_node, read_tail, shell_path
 from specab.driver.context import MoreBlocks, RunContext
 from specab.driver.playbook import Failure, PlaybookResult
 from specab.driver.record import PhaseClock, check_writable, fetch_missing
@@ -264,6 +264,29 @@ class QueueExecutor:
         error = done.get("error") or f"the run ended with status {done.get('status')!r}"
         return st.FAILED, display_phase(done.get("phase")) or clock.current, f"{task}: {error}"
 
+    def hold_node(self) -> None:
+        """Interrupted: the node's sequencer claims and starts no further run (queue/HOLD-<experiment id>,
+        one remote command, written before stop.yml's Ansible start-up: the next arm's server never starts)."""
+        qdir = shell_path((self.node_path or self.host.node_dir).rstrip("/") + "/queue")
+        marker = shell_path(f"{(self.node_path or self.host.node_dir).rstrip('/')}/queue/HOLD-{self.ctx.exp_id}")
+        node = None
+        try:
+            node = open_node(self.host)
+            rc, _, err = node.run(["sh", "-c", f"mkdir -p {qdir} && : > {marker}"])
+            if rc != 0:
+                self.ctx.progress.notice(f"WARNING: could not hold the queue on {self.host.name}: {err.strip()}")
+        except Exception as exc:      # the stop role still stops the sequencer
+            self.ctx.progress.notice(f"WARNING: could not hold the queue on {self.host.name}: {exc}")
+        finally:
+            if node is not None:
+                node.close()
+
+    def _watch_cancel(self, cancel: threading.Event, over: threading.Event) -> None:
+        while not over.is_set():
+            if cancel.wait(0.1):
+                self.hold_node()
+                return
+
     def _signalled(self) -> bool:
         """Whether this driver received SIGINT/SIGTERM (only that is an interruption by the user)."""
         return bool(self.signal_time and self.signal_time() is not None)
@@ -278,6 +301,17 @@ class QueueExecutor:
              more: MoreBlocks | None = None, on_status: Callable[[str], None] | None = None) -> bool:
         """Run `todo` (and what `more` adds when it runs out) through the queue. Returns True when
         interrupted (`cancel` set), after stopping the node's sequencer and server."""
+        over = threading.Event()
+        watcher = threading.Thread(target=self._watch_cancel, args=(cancel, over), name="queue-hold", daemon=True)
+        watcher.start()
+        try:
+            return self._loop(todo, cancel, index, more=more, on_status=on_status)
+        finally:
+            over.set()
+            watcher.join(timeout=30)
+
+    def _loop(self, todo: list[PlannedRun], cancel: threading.Event, index: int, *,
+              more: MoreBlocks | None = None, on_status: Callable[[str], None] | None = None) -> bool:
         r = self.ctx
         pending: deque[PlannedRun] = deque(todo)
         queued: deque[PlannedRun] = deque()

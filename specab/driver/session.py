@@ -25,6 +25,7 @@ from specab.config.yamlfile import REPO_ROOT
 from specab.driver import preflight
 from specab.driver.context import MoreBlocks, RunContext
 from specab.driver.fleet import run_fleet
+from specab.driver.lease import LeaseError, NodeLeases
 from specab.driver.options import (EXIT_FAILED_RUNS, EXIT_INTERRUPTED, EXIT_OK, ExperimentError, Options,
                                    Prepared, prepare)
 from specab.driver.per_run import PerRunExecutor
@@ -113,16 +114,25 @@ def _specab_version() -> str | None:
         return None
 
 
-def _new_experiment_dir(runs_dir: Path, name: str) -> tuple[str, Path]:
+def _new_experiment_id(runs_dir: Path, name: str) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     exp_id = f"{name}-{stamp}"
     i = 2
     while (runs_dir / exp_id).exists():
         exp_id = f"{name}-{stamp}-{i}"
         i += 1
-    path = runs_dir / exp_id
-    path.mkdir(parents=True)
-    return exp_id, path
+    return exp_id
+
+
+def node_leases(prepared: Prepared, exp_id: str, out: TextIO) -> NodeLeases:
+    """The leases of every host the experiment uses, taken now (before anything on a node is touched);
+    another live experiment on one of them refuses this one (ExperimentError: exit 2, naming the holder)."""
+    leases = NodeLeases(prepared.inventory.hosts, exp_id, notice=lambda n: print(f"notice: {n}", file=out))
+    try:
+        leases.take()
+    except LeaseError as exc:
+        raise ExperimentError(str(exc)) from None
+    return leases
 
 
 def redacted_config(exp: ExperimentSpec) -> dict[str, Any]:
@@ -141,7 +151,20 @@ def start(opts: Options, out: TextIO, progress: Progress | None = None) -> tuple
     # refused now rather than after a model load of minutes (issue 6, item 14)
     preflight.check_engine_flags(prepared.arms, prepared.inventory.hosts,
                                  notice=lambda n: print(f"notice: {n}", file=out))
-    exp_id, exp_dir = _new_experiment_dir(runs_dir, prepared.experiment.name)
+    exp_id = _new_experiment_id(runs_dir, prepared.experiment.name)
+    with node_leases(prepared, exp_id, out):
+        exp_dir = runs_dir / exp_id
+        exp_dir.mkdir(parents=True)
+        code, store = _start(prepared, opts, exp_id, exp_dir, out, progress)
+    try:
+        return conclude(code, store, exp_dir, out), exp_dir
+    finally:
+        store.close()
+
+
+def _start(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, out: TextIO,
+           progress: Progress | None) -> tuple[int, st.Store]:
+    """Create the experiment's store and run its plan (the node leases held). Returns (exit code, store)."""
     store = st.Store.create(exp_dir / st.FILENAME)
     try:
         store.write_experiment(id=exp_id, name=prepared.experiment.name, seed=opts.seed, repeats=opts.repeats,
@@ -154,9 +177,10 @@ def start(opts: Options, out: TextIO, progress: Progress | None = None) -> tuple
         store.write_plan([r.to_json() for r in prepared.plan], repeats=opts.repeats)
         code = _run(prepared, opts, exp_id, exp_dir, store, list(prepared.plan), out, progress or Progress(),
                     total=len(prepared.plan))
-        return conclude(code, store, exp_dir, out), exp_dir
-    finally:
+        return code, store
+    except BaseException:
         store.close()
+        raise
 
 
 def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None = None) -> tuple[int, Path]:
@@ -190,9 +214,10 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
         print(f"resuming {row['id']}: {len(todo)} of {len(store.plan())} runs to do", file=out)
         if not todo:
             return conclude(EXIT_OK, store, exp_dir, out), exp_dir
-        store.mark_running()
-        code = _run(prepared, ropts, row["id"], exp_dir, store, todo, out, progress or Progress(),
-                    total=len(store.plan()))
+        with node_leases(prepared, row["id"], out):
+            store.mark_running()
+            code = _run(prepared, ropts, row["id"], exp_dir, store, todo, out, progress or Progress(),
+                        total=len(store.plan()))
         return conclude(code, store, exp_dir, out), exp_dir
     finally:
         store.close()

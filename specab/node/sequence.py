@@ -49,6 +49,7 @@ LEASE_FILE = "sequencer.lease"  # touched by the controller's ensure/wait: its s
 SERVE_LOCK = "sequencer.lock"
 ENSURE_LOCK = "sequencer.ensure.lock"
 END_PREFIX = "END-"
+HOLD_PREFIX = "HOLD-"        # queue/HOLD-<experiment_id>: the driver was interrupted, claim and start nothing
 STAGING_DIR = ".staging"     # queue/.staging: entries being written (enqueue.yml), not yet queued
 ENTRY_RE = contract.QUEUE_ENTRY_RE
 ID_RE = contract.ID_RE
@@ -412,6 +413,8 @@ class RunSteps(object):
     def start_engine(self) -> None:
         e = self.e
         self.seq.gate.check()         # a signal already received: no engine is started for this run
+        if self.seq.held():
+            raise Interrupted("the driver's hold marker")
         self.phases.begin("starting")
         start = tool_module("start")
         rec = start.main(["--node-dir", self.seq.node_dir, "--run-dir", e.run_dir, "--script", e.path("launch.sh"),
@@ -801,6 +804,13 @@ class Sequencer(object):
         common.write_json(os.path.join(self.node_dir, SEQUENCER_START), res)
         self.save(startup={"ok": True, "clean": self.clean, "elapsed_s": res["elapsed_s"]})
 
+    def hold_marker(self) -> str:
+        return os.path.join(queue_dir(self.node_dir), HOLD_PREFIX + self.experiment_id)
+
+    def held(self) -> bool:
+        """The driver's interrupt reached the node (its hold marker): no run is claimed or started."""
+        return os.path.exists(self.hold_marker())
+
     def claim(self) -> Optional[Entry]:
         qdir = queue_dir(self.node_dir)
         for name in queued_names(self.node_dir):
@@ -887,6 +897,10 @@ class Sequencer(object):
                                      "unclaimed; resume the experiment to run them" % (age, self.a.lease_s))
                     common.log(self.record["reason"])
                     return 0
+            if self.held():
+                self.save(state="exited", run_id=None, reason="hold marker %s: the driver was interrupted"
+                          % self.hold_marker())
+                return 0
             entry = self.claim()
             if entry is not None:
                 halt = self.run_entry(entry)
@@ -979,10 +993,11 @@ def cmd_ensure(a: argparse.Namespace) -> Dict[str, Any]:
     touch_lease(a.node_dir)
     with ensure_lock(a.node_dir):
         # runs will come: an END marker of an earlier session of this experiment no longer holds
-        try:
-            os.remove(os.path.join(queue_dir(a.node_dir), END_PREFIX + a.experiment_id))
-        except OSError:
-            pass
+        for prefix in (END_PREFIX, HOLD_PREFIX):
+            try:
+                os.remove(os.path.join(queue_dir(a.node_dir), prefix + a.experiment_id))
+            except OSError:
+                pass
         rec = live_record(a.node_dir)
         replaced = None
         if rec is not None and rec.get("experiment_id") == a.experiment_id and rec.get("state") in ("running", "idle"):
@@ -1010,7 +1025,7 @@ def cmd_reset(a: argparse.Namespace) -> Dict[str, Any]:
             except OSError:
                 continue
             for name in names:
-                if ENTRY_RE.match(name) or name.startswith(END_PREFIX) or name.endswith(".refused"):
+                if ENTRY_RE.match(name) or name.startswith((END_PREFIX, HOLD_PREFIX)) or name.endswith(".refused"):
                     try:
                         os.remove(os.path.join(d, name))
                         removed.append(prefix + name)
