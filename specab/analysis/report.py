@@ -427,6 +427,13 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         f"{n} {s}{'s' if n > 1 else ''} ({', '.join(sorted({f.rule for f in findings if f.severity == s}))})"
         for s, n in sev.items() if n) or "no findings") + ".")
 
+    by_fp: dict[str, list[str]] = {}
+    for run_id, fp in sorted((exp.meta.get("run_fingerprints") or {}).items()):
+        by_fp.setdefault(fp, []).append(run_id)
+    if len(by_fp) > 1:       # a resume under --force-changed: the runs are not all of one experiment
+        rep.summary.append(f"Runs of {len(by_fp)} different experiment fingerprints (resumed with --force-changed; "
+                           f"they may not be comparable): " + "; ".join(f"{fp}: {', '.join(ids)}"
+                                                                        for fp, ids in by_fp.items()) + ".")
     scales = [x for x in exp.meta.get("time_scales", []) if x != 1.0]
     if scales:
         rep.summary.append(f"Simulated node at SPECAB_SIM_TIME_SCALE {', '.join(f'{x:g}' for x in scales)}: request "

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, TextIO
 
 from specab.analysis.report import write_report
+from specab.config.fingerprint import changes, fingerprint, fingerprint_doc
 from specab.config.plan import PlannedRun
 from specab.config.spec import ExperimentSpec
 from specab.config.yamlfile import REPO_ROOT
@@ -174,6 +175,8 @@ def _start(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, out: T
                                argv=list(opts.argv), hosts=[h.name for h in prepared.inventory.hosts],
                                specab_version=_specab_version(), git_sha=_git_sha())
         store.write_arms([a.to_json() for a in prepared.arms])
+        doc = fingerprint_doc(prepared.experiment, prepared.arms)
+        store.set_session_fingerprint(fingerprint(doc), doc)
         store.write_plan([r.to_json() for r in prepared.plan], repeats=opts.repeats)
         code = _run(prepared, opts, exp_id, exp_dir, store, list(prepared.plan), out, progress or Progress(),
                     total=len(prepared.plan))
@@ -200,12 +203,14 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
                         run_timeout_s=opts.run_timeout_s, argv=opts.argv,
                         fleet=opts.fleet or "--fleet" in (row.get("argv") or []), executor=opts.executor)
         prepared = prepare(ropts)
+        forced = check_fingerprint(store, prepared, force=opts.force_changed, out=out)
         stored = {a["name"]: a for a in store.arms()}
         for arm in prepared.arms:
             s = stored.get(arm.name)
             now = arm.to_json()
             # (redact_env: experiments stored before server args were redacted hold them verbatim)
-            if s is None or redact_env(s["server_args"]) != now["server_args"] or redact_env(s["env"]) != now["env"]:
+            if s is None or not forced and (redact_env(s["server_args"]) != now["server_args"]
+                                            or redact_env(s["env"]) != now["env"]):
                 raise ExperimentError(f"arm {arm.name}: the experiment file {ropts.experiment_file} no longer "
                                       f"resolves to the arm recorded in {store.path}; resuming would mix two "
                                       f"experiments. Restore the file or start a new experiment.")
@@ -215,12 +220,39 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
         if not todo:
             return conclude(EXIT_OK, store, exp_dir, out), exp_dir
         with node_leases(prepared, row["id"], out):
+            doc = fingerprint_doc(prepared.experiment, prepared.arms)
+            store.set_session_fingerprint(fingerprint(doc), doc, forced=forced)
             store.mark_running()
             code = _run(prepared, ropts, row["id"], exp_dir, store, todo, out, progress or Progress(),
                         total=len(store.plan()))
         return conclude(code, store, exp_dir, out), exp_dir
     finally:
         store.close()
+
+
+def check_fingerprint(store: st.Store, prepared: Prepared, *, force: bool, out: TextIO) -> bool:
+    """Refuse a resume whose resolved experiment differs from the stored one (ExperimentError naming every
+    change) unless ``force``; returns whether the fingerprint changed (and the resume goes on: forced)."""
+    recorded = store.fingerprint()
+    doc = fingerprint_doc(prepared.experiment, prepared.arms)
+    if recorded is None:          # a store written before fingerprints: nothing to compare with
+        print("notice: this experiment was stored without a fingerprint; the resumed runs are marked with "
+              f"{fingerprint(doc)}", file=out)
+        return False
+    old_fp, old_doc = recorded
+    if fingerprint(doc) == old_fp:
+        return False
+    what = changes(old_doc, doc) or ["(the fingerprint's content differs)"]
+    if not force:
+        raise ExperimentError(
+            f"the experiment file {prepared.experiment.path} no longer resolves to the experiment recorded in "
+            f"{store.path} (fingerprint {old_fp} -> {fingerprint(doc)}); resuming would mix runs that are not "
+            f"comparable. Changed:\n  " + "\n  ".join(what) +
+            "\nRestore the file, start a new experiment, or give --force-changed to resume anyway (the report "
+            "then marks the runs of each fingerprint).")
+    print(f"notice: --force-changed: resuming under fingerprint {fingerprint(doc)} (recorded {old_fp}); changed: "
+          + "; ".join(what), file=out)
+    return True
 
 
 def conclude(code: int, store: st.Store, exp_dir: Path, out: TextIO) -> int:

@@ -64,6 +64,21 @@ def test_second_experiment_on_a_busy_node_is_refused_and_the_first_finishes(node
         assert s.experiment()["status"] == "finished"
     assert not (node.node_dir / "experiment.lease").exists(), "the lease was not released"
     assert not node.server_alive() and node.gpus_busy() == []
+    # every collected manifest carries the fingerprint, the bench settings and the timeouts (driver.py diff)
+    manifest = json.loads(next(exp_dir.glob("001-*/manifest.json")).read_text())
+    assert manifest["bench"]["num_requests"] == 2 and manifest["timeouts"]["ready_s"] == 120
+    with st.Store.open(exp_dir) as s:
+        assert manifest["fingerprint"] == s.fingerprint()[0] == s.run_fingerprints()[1]
+
+    # a resume whose experiment changed (the bench: 6 requests instead of 2) is refused, naming the change,
+    # before anything on the node is touched
+    exp.write_text(exp.read_text().replace("num_requests: 2", "num_requests: 6"))
+    resumed = driver("--resume", exp_dir.name, "--retry-failed", "-e", str(exp), "--runs-dir", str(node.runs_dir),
+                     env=_env(node))
+    out3, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 2, out3[-3000:]
+    assert "bench.num_requests: 2 -> 6" in out3 and "--force-changed" in out3, out3[-3000:]
+    assert not (node.node_dir / "experiment.lease").exists()
 
 
 def test_ctrl_c_after_a_finished_benchmark_keeps_that_run_and_starts_no_next_server(node: SimNode):
