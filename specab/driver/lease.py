@@ -79,7 +79,10 @@ class NodeLeases:
 
     # ------------------------------------------------------------------ take / release
     def take(self) -> None:
-        """Take every host's lease, or none: on a refusal the ones already taken are released."""
+        """Take every host's lease, or none: on a refusal the ones already taken are released. Taking
+        leases already held is a no-op (``with NodeLeases(...).take()`` or ``with NodeLeases(...)``)."""
+        if self._thread is not None:
+            return
         try:
             for h in self.hosts:
                 self._take_one(h)
