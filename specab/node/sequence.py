@@ -811,6 +811,18 @@ class Sequencer(object):
         """The driver's interrupt reached the node (its hold marker): no run is claimed or started."""
         return os.path.exists(self.hold_marker())
 
+    def watch_hold(self) -> None:
+        """The driver's hold marker acts as its interrupt, at once: SIGTERM to ourselves (the gate cuts a
+        load or a benchmark short as for stop.py's signal, faster than the stop playbook reaches us)."""
+        def loop() -> None:
+            while not self.gate.requested:
+                if self.held():
+                    common.log("hold marker %s: the driver was interrupted" % self.hold_marker())
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+                time.sleep(0.1)
+        threading.Thread(target=loop, name="hold-watch", daemon=True).start()
+
     def claim(self) -> Optional[Entry]:
         qdir = queue_dir(self.node_dir)
         for name in queued_names(self.node_dir):
@@ -871,6 +883,7 @@ class Sequencer(object):
 
     def serve(self) -> int:
         self.save()
+        self.watch_hold()
         try:
             self.startup()
         except ToolError as exc:
