@@ -627,6 +627,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
         e = store.experiment()
         arm_rows = store.arms()
         run_rows = store.runs()
+        run_fps = store.run_fingerprints()
         reqs = _store_requests(store)
         samples = _store_gpu_samples(store)
         manifests: dict[int, dict[str, dict]] = {}
@@ -682,4 +683,6 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
                       meta={"status": e.get("status"), "seed": e.get("seed"), "repeats": e.get("repeats"),
                             "created": e.get("created"), "finished": e.get("finished"),
                             "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
-                            "matrix": e.get("matrix"), "time_scales": scales})
+                            "matrix": e.get("matrix"), "time_scales": scales,
+                            "run_fingerprints": {r["run_id"]: run_fps[r["seq"]] for r in run_rows
+                                                 if r["seq"] in run_fps}})

@@ -24,8 +24,8 @@ from specab.results.locate import default_runs_dir
 from specab.results.store import FILENAME, Store
 from specab.analysis.subcommand import standalone_main
 
-CATEGORY_ORDER = ("engine args", "env", "versions", "gpu", "models", "dataset", "seed", "host", "bench", "other",
-                  "volatile")
+CATEGORY_ORDER = ("engine args", "env", "versions", "gpu", "models", "dataset", "seed", "host", "bench", "timeouts",
+                  "experiment", "other", "volatile")
 
 
 class ProvenanceError(ValueError):
@@ -73,6 +73,10 @@ def _category(key: str) -> tuple[str, str]:
             return cat, key[len(prefix):] if cat in ("engine args", "versions", "gpu", "models", "host", "bench") else key
     if key in ("seed", "extra.seed", "bench.seed"):
         return "seed", "seed"
+    if key.startswith("timeouts."):       # the experiment's timeouts (stamped by the driver, issue 20)
+        return "timeouts", key[len("timeouts."):]
+    if key == "fingerprint":
+        return "experiment", key
     return "other", key
 
 

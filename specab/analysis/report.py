@@ -412,11 +412,15 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     stop = stopping_statement(exp)
     if stop:
         rep.summary.append(stop)
-    failed = [r for r in exp.runs if not r.ok and r.status != "running"]
+    failed = [r for r in exp.runs if not r.ok and r.status not in ("running", "interrupted")]
+    interrupted = [r for r in exp.runs if r.status == "interrupted"]
     running = [r for r in exp.runs if r.status == "running"]
     if running:
         rep.summary.append(f"{len(running)} run(s) still running or cut short without a result: "
                            f"{', '.join(r.run_id for r in running)}.")
+    if interrupted:
+        rep.summary.append(f"{len(interrupted)} run(s) interrupted by the user (not failures; a --resume runs "
+                           f"them): {', '.join(r.run_id for r in interrupted)}.")
     if failed:
         rep.summary.append(f"{len(failed)} run(s) failed or measured nothing: {', '.join(r.run_id for r in failed)}.")
     sev = {s: sum(1 for f in findings if f.severity == s) for s in doctor.SEVERITIES}
@@ -424,6 +428,13 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         f"{n} {s}{'s' if n > 1 else ''} ({', '.join(sorted({f.rule for f in findings if f.severity == s}))})"
         for s, n in sev.items() if n) or "no findings") + ".")
 
+    by_fp: dict[str, list[str]] = {}
+    for run_id, fp in sorted((exp.meta.get("run_fingerprints") or {}).items()):
+        by_fp.setdefault(fp, []).append(run_id)
+    if len(by_fp) > 1:       # a resume under --force-changed: the runs are not all of one experiment
+        rep.summary.append(f"Runs of {len(by_fp)} different experiment fingerprints (resumed with --force-changed; "
+                           f"they may not be comparable): " + "; ".join(f"{fp}: {', '.join(ids)}"
+                                                                        for fp, ids in by_fp.items()) + ".")
     scales = [x for x in exp.meta.get("time_scales", []) if x != 1.0]
     if scales:
         rep.summary.append(f"Simulated node at SPECAB_SIM_TIME_SCALE {', '.join(f'{x:g}' for x in scales)}: request "
@@ -439,7 +450,9 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         acc = _f(s.accept_len.mean, ".2f") if s.accept_len.mean else "-"
         if s.log_accept_len is not None:
             acc += f" (log {s.log_accept_len:.2f}{', DISAGREES' if s.accept_len_disagrees else ''})"
-        rows.append([a.name, str(s.runs) + (f" (+{s.runs_failed} failed)" if s.runs_failed else ""), str(s.requests),
+        extra = ", ".join(x for x in (f"+{s.runs_failed} failed" if s.runs_failed else "",
+                                       f"+{s.runs_interrupted} interrupted" if s.runs_interrupted else "") if x)
+        rows.append([a.name, str(s.runs) + (f" ({extra})" if extra else ""), str(s.requests),
                      _f(s.tok_s_run.median), _f(s.tok_s_run.mean), _ci(s.tok_s_run),
                      _f(s.tok_s_request_median), _f(s.ttft_s.median and s.ttft_s.median * 1000),
                      _f(s.tpot_s.median and s.tpot_s.median * 1000, ".2f"), _f(s.e2e_s.median, ".2f"), acc,
@@ -494,10 +507,10 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         rep.add(Para("No rule fired: CUDA graph, env propagation, like-for-like args, break-even, clocks, drift, "
                      "client and outliers all look clean."))
 
-    if failed:
-        rep.add(Heading("Failed runs"),
+    if failed or interrupted:
+        rep.add(Heading("Failed and interrupted runs" if interrupted else "Failed runs"),
                 Table(["run", "status", "reason"], [[r.run_id, r.status, (r.error or "no measured requests")[:200]]
-                                                    for r in failed]))
+                                                    for r in failed + interrupted]))
 
     if plots:
         rep.add(Heading("Plots"),

@@ -143,7 +143,7 @@ def _dist(values: Sequence[float | None], seed: int) -> Dist:
 class ArmStats:
     arm: str
     runs: int
-    runs_failed: int
+    runs_failed: int                   # failed runs (not counting interrupted ones)
     requests: int
     tok_s_run: Dist                    # one value per run: the run's median request decode tok/s
     tok_s_request_median: float | None  # over all measured requests (descriptive only)
@@ -156,6 +156,7 @@ class ArmStats:
     accept_len_disagrees: bool         # requests vs log differ by more than 5 %
     cuda_graph_share: float | None     # share of decode lines with `cuda graph: True`
     per_run: list[dict] = field(default_factory=list)
+    runs_interrupted: int = 0          # cut by the user's SIGINT/SIGTERM (resumable), not failures
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -174,7 +175,8 @@ ACCEPT_DISAGREE_REL = 0.05
 
 def arm_stats(exp: Experiment, arm: str, seed: int = DEFAULT_SEED) -> ArmStats:
     runs = exp.runs_of(arm)
-    failed = [r for r in exp.runs_of(arm, ok_only=False) if not r.ok and r.status != "running"]
+    failed = [r for r in exp.runs_of(arm, ok_only=False) if not r.ok and r.status not in ("running", "interrupted")]
+    interrupted = [r for r in exp.runs_of(arm, ok_only=False) if r.status == "interrupted"]
     reqs = [q for r in runs for q in r.measured if q.decode_tok_s]
     tok_req = [q.decode_tok_s for q in reqs]
     acc_runs = [r.accept_len for r in runs]
@@ -187,7 +189,7 @@ def arm_stats(exp: Experiment, arm: str, seed: int = DEFAULT_SEED) -> ArmStats:
     per_run = [{"run_id": r.run_id, "block": r.block, "host": r.host, "tok_s": r.tok_s,
                 "accept_len": r.accept_len, "midpoint": r.midpoint} for r in runs]
     return ArmStats(
-        arm=arm, runs=len(runs), runs_failed=len(failed), requests=len(reqs),
+        arm=arm, runs=len(runs), runs_failed=len(failed), runs_interrupted=len(interrupted), requests=len(reqs),
         tok_s_run=_dist([r.tok_s for r in runs], seed),
         tok_s_request_median=statistics.median(tok_req) if tok_req else None,
         tok_s_request_mean=statistics.fmean(tok_req) if tok_req else None,

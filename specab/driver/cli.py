@@ -64,6 +64,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="EXPERIMENT_ID",
                    help="run only the missing runs of an experiment, in the planned order")
     p.add_argument("--retry-failed", action="store_true", help="with --resume: run failed runs again too")
+    p.add_argument("--force-changed", action="store_true",
+                   help="with --resume: go on although the experiment's fingerprint changed (the report marks "
+                        "the runs of each fingerprint)")
     p.add_argument("--target-ci", metavar="PCT", type=_percent,
                    help="add blocks until every speedup's 95%% CI half-width is within PCT (e.g. 2%%)")
     p.add_argument("--max-repeats", type=int, help="upper bound on blocks with --target-ci")
@@ -165,7 +168,8 @@ def _options(args: argparse.Namespace, argv: list[str]) -> Options:
                       max_repeats=getattr(args, "max_repeats", None),
                       retry_failed=getattr(args, "retry_failed", False),
                       run_timeout_s=getattr(args, "run_timeout", None), argv=argv,
-                      fleet=getattr(args, "fleet", False), executor=getattr(args, "executor", "auto"))
+                      fleet=getattr(args, "fleet", False), executor=getattr(args, "executor", "auto"),
+                      force_changed=getattr(args, "force_changed", False))
 
 
 # --------------------------------------------------------------------------- commands

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TextIO
 
 from specab.analysis import model, stats
+from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.plan import PlannedRun, make_plan
 from specab.config.yamlfile import REPO_ROOT
 from specab.driver.options import ExperimentError, Options, Prepared, choose_executor, is_multinode
@@ -67,6 +68,8 @@ class RunContext:
         self.runner = PlaybookRunner(REPO_ROOT, prepared.inventory.path, exp_dir / ".runner",
                                      verbose=opts.verbose, stream=lambda s: progress.notice(s))
         self.secrets = secrets_of(prepared)
+        self.fingerprint_doc = fingerprint_doc(prepared.experiment, prepared.arms)
+        self.fingerprint = fingerprint(self.fingerprint_doc)
 
     # ------------------------------------------------------------------ one run
     def node_run_dir(self, host, run_id: str) -> str:
@@ -126,6 +129,7 @@ class RunContext:
         # such as --api-key, the engine's log prints its args, nccl.env its env): the controller's copy and
         # the store never do.
         scrub_tree(run_dir, self.secrets)
+        self.stamp_manifests(run_dir)
         ingested = ingest_run_dir(self.store, pr.seq, run_dir, [h.name for h in hosts])
         planned = int(self.p.experiment.bench_settings["num_requests"])
         # partial: fewer answered measured requests than planned (a crash cuts the file short, or leaves
@@ -142,6 +146,10 @@ class RunContext:
             if tail:
                 log_tail = tail if len(hosts) == 1 else (log_tail or "") + f"== {h.name} ==\n{tail}\n"
         status, phase, reason = outcome
+        if status == st.INTERRUPTED and planned > 0 and not partial and ingested["measured"] == ingested["measured_ok"]:
+            # the benchmark had answered every measured request before the signal: the measurement is whole
+            self.progress.notice(f"{pr.run_id}: its benchmark had finished before the interrupt: kept as ok")
+            status, phase, reason = st.OK, None, None
         if status == st.FAILED and log_tail is None:
             log_tail = result.stdout_tail
         log_tail, reason = self.scrub_text(log_tail), self.scrub_text(reason)
@@ -154,6 +162,22 @@ class RunContext:
                               gpu_free=ingested.get("gpu_free"))
         self.progress.run_finished(status, time.time() - started, reason)
         return status
+
+    def stamp_manifests(self, run_dir: Path) -> None:
+        """Every collected manifest.json of the run gets the experiment's fingerprint, bench settings and
+        timeouts (what `driver.py diff` compares next to the node's provenance)."""
+        for path in sorted(run_dir.rglob("manifest.json")):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(data, dict):
+                continue
+            data.update(fingerprint=self.fingerprint, bench=self.fingerprint_doc["bench"],
+                        timeouts=self.fingerprint_doc["timeouts"])
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(data, indent=1) + "\n")
+            os.replace(tmp, path)
 
     def scrub_text(self, text: str | None) -> str | None:
         """A text with the experiment's secret values replaced (a remote log tail, a failure message)."""

@@ -42,6 +42,7 @@ class Options:
     argv: list[str] = field(default_factory=list)
     fleet: bool = False                     # independent blocks per host at once (specab/driver/fleet.py)
     executor: Executor = "auto"             # auto: the run queue on one host, per-run otherwise
+    force_changed: bool = False             # --resume although the experiment's fingerprint changed
 
 
 @dataclass

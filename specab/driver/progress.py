@@ -178,7 +178,7 @@ def _stats_rows(store_path) -> list[list[str]] | None:
             spd = f"{sp.estimate:.3f}" + (f" [{sp.ci.low:.3f}, {sp.ci.high:.3f}]" if sp.ci else "")
         else:
             spd = "1 (baseline)" if name not in res.speedups else "-"
-        rows.append([name, f"{a.runs}", f"{a.runs_failed}",
+        rows.append([name, f"{a.runs}", f"{a.runs_failed}", f"{a.runs_interrupted}",
                      f"{d.median:.1f}" if d.median is not None else "-", ci,
                      f"{a.accept_len.mean:.2f}" if a.accept_len.mean is not None else "-", spd])
     return rows
@@ -204,6 +204,7 @@ def _simple_rows(store) -> list[list[str]]:
     for a in arms:
         ok = [r for r in runs if r["arm"] == a["name"] and r["status"] == "ok"]
         failed = [r for r in runs if r["arm"] == a["name"] and r["status"] == "failed"]
+        interrupted = [r for r in runs if r["arm"] == a["name"] and r["status"] == "interrupted"]
         vals = [statistics.median(by_run[r["seq"]]) for r in ok if by_run.get(r["seq"])]
         accs = [statistics.fmean(acc_run[r["seq"]]) for r in ok if acc_run.get(r["seq"])]
         m = statistics.median(vals) if vals else None
@@ -212,22 +213,24 @@ def _simple_rows(store) -> list[list[str]]:
         if len(vals) >= 2:
             boots = sorted(statistics.median(rng.choices(vals, k=len(vals))) for _ in range(2000))
             ci = f"[{boots[49]:.1f}, {boots[1949]:.1f}]"
-        rows.append([a["name"], str(len(ok)), str(len(failed)), f"{m:.1f}" if m is not None else "-", ci,
-                     f"{statistics.fmean(accs):.2f}" if accs else "-", a["baseline"]])
+        rows.append([a["name"], str(len(ok)), str(len(failed)), str(len(interrupted)),
+                     f"{m:.1f}" if m is not None else "-", ci, f"{statistics.fmean(accs):.2f}" if accs else "-",
+                     a["baseline"]])
     for row in rows:
-        base = med.get(row[6])
+        base = med.get(row[7])
         m = med.get(row[0])
-        row[6] = ("1 (baseline)" if row[0] == row[6] else
+        row[7] = ("1 (baseline)" if row[0] == row[7] else
                   f"{m / base:.3f}" if (m is not None and base) else "-")
     return rows
 
 
 def print_summary(store, out: TextIO) -> int:
-    """Print the per-arm table and the failures; returns the number of failed runs."""
+    """Print the per-arm table (failed and interrupted runs counted apart) and the failures; returns the number
+    of failed runs (interrupted ones are not failures: a resume runs them)."""
     rows = _stats_rows(store.path) or _simple_rows(store)
     console = Console(file=out, highlight=False, width=max(120, Console(file=out).width))
     t = Table(title="per-arm summary (tok/s = single-stream decode speed, median over runs)")
-    for col in ("arm", "runs ok", "failed", "tok/s", "95% interval", "accept len", "speedup vs baseline"):
+    for col in ("arm", "runs ok", "failed", "interrupted", "tok/s", "95% interval", "accept len", "speedup vs baseline"):
         t.add_column(col)
     for r in rows:
         t.add_row(*r)
@@ -238,7 +241,8 @@ def print_summary(store, out: TextIO) -> int:
         console.print(f"FAILED {r['run_id']} ({r['failure_phase'] or '?'}): {(r['failure_reason'] or '').strip()[:500]}",
                       markup=False)
     for r in interrupted:
-        console.print(f"INTERRUPTED {r['run_id']}", markup=False)
+        console.print(f"INTERRUPTED {r['run_id']} ({r['failure_phase'] or '?'}): "
+                      f"{(r['failure_reason'] or 'interrupted').strip()[:300]}", markup=False)
     missing = store.missing()
     if missing:
         console.print(f"{len(missing)} planned run(s) not done: {', '.join(m['run_id'] for m in missing[:10])}",

@@ -24,7 +24,7 @@ from typing import Any
 
 from specab.results import store as st
 from specab.config.plan import PlannedRun
-from specab.driver.remote import LogTail, read_tail
+from specab.driver.remote import LogTail, open_node, read_tail, shell_path
 from specab.driver.context import MoreBlocks, RunContext
 from specab.driver.playbook import Failure, PlaybookResult
 from specab.driver.record import PhaseClock, check_writable, fetch_missing
@@ -223,7 +223,9 @@ class QueueExecutor:
         for name, t0, t1 in rows:
             r.store.record_phase(pr.seq, name, t0, t1)
         ended = (done or {}).get("finished_at")
-        if after_stop is not None and (not done or not isinstance(ended, (int, float)) or ended > after_stop):
+        healthy = True
+        if after_stop is not None and not (done and done.get("ok")) and (
+                not done or not isinstance(ended, (int, float)) or ended > after_stop):
             # Ctrl-C at time T: what had not ended by T is interrupted (and resumed), however long the stop
             # took to reach the node
             phase = display_phase((done or {}).get("phase")) or clock.current
@@ -231,9 +233,15 @@ class QueueExecutor:
             outcome = (st.INTERRUPTED, phase, f"interrupted by the user (SIGINT/SIGTERM){why}")
         else:
             outcome = self._outcome(done, result, clock)
-        r.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=None,
-                        fetch_missing=False)
-        return outcome[0], result.ok
+            if done and done.get("status") == "interrupted" and not self._signalled():
+                # the node's sequencer was stopped, but this driver received no signal: not an interruption
+                # by the user; the run failed, and the queue is started anew for the next runs
+                outcome = (st.FAILED, outcome[1], "the node's sequencer was stopped by a signal this driver did "
+                           "not send (another controller, stop.py or the system): " + str(done.get("error") or ""))
+                healthy = False
+        status = r.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=None,
+                                 fetch_missing=False)
+        return status, result.ok and healthy
 
     @staticmethod
     def _outcome(done: dict[str, Any] | None, result: PlaybookResult,
@@ -256,6 +264,33 @@ class QueueExecutor:
         error = done.get("error") or f"the run ended with status {done.get('status')!r}"
         return st.FAILED, display_phase(done.get("phase")) or clock.current, f"{task}: {error}"
 
+    def hold_node(self) -> None:
+        """Interrupted: the node's sequencer claims and starts no further run (queue/HOLD-<experiment id>,
+        one remote command, written before stop.yml's Ansible start-up: the next arm's server never starts)."""
+        qdir = shell_path((self.node_path or self.host.node_dir).rstrip("/") + "/queue")
+        marker = shell_path(f"{(self.node_path or self.host.node_dir).rstrip('/')}/queue/HOLD-{self.ctx.exp_id}")
+        node = None
+        try:
+            node = open_node(self.host)
+            rc, _, err = node.run(["sh", "-c", f"mkdir -p {qdir} && : > {marker}"])
+            if rc != 0:
+                self.ctx.progress.notice(f"WARNING: could not hold the queue on {self.host.name}: {err.strip()}")
+        except Exception as exc:      # the stop role still stops the sequencer
+            self.ctx.progress.notice(f"WARNING: could not hold the queue on {self.host.name}: {exc}")
+        finally:
+            if node is not None:
+                node.close()
+
+    def _watch_cancel(self, cancel: threading.Event, over: threading.Event) -> None:
+        while not over.is_set():
+            if cancel.wait(0.1):
+                self.hold_node()
+                return
+
+    def _signalled(self) -> bool:
+        """Whether this driver received SIGINT/SIGTERM (only that is an interruption by the user)."""
+        return bool(self.signal_time and self.signal_time() is not None)
+
     # ------------------------------------------------------------------ the loop
     def abort(self) -> None:
         """The driver failed: the sequencer would go on with the queued runs; stop it and the server."""
@@ -266,6 +301,17 @@ class QueueExecutor:
              more: MoreBlocks | None = None, on_status: Callable[[str], None] | None = None) -> bool:
         """Run `todo` (and what `more` adds when it runs out) through the queue. Returns True when
         interrupted (`cancel` set), after stopping the node's sequencer and server."""
+        over = threading.Event()
+        watcher = threading.Thread(target=self._watch_cancel, args=(cancel, over), name="queue-hold", daemon=True)
+        watcher.start()
+        try:
+            return self._loop(todo, cancel, index, more=more, on_status=on_status)
+        finally:
+            over.set()
+            watcher.join(timeout=30)
+
+    def _loop(self, todo: list[PlannedRun], cancel: threading.Event, index: int, *,
+              more: MoreBlocks | None = None, on_status: Callable[[str], None] | None = None) -> bool:
         r = self.ctx
         pending: deque[PlannedRun] = deque(todo)
         queued: deque[PlannedRun] = deque()
@@ -318,7 +364,7 @@ class QueueExecutor:
                 return True
             if on_status:
                 on_status(status)
-            if status == st.INTERRUPTED:      # stopped on the node by someone else (stop.yml, stop.py)
+            if status == st.INTERRUPTED:      # (the driver's own signal: cancel is set, handled above)
                 self.interrupted(None, list(queued), on_status)
                 return True
             if not healthy:

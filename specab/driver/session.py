@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, TextIO
 
 from specab.analysis.report import write_report
+from specab.config.fingerprint import changes, fingerprint, fingerprint_doc
 from specab.config.plan import PlannedRun
 from specab.config.spec import ExperimentSpec
 from specab.config.yamlfile import REPO_ROOT
 from specab.driver import preflight
 from specab.driver.context import MoreBlocks, RunContext
 from specab.driver.fleet import run_fleet
+from specab.driver.lease import LeaseError, NodeLeases
 from specab.driver.options import (EXIT_FAILED_RUNS, EXIT_INTERRUPTED, EXIT_OK, ExperimentError, Options,
                                    Prepared, is_multinode, prepare)
 from specab.driver.per_run import PerRunExecutor
@@ -114,16 +116,25 @@ def _specab_version() -> str | None:
         return None
 
 
-def _new_experiment_dir(runs_dir: Path, name: str) -> tuple[str, Path]:
+def _new_experiment_id(runs_dir: Path, name: str) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     exp_id = f"{name}-{stamp}"
     i = 2
     while (runs_dir / exp_id).exists():
         exp_id = f"{name}-{stamp}-{i}"
         i += 1
-    path = runs_dir / exp_id
-    path.mkdir(parents=True)
-    return exp_id, path
+    return exp_id
+
+
+def node_leases(prepared: Prepared, exp_id: str, out: TextIO) -> NodeLeases:
+    """The leases of every host the experiment uses, taken now (before anything on a node is touched);
+    another live experiment on one of them refuses this one (ExperimentError: exit 2, naming the holder)."""
+    leases = NodeLeases(prepared.inventory.hosts, exp_id, notice=lambda n: print(f"notice: {n}", file=out))
+    try:
+        leases.take()
+    except LeaseError as exc:
+        raise ExperimentError(str(exc)) from None
+    return leases
 
 
 def check_nodes(prepared: Prepared, out: TextIO) -> list[preflight.EngineFlags]:
@@ -154,7 +165,20 @@ def start(opts: Options, out: TextIO, progress: Progress | None = None) -> tuple
     runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
     check_writable(runs_dir)
     checked = check_nodes(prepared, out)
-    exp_id, exp_dir = _new_experiment_dir(runs_dir, prepared.experiment.name)
+    exp_id = _new_experiment_id(runs_dir, prepared.experiment.name)
+    with node_leases(prepared, exp_id, out):
+        exp_dir = runs_dir / exp_id
+        exp_dir.mkdir(parents=True)
+        code, store = _start(prepared, opts, exp_id, exp_dir, out, progress, checked)
+    try:
+        return conclude(code, store, exp_dir, out), exp_dir
+    finally:
+        store.close()
+
+
+def _start(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, out: TextIO,
+           progress: Progress | None, checked: list[preflight.EngineFlags]) -> tuple[int, st.Store]:
+    """Create the experiment's store and run its plan (the node leases held). Returns (exit code, store)."""
     store = st.Store.create(exp_dir / st.FILENAME)
     try:
         store.write_experiment(id=exp_id, name=prepared.experiment.name, seed=opts.seed, repeats=opts.repeats,
@@ -164,14 +188,17 @@ def start(opts: Options, out: TextIO, progress: Progress | None = None) -> tuple
                                argv=list(opts.argv), hosts=[h.name for h in prepared.inventory.hosts],
                                specab_version=_specab_version(), git_sha=_git_sha())
         store.write_arms([a.to_json() for a in prepared.arms])
+        doc = fingerprint_doc(prepared.experiment, prepared.arms)
+        store.set_session_fingerprint(fingerprint(doc), doc)
         store.write_plan([r.to_json() for r in prepared.plan], repeats=opts.repeats)
         # stored: the experiment's logical names; launched: the node engine's spelling (issue 15)
         prepared = dataclasses.replace(prepared, arms=preflight.spell_arms(prepared.arms, checked))
         code = _run(prepared, opts, exp_id, exp_dir, store, list(prepared.plan), out, progress or Progress(),
                     total=len(prepared.plan))
-        return conclude(code, store, exp_dir, out), exp_dir
-    finally:
+        return code, store
+    except BaseException:
         store.close()
+        raise
 
 
 def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None = None) -> tuple[int, Path]:
@@ -191,12 +218,14 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
                         run_timeout_s=opts.run_timeout_s, argv=opts.argv,
                         fleet=opts.fleet or "--fleet" in (row.get("argv") or []), executor=opts.executor)
         prepared = prepare(ropts)
+        forced = check_fingerprint(store, prepared, force=opts.force_changed, out=out)
         stored = {a["name"]: a for a in store.arms()}
         for arm in prepared.arms:
             s = stored.get(arm.name)
             now = arm.to_json()
             # (redact_env: experiments stored before server args were redacted hold them verbatim)
-            if s is None or redact_env(s["server_args"]) != now["server_args"] or redact_env(s["env"]) != now["env"]:
+            if s is None or not forced and (redact_env(s["server_args"]) != now["server_args"]
+                                            or redact_env(s["env"]) != now["env"]):
                 raise ExperimentError(f"arm {arm.name}: the experiment file {ropts.experiment_file} no longer "
                                       f"resolves to the arm recorded in {store.path}; resuming would mix two "
                                       f"experiments. Restore the file or start a new experiment.")
@@ -206,13 +235,41 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
         if not todo:
             return conclude(EXIT_OK, store, exp_dir, out), exp_dir
         checked = check_nodes(prepared, out)
+        doc = fingerprint_doc(prepared.experiment, prepared.arms)       # the logical arms, as start() hashed them
         prepared = dataclasses.replace(prepared, arms=preflight.spell_arms(prepared.arms, checked))
-        store.mark_running()
-        code = _run(prepared, ropts, row["id"], exp_dir, store, todo, out, progress or Progress(),
-                    total=len(store.plan()))
+        with node_leases(prepared, row["id"], out):
+            store.set_session_fingerprint(fingerprint(doc), doc, forced=forced)
+            store.mark_running()
+            code = _run(prepared, ropts, row["id"], exp_dir, store, todo, out, progress or Progress(),
+                        total=len(store.plan()))
         return conclude(code, store, exp_dir, out), exp_dir
     finally:
         store.close()
+
+
+def check_fingerprint(store: st.Store, prepared: Prepared, *, force: bool, out: TextIO) -> bool:
+    """Refuse a resume whose resolved experiment differs from the stored one (ExperimentError naming every
+    change) unless ``force``; returns whether the fingerprint changed (and the resume goes on: forced)."""
+    recorded = store.fingerprint()
+    doc = fingerprint_doc(prepared.experiment, prepared.arms)
+    if recorded is None:          # a store written before fingerprints: nothing to compare with
+        print("notice: this experiment was stored without a fingerprint; the resumed runs are marked with "
+              f"{fingerprint(doc)}", file=out)
+        return False
+    old_fp, old_doc = recorded
+    if fingerprint(doc) == old_fp:
+        return False
+    what = changes(old_doc, doc) or ["(the fingerprint's content differs)"]
+    if not force:
+        raise ExperimentError(
+            f"the experiment file {prepared.experiment.path} no longer resolves to the experiment recorded in "
+            f"{store.path} (fingerprint {old_fp} -> {fingerprint(doc)}); resuming would mix runs that are not "
+            f"comparable. Changed:\n  " + "\n  ".join(what) +
+            "\nRestore the file, start a new experiment, or give --force-changed to resume anyway (the report "
+            "then marks the runs of each fingerprint).")
+    print(f"notice: --force-changed: resuming under fingerprint {fingerprint(doc)} (recorded {old_fp}); changed: "
+          + "; ".join(what), file=out)
+    return True
 
 
 def conclude(code: int, store: st.Store, exp_dir: Path, out: TextIO) -> int:

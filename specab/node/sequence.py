@@ -49,6 +49,7 @@ LEASE_FILE = "sequencer.lease"  # touched by the controller's ensure/wait: its s
 SERVE_LOCK = "sequencer.lock"
 ENSURE_LOCK = "sequencer.ensure.lock"
 END_PREFIX = "END-"
+HOLD_PREFIX = "HOLD-"        # queue/HOLD-<experiment_id>: the driver was interrupted, claim and start nothing
 STAGING_DIR = ".staging"     # queue/.staging: entries being written (enqueue.yml), not yet queued
 ENTRY_RE = contract.QUEUE_ENTRY_RE
 ID_RE = contract.ID_RE
@@ -338,6 +339,7 @@ class RunSteps(object):
         self.e = entry
         self.phases = phases
         self.started_server = False
+        self.client_grace = 0.0          # seconds the released client may take to exit on its own
         self.client: Optional[Deferred] = None
         self.sampler: Optional[Deferred] = None
         self.parts_thread: Optional[threading.Thread] = None
@@ -362,10 +364,17 @@ class RunSteps(object):
                 self.verify_env()
                 self.benchmark()
             except Interrupted as exc:
-                self.fail(self.phases.current or "claimed",
-                          "interrupted by %s (stop.py or the driver's interrupt) during phase %r; the server was "
-                          "stopped and the run is not measured: rerun it" % (exc, self.phases.current),
-                          status="interrupted")
+                if self.phases.current in ("warming up", "benchmarking") and self.bench_complete():
+                    # every measured request was answered before the signal: the measurement is whole
+                    common.log("run %s: %s after its last measured request: kept as ok"
+                               % (self.e.run_id, exc))
+                    self.result["note"] = "signal %s after the benchmark's last measured request" % exc
+                    self.client_grace = 10.0      # it only writes its summary now: let it finish
+                else:
+                    self.fail(self.phases.current or "claimed",
+                              "interrupted by %s (stop.py or the driver's interrupt) during phase %r; the server was "
+                              "stopped and the run is not measured: rerun it" % (exc, self.phases.current),
+                              status="interrupted")
             except RunFailed as exc:
                 self.fail(exc.phase, exc.message)
             except ToolError as exc:
@@ -403,6 +412,9 @@ class RunSteps(object):
 
     def start_engine(self) -> None:
         e = self.e
+        self.seq.gate.check()         # a signal already received: no engine is started for this run
+        if self.seq.held():
+            raise Interrupted("the driver's hold marker")
         self.phases.begin("starting")
         start = tool_module("start")
         rec = start.main(["--node-dir", self.seq.node_dir, "--run-dir", e.run_dir, "--script", e.path("launch.sh"),
@@ -498,6 +510,23 @@ class RunSteps(object):
                             % (self.seq.hostname, rc, summary.get("failed", "?"), summary.get("requests", "?"),
                                errors[0] if errors else ""))
 
+    def bench_complete(self) -> bool:
+        """Whether bench.jsonl holds an answered (ok) record for every measured request."""
+        want = int(self.e.bench.get("num_requests", 8))
+        ok = set()
+        try:
+            with open(self.e.path("bench.jsonl"), "rb") as fh:
+                for line in fh:
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue            # a line cut short
+                    if isinstance(rec, dict) and not rec.get("warmup") and rec.get("ok"):
+                        ok.add(rec.get("i"))
+        except OSError:
+            return False
+        return want > 0 and len(ok) >= want
+
     def take_after(self) -> None:
         """gpu_after.csv: the GPUs after the last request, the server still up (one nvidia-smi call)."""
         self.after = threading.Thread(target=self.seq.one_sample, args=(self.e, "gpu_after.csv"), daemon=True)
@@ -551,7 +580,7 @@ class RunSteps(object):
         the sampler is told to stop and waited for in the teardown (before done.json)."""
         if self.client is not None:
             if self.client.released:
-                self.client.finish(term_after=0.0)
+                self.client.finish(term_after=self.client_grace)
             else:
                 self.client.discard()
         if self.sampler is not None:
@@ -775,6 +804,25 @@ class Sequencer(object):
         common.write_json(os.path.join(self.node_dir, SEQUENCER_START), res)
         self.save(startup={"ok": True, "clean": self.clean, "elapsed_s": res["elapsed_s"]})
 
+    def hold_marker(self) -> str:
+        return os.path.join(queue_dir(self.node_dir), HOLD_PREFIX + self.experiment_id)
+
+    def held(self) -> bool:
+        """The driver's interrupt reached the node (its hold marker): no run is claimed or started."""
+        return os.path.exists(self.hold_marker())
+
+    def watch_hold(self) -> None:
+        """The driver's hold marker acts as its interrupt, at once: SIGTERM to ourselves (the gate cuts a
+        load or a benchmark short as for stop.py's signal, faster than the stop playbook reaches us)."""
+        def loop() -> None:
+            while not self.gate.requested:
+                if self.held():
+                    common.log("hold marker %s: the driver was interrupted" % self.hold_marker())
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+                time.sleep(0.1)
+        threading.Thread(target=loop, name="hold-watch", daemon=True).start()
+
     def claim(self) -> Optional[Entry]:
         qdir = queue_dir(self.node_dir)
         for name in queued_names(self.node_dir):
@@ -835,6 +883,7 @@ class Sequencer(object):
 
     def serve(self) -> int:
         self.save()
+        self.watch_hold()
         try:
             self.startup()
         except ToolError as exc:
@@ -861,6 +910,10 @@ class Sequencer(object):
                                      "unclaimed; resume the experiment to run them" % (age, self.a.lease_s))
                     common.log(self.record["reason"])
                     return 0
+            if self.held():
+                self.save(state="exited", run_id=None, reason="hold marker %s: the driver was interrupted"
+                          % self.hold_marker())
+                return 0
             entry = self.claim()
             if entry is not None:
                 halt = self.run_entry(entry)
@@ -953,10 +1006,11 @@ def cmd_ensure(a: argparse.Namespace) -> Dict[str, Any]:
     touch_lease(a.node_dir)
     with ensure_lock(a.node_dir):
         # runs will come: an END marker of an earlier session of this experiment no longer holds
-        try:
-            os.remove(os.path.join(queue_dir(a.node_dir), END_PREFIX + a.experiment_id))
-        except OSError:
-            pass
+        for prefix in (END_PREFIX, HOLD_PREFIX):
+            try:
+                os.remove(os.path.join(queue_dir(a.node_dir), prefix + a.experiment_id))
+            except OSError:
+                pass
         rec = live_record(a.node_dir)
         replaced = None
         if rec is not None and rec.get("experiment_id") == a.experiment_id and rec.get("state") in ("running", "idle"):
@@ -984,7 +1038,7 @@ def cmd_reset(a: argparse.Namespace) -> Dict[str, Any]:
             except OSError:
                 continue
             for name in names:
-                if ENTRY_RE.match(name) or name.startswith(END_PREFIX) or name.endswith(".refused"):
+                if ENTRY_RE.match(name) or name.startswith((END_PREFIX, HOLD_PREFIX)) or name.endswith(".refused"):
                     try:
                         os.remove(os.path.join(d, name))
                         removed.append(prefix + name)

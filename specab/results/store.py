@@ -26,7 +26,22 @@ FILENAME = "results.sqlite"
 PENDING, RUNNING, OK, FAILED, INTERRUPTED = "pending", "running", "ok", "failed", "interrupted"
 DONE_STATUSES = (OK, FAILED)
 
-SCHEMA = """
+# Experiment fingerprints (issue 20; additive, schema version unchanged: a store without these tables is read
+# as one without fingerprints, and they are created when a session of this specab writes to it).
+FINGERPRINT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS fingerprints (
+    fingerprint TEXT PRIMARY KEY,           -- specab.config.fingerprint: 16 hex digits
+    doc_json    TEXT NOT NULL,              -- what was hashed (model, server args, env, arms, bench, timeouts)
+    recorded    REAL NOT NULL,              -- first session that ran under it
+    forced      INTEGER NOT NULL DEFAULT 0  -- 1: a resume under --force-changed
+);
+CREATE TABLE IF NOT EXISTS run_fingerprints (
+    seq         INTEGER PRIMARY KEY,        -- the run (latest attempt) ...
+    fingerprint TEXT NOT NULL               -- ... ran under this fingerprint
+);
+"""
+
+SCHEMA = FINGERPRINT_SCHEMA + """
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -295,10 +310,45 @@ class Store:
         with self._tx() as c:
             c.execute("UPDATE experiment SET status=?, finished=? ", (status, time.time()))
 
+    # ----------------------------------------------------------------- fingerprints
+    def _has_table(self, name: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?",
+                                 (name,)).fetchone() is not None
+
+    def set_session_fingerprint(self, fp: str, doc: dict[str, Any], *, forced: bool = False) -> None:
+        """The fingerprint this session runs under; the experiment's own one is the first ever set.
+        Every run started from now on is marked with it."""
+        if not self._has_table("run_fingerprints"):      # a store written before fingerprints
+            self.conn.executescript(FINGERPRINT_SCHEMA)
+        with self._tx() as c:
+            c.execute("INSERT OR IGNORE INTO fingerprints(fingerprint, doc_json, recorded, forced) VALUES (?,?,?,?)",
+                      (fp, _dumps(doc), time.time(), int(forced)))
+            c.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('fingerprint', ?)", (fp,))
+            c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('session_fingerprint', ?)", (fp,))
+
+    def fingerprint(self) -> tuple[str, dict[str, Any]] | None:
+        """(the experiment's fingerprint, its document); None for a store written before fingerprints."""
+        row = self.conn.execute("SELECT value FROM meta WHERE key='fingerprint'").fetchone()
+        if row is None or not self._has_table("fingerprints"):
+            return None
+        doc = self.conn.execute("SELECT doc_json FROM fingerprints WHERE fingerprint=?", (row[0],)).fetchone()
+        return row[0], (json.loads(doc[0]) if doc else {})
+
+    def run_fingerprints(self) -> dict[int, str]:
+        """seq -> the fingerprint each run ran under (empty for a store written before fingerprints)."""
+        if not self._has_table("run_fingerprints"):
+            return {}
+        return {r[0]: r[1] for r in self.conn.execute("SELECT seq, fingerprint FROM run_fingerprints")}
+
     def start_run(self, *, seq: int, run_id: str, arm: str, block: int, host: str, run_dir: str,
                   runner_ident: str) -> None:
         """Record a run as running, replacing any earlier unfinished attempt of the same seq."""
+        marks = self._has_table("run_fingerprints")
         with self._tx() as c:
+            if marks:
+                c.execute("DELETE FROM run_fingerprints WHERE seq=?", (seq,))
+                c.execute("INSERT INTO run_fingerprints(seq, fingerprint) SELECT ?, value FROM meta "
+                          "WHERE key='session_fingerprint'", (seq,))
             prev = c.execute("SELECT attempt FROM runs WHERE seq=?", (seq,)).fetchone()
             attempt = (prev["attempt"] + 1) if prev else 1
             for table in ("run_phases", "requests", "gpu_samples", "manifests", "env_checks", "run_files"):

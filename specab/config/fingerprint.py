@@ -1,0 +1,60 @@
+"""The experiment fingerprint (issue 20, item 2): a hash of what makes two runs comparable.
+
+The resolved experiment: the model, the common server args and env, every resolved arm (its server args
+and env after the experiment's are merged in), the bench settings and the timeouts (specab's defaults
+filled in). Secret values are redacted before hashing (the store and the manifests never hold them; a
+changed secret does not change the fingerprint). The engine's build is not known before a run (each run's
+manifest records its versions; `driver.py diff` compares them).
+
+A resume whose fingerprint differs from the experiment's is refused (``changes`` says what changed, as
+``bench.num_requests: 2 -> 6``) unless ``--force-changed``; then the store marks each run with the
+fingerprint it ran under.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from specab.config.spec import ArmSpec, ExperimentSpec
+from specab.node.contract import redact_mapping
+
+
+def fingerprint_doc(exp: ExperimentSpec, arms: list[ArmSpec]) -> dict[str, Any]:
+    """What the fingerprint hashes (JSON-able, secrets redacted)."""
+    return redact_mapping({
+        "model_path": exp.model_path,
+        "server_args": dict(exp.server_args),
+        "env": dict(exp.env),
+        "arms": {a.name: {"server_args": a.to_json()["server_args"], "env": a.to_json()["env"]} for a in arms},
+        "bench": dict(exp.bench_settings),
+        "timeouts": dict(exp.timeout_settings),
+    })
+
+
+def fingerprint(doc: dict[str, Any]) -> str:
+    """16 hex digits of the SHA-256 of the document's canonical JSON."""
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _flat(v: Any, key: str, out: dict[str, Any]) -> None:
+    if isinstance(v, dict) and v:
+        for k in sorted(v):
+            _flat(v[k], f"{key}.{k}" if key else str(k), out)
+    else:
+        out[key] = v
+
+
+def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between two fingerprint documents, one line each: ``bench.num_requests: 2 -> 6``."""
+    a: dict[str, Any] = {}
+    b: dict[str, Any] = {}
+    _flat(old, "", a)
+    _flat(new, "", b)
+    show = lambda v: "(absent)" if v is _ABSENT else json.dumps(v, default=str)   # noqa: E731
+    return [f"{k}: {show(a.get(k, _ABSENT))} -> {show(b.get(k, _ABSENT))}"
+            for k in sorted(set(a) | set(b)) if a.get(k, _ABSENT) != b.get(k, _ABSENT)]
+
+
+_ABSENT = object()

@@ -1,0 +1,144 @@
+"""The experiment's node leases: one experiment per node directory at a time (issue 20, item 1).
+
+Before anything on a node is touched (the first enqueue or stop), the session takes the lease of every host
+it will use (``specab/node/lease.py``, run over the driver's node access with ``python -c``, so it needs
+no deployed tool), refreshes them from a background thread while the experiment runs, and releases them on
+every exit path (``NodeLeases`` is a context manager). A lease held by another live controller refuses the
+experiment (``LeaseHeld``: the CLI's exit 2, naming the holder); a stale one (no sign of life for
+``stale_s``, the sequencer's ``--lease-s`` rule) is broken with a notice.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from specab.config.inventory import Host
+from specab.driver.remote import RemoteError, open_node
+from specab.node import lease as node_lease
+
+LEASE_TOOL = Path(node_lease.__file__)
+STALE_S = node_lease.DEFAULT_STALE_S
+CALL_TIMEOUT_S = 60.0
+
+
+class LeaseError(Exception):
+    """A lease could not be taken (the node unreachable, the tool failed): what, where, what to do."""
+
+
+class LeaseHeld(LeaseError):
+    """Another experiment holds a node's lease."""
+
+
+def _python(host: Host) -> str:
+    return str(host.vars.get("specab_python") or "python3")
+
+
+def call(host: Host, args: list[str], timeout: float = CALL_TIMEOUT_S) -> tuple[int, dict[str, Any]]:
+    """Run the lease tool on ``host``: (exit status, its JSON output)."""
+    argv = [_python(host), "-c", LEASE_TOOL.read_text(), "--node-dir", host.node_dir, *args]
+    node = open_node(host)
+    try:
+        rc, out, err = node.run(argv, timeout=timeout)
+    finally:
+        node.close()
+    try:
+        data = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+    except (ValueError, IndexError):
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    if rc not in (0, 1) or (rc == 1 and "error" not in data):
+        data.setdefault("error", f"the lease tool exited with {rc}: {(err or out).strip()[-500:]}")
+    return rc, data
+
+
+class NodeLeases:
+    """The leases of one experiment on a set of hosts (context manager: taken on enter, released on exit)."""
+
+    def __init__(self, hosts: list[Host], experiment_id: str, notice: Callable[[str], None],
+                 stale_s: float = STALE_S, refresh_s: float | None = None):
+        self.hosts = hosts
+        self.notice = notice
+        self.stale_s = stale_s
+        self.refresh_s = refresh_s if refresh_s is not None else max(1.0, stale_s / 4)
+        started = time.time()
+        self.holder = {"experiment_id": experiment_id, "controller_host": socket.gethostname(),
+                       "controller_pid": os.getpid(), "started_at": round(started, 3),
+                       "started_at_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+                       "token": uuid.uuid4().hex}
+        self.taken: list[Host] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ take / release
+    def take(self) -> None:
+        """Take every host's lease, or none: on a refusal the ones already taken are released. Taking
+        leases already held is a no-op (``with NodeLeases(...).take()`` or ``with NodeLeases(...)``)."""
+        if self._thread is not None:
+            return
+        try:
+            for h in self.hosts:
+                self._take_one(h)
+        except BaseException:
+            self.release()
+            raise
+        self._thread = threading.Thread(target=self._refresh_loop, name="node-lease", daemon=True)
+        self._thread.start()
+
+    def _take_one(self, host: Host) -> None:
+        where = f"{host.name}:{host.node_dir}"
+        try:
+            rc, data = call(host, ["take", "--holder", json.dumps(self.holder), "--stale-s", f"{self.stale_s:g}"])
+        except RemoteError as exc:
+            raise LeaseError(f"cannot take the node lease of {where}: {exc}") from None
+        if rc == 1 and data.get("held"):
+            raise LeaseHeld(f"{host.name}: {data['error']}")
+        if rc != 0:
+            raise LeaseError(f"cannot take the node lease of {where}: {data.get('error')}")
+        self.taken.append(host)
+        broken = data.get("broken")
+        if isinstance(broken, dict):
+            self.notice(f"{host.name}: {broken.get('notice')}")
+
+    def release(self) -> None:
+        """Release every lease taken (never raises: an exit path must not fail on it)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=CALL_TIMEOUT_S)
+        for h in list(self.taken):
+            try:
+                rc, data = call(h, ["release", "--token", self.holder["token"]])
+                if rc == 0 and data.get("released") is False and data.get("holder"):
+                    self.notice(f"{h.name}: the node lease was no longer ours at the end (held by "
+                                f"{node_lease.describe(data['holder'])})")
+            except Exception as exc:    # unreachable node: the lease goes stale after stale_s
+                self.notice(f"WARNING: {h.name}: could not release the node lease ({exc}); it is broken by the "
+                            f"next experiment after {self.stale_s:g} s without sign of life")
+            self.taken.remove(h)
+
+    # ------------------------------------------------------------------ sign of life
+    def _refresh_loop(self) -> None:
+        warned: set[str] = set()
+        while not self._stop.wait(self.refresh_s):
+            for h in list(self.taken):
+                try:
+                    rc, data = call(h, ["touch", "--token", self.holder["token"]])
+                except Exception as exc:
+                    rc, data = 1, {"error": str(exc)}
+                if rc != 0 and h.name not in warned:
+                    warned.add(h.name)
+                    self.notice(f"WARNING: {h.name}: refreshing the node lease failed: {data.get('error')}")
+
+    def __enter__(self) -> "NodeLeases":
+        self.take()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""The node lease: one experiment per node directory at a time.
+
+    lease.py --node-dir D take --holder JSON [--stale-s 600]
+    lease.py --node-dir D touch --token T
+    lease.py --node-dir D release --token T
+    lease.py --node-dir D show
+
+An experiment's controller (driver.py) takes the lease of every node directory it uses before it touches
+anything there (the first enqueue or stop), refreshes it while it runs (``touch``), and releases it on every
+exit path. The lease is ``<node dir>/experiment.lease``, a JSON holder record
+``{experiment_id, controller_host, controller_pid, started_at, started_at_iso, token}`` written by an
+exclusive create (O_EXCL) under an flock of ``experiment.lease.lock``, so two controllers can never both
+hold it. A second controller is refused (exit 1, ``"held": true`` and the holder in the JSON).
+
+A stale lease is broken with a notice: the holder gave no sign of life for ``--stale-s`` seconds (the
+sequencer's rule, ``sequence.py --lease-s``: the lease file's mtime, refreshed by ``touch``, and
+``sequencer.lease``, touched by the sequencer's ``ensure``/``wait``), or its controller ran on this very
+host and its pid is gone.
+
+Self-contained (stdlib only, no sibling import): the driver runs it with ``python -c`` before the node tools
+are deployed. Prints one JSON object on stdout; exit 0 success, 1 refused or failed (``error``), 2 usage.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any, Dict, Iterator, Optional, Sequence
+
+LEASE_FILE = "experiment.lease"
+LOCK_FILE = "experiment.lease.lock"
+SEQUENCER_LEASE = "sequencer.lease"     # sequence.py's LEASE_FILE: touched by its ensure/wait
+DEFAULT_STALE_S = 600.0                 # sequence.py --lease-s default
+HOLDER_KEYS = ("experiment_id", "controller_host", "controller_pid", "started_at", "token")
+
+
+class LeaseError(Exception):
+    """Refused or failed; ``data`` goes into the JSON output."""
+
+    def __init__(self, message: str, data: Optional[Dict[str, Any]] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data or {}
+
+
+def lease_path(node_dir: str) -> str:
+    return os.path.join(node_dir, LEASE_FILE)
+
+
+@contextlib.contextmanager
+def locked(node_dir: str) -> Iterator[None]:
+    fd = os.open(os.path.join(node_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def read_holder(node_dir: str) -> Optional[Dict[str, Any]]:
+    """The holder record, None when there is none; an unreadable record is returned as such."""
+    try:
+        with open(lease_path(node_dir)) as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return None
+    try:
+        rec = json.loads(text)
+    except ValueError:
+        rec = None
+    return rec if isinstance(rec, dict) else {"unreadable": text[:200]}
+
+
+def last_sign_of_life(node_dir: str) -> float:
+    """The newest of the lease's and the sequencer lease's modification times."""
+    times = []
+    for name in (LEASE_FILE, SEQUENCER_LEASE):
+        try:
+            times.append(os.stat(os.path.join(node_dir, name)).st_mtime)
+        except OSError:
+            pass
+    return max(times) if times else 0.0
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_reason(node_dir: str, holder: Dict[str, Any], stale_s: float) -> Optional[str]:
+    """Why the holder is dead, or None while it may be alive."""
+    if "unreadable" in holder:
+        return "the lease file is unreadable"
+    age = time.time() - last_sign_of_life(node_dir)
+    if stale_s > 0 and age > stale_s:
+        return "no sign of life from its controller for %.0f s (more than %g s)" % (age, stale_s)
+    pid = holder.get("controller_pid")
+    if holder.get("controller_host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid):
+        return "its controller (pid %d on this host) is gone" % pid
+    return None
+
+
+def describe(holder: Dict[str, Any]) -> str:
+    return "experiment %s (controller %s pid %s, started at %s)" % (
+        holder.get("experiment_id", "?"), holder.get("controller_host", "?"), holder.get("controller_pid", "?"),
+        holder.get("started_at_iso") or holder.get("started_at", "?"))
+
+
+def create_exclusive(path: str, rec: Dict[str, Any]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(rec, indent=1) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def take(node_dir: str, holder: Dict[str, Any], stale_s: float) -> Dict[str, Any]:
+    missing = [k for k in HOLDER_KEYS if k not in holder]
+    if missing:
+        raise LeaseError("--holder lacks %s" % ", ".join(missing))
+    out: Dict[str, Any] = {"node_dir": node_dir, "taken": True}
+    with locked(node_dir):
+        cur = read_holder(node_dir)
+        if cur is not None and cur.get("token") == holder["token"]:
+            os.utime(lease_path(node_dir), None)
+            return dict(out, holder=cur, already=True)
+        if cur is not None:
+            why = stale_reason(node_dir, cur, stale_s)
+            if why is None:
+                raise LeaseError(
+                    "node directory %s is in use by %s. One experiment per node at a time: wait for it to end "
+                    "(or stop it), or use another node. A lease whose controller gave no sign of life for %g s "
+                    "is broken by the next experiment; remove %s only if you are sure that controller is gone."
+                    % (node_dir, describe(cur), stale_s, lease_path(node_dir)), {"held": True, "holder": cur})
+            os.remove(lease_path(node_dir))
+            out["broken"] = {"holder": cur, "reason": why,
+                             "notice": "broke the stale lease of %s on %s: %s" % (describe(cur), node_dir, why)}
+        create_exclusive(lease_path(node_dir), holder)
+    return dict(out, holder=holder)
+
+
+def touch(node_dir: str, token: str) -> Dict[str, Any]:
+    with locked(node_dir):
+        cur = read_holder(node_dir)
+        if cur is None or cur.get("token") != token:
+            raise LeaseError("the lease of %s is no longer ours: %s" % (
+                node_dir, "held by " + describe(cur) if cur else "it was removed"), {"holder": cur, "lost": True})
+        os.utime(lease_path(node_dir), None)
+    return {"node_dir": node_dir, "touched": True}
+
+
+def release(node_dir: str, token: str) -> Dict[str, Any]:
+    with locked(node_dir):
+        cur = read_holder(node_dir)
+        if cur is None or cur.get("token") != token:
+            return {"node_dir": node_dir, "released": False, "holder": cur}
+        os.remove(lease_path(node_dir))
+    return {"node_dir": node_dir, "released": True}
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="lease.py", description=__doc__.split("\n")[0])
+    p.add_argument("--node-dir", required=True)
+    sub = p.add_subparsers(dest="command", required=True)
+    sp = sub.add_parser("take")
+    sp.add_argument("--holder", required=True, help="JSON: {%s, started_at_iso}" % ", ".join(HOLDER_KEYS))
+    sp.add_argument("--stale-s", type=float, default=DEFAULT_STALE_S)
+    for name in ("touch", "release"):
+        sub.add_parser(name).add_argument("--token", required=True)
+    sub.add_parser("show")
+    a = p.parse_args(argv)
+    a.node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
+    if a.command == "take":
+        try:
+            a.holder = json.loads(a.holder)
+        except ValueError as exc:
+            p.error("--holder is not JSON: %s" % exc)
+        if not isinstance(a.holder, dict):
+            p.error("--holder must be a JSON object")
+    return a
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    a = parse_args(argv)
+    try:
+        os.makedirs(a.node_dir, exist_ok=True)
+        if a.command == "take":
+            out = take(a.node_dir, a.holder, a.stale_s)
+        elif a.command == "touch":
+            out = touch(a.node_dir, a.token)
+        elif a.command == "release":
+            out = release(a.node_dir, a.token)
+        else:
+            out = {"node_dir": a.node_dir, "holder": read_holder(a.node_dir)}
+    except LeaseError as exc:
+        print(json.dumps(dict(exc.data, error=exc.message)))
+        return 1
+    except OSError as exc:
+        print(json.dumps({"error": "lease of %s: %s" % (a.node_dir, exc)}))
+        return 1
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,99 @@
+"""The node lease (specab/node/lease.py; issue 20 item 1): one experiment per node directory, a second
+controller refused naming the holder, stale leases broken with a notice, release only by the holder.
+The tool runs as the driver runs it: ``python -c <source> ...`` (no deployed node tools needed)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from specab.config.inventory import Host
+from specab.driver.lease import NodeLeases, LeaseHeld
+from specab.node import lease
+
+SOURCE = Path(lease.__file__).read_text()
+
+
+def tool(node_dir: Path, *args: str) -> tuple[int, dict]:
+    p = subprocess.run([sys.executable, "-c", SOURCE, "--node-dir", str(node_dir), *args], capture_output=True,
+                       text=True, timeout=60)
+    return p.returncode, json.loads(p.stdout)
+
+
+def holder(exp: str, token: str, pid: int | None = None, host: str = "ctl-a") -> str:
+    return json.dumps({"experiment_id": exp, "controller_host": host, "controller_pid": pid or 4242,
+                       "started_at": 1.0, "started_at_iso": "2026-12-01T10:00:00+0000", "token": token})
+
+
+def test_second_holder_refused_naming_the_first_then_released(tmp_path: Path):
+    d = tmp_path / "node"
+    rc, out = tool(d, "take", "--holder", holder("exp-a", "t1"))
+    assert rc == 0 and out["taken"] and (d / "experiment.lease").exists()
+    rc, out = tool(d, "take", "--holder", holder("exp-b", "t2", host="ctl-b"))
+    assert rc == 1 and out["held"] and out["holder"]["experiment_id"] == "exp-a"
+    assert "exp-a" in out["error"] and "ctl-a" in out["error"] and "4242" in out["error"]
+    assert "2026-12-01T10:00:00" in out["error"]
+    rc, out = tool(d, "release", "--token", "t2")        # not the holder: nothing released
+    assert rc == 0 and out["released"] is False
+    rc, out = tool(d, "take", "--holder", holder("exp-a", "t1"))     # the holder again: idempotent
+    assert rc == 0 and out.get("already")
+    assert tool(d, "touch", "--token", "t1")[0] == 0
+    assert tool(d, "touch", "--token", "t2")[0] == 1                  # touch by a non-holder: lost
+    rc, out = tool(d, "release", "--token", "t1")
+    assert rc == 0 and out["released"] and not (d / "experiment.lease").exists()
+    rc, out = tool(d, "take", "--holder", holder("exp-b", "t2", host="ctl-b"))
+    assert rc == 0 and "broken" not in out
+
+
+def test_stale_lease_broken_with_a_notice(tmp_path: Path):
+    d = tmp_path / "node"
+    assert tool(d, "take", "--holder", holder("exp-a", "t1"))[0] == 0
+    old = time.time() - 700
+    os.utime(d / "experiment.lease", (old, old))
+    (d / "sequencer.lease").touch()                 # the sequencer's sign of life counts too
+    rc, out = tool(d, "take", "--holder", holder("exp-b", "t2"), "--stale-s", "600")
+    assert rc == 1 and out["held"]
+    os.utime(d / "sequencer.lease", (old, old))
+    rc, out = tool(d, "take", "--holder", holder("exp-b", "t2"), "--stale-s", "600")
+    assert rc == 0 and out["holder"]["experiment_id"] == "exp-b"
+    assert "exp-a" in out["broken"]["notice"] and "no sign of life" in out["broken"]["reason"]
+
+
+def test_lease_of_a_dead_controller_on_this_host_is_broken_at_once(tmp_path: Path):
+    d = tmp_path / "node"
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()                                         # a pid that is gone
+    assert tool(d, "take", "--holder", holder("exp-a", "t1", pid=p.pid, host=socket.gethostname()))[0] == 0
+    rc, out = tool(d, "take", "--holder", holder("exp-b", "t2"))
+    assert rc == 0 and f"pid {p.pid}" in out["broken"]["reason"]
+
+
+def test_driver_leases_all_or_none_and_released_on_exit(tmp_path: Path):
+    hosts = [Host(name=n, vars={"ansible_connection": "local", "specab_python": sys.executable,
+                                "specab_node_dir": str(tmp_path / n)}) for n in ("h1", "h2")]
+    notices: list[str] = []
+    # h2 is held by another experiment: taking both fails and leaves h1 free
+    assert tool(tmp_path / "h2", "take", "--holder", holder("other", "tx"))[0] == 0
+    leases = NodeLeases(hosts, "mine", notice=notices.append)
+    try:
+        leases.take()
+        raise AssertionError("h2's lease was taken although another experiment holds it")
+    except LeaseHeld as exc:
+        assert "h2" in str(exc) and "other" in str(exc)
+    assert not (tmp_path / "h1" / "experiment.lease").exists()
+    assert tool(tmp_path / "h2", "release", "--token", "tx")[1]["released"]
+    with NodeLeases(hosts, "mine", notice=notices.append, refresh_s=0.2) as held:
+        rec = json.loads((tmp_path / "h1" / "experiment.lease").read_text())
+        assert rec["experiment_id"] == "mine" and rec["controller_pid"] == os.getpid()
+        m0 = (tmp_path / "h1" / "experiment.lease").stat().st_mtime
+        deadline = time.monotonic() + 20
+        while (tmp_path / "h1" / "experiment.lease").stat().st_mtime == m0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "h1" / "experiment.lease").stat().st_mtime > m0, "the lease was not refreshed"
+        assert held.taken == hosts
+    assert not (tmp_path / "h1" / "experiment.lease").exists() and not (tmp_path / "h2" / "experiment.lease").exists()
+    assert notices == []

@@ -1,0 +1,117 @@
+"""Integrity on one simulated node (issue 20, items 1-3): one experiment per node (the node lease), a resume
+must be comparable (the experiment fingerprint), and an interrupt keeps what was measured."""
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from specab.results import store as st
+from tests.driver.simnode import SimNode, driver, free_port, reap_driver, wait_for
+from tests.driver.test_queue import _kill_sequencer
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture
+def node(tmp_path: Path):
+    n = SimNode(root=tmp_path, port=free_port())
+    yield n
+    n.cleanup()
+    _kill_sequencer(n)
+
+
+def _env(node: SimNode) -> dict[str, str]:
+    return {"XDG_CACHE_HOME": str(node.root / "cache")}
+
+
+def _exp_dirs(runs_dir: Path) -> list[Path]:
+    return sorted(d for d in runs_dir.iterdir() if (d / st.FILENAME).exists()) if runs_dir.exists() else []
+
+
+def test_second_experiment_on_a_busy_node_is_refused_and_the_first_finishes(node: SimNode):
+    exp = node.write_experiment("first", num_requests=2, output_len=16)
+    inv = node.write_inventory()
+    first = driver("--repeats", "1", "-e", str(exp), "-i", str(inv), "--runs-dir", str(node.runs_dir),
+                   env=_env(node))
+    second = None
+    try:
+        # the first holds the node's lease and its sequencer runs
+        wait_for(lambda: (node.node_dir / "experiment.lease").exists() and (node.node_dir / "sequencer.json").exists(),
+                 timeout=300, what="the first experiment's lease and sequencer", proc=first)
+        holder = json.loads((node.node_dir / "experiment.lease").read_text())
+        second_exp = node.write_experiment("second", num_requests=2, output_len=16)
+        second = driver("--repeats", "1", "-e", str(second_exp), "-i", str(inv), "--runs-dir",
+                        str(node.root / "runs2"), env=_env(node))
+        out2, _ = second.communicate(timeout=300)
+        assert first.poll() is None, "the first experiment ended before the second was refused: no overlap"
+        out1, _ = first.communicate(timeout=600)
+    finally:
+        reap_driver(first, 120)
+        if second is not None:
+            reap_driver(second, 120)
+    assert second.returncode == 2, out2[-3000:]
+    assert holder["experiment_id"] in out2 and f"pid {holder['controller_pid']}" in out2, out2[-3000:]
+    assert "Traceback" not in out2
+    assert _exp_dirs(node.root / "runs2") == [], "the refused experiment left an experiment directory"
+    assert first.returncode == 0, out1[-4000:]
+    assert "interrupted by the user" not in out1 and "Interrupted." not in out1, out1[-4000:]
+    [exp_dir] = _exp_dirs(node.runs_dir)
+    with st.Store.open(exp_dir) as s:
+        assert [r["status"] for r in s.runs()] == ["ok", "ok"]
+        assert s.experiment()["status"] == "finished"
+    assert not (node.node_dir / "experiment.lease").exists(), "the lease was not released"
+    assert not node.server_alive() and node.gpus_busy() == []
+    # every collected manifest carries the fingerprint, the bench settings and the timeouts (driver.py diff)
+    manifest = json.loads(next(exp_dir.glob("001-*/manifest.json")).read_text())
+    assert manifest["bench"]["num_requests"] == 2 and manifest["timeouts"]["ready_s"] == 120
+    with st.Store.open(exp_dir) as s:
+        assert manifest["fingerprint"] == s.fingerprint()[0] == s.run_fingerprints()[1]
+
+    # a resume whose experiment changed (the bench: 6 requests instead of 2) is refused, naming the change,
+    # before anything on the node is touched
+    exp.write_text(exp.read_text().replace("num_requests: 2", "num_requests: 6"))
+    resumed = driver("--resume", exp_dir.name, "--retry-failed", "-e", str(exp), "--runs-dir", str(node.runs_dir),
+                     env=_env(node))
+    out3, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 2, out3[-3000:]
+    assert "bench.num_requests: 2 -> 6" in out3 and "--force-changed" in out3, out3[-3000:]
+    assert not (node.node_dir / "experiment.lease").exists()
+
+
+def test_ctrl_c_after_a_finished_benchmark_keeps_that_run_and_starts_no_next_server(node: SimNode):
+    exp = node.write_experiment("keep", num_requests=2, output_len=16)
+    inv = node.write_inventory()
+    proc = driver("--repeats", "1", "-e", str(exp), "-i", str(inv), "--runs-dir", str(node.runs_dir),
+                  env=_env(node))
+    node_runs = node.node_dir / "runs"
+
+    def finished() -> bool:    # warm-up + both measured requests of run 001 answered
+        try:
+            bench = next(node_runs.glob("001-*/bench.jsonl"))
+            recs = [json.loads(x) for x in bench.read_text().splitlines() if x.strip()]
+        except (OSError, ValueError, StopIteration):
+            return False
+        return sum(1 for r in recs if not r["warmup"] and r["ok"]) == 2
+    try:
+        wait_for(finished, timeout=300, interval=0.05, what="run 001's benchmark to finish", proc=proc)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        reap_driver(proc, 120)
+    assert proc.returncode == 130, out[-4000:]
+    [exp_dir] = _exp_dirs(node.runs_dir)
+    with st.Store.open(exp_dir) as s:
+        runs = {r["seq"]: r for r in s.runs()}
+        assert runs[1]["status"] == "ok", runs[1]
+        assert len([q for q in s.requests() if q["seq"] == 1 and not q["warmup"]]) == 2
+        assert runs.get(2) is None or runs[2]["status"] == "interrupted"
+        assert [m["seq"] for m in s.missing()] == [2]
+    # the node never started the next arm's server after the signal
+    assert list(node_runs.glob("002-*/server.log")) == [], out[-3000:]
+    assert not node.server_alive() and node.gpus_busy() == []
+    assert not (node.node_dir / "experiment.lease").exists()
+    # the summary counts interrupted runs apart from failed ones
+    assert "interrupted" in out and "FAILED" not in out
