@@ -42,8 +42,13 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
-INVENTORY = REPO / "inventory" / "gpu-local.yml"
-EXPERIMENT = REPO / "experiments" / "gpu-validation.yml"
+# engine -> (inventory, experiment): the simulated engine in GPU mode, or the REAL SGLang from the bundle of
+# scripts/real_sglang_bundle.sh (issue 21: docs/validation/sglang-real.md)
+ENGINES = {
+    "sim": (REPO / "inventory" / "gpu-local.yml", REPO / "experiments" / "gpu-validation.yml"),
+    "real-sglang": (REPO / "inventory" / "gpu-real-sglang.yml", REPO / "experiments" / "real-sglang.yml"),
+}
+REAL_ENGINE = ["python3", "-m", "sglang.launch_server"]
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 TUNED_VARS = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_NTHREADS")
 # NCCL reads NCCL_PROTO/NCCL_ALGO only when it tunes algorithms, i.e. with more than one rank
@@ -327,6 +332,8 @@ class Ctx:
     cpu_sim: bool
     time_scale: str
     playbook_timeout_s: float = 420.0
+    engine: str = "sim"
+    real_site: Optional[str] = None          # the unpacked SGLang bundle (engine real-sglang)
     node_dir: Path = field(init=False)
     smi: Smi = field(init=False)
     experiment_file: Path = field(init=False)
@@ -343,6 +350,18 @@ class Ctx:
         self.smi = Smi(argv, env)
 
     @property
+    def real(self) -> bool:
+        return self.engine != "sim"
+
+    @property
+    def inventory(self) -> Path:
+        return ENGINES[self.engine][0]
+
+    @property
+    def engine_cmd(self) -> List[str]:
+        return list(REAL_ENGINE) if self.real else [self.python, "-m", "specab.sim.launch_server"]
+
+    @property
     def gpus(self) -> List[int]:
         return list(range(self.tp))
 
@@ -351,6 +370,8 @@ class Ctx:
                               "gpu_validation_time_scale": self.time_scale}
         if os.environ.get("PYTHONPATH"):
             ov["gpu_validation_pythonpath"] = os.environ["PYTHONPATH"]
+        if self.real:
+            ov["real_sglang_site"] = self.real_site
         if self.cpu_sim:
             ov["gpu_validation_sim_gpu"] = ""
             ov["specab_smi_cmd"] = self.smi.argv
@@ -372,17 +393,18 @@ class Ctx:
 
 def load_experiment(ctx: Ctx) -> None:
     import yaml  # Ansible's own dependency: present wherever ansible-playbook runs
-    doc = yaml.safe_load(EXPERIMENT.read_text())
+    experiment = ENGINES[ctx.engine][1]
+    doc = yaml.safe_load(experiment.read_text())
     exp = doc["specab_experiment"]
     if int(exp["server_args"].get("tp_size", 1)) != ctx.tp:
         exp["server_args"]["tp_size"] = ctx.tp
         exp["name"] = "%s-tp%d" % (exp["name"], ctx.tp)
         path = ctx.work / ("experiment-tp%d.yml" % ctx.tp)
         path.write_text("# written by scripts/gpu_validation.py from %s with tp_size %d\n"
-                        % (EXPERIMENT.relative_to(REPO), ctx.tp) + yaml.safe_dump(doc, sort_keys=False))
+                        % (experiment.relative_to(REPO), ctx.tp) + yaml.safe_dump(doc, sort_keys=False))
         ctx.experiment_file = path
     else:
-        ctx.experiment_file = EXPERIMENT
+        ctx.experiment_file = experiment
     ctx.experiment = exp
 
 
@@ -409,7 +431,7 @@ def run_playbook(ctx: Ctx, label: str, playbook: str, extra: Dict[str, Any]) -> 
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_CALLBACKS_ENABLED="junit",
                JUNIT_OUTPUT_DIR=str(junit), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
     env.update(MULTICAST_OFF)
-    argv = [ctx.python, "-m", "ansible.cli.playbook", "-i", str(INVENTORY), str(REPO / "playbooks" / playbook),
+    argv = [ctx.python, "-m", "ansible.cli.playbook", "-i", str(ctx.inventory), str(REPO / "playbooks" / playbook),
             "-e", "@" + str(extra_file)]
     logf = ctx.work / ("%s.log" % label)
     log("%s: %s" % (label, " ".join(shlex.quote(a) for a in argv)))
@@ -541,8 +563,10 @@ def compute_apps_of_session(ctx: Ctx, sid: int) -> List[Dict[str, Any]]:
 
 def step_orphans(ctx: Ctx) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
-    run, run_dir = run_one_arm(ctx, "orphans", "baseline", {"specab_stop_after": False,
-                                                            "gpu_validation_sim_fault": "orphan_workers"})
+    # the simulated engine leaves its workers behind on request; the real one is killed as it is: whether its
+    # scheduler outlives the main process is what this step observes
+    fault = {} if ctx.real else {"gpu_validation_sim_fault": "orphan_workers"}
+    run, run_dir = run_one_arm(ctx, "orphans", "baseline", dict({"specab_stop_after": False}, **fault))
     out.update(playbook_rc=run.rc, log=str(run.log))
     rec = read_json(ctx.node_dir / "server.json")
     if run.rc != 0 or not rec:
@@ -584,7 +608,7 @@ def step_orphans(ctx: Ctx) -> Dict[str, Any]:
 
 
 def step_missing_var(ctx: Ctx) -> Dict[str, Any]:
-    engine = [ctx.python, "-m", "specab.sim.launch_server"]
+    engine = ctx.engine_cmd
     run, run_dir = run_one_arm(ctx, "missing-var", "baseline",
                                {"specab_engine_cmd": ["env", "-u", MISSING_VAR] + engine})
     out: Dict[str, Any] = {"playbook_rc": run.rc, "log": str(run.log), "run_dir": str(run_dir.relative_to(ctx.work)),
@@ -765,7 +789,7 @@ def scheduler_pids(env_check: Dict[str, Any]) -> List[int]:
 
 
 def eval_env(env_check: Optional[Dict[str, Any]], log_text: str, tp: int, expected: Dict[str, str],
-             source: str = "real") -> Tuple[bool, List[str]]:
+             source: str = "real", real_engine: bool = False) -> Tuple[bool, List[str]]:
     """(d) for one arm: every tuned variable in every scheduler's /proc/PID/environ, and real NCCL
     echo lines from every rank for each variable NCCL reads with this many ranks."""
     if not env_check:
@@ -781,7 +805,8 @@ def eval_env(env_check: Optional[Dict[str, Any]], log_text: str, tp: int, expect
         info = env_check.get("variables", {}).get(var, {})
         env_pids = {int(e.split(":")[1]) for e in info.get("evidence", []) if e.startswith("environ:")}
         nccl_pids = {r["pid"] for r in echoes if r["var"] == var and nccl_matches(expected[var], r["value"])}
-        need_nccl = tp > 1 or var not in TUNING_VARS
+        # the simulated engine echoes every variable NCCL reads; the real one creates no communicator at TP 1
+        need_nccl = tp > 1 or (var not in TUNING_VARS and not real_engine)
         env_ok = set(scheds) <= env_pids
         nccl_ok = set(scheds) <= nccl_pids
         good = env_ok and (nccl_ok or not need_nccl) and not info.get("mismatches")
@@ -804,6 +829,7 @@ def evaluate(res: Dict[str, Any], work: Path) -> List[Check]:
     ab = res.get("ab_test") or {}
     exp_env = res.get("expected_env", {})
     src = "simulated" if res["preflight"].get("cpu_sim") else "real"
+    real_engine = res.get("engine", "sim") != "sim"
 
     # (a) GPUs free before/after each arm, with the real CSV
     lines, ok = [], ab.get("rc") == 0 and bool(ab.get("arms"))
@@ -864,9 +890,16 @@ def evaluate(res: Dict[str, Any], work: Path) -> List[Check]:
     lines = []
     found = o.get("orphans_found") or []
     held = [w for w in o.get("window", [])]
-    ok = (not o.get("error") and len(found) >= tp and bool(held)
-          and all(w["orphans"] >= tp and w["used_mib"] > THRESHOLD_MIB for w in held)
-          and o.get("stop_rc") == 0 and o.get("free_rc") == 0 and not o.get("orphans_alive_after"))
+    cleaned = o.get("stop_rc") == 0 and o.get("free_rc") == 0 and not o.get("orphans_alive_after")
+    if real_engine:
+        # the real engine is killed as it is: whether its scheduler outlives the main process is observed, not
+        # provoked; either way nothing of ours may be left and the GPUs must be free
+        ok = not o.get("error") and cleaned
+        lines.append("real engine: %s" % ("its scheduler outlived the SIGKILLed main process (orphans below)" if found
+                                          else "no orphan: its scheduler died with the main process"))
+    else:
+        ok = (not o.get("error") and len(found) >= tp and bool(held)
+              and all(w["orphans"] >= tp and w["used_mib"] > THRESHOLD_MIB for w in held) and cleaned)
     if o.get("error"):
         lines.append(o["error"])
     lines.append("server main pid %s (session %s) SIGKILLed alone; gone after %s s" % (
@@ -901,7 +934,7 @@ def evaluate(res: Dict[str, Any], work: Path) -> List[Check]:
             text = (rd / "server.log").read_text(errors="replace")
         except OSError:
             text = ""
-        good, arm_lines = eval_env(read_json(rd / "env_check.json"), text, tp, exp_env, src)
+        good, arm_lines = eval_env(read_json(rd / "env_check.json"), text, tp, exp_env, src, real_engine)
         ok = ok and good
         lines.append("%s: %s" % (arm["arm"], "OK" if good else "FAIL"))
         lines += ["    " + s for s in arm_lines]
@@ -936,12 +969,51 @@ def evaluate(res: Dict[str, Any], work: Path) -> List[Check]:
     lines.append("after the playbook: alive=%s, still in compute-apps=%s; freed by this script after: %s" % (
         f.get("alive_after"), f.get("still_listed_after"), f.get("free_after_cleanup")))
     checks.append(Check("e", "foreign CUDA process refused and named, not killed", ok, lines))
+    if real_engine:
+        checks.append(real_engine_check(ab, work))
     return checks
+
+
+SHUTDOWN_MARKS = (("drain", "Draining requests"), ("graceful exit", "Gracefully exiting"),
+                  ("kill_process_tree", "kill_process_tree called"))
+
+
+def real_engine_check(ab: Dict[str, Any], work: Path) -> Check:
+    """(f) the real engine under the roles: ready, per-request accept length from the real meta_info on the
+    speculative arm, and the shutdown the server log shows after our SIGTERM (drain, kill_process_tree)."""
+    lines: List[str] = []
+    ok = bool(ab.get("arms"))
+    for arm in ab.get("arms", []):
+        rd = work / arm["run_dir"]
+        ready = read_json(rd / "ready.json") or {}
+        stop = read_json(rd / "stop.json") or {}
+        try:
+            recs = [json.loads(x) for x in (rd / "bench.jsonl").read_text().splitlines() if x.strip()]
+        except (OSError, ValueError):
+            recs = []
+        measured = [r for r in recs if not r.get("warmup")]
+        spec = "speculative_algorithm" in (read_json(rd / "args.json") or {})
+        accept = [r.get("accept_len") for r in measured]
+        good_bench = bool(measured) and all(r.get("ok") for r in measured) and (
+            all(isinstance(a, (int, float)) for a in accept) if spec else all(a is None for a in accept))
+        try:
+            log_text = (rd / "server.log").read_text(errors="replace")
+        except OSError:
+            log_text = ""
+        marks = [name for name, needle in SHUTDOWN_MARKS if needle in log_text]
+        good = bool(ready.get("ok")) and good_bench and bool(stop.get("ok")) and not stop.get("escalated")
+        ok = ok and good
+        lines.append("%s: ready %s s; %d/%d measured requests ok; accept_len per request %s; stop: SIGTERM -> all "
+                     "gone %s s, escalated %s; server log after SIGTERM: %s  %s" % (
+                         arm["arm"], ready.get("elapsed_s"), sum(1 for r in measured if r.get("ok")), len(measured),
+                         accept, stop.get("term_to_gone_s"), stop.get("escalated"), ", ".join(marks) or "nothing",
+                         "OK" if good else "FAIL"))
+    return Check("f", "the real engine: ready, accept length from meta_info, the shutdown it logs", ok, lines)
 
 
 def render_summary(res: Dict[str, Any], checks: List[Check]) -> str:
     pf = res["preflight"]
-    head = ["specab GPU validation, TP=%d, %s" % (pf["tp"], "CPU dry run (--cpu-sim)" if pf["cpu_sim"] else "real GPUs"),
+    head = ["specab GPU validation, TP=%d, %s, engine %s" % (pf["tp"], "CPU dry run (--cpu-sim)" if pf["cpu_sim"] else "real GPUs", res.get("engine", "sim")),
             "machine: %s; driver %s; CUDA (driver API) %s; torch %s (CUDA %s); NCCL %s; ansible-core %s" % (
                 ", ".join("%s %s MiB" % (g["name"], g["memory_total_mib"]) for g in pf.get("gpus", [])[:8]),
                 pf.get("driver"), pf.get("cuda_driver_api"), pf.get("torch"), pf.get("torch_cuda"),
@@ -975,14 +1047,20 @@ def run_main(a: argparse.Namespace) -> int:
     if work.exists() and any(work.iterdir()):
         raise ValidationError("work dir %s is not empty; pass a new --work" % work)
     work.mkdir(parents=True, exist_ok=True)
+    if a.engine != "sim" and not a.real_site:
+        raise ValidationError("--engine %s needs --real-site DIR: the unpacked bundle of scripts/real_sglang_bundle.sh"
+                              % a.engine)
+    if a.engine != "sim" and a.cpu_sim:
+        raise ValidationError("--cpu-sim runs the simulated engine; it cannot be combined with --engine %s" % a.engine)
     ctx = Ctx(tp=a.tp, work=work, python=a.python or sys.executable, cpu_sim=a.cpu_sim, time_scale=a.time_scale,
-              playbook_timeout_s=a.playbook_timeout)
+              playbook_timeout_s=a.playbook_timeout, engine=a.engine,
+              real_site=str(Path(a.real_site).resolve()) if a.real_site else None)
     for k, v in MULTICAST_OFF.items():
         if os.environ.get(k) != v:
             raise ValidationError("%s=%s must be exported before running (NVLink multicast off in every process); "
                                   "use scripts/gpu_validation.sh" % (k, v))
     t0 = time.monotonic()
-    res: Dict[str, Any] = {"work": str(work), "started": time.time()}
+    res: Dict[str, Any] = {"work": str(work), "started": time.time(), "engine": a.engine}
     res["preflight"] = preflight(ctx)
     load_experiment(ctx)
     res["experiment_file"] = str(ctx.experiment_file)
@@ -1026,6 +1104,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="seconds one ansible-playbook run may take (ab_test.yml took 56 s on an H200 machine)")
     r.add_argument("--python", default=None, help="Python with torch+CUDA and ansible-core (default: this one)")
     r.add_argument("--cpu-sim", action="store_true", help="dry run without GPUs: simulated nvidia-smi and foreign process")
+    r.add_argument("--engine", choices=sorted(ENGINES), default="sim",
+                   help="sim: the simulated engine in GPU mode; real-sglang: the real SGLang from the bundle")
+    r.add_argument("--real-site", default=None, help="the unpacked bundle of scripts/real_sglang_bundle.sh")
     s = sub.add_parser("summarize", help="print the summary of a finished run")
     s.add_argument("--work", required=True)
     m = sub.add_parser("sample", help="raw nvidia-smi CSV sampler (until SIGTERM)")
