@@ -1,0 +1,100 @@
+"""The node tools, the client, the parser and the engine knowledge on what a REAL SGLang 0.5.17 EAGLE-3 server
+printed and answered on an H200 (tests/fixtures/sglang-0.5.17/: its log, --help, /server_info, /metrics, a
+streamed /generate, process list and environ; docs/validation/sglang-real.md). Not simulator output."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from specab.analysis import logparse
+from specab.driver.preflight import parse_help_flags
+from specab.node import engines
+from specab.node import loadgen
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.17"
+NODE = Path(__file__).resolve().parents[2] / "specab" / "node"
+sys.path.insert(0, str(NODE))
+
+import ready  # noqa: E402
+
+
+def _stream_events(name: str) -> list[dict]:
+    events = []
+    for line in (FIX / name).read_text().splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            events.append(json.loads(line[len("data: "):]))
+    return events
+
+
+def test_ready_sees_the_real_0517_load_phases_and_graph_capture(tmp_path):
+    """The 0.5.17 capture lines (`Capture target verify CUDA graph begin. backend=full, ...`) were not recognised
+    before (ready.json's capture_cuda_graph_s was null and the live display said 'capturing graphs  s')."""
+    w = ready.LogWatcher(str(tmp_path / "x.log"))
+    phases_seen = []
+    for line in (FIX / "eagle3.log").read_text().splitlines():
+        w.feed(line)
+        if not phases_seen or phases_seen[-1] != w.phase():
+            phases_seen.append(w.phase())
+    assert phases_seen == ["starting", "loading weights", "weights loaded", "capturing graphs", "graphs captured",
+                           "capturing graphs", "graphs captured", "ready line logged"]
+    assert w.phases["capture_cuda_graph_begin"]["log_time"] == "2026-12-01 03:27:07"
+    d = w.durations()
+    assert d["capture_cuda_graph_s"] == 2.0 and d["load_weights_s"] == 0.0 and d["weights_to_ready_s"] == 7.0
+    assert w.fatal is None
+
+
+def test_the_client_reads_spec_fields_from_the_real_final_chunk_only():
+    events = _stream_events("eagle3.stream")
+    assert not any("spec_verify_ct" in e["meta_info"] for e in events[:-1]), "fixture: final chunk only"
+    counter = loadgen.ChunkCounter("generate")
+    for e in events:
+        counter.feed(e)
+    rec = {"chunk_t_s": [0.01 * (i + 1) for i in range(len(events))], "chunk_tokens": [1] * len(events)}
+    loadgen._finish_record(rec, counter, 0.01 * (len(events) + 1))
+    final = events[-1]["meta_info"]
+    assert rec["output_tokens"] == final["completion_tokens"] == 200
+    assert rec["spec_verify_ct"] == final["spec_verify_ct"] == 199
+    # tokens per verify pass: the engine's own spec_accept_length (1.005), from the real meta_info
+    assert rec["accept_len"] == pytest.approx(final["spec_accept_length"], rel=1e-9)
+
+
+def test_both_generations_of_spec_field_names_in_the_real_final_chunk():
+    meta = _stream_events("eagle3.stream")[-1]["meta_info"]
+    # 0.5.17 sends both the older and the newer names; the engine knowledge reads either
+    assert meta["spec_accepted_drafts"] == meta["spec_num_correct_drafts"] == 0
+    spec = engines.spec_meta(meta)
+    assert spec["spec_num_proposed_drafts"] == 398 and spec["spec_num_correct_drafts"] == 0
+
+
+def test_logparse_reads_the_real_0517_decode_and_prefill_lines():
+    s = logparse.parse_file(str(FIX / "eagle3.log"))
+    assert s["counts"]["decode"] == s["accept_len_lines"] == 110 and s["prefill_lines"] == 6
+    assert s["accept_len_mean"] == pytest.approx(1.0, abs=0.01)        # a dummy draft accepts nothing
+    assert s["cuda_graph_share"] == 1.0 and s["ready_ts"] == "2026-12-01 03:27:14"
+    # the three 0.5.17 capture pairs (target verify, draft decode, draft extend) are each seen
+    lp = s["load_phases"]
+    assert lp["graph_begin_target"] == "2026-12-01 03:27:07" and lp["graph_end_draft_extend"] == "2026-12-01 03:27:11"
+    assert s["capacity"]["max_running_requests"] == 48
+
+
+def test_the_real_0517_help_is_the_new_graph_flag_generation_and_spells_per_phase():
+    flags = parse_help_flags((FIX / "help-0.5.17.txt").read_text())
+    assert {"--cuda-graph-backend-decode", "--cuda-graph-max-bs-decode", "--speculative-algorithm"} <= flags
+    # the version string decides where the flag set is ambiguous: 0.5.17 behaves like 0.5.23 here
+    assert engines.generation_of_version("0.5.17") == engines.SGLANG_0_5_23
+    spelled = engines.spell_args({"cuda_graph_max_bs": 16, "tp_size": 1}, flags)
+    assert "tp_size" in spelled and any(k.startswith("cuda_graph_max_bs") for k in spelled)
+
+
+def test_the_real_process_titles_and_environ():
+    ps = (FIX / "eagle3.ps").read_text().splitlines()
+    titles = [line.split(None, 3)[3] for line in ps if line.strip()]
+    assert titles[0].startswith("python3 -m sglang.launch_server")        # the main process is untitled
+    assert "sglang::scheduler" in titles and "sglang::detokenizer" in titles
+    assert not any("_TP0" in t for t in titles)                          # TP 1: no rank suffix
+    env = dict(kv.split("=", 1) for kv in (FIX / "eagle3.environ-sched").read_text().splitlines()
+               if "=" in kv)
+    assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "8"
