@@ -98,3 +98,32 @@ def test_the_real_process_titles_and_environ():
     env = dict(kv.split("=", 1) for kv in (FIX / "eagle3.environ-sched").read_text().splitlines()
                if "=" in kv)
     assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "8"
+
+
+# --------------------------------------------------------------------------- a real experiment, stored
+
+REAL_EXP = FIX / "experiment-real"     # driver.py on the H200 with the real 0.5.17 (docs/validation/sglang-real.md)
+
+
+def test_the_analysis_reads_a_real_engine_experiment(tmp_path):
+    import shutil
+
+    from specab.analysis import doctor, model, report, stats
+
+    exp_dir = tmp_path / "exp"
+    exp_dir.mkdir()
+    shutil.copy(REAL_EXP / "results.sqlite", exp_dir / "results.sqlite")
+    e = model.load_store(exp_dir)
+    assert sorted(a.name for a in e.arms) == ["baseline", "eagle3-s2"] and len(e.runs) == 4
+    assert all(r.status == "ok" for r in e.runs)
+    spec = [r for r in e.runs if r.arm == "eagle3-s2"]
+    assert {r.manifest["versions"]["sglang"] for r in spec} == {"0.5.17"}
+    # per-request accept length from the real meta_info: 128 tokens over 127 verify passes
+    assert {round(q.accept_len, 6) for r in spec for q in r.requests if not q.warmup} == {round(128 / 127, 6)}
+    assert all(r.env_check and r.env_check.ok for r in e.runs)
+    s = stats.analyse(e)
+    assert s is not None
+    rules = {f.rule for f in doctor.diagnose(e)}
+    assert "accept-below-break-even" in rules          # a dummy draft accepts nothing: speculation must lose
+    paths = report.write_report(exp_dir)
+    assert "eagle3-s2" in (exp_dir / "report.md").read_text() and paths["html"]
