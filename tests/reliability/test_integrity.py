@@ -31,7 +31,7 @@ def _exp_dirs(runs_dir: Path) -> list[Path]:
     return sorted(d for d in runs_dir.iterdir() if (d / st.FILENAME).exists()) if runs_dir.exists() else []
 
 
-def test_second_experiment_on_a_busy_node_is_refused_and_the_first_finishes(node: SimNode):
+def test_item20_second_experiment_on_a_busy_node_is_refused_and_the_first_finishes(node: SimNode):
     exp = node.write_experiment("first", num_requests=2, output_len=16)
     inv = node.write_inventory()
     first = driver("--repeats", "1", "-e", str(exp), "-i", str(inv), "--runs-dir", str(node.runs_dir),
@@ -81,7 +81,7 @@ def test_second_experiment_on_a_busy_node_is_refused_and_the_first_finishes(node
     assert not (node.node_dir / "experiment.lease").exists()
 
 
-def test_ctrl_c_after_a_finished_benchmark_keeps_that_run_and_starts_no_next_server(node: SimNode):
+def test_item20_ctrl_c_after_a_finished_benchmark_keeps_that_run_and_starts_no_next_server(node: SimNode):
     exp = node.write_experiment("keep", num_requests=2, output_len=16)
     inv = node.write_inventory()
     proc = driver("--repeats", "1", "-e", str(exp), "-i", str(inv), "--runs-dir", str(node.runs_dir),
