@@ -273,7 +273,10 @@ def plan_design(comps: Components, cost: RunCost, target_rel: float, *, arms: in
         lo, hi = _cost_range(comps, cost, target_rel, arms, level, min_blocks, max_blocks, done_var, done_gpu_s,
                              m_int, range_sd)
         lo, hi = min(lo, g), max(hi, g)
-    if n == max(min_blocks, done + 1) and m_int > min_requests:
+    if n == max(min_blocks, done + 1) and m_int <= min_requests:
+        why = (f"the noise is small: the minimum of {n} restarts per arm with the fewest requests ({m_int}) "
+               f"already meets the target")
+    elif n == max(min_blocks, done + 1) and m_int > min_requests:
         why = (f"the within-run (request) noise dominates: {n} restarts per arm (the minimum) with longer runs "
                f"of {m_int} requests")
     elif m_int <= min_requests:

@@ -128,3 +128,42 @@ def cost_lines(exp: Experiment) -> list[str]:
     arms = ", ".join(f"{a} {g / 60:.1f} ({s.restarts_per_arm[a]} restarts)" for a, g in s.per_arm.items())
     failed = f"; {s.failed / 60:.1f} of them on failed runs" if s.failed else ""
     return [f"Verdict cost: {s.total / 60:.1f} GPU-minutes over {s.runs} runs ({arms}){failed}."]
+
+
+@dataclass
+class PlanEstimate:
+    """`driver.py plan --target-ci`: the design by cost and today's sequential design, both in GPU-minutes."""
+    design: design.Design
+    today: design.Design
+    cost: design.RunCost
+    components: design.Components
+    requests: int
+
+    def lines(self, target_rel: float) -> list[str]:
+        d = self.design
+        c = self.components
+        return [
+            f"design by cost for --target-ci {target_rel:.1%} (95% interval of the paired speedup):",
+            f"  {d.blocks} restarts per arm x {d.requests} measured requests per run ({d.reason})",
+            f"  expected {d.gpu_s / 60:.1f} GPU-minutes (range {d.gpu_s_low / 60:.1f}-{d.gpu_s_high / 60:.1f}), "
+            f"{d.arms} arms x {self.cost.gpus} GPUs",
+            f"  run cost ({self.cost.source}): load {self.cost.load_s:.1f} s, {self.cost.per_request_s:.2f} s per "
+            f"request, dead time {self.cost.dead_s:.1f} s",
+            f"  noise ({c.source}): between instances sd {math.sqrt(c.between / 2):.2%} per arm, "
+            f"requests sd {math.sqrt(c.within / 2):.2%} per request and arm",
+            f"what `driver.py run --target-ci {target_rel:.0%}` does now (today's sequential design, the experiment's "
+            f"{self.requests} requests per run):",
+            f"  about {self.today.blocks} restarts per arm, expected {self.today.gpu_s / 60:.1f} GPU-minutes "
+            f"(range {self.today.gpu_s_low / 60:.1f}-{self.today.gpu_s_high / 60:.1f})",
+        ]
+
+
+def plan_estimate(cost: design.RunCost, comps: design.Components, target_rel: float, *, arms: int, requests: int,
+                  max_blocks: int = 60) -> PlanEstimate:
+    """The plan before anything runs: the cost design from the prior components, and today's fixed-requests
+    design for comparison (its expected blocks at `requests` per run)."""
+    d = design.plan_design(comps, cost, target_rel, arms=arms, max_blocks=max_blocks, keep_requests=requests,
+                           min_requests=min(2, requests))
+    today = design.plan_design(comps, cost, target_rel, arms=arms, max_blocks=max_blocks, min_requests=requests,
+                               max_requests=requests)
+    return PlanEstimate(d, today, cost, comps, requests)
