@@ -5,7 +5,7 @@ The pure model lives in specab.analysis.design; this module feeds it from an Exp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from specab.analysis import design
@@ -28,10 +28,9 @@ def gpus_of(server_args: Mapping[str, Any]) -> int:
 
 
 def run_gpu_seconds(run: Run) -> float | None:
-    """Seconds the run held its GPUs (start of the run to its end, failed runs too) times the GPUs it held."""
-    if run.duration_s is None:
-        return None
-    return float(run.duration_s) * gpus_of(run.server_args)
+    """What the run cost: the store's runs.gpu_seconds (the node's phases from the first to the last, times the
+    GPUs held). None for a store written before that column: its cost was not recorded, and is not guessed."""
+    return None if run.gpu_seconds is None else float(run.gpu_seconds)
 
 
 @dataclass
@@ -110,13 +109,33 @@ def profile_cost(profile: Mapping[str, Any], *, speculative: bool, gpus: int, ou
                           source=f"simulator profile {profile.get('name', '?')} at time scale {time_scale:g}")
 
 
-def profile_components(profile: Mapping[str, Any], output_len: int) -> design.Components:
-    """The profile's noise as variance components (a prior worth one block's degrees of freedom: the profile is
-    a model of the node, not a measurement of it)."""
+def acceptance_cv2(acceptance: list[float], steps: int, output_len: int) -> float:
+    """Squared coefficient of variation of a request's decode speed from drawn acceptance alone: tokens per
+    draft/verify cycle are 1 + the accepted drafts (conditional acceptance per position, up to `steps`), and a
+    request of output_len tokens averages output_len / mean such cycles."""
+    probs, p = [], 1.0
+    for a in acceptance[:steps]:
+        probs.append(p * (1.0 - a))
+        p *= a
+    probs.append(p)                                   # every draft accepted
+    mean = sum((k + 1) * q for k, q in enumerate(probs))
+    var = sum((k + 1) ** 2 * q for k, q in enumerate(probs)) - mean ** 2
+    cycles = max(output_len / mean, 1.0)
+    return var / mean ** 2 / cycles
+
+
+def profile_components(profile: Mapping[str, Any], output_len: int, spec_steps: int = 0) -> design.Components:
+    """The profile's noise as variance components of a paired log ratio (a prior worth one block's degrees of
+    freedom: the profile is a model of the node, not a measurement of it). A speculative arm's requests vary
+    also by their drawn acceptance (`acceptance_cv2`)."""
     noise = profile.get("noise") or {}
     request = float(noise.get("request_cv", 0.0)) ** 2 + float(noise.get("step_cv", 0.0)) ** 2 / max(output_len, 1)
     instance = float(noise.get("instance_cv", 0.0)) ** 2
-    return design.Components(between=2 * instance, within=2 * request, between_df=1.0, within_df=1.0,
+    spec = request
+    if spec_steps > 0:
+        acc = [float(a) for a in ((profile.get("spec") or {}).get("acceptance") or [])]
+        spec += acceptance_cv2(acc, spec_steps, output_len)
+    return design.Components(between=2 * instance, within=request + spec, between_df=1.0, within_df=1.0,
                              source=f"simulator profile {profile.get('name', '?')}")
 
 
@@ -124,7 +143,8 @@ def cost_lines(exp: Experiment) -> list[str]:
     """The report's closing lines: what the verdict cost."""
     s = spend(exp)
     if not s.runs:
-        return ["Verdict cost: no finished run recorded its duration."]
+        return ["Verdict cost: not recorded (no run of this store has runs.gpu_seconds: it was written before "
+                "specab recorded what runs cost)."]
     arms = ", ".join(f"{a} {g / 60:.1f} ({s.restarts_per_arm[a]} restarts)" for a, g in s.per_arm.items())
     failed = f"; {s.failed / 60:.1f} of them on failed runs" if s.failed else ""
     return [f"Verdict cost: {s.total / 60:.1f} GPU-minutes over {s.runs} runs ({arms}){failed}."]
@@ -153,17 +173,30 @@ class PlanEstimate:
             f"requests sd {math.sqrt(c.within / 2):.2%} per request and arm",
             f"what `driver.py run --target-ci {target_rel:.0%}` does now (today's sequential design, the experiment's "
             f"{self.requests} requests per run):",
-            f"  about {self.today.blocks} restarts per arm, expected {self.today.gpu_s / 60:.1f} GPU-minutes "
+            f"  {self.today.blocks} restarts per arm{'' if self.today.feasible else ' (the cap: target not reached)'}"
+            f", expected {self.today.gpu_s / 60:.1f} GPU-minutes "
             f"(range {self.today.gpu_s_low / 60:.1f}-{self.today.gpu_s_high / 60:.1f})",
         ]
 
 
 def plan_estimate(cost: design.RunCost, comps: design.Components, target_rel: float, *, arms: int, requests: int,
-                  max_blocks: int = 60) -> PlanEstimate:
+                  today_max_blocks: int, max_blocks: int = 60) -> PlanEstimate:
     """The plan before anything runs: the cost design from the prior components, and today's fixed-requests
-    design for comparison (its expected blocks at `requests` per run)."""
+    design for comparison (its expected blocks at `requests` per run, at most `today_max_blocks`: --max-repeats).
+    The ranges cover the components' uncertainty and a dead time from half to twice its estimate."""
     d = design.plan_design(comps, cost, target_rel, arms=arms, max_blocks=max_blocks, keep_requests=requests,
                            min_requests=min(2, requests))
-    today = design.plan_design(comps, cost, target_rel, arms=arms, max_blocks=max_blocks, min_requests=requests,
-                               max_requests=requests)
-    return PlanEstimate(d, today, cost, comps, requests)
+    today = design.plan_design(comps, cost, target_rel, arms=arms, max_blocks=max(today_max_blocks, 3),
+                               min_requests=requests, max_requests=requests, min_blocks=min(3, today_max_blocks))
+    lo, hi = today.gpu_s_low, today.gpu_s_high
+    d_lo, d_hi = d.gpu_s_low, d.gpu_s_high
+    for f in (0.5, 2.0):
+        c = replace(cost, dead_s=cost.dead_s * f)
+        t = design.plan_design(comps, c, target_rel, arms=arms, max_blocks=max(today_max_blocks, 3),
+                               min_requests=requests, max_requests=requests, min_blocks=min(3, today_max_blocks))
+        lo, hi = min(lo, t.gpu_s_low), max(hi, t.gpu_s_high)
+        dd = design.plan_design(comps, c, target_rel, arms=arms, max_blocks=max_blocks, keep_requests=requests,
+                                min_requests=min(2, requests))
+        d_lo, d_hi = min(d_lo, dd.gpu_s_low), max(d_hi, dd.gpu_s_high)
+    return PlanEstimate(replace(d, gpu_s_low=d_lo, gpu_s_high=d_hi), replace(today, gpu_s_low=lo, gpu_s_high=hi),
+                        cost, comps, requests)

@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--target-ci", metavar="PCT", type=_percent,
                       help="also print the design by cost for this 95%% CI half-width of the speedup (e.g. 2%%) and "
                            "its expected GPU-minutes")
+    plan.add_argument("--max-repeats", type=int, help="with --target-ci: the cap of blocks `run` would use")
     plan.set_defaults(func=cmd_plan)
     status = sub.add_parser("status", help="GPUs and our servers on every inventory host (parallel)")
     status.add_argument("-i", "--inventory", metavar="FILE")
@@ -168,7 +169,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     for n in prepared.notices:
         print(f"notice: {n}", file=out)
     if opts.target_ci is not None:
-        for line in _cost_plan(prepared, opts.target_ci):
+        for line in _cost_plan(prepared, opts.target_ci, opts.max_repeats or opts.repeats):
             print(line, file=out)
         print(file=out)
     print(f"experiment {prepared.experiment.name} ({prepared.experiment.path}), inventory "
@@ -189,7 +190,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _cost_plan(prepared: Any, target_ci: float) -> list[str]:
+def _cost_plan(prepared: Any, target_ci: float, max_repeats: int) -> list[str]:
     """The design by cost and its expected GPU-minutes, before anything runs (docs/statistics.md)."""
     host = prepared.inventory.hosts[0]
     engine = " ".join(map(str, host.vars.get("specab_engine_cmd") or []))
@@ -208,9 +209,10 @@ def _cost_plan(prepared: Any, target_ci: float) -> list[str]:
     costs = [economics.profile_cost(profile, speculative=not a.is_baseline, gpus=economics.gpus_of(a.server_args),
                                     output_len=int(bench["output_len"]), warmup=int(bench["warmup_requests"]),
                                     time_scale=scale) for a in prepared.arms]
-    comps = economics.profile_components(profile, int(bench["output_len"]))
+    steps = max(int(a.server_args.get("speculative_num_steps") or 0) for a in prepared.arms)
+    comps = economics.profile_components(profile, int(bench["output_len"]), spec_steps=steps)
     est = economics.plan_estimate(design.mean_cost(costs), comps, target_ci, arms=len(prepared.arms),
-                                  requests=int(bench["num_requests"]))
+                                  requests=int(bench["num_requests"]), today_max_blocks=max_repeats)
     return est.lines(target_ci)
 
 

@@ -331,7 +331,13 @@ class Store:
         now = time.time()
         with self._tx() as c:
             self._ensure_cost_columns(c)
-            c.execute("UPDATE runs SET gpus=?, gpu_seconds=(?-started)*? WHERE seq=?", (gpus, now, gpus, seq))
+            # the run held its GPUs from its first phase to its last on the node (the run queue's runs start
+            # before the controller sees them); without phases, from the controller's start to now
+            span = c.execute("SELECT MIN(started) AS a, MAX(COALESCE(finished, started)) AS b FROM run_phases"
+                             " WHERE seq=?", (seq,)).fetchone()
+            held = (span["b"] - span["a"]) if span["a"] is not None else None
+            c.execute("UPDATE runs SET gpus=?, gpu_seconds=COALESCE(?, ?-started)*? WHERE seq=?",
+                      (gpus, held, now, gpus, seq))
             counts = c.execute("SELECT COUNT(*) AS n, COALESCE(SUM(ok), 0) AS k FROM requests"
                                " WHERE seq=? AND warmup=0", (seq,)).fetchone()
             c.execute("UPDATE runs SET status=?, finished=?, duration_s=?-started, failure_phase=?, failure_reason=?,"

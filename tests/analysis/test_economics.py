@@ -21,7 +21,7 @@ def _exp(rng, blocks=4, m=6, failed_seq=None):
             seq += 1
             reqs = [Request(i=k, decode_tok_s=float(mu * math.exp(rng.normal(0, 0.05)))) for k in range(m)]
             runs.append(Run(run_id=f"{seq:03d}-{arm}", arm=arm, seq=seq, block=b, status="failed" if seq == failed_seq
-                            else "ok", server_args={"tp_size": 8}, requests=reqs, duration_s=30.0))
+                            else "ok", server_args={"tp_size": 8}, requests=reqs, gpu_seconds=240.0))
     return Experiment(id="e", arms=arms, runs=runs)
 
 
@@ -39,6 +39,9 @@ def test_spend_sums_per_arm_counts_failed_runs_and_the_report_line_says_it():
     assert s.restarts_per_arm == {"baseline": 3, "spec": 3}
     line = economics.cost_lines(exp)[0]
     assert line.startswith("Verdict cost: 24.0 GPU-minutes over 6 runs") and "failed runs" in line
+    for r in exp.runs:                                # a store written before runs.gpu_seconds: not guessed
+        r.gpu_seconds = None
+    assert economics.spend(exp).runs == 0 and "not recorded" in economics.cost_lines(exp)[0]
 
 
 def test_components_of_an_experiment_see_the_request_noise():
@@ -55,3 +58,14 @@ def test_profile_cost_of_the_realistic_profile_takes_minutes_to_load_and_specula
     assert base.per_request_s == pytest.approx(0.04 + 0.25 * 128 / 1000 + 256 * 0.01217, rel=0.01)
     fast = economics.profile_cost(prof, speculative=False, gpus=8, output_len=256, warmup=2, time_scale=10)
     assert fast.load_s == pytest.approx(base.load_s / 10)
+
+
+def test_acceptance_makes_a_speculative_arms_requests_vary():
+    # steps 2 at the default profile's acceptance: 1, 2 or 3 tokens per cycle with p 0.3, 0.3, 0.4
+    cv2 = economics.acceptance_cv2([0.70, 0.5714], 2, 256)
+    mean, var = 2.1, 0.3 + 4 * 0.3 + 9 * 0.4 - 2.1 ** 2
+    assert cv2 == pytest.approx(var / mean ** 2 / (256 / mean), rel=1e-3)
+    prof = yaml.safe_load((REPO_ROOT / "specab/sim/profiles/default.yml").read_text())
+    plain = economics.profile_components(prof, 256)
+    spec = economics.profile_components(prof, 256, spec_steps=2)
+    assert spec.within > 10 * plain.within and spec.between == plain.between

@@ -110,3 +110,12 @@ def test_finish_run_records_gpu_seconds_and_an_older_store_gains_the_columns(tmp
     s.finish_run(2, status=st.FAILED)                                # GPUs unknown: no cost invented
     assert s.runs()[1]["gpu_seconds"] is None
     s.close()
+
+
+def test_gpu_seconds_span_the_runs_phases_when_it_has_them(tmp_path):
+    s = _store(tmp_path)
+    s.start_run(seq=1, run_id="001-baseline", arm="baseline", block=1, host="h", run_dir="/r", runner_ident="a")
+    s.record_phase(1, "loading", 100.0, 130.0)
+    s.record_phase(1, "benchmarking", 130.0, 190.0)
+    s.finish_run(1, status=st.OK, gpus=8)
+    assert s.runs()[0]["gpu_seconds"] == pytest.approx(8 * 90.0)
