@@ -198,7 +198,7 @@ def synthesise(exp_dir: Path, n_runs: int, steps: list[int], n_req: int, n_warm:
             store.add_file(p["seq"], "node0", name, json.dumps(val))
         (run_dir / "server.log").write_text(server_log(arm, k, tok_s, (n_warm + n_req) * output_len // 40, t))
         store.finish_run(p["seq"], status="ok", runner_status="successful", runner_rc=0, summary=summary,
-                         server_info=info, stop=stop, gpu_free=gpu_free)
+                         server_info=info, stop=stop, gpu_free=gpu_free, gpus=len(uuids))
         t = t_end + 5.0
     store.set_experiment_status("finished")
     store.close()

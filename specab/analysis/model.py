@@ -164,6 +164,7 @@ class Run:
     error: str | None = None
     time_scale: float = 1.0                  # simulated node: times were divided by this (already undone)
     ranks: list[Rank] = field(default_factory=list)   # a multi-node server's other ranks, by rank
+    gpu_seconds: float | None = None         # what the run cost (store runs.gpu_seconds; None in older stores)
 
     @property
     def ok(self) -> bool:
@@ -673,7 +674,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             env_check=env_check_from_json(check) if check else None,
             gpu_samples=samples.get(r["seq"], []), manifest=manifest or {}, ranks=ranks,
             client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
-            run_dir=run_dir, error=r.get("failure_reason")))
+            run_dir=run_dir, error=r.get("failure_reason"), gpu_seconds=_num(r.get("gpu_seconds"))))
     argv = e.get("argv") or []
     scales = sorted({r.time_scale for r in runs})
     return Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence, TextIO
 
 from specab.analysis import doctor
+from specab.analysis import economics
 from specab.analysis import specmodel
 from specab.analysis import stats
 from specab.analysis.model import Experiment, gc_paused, load_store
@@ -520,8 +521,16 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                 Image("tau_vs_break_even.png", "accept length vs break-even", plot_tau(exp, st, model)),
                 Image("baseline_over_time.png", "baseline over time", plot_baseline_over_time(exp, st)),
                 Image("gpu_clocks.png", "GPU clocks during runs", plot_gpu_clocks(exp)))
+    # what the verdict cost: always last (docs/statistics.md, "Design by cost")
+    spent = economics.spend(exp)
+    cost = economics.cost_lines(exp)
+    rep.add(Heading("Verdict cost"), Para(" ".join(cost)))
+    if spent.per_arm:
+        rep.add(Table(["arm", "restarts", "GPU-minutes"],
+                      [[a, str(spent.restarts_per_arm[a]), f"{g / 60:.1f}"] for a, g in spent.per_arm.items()]))
+    rep.summary.extend(cost)
     rep.data = {"stats": st.to_dict(), "model": model.to_dict() if model else None,
-                "findings": [f.to_dict() for f in findings], "summary": rep.summary}
+                "findings": [f.to_dict() for f in findings], "summary": rep.summary, "cost": spent.to_dict()}
     return rep
 
 

@@ -16,10 +16,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from specab.analysis import logparse, provenance, report, specmodel
+import yaml
+
+from specab.analysis import design, economics, logparse, provenance, report, specmodel
 from specab.config.inventory import load_inventory
 from specab.config.matrix import MatrixError
-from specab.config.yamlfile import ConfigError
+from specab.config.yamlfile import REPO_ROOT, ConfigError
 from specab.driver import preflight, session
 from specab.driver.options import EXIT_INTERRUPTED, EXIT_USAGE, ExperimentError, Options, prepare
 from specab.driver.remote import status_all
@@ -106,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print the plan and each arm's launch script and env file; touches nothing")
     _add_experiment_options(plan)
     plan.add_argument("--format", choices=("text", "json"), default="text")
+    plan.add_argument("--target-ci", metavar="PCT", type=_percent,
+                      help="also print the design by cost for this 95%% CI half-width of the speedup (e.g. 2%%) and "
+                           "its expected GPU-minutes")
+    plan.add_argument("--max-repeats", type=int, help="with --target-ci: the cap of blocks `run` would use")
     plan.set_defaults(func=cmd_plan)
     status = sub.add_parser("status", help="GPUs and our servers on every inventory host (parallel)")
     status.add_argument("-i", "--inventory", metavar="FILE")
@@ -205,6 +211,10 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     for n in prepared.notices:
         print(f"notice: {n}", file=out)
+    if opts.target_ci is not None:
+        for line in _cost_plan(prepared, opts.target_ci, opts.max_repeats or opts.repeats):
+            print(line, file=out)
+        print(file=out)
     print(f"experiment {prepared.experiment.name} ({prepared.experiment.path}), inventory "
           f"{prepared.inventory.path} (hosts: {', '.join(h.name for h in prepared.inventory.hosts)})", file=out)
     print(f"{len(prepared.arms)} arms x {opts.repeats} blocks = {len(prepared.plan)} runs, order {opts.order}, "
@@ -222,6 +232,32 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         print("--- nccl.env (mode 0600) ---", file=out)
         print(rendered.env_file, file=out)
     return 0
+
+
+def _cost_plan(prepared: Any, target_ci: float, max_repeats: int) -> list[str]:
+    """The design by cost and its expected GPU-minutes, before anything runs (docs/statistics.md)."""
+    host = prepared.inventory.hosts[0]
+    engine = " ".join(map(str, host.vars.get("specab_engine_cmd") or []))
+    if "specab.sim.launch_server" not in engine:
+        return [f"--target-ci {target_ci:.1%}: no cost estimate for {host.name}: it is not a simulated node and no "
+                f"history of it is kept yet; run the experiment with --target-ci (today's sequential design)."]
+    ref = str(host.node_env.get("SPECAB_SIM_PROFILE") or "default")
+    path = Path(ref) if ref.endswith((".yml", ".yaml")) else REPO_ROOT / "specab" / "sim" / "profiles" / f"{ref}.yml"
+    try:
+        profile = yaml.safe_load(path.read_text())
+        scale = float(host.node_env.get("SPECAB_SIM_TIME_SCALE") or 1.0)
+    except (OSError, yaml.YAMLError, ValueError) as exc:
+        raise ConfigError(f"{host.name}: cannot read the simulator profile {ref!r} ({exc}); set "
+                          f"specab_node_env.SPECAB_SIM_PROFILE to a name in specab/sim/profiles/ or a YAML path.")
+    bench = prepared.experiment.bench_settings
+    costs = [economics.profile_cost(profile, speculative=not a.is_baseline, gpus=economics.gpus_of(a.server_args),
+                                    output_len=int(bench["output_len"]), warmup=int(bench["warmup_requests"]),
+                                    time_scale=scale) for a in prepared.arms]
+    steps = max(int(a.server_args.get("speculative_num_steps") or 0) for a in prepared.arms)
+    comps = economics.profile_components(profile, int(bench["output_len"]), spec_steps=steps)
+    est = economics.plan_estimate(design.mean_cost(costs), comps, target_ci, arms=len(prepared.arms),
+                                  requests=int(bench["num_requests"]), today_max_blocks=max_repeats)
+    return est.lines(target_ci)
 
 
 def _display_arm(arm: Any) -> Any:

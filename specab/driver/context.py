@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from specab.analysis import model, stats
+from specab.analysis import economics, model, stats
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.plan import PlannedRun, make_plan
 from specab.config.yamlfile import REPO_ROOT
@@ -159,7 +159,8 @@ class RunContext:
                               summary=ingested.get("summary"),
                               load_phases=load_phases or ingested.get("ready"),
                               server_info=ingested.get("server_info"), stop=ingested.get("stop"),
-                              gpu_free=ingested.get("gpu_free"))
+                              gpu_free=ingested.get("gpu_free"),
+                              gpus=economics.gpus_of(self.arms[pr.arm].server_args) if pr.arm in self.arms else None)
         self.progress.run_finished(status, time.time() - started, reason)
         return status
 

@@ -111,7 +111,9 @@ CREATE TABLE IF NOT EXISTS runs (
     load_phases_json TEXT,                  -- server load phases (weights loaded, graphs captured, ready)
     server_info_json TEXT,                  -- /get_server_info as collected
     stop_json        TEXT,                  -- stop.json (signals, escalation, durations)
-    gpu_free_json    TEXT                   -- gpu_free.json (time-to-free)
+    gpu_free_json    TEXT,                  -- gpu_free.json (time-to-free)
+    gpus           INTEGER,                 -- GPUs the run's server held (tp_size x pp_size)
+    gpu_seconds    REAL                     -- duration_s x gpus: what the run cost (docs/statistics.md)
 );
 CREATE TABLE IF NOT EXISTS run_phases (
     seq        INTEGER NOT NULL REFERENCES runs(seq),
@@ -363,13 +365,29 @@ class Store:
             c.execute("INSERT OR REPLACE INTO run_phases(seq, phase, started, finished, duration_s) VALUES (?,?,?,?,?)",
                       (seq, phase, started, finished, None if finished is None else finished - started))
 
+    def _ensure_cost_columns(self, c: sqlite3.Connection) -> None:
+        """runs.gpus and runs.gpu_seconds (added 2026-12): a store written before them gets them on its first
+        finished run after an upgrade (a resume); reads of older stores see NULL."""
+        cols = {r[1] for r in c.execute("PRAGMA table_info(runs)")}
+        for col, kind in (("gpus", "INTEGER"), ("gpu_seconds", "REAL")):
+            if col not in cols:
+                c.execute(f"ALTER TABLE runs ADD COLUMN {col} {kind}")
+
     def finish_run(self, seq: int, *, status: str, runner_status: str | None = None, runner_rc: int | None = None,
                    failure_phase: str | None = None, failure_reason: str | None = None,
                    log_tail: str | None = None, partial: bool = False,
                    summary: dict[str, Any] | None = None, load_phases: Any = None,
-                   server_info: Any = None, stop: Any = None, gpu_free: Any = None) -> None:
+                   server_info: Any = None, stop: Any = None, gpu_free: Any = None, gpus: int | None = None) -> None:
         now = time.time()
         with self._tx() as c:
+            self._ensure_cost_columns(c)
+            # the run held its GPUs from its first phase to its last on the node (the run queue's runs start
+            # before the controller sees them); without phases, from the controller's start to now
+            span = c.execute("SELECT MIN(started) AS a, MAX(COALESCE(finished, started)) AS b FROM run_phases"
+                             " WHERE seq=?", (seq,)).fetchone()
+            held = (span["b"] - span["a"]) if span["a"] is not None else None
+            c.execute("UPDATE runs SET gpus=?, gpu_seconds=COALESCE(?, ?-started)*? WHERE seq=?",
+                      (gpus, held, now, gpus, seq))
             counts = c.execute("SELECT COUNT(*) AS n, COALESCE(SUM(ok), 0) AS k FROM requests"
                                " WHERE seq=? AND warmup=0", (seq,)).fetchone()
             c.execute("UPDATE runs SET status=?, finished=?, duration_s=?-started, failure_phase=?, failure_reason=?,"

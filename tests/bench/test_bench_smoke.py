@@ -204,3 +204,20 @@ def test_footprint_driver_with_stand_in_runner_runs_the_whole_experiment(tmp_pat
     exp_dir = next((tmp_path / "driver-1000" / "runs").iterdir())
     assert (exp_dir / "report.md").is_file()                     # the driver's own end-of-experiment report
     assert d["report_written"].endswith("report.md")
+
+
+def test_verdict_cost_economics_mode_reports_both_designs_per_regime(capsys):
+    vc = _load("verdict_cost")
+    res = _run(vc, ["--mode", "economics", "--experiments", "40", "--max-repeats", "20"], capsys)
+    assert set(res["regimes"]) == {"instance-dominated", "request-dominated"}
+    for name, r in res["regimes"].items():
+        for k in ("gpu_minutes_mean", "gpu_minutes_mean_today", "coverage", "restarts_mean"):
+            assert k in r, (name, k)
+        assert r["restarts_mean"] >= 3 and 0 <= r["coverage"] <= 1
+        assert r["by_cost"]["within_target"] == 1.0 or r["by_cost"]["restarts_max"] >= 60
+    rd, idom = res["regimes"]["request-dominated"], res["regimes"]["instance-dominated"]
+    # request noise: the design buys longer runs and fewer restarts than today's 8 requests per run
+    assert rd["by_cost"]["requests_per_run_mean"] > 8 and rd["restarts_mean"] < rd["restarts_mean_today"]
+    assert rd["gpu_minutes_mean"] < rd["gpu_minutes_mean_today"]
+    assert idom["within_share_at_today_requests"] < 0.5 < rd["within_share_at_today_requests"]
+    assert isinstance(res["met"], bool)

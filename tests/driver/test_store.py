@@ -93,3 +93,29 @@ def test_open_refuses_an_unknown_schema_version(tmp_path):
     s.close()
     with pytest.raises(st.StoreError, match="schema version 99, this specab reads 1, 2"):
         st.Store.open(tmp_path)
+
+
+def test_finish_run_records_gpu_seconds_and_an_older_store_gains_the_columns(tmp_path):
+    s = _store(tmp_path)
+    # a store written before runs.gpus / runs.gpu_seconds existed
+    s.conn.execute("ALTER TABLE runs DROP COLUMN gpu_seconds")
+    s.conn.execute("ALTER TABLE runs DROP COLUMN gpus")
+    s.conn.commit()
+    s.start_run(seq=1, run_id="001-baseline", arm="baseline", block=1, host="h", run_dir="/r", runner_ident="a")
+    assert "gpu_seconds" not in s.runs()[0]                        # readable without the columns
+    s.finish_run(1, status=st.OK, gpus=8)
+    run = s.runs()[0]
+    assert run["gpus"] == 8 and run["gpu_seconds"] == pytest.approx(8 * run["duration_s"])
+    s.start_run(seq=2, run_id="002-x", arm="baseline", block=1, host="h", run_dir="/r", runner_ident="b")
+    s.finish_run(2, status=st.FAILED)                                # GPUs unknown: no cost invented
+    assert s.runs()[1]["gpu_seconds"] is None
+    s.close()
+
+
+def test_gpu_seconds_span_the_runs_phases_when_it_has_them(tmp_path):
+    s = _store(tmp_path)
+    s.start_run(seq=1, run_id="001-baseline", arm="baseline", block=1, host="h", run_dir="/r", runner_ident="a")
+    s.record_phase(1, "loading", 100.0, 130.0)
+    s.record_phase(1, "benchmarking", 130.0, 190.0)
+    s.finish_run(1, status=st.OK, gpus=8)
+    assert s.runs()[0]["gpu_seconds"] == pytest.approx(8 * 90.0)

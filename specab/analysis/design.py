@@ -1,0 +1,388 @@
+"""Verdict economics: what a run costs, where the noise comes from, and the design that buys a target
+precision of the paired speedup for the fewest GPU-seconds (issue 19; docs/statistics.md, "Design by cost").
+
+Pure functions over numbers; the store and the driver feed them. The model, on the log scale of a run's
+value (its median request decode tok/s):
+
+    log y[arm, block] = mu[arm] + s[block] + b[arm, block] + median_k(e[arm, block, k])
+
+``s`` is shared by both arms of a block (the node's state: drift, the seed's 89 -> 82 shift) and cancels in
+the paired ratio; ``b`` is the server instance's own offset (variance ``between`` summed over the two arms of
+a ratio); ``e`` is the request-to-request noise inside a run (per-request variance ``within``, summed over
+the two arms). The log ratio of block j with m requests per run has variance
+
+    v(m) = between + MEDIAN_VAR_FACTOR * within / m
+
+and the interval of the mean log ratio over n blocks is a t interval with n - 1 degrees of freedom: the
+interval is always over instances, never over requests pooled as if independent.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+from specab.analysis.stats import t_ppf
+
+# Variance of the median of m normal draws is about (pi/2) sigma^2 / m (asymptotic; conservative for small m).
+MEDIAN_VAR_FACTOR = math.pi / 2.0
+# Fewest blocks (= restarts per arm) a design may have. With 3 blocks the between-instance variance has 2
+# degrees of freedom and the t quantile is 4.30; below that (1 df, t = 12.7) no honest interval exists. Three
+# is also today's sequential minimum (specab.analysis.stats.MIN_BLOCKS), so the two designs compare fairly.
+MIN_RESTARTS = 3
+# A default prior for the between-instance variance of a block's log ratio when no history exists: two
+# instances each off by 1 % (sd), worth one degree of freedom (the data outweighs it after two blocks).
+DEFAULT_BETWEEN = 2 * 0.01 ** 2
+DEFAULT_BETWEEN_DF = 1.0
+# A design keeps the experiment's requests per run unless moving them saves at least this share of the
+# expected GPU-seconds.
+KEEP_UNLESS_SAVING = 0.10
+
+
+class DesignError(ValueError):
+    """A design question without an answer (bad input); the message says what to change."""
+
+
+# ------------------------------------------------------------------------------------------ cost model
+
+@dataclass(frozen=True)
+class RunCost:
+    """Seconds one run holds its GPUs, split by what the design can change.
+
+    load_s: start -> ready (weights, graph capture); per_request_s: one measured request; fixed_bench_s: the
+    warm-up requests and the client's start; dead_s: stop, GPUs-free wait, env check, collect; gpus: GPUs held.
+    source: where the numbers come from (history, this experiment, the simulator profile, an estimate)."""
+    load_s: float
+    per_request_s: float
+    fixed_bench_s: float = 0.0
+    dead_s: float = 0.0
+    gpus: int = 1
+    source: str = "estimate"
+
+    def __post_init__(self) -> None:
+        for k in ("load_s", "per_request_s", "fixed_bench_s", "dead_s"):
+            v = getattr(self, k)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise DesignError(f"run cost: {k} must be a finite number >= 0 seconds, got {v!r}")
+        if self.per_request_s <= 0:
+            raise DesignError(f"run cost: per_request_s must be > 0 seconds, got {self.per_request_s!r}")
+        if int(self.gpus) < 1:
+            raise DesignError(f"run cost: gpus must be >= 1, got {self.gpus!r}")
+
+    @property
+    def restart_s(self) -> float:
+        """What a run costs before its first measured request and after its last: the price of a restart."""
+        return self.load_s + self.fixed_bench_s + self.dead_s
+
+    def run_s(self, requests: float) -> float:
+        return self.restart_s + requests * self.per_request_s
+
+    def gpu_s(self, requests: float) -> float:
+        return self.gpus * self.run_s(requests)
+
+
+def mean_cost(costs: Sequence[RunCost]) -> RunCost:
+    """The average run of a block (one run per arm: a speculative arm loads a draft too)."""
+    if not costs:
+        raise DesignError("mean_cost of no runs")
+    k = len(costs)
+    return RunCost(load_s=sum(c.load_s for c in costs) / k, per_request_s=sum(c.per_request_s for c in costs) / k,
+                   fixed_bench_s=sum(c.fixed_bench_s for c in costs) / k, dead_s=sum(c.dead_s for c in costs) / k,
+                   gpus=max(c.gpus for c in costs), source=costs[0].source)
+
+
+# ------------------------------------------------------------------------------------ variance components
+
+@dataclass(frozen=True)
+class Components:
+    """Variance components of one paired log ratio (both arms summed): ``between`` (instances) and ``within``
+    (per request), with the degrees of freedom behind each estimate and where it came from."""
+    between: float
+    within: float
+    between_df: float = 0.0
+    within_df: float = 0.0
+    source: str = "data"
+
+    def block_var(self, requests: float) -> float:
+        """Variance of one block's log ratio with `requests` measured requests per run."""
+        return self.between + MEDIAN_VAR_FACTOR * self.within / max(requests, 1.0)
+
+    def within_share(self, requests: float) -> float:
+        """Share of a block's variance that more requests per run would remove."""
+        v = self.block_var(requests)
+        return (v - self.between) / v if v > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"between": self.between, "within": self.within, "between_df": self.between_df,
+                "within_df": self.within_df, "source": self.source}
+
+
+def estimate_components(ratios: Sequence[float], requests: Sequence[tuple[Sequence[float], Sequence[float]]],
+                        prior: Components | None = None) -> Components:
+    """Variance components from the blocks so far (method of moments, a one-way random-effects model).
+
+    ratios: one log ratio per complete block; requests: per block, the (arm, baseline) runs' measured request
+    log speeds. ``within`` pools the request variance inside every run (sum over the two arms); ``between`` is
+    the variance of the block log ratios less the part the requests explain, truncated at 0. A prior (history
+    of this node, or the defaults) is pooled in by degrees of freedom, so one noisy block cannot swing the
+    design; the data outweigh it as blocks accumulate."""
+    if len(ratios) != len(requests):
+        raise DesignError(f"estimate_components: {len(ratios)} ratios but {len(requests)} blocks of requests")
+    ss = {0: 0.0, 1: 0.0}
+    df = {0: 0, 1: 0}
+    inv_m = []
+    for arm_req, base_req in requests:
+        inv = 0.0
+        for side, req in ((0, arm_req), (1, base_req)):
+            x = np.asarray(req, dtype=float)
+            if len(x) >= 2:
+                ss[side] += float(((x - x.mean()) ** 2).sum())
+                df[side] += len(x) - 1
+            inv += 1.0 / max(len(x), 1)
+        inv_m.append(inv / 2.0)
+    w_df = float(min(df.values()))
+    within = sum(ss[s] / df[s] for s in (0, 1) if df[s]) if w_df else None
+    between, b_df = None, 0.0
+    if len(ratios) >= 2 and within is not None:
+        d_var = float(np.var(np.asarray(ratios, dtype=float), ddof=1))
+        between = max(0.0, d_var - MEDIAN_VAR_FACTOR * within * float(np.mean(inv_m)))
+        b_df = float(len(ratios) - 1)
+    if prior is not None:
+        within = _pool(within, w_df, prior.within, prior.within_df)
+        between = _pool(between, b_df, prior.between, prior.between_df)
+        w_df, b_df = w_df + prior.within_df, b_df + prior.between_df
+        src = "data + " + prior.source if (len(ratios) or w_df > prior.within_df) else prior.source
+    else:
+        src = "data"
+    if within is None:
+        raise DesignError("estimate_components: no run with 2 or more measured requests and no prior; "
+                          "run a block first or give a prior (history of this node)")
+    if between is None:
+        between, src = DEFAULT_BETWEEN, src + " + default between"
+        b_df = DEFAULT_BETWEEN_DF
+    return Components(between=between, within=within, between_df=b_df, within_df=w_df, source=src)
+
+
+def _pool(est: float | None, df: float, prior: float, prior_df: float) -> float:
+    if est is None or df <= 0:
+        return prior
+    return (est * df + prior * prior_df) / (df + prior_df)
+
+
+# ------------------------------------------------------------------------------------------- allocation
+
+@dataclass(frozen=True)
+class Design:
+    """A planned design: `blocks` restarts per arm, `requests` measured requests per run in the blocks still to
+    run, the expected GPU-seconds of the whole experiment (done + to do) and its range."""
+    blocks: int
+    requests: int
+    gpu_s: float
+    gpu_s_low: float
+    gpu_s_high: float
+    half_width: float                  # expected relative half-width at `blocks`
+    feasible: bool                     # the target is reachable within the bounds
+    reason: str
+    arms: int = 2
+    components: Components | None = None
+    cost: RunCost | None = None
+    done_blocks: int = 0
+    done_gpu_s: float = 0.0
+    alternatives: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("blocks", "requests", "gpu_s", "gpu_s_low", "gpu_s_high", "half_width",
+                                           "feasible", "reason", "arms", "done_blocks", "done_gpu_s")}
+        d["gpu_minutes"] = self.gpu_s / 60.0
+        d["components"] = self.components.to_dict() if self.components else None
+        d["cost"] = self.cost.__dict__ if self.cost else None
+        return d
+
+
+def t_quantile(level: float, df: float) -> float:
+    return t_ppf(0.5 + level / 2.0, df)
+
+
+def _requests_needed(n: int, done_var: float, done: int, comps: Components, target_log: float, level: float
+                     ) -> float | None:
+    """Fewest requests per run in blocks done+1..n such that the t half-width at n blocks meets the target."""
+    budget = (target_log * n / t_quantile(level, n - 1)) ** 2 - done_var
+    per_block = budget / (n - done)
+    spare = per_block - comps.between
+    if spare <= 0:
+        return None
+    return MEDIAN_VAR_FACTOR * comps.within / spare if comps.within > 0 else 1.0
+
+
+def plan_design(comps: Components, cost: RunCost, target_rel: float, *, arms: int = 2, level: float = 0.95,
+                min_blocks: int = MIN_RESTARTS, max_blocks: int = 60, min_requests: int = 2,
+                max_requests: int = 400, done_var: Sequence[float] = (), done_gpu_s: float = 0.0,
+                range_sd: float = 1.0, keep_requests: int | None = None,
+                min_saving: float = KEEP_UNLESS_SAVING) -> Design:
+    """The two-stage allocation: blocks n >= min_blocks and requests m per run (in the blocks still to run)
+    that meet the target half-width at the least expected GPU-seconds.
+
+    For every n the fewest m that meets t_{n-1} * sqrt(sum_j v_j) / n <= asinh(target) is found in closed form
+    (v_j the block variances: those of the blocks done, v(m) for the rest); the cheapest (n, m) wins. Where
+    no m helps (the between-instance variance alone is too large for n blocks) n grows: the fall-back to
+    more restarts. `range_sd` widens the expected cost by the uncertainty of the between component.
+    `keep_requests`: the experiment's own requests per run, kept unless the best design saves at least
+    `min_saving` of the expected cost (a plan that moves for a 2 % saving moves on noise)."""
+    if not 0 < target_rel < 1:
+        raise DesignError(f"target half-width must lie in (0, 1) (0.02 = +-2 %), got {target_rel}")
+    if min_blocks < 2 or max_blocks < min_blocks:
+        raise DesignError(f"blocks: need 2 <= min_blocks <= max_blocks, got {min_blocks}..{max_blocks}")
+    if min_requests < 1 or max_requests < min_requests:
+        raise DesignError(f"requests: need 1 <= min_requests <= max_requests, got {min_requests}..{max_requests}")
+    target_log = math.asinh(target_rel)
+    done = len(done_var)
+    dvar = float(sum(done_var))
+    best: tuple[float, int, int, float] | None = None
+    alts = []
+    for n in range(max(min_blocks, done + 1), max_blocks + 1):
+        m = _requests_needed(n, dvar, done, comps, target_log, level)
+        if m is None or m > max_requests:
+            continue
+        m_int = max(min_requests, math.ceil(m - 1e-9))
+        g = done_gpu_s + (n - done) * arms * cost.gpu_s(m_int)
+        alts.append({"blocks": n, "requests": m_int, "gpu_s": g})
+        if best is None or g < best[0] - 1e-9:
+            best = (g, n, m_int, m)
+    if best is None:
+        # infeasible within the bounds: the most blocks at the most useful requests
+        n, m_int = max_blocks, max_requests
+        hw = _half_width(n, dvar, done, comps, m_int, level)
+        g = done_gpu_s + max(0, n - done) * arms * cost.gpu_s(m_int)
+        return Design(n, m_int, g, g, g, hw, False,
+                      f"+-{target_rel:.1%} is out of reach within {max_blocks} blocks: the between-instance variance "
+                      f"alone (sd {math.sqrt(comps.between):.2%} per block) needs more restarts",
+                      arms, comps, cost, done, done_gpu_s, alts)
+    g, n, m_int, _ = best
+    if keep_requests is not None and m_int != keep_requests and min_requests <= keep_requests <= max_requests:
+        kept = _best_blocks(keep_requests, dvar, done, comps, target_rel, level, min_blocks, max_blocks)
+        if kept is not None:
+            g_keep = done_gpu_s + (kept - done) * arms * cost.gpu_s(keep_requests)
+            if g_keep <= g * (1.0 + min_saving):
+                g, n, m_int = g_keep, kept, keep_requests
+    hw = _half_width(n, dvar, done, comps, m_int, level)
+    lo, hi = g, g
+    if range_sd > 0:
+        lo, hi = _cost_range(comps, cost, target_rel, arms, level, min_blocks, max_blocks, done_var, done_gpu_s,
+                             m_int, range_sd)
+        lo, hi = min(lo, g), max(hi, g)
+    if n == max(min_blocks, done + 1) and m_int <= min_requests:
+        why = (f"the noise is small: the minimum of {n} restarts per arm with the fewest requests ({m_int}) "
+               f"already meets the target")
+    elif n == max(min_blocks, done + 1) and m_int > min_requests:
+        why = (f"the within-run (request) noise dominates: {n} restarts per arm (the minimum) with longer runs "
+               f"of {m_int} requests")
+    elif m_int <= min_requests:
+        why = f"the between-instance noise dominates: short runs ({m_int} requests) and {n} restarts per arm"
+    else:
+        why = f"{n} restarts per arm x {m_int} requests per run balance restart cost against request noise"
+    return Design(n, m_int, g, lo, hi, hw, True, why, arms, comps, cost, done, done_gpu_s, alts)
+
+
+def _best_blocks(m: int, dvar: float, done: int, comps: Components, target_rel: float, level: float,
+                 min_blocks: int, max_blocks: int) -> int | None:
+    for n in range(max(min_blocks, done + 1), max_blocks + 1):
+        if _half_width(n, dvar, done, comps, m, level) <= target_rel:
+            return n
+    return None
+
+
+def _half_width(n: int, dvar: float, done: int, comps: Components, m: float, level: float) -> float:
+    var = (dvar + (n - done) * comps.block_var(m)) / n ** 2
+    return math.sinh(t_quantile(level, n - 1) * math.sqrt(var))
+
+
+def _cost_range(comps: Components, cost: RunCost, target_rel: float, arms: int, level: float, min_blocks: int,
+                max_blocks: int, done_var: Sequence[float], done_gpu_s: float, m_planned: int, range_sd: float) -> tuple[float, float]:
+    """Expected cost if the between component is at the low or high end of its uncertainty (chi-square with
+    its degrees of freedom): the plan's m is kept (it is chosen now) and the blocks needed follow."""
+    def scale(df: float) -> tuple[float, float]:
+        q = scipy_stats.chi2.ppf([0.5 - 0.3413 * range_sd, 0.5 + 0.3413 * range_sd], max(df, 1.0)) / max(df, 1.0)
+        return 1.0 / q[1], 1.0 / q[0]          # a variance estimate s2 is consistent with s2/q_hi .. s2/q_lo
+    (b_lo, b_hi), (w_lo, w_hi) = scale(comps.between_df), scale(comps.within_df)
+    out = []
+    for bf, wf in ((b_lo, w_lo), (b_hi, w_hi)):
+        c = replace(comps, between=comps.between * bf, within=comps.within * wf)
+        n = _blocks_for(c, m_planned, target_rel, level, min_blocks, max_blocks, done_var)
+        out.append(done_gpu_s + max(0, n - len(done_var)) * arms * cost.gpu_s(m_planned))
+    return min(out), max(out)
+
+
+def _blocks_for(comps: Components, m: float, target_rel: float, level: float, min_blocks: int, max_blocks: int,
+                done_var: Sequence[float]) -> int:
+    """Blocks until the expected half-width meets the target with m requests per run (capped)."""
+    done = len(done_var)
+    for n in range(max(min_blocks, done + 1), max_blocks + 1):
+        if _half_width(n, float(sum(done_var)), done, comps, m, level) <= target_rel:
+            return n
+    return max_blocks
+
+
+def model_half_width(comps: Components, requests_per_block: Sequence[float], level: float = 0.95) -> float:
+    """Relative half-width the variance-components model gives the blocks run so far (their requests per run):
+    the second opinion a stop needs besides the interval itself (docs/statistics.md, "When to stop")."""
+    n = len(requests_per_block)
+    if n < 2:
+        return math.inf
+    return _half_width(n, sum(comps.block_var(m) for m in requests_per_block), n, comps, 1.0, level)
+
+
+def expected_half_width(comps: Components, blocks: int, requests: float, level: float = 0.95) -> float:
+    """Relative half-width a design of `blocks` blocks of `requests` requests per run is expected to give."""
+    if blocks < 2:
+        return math.inf
+    return _half_width(blocks, 0.0, 0, comps, requests, level)
+
+
+# ------------------------------------------------------------------------------------------ when to stop
+
+# Below this many blocks the interval's own variance estimate has at most 3 degrees of freedom (and the report's
+# interval is a plain t interval, specab.analysis.stats.MIN_BOOTSTRAP_N): stopping on it alone picks the blocks
+# that happened to agree (the coverage study: 81 % coverage among stops at 3 blocks, 88 % at 4). Such an early
+# stop also needs the variance-components model (this experiment's requests + the node's history) to agree.
+MODEL_GATE_BELOW = 4
+
+
+@dataclass(frozen=True)
+class Step:
+    """The decision after a block: run another? with how many requests per run? and the current plan."""
+    more: bool
+    requests: int
+    plan: Design
+    why: str
+
+
+def next_step(comps: Components, cost: RunCost, target_rel: float, requests_per_block: Sequence[float],
+              ci_half_width: float, *, arms: int = 2, min_blocks: int = MIN_RESTARTS, max_blocks: int = 60,
+              min_requests: int = 2, max_requests: int = 400, level: float = 0.95,
+              done_gpu_s: float = 0.0, keep_requests: int | None = None) -> Step:
+    """Design by cost, updated after every block (the `--target-ci` decision of the cost design).
+
+    Stops when the report's interval is within the target after at least `min_blocks` blocks, and, below
+    MODEL_GATE_BELOW blocks, the model agrees; stops at `max_blocks` whatever the width. Otherwise plans the
+    rest (plan_design over the blocks done) and says how many requests the next block's runs get."""
+    n = len(requests_per_block)
+    done_var = [comps.block_var(m) for m in requests_per_block]
+    plan = plan_design(comps, cost, target_rel, arms=arms, level=level, min_blocks=min_blocks,
+                       max_blocks=max(max_blocks, n + 1), min_requests=min_requests, max_requests=max_requests,
+                       done_var=done_var, done_gpu_s=done_gpu_s, range_sd=0.0, keep_requests=keep_requests)
+    width = f"+-{ci_half_width:.2%}" if math.isfinite(ci_half_width) else "no interval yet"
+    if n >= max_blocks:
+        return Step(False, plan.requests, plan, f"stopped at {max_blocks} blocks (the cap), interval {width}")
+    if n >= min_blocks and ci_half_width <= target_rel:
+        model_hw = model_half_width(comps, requests_per_block, level)
+        if n >= MODEL_GATE_BELOW or model_hw <= target_rel:
+            return Step(False, plan.requests, plan, f"interval {width} within +-{target_rel:.1%} after {n} blocks")
+        return Step(True, plan.requests, plan,
+                    f"interval {width} after only {n} blocks, but the variance components expect "
+                    f"+-{model_hw:.2%}: one more block of {plan.requests} requests per run")
+    return Step(True, plan.requests, plan,
+                f"interval {width} after {n} block(s); plan: {plan.blocks} blocks, {plan.requests} requests "
+                f"per run ({plan.reason})")

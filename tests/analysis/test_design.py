@@ -1,0 +1,118 @@
+"""The cost model, the variance components and the two-stage allocation (specab.analysis.design)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from specab.analysis import design
+
+COST = design.RunCost(load_s=360, per_request_s=6, fixed_bench_s=12, dead_s=20, gpus=8)
+
+
+def test_run_cost_counts_every_second_times_the_gpus():
+    assert COST.restart_s == 392
+    assert COST.run_s(8) == 392 + 48
+    assert COST.gpu_s(8) == 8 * 440
+
+
+@pytest.mark.parametrize("kw", [{"load_s": -1}, {"per_request_s": 0}, {"gpus": 0}, {"dead_s": math.nan}])
+def test_run_cost_rejects_bad_numbers_with_the_field_named(kw):
+    args = {"load_s": 1, "per_request_s": 1, **kw}
+    with pytest.raises(design.DesignError, match=next(iter(kw))):
+        design.RunCost(**args)
+
+
+def _blocks(rng, n, m, instance, request):
+    ratios, reqs = [], []
+    for _ in range(n):
+        a = rng.normal(0, instance) + rng.normal(0, request, m)
+        b = rng.normal(0, instance) + rng.normal(0, request, m)
+        ratios.append(float(np.median(a) - np.median(b)))
+        reqs.append((a, b))
+    return ratios, reqs
+
+
+def test_components_recover_the_simulated_variances():
+    rng = np.random.default_rng(1)
+    ratios, reqs = _blocks(rng, 400, 20, instance=0.02, request=0.05)
+    c = design.estimate_components(ratios, reqs)
+    assert c.within == pytest.approx(2 * 0.05 ** 2, rel=0.05)      # both arms' request variance
+    assert c.between == pytest.approx(2 * 0.02 ** 2, rel=0.25)     # both arms' instance variance
+    assert c.between_df == 399
+
+
+def test_components_without_blocks_use_the_default_between_and_a_prior_pools_by_df():
+    rng = np.random.default_rng(2)
+    ratios, reqs = _blocks(rng, 1, 10, 0.0, 0.05)
+    c = design.estimate_components(ratios, reqs)
+    assert c.between == design.DEFAULT_BETWEEN and "default between" in c.source
+    prior = design.Components(between=0.001, within=0.01, between_df=10, within_df=10, source="history")
+    ratios, reqs = _blocks(rng, 3, 10, 0.0, 0.05)
+    pooled = design.estimate_components(ratios, reqs, prior=prior)
+    assert pooled.between_df == 12 and "history" in pooled.source
+    assert min(prior.within, 2 * 0.05 ** 2) * 0.5 < pooled.within < max(prior.within, 2 * 0.05 ** 2) * 1.5
+
+
+def test_components_need_requests_or_a_prior():
+    with pytest.raises(design.DesignError, match="prior"):
+        design.estimate_components([0.1], [([1.0], [1.0])])
+
+
+def test_request_noise_buys_longer_runs_and_instance_noise_more_restarts():
+    req = design.Components(between=1e-5, within=0.0128)
+    inst = design.Components(between=3e-4, within=2e-4)
+    d_req = design.plan_design(req, COST, 0.02)
+    d_inst = design.plan_design(inst, COST, 0.02)
+    assert d_req.requests > 30 and d_req.blocks <= 7
+    assert d_inst.requests <= 8 and d_inst.blocks >= 6
+    for d, c in ((d_req, req), (d_inst, inst)):
+        assert d.feasible and d.half_width <= 0.02
+        assert d.gpu_s == pytest.approx(d.blocks * 2 * COST.gpu_s(d.requests))
+        # the chosen design is the cheapest of every (blocks, requests) that meets the target
+        assert all(a["gpu_s"] >= d.gpu_s - 1e-6 for a in d.alternatives)
+        assert d.gpu_s_low <= d.gpu_s <= d.gpu_s_high
+
+
+def test_the_plan_is_cheaper_than_todays_fixed_requests_when_requests_dominate():
+    req = design.Components(between=1e-5, within=0.0128)
+    d = design.plan_design(req, COST, 0.02)
+    today_blocks = next(n for n in range(3, 200) if design.expected_half_width(req, n, 8) <= 0.02)
+    assert d.gpu_s < 0.6 * today_blocks * 2 * COST.gpu_s(8)
+
+
+def test_keep_requests_unless_the_saving_is_worth_it():
+    inst = design.Components(between=3e-4, within=2e-4)
+    kept = design.plan_design(inst, COST, 0.02, keep_requests=8)
+    assert kept.requests == 8
+    req = design.Components(between=1e-5, within=0.0128)
+    assert design.plan_design(req, COST, 0.02, keep_requests=8).requests > 8
+
+
+def test_infeasible_target_falls_back_to_the_most_restarts_and_says_why():
+    huge = design.Components(between=0.01, within=0.0)
+    d = design.plan_design(huge, COST, 0.02, max_blocks=10)
+    assert not d.feasible and d.blocks == 10 and "between-instance" in d.reason
+
+
+def test_next_step_minimum_blocks_model_gate_and_cap():
+    c = design.Components(between=3e-4, within=2e-4, between_df=10, within_df=100)
+    # too few blocks: more, whatever the interval says
+    assert design.next_step(c, COST, 0.02, [8, 8], 0.01).more
+    # 3 blocks, a lucky narrow interval, but the model expects a wide one: one more block
+    s3 = design.next_step(c, COST, 0.02, [8, 8, 8], 0.015)
+    assert s3.more and "variance components expect" in s3.why
+    # from MODEL_GATE_BELOW blocks on, the interval decides
+    n = design.MODEL_GATE_BELOW
+    assert not design.next_step(c, COST, 0.02, [8] * n, 0.019).more
+    assert design.next_step(c, COST, 0.02, [8] * n, 0.021).more
+    assert not design.next_step(c, COST, 0.02, [8] * 6, 0.05, max_blocks=6).more
+
+
+def test_plan_with_done_blocks_counts_them():
+    c = design.Components(between=1e-5, within=0.0128)
+    done = [c.block_var(8)] * 2
+    d = design.plan_design(c, COST, 0.02, done_var=done, done_gpu_s=2 * 2 * COST.gpu_s(8))
+    assert d.blocks >= 3 and d.done_blocks == 2
+    assert d.gpu_s == pytest.approx(2 * 2 * COST.gpu_s(8) + (d.blocks - 2) * 2 * COST.gpu_s(d.requests))
