@@ -130,7 +130,7 @@ def resolve_arm(exp: ExperimentSpec, arm: dict[str, Any], baseline: str = "basel
 
 def phase_timing_on(exp: ExperimentSpec, speculative: bool) -> bool:
     """bench.phase_timing (default roles/specab specab_bench_phase_timing): auto = speculative arms only."""
-    mode = exp.bench.get("phase_timing", defaults.get("bench_phase_timing"))
+    mode = exp.bench.get("phase_timing", defaults.get("specab_bench_phase_timing"))
     return speculative if mode == "auto" else bool(mode)
 
 

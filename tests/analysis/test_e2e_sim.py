@@ -82,6 +82,14 @@ def test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one(node: S
     assert st.arms["eagle3-graph"].cuda_graph_share == 1.0
     assert st.arms["eagle3-nograph"].tok_s_run.median < base < st.arms["eagle3-graph"].tok_s_run.median
     found = doctor.diagnose(e, st, doctor.DoctorConfig(usual_baseline_tok_s=82.2))
+    # the measured phases (0.5.23 device timer, on by default for speculative arms): verify dominates the
+    # no-graph arm with the seed's numbers; the graphed arm's verify is shorter; the accounting is consistent
+    dom = {f.arm: f for f in found if f.rule == "dominant-phase"}
+    assert set(dom) == {"eagle3-nograph", "eagle3-graph"}, found
+    assert dom["eagle3-nograph"].message.startswith("verify 29.") and "no CUDA graph in 100%" in \
+        dom["eagle3-nograph"].message and "would move tau*" in dom["eagle3-nograph"].message
+    assert "phase-accounting" not in {f.rule for f in found}
+    found = [f for f in found if f.rule != "dominant-phase"]
     by_rule = {}
     for f in found:
         by_rule.setdefault(f.rule, []).append(f)
@@ -103,7 +111,7 @@ def test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one(node: S
     # the driver wrote the report at the end of the experiment
     md = (d / "report.md").read_text()
     assert "verify-without-cuda-graph" in md and (d / "report.html").is_file()
-    assert len(list((d / "report").glob("*.png"))) == 5
+    assert len(list((d / "report").glob("*.png"))) == 6     # + cycle_phases.png
 
 
 def test_env_not_applied_in_the_workers_is_reported(node: SimNode):
