@@ -32,7 +32,8 @@ def _v0523(draft: float, extend: float, verify: float, calls: float, none: float
     lines = [f'sglang:forward_execution_seconds_total{{category="{c}",{L}}} {v}'
              for c, v in (("eagle_draft", draft), ("eagle_draft_extend", extend), ("target_verify", verify),
                           ("extend", 0.5))]
-    lines.append(f'sglang:forward_execution_seconds_total{{category="target_verify",{L.replace('tp_rank="0"', 'tp_rank="1"')}}} {tp1}')
+    rank1 = L.replace('tp_rank="0"', 'tp_rank="1"')
+    lines.append(f'sglang:forward_execution_seconds_total{{category="target_verify",{rank1}}} {tp1}')
     lines += [f'sglang:spec_verify_calls_total{{engine_type="unified",model_name="m"}} {calls}',
               f'sglang:cuda_graph_passes_total{{{L},mode="decode_none"}} {none}',
               f'sglang:generation_tokens_total{{engine_type="unified",is_streaming="true",model_name="m"}} {calls * 2}',
