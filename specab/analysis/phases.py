@@ -6,7 +6,9 @@ Definitions (docs/statistics.md, "Per-phase breakdown"):
 - cycles = Δ``sglang:spec_verify_calls_total`` over the measured window; phase ms per cycle =
   Δ``forward_execution_seconds_total{category}`` / cycles (``eagle_draft``, ``eagle_draft_extend``,
   ``target_verify``), in the same time base as tok/s (a simulated node's time scale undone);
-- implied cycle = 1000 · τ / tok/s (τ and tok/s of the run's measured requests), other = implied − measured;
+- implied cycle = 1000 · τ / tok/s, computed per request as decode seconds / verify steps with τ = (output tokens − 1)
+  / verify steps (the first token is the prefill's) and pooled over the run's measured requests; other = implied −
+  measured;
 - verify share = verify / implied cycle; graph share of verify = ``decode_cuda_graph`` / (``decode_cuda_graph`` +
   ``decode_none``) passes under speculation;
 - baseline ms per decode step: measured Δ``{category="decode"}`` / decode passes, and implied 1000 / tok/s.
@@ -140,8 +142,19 @@ def run_phases(run: Run) -> RunPhases | None:
     g = pm.get("graph_passes") or {}
     graphed, plain = g.get("decode_cuda_graph", 0.0), g.get("decode_none", 0.0)
     return RunPhases(run.run_id, run.arm, cycles, fwd.get("eagle_draft", 0.0) * k,
-                     fwd.get("eagle_draft_extend", 0.0) * k, fwd["target_verify"] * k, 1000.0 * tau / tok_s,
+                     fwd.get("eagle_draft_extend", 0.0) * k, fwd["target_verify"] * k, implied_cycle_ms(run),
                      graphed / (graphed + plain) if graphed + plain else None)
+
+
+def implied_cycle_ms(run: Run) -> float:
+    """The cycle implied by the client's measurement: per request, tokens per cycle over the decode span
+    ((output tokens - 1) / verify steps: the first token comes from the prefill) / decode tok/s, pooled over the
+    run's measured requests as Σ decode seconds / Σ verify steps; τ / tok/s of the run when the requests lack counts."""
+    reqs = [r for r in run.measured if r.spec_verify_ct and r.output_tokens and r.output_tokens > 1 and r.decode_tok_s]
+    if reqs:
+        decode_s = sum((r.output_tokens - 1) / r.decode_tok_s for r in reqs)  # type: ignore[operator]
+        return 1000.0 * decode_s / sum(r.spec_verify_ct for r in reqs)  # type: ignore[misc]
+    return 1000.0 * (run.accept_len or 0.0) / (run.tok_s or float("inf"))
 
 
 def baseline_step(runs: list[Run]) -> tuple[float | None, float | None]:

@@ -119,11 +119,11 @@ def resolve_arm(exp: ExperimentSpec, arm: dict[str, Any], baseline: str = "basel
     env = overlay(exp.env, arm.get("env"))
     spec = _is_spec(server_args)
     timing = phase_timing_on(exp, spec)
-    if timing:      # the arm's own values win (an explicit enable_metrics: false stays)
-        for k, v in PHASE_TIMING_ARGS.items():
-            server_args.setdefault(k, v)
-        for k, v in PHASE_TIMING_ENV.items():
-            env.setdefault(k, v)
+    if timing:      # added last; the experiment's and the arm's own values win (false stays, null removes)
+        given_args = {**exp.server_args, **(arm.get("server_args") or {})}
+        given_env = {**exp.env, **(arm.get("env") or {})}
+        server_args.update({k: v for k, v in PHASE_TIMING_ARGS.items() if k not in given_args})
+        env.update({k: v for k, v in PHASE_TIMING_ENV.items() if k not in given_env})
     return ArmSpec(name=str(arm["name"]), server_args=server_args, env=env, is_baseline=not spec,
                baseline=baseline if spec else str(arm["name"]), matrix=dict(matrix or {}), phase_timing=timing)
 

@@ -89,6 +89,14 @@ def test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one(node: S
     assert dom["eagle3-nograph"].message.startswith("verify 29.") and "no CUDA graph in 100%" in \
         dom["eagle3-nograph"].message and "would move tau*" in dom["eagle3-nograph"].message
     assert "phase-accounting" not in {f.rule for f in found}
+    from specab.analysis import phases
+    ng = phases.analyse_phases(e).arms["eagle3-nograph"]
+    # against the default profile's own cycle (steps 2: 2 x 2.0 draft + 29.0 verify + 1.71 overhead = 34.71 ms):
+    # the device-timer phases and the cycle implied by tok/s and tau both land within 5 %
+    assert abs(ng.verify_ms.mean - 29.0) / 29.0 < 0.05 and abs(ng.draft_ms.mean - 4.0) / 4.0 < 0.05
+    assert abs(ng.implied_cycle_ms.mean - 34.71) / 34.71 < 0.05
+    assert abs(ng.measured_ms + 0.91 - ng.implied_cycle_ms.mean) / ng.implied_cycle_ms.mean < 0.05
+    assert ng.graph_share == 0.0 and 0.8 < ng.verify_share < 0.88
     found = [f for f in found if f.rule != "dominant-phase"]
     by_rule = {}
     for f in found:
