@@ -13,6 +13,7 @@ from typing import Callable
 from scipy import stats as scipy_stats
 
 from specab.config import defaults
+from specab.analysis import phases as phase_analysis
 from specab.analysis import specmodel
 from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, reason_names
 from specab.analysis.stats import ExperimentStats, analyse
@@ -422,6 +423,49 @@ def instance_outlier(exp: Experiment, ctx: Context) -> list[Finding]:
     return out
 
 
+def dominant_phase(exp: Experiment, ctx: Context) -> list[Finding]:
+    """Name the phase that takes most of each speculative arm's cycle, with its numbers (measured phases)."""
+    out = []
+    for name, a in phase_analysis.analyse_phases(exp).arms.items():
+        phase, ms = a.dominant()
+        cycle = a.implied_cycle_ms.mean
+        msg = f"{phase} {ms:.1f} ms of a {cycle:.1f} ms cycle ({ms / cycle:.0%})"
+        if phase == "verify" and a.graph_share is not None:
+            msg += f", no CUDA graph in {1 - a.graph_share:.0%} of verify passes"
+        evidence = [f"per cycle over {len(a.runs)} run(s): draft {a.draft_ms.mean:.2f} ms, draft-extend "
+                    f"{a.draft_extend_ms.mean:.2f} ms, verify {a.verify_ms.mean:.2f} ms, other {a.other_ms.mean:.2f} ms "
+                    f"(implied cycle = tau / tok/s)"]
+        tau_star = a.tau_star()
+        if tau_star is not None and a.baseline_step_ms:
+            msg += f"; break-even tau* {tau_star:.2f} (cycle / baseline step {a.baseline_step_ms:.2f} ms)"
+            if phase == "verify" and (a.graph_share or 0.0) < 0.5:
+                graphed = a.tau_star(a.baseline_step_ms)
+                msg += (f"; a graphed verify at ~{a.baseline_step_ms:.1f} ms (the baseline's graphed decode step) "
+                        f"would move tau* from {tau_star:.2f} to {graphed:.2f}")
+        out.append(Finding("dominant-phase", "info", msg + ".", evidence, name, [r.run_id for r in a.runs]))
+    return out
+
+
+def phase_accounting(exp: Experiment, ctx: Context) -> list[Finding]:
+    """Measured phases against the cycle implied by tok/s and tau: more than the cycle is impossible (window or
+    tau off); a large remainder is engine time outside the forward passes."""
+    out = []
+    for name, a in phase_analysis.analyse_phases(exp).arms.items():
+        cycle, measured = a.implied_cycle_ms.mean, a.measured_ms
+        if measured > cycle * (1 + phase_analysis.CONSISTENCY_TOL):
+            out.append(Finding("phase-accounting", "warning",
+                               f"measured forward phases {measured:.1f} ms exceed the implied cycle {cycle:.1f} ms "
+                               f"by {measured / cycle - 1:.0%}: the /metrics window or tau does not match the "
+                               f"measured requests (another client on the server? warm-up inside the window?).",
+                               [], name, [r.run_id for r in a.runs]))
+        elif a.other_ms.mean > cycle * phase_analysis.OTHER_SHARE_FINDING:
+            out.append(Finding("phase-accounting", "warning",
+                               f"{a.other_ms.mean:.1f} ms of the {cycle:.1f} ms cycle ({a.other_ms.mean / cycle:.0%}) "
+                               f"is outside the forward passes: engine overhead (scheduling, sampling, CPU work) "
+                               f"worth profiling (/start_profile).", [], name, [r.run_id for r in a.runs]))
+    return out
+
+
 RULES: dict[str, Rule] = {
     "verify-without-cuda-graph": verify_without_cuda_graph,
     "env-not-confirmed": env_not_confirmed,
@@ -433,6 +477,8 @@ RULES: dict[str, Rule] = {
     "baseline-drift": baseline_drift,
     "client-bottleneck": client_bottleneck,
     "instance-outlier": instance_outlier,
+    "dominant-phase": dominant_phase,
+    "phase-accounting": phase_accounting,
 }
 
 

@@ -165,6 +165,7 @@ class Run:
     time_scale: float = 1.0                  # simulated node: times were divided by this (already undone)
     ranks: list[Rank] = field(default_factory=list)   # a multi-node server's other ranks, by rank
     gpu_seconds: float | None = None         # what the run cost (store runs.gpu_seconds; None in older stores)
+    phase_metrics: dict | None = None        # phase_metrics.json: /metrics deltas over the measured window
 
     @property
     def ok(self) -> bool:
@@ -476,7 +477,7 @@ def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = Non
                server_args=server_args, env=env, requests=requests, log=log,
                env_check=env_check_from_json(ec) if ec else None, gpu_samples=samples, manifest=manifest,
                client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
-               run_dir=run_dir)
+               run_dir=run_dir, phase_metrics=_read_json(run_dir / "phase_metrics.json") or None)
 
 
 def is_finite(x: float | None) -> bool:
@@ -637,6 +638,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
         checks: dict[int, dict[str, dict]] = {}
         for c in store.env_checks():
             checks.setdefault(c["seq"], {})[c["host"]] = c["check"]
+        phase_files = store.phase_metrics()
     finally:
         store.close()
     arms = [Arm(name=a["name"], server_args=a.get("server_args") or {}, env=a.get("env") or {},
@@ -674,7 +676,8 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             env_check=env_check_from_json(check) if check else None,
             gpu_samples=samples.get(r["seq"], []), manifest=manifest or {}, ranks=ranks,
             client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
-            run_dir=run_dir, error=r.get("failure_reason"), gpu_seconds=_num(r.get("gpu_seconds"))))
+            run_dir=run_dir, error=r.get("failure_reason"), gpu_seconds=_num(r.get("gpu_seconds")),
+            phase_metrics=phase_files.get(r["seq"])))
     argv = e.get("argv") or []
     scales = sorted({r.time_scale for r in runs})
     return Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",

@@ -21,6 +21,7 @@ from typing import Any, Sequence, TextIO
 
 from specab.analysis import doctor
 from specab.analysis import economics
+from specab.analysis import phases
 from specab.analysis import specmodel
 from specab.analysis import stats
 from specab.analysis.model import Experiment, gc_paused, load_store
@@ -388,6 +389,30 @@ def _ci(d: stats.Dist, fmt: str = ".1f") -> str:
     return f"{format(d.ci.lo, fmt)}-{format(d.ci.hi, fmt)}"
 
 
+def _iv(iv: phases.Interval) -> str:
+    return f"{iv.mean:.2f}" + (f" ({iv.lo:.2f}-{iv.hi:.2f})" if iv.n > 1 else "")
+
+
+def plot_phases(ph: phases.PhaseReport) -> bytes:
+    """Stacked bar per speculative arm (draft, draft-extend, verify, other) with the baseline step beside it."""
+    plt = _plt()
+    names = list(ph.arms)
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(names) + 2), 4))
+    bottom = [0.0] * len(names)
+    for label, key, color in (("draft", "draft_ms", "#4c72b0"), ("draft-extend", "draft_extend_ms", "#8172b2"),
+                              ("verify", "verify_ms", "#c44e52"), ("other", "other_ms", "#999999")):
+        vals = [max(0.0, getattr(ph.arms[n], key).mean) for n in names]
+        ax.bar(names, vals, bottom=bottom, label=label, color=color)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    steps = [ph.arms[n].baseline_step_ms for n in names]
+    if any(steps):
+        ax.scatter(names, [s or 0 for s in steps], marker="_", s=900, color="black", zorder=3,
+                   label="baseline step")
+    ax.set_ylabel("ms per cycle")
+    ax.legend(fontsize=8)
+    return _fig_png(fig)
+
+
 def stopping_statement(exp: Experiment) -> str | None:
     if exp.target_ci is None:
         return None
@@ -496,6 +521,32 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     else:
         rep.add(Para("No speculative arm with measured tok/s, accept length and steps: nothing to model."))
 
+    # per-phase breakdown (measured)
+    ph = phases.analyse_phases(exp)
+    if exp.spec_arms:
+        rep.add(Heading("Where the cycle goes (measured)"))
+        if ph.arms:
+            rows = []
+            for name, a in ph.arms.items():
+                rows.append([name, str(len(a.runs)), _iv(a.draft_ms), _iv(a.draft_extend_ms), _iv(a.verify_ms),
+                             _iv(a.other_ms), _iv(a.implied_cycle_ms), f"{a.verify_share:.0%}",
+                             "-" if a.graph_share is None else f"{a.graph_share:.0%}",
+                             _f(a.baseline_step_ms, ".2f") + (f" (timer {a.baseline_step_measured_ms:.2f})"
+                                                              if a.baseline_step_measured_ms else ""),
+                             _f(a.tau_star(), ".2f"), f"{a.consistency:.0%}"])
+            rep.add(Para("ms per cycle from the engine's device timer (sglang:forward_execution_seconds_total by "
+                         "category over the measured window / verify calls); other = implied cycle (tau / tok/s) "
+                         "minus the measured phases; means with 95% intervals over runs. The baseline step is "
+                         "1000 / tok/s (its device-timer decode ms per step where measured)."),
+                    Table(["arm", "runs", "draft ms", "draft-extend ms", "verify ms", "other ms", "cycle ms",
+                           "verify share", "graph share of verify", "baseline step ms", "tau*", "measured / cycle"],
+                          rows))
+        for name, why in ph.unavailable.items():
+            rep.add(Para(f"{name}: per-phase breakdown {why}."))
+    if plots and ph.arms:
+        rep.add(Image("cycle_phases.png", "per-phase ms per cycle, per arm, against the baseline step",
+                      plot_phases(ph)))
+
     # drift
     rep.add(Heading("Drift"), Para(st.drift.message))
 
@@ -529,7 +580,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         rep.add(Table(["arm", "restarts", "GPU-minutes"],
                       [[a, str(spent.restarts_per_arm[a]), f"{g / 60:.1f}"] for a, g in spent.per_arm.items()]))
     rep.summary.extend(cost)
-    rep.data = {"stats": st.to_dict(), "model": model.to_dict() if model else None,
+    rep.data = {"stats": st.to_dict(), "model": model.to_dict() if model else None, "phases": ph.to_dict(),
                 "findings": [f.to_dict() for f in findings], "summary": rep.summary, "cost": spent.to_dict()}
     return rep
 

@@ -305,7 +305,8 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
             i += 1
         if name != arm.name:
             arm = ArmSpec(name=name, server_args=arm.server_args, env=arm.env, is_baseline=arm.is_baseline,
-                      baseline=name if arm.is_baseline else arm.baseline, matrix=arm.matrix)
+                      baseline=name if arm.is_baseline else arm.baseline, matrix=arm.matrix,
+                      phase_timing=arm.phase_timing)
         names.add(name)
         signatures[sig] = name
         arms.append(arm)
@@ -343,7 +344,7 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
                 aname = f"{aname}-{suffix}"
             aname = _fit(aname)
             add(ArmSpec(name=aname, server_args=adjusted, env=resolved.env, is_baseline=False, baseline=bname,
-                    matrix=resolved.matrix))
+                    matrix=resolved.matrix, phase_timing=resolved.phase_timing))
     typed = sorted({f"arm {a.name}: {p}" for a in arms for k, v in a.server_args.items()
                     if (p := engine_args.type_problem(k, v))})
     if typed:       # a value the engine's argparse would refuse: every run of the arm would fail at its launch

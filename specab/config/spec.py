@@ -26,7 +26,12 @@ DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "default.yml"
 EXPERIMENT_KEYS = {"name", "description", "model_path", "server_args", "env", "arms", "bench", "timeouts"}
 ARM_KEYS = {"name", "description", "server_args", "env"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
-              "seed", "timeout_s", "model", "max_tokens", "dataset"}
+              "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing"}
+PHASE_TIMING_VALUES = ("auto", True, False)
+# what phase timing sets on an arm (shared/reference/engines-2026.md A5): the server's /metrics and, in SGLang
+# 0.5.23, the device timer that splits forward time into eagle_draft / eagle_draft_extend / target_verify
+PHASE_TIMING_ARGS = {"enable_metrics": True}
+PHASE_TIMING_ENV = {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}
 TIMEOUT_KEYS = {"ready_s", "stop_grace_s", "gpu_free_s"}
 BENCH_APIS = {"generate", "completions", "chat"}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -48,6 +53,7 @@ class ArmSpec:
     # server_args in the node engine's spelling (specab/node/engines.py spell_args), set by the driver once
     # the node's `--help` is known; None: launch with the experiment's names
     node_args: dict[str, Any] | None = None
+    phase_timing: bool = False          # bench.phase_timing put --enable-metrics and the device timer on it
 
     def to_extravar(self) -> dict[str, Any]:
         args = self.server_args if self.node_args is None else self.node_args
@@ -57,7 +63,8 @@ class ArmSpec:
         """The arm as stored and printed: secret-named env vars and server args (``api_key``) redacted."""
         return {"name": self.name, "server_args": redact_env(self.server_args) if redact else dict(self.server_args),
                 "env": redact_env(self.env) if redact else dict(self.env),
-                "is_baseline": self.is_baseline, "baseline": self.baseline, "matrix": dict(self.matrix)}
+                "is_baseline": self.is_baseline, "baseline": self.baseline, "matrix": dict(self.matrix),
+                "phase_timing": self.phase_timing}
 
 
 @dataclass(frozen=True)
@@ -111,8 +118,20 @@ def resolve_arm(exp: ExperimentSpec, arm: dict[str, Any], baseline: str = "basel
     server_args["model_path"] = exp.model_path
     env = overlay(exp.env, arm.get("env"))
     spec = _is_spec(server_args)
+    timing = phase_timing_on(exp, spec)
+    if timing:      # added last; the experiment's and the arm's own values win (false stays, null removes)
+        given_args = {**exp.server_args, **(arm.get("server_args") or {})}
+        given_env = {**exp.env, **(arm.get("env") or {})}
+        server_args.update({k: v for k, v in PHASE_TIMING_ARGS.items() if k not in given_args})
+        env.update({k: v for k, v in PHASE_TIMING_ENV.items() if k not in given_env})
     return ArmSpec(name=str(arm["name"]), server_args=server_args, env=env, is_baseline=not spec,
-               baseline=baseline if spec else str(arm["name"]), matrix=dict(matrix or {}))
+               baseline=baseline if spec else str(arm["name"]), matrix=dict(matrix or {}), phase_timing=timing)
+
+
+def phase_timing_on(exp: ExperimentSpec, speculative: bool) -> bool:
+    """bench.phase_timing (default roles/specab specab_bench_phase_timing): auto = speculative arms only."""
+    mode = exp.bench.get("phase_timing", defaults.get("specab_bench_phase_timing"))
+    return speculative if mode == "auto" else bool(mode)
 
 
 def _check_value(value: Any, where: str) -> None:
@@ -220,6 +239,9 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
     if "api" in bench and bench["api"] not in BENCH_APIS:
         raise ConfigError(f"{where}{key_line(root, base + ('bench', 'api'))}: bench.api must be one of "
                           f"{', '.join(sorted(BENCH_APIS))}, got {bench['api']!r}.")
+    if "phase_timing" in bench and bench["phase_timing"] not in PHASE_TIMING_VALUES:
+        raise ConfigError(f"{where}{key_line(root, base + ('bench', 'phase_timing'))}: bench.phase_timing must be "
+                          f"auto, true or false, got {bench['phase_timing']!r}.")
     for k in ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed"):
         if k in bench and (not isinstance(bench[k], int) or isinstance(bench[k], bool) or bench[k] < 0):
             raise ConfigError(f"{where}{key_line(root, base + ('bench', k))}: bench.{k} must be a "

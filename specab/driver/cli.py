@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="export an experiment's results")
     export.add_argument("experiment", help="experiment id (under --runs-dir) or directory")
     export.add_argument("--format", choices=("csv", "json"), default="json")
-    export.add_argument("--table", choices=("requests", "runs", "arms", "plan", "phases", "gpu_samples"),
+    export.add_argument("--table", choices=("requests", "runs", "arms", "plan", "phases", "gpu_samples",
+                                                 "phase_metrics"),
                         default="requests", help="with --format csv: which table (default requests)")
     export.add_argument("--runs-dir", metavar="DIR")
     export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
@@ -311,11 +312,13 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
                 json.dump({"experiment": s.experiment(), "arms": s.arms(), "plan": s.plan(), "runs": s.runs(),
                            "phases": s.phases(), "requests": s.requests(include_warmup=True),
                            "gpu_samples": s.gpu_samples(), "manifests": s.manifests(),
-                           "env_checks": s.env_checks()}, dest, indent=1, default=str)
+                           "env_checks": s.env_checks(), "phase_metrics": _phase_metric_rows(s)},
+                          dest, indent=1, default=str)
                 dest.write("\n")
             else:
                 rows = {"requests": lambda: _request_rows(s), "runs": s.runs, "arms": s.arms, "plan": s.plan,
-                        "phases": s.phases, "gpu_samples": s.gpu_samples}[args.table]()
+                        "phases": s.phases, "gpu_samples": s.gpu_samples,
+                        "phase_metrics": lambda: _phase_metric_rows(s)}[args.table]()
                 if rows:
                     w = csv.DictWriter(dest, fieldnames=list(rows[0].keys()))
                     w.writeheader()
@@ -325,6 +328,24 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
             if args.output:
                 dest.close()
     return 0
+
+
+def _phase_metric_rows(s: st.Store) -> list[dict[str, Any]]:
+    """One row per run with phase_metrics.json (docs/results.md): its /metrics deltas, flattened."""
+    runs = {r["seq"]: r for r in s.runs()}
+    out = []
+    for seq, pm in sorted(s.phase_metrics().items()):
+        r = runs.get(seq, {})
+        row: dict[str, Any] = {"seq": seq, "run_id": r.get("run_id"), "arm": r.get("arm"), "block": r.get("block"),
+                               "available": pm.get("available"), "reason": pm.get("reason"),
+                               "window_s": pm.get("window_s"), "spec_verify_calls": pm.get("spec_verify_calls"),
+                               "generation_tokens": pm.get("generation_tokens")}
+        for cat in ("eagle_draft", "eagle_draft_extend", "target_verify", "decode", "extend"):
+            row[f"forward_s.{cat}"] = (pm.get("forward_s") or {}).get(cat)
+        for mode in ("decode_cuda_graph", "decode_none"):
+            row[f"graph_passes.{mode}"] = (pm.get("graph_passes") or {}).get(mode)
+        out.append(row)
+    return out
 
 
 def _request_rows(s: st.Store) -> list[dict[str, Any]]:

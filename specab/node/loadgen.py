@@ -9,7 +9,10 @@ library and keeps to Python 3.8 syntax. Usage (the contract in docs/architecture
         --out bench.jsonl --summary bench_summary.json
 
 It writes one bench.jsonl line per request as soon as the request finishes (warm-up requests are
-marked ``"warmup": true``), then the summary JSON. Exit 0 when every measured request succeeded,
+marked ``"warmup": true``), then the summary JSON. With ``--phase-metrics FILE`` it scrapes the server's
+``/metrics`` just before the first and just after the last measured request and writes the deltas of the
+per-phase timing counters there (phasemetrics.py; ``"available": false`` with the reason when the server
+has no metrics); a failed scrape never fails the benchmark. Exit 0 when every measured request succeeded,
 1 otherwise (the records written so far are kept), 2 on bad usage.
 
 Token accounting per streamed chunk (one SSE ``data:`` event):
@@ -42,9 +45,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 if __package__:                 # imported as specab.node.loadgen (the controller, tests)
-    from specab.node import engines
+    from specab.node import engines, phasemetrics
 else:                           # a sibling script in <node_dir>/bin
     import engines  # type: ignore[no-redef]
+    import phasemetrics  # type: ignore[no-redef]
 
 APIS = ("generate", "completions", "chat")
 API_PATHS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -423,6 +427,7 @@ class BenchConfig:
     summary: Optional[str] = "bench_summary.json"
     timeout: float = 600.0
     model: Optional[str] = None
+    phase_metrics: Optional[str] = None     # phase_metrics.json path: scrape /metrics around the measured window
 
     def validate(self) -> None:
         if self.api not in APIS:
@@ -542,6 +547,58 @@ def discover_model(target: Target, timeout: float) -> Optional[str]:
         conn.close()
 
 
+def scrape_metrics(target: Target, timeout: float = 10.0) -> str:
+    """GET /metrics as text; raises OSError (or http.client errors) with the status in the message."""
+    conn = target.connect(timeout)
+    try:
+        conn.request("GET", target.base_path + "/metrics")
+        resp = conn.getresponse()
+        body = resp.read().decode("utf-8", "replace")
+        if resp.status != 200:
+            raise OSError("GET /metrics answered %d%s" % (
+                resp.status, " (the server runs without --enable-metrics)" if resp.status == 404 else ""))
+        return body
+    finally:
+        conn.close()
+
+
+class _PhaseWindow(object):
+    """The two /metrics scrapes around the measured requests and the phase_metrics.json they make."""
+
+    def __init__(self, target: Target, path: str) -> None:
+        self.target, self.path = target, path
+        self.before = None  # type: Optional[str]
+        self.error = None  # type: Optional[str]
+        self.t0 = self.at0 = 0.0
+
+    def start(self) -> None:
+        self.at0, self.t0 = time.time(), time.perf_counter()
+        try:
+            self.before = scrape_metrics(self.target)
+        except (OSError, http.client.HTTPException) as exc:
+            self.error = "before the measured requests: %s" % exc
+
+    def finish(self) -> Dict[str, Any]:
+        window = time.perf_counter() - self.t0
+        res = None  # type: Optional[Dict[str, Any]]
+        if self.error is None and self.before is not None:
+            try:
+                after = scrape_metrics(self.target)
+                res = phasemetrics.result(self.before, after, window, self.at0, time.time())
+            except (OSError, http.client.HTTPException) as exc:
+                self.error = "after the measured requests: %s" % exc
+            except phasemetrics.MetricsParseError as exc:
+                self.error = "unreadable /metrics: %s" % exc
+        if res is None:
+            res = phasemetrics.unavailable(self.error or "not scraped")
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(res, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        os.replace(tmp, self.path)
+        return res
+
+
 def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> Dict[str, Any]:
     """Run warm-up then measured requests; write cfg.out (and cfg.summary); return the summary."""
     cfg.validate()
@@ -559,11 +616,18 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
             log("warm-up: %d request(s)" % len(warm_prompts))
             _run_phase(cfg, target, warm_prompts, True, recorder)
         log("measuring: %d request(s) at concurrency %d" % (len(prompts), cfg.concurrency))
+        window = _PhaseWindow(target, cfg.phase_metrics) if cfg.phase_metrics else None
+        if window is not None:
+            window.start()
         cpu0 = time.process_time()
         t0 = time.perf_counter()
         _run_phase(cfg, target, prompts, False, recorder)
         duration = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
+        if window is not None:
+            phases = window.finish()
+            log("phase metrics: %s" % ("categories " + ", ".join(phases["categories"]) if phases.get("available")
+                                       else "not available (%s)" % phases.get("reason")))
     summary = summarize(cfg, recorder.records, duration, cpu, data_hash)
     if cfg.summary:
         tmp = cfg.summary + ".tmp"
@@ -588,10 +652,13 @@ def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
     ap.add_argument("--summary", default="bench_summary.json")
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
     ap.add_argument("--model", default=None, help="model name for the OpenAI APIs (default: /v1/models)")
+    ap.add_argument("--phase-metrics", default=None, metavar="FILE",
+                    help="scrape /metrics before and after the measured requests, write the deltas here")
     ns = ap.parse_args(argv)
     return BenchConfig(url=ns.url, api=ns.api, num_requests=ns.num_requests, warmup=ns.warmup,
                        input_len=ns.input_len, output_len=ns.output_len, concurrency=ns.concurrency,
-                       seed=ns.seed, out=ns.out, summary=ns.summary, timeout=ns.timeout, model=ns.model)
+                       seed=ns.seed, out=ns.out, summary=ns.summary, timeout=ns.timeout, model=ns.model,
+                       phase_metrics=ns.phase_metrics)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -479,7 +479,8 @@ class RunSteps(object):
                        "--output-len", str(int(b.get("output_len", 256))),
                        "--concurrency", str(int(b.get("concurrency", 1))), "--seed", str(int(b.get("seed", 1))),
                        "--timeout", str(b.get("timeout_s", 600)),
-                       "--out", e.path("bench.jsonl"), "--summary", e.path("bench_summary.json")]
+                       "--out", e.path("bench.jsonl"), "--summary", e.path("bench_summary.json"),
+                       "--phase-metrics", e.path("phase_metrics.json")]
         if b.get("model") is not None:
             client_argv += ["--model", str(b["model"])]
         self.sampler.release("gpusample.py", ["--smi", json.dumps(e.smi), "--gpus", e.gpus,

@@ -593,5 +593,18 @@ class Store:
             m["check"] = json.loads(m.pop("check_json"))
         return out
 
+    def phase_metrics(self) -> dict[int, dict[str, Any]]:
+        """seq -> phase_metrics.json of its first host (a run file, docs/results.md); {} for stores without any."""
+        out: dict[int, dict[str, Any]] = {}
+        for seq, content in self.conn.execute(
+                "SELECT seq, content FROM run_files WHERE name = 'phase_metrics.json' ORDER BY seq, host"):
+            try:
+                val = json.loads(content)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(val, dict):
+                out.setdefault(seq, val)
+        return out
+
     def files(self, seq: int) -> dict[str, str]:
         return {r["name"]: r["content"] for r in self._rows("SELECT name, content FROM run_files WHERE seq=?", (seq,))}

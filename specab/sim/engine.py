@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from specab.sim.loadplan import Capacity
+from specab.sim.profiler import Profiler
 from specab.sim import versions
 from specab.sim.simlog import SimLogger
 from specab.sim.throttle import Throttle
@@ -111,6 +112,16 @@ class EngineStats:
     finished_requests: int = 0
     schedule_lag_max_s: float = 0.0   # how far (wall s) steps ended after their scheduled time
     schedule_resets: int = 0          # times the schedule was restarted after falling > 0.5 s behind
+    # SGLang 0.5.23 device timer: wall seconds of forward passes per category (extend, decode, eagle_draft,
+    # eagle_draft_extend, target_verify) and forward passes per CUDA-graph mode (engines-2026.md A5)
+    forward_s: dict[str, float] = field(default_factory=dict)
+    graph_passes: dict[str, int] = field(default_factory=dict)
+
+    def add_forward(self, category: str, seconds: float) -> None:
+        self.forward_s[category] = self.forward_s.get(category, 0.0) + seconds
+
+    def add_pass(self, mode: str) -> None:
+        self.graph_passes[mode] = self.graph_passes.get(mode, 0) + 1
 
 
 class Engine:
@@ -147,6 +158,7 @@ class Engine:
         self._win_start = time.monotonic()
         self._last_prefill = time.monotonic()
         self._last_graph = True
+        self.profiler: Optional[Profiler] = None
 
     # ----- requests
     def submit(self, prompt: list[str] | tuple[str, ...], max_new_tokens: int, ignore_eos: bool,
@@ -304,8 +316,13 @@ class Engine:
             self._cache.append(r.prompt)
         running_before = len(self.running)
         dt = self.timing.prefill_s(new_tokens, self._t_sim(), random.Random(f"prefill:{self.seed}:{self._n}"))
-        next_t += dt * self.slowdown() / self.scale
+        wall = dt * self.slowdown() / self.scale
+        next_t += wall
         await self._sleep_until(next_t)
+        self.stats.add_forward("extend", wall)
+        self.stats.add_pass("prefill_none")
+        if self.profiler is not None:
+            self.profiler.record_extend(len(batch), new_tokens, time.time() - wall, wall)
         elapsed = max(1e-9, time.monotonic() - self._last_prefill)
         self._last_prefill = time.monotonic()
         usage = (self._num_used() + sum(r.prompt_tokens for r in batch)) / max(1, self.cap.max_total_num_tokens)
@@ -341,11 +358,13 @@ class Engine:
         speed = sum(r.speed for r in self.running) / bs
         rng = self.running[0].rng
         dt = self.timing.step_s(bs, self._t_sim(), rng, request_speed=speed)
-        next_t += dt * self.slowdown() / self.scale
+        wall = dt * self.slowdown() / self.scale
+        next_t += wall
         await self._sleep_until(next_t)
         graph = self.timing.graph_used(bs)
         self._last_graph = graph
         spec = self.timing.speculative
+        self._account_forward(bs, wall, graph)
         done: list[GenRequest] = []
         for r in list(self.running):
             if r.aborted:
@@ -373,6 +392,32 @@ class Engine:
             self.running.remove(r)
             self._finish(r)
         return next_t
+
+    def _account_forward(self, bs: int, wall: float, graph: bool) -> None:
+        """The device timer's view of one decode step or speculative cycle (wall seconds per category)."""
+        shares = None
+        if self.timing.speculative:
+            shares = self.timing.nominal_spec_phases_ms(bs).shares()
+            for cat in ("eagle_draft", "eagle_draft_extend", "target_verify"):
+                self.stats.add_forward(cat, wall * shares[cat])
+        else:
+            self.stats.add_forward("decode", wall)
+        self.stats.add_pass("decode_cuda_graph" if graph else "decode_none")   # the target's forward
+        if self.profiler is not None and self.profiler.record_decode(bs, time.time() - wall, wall, shares):
+            self.finish_profile()
+
+    def finish_profile(self) -> Optional[str]:
+        """Write the profile in progress (if any); returns its path."""
+        prof, self.profiler = self.profiler, None
+        if prof is None:
+            return None
+        try:
+            path = prof.write()
+        except OSError as exc:
+            self.log.warning(f"specab.sim: cannot write the profile {prof.path}: {exc}")
+            return None
+        self.log.info(f"specab.sim: profile of {prof.steps} steps written to {path}")
+        return str(path)
 
     def _log_decode(self, graph: bool) -> None:
         now = time.monotonic()

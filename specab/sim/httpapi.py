@@ -1,12 +1,14 @@
 """HTTP endpoints of the simulated SGLang server (aiohttp), same paths, statuses and JSON as SGLang 0.5.x.
 
 /health, /health_generate, /get_server_info, /server_info, /get_model_info, /model_info, /v1/models,
-/generate (SSE stream or JSON), /v1/completions, /v1/chat/completions, /flush_cache, /metrics.
+/generate (SSE stream or JSON), /v1/completions, /v1/chat/completions, /flush_cache, /metrics,
+/start_profile, /stop_profile.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from specab.sim.args import ServerArgs
 from specab.sim import versions
 from specab.sim.engine import Engine, GenRequest, count_prompt_tokens
 from specab.sim.loadplan import Capacity
+from specab.sim.profiler import Profiler, ProfileRequestError
 from specab.sim.simlog import SimLogger
 
 HEALTH_CHECK_TIMEOUT_S = 20.0
@@ -84,6 +87,10 @@ class Api:
         r.add_route("GET", "/flush_cache", self.flush_cache)
         r.add_route("POST", "/flush_cache", self.flush_cache)
         r.add_get("/metrics", self.metrics)
+        r.add_route("GET", "/start_profile", self.start_profile)
+        r.add_route("POST", "/start_profile", self.start_profile)
+        r.add_route("GET", "/stop_profile", self.stop_profile)
+        r.add_route("POST", "/stop_profile", self.stop_profile)
         return app
 
     @web.middleware
@@ -395,19 +402,44 @@ class Api:
             raise
         return resp
 
+    # ----- profiling (engines-2026.md A6; sglang.md /start_profile)
+    async def start_profile(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        eng = self.s.engine
+        if eng.profiler is not None:
+            return web.Response(status=400, text="Profiling is already in progress. Call /stop_profile first.\n")
+        try:
+            eng.profiler = Profiler.from_request(body, os.environ,
+                                                 phase_spans=versions.current().name != "0.5.9")
+        except ProfileRequestError as exc:
+            return web.Response(status=400, text=f"{exc}\n")
+        return web.Response(text="Start profiling.\n")
+
+    async def stop_profile(self, request: web.Request) -> web.Response:
+        self.s.engine.finish_profile()
+        return web.Response(text="Stop profiling. This will take some time.\n")
+
     # ----- metrics
     async def metrics(self, request: web.Request) -> web.Response:
         if not self.s.args.enable_metrics:
             return web.Response(status=404, text="Not Found")
         eng = self.s.engine
-        labels = (f'model_name="{self.s.args.served_model_name}",engine_type="unified",'
-                  f'tp_rank="0",pp_rank="0"')
+        new = versions.current().name != "0.5.9"
+        model = f'model_name="{self.s.args.served_model_name}",engine_type="unified"'
+        labels = f'{model},tp_rank="0",pp_rank="0"'
+        sched = f'{model},moe_ep_rank="0",pp_rank="0",tp_rank="0"'    # scheduler metrics (0.5.17 probe)
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, value: float) -> None:
             lines.append(f"# HELP {name} {help_text}")
             lines.append(f"# TYPE {name} {kind}")
             lines.append(f"{name}{{{labels}}} {float(value)}")
+
+        def family(name: str, help_text: str, label: str, values: dict[str, float]) -> None:
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} counter")
+            for key, value in values.items():
+                lines.append(f'{name}{{{label}="{key}",{sched}}} {float(value)}')
 
         metric("sglang:num_running_reqs", "gauge", "The number of running requests.", len(eng.running))
         metric("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", len(eng.waiting))
@@ -422,8 +454,15 @@ class Api:
                eng.stats.generation_tokens_total)
         metric("sglang:num_requests_total", "counter", "Number of requests processed.",
                eng.stats.num_requests_total)
-        metric("sglang:spec_verify_calls_total", "counter", "Number of speculative verify calls.",
-               eng.stats.spec_verify_calls_total)
+        if new:     # 0.5.23 only (engines-2026.md A5)
+            metric("sglang:spec_verify_calls_total", "counter", "Number of speculative verify calls.",
+                   eng.stats.spec_verify_calls_total)
+            family("sglang:cuda_graph_passes_total", "Total number of forward passes categorized by CUDA graph.",
+                   "mode", dict(eng.stats.graph_passes))
+            if eng.timing.env.get("SGLANG_ENABLE_METRICS_DEVICE_TIMER") == "1":
+                family("sglang:forward_execution_seconds_total",
+                       "Total time that GPU is busy executing model forward passes. Refer to ForwardMode for "
+                       "category labels.", "category", dict(eng.stats.forward_s))
         return web.Response(text="\n".join(lines) + "\n",
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 

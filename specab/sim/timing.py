@@ -10,7 +10,8 @@ Model (docs/simulator.md "Timing model"):
   cannot use a CUDA graph (``--disable-cuda-graph`` or ``bs > cuda_graph_max_bs``), else 1.
 - speculative cycle: ``(steps * draft_step_ms * graph + verify_ms * vgraph + overhead_ms) * (1 + spec.bs_slope*(bs-1))
   * nccl / speed`` with ``verify_ms = verify_base_ms + verify_per_token_ms * num_draft_tokens``; ``vgraph`` =
-  ``verify_graph_factor`` only when the profile's verify runs with a CUDA graph.
+  ``verify_graph_factor`` only when the profile's verify runs with a CUDA graph. ``draft_extend_ms`` is the
+  GPU part of ``overhead_ms`` (``nominal_spec_phases_ms`` splits a cycle into the device-timer categories).
 - tokens per verify step = 1 (bonus) + accepted drafts, accepted drafts drawn from the per-position
   conditional acceptance (topk > 1 widens each position to ``1-(1-a)^topk``), or from
   ``SGLANG_SIMULATE_ACC_LEN`` (normal around it, sd 1, rounded, clamped to [1, steps+1]).
@@ -90,6 +91,25 @@ class SimulatedRequest:
     verify_ct: int           # verify steps (0 without speculation)
     decode_tok_s: float      # (output_tokens - 1) / decode_s
     accept_len: Optional[float]  # output_tokens / verify_ct, as SGLang's spec_accept_length
+
+
+@dataclass(frozen=True)
+class CyclePhases:
+    """Nominal ms of one speculative cycle per phase; ``other_ms`` is CPU time outside the forward passes."""
+    draft_ms: float
+    draft_extend_ms: float
+    verify_ms: float
+    other_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.draft_ms + self.draft_extend_ms + self.verify_ms + self.other_ms
+
+    def shares(self) -> dict[str, float]:
+        """Share of the cycle per device-timer category (and ``other``), summing to 1."""
+        t = self.total_ms
+        return {"eagle_draft": self.draft_ms / t, "eagle_draft_extend": self.draft_extend_ms / t,
+                "target_verify": self.verify_ms / t, "other": self.other_ms / t}
 
 
 @dataclass
@@ -173,15 +193,22 @@ class TimingModel:
         graph = 1.0 if self.graph_used(bs) else d.no_graph_factor
         return d.step_ms * (1.0 + d.bs_slope * (max(1, bs) - 1)) * graph * self.nccl / 1000.0
 
-    def nominal_spec_cycle_s(self, bs: int = 1) -> float:
+    def nominal_spec_phases_ms(self, bs: int = 1) -> "CyclePhases":
+        """One speculative cycle split into its phases (nominal ms, no jitter or speed): what SGLang 0.5.23's
+        device timer reports per category (eagle_draft, eagle_draft_extend, target_verify) and the CPU rest."""
         s = self.profile.spec
         draft_graph = 1.0 if not (self.args.disable_cuda_graph or bs > self.cuda_graph_max_bs) \
             else self.profile.decode.no_graph_factor
         verify = s.verify_base_ms + s.verify_per_token_ms * self.draft_tokens
         if self.graph_used(bs):
             verify *= s.verify_graph_factor
-        cycle = self.steps * s.draft_step_ms * draft_graph + verify + s.overhead_ms
-        return cycle * (1.0 + s.bs_slope * (max(1, bs) - 1)) * self.nccl / 1000.0
+        extend = min(s.draft_extend_ms, s.overhead_ms)
+        k = (1.0 + s.bs_slope * (max(1, bs) - 1)) * self.nccl
+        return CyclePhases(draft_ms=self.steps * s.draft_step_ms * draft_graph * k, draft_extend_ms=extend * k,
+                           verify_ms=verify * k, other_ms=(s.overhead_ms - extend) * k)
+
+    def nominal_spec_cycle_s(self, bs: int = 1) -> float:
+        return self.nominal_spec_phases_ms(bs).total_ms / 1000.0
 
     def step_s(self, bs: int, t_sim_s: float, rng: Optional[random.Random] = None,
                request_speed: float = 1.0) -> float:

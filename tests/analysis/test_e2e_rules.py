@@ -254,6 +254,25 @@ def test_a_drifting_node_provokes_baseline_drift(nodes, tmp_path: Path):
     assert len(drift) == 1 and "drifted -" in drift[0].message, st.drift.message
     assert st.drift.beyond_noise and st.drift.slope_per_hour < 0 and len(st.drift.points) == 5
     assert not {"gpu-throttled", "client-bottleneck", "nccl-untuned-baseline-slow"} & set(by), by.keys()
+    # a baseline-only experiment: no cycle to split, the phase rules stay silent
+    assert not {"dominant-phase", "phase-accounting"} & set(by), by.keys()
+
+
+@slow
+def test_engine_time_outside_the_forward_passes_is_a_finding(nodes, tmp_path: Path):
+    """A node whose cycle carries 12 ms of CPU work outside the forwards: the measured phases fall short of the
+    cycle implied by tok/s and tau, and phase-accounting names the remainder."""
+    node = nodes("overhead")
+    slow_cpu = profile(tmp_path, "cpu-overhead", spec={"overhead_ms": 12.8, "draft_extend_ms": 0.8})
+    exp = write_experiment(node, "overhead", [{"name": "baseline"}, {"name": "eagle3", "server_args": SPEC}],
+                           num_requests=4)
+    hv = host_vars(node)
+    hv["specab_node_env"] = {**node.node_env(), "SPECAB_SIM_PROFILE": str(slow_cpu)}
+    e = run(node, exp, node.write_inventory(hv), 1)
+    by = findings(e)
+    acc = by.get("phase-accounting", [])
+    assert [f.arm for f in acc] == ["eagle3"], by.keys()
+    assert "outside the forward passes" in acc[0].message and "12." in acc[0].message, acc[0].message
 
 
 @slow
@@ -289,6 +308,10 @@ def test_a_cpu_starved_client_is_the_bottleneck(nodes, tmp_path: Path):
 # Where each rule of doctor.RULES fires through the simulator, and where it is shown silent on real
 # simulated data with its evidence present (docs/analysis.md has the same table in words).
 COVERAGE = {
+    "dominant-phase": ("test_e2e_sim::test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one",
+                       "test_e2e_rules::test_a_drifting_node_provokes_baseline_drift"),
+    "phase-accounting": ("test_e2e_rules::test_engine_time_outside_the_forward_passes_is_a_finding",
+                         "test_e2e_sim::test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one"),
     "verify-without-cuda-graph": ("test_e2e_sim::test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one",
                                   "test_e2e_sim::test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one"),
     "accept-below-break-even": ("test_e2e_sim::test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one",

@@ -82,6 +82,22 @@ def test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one(node: S
     assert st.arms["eagle3-graph"].cuda_graph_share == 1.0
     assert st.arms["eagle3-nograph"].tok_s_run.median < base < st.arms["eagle3-graph"].tok_s_run.median
     found = doctor.diagnose(e, st, doctor.DoctorConfig(usual_baseline_tok_s=82.2))
+    # the measured phases (0.5.23 device timer, on by default for speculative arms): verify dominates the
+    # no-graph arm with the seed's numbers; the graphed arm's verify is shorter; the accounting is consistent
+    dom = {f.arm: f for f in found if f.rule == "dominant-phase"}
+    assert set(dom) == {"eagle3-nograph", "eagle3-graph"}, found
+    assert dom["eagle3-nograph"].message.startswith("verify 29.") and "no CUDA graph in 100%" in \
+        dom["eagle3-nograph"].message and "would move tau*" in dom["eagle3-nograph"].message
+    assert "phase-accounting" not in {f.rule for f in found}
+    from specab.analysis import phases
+    ng = phases.analyse_phases(e).arms["eagle3-nograph"]
+    # against the default profile's own cycle (steps 2: 2 x 2.0 draft + 29.0 verify + 1.71 overhead = 34.71 ms):
+    # the device-timer phases and the cycle implied by tok/s and tau both land within 5 %
+    assert abs(ng.verify_ms.mean - 29.0) / 29.0 < 0.05 and abs(ng.draft_ms.mean - 4.0) / 4.0 < 0.05
+    assert abs(ng.implied_cycle_ms.mean - 34.71) / 34.71 < 0.05
+    assert abs(ng.measured_ms + 0.91 - ng.implied_cycle_ms.mean) / ng.implied_cycle_ms.mean < 0.05
+    assert ng.graph_share == 0.0 and 0.8 < ng.verify_share < 0.88
+    found = [f for f in found if f.rule != "dominant-phase"]
     by_rule = {}
     for f in found:
         by_rule.setdefault(f.rule, []).append(f)
@@ -103,7 +119,7 @@ def test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one(node: S
     # the driver wrote the report at the end of the experiment
     md = (d / "report.md").read_text()
     assert "verify-without-cuda-graph" in md and (d / "report.html").is_file()
-    assert len(list((d / "report").glob("*.png"))) == 5
+    assert len(list((d / "report").glob("*.png"))) == 6     # + cycle_phases.png
 
 
 def test_env_not_applied_in_the_workers_is_reported(node: SimNode):

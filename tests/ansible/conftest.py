@@ -58,6 +58,11 @@ def resolved_arm(exp: dict[str, Any], index: int) -> dict[str, Any]:
     arm = exp["arms"][index]
     args = {"model_path": exp["model_path"], **exp["server_args"], **(arm.get("server_args") or {})}
     env = {**exp["env"], **(arm.get("env") or {})}
+    # bench.phase_timing (default auto: speculative arms) adds the metrics flag and the device timer, last
+    mode = (exp.get("bench") or {}).get("phase_timing", "auto")
+    if (mode == "auto" and args.get("speculative_algorithm")) or (mode != "auto" and mode):
+        args.setdefault("enable_metrics", True)
+        env.setdefault("SGLANG_ENABLE_METRICS_DEVICE_TIMER", "1")
     return {"name": arm["name"], "server_args": {k: v for k, v in args.items() if v is not None},
             "env": {k: v for k, v in env.items() if v is not None}}
 

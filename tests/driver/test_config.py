@@ -100,3 +100,19 @@ def test_inventory_errors_and_merge(write):
 def test_redaction():
     assert redact_env({"HF_TOKEN": "hf_x", "MY_API_KEY": "k", "DB_PASSWORD_X": "p", "NCCL_PROTO": "LL"}) == \
         {"HF_TOKEN": "<redacted>", "MY_API_KEY": "<redacted>", "DB_PASSWORD_X": "<redacted>", "NCCL_PROTO": "LL"}
+
+
+def test_phase_timing_auto_turns_on_metrics_and_the_device_timer_for_speculative_arms_only():
+    from specab.config.matrix import build_arms
+    from specab.config.spec import load_experiment
+    exp = load_experiment()
+    arms = {a.name: a for a in build_arms(exp, []).arms}
+    spec = [a for a in arms.values() if not a.is_baseline]
+    base = [a for a in arms.values() if a.is_baseline]
+    assert spec and base
+    for a in spec:
+        assert a.phase_timing and a.server_args["enable_metrics"] is True
+        assert a.env["SGLANG_ENABLE_METRICS_DEVICE_TIMER"] == "1" and a.to_json()["phase_timing"] is True
+    for a in base:
+        assert not a.phase_timing and "enable_metrics" not in a.server_args
+        assert "SGLANG_ENABLE_METRICS_DEVICE_TIMER" not in a.env

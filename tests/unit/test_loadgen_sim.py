@@ -122,3 +122,30 @@ def test_baseline_openai_apis_on_the_simulator(sim, tmp_path: Path, api: str) ->
         assert r["ok"] and r["output_tokens"] == 64 and r["accept_len"] is None
         assert r["decode_tok_s"] > 0 and r["ttft_s"] > 0
     assert summary["accept_len_mean"] is None
+
+
+@pytest.mark.slow
+def test_phase_metrics_window_on_the_simulator(sim, tmp_path: Path) -> None:
+    """--phase-metrics: /metrics scraped around the measured requests only (the warm-up's verify calls are
+    outside the window); a server without --enable-metrics gives "available": false with the reason."""
+    s = sim([*EAGLE_S2, "--enable-metrics"])
+    pm = tmp_path / "phase_metrics.json"
+    rc, summary, records = run_loadgen(s.url, tmp_path, "--num-requests", "3", "--warmup", "1",
+                                       "--phase-metrics", str(pm))
+    assert rc == 0, summary
+    res = json.loads(pm.read_text())
+    measured = [r for r in records if not r["warmup"]]
+    assert res["available"] and res["spec_verify_calls"] == sum(r["spec_verify_ct"] for r in measured)
+    assert res["generation_tokens"] == 3 * 64 and res["window_s"] > 0
+    assert res["forward_s"] == {} and "SGLANG_ENABLE_METRICS_DEVICE_TIMER" in res["reason"]
+
+
+@pytest.mark.slow
+def test_phase_metrics_without_enable_metrics(sim, tmp_path: Path) -> None:
+    pm = tmp_path / "phase_metrics.json"
+    plain = sim(EAGLE_S2)
+    rc, _, _ = run_loadgen(plain.url, tmp_path, "--num-requests", "1", "--warmup", "0", "--phase-metrics", str(pm))
+    res = json.loads(pm.read_text())
+    assert rc == 0 and res == {"schema": 1, "available": False,
+                               "reason": "before the measured requests: GET /metrics answered 404 "
+                                         "(the server runs without --enable-metrics)"}
