@@ -115,7 +115,7 @@ def _cache_flags(tmp_path: Path, monkeypatch, inv: Path, flags: set[str], versio
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     host = load_inventory(str(inv)).hosts[0]
     cmd = [str(c) for c in host.vars["specab_engine_cmd"]]
-    path = preflight._cache_file(host, cmd, version)
+    path = preflight._cache_file(host, host.engine_build(None), version)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"host": host.name, "engine_cmd": cmd, "version": version, "flags": sorted(flags)}))
 
@@ -144,3 +144,54 @@ def test_plan_refuses_a_name_without_spelling_on_the_node(tmp_path, write, inven
     code, _ = run_cli("plan", "-e", str(exp), "-i", str(inventory[0]))
     err = capsys.readouterr().err
     assert code == 2 and "no spelling" in err and "--cuda-graph-backend-decode" in err
+
+
+TWO_ENGINES = """\
+          specab_engines:
+            sglang-0.5.9:
+              env: {SPECAB_SIM_SGLANG_VERSION: "0.5.9"}
+            sglang-0.5.23:
+              python: /opt/sgl0523/bin/python
+"""
+
+
+def test_plan_renders_each_arm_with_its_engine_build(tmp_path, experiment_file, inventory, no_processes, monkeypatch):
+    """The engine axis (issue 15): a build's env is exported after the node env, `python` replaces the first word."""
+    inv, _ = inventory
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    inv.write_text(inv.read_text() + TWO_ENGINES)
+    code, out = run_cli("plan", "-e", str(experiment_file), "-i", str(inv), "--matrix",
+                        "engine=sglang-0.5.9,sglang-0.5.23", "--matrix", "steps=2", "--repeats", "1")
+    assert code == 0, out
+    arms = out.split("=== arm ")[1:]
+    assert len(arms) == 4
+    old = next(a for a in arms if a.startswith("baseline-sglang-0.5.9 (baseline, engine build sglang-0.5.9)"))
+    new = next(a for a in arms if a.startswith("eagle3-s2-k1-d3-sglang-0.5.23 (compared with baseline-sglang-0.5.23, "
+                                               "engine build sglang-0.5.23)"))
+    assert "export SPECAB_SIM_SGLANG_VERSION=0.5.9" in old and "-m specab.sim.launch_server" in old
+    assert "exec /opt/sgl0523/bin/python -m specab.sim.launch_server" in new and "SGLANG_VERSION" not in new
+    assert "engine build sglang-0.5.9: not yet known" in out and "engine build sglang-0.5.23: not yet known" in out
+
+
+def test_an_engine_build_the_inventory_lacks_is_refused_before_anything_runs(tmp_path, experiment_file, inventory,
+                                                                            no_processes, capsys):
+    inv, node_dir = inventory
+    inv.write_text(inv.read_text() + TWO_ENGINES)
+    code, _ = run_cli("-e", str(experiment_file), "-i", str(inv), "--runs-dir", str(tmp_path / "runs"),
+                      "--matrix", "engine=sglang-0.5.9,sglang-0.6.0")
+    err = capsys.readouterr().err
+    assert code == 2 and "declares no engine build sglang-0.6.0" in err and "sglang-0.5.9, sglang-0.5.23" in err
+    assert "Nothing was started" in err and not node_dir.exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("specab_engines: [a, b]", "must map engine build names"),
+    ("specab_engines: {a: {pyhton: /x}}", "unknown key(s) pyhton"),
+    ("specab_engines: {a: {python: /x, cmd: [/x]}}", "not both"),
+    ("specab_engines: {'a b': {}}", "is not a build name"),
+])
+def test_a_malformed_specab_engines_is_refused(tmp_path, experiment_file, inventory, no_processes, capsys, body, needle):
+    inv, _ = inventory
+    inv.write_text(inv.read_text() + "          " + body + "\n")
+    code, _ = run_cli("plan", "-e", str(experiment_file), "-i", str(inv))
+    assert code == 2 and needle in capsys.readouterr().err
