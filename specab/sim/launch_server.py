@@ -300,7 +300,7 @@ class Launch:
             st = self.state
             while st is not None and (st.engine.busy() or st.inflight):
                 remaining = max(st.inflight, len(st.engine.running) + len(st.engine.waiting))
-                self.log.info(f"Gracefully exiting... remaining number of requests {remaining}")
+                self.log.info(f"Gracefully exiting... Remaining number of requests {remaining}")
                 await asyncio.sleep(poll)
         if versions.current().shutdown_req:
             # 0.5.23 (tokenizer_manager.py:3508-3570): ShutdownReq to the schedulers, wait up to 15 s, kill the
