@@ -191,8 +191,9 @@ def cached_engine_flags(host: Host, build: EngineBuild | None = None) -> EngineF
     for path in cache_dir().glob(f"{safe}-*.json"):
         try:
             data = json.loads(path.read_text())
-            if data.get("host") != host.name or data.get("engine_cmd") != cmd or data.get("env", env) != env:
-                continue
+            if data.get("host") != host.name or data.get("engine_cmd") != cmd or data.get("env", env) != env \
+                    or data.get("build") != build.name:
+                continue        # another build (a cache without "build" is the unnamed one's, as before)
             ef = EngineFlags(host.name, tuple(cmd), data.get("version"), frozenset(data["flags"]), cached=True,
                              build=build.name)
             mtime = path.stat().st_mtime

@@ -195,3 +195,32 @@ def test_a_malformed_specab_engines_is_refused(tmp_path, experiment_file, invent
     inv.write_text(inv.read_text() + "          " + body + "\n")
     code, _ = run_cli("plan", "-e", str(experiment_file), "-i", str(inv))
     assert code == 2 and needle in capsys.readouterr().err
+
+
+def test_plan_spells_each_build_with_its_own_cached_flags(tmp_path, write, inventory, no_processes, monkeypatch):
+    """Each engine build's --help is cached on its own: the 0.5.23 build's arms get the 0.5.23 spelling,
+    the 0.5.9 build's arms (flags not yet read) keep the experiment's names."""
+    import json
+
+    from specab.config.inventory import load_inventory
+    from specab.driver import preflight
+    from tests.driver.conftest import EXPERIMENT
+    inv, _ = inventory
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    inv.write_text(inv.read_text() + TWO_ENGINES)
+    host = load_inventory(str(inv)).hosts[0]
+    build = host.engine_build("sglang-0.5.23")
+    help_text = (Path(__file__).resolve().parents[2] / "specab/sim/data/sglang-0.5.23-help.txt").read_text()
+    path = preflight._cache_file(host, build, "sglang 0.5.23")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"host": host.name, "engine_cmd": list(build.cmd), "build": build.name,
+                                "env": preflight._node_env(host, build), "version": "sglang 0.5.23",
+                                "flags": sorted(preflight.parse_help_flags(help_text))}))
+    exp = write("g.yml", EXPERIMENT.replace("tp_size: 2", "tp_size: 2\n    cuda_graph_max_bs: 16"))
+    code, out = run_cli("plan", "-e", str(exp), "-i", str(inv), "--matrix", "engine=sglang-0.5.9,sglang-0.5.23")
+    assert code == 0, out
+    assert "engine build: sglang-0.5.23 (sglang 0.5.23), SGLang 0.5.23 flag set" in out
+    assert "engine build sglang-0.5.9: not yet known" in out
+    arms = {a.split(" ", 1)[0]: a for a in out.split("=== arm ")[1:]}
+    assert "--cuda-graph-max-bs-decode 16" in arms["baseline-sglang-0.5.23"]
+    assert "--cuda-graph-max-bs 16" in arms["baseline-sglang-0.5.9"]
