@@ -71,15 +71,29 @@ def _fmt_args(v) -> str:
 
 # ---------------------------------------------------------------------------------------------- rules
 
-def engine_generation(exp: Experiment) -> str:
-    """The SGLang generation the runs met, from their /server_info readback (0.5.23: `cuda_graph_config`)."""
-    for a in exp.arms:
-        for r in exp.runs_of(a.name, ok_only=False):
+def engine_generation(exp: Experiment, arms: list[str] | None = None) -> str:
+    """The SGLang generation the runs of `arms` (default: every arm) met, from their /server_info readback
+    (0.5.23: `cuda_graph_config`). An experiment with an engine axis has one generation per engine build."""
+    names = arms if arms is not None else [a.name for a in exp.arms]
+    for name in names:
+        for r in exp.runs_of(name, ok_only=False):
             if r.server_args and "cuda_graph_config" in r.server_args:
                 return engines.SGLANG_0_5_23
             if r.server_args and "cuda_graph_max_bs" in r.server_args:
                 return engines.SGLANG_0_5_9
     return engines.SGLANG_0_5_9
+
+
+def baseline_groups(exp: Experiment) -> dict[str, list[str]]:
+    """Each baseline with the arms compared with it (the baseline first): one group per condition of the
+    matrix, e.g. per engine build, whose arms are meant to differ only in the speculative settings."""
+    names = {a.name for a in exp.arms}
+    groups: dict[str, list[str]] = {b: [b] for b in exp.baselines if b in names}
+    for a in exp.arms:
+        b = exp.baseline_of(a.name)
+        if a.name != b:
+            groups.setdefault(b, [b]).append(a.name)
+    return groups
 
 
 def _flag_on(gen: str, key: str) -> str:
@@ -92,10 +106,10 @@ def _flag_on(gen: str, key: str) -> str:
 
 def verify_without_cuda_graph(exp: Experiment, ctx: Context) -> list[Finding]:
     out = []
-    gen = engine_generation(exp)
     for arm in exp.spec_arms:
         if not arm.is_spec:
             continue
+        gen = engine_generation(exp, [arm.name])
         runs = [r for r in exp.runs_of(arm.name) if r.log and (r.log.cuda_graph_true + r.log.cuda_graph_false)]
         if not runs:
             continue
@@ -186,35 +200,40 @@ def nccl_missing_baseline_slow(exp: Experiment, ctx: Context) -> list[Finding]:
 
 
 def arms_not_like_for_like(exp: Experiment, ctx: Context) -> list[Finding]:
-    values: dict[str, dict[str, object]] = {}
-    gen = engine_generation(exp)
-    for a in exp.arms:
-        runs = exp.runs_of(a.name, ok_only=False)
-        effective = runs[0].server_args if runs and runs[0].server_args else a.server_args
-        values[a.name] = {k: effective.get(k) for k in LIKE_FOR_LIKE}
-        if "cuda_graph_config" in effective:        # 0.5.23 readback: graph settings per phase
-            values[a.name]["cuda_graph_max_bs"] = engines.graph_max_bs(effective)
-            values[a.name]["disable_cuda_graph"] = engines.graph_disabled(effective)
-            values[a.name]["cuda_graph_bs"] = (effective["cuda_graph_config"].get("decode") or {}).get("bs")
+    """Within each baseline group (an engine build's arms, a matrix condition's arms), the arms should
+    differ in the speculative settings only; the advice is spelt for that group's SGLang generation."""
     out = []
-    base = values.get(exp.baseline, {})
-    diffs = []
-    for k in LIKE_FOR_LIKE:
-        seen = {arm: v[k] for arm, v in values.items()}
-        if len({repr(v) for v in seen.values()}) > 1:
-            diffs.append((k, seen))
-    if diffs:
+    groups = baseline_groups(exp)
+    for base_name, names in groups.items():
+        gen = engine_generation(exp, names)
+        values: dict[str, dict[str, object]] = {}
+        for name in names:
+            a = next((x for x in exp.arms if x.name == name), None)
+            runs = exp.runs_of(name, ok_only=False)
+            effective = runs[0].server_args if runs and runs[0].server_args else (a.server_args if a else {})
+            values[name] = {k: effective.get(k) for k in LIKE_FOR_LIKE}
+            if "cuda_graph_config" in effective:        # 0.5.23 readback: graph settings per phase
+                values[name]["cuda_graph_max_bs"] = engines.graph_max_bs(effective)
+                values[name]["disable_cuda_graph"] = engines.graph_disabled(effective)
+                values[name]["cuda_graph_bs"] = (effective["cuda_graph_config"].get("decode") or {}).get("bs")
+        diffs = []
+        for k in LIKE_FOR_LIKE:
+            seen = {arm: v[k] for arm, v in values.items()}
+            if len({repr(v) for v in seen.values()}) > 1:
+                diffs.append((k, seen))
+        if not diffs:
+            continue
         ev = [f"{k}: " + ", ".join(f"{arm}={_fmt_args(v)}" for arm, v in seen.items()) for k, seen in diffs]
         fix = ", ".join(_flag_on(gen, k) for k, _ in diffs)
         by_sglang = ("max_running_requests=48 from SGLang itself (SGLang 0.5.23 keeps the overlap scheduler on "
                      "under speculation)" if engines.generation(gen).overlap_kept_under_spec else
                      "max_running_requests=48 and the overlap scheduler disabled by SGLang itself")
+        which = f"The arms compared with {base_name}" if len(groups) > 1 else "The arms"
         out.append(Finding(
             "arms-not-like-for-like", "warning",
-            f"The arms differ in more than the speculative settings ({', '.join(k for k, _ in diffs)}), so the A/B "
-            f"is not like for like: EAGLE arms get {by_sglang}. Set {fix} explicitly in the experiment's common server_args so every arm runs with the "
-            f"same values.", ev, None, []))
-    _ = base
+            f"{which} differ in more than the speculative settings ({', '.join(k for k, _ in diffs)}), so the A/B "
+            f"is not like for like: EAGLE arms get {by_sglang}. Set {fix} explicitly in the experiment's common "
+            f"server_args so every arm runs with the same values.", ev, None, []))
     return out
 
 

@@ -3,7 +3,8 @@
 `python driver.py diff <run-a> <run-b>` where a run is a run directory (holding manifest.json), a
 manifest.json file, or `<experiment>/<run-id-or-seq>` (experiment id under the runs directory or
 its path; read from the run directory or else from the results store). Differences are grouped
-into factors: engine args, env (the env file and the server's environment are one factor per
+into factors: engine (the build, the version its server reported, its SGLang generation and `--help`
+fingerprint), engine args, env (the env file and the server's environment are one factor per
 variable), versions, GPUs (UUIDs, names, max clocks, power limits), models (paths, checksums),
 dataset, seed, host. Values that change on every run (timestamps, run ids, pids, current clocks,
 the launch script that is rendered from args+env) are left out unless --all. Secret values are
@@ -24,8 +25,8 @@ from specab.results.locate import default_runs_dir
 from specab.results.store import FILENAME, Store
 from specab.analysis.subcommand import standalone_main
 
-CATEGORY_ORDER = ("engine args", "env", "versions", "gpu", "models", "dataset", "seed", "host", "bench", "timeouts",
-                  "experiment", "other", "volatile")
+CATEGORY_ORDER = ("engine", "engine args", "env", "versions", "gpu", "models", "dataset", "seed", "host", "bench",
+                  "timeouts", "experiment", "other", "volatile")
 
 
 class ProvenanceError(ValueError):
@@ -66,11 +67,11 @@ def _category(key: str) -> tuple[str, str]:
             return "env", key[len(prefix):]
     if key in ("extra.specab_git", "extra.ansible_version", "extra.git_sha"):
         return "versions", key.split(".", 1)[1]
-    for prefix, cat in (("server_args.", "engine args"), ("engine_args.", "engine args"), ("versions.", "versions"),
+    for prefix, cat in (("engine.", "engine"), ("server_args.", "engine args"), ("engine_args.", "engine args"), ("versions.", "versions"),
                         ("gpu.", "gpu"), ("models.", "models"), ("dataset", "dataset"), ("extra.dataset", "dataset"),
                         ("bench.", "bench"), ("host.", "host")):
         if key.startswith(prefix):
-            return cat, key[len(prefix):] if cat in ("engine args", "versions", "gpu", "models", "host", "bench") else key
+            return cat, key[len(prefix):] if cat in ("engine", "engine args", "versions", "gpu", "models", "host", "bench") else key
     if key in ("seed", "extra.seed", "bench.seed"):
         return "seed", "seed"
     if key.startswith("timeouts."):       # the experiment's timeouts (stamped by the driver, issue 20)

@@ -423,6 +423,28 @@ def stopping_statement(exp: Experiment) -> str | None:
     return f"--target-ci {exp.target_ci:.1%}: {why}."
 
 
+def _model_blocks(rep: Report, model: specmodel.ModelResult | None) -> None:
+    """The spec-model tables of one baseline (or why there is nothing to model)."""
+    if model:
+        rows = [[m.name, str(m.steps), _f(m.tok_s), _f(m.accept_len, ".2f"), _f(m.cycle_ms, ".2f"),
+                 _f(m.tau_star, ".2f"), f"{m.margin:+.2f}", _f(m.alpha, ".3f")] for m in model.arms]
+        rep.add(Para(f"Baseline step {model.step_ms:.2f} ms ({model.baseline_tok_s:.1f} tok/s). Cycle = tau / tok/s; "
+                     f"break-even tau* = cycle / step; alpha from the chain model tau = (1 - alpha^(k+1)) / (1 - alpha)."),
+                Table(["arm", "steps", "tok/s", "tau", "cycle ms", "tau*", "margin", "alpha"], rows))
+        rows = [[str(p.steps), _f(p.cycle_ms, ".2f"), _f(p.tau, ".2f"), _f(p.tok_s), _f(p.speedup, ".3f"),
+                 _f(p.tau_star, ".2f")] for p in model.predictions]
+        fit = model.cycle_fit
+        rep.add(Para(f"Predicted for other steps: cycle(steps) = {fit.intercept_ms:.2f} + {fit.slope_ms:.2f} x steps ms "
+                     f"({fit.source}); " + "; ".join(a for a in model.assumptions if a != fit.source)),
+                Table(["steps", "cycle ms", "tau", "tok/s", "speedup", "tau*"], rows))
+        for t in model.targets:
+            rep.add(Para(f"Target {t.target_tok_s:g} tok/s at a {t.cycle_ms:.1f} ms cycle needs tau {t.tau_needed:.2f}: "
+                         + (f"alpha {t.alpha_needed:.3f} at steps={t.steps}" if t.alpha_needed is not None else t.note)
+                         + f"; with unbounded steps alpha >= {t.alpha_limit:.3f} (1/(1-alpha) limit)."))
+    else:
+        rep.add(Para("No speculative arm with measured tok/s, accept length and steps: nothing to model."))
+
+
 def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                  target_tok_s: float | None = None, plots: bool = True) -> Report:
     st = stats.analyse(exp)
@@ -500,26 +522,17 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     if st.host_speedups:
         rep.add(Heading("Speedup per host", 3), *_host_blocks(exp, st))
 
-    # spec model
-    rep.add(Heading("Speculative-decoding model"))
-    if model:
-        rows = [[m.name, str(m.steps), _f(m.tok_s), _f(m.accept_len, ".2f"), _f(m.cycle_ms, ".2f"),
-                 _f(m.tau_star, ".2f"), f"{m.margin:+.2f}", _f(m.alpha, ".3f")] for m in model.arms]
-        rep.add(Para(f"Baseline step {model.step_ms:.2f} ms ({model.baseline_tok_s:.1f} tok/s). Cycle = tau / tok/s; "
-                     f"break-even tau* = cycle / step; alpha from the chain model tau = (1 - alpha^(k+1)) / (1 - alpha)."),
-                Table(["arm", "steps", "tok/s", "tau", "cycle ms", "tau*", "margin", "alpha"], rows))
-        rows = [[str(p.steps), _f(p.cycle_ms, ".2f"), _f(p.tau, ".2f"), _f(p.tok_s), _f(p.speedup, ".3f"),
-                 _f(p.tau_star, ".2f")] for p in model.predictions]
-        fit = model.cycle_fit
-        rep.add(Para(f"Predicted for other steps: cycle(steps) = {fit.intercept_ms:.2f} + {fit.slope_ms:.2f} x steps ms "
-                     f"({fit.source}); " + "; ".join(a for a in model.assumptions if a != fit.source)),
-                Table(["steps", "cycle ms", "tau", "tok/s", "speedup", "tau*"], rows))
-        for t in model.targets:
-            rep.add(Para(f"Target {t.target_tok_s:g} tok/s at a {t.cycle_ms:.1f} ms cycle needs tau {t.tau_needed:.2f}: "
-                         + (f"alpha {t.alpha_needed:.3f} at steps={t.steps}" if t.alpha_needed is not None else t.note)
-                         + f"; with unbounded steps alpha >= {t.alpha_limit:.3f} (1/(1-alpha) limit)."))
-    else:
-        rep.add(Para("No speculative arm with measured tok/s, accept length and steps: nothing to model."))
+    # spec model: one per baseline with speculative arms (e.g. per engine build of an engine A/B)
+    models = {exp.baseline: model}
+    for b in exp.baselines:
+        if b != exp.baseline and b in st.arms:
+            models[b] = _model_for(exp, st, b, target_tok_s)
+    several = len([m for m in models.values() if m]) > 1
+    for b, m in models.items():
+        if m is None and (several or b != exp.baseline):
+            continue
+        rep.add(Heading(f"Speculative-decoding model vs {b}" if several else "Speculative-decoding model"))
+        _model_blocks(rep, m)
 
     # per-phase breakdown (measured)
     ph = phases.analyse_phases(exp)

@@ -13,6 +13,34 @@ from specab.config.yamlfile import REPO_ROOT, ConfigError, check_unknown, key_li
 
 DEFAULT_INVENTORY = REPO_ROOT / "inventory" / "local.yml"
 INVENTORY_GROUP_KEYS = {"hosts", "vars", "children"}
+DEFAULT_ENGINE_CMD = ["python3", "-m", "sglang.launch_server"]
+ENGINE_BUILD_KEYS = {"python", "cmd", "env"}
+
+
+@dataclass(frozen=True)
+class EngineBuild:
+    """One engine build of a node: what launches it and the environment it is launched with.
+
+    An inventory declares builds as ``specab_engines: {NAME: {python: P} | {cmd: [argv...]}, env: {...}}``:
+    ``python`` replaces the first word of ``specab_engine_cmd`` (another venv of the same engine), ``cmd``
+    the whole argv prefix, ``env`` is exported by the launch script after ``specab_node_env`` (the
+    simulator's ``SPECAB_SIM_SGLANG_VERSION`` makes two simulated builds of one interpreter).
+    The unnamed build (``name`` None) is ``specab_engine_cmd`` itself."""
+    name: str | None
+    cmd: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def python(self) -> str:
+        return self.cmd[0]
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+    @property
+    def label(self) -> str:
+        return self.name or " ".join(self.cmd)
 
 
 @dataclass(frozen=True)
@@ -60,6 +88,35 @@ class Host:
     def node_env(self) -> dict[str, str]:
         env = self.vars.get("specab_node_env") or {}
         return {str(k): str(v) for k, v in env.items()}
+
+    @property
+    def engine_cmd(self) -> list[str]:
+        """`specab_engine_cmd`: the node's default engine argv prefix."""
+        cmd = self.vars.get("specab_engine_cmd", DEFAULT_ENGINE_CMD)
+        return [str(c) for c in (cmd if isinstance(cmd, list) else [cmd])]
+
+    @property
+    def engine_builds(self) -> dict[str, EngineBuild]:
+        """The engine builds the inventory declares for this host (`specab_engines`), by name."""
+        raw = self.vars.get("specab_engines") or {}
+        out: dict[str, EngineBuild] = {}
+        for name, body in raw.items():
+            body = body or {}
+            cmd = body.get("cmd") or ([body["python"]] + self.engine_cmd[1:] if body.get("python") else self.engine_cmd)
+            out[str(name)] = EngineBuild(name=str(name), cmd=tuple(str(c) for c in cmd),
+                                         env=tuple((str(k), str(v)) for k, v in (body.get("env") or {}).items()))
+        return out
+
+    def engine_build(self, name: str | None) -> EngineBuild:
+        """The build an arm names (None: `specab_engine_cmd`); KeyError when the host does not declare it."""
+        if name is None:
+            return EngineBuild(name=None, cmd=tuple(self.engine_cmd))
+        return self.engine_builds[name]
+
+    def launch_env(self, build: EngineBuild) -> dict[str, Any]:
+        """What the launch script exports before the env file: the node env, then the build's env
+        (values as the inventory gives them: the template omits a null one)."""
+        return {**(self.vars.get("specab_node_env") or {}), **build.env_dict}
 
     @property
     def ssh_options(self) -> dict[str, str]:
@@ -117,6 +174,39 @@ def _render_vars(hostname: str, raw: dict[str, Any], controller_python: str,
         return value
 
     return {k: render(v) for k, v in raw.items()}
+
+
+def _check_engines(host: Host, where: str) -> None:
+    """`specab_engines` must map build names to {python | cmd, env}."""
+    import re
+    raw = host.vars.get("specab_engines")
+    if raw is None:
+        return
+    what = f"{where}: host {host.name}: specab_engines"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{what} must map engine build names to {{python: P}} or {{cmd: [argv]}} (and env), "
+                          f"e.g. sglang-0.5.9: {{python: /opt/sgl059/bin/python}}.")
+    for name, body in raw.items():
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$", str(name)):
+            raise ConfigError(f"{what}: {name!r} is not a build name (letters, digits, '.', '_', '-', at most 40: "
+                              f"it ends the names of the arms that run on it).")
+        body = body or {}
+        if not isinstance(body, dict):
+            raise ConfigError(f"{what}.{name} must be a mapping with python or cmd, and env.")
+        unknown = sorted(set(body) - ENGINE_BUILD_KEYS)
+        if unknown:
+            raise ConfigError(f"{what}.{name}: unknown key(s) {', '.join(map(str, unknown))}; use "
+                              f"{', '.join(sorted(ENGINE_BUILD_KEYS))}.")
+        if "python" in body and "cmd" in body:
+            raise ConfigError(f"{what}.{name}: give python (replaces the first word of specab_engine_cmd) or cmd "
+                              f"(the whole argv prefix), not both.")
+        cmd = body.get("cmd")
+        if cmd is not None and (not isinstance(cmd, list) or not cmd):
+            raise ConfigError(f"{what}.{name}.cmd must be a non-empty list (the engine's argv prefix).")
+        env = body.get("env")
+        if env is not None and (not isinstance(env, dict) or not all(
+                re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(k)) for k in env)):
+            raise ConfigError(f"{what}.{name}.env must map environment variable names to values.")
 
 
 def load_inventory(path: str | os.PathLike[str] | None = None, group: str = "gpu_nodes",
@@ -194,7 +284,9 @@ def load_inventory(path: str | os.PathLike[str] | None = None, group: str = "gpu
             merged.update(groups[g]["vars"])
         for g in host_groups:
             merged.update(groups[g]["hosts"][hname])
-        hosts.append(Host(name=hname, vars=_render_vars(hname, merged, python, p)))
+        host = Host(name=hname, vars=_render_vars(hname, merged, python, p))
+        _check_engines(host, where)
+        hosts.append(host)
     if not hosts:
         raise ConfigError(f"{where}: group '{group}' has no hosts.")
     return Inventory(path=p.resolve(), hosts=hosts)

@@ -8,16 +8,19 @@ Grammar (one `key=values` per `--matrix` option; several options form a product)
     steps=1..4           an inclusive integer range
     mem_fraction_static=0.85,0.88   any SGLang server argument by its field name
     env.NCCL_PROTO=LL,Simple        an environment variable
+    engine=sglang-0.5.9,sglang-0.5.23   an engine build the inventory declares (`specab_engines`)
 
 Arms: speculative keys (`steps`, `topk`, `draft_tokens`, `speculative_*`) make one EAGLE-3 arm per
 combination, built on the experiment's first speculative arm (which supplies the algorithm and
-the draft model path). Other keys (engine args, env) are conditions applied to every arm,
-baseline included, so each condition has its own baseline. Without speculative keys, the
+the draft model path). Other keys (engine args, env, the engine build) are conditions applied to every
+arm, baseline included, so each condition has its own baseline (an engine build's arms are compared
+with the baseline of the same build; their names end in the build's name, e.g. `baseline-sglang-0.5.9`). Without speculative keys, the
 experiment's own speculative arms are used. The baseline is always part of the experiment.
 Every combination is checked against SGLang's rules before anything runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass, field
@@ -38,6 +41,8 @@ INT_KEYS = set(TRIPLE) | {"tp_size", "pp_size", "dp_size", "ep_size", "max_runni
                           "cuda_graph_max_bs", "decode_log_interval", "stream_interval", "port",
                           "num_continuous_decode_steps", "context_length", "random_seed"}
 EAGLE_FAMILY = {"EAGLE", "EAGLE3", "NEXTN"}
+ENGINE = "engine"       # the matrix key of the engine build (a name of the inventory's `specab_engines`)
+ENGINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")   # it ends arm names (directory names)
 
 RULE_ALL_OR_NONE = "all of steps/topk/draft_tokens or none"
 RULE_TOPK1 = "topk=1 => draft_tokens = steps+1"
@@ -60,6 +65,10 @@ class Axis:
     @property
     def is_env(self) -> bool:
         return self.key.startswith("env.")
+
+    @property
+    def is_engine(self) -> bool:
+        return self.key == ENGINE
 
     @property
     def is_spec(self) -> bool:
@@ -102,6 +111,11 @@ def _parse_values(key: str, label: str, text: str) -> tuple[Any, ...]:
             continue
         if key.startswith("env."):
             values.append(token)
+        elif key == ENGINE:
+            if not ENGINE_NAME.match(token):
+                raise MatrixError(f"--matrix {label}: {token!r} is not an engine build name (letters, digits, "
+                                  f"'.', '_', '-', at most 40; as the inventory's specab_engines names them).")
+            values.append(token)
         elif key in INT_KEYS:
             values.append(_parse_int(token, label))
         else:
@@ -137,13 +151,15 @@ def parse_matrix(specs: list[str]) -> list[Axis]:
                 errors.append(f"--matrix {label}: {name!r} is not a valid environment variable name.")
                 continue
             key = label
+        elif label == ENGINE:
+            key = ENGINE
         else:
             key = ALIASES.get(label, label)
             if not engine_args.is_known(key):
                 close = engine_args.suggest(label) + [a for a in ALIASES if a.startswith(label[:3])]
                 hint = f" Did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
                 errors.append(f"--matrix {label}: unknown key '{label}'. Use steps, topk, draft_tokens, an SGLang "
-                              f"server argument by its field name, or env.NAME.{hint}")
+                              f"server argument by its field name, env.NAME, or engine.{hint}")
                 continue
             if key == "model_path":
                 errors.append("--matrix model_path: the target model is fixed per experiment; use another "
@@ -240,7 +256,10 @@ def _spec_name(args: dict[str, Any]) -> str:
 
 
 def _suffix(combo: dict[Axis, Any]) -> str:
-    parts = [f"{ax.label[4:] if ax.is_env else ax.label}-{_fmt(v)}" for ax, v in combo.items()]
+    """The condition's part of an arm name: `label-value` per axis; an engine build by its name alone
+    (`eagle3-s2-k1-d3-sglang-0.5.9`), last, so the arms of one build read as a family."""
+    parts = [f"{ax.label[4:] if ax.is_env else ax.label}-{_fmt(v)}" for ax, v in combo.items() if not ax.is_engine]
+    parts += [_fmt(v) for ax, v in combo.items() if ax.is_engine]
     return "-".join(parts)
 
 
@@ -293,7 +312,7 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
     signatures: dict[str, str] = {}
 
     def add(arm: ArmSpec) -> None:
-        sig = repr((sorted(arm.server_args.items(), key=str), sorted(arm.env.items(), key=str)))
+        sig = repr((sorted(arm.server_args.items(), key=str), sorted(arm.env.items(), key=str), arm.engine))
         if sig in signatures:
             notices.append(f"{arm.name}: identical to arm {signatures[sig]} after SGLang's adjustments; "
                            f"run once.")
@@ -304,17 +323,16 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
             name = f"{arm.name}-{i}"
             i += 1
         if name != arm.name:
-            arm = ArmSpec(name=name, server_args=arm.server_args, env=arm.env, is_baseline=arm.is_baseline,
-                      baseline=name if arm.is_baseline else arm.baseline, matrix=arm.matrix,
-                      phase_timing=arm.phase_timing)
+            arm = dataclasses.replace(arm, name=name, baseline=name if arm.is_baseline else arm.baseline)
         names.add(name)
         signatures[sig] = name
         arms.append(arm)
 
     for cond in conditions:
         suffix = _suffix(cond)
-        cond_args = {ax.key: v for ax, v in cond.items() if not ax.is_env}
+        cond_args = {ax.key: v for ax, v in cond.items() if not ax.is_env and not ax.is_engine}
         cond_env = {ax.key[4:]: v for ax, v in cond.items() if ax.is_env}
+        engine = next((str(v) for ax, v in cond.items() if ax.is_engine), None)
         cond_vals = {ax.label: v for ax, v in cond.items()}
         bname = "baseline" if not suffix else f"baseline-{suffix}"
         if not suffix and file_baseline is not None:
@@ -324,6 +342,7 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
                               "server_args": overlay(baseline_overlay.get("server_args") or {}, cond_args),
                               "env": overlay(baseline_overlay.get("env") or {}, cond_env)},
                         matrix=cond_vals)
+        b = dataclasses.replace(b, engine=engine)
         _, b_notices, b_refused = check_spec(b.server_args, f"arm {bname}")
         notices += b_notices
         refused += b_refused
@@ -344,7 +363,7 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
                 aname = f"{aname}-{suffix}"
             aname = _fit(aname)
             add(ArmSpec(name=aname, server_args=adjusted, env=resolved.env, is_baseline=False, baseline=bname,
-                    matrix=resolved.matrix, phase_timing=resolved.phase_timing))
+                    matrix=resolved.matrix, phase_timing=resolved.phase_timing, engine=engine))
     typed = sorted({f"arm {a.name}: {p}" for a in arms for k, v in a.server_args.items()
                     if (p := engine_args.type_problem(k, v))})
     if typed:       # a value the engine's argparse would refuse: every run of the arm would fail at its launch

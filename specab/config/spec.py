@@ -54,17 +54,29 @@ class ArmSpec:
     # the node's `--help` is known; None: launch with the experiment's names
     node_args: dict[str, Any] | None = None
     phase_timing: bool = False          # bench.phase_timing put --enable-metrics and the device timer on it
+    # the engine build the arm runs on: a name of the inventory's `specab_engines` (the `engine` matrix
+    # axis); None: the node's `specab_engine_cmd`
+    engine: str | None = None
+    # the `--help` flag-set fingerprint of that build (specab/node/engines.py), set by the driver's
+    # preflight once the node's engine listed its flags; recorded in each run's manifest
+    engine_flags_fingerprint: str | None = None
 
     def to_extravar(self) -> dict[str, Any]:
         args = self.server_args if self.node_args is None else self.node_args
-        return {"name": self.name, "server_args": dict(args), "env": dict(self.env)}
+        out: dict[str, Any] = {"name": self.name, "server_args": dict(args), "env": dict(self.env)}
+        if self.engine is not None:
+            out["engine"] = self.engine
+        if self.engine_flags_fingerprint is not None:
+            out["engine_flags_fingerprint"] = self.engine_flags_fingerprint
+        return out
 
     def to_json(self, redact: bool = True) -> dict[str, Any]:
         """The arm as stored and printed: secret-named env vars and server args (``api_key``) redacted."""
         return {"name": self.name, "server_args": redact_env(self.server_args) if redact else dict(self.server_args),
                 "env": redact_env(self.env) if redact else dict(self.env),
                 "is_baseline": self.is_baseline, "baseline": self.baseline, "matrix": dict(self.matrix),
-                "phase_timing": self.phase_timing}
+                "phase_timing": self.phase_timing,
+                **({"engine": self.engine} if self.engine is not None else {})}
 
 
 @dataclass(frozen=True)

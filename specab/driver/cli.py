@@ -197,15 +197,17 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     opts = _options(args, args._argv)
     prepared = prepare(opts)
     host = prepared.inventory.hosts[0]
-    # the spelling of the node's engine build, when its flags are cached (plan itself touches no node)
-    ef = preflight.cached_engine_flags(host)
-    prepared = replace(prepared, arms=preflight.spell_arms(prepared.arms, [ef] if ef else []))
+    # the spelling of each engine build the arms run on, when its flags are cached (plan touches no node)
+    builds = preflight.builds_of(prepared.arms, host)
+    cached = {b.name: preflight.cached_engine_flags(host, b) for b in builds}
+    prepared = replace(prepared, arms=preflight.spell_arms(prepared.arms, [ef for ef in cached.values() if ef]))
+    described = [preflight.describe_engine(cached[b.name], b) for b in builds]
     if args.format == "json":
         arms = []
         for arm in prepared.arms:
             r = render_arm(_display_arm(arm), host)
             arms.append({**arm.to_json(), "launch_sh": r.launch_sh, "env_file": r.env_file})
-        json.dump({"engine": preflight.describe_engine(ef), "seed": opts.seed, "order": opts.order, "repeats": opts.repeats, "notices": prepared.notices,
+        json.dump({"engine": "; ".join(described), "seed": opts.seed, "order": opts.order, "repeats": opts.repeats, "notices": prepared.notices,
                    "hosts": [h.name for h in prepared.inventory.hosts],
                    "plan": [r.to_json() for r in prepared.plan], "arms": arms}, out, indent=2)
         out.write("\n")
@@ -220,13 +222,15 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
           f"{prepared.inventory.path} (hosts: {', '.join(h.name for h in prepared.inventory.hosts)})", file=out)
     print(f"{len(prepared.arms)} arms x {opts.repeats} blocks = {len(prepared.plan)} runs, order {opts.order}, "
           f"seed {opts.seed}", file=out)
-    print(preflight.describe_engine(ef) + "\n", file=out)
+    print("\n".join(described) + "\n", file=out)
     print(f"{'seq':>4}  {'block':>5}  run_id", file=out)
     for r in prepared.plan:
         print(f"{r.seq:>4}  {r.block:>5}  {r.run_id}", file=out)
     for arm in prepared.arms:
         rendered = render_arm(_display_arm(arm), host, run_id=None)
         kind = "baseline" if arm.is_baseline else f"compared with {arm.baseline}"
+        if arm.engine is not None:
+            kind += f", engine build {arm.engine}"
         print(f"\n=== arm {arm.name} ({kind}) on {host.name} ===", file=out)
         print("--- launch.sh ---", file=out)
         print(rendered.launch_sh, file=out)

@@ -64,9 +64,27 @@ def prepare(opts: Options) -> Prepared:
     if opts.target_ci is not None and opts.order == "blocked":
         raise ConfigError("--target-ci adds interleaved blocks; it cannot be combined with --order blocked.")
     check_executor(opts.executor, inv, opts.fleet)
+    check_engines(armset.arms, inv)
     plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order)
     return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
                     notices=exp.warnings + armset.notices + preflight.bind_warnings(armset.arms), plan=plan)
+
+
+def check_engines(arms: list[ArmSpec], inventory: Inventory) -> None:
+    """Every engine build an arm names (`--matrix engine=...`) is declared for every host (`specab_engines`)."""
+    wanted = sorted({a.engine for a in arms if a.engine is not None})
+    problems = []
+    for host in inventory.hosts:
+        declared = host.engine_builds
+        missing = [w for w in wanted if w not in declared]
+        if missing:
+            have = ", ".join(declared) or "none"
+            problems.append(f"host {host.name} declares no engine build {', '.join(missing)} "
+                            f"(its specab_engines: {have})")
+    if problems:
+        raise ConfigError(f"{inventory.path}: --matrix engine: " + "; ".join(problems) + ". Declare the builds "
+                          f"under specab_engines (e.g. sglang-0.5.9: {{python: /opt/sgl059/bin/python}}) or "
+                          f"use the names the inventory declares.")
 
 
 def is_multinode(hosts: list[Host]) -> bool:

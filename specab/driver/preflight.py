@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from specab.config import defaults
-from specab.config.inventory import Host
+from specab.config.inventory import EngineBuild, Host
 from specab.config.spec import ArmSpec
 from specab.config.yamlfile import ConfigError
 from specab.driver.remote import RemoteError, open_node
@@ -109,11 +109,17 @@ class EngineFlags:
     version: str | None
     flags: frozenset[str]
     cached: bool
+    build: str | None = None        # the inventory's engine build name (`specab_engines`); None: specab_engine_cmd
 
+    @property
+    def label(self) -> str:
+        """The build as messages name it: `sglang-0.5.9 (sglang 0.5.9)`, or the version, or the argv."""
+        what = self.version or " ".join(self.engine_cmd)
+        return f"{self.build} ({what})" if self.build else what
 
-def _engine_cmd(host: Host) -> list[str]:
-    cmd = host.vars.get("specab_engine_cmd", DEFAULT_ENGINE_CMD)
-    return [str(c) for c in (cmd if isinstance(cmd, list) else [cmd])]
+    @property
+    def fingerprint(self) -> str:
+        return engines.flags_fingerprint(self.flags)
 
 
 def cache_dir() -> Path:
@@ -121,69 +127,83 @@ def cache_dir() -> Path:
     return Path(base) / "specab" / "engine-flags"
 
 
-def _cache_file(host: Host, cmd: list[str], version: str) -> Path:
-    # the node env is part of the key: the same interpreter with another engine environment (e.g. the
-    # simulator's SPECAB_SIM_SGLANG_VERSION) may be another engine build
-    env = sorted((str(k), str(v)) for k, v in (host.node_env or {}).items())
-    key = hashlib.sha256(json.dumps([host.name, host.address, cmd, version, env]).encode()).hexdigest()[:20]
+def _node_env(host: Host, build: EngineBuild) -> dict[str, str]:
+    return {str(k): str(v) for k, v in host.launch_env(build).items() if v is not None}
+
+
+def _cache_file(host: Host, build: EngineBuild, version: str) -> Path:
+    # the launch env is part of the key: the same interpreter with another engine environment (e.g. the
+    # simulator's SPECAB_SIM_SGLANG_VERSION, one build per value) is another engine build
+    env = sorted(_node_env(host, build).items())
+    key = hashlib.sha256(json.dumps([host.name, host.address, list(build.cmd), version, env]).encode()).hexdigest()[:20]
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", host.name)[:40]
     return cache_dir() / f"{safe}-{key}.json"
 
 
-def _engine_version(node: Any, host: Host, cmd: list[str]) -> str | None:
+def _engine_version(node: Any, host: Host, build: EngineBuild) -> str | None:
     """The installed version of the engine's package (`python -m pkg.mod` -> pkg), or None."""
+    cmd = list(build.cmd)
     if len(cmd) < 3 or cmd[1] != "-m":
         return None
     pkg = cmd[2].split(".")[0]
     probe = "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))"
-    rc, out, _ = node.run([cmd[0], "-c", probe, pkg], timeout=VERSION_TIMEOUT_S, env=host.node_env)
+    rc, out, _ = node.run([cmd[0], "-c", probe, pkg], timeout=VERSION_TIMEOUT_S, env=_node_env(host, build))
     out = out.strip()
     return f"{pkg} {out}" if rc == 0 and out and "\n" not in out else None
 
 
-def engine_flags(host: Host, node: Any | None = None) -> EngineFlags:
-    """The flags the node's engine accepts, from the cache when its version is unchanged."""
-    cmd = _engine_cmd(host)
+def engine_flags(host: Host, node: Any | None = None, build: EngineBuild | None = None) -> EngineFlags:
+    """The flags the node's engine build accepts (default: `specab_engine_cmd`), from the cache when its
+    version and launch env are unchanged."""
+    build = build or host.engine_build(None)
+    cmd = list(build.cmd)
+    env = _node_env(host, build)
     own = node is None
     node = node or open_node(host)
     try:
-        version = _engine_version(node, host, cmd)
-        cache = _cache_file(host, cmd, version) if version else None
+        version = _engine_version(node, host, build)
+        cache = _cache_file(host, build, version) if version else None
         if cache is not None and cache.exists():
             try:
                 data = json.loads(cache.read_text())
-                return EngineFlags(host.name, tuple(cmd), version, frozenset(data["flags"]), cached=True)
+                return EngineFlags(host.name, tuple(cmd), version, frozenset(data["flags"]), cached=True,
+                                   build=build.name)
             except (OSError, ValueError, KeyError):
                 pass        # a broken cache file is rebuilt below
-        rc, out, err = node.run(cmd + ["--help"], timeout=HELP_TIMEOUT_S, env=host.node_env)
+        rc, out, err = node.run(cmd + ["--help"], timeout=HELP_TIMEOUT_S, env=env)
     finally:
         if own:
             node.close()
     flags = parse_help_flags(out)
     if rc != 0 or not flags:
         raise EngineHelpUnavailable(
-            f"{host.name}: `{' '.join(cmd)} --help` " + (f"exited {rc}" if rc != 0 else "listed no flags")
+            f"{host.name}: `{' '.join(cmd)} --help`" + (f" (engine build {build.name})" if build.name else "")
+            + (f" exited {rc}" if rc != 0 else " listed no flags")
             + (f": {(err or out).strip().splitlines()[-1]}" if (err or out).strip() else ""))
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"host": host.name, "engine_cmd": cmd, "version": version,
-                                   "flags": sorted(flags)}))
+        tmp.write_text(json.dumps({"host": host.name, "engine_cmd": cmd, "build": build.name, "env": env,
+                                   "version": version, "flags": sorted(flags)}))
         tmp.replace(cache)
-    return EngineFlags(host.name, tuple(cmd), version, frozenset(flags), cached=False)
+    return EngineFlags(host.name, tuple(cmd), version, frozenset(flags), cached=False, build=build.name)
 
 
-def cached_engine_flags(host: Host) -> EngineFlags | None:
-    """The newest cached flag list of `host`'s engine, read locally (touches no node), or None."""
-    cmd = _engine_cmd(host)
+def cached_engine_flags(host: Host, build: EngineBuild | None = None) -> EngineFlags | None:
+    """The newest cached flag list of `host`'s engine build, read locally (touches no node), or None."""
+    build = build or host.engine_build(None)
+    cmd = list(build.cmd)
+    env = _node_env(host, build)
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", host.name)[:40]
     best: tuple[float, EngineFlags] | None = None
     for path in cache_dir().glob(f"{safe}-*.json"):
         try:
             data = json.loads(path.read_text())
-            if data.get("host") != host.name or data.get("engine_cmd") != cmd:
-                continue
-            ef = EngineFlags(host.name, tuple(cmd), data.get("version"), frozenset(data["flags"]), cached=True)
+            if data.get("host") != host.name or data.get("engine_cmd") != cmd or data.get("env", env) != env \
+                    or data.get("build") != build.name:
+                continue        # another build (a cache without "build" is the unnamed one's, as before)
+            ef = EngineFlags(host.name, tuple(cmd), data.get("version"), frozenset(data["flags"]), cached=True,
+                             build=build.name)
             mtime = path.stat().st_mtime
         except (OSError, ValueError, KeyError, TypeError):
             continue
@@ -192,14 +212,21 @@ def cached_engine_flags(host: Host) -> EngineFlags | None:
     return best[1] if best else None
 
 
-def describe_engine(ef: EngineFlags | None) -> str:
+def builds_of(arms: Iterable[ArmSpec], host: Host) -> list[EngineBuild]:
+    """The engine builds the arms run on `host`, in arm order (None: `specab_engine_cmd`)."""
+    names = list(dict.fromkeys(a.engine for a in arms))
+    return [host.engine_build(n) for n in names]
+
+
+def describe_engine(ef: EngineFlags | None, build: EngineBuild | None = None) -> str:
     """One line naming the engine build a plan is rendered for."""
     if ef is None:
-        return ("engine build: not yet known (its `--help` is read, read-only and cached, before the first "
+        which = f"engine build {build.name}" if build is not None and build.name else "engine build"
+        return (f"{which}: not yet known (its `--help` is read, read-only and cached, before the first "
                 "launch); shown with the experiment's argument names")
     gen = engines.generation_of_flags(ef.flags)
-    return (f"engine build: {ef.version or ' '.join(ef.engine_cmd)}, SGLang {gen} flag set "
-            f"({len(ef.flags)} flags, fingerprint {engines.flags_fingerprint(ef.flags)}, from the local cache)")
+    return (f"engine build: {ef.label}, SGLang {gen} flag set "
+            f"({len(ef.flags)} flags, fingerprint {ef.fingerprint}, from the local cache)")
 
 
 class EngineHelpUnavailable(Exception):
@@ -207,13 +234,16 @@ class EngineHelpUnavailable(Exception):
 
 
 def unknown_flags(arms: Iterable[ArmSpec], ef: EngineFlags) -> list[str]:
-    """One message per (arm, argument) whose flag the node's engine does not list."""
+    """One message per (arm, argument) whose flag the node's engine build does not list (only the arms
+    that run on that build)."""
     msgs = []
     for arm in arms:
+        if arm.engine != ef.build:
+            continue
         try:
             spelled = engines.spell_args(arm.server_args, ef.flags)
         except engines.NoSpelling as exc:
-            msgs.append(f"arm {arm.name} on {ef.host} ({ef.version or ' '.join(ef.engine_cmd)}, SGLang "
+            msgs.append(f"arm {arm.name} on {ef.host} ({ef.label}, SGLang "
                         f"{engines.generation_of_flags(ef.flags)} flags): {exc}")
             continue
         for key, value in spelled.items():
@@ -225,42 +255,50 @@ def unknown_flags(arms: Iterable[ArmSpec], ef: EngineFlags) -> list[str]:
             close = difflib.get_close_matches(flag, sorted(ef.flags), n=1)
             hint = f" (did you mean {close[0]}, i.e. server_args.{close[0][2:].replace('-', '_')}?)" if close else ""
             msgs.append(f"arm {arm.name}: server_args.{key} -> {flag} is not a flag of the engine on {ef.host} "
-                        f"({ef.version or ' '.join(ef.engine_cmd)}){hint}")
+                        f"({ef.label}){hint}")
     return msgs
 
 
 def spell_arms(arms: Iterable[ArmSpec], results: list[EngineFlags]) -> list[ArmSpec]:
-    """The arms with `node_args` in the spelling of the checked node's engine (the first host's: the
-    hosts of one server run one engine build); unchanged when no engine listed its flags."""
-    if not results:
-        return list(arms)
-    ef = results[0]
+    """The arms with `node_args` in the spelling of their engine build (as the first checked host lists
+    its flags: the hosts of one server run one engine build) and that build's `--help` fingerprint; an arm
+    whose build listed no flags is unchanged."""
+    by_build: dict[str | None, EngineFlags] = {}
+    for ef in results:
+        by_build.setdefault(ef.build, ef)
     out = []
     for a in arms:
+        ef = by_build.get(a.engine)
+        if ef is None:
+            out.append(a)
+            continue
         try:
-            out.append(dataclasses.replace(a, node_args=engines.spell_args(a.server_args, ef.flags)))
+            out.append(dataclasses.replace(a, node_args=engines.spell_args(a.server_args, ef.flags),
+                                           engine_flags_fingerprint=ef.fingerprint))
         except engines.NoSpelling as exc:
-            raise PreflightError(f"arm {a.name} on {ef.host} ({ef.version or ' '.join(ef.engine_cmd)}, SGLang "
+            raise PreflightError(f"arm {a.name} on {ef.host} ({ef.label}, SGLang "
                                  f"{engines.generation_of_flags(ef.flags)} flags): {exc}") from None
     return out
 
 
 def check_engine_flags(arms: list[ArmSpec], hosts: list[Host], notice: Any = None) -> list[EngineFlags]:
-    """Refuse (PreflightError) any arm argument that a node's engine does not accept.
+    """Refuse (PreflightError) any arm argument that its engine build on a node does not accept. Each
+    build the arms run on (`--matrix engine=...`) lists its own flags, cached per node and build.
 
     `notice(text)` receives a line when a node's engine cannot list its flags (the check is then skipped
-    for that node: the engine itself refuses unknown flags at launch, and the run fails fast)."""
+    for that build: the engine itself refuses unknown flags at launch, and the run fails fast)."""
     results = []
     problems: list[str] = []
     for host in hosts:
-        try:
-            ef = engine_flags(host)
-        except (EngineHelpUnavailable, RemoteError, OSError) as exc:
-            if notice:
-                notice(f"engine flags not checked before launch ({exc}); the engine checks them when it starts.")
-            continue
-        results.append(ef)
-        problems += unknown_flags(arms, ef)
+        for build in builds_of(arms, host):
+            try:
+                ef = engine_flags(host, build=build)
+            except (EngineHelpUnavailable, RemoteError, OSError) as exc:
+                if notice:
+                    notice(f"engine flags not checked before launch ({exc}); the engine checks them when it starts.")
+                continue
+            results.append(ef)
+            problems += unknown_flags(arms, ef)
     if problems:
         raise PreflightError("\n".join(problems) + "\nThe engine would refuse these arguments after the launch. "
                              "Fix the names in the experiment file or --matrix (flags as `<engine> --help` lists "

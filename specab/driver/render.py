@@ -46,12 +46,14 @@ def environment(template_dir: Path = TEMPLATES) -> jinja2.Environment:
 
 def render_arm(arm: ArmSpec, host: Host, run_id: str | None = None,
                template_dir: Path = TEMPLATES) -> Rendered:
-    """The launch script and env file of `arm` on `host` (node variables from the inventory)."""
+    """The launch script and env file of `arm` on `host` (node variables from the inventory; the engine
+    build the arm names, from the host's `specab_engines`)."""
     env = environment(template_dir)
+    build = host.engine_build(arm.engine)      # as roles/server_start picks it (server_start_engine)
     ctx = {
         "specab_arm": arm.to_extravar(),
-        "specab_engine_cmd": host.vars.get("specab_engine_cmd", ["python3", "-m", "sglang.launch_server"]),
-        "specab_node_env": host.vars.get("specab_node_env") or {},
+        "specab_engine_cmd": list(build.cmd),
+        "specab_node_env": host.launch_env(build),
     }
     if run_id:
         ctx["specab_run_id"] = run_id

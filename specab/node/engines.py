@@ -212,6 +212,37 @@ def graph_disabled(server_info: Dict[str, Any]) -> Optional[bool]:
     return bool(v) if isinstance(v, bool) else None
 
 
+# 0.5.23 (A4): the node's graph flags are resolved into /server_info's `cuda_graph_config` (no flat keys):
+# flag key -> path in the body
+GRAPH_READBACK: Dict[str, Tuple[str, str, str]] = {
+    f"cuda_graph_{what}_{phase}": ("cuda_graph_config", phase, field)
+    for phase in ("decode", "prefill")
+    for what, field in (("max_bs", "max_bs"), ("bs", "bs"), ("backend", "backend"))
+}
+
+
+def readback(key: str, server_info: Dict[str, Any]) -> Tuple[bool, Any, str]:
+    """(found, value, where) of a server argument in a /server_info body of either generation: its flat
+    key (0.5.9 and every non-graph argument), else a 0.5.23 graph flag from ``cuda_graph_config.<phase>``,
+    else the deprecated ``disable_cuda_graph`` as both phases' backends ``disabled``."""
+    if key in server_info:
+        return True, server_info[key], key
+    cfg = server_info.get("cuda_graph_config")
+    if not isinstance(cfg, dict):
+        return False, None, key
+    if key in GRAPH_READBACK:
+        _, phase, field = GRAPH_READBACK[key]
+        body = cfg.get(phase)
+        if isinstance(body, dict) and field in body:
+            return True, body[field], "cuda_graph_config.%s.%s" % (phase, field)
+        return False, None, "cuda_graph_config.%s.%s" % (phase, field)
+    if key == "disable_cuda_graph":
+        phases = [cfg.get(p) for p in ("decode", "prefill")]
+        if all(isinstance(b, dict) and "backend" in b for b in phases):
+            return True, all(b["backend"] == "disabled" for b in phases), "cuda_graph_config.{decode,prefill}.backend"
+    return False, None, key
+
+
 def spec_meta(meta: Dict[str, Any]) -> Dict[str, Any]:
     """A meta_info's per-request spec fields under the 0.5.23 names (0.5.9 names translated)."""
     out: Dict[str, Any] = {}

@@ -9,11 +9,15 @@ Engine processes = the main pid recorded in server.json plus all its alive desce
 /proc/*/stat ppid links). For each variable of the env file, each process's /proc/PID/environ
 (the exec-time environment) must hold the expected value; NCCL's ``NCCL INFO <VAR> set by
 environment to <value>`` log lines confirm (or contradict) what NCCL itself read. The server args
-read back from /get_server_info (fallback /server_info) are compared with the arm's expected
-args (SGLang field names), tolerating int/float/str representation differences. Output:
+read back from /server_info (fallback /get_server_info: SGLang 0.5.9) are compared with the arm's
+expected args (the node's spelling, SGLang field names), tolerating int/float/str representation
+differences; on SGLang 0.5.23 the graph flags (``cuda_graph_max_bs_decode``, ``cuda_graph_backend_*``,
+``cuda_graph_bs_*``) are read back from ``cuda_graph_config.<phase>`` (engines.readback). Output:
 
     {"ok": bool, "variables": {VAR: {"expected", "evidence": [...], "mismatches": [...]}},
-     "args": {ARG: {"expected", "actual", "ok"}}, "processes": [...], "error": "..."}
+     "args": {ARG: {"expected", "actual", "ok"[, "read_from"]}}, "processes": [...],
+     "engine": {"version", "generation", "graph_readback", "decode_graph_max_bs", "decode_graph_disabled"},
+     "error": "..."}
 
 Secret values (``*_TOKEN``, ``*_KEY``, ``*_SECRET``, ``*PASSWORD*``) are printed as ``<redacted>``.
 """
@@ -30,6 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import engines  # noqa: E402
 from common import ToolError  # noqa: E402
 
 # "host:pid:tid [dev] NCCL INFO NCCL_P2P_LEVEL set by environment to SYS" (integer params end in '.')
@@ -199,7 +204,9 @@ def check_nccl(expected: Dict[str, str], lines: List[Dict[str, Any]], procs: Lis
 
 def fetch_server_info(base: str, timeout: float) -> Tuple[str, Dict[str, Any]]:
     errors = []
-    for path in ("/get_server_info", "/server_info"):
+    # /server_info first: 0.5.23's path (its /get_server_info is a deprecated alias that logs a warning);
+    # SGLang 0.5.9 answers /get_server_info
+    for path in ("/server_info", "/get_server_info"):
         try:
             with urllib.request.urlopen(base + path, timeout=timeout) as resp:
                 return path, json.loads(resp.read().decode("utf-8"))
@@ -260,20 +267,34 @@ def check_args(expected: Dict[str, Any], info: Dict[str, Any]) -> Tuple[Dict[str
             report[k] = {"expected": None, "actual": common.redact_value(k, info.get(k)), "ok": True,
                          "note": "not passed; server default"}
             continue
-        if k not in info:
+        found, have, where = engines.readback(k, info)
+        if not found:
             report[k] = {"expected": common.redact_value(k, want), "actual": None, "ok": False,
                          "note": "the server does not report this arg"}
-            problems.append("server arg %s: expected %s, but the server does not report it (misspelt or "
-                            "not an SGLang field?)" % (k, common.REDACTED if secret else repr(want)))
+            problems.append("server arg %s: expected %s, but the server does not report it%s (misspelt or "
+                            "not an SGLang field?)" % (k, common.REDACTED if secret else repr(want),
+                                                       "" if where == k else " at %s" % where))
             continue
-        have = info[k]
         ok = values_equal(want, have) or (want is False and have in (None, False, 0, "", "false", "False"))
         report[k] = {"expected": common.redact_value(k, want), "actual": common.redact_value(k, have), "ok": ok}
+        if where != k:
+            report[k]["read_from"] = where      # 0.5.23: the graph flags resolve into cuda_graph_config
         if not ok:
             problems.append("server arg %s: expected %s, but the server runs with %s"
                             % (k, common.REDACTED if secret else repr(want),
                                common.REDACTED if secret else repr(have)))
     return report, problems
+
+
+def engine_readback(info: Dict[str, Any]) -> Dict[str, Any]:
+    """The engine version the server reported, its generation and its resolved decode graph settings."""
+    version = info.get("version") if isinstance(info.get("version"), str) else None
+    gen = engines.generation_of_version(version) if version else None
+    if gen is None:
+        gen = engines.SGLANG_0_5_23 if isinstance(info.get("cuda_graph_config"), dict) else engines.SGLANG_0_5_9
+    return {"version": version, "generation": gen,
+            "graph_readback": "cuda_graph_config" if isinstance(info.get("cuda_graph_config"), dict) else "flat",
+            "decode_graph_max_bs": engines.graph_max_bs(info), "decode_graph_disabled": engines.graph_disabled(info)}
 
 
 # --------------------------------------------------------------------------- main
@@ -323,6 +344,7 @@ def check(a: argparse.Namespace) -> Dict[str, Any]:
         "variables": variables,
         "args": args_report,
         "server_info_endpoint": endpoint,
+        "engine": None if a.no_server_info else engine_readback(info),
         "processes": [{"pid": p["pid"], "name": p["name"], "skipped": p["skipped"],
                        "environ": p.get("environ")} for p in procs],
         "nccl_lines": len(nccl_lines),

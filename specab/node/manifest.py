@@ -9,7 +9,9 @@ Collects: engine version (``import sglang``), torch/CUDA/NCCL versions (each in 
 with a timeout, never fatal), nvidia-smi driver version and GPU UUIDs/names/clocks, hostname,
 kernel, Python, the launch script and args, the env file and the server's environment (engine
 variables only), model/draft paths with sha256 of their small ``*.json`` files, the server record
-and timestamps. A missing piece is recorded as ``"absent"`` or an error string, never fatal.
+and timestamps, and the engine build the run launched (``engine``: the inventory's build name, its argv
+prefix and ``--help`` fingerprint from ``engine.json``, the version the server reported in
+``server_info.json``, and the SGLang generation that version belongs to). A missing piece is recorded as ``"absent"`` or an error string, never fatal.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import engines  # noqa: E402
 
 GPU_FIELDS = ("index", "uuid", "name", "driver_version", "pci.bus_id", "memory.total", "clocks.sm",
               "clocks.mem", "clocks.max.sm", "clocks.max.mem", "power.limit", "pstate", "persistence_mode")
@@ -217,6 +220,31 @@ def _server_args(a: argparse.Namespace, run_dir: str) -> Any:
     return server_args
 
 
+def engine_info(run_dir: str, versions_part: Any) -> Dict[str, Any]:
+    """The engine build of the run: ``engine.json`` (written with launch.sh) and the version its server
+    reported (``server_info.json``), else the package version the engine's Python reports."""
+    rec = _read_json(os.path.join(run_dir, "engine.json"))
+    info = _read_json(os.path.join(run_dir, "server_info.json"))
+    version = info.get("version") if isinstance(info.get("version"), str) else None
+    source = "server_info" if version else None
+    if version is None and isinstance(versions_part, dict) and engines.parse_version(str(versions_part.get("sglang"))):
+        version, source = versions_part["sglang"], "package"
+    build = rec.get("build")
+    return {"build": build if build not in ("", "None") else None, "cmd": rec.get("cmd"),
+            "flags_fingerprint": rec.get("flags_fingerprint") or None, "version": version,
+            "version_source": source,
+            "generation": engines.generation_of_version(version) if version else None}
+
+
+def _read_json(path: str) -> Dict[str, Any]:
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def build(a: argparse.Namespace, parts: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The manifest; ``parts`` (from ``slow_parts``) replaces its host, versions, gpu and models."""
     run_dir = os.path.abspath(a.run_dir)
@@ -230,6 +258,7 @@ def build(a: argparse.Namespace, parts: Optional[Dict[str, Any]] = None) -> Dict
         except common.ToolError as exc:
             env = "error: %s" % exc.message
     sa = server_args if isinstance(server_args, dict) else {}
+    vers = parts["versions"] if parts else versions(a.python, a.probe_timeout)
     extra = {}
     for kv in a.extra:
         k, _, v = kv.partition("=")
@@ -241,7 +270,8 @@ def build(a: argparse.Namespace, parts: Optional[Dict[str, Any]] = None) -> Dict
         "run_dir": run_dir,
         "run_id": os.path.basename(run_dir),
         "host": parts["host"] if parts else host_info(),
-        "versions": parts["versions"] if parts else versions(a.python, a.probe_timeout),
+        "versions": vers,
+        "engine": engine_info(run_dir, vers),
         "gpu": parts["gpu"] if parts else gpus(a.smi, a.smi_timeout),
         "server_args": common.redact_mapping(server_args),
         "env_file": {"path": env_path, "values": env},

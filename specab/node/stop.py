@@ -12,6 +12,13 @@ SIGKILLed. GPU compute processes that are not ours are reported and left alone u
 ``--force-foreign``. Every signal is recorded with its time. Idempotent: with nothing recorded
 the answer is ``{"was_running": false}``. On success server.json becomes last_server.json.
 
+The engine's own shutdown is recorded (``shutdown``), both SGLang styles (engines-2026.md A7): 0.5.23
+drains, sends ShutdownReq to its schedulers, kills its children only and exits normally; 0.5.9 drains
+and SIGKILLs its whole tree, itself included (status -9). From the server log written during this stop
+(drain lines ``Gracefully exiting...``, ``ShutdownReq``), which processes were gone before any SIGKILL of
+ours, and the main process's exit status where this process is its parent (the run queue's sequencer
+started it; a per-run stop.py is not, and says so).
+
 A live sequencer of ours (``sequence.py serve``, recorded in sequencer.json with its pid and start
 time) is stopped FIRST (SIGTERM, poll, SIGKILL after ``--sequencer-grace``): it would otherwise
 start the next queued run right after this stop. On SIGTERM it stops its own server and marks its
@@ -111,6 +118,67 @@ def sweep_leftovers(rec: Optional[Dict[str, Any]], st: Stopper) -> List[int]:
     return [p.pid for p in left]
 
 
+DRAIN_LINE = "Gracefully exiting"
+SHUTDOWN_REQ = "ShutdownReq"
+
+
+def log_size(rec: Dict[str, Any]) -> Optional[int]:
+    try:
+        return os.path.getsize(str(rec.get("log")))
+    except (OSError, TypeError):
+        return None
+
+
+def log_since(rec: Dict[str, Any], offset: Optional[int], limit: int = 1 << 20) -> str:
+    """What the server log gained since ``offset`` (at most ``limit`` bytes)."""
+    if offset is None:
+        return ""
+    try:
+        with open(str(rec.get("log")), "rb") as fh:
+            fh.seek(offset)
+            return fh.read(limit).decode("utf-8", "replace")
+    except (OSError, TypeError):
+        return ""
+
+
+def main_exit(pid: Optional[int]) -> Dict[str, Any]:
+    """The main process's exit status when this process is its parent (and it has exited), else why not."""
+    if pid is None:
+        return {"observable": False, "why": "no pid recorded"}
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return {"observable": False, "why": "the server is not a child of this process (start.py launched it "
+                                            "and exited), so its exit status cannot be read"}
+    except OSError as exc:
+        return {"observable": False, "why": "waitpid: %s" % exc}
+    if done != pid:
+        return {"observable": False, "why": "the main process has not exited"}
+    if os.WIFSIGNALED(status):
+        return {"observable": True, "signal": os.WTERMSIG(status), "status": -os.WTERMSIG(status)}
+    return {"observable": True, "code": os.WEXITSTATUS(status), "status": os.WEXITSTATUS(status)}
+
+
+def shutdown_record(text: str, initially: List[common.ProcStat], pid: Optional[int], escalated: bool,
+                    exit_info: Dict[str, Any]) -> Dict[str, Any]:
+    """How the engine shut itself down (both SGLang styles), from the log it wrote during this stop."""
+    lines = text.splitlines()
+    drain = [l for l in lines if DRAIN_LINE in l]
+    req = [l for l in lines if SHUTDOWN_REQ in l]
+    children = [p.pid for p in initially if p.pid != pid]
+    if escalated:
+        style = "killed-by-stop"          # the engine did not finish within the grace period
+    elif req or exit_info.get("status") == 0:
+        style = "shutdown-req"            # 0.5.23: schedulers told to exit, children killed, main exits 0
+    elif exit_info.get("signal") == signal.SIGKILL:
+        style = "tree-kill"               # 0.5.9: the engine SIGKILLed its tree and itself
+    else:
+        style = "no-shutdown-req"         # 0.5.9-like; its exit status was not observable here
+    return {"style": style, "drain_lines": len(drain), "drain_last": drain[-1].strip() if drain else None,
+            "shutdown_req_seen": bool(req), "children": children,
+            "children_gone_before_our_kill": not escalated, "main_exit": exit_info}
+
+
 def idle_stop(a: argparse.Namespace, node_dir: str) -> Dict[str, Any]:
     """Nothing recorded: sweep survivors of the previous server's session (still ours) and, only
     with --force-foreign, the GPU compute processes."""
@@ -165,6 +233,7 @@ def stop_server(a: argparse.Namespace, on_gone: Optional[Callable[[], None]] = N
            "run_id": rec.get("run_id"), "arm": rec.get("arm"), "escalated": False, "grace_s": a.grace}
     initially = st.remaining()
     out["processes_at_start"] = [{"pid": p.pid, "name": common.display_name(p.pid)} for p in initially]
+    log_offset = log_size(rec)
     if initially:
         out["was_running"] = True
         st.send(signal.SIGTERM, "pgid", st.pgid, "stop: terminate the server's process group")
@@ -190,6 +259,8 @@ def stop_server(a: argparse.Namespace, on_gone: Optional[Callable[[], None]] = N
                                 "server.json is kept so stop can be retried"
                                 % (a.kill_wait, "; ".join(common.describe_text(p.pid) for p in left)), out)
             out["kill_to_gone_s"] = round(time.time() - t_kill, 4)
+        out["shutdown"] = shutdown_record(log_since(rec, log_offset), initially, st.pid, out["escalated"],
+                                          main_exit(st.pid))
     if on_gone is not None:
         on_gone()
 
@@ -212,7 +283,7 @@ def stop_server(a: argparse.Namespace, on_gone: Optional[Callable[[], None]] = N
 
     last = dict(rec)
     last["stopped_at"] = out["stopped_at"]
-    last["stop"] = {k: out.get(k) for k in ("escalated", "term_to_gone_s", "kill_to_gone_s", "total_s")}
+    last["stop"] = {k: out.get(k) for k in ("escalated", "term_to_gone_s", "kill_to_gone_s", "total_s", "shutdown")}
     common.write_json(os.path.join(node_dir, common.LAST_SERVER_JSON), last)
     os.remove(os.path.join(node_dir, common.SERVER_JSON))
     if out["gpu_foreign"] and not a.force_foreign:

@@ -218,9 +218,17 @@ def _help_0523_flags() -> list[str]:
     return sorted(set(re.findall(r"\[(--[A-Za-z0-9][A-Za-z0-9_-]*)", usage)) - {"--help"})
 
 
+def _flags_059() -> list[str]:
+    """Every long flag of SGLang 0.5.9 (its ServerArgs.add_cli_args, data/sglang-0.5.9-flags.txt)."""
+    from specab.sim.versions import FLAGS_059
+    return sorted(line.strip() for line in FLAGS_059.read_text().splitlines()
+                  if line.strip().startswith("--"))
+
+
 def build_parser(prog: Optional[str] = None, version: str = "0.5.23") -> argparse.ArgumentParser:
-    """SGLang's argparse parser of `version` (0.5.9: the simulator's subset; 0.5.23: the same subset with the
-    per-phase graph flags, and every other flag of the real 0.5.23 --help accepted and ignored)."""
+    """SGLang's argparse parser of `version`: the simulator's modelled subset (0.5.23: with the per-phase
+    graph flags), and every other flag of that release's real flag set (0.5.23: its real --help; 0.5.9:
+    its add_cli_args) accepted and ignored; a flag outside the release's set exits 2 as SGLang does."""
     parser = argparse.ArgumentParser(prog=prog)
     defaults = ServerArgs()
     table = _FLAGS
@@ -235,10 +243,15 @@ def build_parser(prog: Optional[str] = None, version: str = "0.5.23") -> argpars
             if not extra.get("required"):
                 extra.setdefault("default", default)
             parser.add_argument(*flags, dest=dest, type=kind, **extra)
+    known = {f for flags, _, _, _ in table for f in flags}
     if version != "0.5.9":
-        known = {f for flags, _, _, _ in table for f in flags}
         for i, flag in enumerate(f for f in _help_0523_flags() if f not in known):
             parser.add_argument(flag, dest=f"{_IGNORED}{i}", nargs="*", help=argparse.SUPPRESS)
+    else:
+        # listed in --help (the driver's preflight reads the node's flag set from it), not modelled
+        for i, flag in enumerate(f for f in _flags_059() if f not in known):
+            parser.add_argument(flag, dest=f"{_IGNORED}{i}", nargs="*",
+                                help="accepted by SGLang 0.5.9; not modelled by the simulator")
     return parser
 
 

@@ -242,7 +242,7 @@ class Launch:
         if slow is not None:
             sim_info["slow_instance"] = {"instance": slow.instance, "pct": slow.pct,
                                          "this_instance": slow.speed_factor(instance) != 1.0}
-        self.state = ServerState(args=a, cap=cap, engine=engine, log=self.log, version=self.profile.version,
+        self.state = ServerState(args=a, cap=cap, engine=engine, log=self.log, version=versions.current().name,
                                  architecture=self.profile.model.architecture, simulator=sim_info)
         await asyncio.sleep(self.profile.load.http_start_s / st.time_scale)
         sock = self.bind()
@@ -300,7 +300,7 @@ class Launch:
             st = self.state
             while st is not None and (st.engine.busy() or st.inflight):
                 remaining = max(st.inflight, len(st.engine.running) + len(st.engine.waiting))
-                self.log.info(f"Gracefully exiting... remaining number of requests {remaining}")
+                self.log.info(f"Gracefully exiting... Remaining number of requests {remaining}")
                 await asyncio.sleep(poll)
         if versions.current().shutdown_req:
             # 0.5.23 (tokenizer_manager.py:3508-3570): ShutdownReq to the schedulers, wait up to 15 s, kill the

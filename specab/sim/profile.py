@@ -112,7 +112,6 @@ class NoiseProfile:
 class Profile:
     name: str
     description: str
-    version: str
     gpu: GpuProfile
     model: ModelProfile
     load: LoadProfile
@@ -184,6 +183,10 @@ def shipped_profiles() -> list[str]:
 
 
 def profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Profile:
+    if isinstance(data, Mapping) and "version" in data:
+        raise ProfileError(f"{source}: 'version' is no longer a profile key: the SGLang release the simulator "
+                           f"plays (and reports in /server_info) is SPECAB_SIM_SGLANG_VERSION (0.5.23 default, "
+                           f"0.5.9). Remove the key.")
     prof = _build(Profile, data, source)
     if prof.gpu.count < 1:
         raise ProfileError(f"{source}: gpu.count must be >= 1")

@@ -13,6 +13,7 @@ from typing import Mapping, Optional
 ENV = "SPECAB_SIM_SGLANG_VERSION"
 DEFAULT = "0.5.23"
 HELP_0523 = Path(__file__).resolve().parent / "data" / "sglang-0.5.23-help.txt"
+FLAGS_059 = Path(__file__).resolve().parent / "data" / "sglang-0.5.9-flags.txt"   # the real 0.5.9 flag set
 
 
 @dataclass(frozen=True)

@@ -237,3 +237,25 @@ def test_doctor_advice_on_0523_names_only_flags_the_node_has():
     (old,) = fired(clean(tweak=lambda run, arm: setattr(run, "log", F.log_stats(True, 2.1, 60.5, cuda_graph=False))
                          if arm.is_spec else None), "verify-without-cuda-graph")
     assert "--disable-cuda-graph" in old.message
+
+
+def test_engine_builds_are_judged_each_against_their_own_baseline_and_generation():
+    """Issue 15, engine axis: two builds' arms differ on purpose (0.5.9 vs 0.5.23 readback); like-for-like is
+    judged within each build's group, and each spec arm's advice is spelt for its own build."""
+    from specab.analysis.model import Arm
+    arm_list = [Arm("baseline-old", dict(F.BASE_ARGS), dict(F.TUNED), baseline="baseline-old"),
+                Arm("eagle3-s2-old", F.spec_args(2), dict(F.TUNED), baseline="baseline-old"),
+                Arm("baseline-new", dict(F.BASE_ARGS), dict(F.TUNED), baseline="baseline-new"),
+                Arm("eagle3-s2-new", F.spec_args(2), dict(F.TUNED), baseline="baseline-new")]
+
+    def tweak(run, arm):
+        if arm.name.endswith("-new"):
+            _as_0523(run, arm)
+        if arm.is_spec:
+            run.log = F.log_stats(True, 2.1, 60.5, cuda_graph=False)
+    exp = F.experiment({"baseline-old": 82.0, "eagle3-s2-old": 60.0, "baseline-new": 82.0, "eagle3-s2-new": 60.0},
+                       blocks=4, arm_list=arm_list, tweak=tweak)
+    assert fired(exp, "arms-not-like-for-like") == []       # the builds differ, each build's arms do not
+    graph = {f.arm: f.message for f in fired(exp, "verify-without-cuda-graph")}
+    assert "--disable-cuda-graph" in graph["eagle3-s2-old"] and "--cuda-graph-max-bs " in graph["eagle3-s2-old"]
+    assert "--cuda-graph-max-bs-decode" in graph["eagle3-s2-new"] and "--disable-cuda-graph" not in graph["eagle3-s2-new"]

@@ -12,10 +12,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SMI = json.dumps([sys.executable, "-m", "specab.sim.smi"])
 
 
-def make_run(tmp: Path, name: str, args: dict, env: dict) -> Path:
+def make_run(tmp: Path, name: str, args: dict, env: dict, engine: dict | None = None,
+             server_info: dict | None = None) -> Path:
     """A run directory with a manifest written by the real node tool (specab/node/manifest.py)."""
     rd = tmp / name
     rd.mkdir(parents=True)
+    if engine is not None:       # as roles/server_start writes it beside launch.sh
+        (rd / "engine.json").write_text(json.dumps(engine))
+    if server_info is not None:  # as envcheck writes the server's /server_info body
+        (rd / "server_info.json").write_text(json.dumps(server_info))
     (rd / "args.json").write_text(json.dumps(args))
     (rd / "nccl.env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in args.items())
@@ -78,3 +83,22 @@ def test_env_factor_is_one_difference_even_when_seen_in_two_places_and_secrets_s
 def test_unknown_run_is_an_actionable_error(tmp_path):
     with pytest.raises(provenance.ProvenanceError, match="experiment>/<run-id>"):
         provenance.load_manifest("nope", tmp_path)
+
+
+def test_diff_of_two_engine_builds_shows_the_version_change(tmp_path):
+    """Issue 15: each manifest records its engine build, the version its server reported and the --help
+    fingerprint; `diff` names exactly that change, first."""
+    (tmp_path / "node").mkdir()
+    cmd = ["python3", "-m", "sglang.launch_server"]
+    a = make_run(tmp_path, "001-baseline-sglang-0.5.9", ARGS, ENV,
+                 {"build": "sglang-0.5.9", "cmd": cmd, "flags_fingerprint": "aaaa"}, {**ARGS, "version": "0.5.9"})
+    b = make_run(tmp_path, "002-baseline-sglang-0.5.23", ARGS, ENV,
+                 {"build": "sglang-0.5.23", "cmd": cmd, "flags_fingerprint": "bbbb"}, {**ARGS, "version": "0.5.23"})
+    mb = json.loads((b / "manifest.json").read_text())
+    assert mb["engine"] == {"build": "sglang-0.5.23", "cmd": cmd, "flags_fingerprint": "bbbb", "version": "0.5.23",
+                            "version_source": "server_info", "generation": "0.5.23"}
+    diffs = provenance.diff_manifests(json.loads((a / "manifest.json").read_text()), mb)
+    got = {(d.category, d.key, d.a, d.b) for d in diffs}
+    assert got == {("engine", "build", "sglang-0.5.9", "sglang-0.5.23"), ("engine", "version", "0.5.9", "0.5.23"),
+                   ("engine", "generation", "0.5.9", "0.5.23"), ("engine", "flags_fingerprint", "aaaa", "bbbb")}
+    assert diffs[0].category == "engine"

@@ -161,3 +161,18 @@ def test_distinct_points_keeps_every_outlier_and_drops_only_repeats():
     assert len(report.distinct_points(x[:0], y[:0])) == 0
     one = report.distinct_points([1.0, 1.0], [5.0, 5.0])
     assert one.tolist() == [0]
+
+
+def test_an_engine_ab_gets_one_speedup_and_one_spec_model_per_build():
+    """Issue 15: each build's arms against its own baseline, in the speedup table and the spec model."""
+    from specab.analysis.model import Arm
+    from tests.analysis import factory as F
+    arm_list = [Arm(f"baseline-{b}", dict(F.BASE_ARGS), dict(F.TUNED), baseline=f"baseline-{b}") for b in ("a", "b")]
+    arm_list += [Arm(f"eagle3-s2-{b}", F.spec_args(2), dict(F.TUNED), baseline=f"baseline-{b}") for b in ("a", "b")]
+    exp = F.experiment({"baseline-a": 82.0, "eagle3-s2-a": 95.0, "baseline-b": 60.0, "eagle3-s2-b": 66.0},
+                       blocks=3, arm_list=arm_list)
+    exp.baseline = "baseline-a"
+    md = report.to_markdown(report.build_report(exp, plots=False))
+    assert "## Speculative-decoding model vs baseline-a" in md and "## Speculative-decoding model vs baseline-b" in md
+    assert re.search(r"\| eagle3-s2-b \| baseline-b \| 3 \| 1\.1\d\d \|", md), md
+    assert re.search(r"\| eagle3-s2-a \| baseline-a \| 3 \| 1\.1\d\d \|", md)

@@ -115,7 +115,7 @@ def _cache_flags(tmp_path: Path, monkeypatch, inv: Path, flags: set[str], versio
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     host = load_inventory(str(inv)).hosts[0]
     cmd = [str(c) for c in host.vars["specab_engine_cmd"]]
-    path = preflight._cache_file(host, cmd, version)
+    path = preflight._cache_file(host, host.engine_build(None), version)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"host": host.name, "engine_cmd": cmd, "version": version, "flags": sorted(flags)}))
 
@@ -215,3 +215,84 @@ def test_skip_invalid_never_leaves_a_baseline_only_ab(experiment_file, inventory
     code, _ = run_cli("plan", "-e", str(f), "-i", str(inv), "--skip-invalid", "--matrix", "env.NCCL_PROTO=LL,Simple")
     err = capsys.readouterr().err
     assert code == 2 and "nothing to compare with the baseline" in err, err
+
+
+
+TWO_ENGINES = """\
+          specab_engines:
+            sglang-0.5.9:
+              env: {SPECAB_SIM_SGLANG_VERSION: "0.5.9"}
+            sglang-0.5.23:
+              python: /opt/sgl0523/bin/python
+"""
+
+
+def test_plan_renders_each_arm_with_its_engine_build(tmp_path, experiment_file, inventory, no_processes, monkeypatch):
+    """The engine axis (issue 15): a build's env is exported after the node env, `python` replaces the first word."""
+    inv, _ = inventory
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    inv.write_text(inv.read_text() + TWO_ENGINES)
+    code, out = run_cli("plan", "-e", str(experiment_file), "-i", str(inv), "--matrix",
+                        "engine=sglang-0.5.9,sglang-0.5.23", "--matrix", "steps=2", "--repeats", "1")
+    assert code == 0, out
+    arms = out.split("=== arm ")[1:]
+    assert len(arms) == 4
+    old = next(a for a in arms if a.startswith("baseline-sglang-0.5.9 (baseline, engine build sglang-0.5.9)"))
+    new = next(a for a in arms if a.startswith("eagle3-s2-k1-d3-sglang-0.5.23 (compared with baseline-sglang-0.5.23, "
+                                               "engine build sglang-0.5.23)"))
+    assert "export SPECAB_SIM_SGLANG_VERSION=0.5.9" in old and "-m specab.sim.launch_server" in old
+    assert "exec /opt/sgl0523/bin/python -m specab.sim.launch_server" in new and "SGLANG_VERSION" not in new
+    assert "engine build sglang-0.5.9: not yet known" in out and "engine build sglang-0.5.23: not yet known" in out
+
+
+def test_an_engine_build_the_inventory_lacks_is_refused_before_anything_runs(tmp_path, experiment_file, inventory,
+                                                                            no_processes, capsys):
+    inv, node_dir = inventory
+    inv.write_text(inv.read_text() + TWO_ENGINES)
+    code, _ = run_cli("-e", str(experiment_file), "-i", str(inv), "--runs-dir", str(tmp_path / "runs"),
+                      "--matrix", "engine=sglang-0.5.9,sglang-0.6.0")
+    err = capsys.readouterr().err
+    assert code == 2 and "declares no engine build sglang-0.6.0" in err and "sglang-0.5.9, sglang-0.5.23" in err
+    assert "Nothing was started" in err and not node_dir.exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("specab_engines: [a, b]", "must map engine build names"),
+    ("specab_engines: {a: {pyhton: /x}}", "unknown key(s) pyhton"),
+    ("specab_engines: {a: {python: /x, cmd: [/x]}}", "not both"),
+    ("specab_engines: {'a b': {}}", "is not a build name"),
+])
+def test_a_malformed_specab_engines_is_refused(tmp_path, experiment_file, inventory, no_processes, capsys, body, needle):
+    inv, _ = inventory
+    inv.write_text(inv.read_text() + "          " + body + "\n")
+    code, _ = run_cli("plan", "-e", str(experiment_file), "-i", str(inv))
+    assert code == 2 and needle in capsys.readouterr().err
+
+
+def test_plan_spells_each_build_with_its_own_cached_flags(tmp_path, write, inventory, no_processes, monkeypatch):
+    """Each engine build's --help is cached on its own: the 0.5.23 build's arms get the 0.5.23 spelling,
+    the 0.5.9 build's arms (flags not yet read) keep the experiment's names."""
+    import json
+
+    from specab.config.inventory import load_inventory
+    from specab.driver import preflight
+    from tests.driver.conftest import EXPERIMENT
+    inv, _ = inventory
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    inv.write_text(inv.read_text() + TWO_ENGINES)
+    host = load_inventory(str(inv)).hosts[0]
+    build = host.engine_build("sglang-0.5.23")
+    help_text = (Path(__file__).resolve().parents[2] / "specab/sim/data/sglang-0.5.23-help.txt").read_text()
+    path = preflight._cache_file(host, build, "sglang 0.5.23")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"host": host.name, "engine_cmd": list(build.cmd), "build": build.name,
+                                "env": preflight._node_env(host, build), "version": "sglang 0.5.23",
+                                "flags": sorted(preflight.parse_help_flags(help_text))}))
+    exp = write("g.yml", EXPERIMENT.replace("tp_size: 2", "tp_size: 2\n    cuda_graph_max_bs: 16"))
+    code, out = run_cli("plan", "-e", str(exp), "-i", str(inv), "--matrix", "engine=sglang-0.5.9,sglang-0.5.23")
+    assert code == 0, out
+    assert "engine build: sglang-0.5.23 (sglang 0.5.23), SGLang 0.5.23 flag set" in out
+    assert "engine build sglang-0.5.9: not yet known" in out
+    arms = {a.split(" ", 1)[0]: a for a in out.split("=== arm ")[1:]}
+    assert "--cuda-graph-max-bs-decode 16" in arms["baseline-sglang-0.5.23"]
+    assert "--cuda-graph-max-bs 16" in arms["baseline-sglang-0.5.9"]

@@ -129,3 +129,31 @@ def test_adjustment_collapsing_two_combinations_runs_once(experiment_file):
 def test_newline_in_value_refused(experiment_file):
     with pytest.raises(MatrixError):
         parse_matrix(["env.X=a\nb"])
+
+
+def test_engine_axis_makes_every_arm_per_engine_build_each_with_its_own_baseline(experiment_file):
+    """--matrix engine=... (issue 15): the baseline too is made per build; an arm is compared with its build's."""
+    s = arms_of(experiment_file, "engine=sglang-0.5.9,sglang-0.5.23", "steps=2")
+    by = {a.name: a for a in s.arms}
+    assert set(by) == {"baseline-sglang-0.5.9", "eagle3-s2-k1-d3-sglang-0.5.9",
+                       "baseline-sglang-0.5.23", "eagle3-s2-k1-d3-sglang-0.5.23"}
+    for build in ("sglang-0.5.9", "sglang-0.5.23"):
+        base, spec = by[f"baseline-{build}"], by[f"eagle3-s2-k1-d3-{build}"]
+        assert base.is_baseline and base.engine == build and base.matrix == {"engine": build}
+        assert spec.baseline == base.name and spec.engine == build and not spec.is_baseline
+        assert "engine" not in spec.server_args          # a build is not an engine argument
+        assert spec.to_extravar()["engine"] == build and spec.to_json()["engine"] == build
+    # identical arguments on two builds are two arms, not one "identical" arm
+    assert not any("identical" in n for n in s.notices)
+
+
+def test_engine_axis_combines_with_other_conditions(experiment_file):
+    s = arms_of(experiment_file, "env.NCCL_PROTO=LL,Simple", "engine=a,b")
+    names = {a.name for a in s.arms}
+    assert "baseline-NCCL_PROTO-Simple-b" in names and "eagle3-s2-NCCL_PROTO-LL-a" in names and len(names) == 8
+
+
+@pytest.mark.parametrize("spec", ["engine=sglang 0.5.9", "engine=-x", "engine=a/b"])
+def test_engine_axis_refuses_a_value_that_is_no_build_name(spec):
+    with pytest.raises(MatrixError, match="not an engine build name"):
+        parse_matrix([spec])

@@ -154,6 +154,37 @@ def test_server_arg_comparison_tolerates_representation_only():
     assert report["api_key"]["expected"] == "<redacted>"
 
 
+# shared/reference/engines-2026.md A4: 0.5.23 reads the graph settings back from cuda_graph_config (no flat
+# cuda_graph_max_bs/_bs keys); what the node's spelling (--cuda-graph-max-bs-decode 16 and the per-phase
+# backends for disable_cuda_graph) must be compared with
+INFO_0523 = {"tp_size": 8, "version": "0.5.23", "cuda_graph_config": {
+    "decode": {"backend": "disabled", "max_bs": 16, "bs": [1, 2, 4, 8, 16]},
+    "prefill": {"backend": "disabled", "max_bs": None, "bs": None}}}
+
+
+def test_server_args_of_0523_graph_flags_are_read_back_from_cuda_graph_config():
+    report, problems = envcheck.check_args({"tp_size": 8, "cuda_graph_max_bs_decode": 16,
+                                            "cuda_graph_backend_decode": "disabled",
+                                            "cuda_graph_backend_prefill": "disabled", "disable_cuda_graph": True},
+                                           INFO_0523)
+    assert problems == [], problems
+    assert report["cuda_graph_max_bs_decode"]["read_from"] == "cuda_graph_config.decode.max_bs"
+    assert "read_from" not in report["tp_size"]
+    # a wrong value is named with where it was read
+    _, problems = envcheck.check_args({"cuda_graph_max_bs_decode": 32, "cuda_graph_bs_prefill": [1]},
+                                      {**INFO_0523, "cuda_graph_config": {"decode": {"max_bs": 16}}})
+    assert any("cuda_graph_max_bs_decode: expected 32, but the server runs with 16" in p for p in problems)
+    assert any("cuda_graph_bs_prefill" in p and "at cuda_graph_config.prefill.bs" in p for p in problems)
+    # 0.5.9: flat keys, as before
+    _, problems = envcheck.check_args({"cuda_graph_max_bs": 16, "disable_cuda_graph": True},
+                                      {"cuda_graph_max_bs": 16, "disable_cuda_graph": True, "version": "0.5.9"})
+    assert problems == []
+    assert envcheck.engine_readback(INFO_0523) == {
+        "version": "0.5.23", "generation": "0.5.23", "graph_readback": "cuda_graph_config",
+        "decode_graph_max_bs": 16, "decode_graph_disabled": True}
+    assert envcheck.engine_readback({"cuda_graph_max_bs": 8, "version": "0.5.9"})["graph_readback"] == "flat"
+
+
 @pytest.mark.parametrize("line,kind", [
     ("launch_server.py: error: unrecognized arguments: --bogus-flag", "unrecognized arguments"),
     ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.", "out of memory"),

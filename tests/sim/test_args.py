@@ -143,3 +143,23 @@ def test_unknown_version_is_refused(tmp_path):
     r = subprocess.run([PY, "-m", "specab.sim.launch_server", "--model-path", "/m"], env=env, cwd=REPO,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "SPECAB_SIM_SGLANG_VERSION='0.4.0'" in r.stderr and "0.5.23" in r.stderr
+
+
+def test_059_help_is_the_real_059_flag_set_and_refuses_0523_flags(tmp_path):
+    """0.5.9's --help lists exactly the real 0.5.9 flags (its add_cli_args: 341 with aliases, engines-2026.md A1),
+    so the driver's preflight reads the 0.5.9 generation; an unmodelled 0.5.9 flag is accepted, a 0.5.23-only
+    flag is not."""
+    from specab.driver.preflight import parse_help_flags
+    from specab.node import engines
+    from specab.sim.versions import FLAGS_059
+    real = {l.strip() for l in FLAGS_059.read_text().splitlines() if l.startswith("--")}
+    env = {**base_env(tmp_path, 1), "SPECAB_SIM_SGLANG_VERSION": "0.5.9"}
+    r = subprocess.run([PY, "-m", "specab.sim.launch_server", "--help"], env=env, cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    flags = parse_help_flags(r.stdout)
+    assert r.returncode == 0 and flags == real and len(real) == 341
+    assert engines.generation_of_flags(flags) == "0.5.9" and "--cuda-graph-max-bs" in flags
+    assert parse_server_args(["--model-path", "/m", "--enable-piecewise-cuda-graph"], version="0.5.9").model_path == "/m"
+    with pytest.raises(SystemExit) as exc:
+        parse_server_args(["--model-path", "/m", "--cuda-graph-backend-decode", "disabled"], version="0.5.9")
+    assert exc.value.code == 2

@@ -102,7 +102,7 @@ def test_sigterm_drains_requests_then_exits_with_children(launch, version):
         assert rc == 0, "SGLang 0.5.23: ShutdownReq, children killed, the main process exits normally"
         assert "ShutdownReq" in srv.log_text()
     wait_for(lambda: not any(alive(k) for k in kids), 10, "children gone")
-    assert "Gracefully exiting... remaining number of requests 1" in srv.log_text()
+    assert "Gracefully exiting... Remaining number of requests 1" in srv.log_text()
     wait_for(lambda: memory_used(srv.state) == [0] * 8, 10, "memory released")
 
 
