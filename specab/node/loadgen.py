@@ -542,6 +542,39 @@ def discover_model(target: Target, timeout: float) -> Optional[str]:
         conn.close()
 
 
+def scrape_metrics(target: "Target", timeout: float) -> Optional[Dict[str, Any]]:
+    """vLLM's spec-decode counters from /metrics, or None when the server has none (SGLang, the simulator)."""
+    conn = target.connect(min(timeout, 10.0))
+    try:
+        conn.request("GET", target.base_path + "/metrics")
+        resp = conn.getresponse()
+        text = resp.read().decode("utf-8", "replace")
+        if resp.status != 200:
+            return None
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+    if "vllm:" not in text:
+        return None
+    return engines.vllm_spec_counters(text)
+
+
+def add_engine_acceptance(summary: Dict[str, Any], before: Optional[Dict[str, Any]],
+                          after: Optional[Dict[str, Any]]) -> None:
+    """The engine's own acceptance over the measured requests (vLLM: /metrics deltas): summary["spec_metrics"]
+    (drafts, draft_tokens, accepted, accept_len = 1 + accepted/drafts, accept_rate = accepted/draft tokens,
+    per_position_rate); accept_len_mean takes it when the responses carried no per-request acceptance."""
+    if before is None or after is None:
+        return
+    acc = engines.vllm_acceptance(before, after)
+    acc["source"] = "vllm /metrics delta over the measured requests"
+    summary["spec_metrics"] = acc
+    if summary.get("accept_len_mean") is None and acc["accept_len"] is not None:
+        summary["accept_len_mean"] = acc["accept_len"]
+        summary["accept_len_from"] = "metrics"
+
+
 def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> Dict[str, Any]:
     """Run warm-up then measured requests; write cfg.out (and cfg.summary); return the summary."""
     cfg.validate()
@@ -559,12 +592,15 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
             log("warm-up: %d request(s)" % len(warm_prompts))
             _run_phase(cfg, target, warm_prompts, True, recorder)
         log("measuring: %d request(s) at concurrency %d" % (len(prompts), cfg.concurrency))
+        before = scrape_metrics(target, cfg.timeout)
         cpu0 = time.process_time()
         t0 = time.perf_counter()
         _run_phase(cfg, target, prompts, False, recorder)
         duration = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
+        after = scrape_metrics(target, cfg.timeout) if before is not None else None
     summary = summarize(cfg, recorder.records, duration, cpu, data_hash)
+    add_engine_acceptance(summary, before, after)
     if cfg.summary:
         tmp = cfg.summary + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:

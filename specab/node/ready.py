@@ -191,6 +191,34 @@ def probe(base: str, path: str, timeout: float) -> Tuple[Optional[int], str]:
         return None, str(reason)
 
 
+def probe_generation(base: str, timeout: float) -> Tuple[bool, str]:
+    """One real generation over the OpenAI completions API (2 tokens): (ok, note). The model name comes
+    from /v1/models (vLLM refuses an unknown one)."""
+    body: Dict[str, Any] = {"prompt": "w1 w2 w3", "max_tokens": 2, "temperature": 0}
+    try:
+        with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as resp:
+            models = json.loads(resp.read().decode("utf-8")).get("data") or []
+        if models:
+            body["model"] = models[0].get("id")
+    except (urllib.error.URLError, OSError, ValueError):
+        pass
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            answer = json.loads(resp.read().decode("utf-8"))
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode("utf-8", "replace")[:300]
+        return False, "POST /v1/completions answered HTTP %d %s" % (exc.code, text.strip())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return False, "POST /v1/completions failed: %s" % (getattr(exc, "reason", exc),)
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not choices:
+        return False, "POST /v1/completions answered no choices: %s" % json.dumps(answer)[:300]
+    usage = answer.get("usage") or {}
+    return True, "POST /v1/completions generated %s token(s)" % usage.get("completion_tokens", "?")
+
+
 def write_progress(path: Optional[str], phase: str, t0: float, watcher: LogWatcher) -> None:
     if not path:
         return
@@ -254,6 +282,23 @@ def wait_ready(a: argparse.Namespace) -> Dict[str, Any]:
             endpoint = "/health"
             status, note = probe(base, endpoint, max(0.5, min(5.0, left)))
         last_note = note
+        if status == 200 and endpoint == "/health":
+            # /health alone is not readiness: a real vLLM answered 200 while its engine could not serve one
+            # request (shared/facts/real-engines-on-cpu.md). Prove one real generation.
+            ok, why = probe_generation(base, max(5.0, min(60.0, left)))
+            if not ok:
+                settle = time.monotonic() + FATAL_SETTLE_S + 2.0
+                while time.monotonic() < settle and watcher.fatal is None:
+                    watcher.poll()
+                    time.sleep(0.1)
+                watcher.poll()
+                fatal = watcher.best_fatal_line() or watcher.exception_line
+                raise fail("the server answered /health 200 after %.1fs but could not generate: %s%s. "
+                           "Log tail of %s:\n%s"
+                           % (time.monotonic() - t0, why,
+                              "; the log says: %r" % common.redact_text(fatal) if fatal else "",
+                              a.log, tail_text(watcher)))
+            out["generation_check"] = why
         if status == 200:
             watcher.poll()
             elapsed = round(time.monotonic() - t0, 3)
