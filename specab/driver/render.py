@@ -52,6 +52,7 @@ def render_arm(arm: ArmSpec, host: Host, run_id: str | None = None,
         "specab_arm": arm.to_extravar(),
         "specab_engine_cmd": host.vars.get("specab_engine_cmd", ["python3", "-m", "sglang.launch_server"]),
         "specab_node_env": host.vars.get("specab_node_env") or {},
+        "specab_engine": host.vars.get("specab_engine") or "sglang",
     }
     if run_id:
         ctx["specab_run_id"] = run_id
