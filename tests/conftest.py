@@ -8,10 +8,14 @@ their order, and every test makes its own nodes, ports and directories.
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 # longest first, from CI's --durations table (seconds of the whole module, session 2)
 LONG_MODULES = (
+    "tests/real_engine/test_real_vllm.py",     # real vLLM servers on the CPU (issue 16): minutes, start first
     "tests/scale/test_fleet.py",               # ~400 s: a fleet and the same blocks one after another
     "tests/driver/test_queue.py",              # ~170 s
     "tests/driver/test_e2e_sim.py",            # ~125 s
@@ -30,3 +34,45 @@ def _rank(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=_rank)      # stable: the rest keep pytest's order
+
+
+# --------------------------------------------------------------------------- no real engine left behind
+# Suite-level check (issue 16): no `VLLM::` process (a real vLLM's EngineCore or Worker) that appeared during the
+# session may outlive it. Checked once, by the controlling process (with xdist: not by the workers).
+
+def live_vllm_processes() -> dict[int, str]:
+    """pid -> title of every live (non-zombie) VLLM::* process on the machine."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            title = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if title.startswith("VLLM::") and state != "Z":
+            found[int(entry)] = title
+    return found
+
+
+_VLLM_BEFORE = "specab_vllm_before"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):
+        setattr(session.config, _VLLM_BEFORE, live_vllm_processes())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput") or not hasattr(session.config, _VLLM_BEFORE):
+        return
+    before = getattr(session.config, _VLLM_BEFORE)
+    left = {pid: t for pid, t in live_vllm_processes().items() if pid not in before}
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        msg = ("VLLM:: processes left after the tests (a real vLLM not stopped): "
+               + ", ".join(f"{pid} {t}" for pid, t in sorted(left.items())))
+        if reporter is not None:
+            reporter.write_line(msg, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

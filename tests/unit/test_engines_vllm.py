@@ -91,3 +91,17 @@ def test_spec_config_rules(spec: dict, why: str) -> None:
 def test_every_documented_method_is_accepted() -> None:
     for method in engines.VLLM_SPEC_METHODS:
         engines.check_vllm_spec_config({"method": method, "model": "/d", "num_speculative_tokens": 1})
+
+
+def test_driver_refuses_a_vllm_experiment_with_the_command_that_runs_it(tmp_path: Path) -> None:
+    """The driver's matrix/plan/analysis speak SGLang's names only: a vLLM experiment is refused before anything
+    runs, naming the playbook that does run it; an unknown engine is refused too."""
+    from specab.config.spec import load_experiment
+    from specab.config.yamlfile import ConfigError
+    repo = Path(__file__).resolve().parents[2]
+    with pytest.raises(ConfigError, match=r"not run by driver.py yet.*inventory/vllm-cpu.yml playbooks/ab_test.yml"):
+        load_experiment(repo / "experiments" / "vllm-cpu.yml")
+    bad = tmp_path / "e.yml"
+    bad.write_text("specab_experiment:\n  name: x\n  engine: trtllm\n  model_path: /m\n  arms: [{name: baseline}]\n")
+    with pytest.raises(ConfigError, match="engine 'trtllm' is not one of sglang, vllm"):
+        load_experiment(bad)
