@@ -97,7 +97,11 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     exp = yaml.safe_load((REPO / "experiments" / "vllm-cpu.yml").read_text())["specab_experiment"]
     port = free_port()
     exp["server_args"]["port"] = port
-    exp["env"]["NCCL_PROTO"] = "LL"           # no NCCL on CPU: env verification reads /proc/PID/environ only
+    local = "/tmp/specab-vllm/models"                       # the experiment's paths -> this session's models
+    exp["model_path"] = exp["model_path"].replace(local, str(real_vllm.models))
+    for arm in exp["arms"][1:]:
+        sc = arm["server_args"]["speculative_config"]
+        sc["model"] = sc["model"].replace(local, str(real_vllm.models))
     exp["bench"].update(num_requests=3, warmup_requests=1, output_len=96)
     exp_file = tmp_path / "exp.yml"
     exp_file.write_text(yaml.safe_dump({"specab_experiment": exp}))
@@ -145,8 +149,9 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     workers = [pid for name, pid in names.items() if name.startswith("VLLM::Worker")]
     assert engine_core and workers, check["processes"]
     print(f"real VLLM::EngineCore pid {engine_core[0]}, VLLM::Worker pid {workers[0]}")
-    evidence = " ".join(check["variables"]["NCCL_PROTO"]["evidence"])
-    assert f"pid {engine_core[0]}" in evidence or str(engine_core[0]) in json.dumps(check["variables"]["NCCL_PROTO"])
+    for var in ("NCCL_PROTO", "NCCL_ALGO"):               # the env file reached the real EngineCore and Worker
+        evidence = check["variables"][var]["evidence"]
+        assert f"environ:{engine_core[0]}" in evidence and f"environ:{workers[0]}" in evidence, check["variables"]
     assert check["server_info_endpoint"] == "log:non-default args"
     assert check["args"]["speculative_config"]["ok"] and check["args"]["model"]["ok"]
     # readiness was a real generation, and stop left nothing of ours
