@@ -46,8 +46,30 @@ def vllm_processes() -> dict[int, str]:
     return found
 
 
-def session_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+def session_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+    except OSError:
+        return None
+
+
+def ours(sid: int) -> dict[int, str]:
+    return {pid: t for pid, t in vllm_processes().items() if session_of(pid) == sid}
+
+
+def start_benchmark(run: Path, port: int) -> subprocess.Popen:
+    """loadgen against the real server; returns once its first request has finished (mid-benchmark)."""
+    bench_log = run / "bench.jsonl"
+    bench = subprocess.Popen([sys.executable, str(NODE / "loadgen.py"), "--url", f"http://127.0.0.1:{port}",
+                              "--api", "completions", "--num-requests", "40", "--warmup", "0", "--input-len", "16",
+                              "--output-len", "512", "--timeout", "60", "--out", str(bench_log),
+                              "--summary", str(run / "bench_summary.json")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (bench_log.exists() and bench_log.stat().st_size > 0):
+        time.sleep(0.1)
+    assert bench.poll() is None, "the benchmark ended before it could be interrupted"
+    return bench
 
 
 def node_tool(name: str, *args: str, timeout: float = 600) -> tuple[int, dict[str, Any], str]:
@@ -170,21 +192,13 @@ def test_sigkill_mid_benchmark_leaves_real_orphans_that_stop_cleans(real_vllm: R
     try:
         rc, ready, err = wait_ready(run, port, rec["pid"])
         assert rc == 0, (ready, err)
-        bench = subprocess.Popen([sys.executable, str(NODE / "loadgen.py"), "--url", f"http://127.0.0.1:{port}",
-                                  "--api", "completions", "--num-requests", "40", "--warmup", "0", "--input-len", "16",
-                                  "--output-len", "512", "--timeout", "60", "--out", str(run / "bench.jsonl"),
-                                  "--summary", str(run / "bench_summary.json")],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        bench_log = run / "bench.jsonl"
-        deadline = time.monotonic() + 60                      # mid-benchmark: after its first answer
-        while time.monotonic() < deadline and not (bench_log.exists() and bench_log.stat().st_size > 0):
-            time.sleep(0.1)
-        ours = {pid: t for pid, t in vllm_processes().items() if session_of(pid) == rec["sid"]}
-        assert any(t.startswith("VLLM::EngineCore") for t in ours.values()), ours
-        others_before = set(vllm_processes()) - set(ours)
+        bench = start_benchmark(run, port)
+        engine = ours(rec["sid"])
+        assert any(t.startswith("VLLM::EngineCore") for t in engine.values()), engine
+        others_before = set(vllm_processes()) - set(engine)
         os.kill(rec["pid"], signal.SIGKILL)
         bench.wait(timeout=180)
-        orphans = {pid: t for pid, t in vllm_processes().items() if session_of(pid) == rec["sid"]}
+        orphans = ours(rec["sid"])
         print(f"after SIGKILL of the API server {rec['pid']}: orphans {orphans}")
         assert orphans, "expected the real EngineCore/Worker to outlive a SIGKILLed API server"
         out = stop(node)
@@ -193,6 +207,30 @@ def test_sigkill_mid_benchmark_leaves_real_orphans_that_stop_cleans(real_vllm: R
         signalled = {e.get("id") for e in out.get("signals", [])}
         assert not others_before & signalled, out             # nothing foreign touched
         assert bench.returncode != 0                          # the benchmark saw the engine die
+    finally:
+        stop(node)
+
+
+def test_sigterm_mid_benchmark_is_a_clean_real_shutdown(real_vllm: RealVllm, tmp_path: Path) -> None:
+    """stop.py (SIGTERM to the recorded group) while the benchmark runs: the real API server, EngineCore, Worker and
+    resource_tracker all exit within the grace period, no SIGKILL needed; the benchmark records the failure."""
+    port = free_port()
+    node, run, rec = launch(real_vllm, tmp_path, port, str(real_vllm.models / "tiny-llama"))
+    try:
+        rc, ready, err = wait_ready(run, port, rec["pid"])
+        assert rc == 0, (ready, err)
+        bench = start_benchmark(run, port)
+        engine = ours(rec["sid"])
+        assert any(t.startswith("VLLM::Worker") for t in engine.values()), engine
+        out = stop(node)
+        print(f"SIGTERM mid-benchmark: {len(out['processes_at_start'])} processes gone in {out.get('term_to_gone_s')} s")
+        assert out["was_running"] and not out.get("escalated"), out
+        assert {p["pid"] for p in out["processes_at_start"]} >= set(engine)
+        assert not ours(rec["sid"])
+        bench.wait(timeout=180)
+        assert bench.returncode == 1                          # measured requests failed: recorded, not hidden
+        log = (run / "server.log").read_text(errors="replace")
+        assert "Application shutdown complete." in log or "[shutdown]" in log
     finally:
         stop(node)
 
