@@ -569,6 +569,9 @@ def add_engine_acceptance(summary: Dict[str, Any], before: Optional[Dict[str, An
         return
     acc = engines.vllm_acceptance(before, after)
     acc["source"] = "vllm /metrics delta over the measured requests"
+    # the server's totals at the end (warm-up and readiness requests included): what vLLM's periodic
+    # `SpecDecoding metrics:` log lines add up to at most (a cross-check; the last interval may be unlogged)
+    acc["totals_after"] = {k: int(after[k]) for k in ("drafts", "draft_tokens", "accepted")}
     summary["spec_metrics"] = acc
     if summary.get("accept_len_mean") is None and acc["accept_len"] is not None:
         summary["accept_len_mean"] = acc["accept_len"]
