@@ -192,9 +192,12 @@ def probe(base: str, path: str, timeout: float) -> Tuple[Optional[int], str]:
 
 
 def probe_generation(base: str, timeout: float) -> Tuple[bool, str]:
-    """One real generation over the OpenAI completions API (2 tokens): (ok, note). The model name comes
-    from /v1/models (vLLM refuses an unknown one)."""
-    body: Dict[str, Any] = {"prompt": "w1 w2 w3", "max_tokens": 2, "temperature": 0}
+    """One real generation over the OpenAI completions API: (ok, note). A 20-word prompt and 8 tokens, enough to
+    exercise prefill, decode and speculative verification: on the real EAGLE-3 vLLM that could not serve, a 3-word,
+    2-token request still succeeded and the next longer one killed the engine (tests/real_engine). The model name
+    comes from /v1/models (vLLM refuses an unknown one)."""
+    body: Dict[str, Any] = {"prompt": " ".join("w%d" % i for i in range(1, 21)), "max_tokens": 8,
+                            "temperature": 0, "ignore_eos": True}
     try:
         with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as resp:
             models = json.loads(resp.read().decode("utf-8")).get("data") or []

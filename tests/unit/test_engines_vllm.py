@@ -105,3 +105,12 @@ def test_driver_refuses_a_vllm_experiment_with_the_command_that_runs_it(tmp_path
     bad.write_text("specab_experiment:\n  name: x\n  engine: trtllm\n  model_path: /m\n  arms: [{name: baseline}]\n")
     with pytest.raises(ConfigError, match="engine 'trtllm' is not one of sglang, vllm"):
         load_experiment(bad)
+
+
+def test_the_real_eagle3_failure_log_names_its_cause() -> None:
+    """The log of the real EAGLE-3 engine that answered /health 200 and died on a request: the fatal line the
+    node tools quote (contract.FATAL_LINES via ready.py's watcher) is in it."""
+    log = text("eagle3-dies-after-health.log")
+    assert "RuntimeError: shape '[-1, 1536]' is invalid for input of size 20480" in log
+    assert "EngineCore encountered a fatal error." in log
+    assert engines.parse_non_default_args(log)["speculative_config"]["method"] == "eagle3"
