@@ -38,6 +38,8 @@ FATAL_RES = contract.FATAL_LINES
 FATAL_SETTLE_S = 1.0
 TRACEBACK_RE = contract.TRACEBACK_RE
 EXC_LINE_RE = re.compile(r"^(?:\[[^\]]*\]\s*)?[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b:?.*$")
+# vLLM prefixes every line of its processes: "(Worker pid=29030) ERROR 12-01 05:03:35 [multiproc_executor.py:1063] "
+VLLM_PREFIX_RE = re.compile(r"^\([\w:.-]+ pid=\d+\) [A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\] ")
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -75,6 +77,7 @@ class LogWatcher(object):
         self.fatal_at: Optional[float] = None
         self.traceback_at: Optional[float] = None
         self.exception_line: Optional[str] = None
+        self.first_exception_line: Optional[str] = None
         self.tail: List[str] = []
         self.lines_read = 0
         self.last_line_at = time.monotonic()
@@ -128,8 +131,10 @@ class LogWatcher(object):
                 break
         if TRACEBACK_RE.search(line) and self.traceback_at is None:
             self.traceback_at = time.monotonic()
-        elif self.traceback_at is not None and EXC_LINE_RE.match(line.strip()):
+        elif self.traceback_at is not None and EXC_LINE_RE.match(VLLM_PREFIX_RE.sub("", line.strip())):
             self.exception_line = line.strip()
+            if self.first_exception_line is None:     # the root cause (later ones report its consequences)
+                self.first_exception_line = self.exception_line
 
     def phase(self) -> str:
         p = self.phases
@@ -295,12 +300,16 @@ def wait_ready(a: argparse.Namespace) -> Dict[str, Any]:
                     watcher.poll()
                     time.sleep(0.1)
                 watcher.poll()
-                fatal = watcher.best_fatal_line() or watcher.exception_line
-                raise fail("the server answered /health 200 after %.1fs but could not generate: %s%s. "
-                           "Log tail of %s:\n%s"
-                           % (time.monotonic() - t0, why,
-                              "; the log says: %r" % common.redact_text(fatal) if fatal else "",
-                              a.log, tail_text(watcher)))
+                # the exception the engine logged names the cause better than a generic fatal line
+                fatal = watcher.first_exception_line or watcher.best_fatal_line()
+                error = fail("the server answered /health 200 after %.1fs but could not generate: %s%s. "
+                             "Log tail of %s:\n%s"
+                             % (time.monotonic() - t0, why,
+                                "; the log says: %r" % common.redact_text(fatal) if fatal else "",
+                                a.log, tail_text(watcher)))
+                if fatal:
+                    out["fatal_line"] = common.redact_text(fatal)
+                raise error
             out["generation_check"] = why
         if status == 200:
             watcher.poll()

@@ -107,3 +107,12 @@ def test_envcheck_reads_vllm_args_from_its_log_models_and_metrics(vllm_like: tup
     _, problems = envcheck.check_args(expected, info, absent_is_default=True)
     assert len(problems) == 1 and "speculative_config" in problems[0]
     assert envcheck.vllm_readback(url, [str(FIX / "README.md")], 5.0) is None     # not a vLLM log
+
+
+def test_the_root_cause_of_the_real_eagle3_failure_is_what_readiness_quotes() -> None:
+    """In the real log the API server's EngineDeadError comes last; the worker's RuntimeError first: quote that."""
+    watcher = ready.LogWatcher(str(FIX / "eagle3-dies-after-health.log"))
+    watcher.flush()
+    assert watcher.first_exception_line.endswith(
+        "RuntimeError: shape '[-1, 1536]' is invalid for input of size 20480")
+    assert "EngineDeadError" in watcher.exception_line

@@ -252,5 +252,6 @@ def test_real_engine_that_dies_after_health_200_is_caught_by_readiness(real_vllm
         assert rc == 1 and ready["ready"] is False, (ready, err)
         assert "could not generate" in ready["error"] or "exited before it was ready" in ready["error"], ready
         assert ready["fatal_line"] and ready["fatal_line"] in log       # the log's own error, quoted
+        assert "RuntimeError" in ready["fatal_line"], ready["fatal_line"]         # its root cause, not EngineDeadError
     finally:
         stop(node)
