@@ -9,6 +9,7 @@ their order, and every test makes its own nodes, ports and directories.
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -37,41 +38,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # --------------------------------------------------------------------------- no real engine left behind
-# Suite-level check (issue 16): no `VLLM::` process (a real vLLM's EngineCore or Worker) that appeared during the
-# session may outlive it. Checked once, by the controlling process (with xdist: not by the workers).
+# Suite-level check (issue 16): no `VLLM::` process (a real vLLM's EngineCore or Worker) started by this test session
+# may outlive it. "Started by this session": its environment carries this session's SPECAB_TEST_SESSION (set once
+# by the controlling process, inherited by xdist workers and by every engine the tests launch; the launch scripts
+# keep /proc/PID/environ readable), so a concurrent session's engines on the same machine are not counted.
+# Checked once, by the controlling process.
 
-def live_vllm_processes() -> dict[int, str]:
-    """pid -> title of every live (non-zombie) VLLM::* process on the machine."""
+SESSION_VAR = "SPECAB_TEST_SESSION"
+os.environ.setdefault(SESSION_VAR, uuid.uuid4().hex)
+
+
+def leftover_vllm_processes(session: str) -> dict[int, str]:
+    """pid -> title of every live (non-zombie) VLLM::* process whose environment names this test session."""
     found = {}
+    marker = f"{SESSION_VAR}={session}".encode()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             title = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            if not title.startswith("VLLM::"):
+                continue
             state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if title.startswith("VLLM::") and state != "Z":
+        if state != "Z" and marker in environ:
             found[int(entry)] = title
     return found
 
 
-_VLLM_BEFORE = "specab_vllm_before"
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    if not hasattr(session.config, "workerinput"):
-        setattr(session.config, _VLLM_BEFORE, live_vllm_processes())
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if hasattr(session.config, "workerinput") or not hasattr(session.config, _VLLM_BEFORE):
+    if hasattr(session.config, "workerinput"):
         return
-    before = getattr(session.config, _VLLM_BEFORE)
-    left = {pid: t for pid, t in live_vllm_processes().items() if pid not in before}
+    left = leftover_vllm_processes(os.environ[SESSION_VAR])
     if left:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        msg = ("VLLM:: processes left after the tests (a real vLLM not stopped): "
+        msg = ("VLLM:: processes of this test session left after the tests (a real vLLM not stopped): "
                + ", ".join(f"{pid} {t}" for pid, t in sorted(left.items())))
         if reporter is not None:
             reporter.write_line(msg, red=True)
