@@ -253,6 +253,10 @@ SPEC_LOG_RE = re.compile(
     r"Accepted: (?P<accepted>\d+) tokens, Drafted: (?P<drafted>\d+) tokens, "
     r"Per-position acceptance rate: (?P<per_pos>[\d., ]+?), Avg Draft acceptance rate: (?P<rate>[\d.]+)%")
 
+# Exception lines that report another process's death, not its cause: vLLM's API server logs EngineDeadError
+# (and EngineCore "Worker failed with error ...") around the worker's own exception, in any order.
+CONSEQUENCE_ERRORS = ("EngineDeadError", "EngineCore encountered an issue", "Worker failed with error")
+
 # SGLang's logical speculative names -> what vLLM has (the matrix aliases steps/topk/draft_tokens).
 _VLLM_METHOD_OF_SGLANG = {"EAGLE3": "eagle3", "EAGLE": "eagle", "STANDALONE": "draft_model",
                           "NGRAM": "ngram", "NEXTN": "mtp"}

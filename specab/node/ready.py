@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import contract  # noqa: E402
+import engines  # noqa: E402
 from common import ToolError  # noqa: E402
 
 # SGLang's log prefix: "[2025-10-22 10:27:57 TP0] message" (the rank part is optional).
@@ -77,7 +78,7 @@ class LogWatcher(object):
         self.fatal_at: Optional[float] = None
         self.traceback_at: Optional[float] = None
         self.exception_line: Optional[str] = None
-        self.first_exception_line: Optional[str] = None
+        self.exception_lines: List[str] = []
         self.tail: List[str] = []
         self.lines_read = 0
         self.last_line_at = time.monotonic()
@@ -133,8 +134,16 @@ class LogWatcher(object):
             self.traceback_at = time.monotonic()
         elif self.traceback_at is not None and EXC_LINE_RE.match(VLLM_PREFIX_RE.sub("", line.strip())):
             self.exception_line = line.strip()
-            if self.first_exception_line is None:     # the root cause (later ones report its consequences)
-                self.first_exception_line = self.exception_line
+            if len(self.exception_lines) < 50:
+                self.exception_lines.append(self.exception_line)
+
+    def root_cause_line(self) -> Optional[str]:
+        """The exception line that names the cause: the first one that is not an engine's report of another
+        process's death (vLLM's API server logs EngineDeadError; its worker logged the cause, in either order)."""
+        for line in self.exception_lines:
+            if not any(c in line for c in engines.CONSEQUENCE_ERRORS):
+                return line
+        return self.exception_lines[0] if self.exception_lines else None
 
     def phase(self) -> str:
         p = self.phases
@@ -301,7 +310,7 @@ def wait_ready(a: argparse.Namespace) -> Dict[str, Any]:
                     time.sleep(0.1)
                 watcher.poll()
                 # the exception the engine logged names the cause better than a generic fatal line
-                fatal = watcher.first_exception_line or watcher.best_fatal_line()
+                fatal = watcher.root_cause_line() or watcher.best_fatal_line()
                 error = fail("the server answered /health 200 after %.1fs but could not generate: %s%s. "
                              "Log tail of %s:\n%s"
                              % (time.monotonic() - t0, why,

@@ -113,6 +113,13 @@ def test_the_root_cause_of_the_real_eagle3_failure_is_what_readiness_quotes() ->
     """In the real log the API server's EngineDeadError comes last; the worker's RuntimeError first: quote that."""
     watcher = ready.LogWatcher(str(FIX / "eagle3-dies-after-health.log"))
     watcher.flush()
-    assert watcher.first_exception_line.endswith(
-        "RuntimeError: shape '[-1, 1536]' is invalid for input of size 20480")
+    assert watcher.root_cause_line().endswith("RuntimeError: shape '[-1, 1536]' is invalid for input of size 20480")
     assert "EngineDeadError" in watcher.exception_line
+    # the processes write the same log: the API server's report may come first (seen in a real run)
+    lines = (FIX / "eagle3-dies-after-health.log").read_text().splitlines()
+    dead = [l for l in lines if "EngineDeadError" in l]
+    swapped = ready.LogWatcher("/nonexistent")
+    for line in ["Traceback (most recent call last):"] + dead + lines:
+        swapped.feed(line)
+    assert swapped.exception_lines[0] == dead[0].strip()
+    assert "RuntimeError: shape '[-1, 1536]'" in swapped.root_cause_line()
