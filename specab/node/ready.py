@@ -317,7 +317,7 @@ def wait_ready(a: argparse.Namespace) -> Dict[str, Any]:
                                 "; the log says: %r" % common.redact_text(fatal) if fatal else "",
                                 a.log, tail_text(watcher)))
                 if fatal:
-                    out["fatal_line"] = common.redact_text(fatal)
+                    error.result["fatal_line"] = common.redact_text(fatal)
                 raise error
             out["generation_check"] = why
         if status == 200:

@@ -88,6 +88,7 @@ def test_health_200_with_an_engine_that_cannot_serve_fails_quoting_the_log(vllm_
     assert "answered /health 200" in msg and "could not generate" in msg and "HTTP 500" in msg
     assert "EngineCore encountered an issue" in msg
     assert "shape '[-1, 1536]' is invalid" in msg          # the worker's own error, from the log
+    assert exc.value.result["fatal_line"] == WORKER_ERROR and exc.value.result["ready"] is False
 
 
 def test_envcheck_reads_vllm_args_from_its_log_models_and_metrics(vllm_like: tuple[str, type]) -> None:
