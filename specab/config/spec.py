@@ -23,7 +23,8 @@ from specab.node.contract import REDACTED, is_secret_name, redact_env
 
 DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "default.yml"
 
-EXPERIMENT_KEYS = {"name", "description", "model_path", "server_args", "env", "arms", "bench", "timeouts"}
+EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args", "env", "arms", "bench", "timeouts"}
+ENGINE_KINDS = ("sglang", "vllm")
 ARM_KEYS = {"name", "description", "server_args", "env"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
               "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing"}
@@ -211,6 +212,16 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
     if not isinstance(exp, dict):
         raise ConfigError(f"{where}{key_line(root, base)}: specab_experiment must be a mapping.")
     check_unknown(exp.keys(), EXPERIMENT_KEYS, where, root, base, "specab_experiment")
+    engine = exp.get("engine", "sglang")
+    if engine not in ENGINE_KINDS:
+        raise ConfigError(f"{where}{key_line(root, base + ('engine',))}: engine {engine!r} is not one of "
+                          f"{', '.join(ENGINE_KINDS)}.")
+    if engine == "vllm":
+        # issue 16: vLLM runs through the roles (ab_test.yml, `make demo-vllm`); the driver's matrix, plan and
+        # analysis still speak SGLang's speculative names only.
+        raise ConfigError(f"{where}{key_line(root, base + ('engine',))}: engine: vllm experiments are not run by "
+                          f"driver.py yet; run the A/B round with `ansible-playbook -i inventory/vllm-cpu.yml "
+                          f"playbooks/ab_test.yml -e specab_experiment_file={where}` (or `make demo-vllm`).")
     for req in ("name", "model_path", "arms"):
         if req not in exp or exp[req] in (None, "", []):
             raise ConfigError(f"{where}{key_line(root, base)}: specab_experiment.{req} is required.")

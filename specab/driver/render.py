@@ -54,6 +54,7 @@ def render_arm(arm: ArmSpec, host: Host, run_id: str | None = None,
         "specab_arm": arm.to_extravar(),
         "specab_engine_cmd": list(build.cmd),
         "specab_node_env": host.launch_env(build),
+        "specab_engine": host.vars.get("specab_engine") or "sglang",
     }
     if run_id:
         ctx["specab_run_id"] = run_id

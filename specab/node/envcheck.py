@@ -256,9 +256,44 @@ def values_equal(expected: Any, actual: Any) -> bool:
     return str(expected) == str(actual)
 
 
-def check_args(expected: Dict[str, Any], info: Dict[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
+def vllm_readback(base: str, logs: List[str], timeout: float) -> Optional[Dict[str, Any]]:
+    """vLLM's server args: the `non-default args` dict of its log, plus the served model of /v1/models
+    (`served_model`) and the `model_name` label of /metrics (`metrics_model_name`). None: not a vLLM log."""
+    args = None
+    for path in logs:
+        try:
+            with open(path, "r", errors="replace") as fh:
+                args = engines.parse_non_default_args(fh.read()) or args
+        except OSError:
+            continue
+    if args is None:
+        return None
+    info = dict(args)
+    try:
+        with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as resp:
+            data = json.loads(resp.read().decode("utf-8")).get("data") or []
+        info["served_model"] = data[0].get("id") if data else None
+    except (urllib.error.URLError, OSError, ValueError):
+        info["served_model"] = None
+    try:
+        with urllib.request.urlopen(base + "/metrics", timeout=timeout) as resp:
+            names = {lab.get("model_name") for _, lab, _ in engines.parse_prometheus(resp.read().decode("utf-8"))}
+        info["metrics_model_name"] = sorted(n for n in names if n)
+    except (urllib.error.URLError, OSError, ValueError):
+        info["metrics_model_name"] = None
+    return info
+
+
+def vllm_expected(expected: Dict[str, Any]) -> Dict[str, Any]:
+    """The arm's args under vLLM's field names (model_path is vLLM's `model`)."""
+    return {("model" if k == "model_path" else k): v for k, v in expected.items()}
+
+
+def check_args(expected: Dict[str, Any], info: Dict[str, Any],
+               absent_is_default: bool = False) -> Tuple[Dict[str, Any], List[str]]:
     """Per arg: expected vs actual. ``null`` means "not passed" (server default): not compared;
-    ``false`` means the flag was omitted: the server must not have it on."""
+    ``false`` means the flag was omitted: the server must not have it on. ``absent_is_default``
+    (vLLM logs only its non-default args): an arg the readback lacks is reported, not failed."""
     report: Dict[str, Any] = {}
     problems: List[str] = []
     for k, want in expected.items():
@@ -268,6 +303,10 @@ def check_args(expected: Dict[str, Any], info: Dict[str, Any]) -> Tuple[Dict[str
                          "note": "not passed; server default"}
             continue
         found, have, where = engines.readback(k, info)
+        if not found and absent_is_default:
+            report[k] = {"expected": common.redact_value(k, want), "actual": None, "ok": True,
+                         "note": "not in vLLM's non-default args: equal to vLLM's default"}
+            continue
         if not found:
             report[k] = {"expected": common.redact_value(k, want), "actual": None, "ok": False,
                          "note": "the server does not report this arg"}
@@ -330,10 +369,19 @@ def check(a: argparse.Namespace) -> Dict[str, Any]:
     if a.no_server_info:
         endpoint, args_report, arg_problems = None, {}, []
     else:
-        endpoint, info = fetch_server_info(a.url.rstrip("/"), a.http_timeout)
+        try:
+            endpoint, info = fetch_server_info(a.url.rstrip("/"), a.http_timeout)
+            vllm = False
+        except ToolError as no_info:
+            # vLLM has no /server_info: its `non-default args: {...}` log line, /v1/models and /metrics
+            readback = vllm_readback(a.url.rstrip("/"), a.log, a.http_timeout)
+            if readback is None:
+                raise no_info
+            endpoint, info, vllm = "log:non-default args", readback, True
         if a.server_info_out:
             common.write_json(a.server_info_out, common.redact_mapping(info))
-        args_report, arg_problems = check_args(expected_args, info)
+        args_report, arg_problems = check_args(vllm_expected(expected_args) if vllm else expected_args, info,
+                                               absent_is_default=vllm)
 
     env_problems = [m for v in variables.values() for m in v["mismatches"]]
     unverified = [m for v in variables.values() for m in v["unverified"]]

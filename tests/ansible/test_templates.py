@@ -64,3 +64,53 @@ def test_a_newline_in_the_arm_name_cannot_escape_the_comment(tmp_path: Path) -> 
     proc = subprocess.run([str(script)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert not pwned.exists()
+
+
+VLLM_ARM = {"name": "draft-self-k3",
+            "server_args": {"model_path": "/m/tiny llama", "load_format": "dummy", "enforce_eager": True,
+                            "speculative_config": {"method": "draft_model", "model": "/m/it's <the> & draft",
+                                                   "num_speculative_tokens": 3}},
+            "env": {"NCCL_PROTO": "LL"}}
+
+
+def _argv_of(script: Path) -> list:
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["argv"]
+
+
+def _check_vllm_argv(argv: list) -> None:
+    assert argv[:2] == ["--model", "/m/tiny llama"], argv
+    i = argv.index("--speculative-config")
+    assert json.loads(argv[i + 1]) == VLLM_ARM["server_args"]["speculative_config"]
+    assert "--enforce-eager" in argv and "--model-path" not in argv
+
+
+def test_vllm_arm_renders_model_and_speculative_config_json(tmp_path: Path) -> None:
+    """engine vllm: model_path is --model, a mapping is one JSON word (the driver's render)."""
+    ctx = {"specab_arm": VLLM_ARM, "specab_engine_cmd": [sys.executable, "-c", PROBE], "specab_node_env": {},
+           "specab_engine": "vllm"}
+    script = tmp_path / "launch.sh"
+    script.write_text(render("launch_server.sh.j2", **ctx))
+    (tmp_path / "nccl.env").write_text(render("nccl.env.j2", **ctx))
+    _check_vllm_argv(_argv_of(script))
+    ctx["specab_engine"] = "sglang"
+    script.write_text(render("launch_server.sh.j2", **ctx))
+    assert _argv_of(script)[:2] == ["--model-path", "/m/tiny llama"]
+
+
+def test_vllm_arm_through_ansibles_own_template_module(tmp_path: Path) -> None:
+    """The same bytes through Ansible's template module, whose `quote` once turned the JSON's quotes into &#39;
+    (a Markup string from `tojson`): the first real vLLM round failed on it."""
+    repo = Path(__file__).resolve().parents[2]
+    venv_bin = Path(sys.executable).parent
+    extra = tmp_path / "vars.json"
+    extra.write_text(json.dumps({"specab_arm": VLLM_ARM, "specab_engine_cmd": [sys.executable, "-c", PROBE],
+                                 "specab_node_env": {}, "specab_engine": "vllm"}))
+    for name, dest in (("launch_server.sh.j2", "launch.sh"), ("nccl.env.j2", "nccl.env")):
+        out = subprocess.run([str(venv_bin / "ansible"), "localhost", "-c", "local", "-m", "ansible.builtin.template",
+                              "-a", f"src={repo}/templates/{name} dest={tmp_path / dest} mode=0755",
+                              "-e", f"@{extra}"], capture_output=True, text=True, timeout=120, cwd=repo)
+        assert out.returncode == 0, out.stdout + out.stderr
+    assert "&#39;" not in (tmp_path / "launch.sh").read_text()
+    _check_vllm_argv(_argv_of(tmp_path / "launch.sh"))

