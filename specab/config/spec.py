@@ -19,6 +19,7 @@ import yaml
 
 from specab.config import defaults, engine_args
 from specab.config.yamlfile import REPO_ROOT, ConfigError, check_unknown, key_line, load_yaml
+from specab.node import engines
 from specab.node.contract import REDACTED, is_secret_name, redact_env
 
 DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "default.yml"
@@ -99,6 +100,11 @@ class ExperimentSpec:
         return copy.deepcopy(self.raw)
 
     @property
+    def engine(self) -> str:
+        """The engine kind the experiment is written for (`engine:`, default sglang)."""
+        return str(self.raw.get("engine") or "sglang")
+
+    @property
     def bench_settings(self) -> dict[str, Any]:
         """`bench` with specab's defaults filled in (roles/specab): what the node runs."""
         return defaults.bench(self.bench)
@@ -163,7 +169,7 @@ def _check_value(value: Any, where: str) -> None:
 
 
 def _check_server_args(args: Any, where: str, root: yaml.Node | None, path: tuple[Any, ...],
-                       warnings: list[str]) -> dict[str, Any]:
+                       warnings: list[str], engine: str = "sglang") -> dict[str, Any]:
     if args is None:
         return {}
     if not isinstance(args, dict):
@@ -173,7 +179,15 @@ def _check_server_args(args: Any, where: str, root: yaml.Node | None, path: tupl
         if not isinstance(k, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", k):
             raise ConfigError(f"{where}{key_line(root, path + (k,))}: server_args key {k!r} is not a valid "
                               f"argument name (lowercase letters, digits and '_').")
-        if not engine_args.is_known(k):
+        if engine == "vllm":
+            if k == "speculative_config" and isinstance(v, dict):
+                # vLLM takes it as one JSON argument (rendered by the template): checked by the engine knowledge
+                try:
+                    engines.check_vllm_spec_config(v)
+                except engines.NoSpelling as exc:
+                    raise ConfigError(f"{where}{key_line(root, path + (k,))}: server_args.{k}: {exc}") from None
+                continue
+        elif not engine_args.is_known(k):
             warnings.append(engine_args.unknown_message(k, f"{where}{key_line(root, path + (k,))}")
                             + " (passed through; the node's engine --help is the final check)")
         _check_value(v, f"{where}{key_line(root, path + (k,))}: server_args.{k}")
@@ -216,12 +230,6 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
     if engine not in ENGINE_KINDS:
         raise ConfigError(f"{where}{key_line(root, base + ('engine',))}: engine {engine!r} is not one of "
                           f"{', '.join(ENGINE_KINDS)}.")
-    if engine == "vllm":
-        # issue 16: vLLM runs through the roles (ab_test.yml, `make demo-vllm`); the driver's matrix, plan and
-        # analysis still speak SGLang's speculative names only.
-        raise ConfigError(f"{where}{key_line(root, base + ('engine',))}: engine: vllm experiments are not run by "
-                          f"driver.py yet; run the A/B round with `ansible-playbook -i inventory/vllm-cpu.yml "
-                          f"playbooks/ab_test.yml -e specab_experiment_file={where}` (or `make demo-vllm`).")
     for req in ("name", "model_path", "arms"):
         if req not in exp or exp[req] in (None, "", []):
             raise ConfigError(f"{where}{key_line(root, base)}: specab_experiment.{req} is required.")
@@ -231,7 +239,7 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
                           f"contain letters, digits, '.', '_' and '-'.")
     _check_value(exp["model_path"], f"{where}{key_line(root, base + ('model_path',))}: model_path")
     warnings: list[str] = []
-    server_args = _check_server_args(exp.get("server_args"), where, root, base + ("server_args",), warnings)
+    server_args = _check_server_args(exp.get("server_args"), where, root, base + ("server_args",), warnings, engine)
     if _is_spec(server_args):
         raise ConfigError(f"{where}{key_line(root, base + ('server_args',))}: speculative_algorithm belongs in "
                           f"an arm's server_args, not in the common server_args (the baseline arm must not "
@@ -253,7 +261,7 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
         if aname in seen:
             raise ConfigError(f"{where}{key_line(root, apath + ('name',))}: duplicate arm name '{aname}'.")
         seen.add(aname)
-        _check_server_args(arm.get("server_args"), where, root, apath + ("server_args",), warnings)
+        _check_server_args(arm.get("server_args"), where, root, apath + ("server_args",), warnings, engine)
         _check_env(arm.get("env"), where, root, apath + ("env",))
     bench = exp.get("bench") or {}
     if not isinstance(bench, dict):

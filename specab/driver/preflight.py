@@ -34,7 +34,6 @@ from specab.config.yamlfile import ConfigError
 from specab.driver.remote import RemoteError, open_node
 from specab.node import engines
 
-DEFAULT_ENGINE_CMD = ["python3", "-m", "sglang.launch_server"]
 NODE_TOOLS = Path(__file__).resolve().parents[1] / "node"
 PORT_PROBE_TIMEOUT_S = 60.0
 HELP_TIMEOUT_S = 180.0          # SGLang's --help imports torch: tens of seconds on a cold node

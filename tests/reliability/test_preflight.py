@@ -72,7 +72,7 @@ class _CountingNode:
 
 def test_item14_engine_flags_cached_per_node_and_engine_version(node: SimNode):
     host = load_inventory(node.write_inventory()).hosts[0]
-    real_help = subprocess.run(preflight._engine_cmd(host) + ["--help"], capture_output=True, text=True,
+    real_help = subprocess.run(list(host.engine_build(None).cmd) + ["--help"], capture_output=True, text=True,
                                env=dict(os.environ, **host.node_env), timeout=120, check=True).stdout
     fake = _CountingNode(real_help, "0.5.4")
     first = preflight.engine_flags(host, node=fake)

@@ -98,9 +98,12 @@ def test_driver_refuses_a_vllm_experiment_with_the_command_that_runs_it(tmp_path
     runs, naming the playbook that does run it; an unknown engine is refused too."""
     from specab.config.spec import load_experiment
     from specab.config.yamlfile import ConfigError
+    from specab.driver.options import Options, prepare
     repo = Path(__file__).resolve().parents[2]
+    exp = load_experiment(repo / "experiments" / "vllm-cpu.yml")      # a valid file: the playbook path runs it
+    assert exp.engine == "vllm"
     with pytest.raises(ConfigError, match=r"not run by driver.py yet.*inventory/vllm-cpu.yml playbooks/ab_test.yml"):
-        load_experiment(repo / "experiments" / "vllm-cpu.yml")
+        prepare(Options(experiment_file=str(repo / "experiments" / "vllm-cpu.yml")))
     bad = tmp_path / "e.yml"
     bad.write_text("specab_experiment:\n  name: x\n  engine: trtllm\n  model_path: /m\n  arms: [{name: baseline}]\n")
     with pytest.raises(ConfigError, match="engine 'trtllm' is not one of sglang, vllm"):
