@@ -25,7 +25,7 @@ from tests.node.seqnode import PY, SeqNode, proc_session, session_pids, wait_for
 PER_RUN_FILES = {"launch.sh", "nccl.env", "args.json", "server.log", "ready.json", "ready_progress.json",
                  "env_check.json", "server_info.json", "gpu_before.csv", "gpu_samples.csv", "gpu_samples.json",
                  "gpu_samples.log", "gpu_after.csv", "bench.jsonl", "bench_summary.json", "stop.json",
-                 "gpu_free.json", "gpu_free.csv", "manifest.json"}
+                 "gpu_free.json", "gpu_free.csv", "manifest.json", "phase_metrics.json"}
 STEP_PHASES = {s.phase for s in contract.RUN_STEPS}
 QUEUE_FILES = {"phases.jsonl", "done.json", "queue_entry.json"}
 SAMPLE_HEADER = ["timestamp", "index", "uuid", "clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw",
