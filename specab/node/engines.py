@@ -279,11 +279,6 @@ VLLM_SPEC_COUNTERS = {
 VLLM_SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 # The API server logs every argument that differs from its default, as a Python dict repr.
 NON_DEFAULT_ARGS_RE = re.compile(r"non-default args: (\{.*\})\s*$")
-SPEC_LOG_RE = re.compile(
-    r"SpecDecoding metrics: Mean acceptance length: (?P<accept_len>[\d.]+).*?"
-    r"Accepted: (?P<accepted>\d+) tokens, Drafted: (?P<drafted>\d+) tokens, "
-    r"Per-position acceptance rate: (?P<per_pos>[\d., ]+?), Avg Draft acceptance rate: (?P<rate>[\d.]+)%")
-
 # Exception lines that report another process's death, not its cause: vLLM's API server logs EngineDeadError
 # (and EngineCore "Worker failed with error ...") around the worker's own exception, in any order.
 CONSEQUENCE_ERRORS = ("EngineDeadError", "EngineCore encountered an issue", "Worker failed with error")
@@ -423,16 +418,3 @@ def vllm_acceptance(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, 
         "accept_rate": (d["accepted"] / d["draft_tokens"]) if d["draft_tokens"] > 0 else None,
         "per_position_rate": [per_pos[p] / drafts for p in positions] if drafts > 0 else [],
     }
-
-
-def parse_spec_log_lines(text: str) -> List[Dict[str, Any]]:
-    """Every `SpecDecoding metrics:` line of a vLLM log: {accept_len, accepted, drafted, per_position, rate}."""
-    out = []
-    for line in (text or "").splitlines():
-        m = SPEC_LOG_RE.search(line)
-        if m:
-            out.append({"accept_len": float(m.group("accept_len")), "accepted": int(m.group("accepted")),
-                        "drafted": int(m.group("drafted")),
-                        "per_position": [float(x) for x in m.group("per_pos").split(",") if x.strip()],
-                        "rate": float(m.group("rate")) / 100.0})
-    return out

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from specab.analysis import logparse
 from specab.node import engines
 from tests.real_engine.conftest import RealVllm, free_port
 
@@ -156,11 +157,12 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     assert self_metrics["drafts"] > 0 and self_metrics["per_position_rate"] == pytest.approx([1.0] * k)
     # cross-checked with vLLM's own SpecDecoding log lines (every 10 s; they include the readiness and warm-up
     # requests, and the last interval before the stop may be unlogged): same tau, totals within the counters'
-    lines = engines.parse_spec_log_lines(run_file("draft-self-k3", "server.log"))
-    assert lines and all(abs(x["accept_len"] - self_metrics["accept_len"]) <= 0.01 for x in lines), lines
-    assert all(x["per_position"] == [1.0] * k for x in lines)
-    assert sum(x["accepted"] for x in lines) <= self_metrics["totals_after"]["accepted"]
-    assert sum(x["drafted"] for x in lines) <= self_metrics["totals_after"]["draft_tokens"]
+    lines = [r for r in logparse.iter_records(run_file("draft-self-k3", "server.log").splitlines())
+             if r["kind"] == "vllm_spec"]
+    assert lines and all(abs(x["mean_accept_len"] - self_metrics["accept_len"]) <= 0.01 for x in lines), lines
+    assert all(x["per_position_accept_rate"] == [1.0] * k for x in lines)
+    assert sum(x["accepted_tokens"] for x in lines) <= self_metrics["totals_after"]["accepted"]
+    assert sum(x["drafted_tokens"] for x in lines) <= self_metrics["totals_after"]["draft_tokens"]
     # the weak draft accepts little; the baseline drafts nothing
     weak = run_file("draft-weak-k3", "bench_summary.json")["spec_metrics"]
     assert weak["drafts"] > 0 and rows["draft-weak-k3"]["accept_len"] < 2.0, rows

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from specab.analysis import logparse
 from specab.node import engines
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0"
@@ -53,13 +54,14 @@ def test_no_drafts_gives_no_acceptance_not_a_division_by_zero() -> None:
 
 
 def test_spec_decoding_log_line_cross_checks_the_counters() -> None:
-    lines = engines.parse_spec_log_lines(text("server.log"))
-    assert lines == [{"accept_len": 3.69, "accepted": 384, "drafted": 429, "per_position": [0.895, 0.895, 0.895],
-                      "rate": pytest.approx(0.895)}]
+    # the project's log parser reads vLLM's SpecDecoding lines (specab/analysis/logparse.py)
+    lines = [r for r in logparse.iter_records(text("server.log").splitlines()) if r["kind"] == "vllm_spec"]
+    assert [(r["mean_accept_len"], r["accepted_tokens"], r["drafted_tokens"], r["per_position_accept_rate"],
+             r["accept_rate_pct"]) for r in lines] == [(3.69, 384, 429, [0.895, 0.895, 0.895], pytest.approx(89.5))]
     after = engines.vllm_spec_counters(text("metrics_after.txt"))
     # the log's totals up to that line are the counters' totals (no request came after it)
-    assert lines[0]["accepted"] == after["accepted"] and lines[0]["drafted"] == after["draft_tokens"]
-    assert lines[0]["accept_len"] == pytest.approx(1 + after["accepted"] / after["drafts"], abs=0.005)
+    assert lines[0]["accepted_tokens"] == after["accepted"] and lines[0]["drafted_tokens"] == after["draft_tokens"]
+    assert lines[0]["mean_accept_len"] == pytest.approx(1 + after["accepted"] / after["drafts"], abs=0.005)
 
 
 def test_spell_maps_steps_and_refuses_topk_and_draft_tokens() -> None:
