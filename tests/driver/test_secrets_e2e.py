@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from specab.results import store as st
-from tests.driver.simnode import PYTHON, REPO, SimNode, driver, free_port, reap_driver
+from tests.driver.simnode import PYTHON, REPO, SPEC_ARMS, SimNode, driver, free_port, reap_driver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -23,21 +23,8 @@ API_KEY = "SECRETAPIVALUE123"
 TOKEN = "SECRETTOKENVALUE456"
 SECRETS = (API_KEY.encode(), TOKEN.encode())
 
-ARMS = f"""\
-arms:
-  - name: baseline
-  - name: eagle3-s2
-    server_args:
-      speculative_algorithm: EAGLE3
-      speculative_draft_model_path: /models/Kimi-K2.5-EAGLE3
-      speculative_num_steps: 2
-      speculative_eagle_topk: 1
-      speculative_num_draft_tokens: 3
-      api_key: {API_KEY}
-    env:
-      TOKEN: {TOKEN}
-"""
-
+# the simulated node's EAGLE-3 A/B, the speculative arm carrying a secret server arg and a secret env var
+ARMS = SPEC_ARMS + f"      api_key: {API_KEY}\n    env:\n      TOKEN: {TOKEN}\n"
 
 
 @pytest.fixture
