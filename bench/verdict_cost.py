@@ -351,21 +351,18 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--experiments >= 1 and --history-blocks >= 2 (a between-instance variance needs 2 blocks)")
         res = economics(args.experiments, args.target_ci, args.max_repeats, args.requests, args.load_s, args.bench_s,
                         args.warmup, args.dead_s, args.gpus, args.max_requests, args.history_blocks, args.seed, log)
-        res = {"benchmark": "verdict economics (GPU-minutes for a +-2% 95% CI, issue 19)",
-               "loadavg": [round(x, 2) for x in os.getloadavg()], **res}
-        text = json.dumps(res, indent=1)
-        print(text)
-        if args.out:
-            Path(args.out).write_text(text + "\n")
-        return 0
+        return _emit("verdict economics (GPU-minutes for a +-2% 95% CI, issue 19)", res, args.out)
     res = run(args.seeds, args.target_ci, args.max_repeats, args.fixed, args.requests, args.output_len,
               args.profile, args.steps, log)
-    res = {"benchmark": "verdict cost (restarts per arm for a +-2% 95% CI)",
-           "loadavg": [round(x, 2) for x in os.getloadavg()], **res}
-    text = json.dumps(res, indent=1)
+    return _emit("verdict cost (restarts per arm for a +-2% 95% CI)", res, args.out)
+
+
+def _emit(benchmark: str, res: dict, out: str | None) -> int:
+    """Print the result as JSON (with the machine's load) and write it to --out when given."""
+    text = json.dumps({"benchmark": benchmark, "loadavg": [round(x, 2) for x in os.getloadavg()], **res}, indent=1)
     print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    if out:
+        Path(out).write_text(text + "\n")
     return 0
 
 
