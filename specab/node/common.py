@@ -468,7 +468,13 @@ def describe_text(pid: int) -> str:
 
 
 def display_name(pid: int, limit: int = 60) -> str:
+    """A short name for messages: the command line with the program's directory dropped
+    (``/very/long/venv/bin/python -m sglang.launch_server`` → ``python -m sglang.launch_server``), so the part
+    that says what the process is survives the cut whatever the install path's length."""
     cmd = redact_text(proc_cmdline(pid))
+    head, sep, rest = cmd.partition(" ")
+    if head.startswith("/"):
+        cmd = os.path.basename(head) + sep + rest
     return cmd if len(cmd) <= limit else cmd[:limit - 1] + "…"
 
 
