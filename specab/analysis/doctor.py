@@ -13,6 +13,7 @@ from typing import Callable
 from scipy import stats as scipy_stats
 
 from specab.config import defaults
+from specab.analysis import economics
 from specab.analysis import phases as phase_analysis
 from specab.analysis import specmodel
 from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, reason_names
@@ -173,8 +174,8 @@ def _nccl_seen(r: Run, names: tuple[str, ...]) -> set[str]:
 
 def nccl_missing_baseline_slow(exp: Experiment, ctx: Context) -> list[Finding]:
     base = exp.runs_of(exp.baseline)
-    if not base:
-        return []
+    if not base or all(economics.gpus_of(r.server_args) < 2 for r in base):
+        return []       # one GPU (or a CPU engine): no NCCL traffic for the variables to tune
     names = ctx.config.tuned_nccl
     missing = sorted(set(names) - set.intersection(*(_nccl_seen(r, names) for r in base)))
     if not missing:
@@ -421,6 +422,27 @@ def client_bottleneck(exp: Experiment, ctx: Context) -> list[Finding]:
     return out
 
 
+def bursty_delivery(exp: Experiment, ctx: Context) -> list[Finding]:
+    """Requests whose tokens reached the client in bursts after a stall (node/loadgen `buffered`): their chunk
+    times are not the engine's decode pace and were left out of tok/s; the arm's tok/s rests on the others."""
+    out = []
+    for a in exp.arms:
+        runs = [r for r in exp.runs_of(a.name) if r.buffered_requests]
+        if not runs:
+            continue
+        hit = sum(r.buffered_requests for r in runs)
+        total = sum(len(r.measured) for r in exp.runs_of(a.name))
+        out.append(Finding(
+            "bursty-delivery", "warning" if hit * 2 > total else "info",
+            f"{a.name}: {hit} of {total} measured requests reached the client in bursts (a stall, then most tokens "
+            f"at once): their timing is not the engine's decode pace and is left out of tok/s. The server's HTTP "
+            f"front end or the client was starved of CPU: give the engine host idle cores (nothing else running), "
+            f"or compare with the engine's own inter-token latency.",
+            [f"{r.run_id}: {r.buffered_requests} of {len(r.measured)} requests in bursts" for r in runs],
+            a.name, [r.run_id for r in runs]))
+    return out
+
+
 def instance_outlier(exp: Experiment, ctx: Context) -> list[Finding]:
     out = []
     for a in exp.arms:
@@ -495,6 +517,7 @@ RULES: dict[str, Rule] = {
     "gpu-throttled": gpu_throttled,
     "baseline-drift": baseline_drift,
     "client-bottleneck": client_bottleneck,
+    "bursty-delivery": bursty_delivery,
     "instance-outlier": instance_outlier,
     "dominant-phase": dominant_phase,
     "phase-accounting": phase_accounting,

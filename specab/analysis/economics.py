@@ -17,9 +17,10 @@ DEFAULT_DEAD_S = 15.0
 
 
 def gpus_of(server_args: Mapping[str, Any]) -> int:
-    """GPUs one server holds: tensor parallel x pipeline parallel (SGLang's --tp-size, --pp-size; 1 if unset)."""
+    """GPUs one server holds: tensor parallel x pipeline parallel (SGLang's --tp-size, --pp-size; vLLM's
+    --tensor-parallel-size, --pipeline-parallel-size; 1 if unset)."""
     n = 1
-    for k in ("tp_size", "pp_size"):
+    for k in ("tp_size", "pp_size", "tensor_parallel_size", "pipeline_parallel_size"):
         try:
             n *= max(1, int(server_args.get(k) or 1))
         except (TypeError, ValueError):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from specab.analysis import logparse
+from specab.node import engines
 from specab.results.store import FILENAME, Store
 
 # Throttle / clock-event reason bits (nvml.h nvmlClocksEventReason*).
@@ -166,6 +167,9 @@ class Run:
     ranks: list[Rank] = field(default_factory=list)   # a multi-node server's other ranks, by rank
     gpu_seconds: float | None = None         # what the run cost (store runs.gpu_seconds; None in older stores)
     phase_metrics: dict | None = None        # phase_metrics.json: /metrics deltas over the measured window
+    engine_accept_len: float | None = None   # the engine's own count over the measured requests (vLLM: /metrics
+                                             # deltas, bench_summary spec_metrics): when responses carry none
+    buffered_requests: int = 0               # measured requests delivered in bursts (node/loadgen: no decode pace)
 
     @property
     def ok(self) -> bool:
@@ -192,7 +196,7 @@ class Run:
         if reqs and all(r.output_tokens for r in reqs):
             return sum(r.output_tokens for r in reqs) / sum(r.spec_verify_ct for r in reqs)  # type: ignore[misc]
         v = [r.accept_len for r in self.measured if r.accept_len]
-        return statistics.fmean(v) if v else None
+        return statistics.fmean(v) if v else self.engine_accept_len
 
     @property
     def window(self) -> tuple[float, float] | None:
@@ -231,12 +235,12 @@ class Arm:
 
     @property
     def is_spec(self) -> bool:
-        return bool(self.server_args.get("speculative_algorithm"))
+        return engines.speculative_view(self.server_args).algorithm is not None
 
     @property
     def steps(self) -> int | None:
-        v = self.server_args.get("speculative_num_steps")
-        return int(v) if v is not None else None
+        """Drafted tokens per cycle (SGLang speculative_num_steps, vLLM num_speculative_tokens): the spec model's k."""
+        return engines.speculative_view(self.server_args).steps
 
 
 @dataclass
@@ -477,7 +481,16 @@ def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = Non
                server_args=server_args, env=env, requests=requests, log=log,
                env_check=env_check_from_json(ec) if ec else None, gpu_samples=samples, manifest=manifest,
                client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
-               run_dir=run_dir, phase_metrics=_read_json(run_dir / "phase_metrics.json") or None)
+               run_dir=run_dir, phase_metrics=_read_json(run_dir / "phase_metrics.json") or None,
+               engine_accept_len=_engine_accept_len(summary),
+               buffered_requests=int(summary.get("buffered_requests") or 0))
+
+
+def _engine_accept_len(summary: dict) -> float | None:
+    """A run's acceptance length as the engine counted it over the measured requests (vLLM's /metrics delta,
+    node/loadgen.add_engine_acceptance), or None."""
+    spec = summary.get("spec_metrics")
+    return _num(spec.get("accept_len")) if isinstance(spec, dict) else None
 
 
 def is_finite(x: float | None) -> bool:
@@ -677,6 +690,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             gpu_samples=samples.get(r["seq"], []), manifest=manifest or {}, ranks=ranks,
             client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
             run_dir=run_dir, error=r.get("failure_reason"), gpu_seconds=_num(r.get("gpu_seconds")),
+            engine_accept_len=_engine_accept_len(summary), buffered_requests=int(summary.get("buffered_requests") or 0),
             phase_metrics=phase_files.get(r["seq"])))
     argv = e.get("argv") or []
     scales = sorted({r.time_scale for r in runs})

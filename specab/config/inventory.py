@@ -12,6 +12,14 @@ import jinja2
 from specab.config.yamlfile import REPO_ROOT, ConfigError, check_unknown, key_line, load_yaml
 
 DEFAULT_INVENTORY = REPO_ROOT / "inventory" / "local.yml"
+# without -i, an experiment runs on the node made for its engine kind: the embedded simulated SGLang node, or a
+# real vLLM on this machine's CPU (scripts/install_vllm_cpu.sh)
+DEFAULT_INVENTORIES = {"sglang": DEFAULT_INVENTORY, "vllm": REPO_ROOT / "inventory" / "vllm-cpu.yml"}
+
+
+def default_inventory(engine: str) -> Path:
+    """The inventory an experiment of engine kind `engine` uses when none is given."""
+    return DEFAULT_INVENTORIES.get(engine, DEFAULT_INVENTORY)
 INVENTORY_GROUP_KEYS = {"hosts", "vars", "children"}
 DEFAULT_ENGINE_CMD = ["python3", "-m", "sglang.launch_server"]
 ENGINE_BUILD_KEYS = {"python", "cmd", "env"}
@@ -153,6 +161,13 @@ def _render_vars(hostname: str, raw: dict[str, Any], controller_python: str,
                         "expanduser": os.path.expanduser, "realpath": os.path.realpath,
                         "quote": lambda v: shlex.quote(str(v)), "to_json": json.dumps,
                         "bool": lambda v: str(v).lower() in ("1", "true", "yes", "on")})
+    def lookup(plugin: str, *terms: str, default: str = "", **_: Any) -> str:
+        # Ansible's env lookup (ansible.builtin.env: the variable, else `default`); other lookups are left to
+        # Ansible (the value stays unrendered here)
+        if plugin not in ("env", "ansible.builtin.env"):
+            raise jinja2.TemplateError(f"lookup {plugin!r} is resolved by Ansible only")
+        return ",".join(os.environ.get(t, default) for t in terms)
+    env.globals["lookup"] = lookup
     ctx: dict[str, Any] = dict(raw)
     ctx.update({"inventory_hostname": hostname, "inventory_hostname_short": hostname.split(".")[0],
                 "ansible_playbook_python": controller_python,

@@ -17,6 +17,11 @@ arm, baseline included, so each condition has its own baseline (an engine build'
 with the baseline of the same build; their names end in the build's name, e.g. `baseline-sglang-0.5.9`). Without speculative keys, the
 experiment's own speculative arms are used. The baseline is always part of the experiment.
 Every combination is checked against SGLang's rules before anything runs.
+
+On a vLLM experiment (`engine: vllm`) the speculative arm is written as vLLM's `speculative_config` mapping;
+`steps` sets its `num_speculative_tokens` (arms `<method>-s<N>`, e.g. `draft_model-s2`); `topk` and
+`draft_tokens` have no vLLM knob and are refused with what to do instead; other keys are vLLM argument
+names (checked against the node's `vllm --help` before any launch).
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import yaml
 
 from specab.config import engine_args
 from specab.config.spec import ENV_NAME, ArmSpec, ExperimentSpec, overlay, resolve_arm
+from specab.node import engines
 
 ALIASES = {"steps": "speculative_num_steps", "topk": "speculative_eagle_topk",
            "draft_tokens": "speculative_num_draft_tokens"}
@@ -134,8 +140,9 @@ def _parse_values(key: str, label: str, text: str) -> tuple[Any, ...]:
     return tuple(values)
 
 
-def parse_matrix(specs: list[str]) -> list[Axis]:
-    """Parse `--matrix` options; refuse malformed ones, unknown keys and duplicate keys."""
+def parse_matrix(specs: list[str], engine: str = engines.SGLANG) -> list[Axis]:
+    """Parse `--matrix` options; refuse malformed ones, unknown keys and duplicate keys. `engine` is the
+    experiment's engine kind: its argument names are the ones known (vLLM's are checked by its --help)."""
     axes: list[Axis] = []
     errors: list[str] = []
     seen: dict[str, str] = {}
@@ -153,6 +160,12 @@ def parse_matrix(specs: list[str]) -> list[Axis]:
             key = label
         elif label == ENGINE:
             key = ENGINE
+        elif engine == engines.VLLM:
+            key = ALIASES.get(label, label)
+            problem = _vllm_key_problem(label, key)
+            if problem:
+                errors.append(problem)
+                continue
         else:
             key = ALIASES.get(label, label)
             if not engine_args.is_known(key):
@@ -234,6 +247,33 @@ def check_spec(server_args: dict[str, Any], where: str) -> tuple[dict[str, Any],
 MAX_NAME = 64     # the roles accept arm names matching [A-Za-z0-9][A-Za-z0-9._-]{0,63}
 
 
+def _vllm_key_problem(label: str, key: str) -> str | None:
+    """Why a --matrix key cannot vary a vLLM experiment, or None."""
+    if key in engines.VLLM_NO_KNOB:
+        return f"--matrix {label}: {engines.VLLM_NO_KNOB[key]}."
+    if key.startswith("speculative_") and key != STEPS:
+        return (f"--matrix {label}: a vLLM experiment varies its speculative arm through steps "
+                f"(num_speculative_tokens); set method and draft model in the arm's speculative_config.")
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", key):
+        return (f"--matrix {label}: not a vLLM argument name (lowercase letters, digits and '_', as "
+                f"`vllm serve --help` lists them with '_' for '-'), steps, env.NAME or engine.")
+    if key == "model_path":
+        return "--matrix model_path: the target model is fixed per experiment; use another experiment file."
+    return None
+
+
+def check_vllm_spec(server_args: dict[str, Any], where: str) -> tuple[dict[str, Any], list[str], list[str]]:
+    """vLLM's rules for one arm (engines.check_vllm_spec_config): (args, notices, refusals)."""
+    cfg = server_args.get("speculative_config")
+    if cfg is None:
+        return dict(server_args), [], []
+    try:
+        engines.vllm_spell(server_args)
+    except engines.NoSpelling as exc:
+        return dict(server_args), [], [f"{where}: refused by vLLM's rules: {exc}."]
+    return dict(server_args), [], []
+
+
 def _fmt(v: Any) -> str:
     s = "true" if v is True else "false" if v is False else str(v)
     return re.sub(r"[^A-Za-z0-9._-]", "_", s)
@@ -249,7 +289,10 @@ def _fit(name: str) -> str:
 
 
 def _spec_name(args: dict[str, Any]) -> str:
-    algo = str(args.get("speculative_algorithm", "spec")).lower()
+    view = engines.speculative_view(args)
+    algo = (view.algorithm or "spec").lower()
+    if isinstance(args.get("speculative_config"), dict):
+        return f"{algo}-s{view.steps}" if view.steps is not None else algo
     if all(args.get(k) is not None for k in TRIPLE):
         return f"{algo}-s{args[STEPS]}-k{args[TOPK]}-d{args[DRAFT]}"
     return algo
@@ -263,9 +306,13 @@ def _suffix(combo: dict[Axis, Any]) -> str:
     return "-".join(parts)
 
 
+def _is_spec_arm(arm: dict[str, Any]) -> bool:
+    return engines.speculative_view(arm.get("server_args") or {}).algorithm is not None
+
+
 def _template_arm(exp: ExperimentSpec) -> dict[str, Any] | None:
     for arm in exp.arms:
-        if (arm.get("server_args") or {}).get("speculative_algorithm"):
+        if _is_spec_arm(arm):
             return arm
     return None
 
@@ -280,26 +327,35 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
     # Speculative configurations: (name, overlay server_args, overlay env, matrix values)
     specs: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = []
     baseline_overlay: dict[str, Any] = {"name": "baseline"}
-    file_baseline = next((a for a in exp.arms
-                          if not (a.get("server_args") or {}).get("speculative_algorithm")), None)
+    vllm = exp.engine == engines.VLLM
+    check = check_vllm_spec if vllm else check_spec
+    file_baseline = next((a for a in exp.arms if not _is_spec_arm(a)), None)
     if file_baseline is not None:
         baseline_overlay = file_baseline
     if spec_axes:
-        template = _template_arm(exp) or {"name": "eagle3", "server_args": {"speculative_algorithm": "EAGLE3"}}
+        template = _template_arm(exp)
+        if template is None and vllm:
+            raise MatrixError(f"--matrix {', '.join(a.label for a in spec_axes)}: {exp.path} has no speculative arm "
+                              f"to vary; add one with server_args.speculative_config (method, model, "
+                              f"num_speculative_tokens).")
+        template = template or {"name": "eagle3", "server_args": {"speculative_algorithm": "EAGLE3"}}
         for values in itertools.product(*(a.values for a in spec_axes)):
             sargs = dict(template.get("server_args") or {})
-            if not sargs.get("speculative_algorithm"):
+            if not vllm and not sargs.get("speculative_algorithm"):
                 sargs["speculative_algorithm"] = "EAGLE3"
             mvals: dict[str, Any] = {}
             for ax, v in zip(spec_axes, values):
-                sargs[ax.key] = v
+                if vllm:        # steps: the only speculative axis on vLLM (_vllm_key_problem)
+                    sargs["speculative_config"] = {**sargs["speculative_config"], "num_speculative_tokens": v}
+                else:
+                    sargs[ax.key] = v
                 mvals[ax.label] = v
             specs.append(("", sargs, dict(template.get("env") or {}), mvals))
     else:
         for arm in exp.arms:
             if arm is baseline_overlay:
                 continue
-            if not (arm.get("server_args") or {}).get("speculative_algorithm"):
+            if not _is_spec_arm(arm):
                 # a second non-speculative arm of the file: kept as its own arm, compared with the baseline
                 specs.append((str(arm["name"]), dict(arm.get("server_args") or {}), dict(arm.get("env") or {}), {}))
                 continue
@@ -343,7 +399,7 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
                               "env": overlay(baseline_overlay.get("env") or {}, cond_env)},
                         matrix=cond_vals)
         b = dataclasses.replace(b, engine=engine)
-        _, b_notices, b_refused = check_spec(b.server_args, f"arm {bname}")
+        _, b_notices, b_refused = check(b.server_args, f"arm {bname}")
         notices += b_notices
         refused += b_refused
         add(b)
@@ -353,7 +409,7 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
                                          "env": overlay(senv, cond_env)}, baseline=bname,
                                    matrix={**mvals, **cond_vals})
             where = f"arm {name}" if name else "combination " + ", ".join(f"{k}={v}" for k, v in mvals.items())
-            adjusted, n, r = check_spec(resolved.server_args, where)
+            adjusted, n, r = check(resolved.server_args, where)
             notices += n
             if r:
                 refused += r

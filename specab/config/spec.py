@@ -116,7 +116,8 @@ class ExperimentSpec:
 
 
 def _is_spec(server_args: dict[str, Any]) -> bool:
-    return server_args.get("speculative_algorithm") not in (None, False, "")
+    """SGLang's speculative_algorithm or vLLM's speculative_config (engines.speculative_view)."""
+    return engines.speculative_view(server_args).algorithm is not None
 
 
 def overlay(common: dict[str, Any], arm: dict[str, Any] | None) -> dict[str, Any]:
@@ -149,6 +150,8 @@ def resolve_arm(exp: ExperimentSpec, arm: dict[str, Any], baseline: str = "basel
 
 def phase_timing_on(exp: ExperimentSpec, speculative: bool) -> bool:
     """bench.phase_timing (default roles/specab specab_bench_phase_timing): auto = speculative arms only."""
+    if exp.engine != engines.SGLANG:
+        return False        # SGLang's forward-time categories and profiler: vLLM has no such metrics (issue 17)
     mode = exp.bench.get("phase_timing", defaults.get("specab_bench_phase_timing"))
     return speculative if mode == "auto" else bool(mode)
 

@@ -26,6 +26,7 @@ from specab.driver import preflight, session
 from specab.driver.options import EXIT_INTERRUPTED, EXIT_USAGE, ExperimentError, Options, prepare
 from specab.driver.remote import status_all
 from specab.driver.render import render_arm
+from specab.node import engines
 from specab.node.contract import redact_env
 from specab.results import store as st
 from specab.results.locate import NotFound, locate
@@ -47,7 +48,8 @@ def _add_experiment_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-e", "--experiment", metavar="FILE",
                    help="experiment file (default: experiments/default.yml)")
     p.add_argument("-i", "--inventory", metavar="FILE",
-                   help="inventory (default: inventory/local.yml, the embedded simulated node)")
+                   help="inventory (default: inventory/local.yml, the embedded simulated node; for an engine: vllm "
+                        "experiment inventory/vllm-cpu.yml, a real vLLM on this CPU)")
     p.add_argument("--matrix", action="append", default=[], metavar="KEY=VALUES",
                    help="steps=1,2,3 | topk=1,4 | draft_tokens=4,8 | <server_arg>=a,b | env.NAME=a,b | "
                         "ranges 1..4; repeat the option for a product")
@@ -258,7 +260,7 @@ def _cost_plan(prepared: Any, target_ci: float, max_repeats: int) -> list[str]:
     costs = [economics.profile_cost(profile, speculative=not a.is_baseline, gpus=economics.gpus_of(a.server_args),
                                     output_len=int(bench["output_len"]), warmup=int(bench["warmup_requests"]),
                                     time_scale=scale) for a in prepared.arms]
-    steps = max(int(a.server_args.get("speculative_num_steps") or 0) for a in prepared.arms)
+    steps = max(engines.speculative_view(a.server_args).steps or 0 for a in prepared.arms)
     comps = economics.profile_components(profile, int(bench["output_len"]), spec_steps=steps)
     est = economics.plan_estimate(design.mean_cost(costs), comps, target_ci, arms=len(prepared.arms),
                                   requests=int(bench["num_requests"]), today_max_blocks=max_repeats)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specab.config.inventory import Host, Inventory, load_inventory
+from specab.config.inventory import Host, Inventory, default_inventory, load_inventory
 from specab.config.matrix import build_arms, parse_matrix
 from specab.config.plan import Order, PlannedRun, make_plan
 from specab.config.spec import ArmSpec, ExperimentSpec, load_experiment
@@ -57,14 +57,8 @@ class Prepared:
 def prepare(opts: Options) -> Prepared:
     """Validate the experiment, inventory and matrix and make the plan. Touches nothing."""
     exp = load_experiment(opts.experiment_file)
-    if exp.engine == "vllm":
-        # issue 16: vLLM runs through the roles (ab_test.yml, `make demo-vllm`); the driver's matrix, plan and
-        # analysis still speak SGLang's speculative names only
-        raise ConfigError(f"{exp.path}: engine: vllm experiments are not run by driver.py yet; run the A/B round "
-                          f"with `ansible-playbook -i inventory/vllm-cpu.yml playbooks/ab_test.yml "
-                          f"-e specab_experiment_file={exp.path}` (or `make demo-vllm`).")
-    inv = load_inventory(opts.inventory_file)
-    armset = build_arms(exp, parse_matrix(opts.matrix), skip_invalid=opts.skip_invalid)
+    inv = load_inventory(opts.inventory_file or default_inventory(exp.engine))
+    armset = build_arms(exp, parse_matrix(opts.matrix, exp.engine), skip_invalid=opts.skip_invalid)
     if opts.repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {opts.repeats}.")
     if opts.target_ci is not None and opts.order == "blocked":

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from specab.config.inventory import Host
 from specab.config.matrix import MatrixError, build_arms, parse_matrix
-from specab.config.spec import DEFAULT_EXPERIMENT, load_experiment, resolve_arm
+from specab.config.spec import DEFAULT_EXPERIMENT, load_experiment
 from specab.config.yamlfile import ConfigError
 from specab.driver import preflight
 from specab.driver.options import EXIT_USAGE
@@ -60,16 +60,9 @@ def check(request: dict[str, Any], cwd: Path, notices: list[str]) -> dict[str, A
     exp = load_experiment(path)
     hosts = [Host(name=str(name), vars={k: v for k, v in (hv or {}).items() if k in HOST_KEYS})
              for name, hv in (request.get("hosts") or {}).items()]
-    if exp.engine == "vllm":
-        # SGLang's speculative rules and --help spelling do not apply; vLLM validates --speculative-config at
-        # its start, and readiness needs one real generation (issue 16)
-        arms = [resolve_arm(exp, a) for a in exp.arms]
-        notices += exp.warnings + preflight.bind_warnings(arms)
-        notices.append("engine: vllm: the arms' --speculative-config is checked by the node's roles and vLLM itself")
-    else:
-        arms = build_arms(exp, parse_matrix([])).arms
-        notices += exp.warnings + preflight.bind_warnings(arms)
-        preflight.check_engine_flags(arms, hosts, notice=notices.append)
+    arms = build_arms(exp, parse_matrix([], exp.engine)).arms
+    notices += exp.warnings + preflight.bind_warnings(arms)
+    preflight.check_engine_flags(arms, hosts, notice=notices.append, expected_kind=exp.engine)
     multinode = any(_truthy(h.vars.get("specab_multinode")) for h in hosts)
     preflight.check_ports(arms, hosts[:1] if multinode else hosts, notice=notices.append)
     return {"experiment_file": str(path.resolve()), "specab_experiment": exp.as_extravar(), "notices": notices}

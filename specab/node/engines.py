@@ -286,7 +286,7 @@ CONSEQUENCE_ERRORS = ("EngineDeadError", "EngineCore encountered an issue", "Wor
 # SGLang's logical speculative names -> what vLLM has (the matrix aliases steps/topk/draft_tokens).
 _VLLM_METHOD_OF_SGLANG = {"EAGLE3": "eagle3", "EAGLE": "eagle", "STANDALONE": "draft_model",
                           "NGRAM": "ngram", "NEXTN": "mtp"}
-_VLLM_NO_KNOB = {
+VLLM_NO_KNOB = {
     "speculative_eagle_topk": "vLLM drafts one chain (no tree of topk branches): there is no topk knob; "
                               "drop topk from the arm or the --matrix",
     "speculative_num_draft_tokens": "vLLM verifies num_speculative_tokens drafts per step (= steps): there is "
@@ -312,10 +312,10 @@ def vllm_spell(server_args: Dict[str, Any]) -> Dict[str, Any]:
     for key, value in server_args.items():
         if key == "speculative_config":
             continue
-        if key in _VLLM_NO_KNOB:
+        if key in VLLM_NO_KNOB:
             if value is None or value is False:
                 continue
-            raise NoSpelling("server_args.%s=%r has no vLLM flag: %s." % (key, value, _VLLM_NO_KNOB[key]))
+            raise NoSpelling("server_args.%s=%r has no vLLM flag: %s." % (key, value, VLLM_NO_KNOB[key]))
         if key == "speculative_num_steps":
             if value is not None:
                 spec["num_speculative_tokens"] = value
@@ -346,6 +346,64 @@ def check_vllm_spec_config(spec: Dict[str, Any]) -> None:
                          "alias steps); got %r" % (n,))
     if method in VLLM_METHODS_WITH_MODEL and not spec.get("model"):
         raise NoSpelling("speculative_config.method %s needs speculative_config.model (the draft's path)" % method)
+
+
+def kind_of_flags(flags: Iterable[str]) -> str:
+    """Which engine a `--help` flag set is (what the node's own engine reports): vLLM names its model with
+    `--model` and takes `--speculative-config` JSON; SGLang has `--model-path` and `--speculative-algorithm`."""
+    fs = set(flags)
+    if "--speculative-config" in fs and "--model-path" not in fs:
+        return VLLM
+    return SGLANG
+
+
+def spell_for(kind: str, server_args: Dict[str, Any], flags: Optional[Iterable[str]]) -> Dict[str, Any]:
+    """An arm's server_args in the spelling of the node's engine `kind` (its --help flag set when known):
+    vLLM's (`vllm_spell`, `model_path` rendered as `--model` by the launch template) or SGLang's
+    generation (`spell_args`). Raises NoSpelling."""
+    if kind == VLLM:
+        return vllm_spell(server_args)
+    return spell_args(server_args, flags)
+
+
+def flag_of_kind(kind: str, key: str) -> str:
+    """The command-line flag the launch template renders for `key` on an engine of `kind`."""
+    if kind == VLLM and key == "model_path":
+        return "--model"
+    return flag_of(key)
+
+
+class SpecView(NamedTuple):
+    """An arm's speculative settings in logical terms, whichever engine's shape they are written in."""
+    algorithm: Optional[str]         # SGLang's speculative_algorithm, or vLLM's speculative_config.method
+    steps: Optional[int]             # drafted tokens per cycle: speculative_num_steps / num_speculative_tokens
+    topk: Optional[int]              # SGLang's tree width (vLLM drafts one chain: None)
+    draft_tokens: Optional[int]      # SGLang's verified tokens (vLLM has no separate knob: None)
+    draft_model: Optional[str]
+
+
+def _int_or_none(v: Any) -> Optional[int]:
+    try:
+        return None if v is None or isinstance(v, bool) else int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def speculative_view(server_args: Dict[str, Any]) -> SpecView:
+    """The speculative settings of an arm (SGLang `speculative_*` keys, or vLLM's `speculative_config`
+    mapping); every field None for a non-speculative arm. The spec model's k is `steps` on both engines:
+    SGLang's speculative_num_steps and vLLM's num_speculative_tokens are both the drafted tokens per cycle."""
+    cfg = server_args.get("speculative_config")
+    if isinstance(cfg, dict) and cfg.get("method"):
+        return SpecView(str(cfg["method"]), _int_or_none(cfg.get("num_speculative_tokens")), None, None,
+                        cfg.get("model"))
+    algo = server_args.get("speculative_algorithm")
+    if algo in (None, False, ""):
+        return SpecView(None, None, None, None, None)
+    return SpecView(str(algo), _int_or_none(server_args.get("speculative_num_steps")),
+                    _int_or_none(server_args.get("speculative_eagle_topk")),
+                    _int_or_none(server_args.get("speculative_num_draft_tokens")),
+                    server_args.get("speculative_draft_model_path"))
 
 
 def parse_non_default_args(text: str) -> Optional[Dict[str, Any]]:

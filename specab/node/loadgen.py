@@ -51,6 +51,19 @@ else:                           # a sibling script in <node_dir>/bin
     import phasemetrics  # type: ignore[no-redef]
 
 APIS = ("generate", "completions", "chat")
+# A request was delivered in bursts (`buffered`) when more than BUFFERED_SHARE of its tokens after the first came
+# in chunks that followed the previous one within 1/BUFFERED_RATE_RATIO of the request's own time per token, with
+# at least BUFFERED_MIN_TOKENS of them: a CPU-starved API server forwarding what the engine made long before (seen
+# on a real vLLM on 2 loaded cores: 128 tokens within 1.5 ms after a 0.39 s wait, or the second half of a request
+# at once). Its chunk times say nothing about the engine's decode pace: no decode_tok_s/tpot_s for it. Scale-free
+# (a time-scaled simulator keeps it); steady streaming, a long prefill or several tokens per chunk (speculation)
+# stay far from it.
+BUFFERED_RATE_RATIO = 5.0
+BUFFERED_SHARE = 0.5
+BUFFERED_RUN = 4
+BUFFERED_INFLATION = 2.0
+BUFFERED_MAX_GAP_S = 0.001     # and within 1 ms: no engine step is that short (a long prefill inflates the per-token time)
+BUFFERED_MIN_TOKENS = 16
 API_PATHS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 # A fixed vocabulary: prompts are seeded word sequences, identical on every node and arm.
@@ -375,6 +388,25 @@ def _finish_reason(api: str, obj: Dict[str, Any]) -> Optional[Any]:
     return None
 
 
+def _buffered(chunk_t: List[float], chunk_n: List[int], after_first: int, per_token_s: float) -> bool:
+    """Whether most tokens after the first arrived in bursts: runs of at least BUFFERED_RUN chunks that each followed
+    the previous one within 1/BUFFERED_RATE_RATIO of the request's time per token and within BUFFERED_MAX_GAP_S
+    (BUFFERED_SHARE). Two chunks read at once (a coalesced TCP read) are not a burst."""
+    if after_first < BUFFERED_MIN_TOKENS or per_token_s <= 0:
+        return False
+    burst_gap = min(per_token_s / BUFFERED_RATE_RATIO, BUFFERED_MAX_GAP_S)
+    burst = run_tokens = run_len = 0
+    for prev, t, n in zip(chunk_t, chunk_t[1:] + [float("inf")], chunk_n[1:] + [0]):
+        if t - prev < burst_gap:
+            run_len += 1
+            run_tokens += n
+            continue
+        if run_len >= BUFFERED_RUN:
+            burst += run_tokens
+        run_len = run_tokens = 0
+    return burst > BUFFERED_SHARE * after_first
+
+
 def _finish_record(rec: Dict[str, Any], counter: ChunkCounter, e2e: float) -> None:
     chunk_t = rec["chunk_t_s"]
     chunk_n = rec["chunk_tokens"]
@@ -392,9 +424,15 @@ def _finish_record(rec: Dict[str, Any], counter: ChunkCounter, e2e: float) -> No
     # (output_tokens - 1) / (t_last - t_first) when the first chunk carries one token.
     span = chunk_t[-1] - chunk_t[0]
     after_first = out - chunk_n[0]
-    if span > 0 and after_first > 0:
+    # buffered: a burst structure that would claim a pace at least BUFFERED_INFLATION x the request's whole pace
+    # (the stall went before the burst, into the first token's wait). A client that reads slowly, in bursts all
+    # along, keeps its own (low) pace: that is the client-bottleneck finding's evidence, not a void timing.
+    rec["buffered"] = bool(span > 0 and out > 0 and e2e > 0 and after_first / span > BUFFERED_INFLATION * out / e2e
+                           and _buffered(chunk_t, chunk_n, after_first, e2e / out)) or (span <= 0 and after_first > 0)
+    # a buffered request keeps its token and speculative counts (below); only its chunk timing is void
+    if span > 0 and after_first > 0 and not rec["buffered"]:
         rec["decode_tok_s"] = after_first / span
-    if out > 1:
+    if out > 1 and not rec["buffered"]:
         rec["tpot_s"] = (e2e - chunk_t[0]) / (out - 1)
     verify = counter.meta.get("spec_verify_ct")
     if isinstance(verify, int) and verify > 0:
@@ -523,6 +561,8 @@ def summarize(cfg: BenchConfig, records: List[Dict[str, Any]], duration_s: float
         "warmup_requests": len(records) - len(measured),
         "warmup_failed": sum(1 for r in records if r.get("warmup") and not r.get("ok")),
         "errors": sorted({str(r.get("error")) for r in measured if not r.get("ok")})[:10],
+        # delivered in a burst: no decode pace (BUFFERED_RATE_RATIO); decode_tok_s_* are over the others
+        "buffered_requests": sum(1 for r in ok if r.get("buffered")),
         "api": cfg.api, "url": cfg.url, "model": cfg.model, "concurrency": cfg.concurrency,
         "input_len": cfg.input_len, "output_len": cfg.output_len, "seed": cfg.seed,
         "dataset_hash": data_hash,

@@ -214,7 +214,7 @@ def slow_parts(a: argparse.Namespace, versions_cache: Optional[Dict[str, Any]] =
             versions_cache[a.python] = dict(vers)
     return {"versions": vers, "gpu": gpus(a.smi, a.smi_timeout), "host": host_info(),
             "models": {"target": model_info(a.model_path or sa.get("model_path")),
-                       "draft": model_info(a.draft_model_path or sa.get("speculative_draft_model_path"))}}
+                       "draft": model_info(a.draft_model_path or sa.get("speculative_draft_model_path") or engines.speculative_view(sa).draft_model)}}
 
 
 def host_info() -> Dict[str, Any]:
@@ -295,7 +295,7 @@ def build(a: argparse.Namespace, parts: Optional[Dict[str, Any]] = None) -> Dict
         "server": server_environ(node_dir),
         "models": parts["models"] if parts else {
             "target": model_info(a.model_path or sa.get("model_path")),
-            "draft": model_info(a.draft_model_path or sa.get("speculative_draft_model_path"))},
+            "draft": model_info(a.draft_model_path or sa.get("speculative_draft_model_path") or engines.speculative_view(sa).draft_model)},
         "seed": a.seed,
         "extra": extra,
     }

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from specab.node import engines
+
 SCHEMA_VERSION = 2
 # Versions this specab reads and resumes. 1 had runs.timings_json (a node timings.json that nothing wrote any
 # more); 2 dropped it. A version-1 store keeps the column, which the reads ignore and the writes leave NULL.
@@ -294,11 +296,11 @@ class Store:
         with self._tx() as c:
             for pos, a in enumerate(arms, start=1):
                 sa = a["server_args"]
+                spec = engines.speculative_view(sa)      # SGLang's speculative_* or vLLM's speculative_config
                 c.execute("INSERT INTO arms VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                           (a["name"], pos, int(a["is_baseline"]), a["baseline"], _dumps(sa), _dumps(a["env"]),
-                           _dumps(a.get("matrix") or {}), sa.get("speculative_algorithm"),
-                           sa.get("speculative_num_steps"), sa.get("speculative_eagle_topk"),
-                           sa.get("speculative_num_draft_tokens")))
+                           _dumps(a.get("matrix") or {}), spec.algorithm, spec.steps, spec.topk,
+                           spec.draft_tokens))
 
     def write_plan(self, runs: Iterable[dict[str, Any]], repeats: int | None = None) -> None:
         with self._tx() as c:

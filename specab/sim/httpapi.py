@@ -40,6 +40,26 @@ class ServerState:
     inflight: int = 0                 # generation requests whose HTTP response is not finished yet
     started_at: float = field(default_factory=time.time)
     simulator: dict[str, Any] = field(default_factory=dict)
+    buffered_stream: bool = False     # fault: a starved front end, every stream's chunks sent at its end
+
+
+class _StreamOut:
+    """Writes SSE events at once, or (the buffered_stream fault) holds them until the stream ends: the client
+    then waits for the first token as long as the whole generation and gets every token in one burst."""
+
+    def __init__(self, resp: web.StreamResponse, hold: bool) -> None:
+        self.resp, self.held = resp, ([] if hold else None)
+
+    async def write(self, data: bytes) -> None:
+        if self.held is None:
+            await self.resp.write(data)
+        else:
+            self.held.append(data)
+
+    async def end(self) -> None:
+        for data in self.held or []:
+            await self.resp.write(data)
+        self.held = None
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -281,16 +301,18 @@ class Api:
             return _json(outs if batch else outs[0])
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        out = _StreamOut(resp, self.s.buffered_stream)
         try:
-            await self._stream_many(resp, reqs, batch)
-            await resp.write(b"data: [DONE]\n\n")
+            await self._stream_many(out, reqs, batch)
+            await out.write(b"data: [DONE]\n\n")
+            await out.end()
         except (ConnectionResetError, asyncio.CancelledError):
             for r in reqs:
                 self.s.engine.abort(r)
             raise
         return resp
 
-    async def _stream_many(self, resp: web.StreamResponse, reqs: list[GenRequest], batch: bool) -> None:
+    async def _stream_many(self, resp: "_StreamOut", reqs: list[GenRequest], batch: bool) -> None:
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(i: int, r: GenRequest) -> None:
@@ -368,11 +390,12 @@ class Api:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+        out = _StreamOut(resp, self.s.buffered_stream)
 
         async def send(choices: list[dict[str, Any]], use: Optional[dict[str, Any]] = None) -> None:
             payload = {"id": rid, "object": chunk_obj, "created": created, "model": model,
                        "choices": choices, "usage": use}
-            await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+            await out.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
         try:
             sent = 0
@@ -396,7 +419,8 @@ class Api:
             opts = body.get("stream_options") or {}
             if isinstance(opts, dict) and opts.get("include_usage"):
                 await send([], usage())
-            await resp.write(b"data: [DONE]\n\n")
+            await out.write(b"data: [DONE]\n\n")
+            await out.end()
         except (ConnectionResetError, asyncio.CancelledError):
             self.s.engine.abort(req)
             raise

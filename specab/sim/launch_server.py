@@ -243,7 +243,8 @@ class Launch:
             sim_info["slow_instance"] = {"instance": slow.instance, "pct": slow.pct,
                                          "this_instance": slow.speed_factor(instance) != 1.0}
         self.state = ServerState(args=a, cap=cap, engine=engine, log=self.log, version=versions.current().name,
-                                 architecture=self.profile.model.architecture, simulator=sim_info)
+                                 architecture=self.profile.model.architecture, simulator=sim_info,
+                                 buffered_stream=st.faults.buffered_stream)
         await asyncio.sleep(self.profile.load.http_start_s / st.time_scale)
         sock = self.bind()
         if sock is None:

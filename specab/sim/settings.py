@@ -19,7 +19,7 @@ from specab.sim.gpustate import DEFAULT_STATE
 from specab.sim.throttle import FaultSpecError, SlowInstance, Throttle
 
 KNOWN_FAULTS = ("oom_at_start", "crash_after=N", "ignore_sigterm", "orphan_workers", "slow_release=S",
-                "port_in_use", "throttle=FROM_S:RATIO:REASON", "slow_instance=K:PCT")
+                "port_in_use", "throttle=FROM_S:RATIO:REASON", "slow_instance=K:PCT", "buffered_stream")
 
 
 class SettingsError(ValueError):
@@ -36,6 +36,7 @@ class Faults:
     port_in_use: bool = False           # behave as if the HTTP port were taken (uvicorn's bind error)
     throttle: Optional[Throttle] = None   # GPU clocks drop (with an NVML reason) from a moment on
     slow_instance: Optional[SlowInstance] = None  # the k-th start on the node decodes pct % slower
+    buffered_stream: bool = False       # the HTTP front end holds a stream's chunks and sends them when it ends
 
     @classmethod
     def parse(cls, text: str) -> "Faults":
@@ -44,7 +45,7 @@ class Faults:
             if not item:
                 continue
             name, _, arg = item.partition("=")
-            if name in ("oom_at_start", "ignore_sigterm", "orphan_workers", "port_in_use") and not arg:
+            if name in ("oom_at_start", "ignore_sigterm", "orphan_workers", "port_in_use", "buffered_stream") and not arg:
                 values[name] = True
             elif name == "crash_after" and arg:
                 try:

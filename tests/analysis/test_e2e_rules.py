@@ -305,6 +305,29 @@ def test_a_cpu_starved_client_is_the_bottleneck(nodes, tmp_path: Path):
     assert r.log and r.log.gen_tok_s_median and r.log.gen_tok_s_median > 0.85 * USUAL_BASELINE
 
 
+@slow
+def test_a_starved_front_end_delivers_in_bursts(nodes):
+    """The buffered_stream fault holds every chunk until the request ends (as a real vLLM's CPU-starved API server
+    did, tests/fixtures/vllm-0.32.0/bench_bursty.jsonl): the chunk times would claim a huge decode speed; the
+    requests are marked buffered, left out of tok/s, and the doctor says why. The healthy arm stays silent."""
+    node = nodes("bursts", scale="20")
+    exp = write_experiment(node, "bursts", [{"name": "baseline"},
+                                            {"name": "starved", "env": {"SPECAB_SIM_FAULT": "buffered_stream"}}],
+                           num_requests=3)
+    e = run(node, exp, node.write_inventory(host_vars(node)), 1)
+    by = findings(e)
+    bursts = by.get("bursty-delivery", [])
+    assert [(f.arm, f.severity) for f in bursts] == [("starved", "warning")], by.keys()
+    assert "3 of 3 measured requests" in bursts[0].message, bursts[0].message
+    (starved,) = e.runs_of("starved")
+    assert starved.buffered_requests == 3 and starved.tok_s is None
+    assert all(r.decode_tok_s is None and r.ttft_s and r.ttft_s > 0.8 * r.e2e_s for r in starved.measured)
+    (base,) = e.runs_of("baseline")
+    assert base.buffered_requests == 0 and base.tok_s and base.tok_s > 0.85 * USUAL_BASELINE
+    report_stats = stats.analyse(e)                   # an arm without a decode pace still analyses
+    assert report_stats.arms["starved"].tok_s_run.median is None
+
+
 # Where each rule of doctor.RULES fires through the simulator, and where it is shown silent on real
 # simulated data with its evidence present (docs/analysis.md has the same table in words).
 COVERAGE = {
@@ -332,6 +355,8 @@ COVERAGE = {
                        "test_e2e_rules::test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else"),
     "client-bottleneck": ("test_e2e_rules::test_a_cpu_starved_client_is_the_bottleneck",
                           "test_e2e_rules::test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else"),
+    "bursty-delivery": ("test_e2e_rules::test_a_starved_front_end_delivers_in_bursts",
+                        "test_e2e_rules::test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else"),
 }
 
 

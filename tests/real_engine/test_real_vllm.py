@@ -187,6 +187,61 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     assert stopped["was_running"] and not any(p in vllm_processes() for p in engine_core + workers)
 
 
+SGLANG_ONLY_RULES = {"verify-without-cuda-graph", "nccl-untuned-baseline-slow", "arms-not-like-for-like",
+                     "dominant-phase", "phase-accounting"}
+
+
+def test_driver_matrix_steps_to_a_report_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
+    """`python driver.py run -e experiments/vllm-cpu.yml --matrix steps=1,2,3 --repeats 2` (no -i: the real vLLM on
+    this CPU) to a report: the node's real `--help` checks the arms, every run goes through the run queue on the real
+    engine, tau of the self-draft arms is k+1 from vLLM's own /metrics counters, the spec model's k is
+    num_speculative_tokens, and no SGLang-only doctor rule fires."""
+    exp = yaml.safe_load((REPO / "experiments" / "vllm-cpu.yml").read_text())["specab_experiment"]
+    exp["server_args"]["port"] = free_port()
+    local = "/tmp/specab-vllm/models"
+    exp["model_path"] = exp["model_path"].replace(local, str(real_vllm.models))
+    for arm in exp["arms"][1:]:
+        sc = arm["server_args"]["speculative_config"]
+        sc["model"] = sc["model"].replace(local, str(real_vllm.models))
+    exp["bench"].update(num_requests=3, warmup_requests=1, output_len=64)
+    exp_file = tmp_path / "vllm-cpu.yml"
+    exp_file.write_text(yaml.safe_dump({"specab_experiment": exp}))
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "SPECAB_VLLM_NODE_DIR": str(tmp_path / "node"),
+           "SPECAB_VLLM_VENV": str(real_vllm.python.parents[1]), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(REPO / "driver.py"), "run", "-e", str(exp_file), "--matrix", "steps=1,2,3",
+                           "--repeats", "2", "--runs-dir", str(tmp_path / "runs")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1400)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    (exp_dir,) = (tmp_path / "runs").iterdir()
+    report = json.loads((exp_dir / "report.json").read_text())
+    arms = report["stats"]["arms"]
+    assert sorted(arms) == ["baseline", "draft_model-s1", "draft_model-s2", "draft_model-s3"]
+    assert all(a["runs"] == 2 and a["runs_failed"] == 0 for a in arms.values()), arms
+    # the real engine's --help was read (and cached) before the first launch
+    assert list((tmp_path / "cache" / "specab" / "engine-flags").glob("*.json"))
+    model = {m["name"]: m for m in report["model"]["arms"]}
+    for k in (1, 2, 3):
+        name = f"draft_model-s{k}"
+        assert model[name]["steps"] == k
+        taus = []
+        for run_dir in sorted(exp_dir.glob(f"*-{name}")):
+            m = json.loads((run_dir / "bench_summary.json").read_text())["spec_metrics"]
+            assert m["drafts"] > 0 and m["accept_len"] == pytest.approx(1 + m["accepted"] / m["drafts"])
+            taus.append(m["accept_len"])
+        assert len(taus) == 2 and all(abs(t - (k + 1)) <= 0.05 for t in taus), (name, taus)
+        assert arms[name]["accept_len"]["mean"] == pytest.approx(sum(taus) / 2)      # the report's = vLLM's own
+        assert model[name]["accept_len"] == pytest.approx(sum(taus) / 2)
+    assert arms["baseline"]["accept_len"]["mean"] is None
+    fired = {f["rule"] for f in report["findings"]}
+    assert not fired & SGLANG_ONLY_RULES, report["findings"]
+    md = (exp_dir / "report.md").read_text()
+    assert "draft_model-s3" in md and "Verdict cost" in md
+    print(f"driver.py --matrix steps=1,2,3 --repeats 2 on a real vLLM: {elapsed:.0f} s for 8 runs; "
+          + "; ".join(f"{n}: {a['tok_s_run']['median']:.0f} tok/s" for n, a in arms.items()))
+
+
 # --------------------------------------------------------------------------- failures of the real engine
 
 def test_sigkill_mid_benchmark_leaves_real_orphans_that_stop_cleans(real_vllm: RealVllm, tmp_path: Path) -> None:

@@ -95,21 +95,70 @@ def test_every_documented_method_is_accepted() -> None:
         engines.check_vllm_spec_config({"method": method, "model": "/d", "num_speculative_tokens": 1})
 
 
-def test_driver_refuses_a_vllm_experiment_with_the_command_that_runs_it(tmp_path: Path) -> None:
-    """The driver's matrix/plan/analysis speak SGLang's names only: a vLLM experiment is refused before anything
-    runs, naming the playbook that does run it; an unknown engine is refused too."""
+def test_driver_plans_a_vllm_matrix_steps_as_num_speculative_tokens(tmp_path: Path) -> None:
+    """`driver.py run -e experiments/vllm-cpu.yml --matrix steps=1,2,3`: one draft_model arm per steps value built on
+    the experiment's first speculative arm (its method and draft model), each compared with the baseline; without
+    -i the real-vLLM-on-CPU inventory; an unknown engine kind is refused."""
     from specab.config.spec import load_experiment
     from specab.config.yamlfile import ConfigError
     from specab.driver.options import Options, prepare
     repo = Path(__file__).resolve().parents[2]
-    exp = load_experiment(repo / "experiments" / "vllm-cpu.yml")      # a valid file: the playbook path runs it
-    assert exp.engine == "vllm"
-    with pytest.raises(ConfigError, match=r"not run by driver.py yet.*inventory/vllm-cpu.yml playbooks/ab_test.yml"):
-        prepare(Options(experiment_file=str(repo / "experiments" / "vllm-cpu.yml")))
+    p = prepare(Options(experiment_file=str(repo / "experiments" / "vllm-cpu.yml"), matrix=["steps=1,2,3"], repeats=2))
+    assert p.inventory.path.name == "vllm-cpu.yml"
+    assert [a.name for a in p.arms] == ["baseline", "draft_model-s1", "draft_model-s2", "draft_model-s3"]
+    for n, arm in enumerate(p.arms[1:], start=1):
+        assert arm.server_args["speculative_config"] == {"method": "draft_model", "model": MODEL,
+                                                         "num_speculative_tokens": n}
+        assert not arm.is_baseline and arm.baseline == "baseline"
+        assert engines.speculative_view(arm.server_args).steps == n
+        # no SGLang phase timing on vLLM: no --enable-metrics, no SGLANG_* variable
+        assert "enable_metrics" not in arm.server_args and not any(k.startswith("SGLANG_") for k in arm.env)
+    assert p.arms[0].is_baseline and "speculative_config" not in p.arms[0].server_args
+    assert len(p.plan) == 8
     bad = tmp_path / "e.yml"
     bad.write_text("specab_experiment:\n  name: x\n  engine: trtllm\n  model_path: /m\n  arms: [{name: baseline}]\n")
     with pytest.raises(ConfigError, match="engine 'trtllm' is not one of sglang, vllm"):
         load_experiment(bad)
+
+
+@pytest.mark.parametrize("matrix, why", [
+    ("topk=1,4", "no topk knob"),
+    ("draft_tokens=4", "no separate draft_tokens knob; use steps"),
+    ("speculative_algorithm=EAGLE3", "set method and draft model in the arm's speculative_config"),
+    ("model_path=/x", "the target model is fixed per experiment"),
+    ("Max-Len=3", "not a vLLM argument name"),
+    ("steps=0", "positive integers"),
+])
+def test_vllm_matrix_refusals_say_what_to_do(matrix: str, why: str) -> None:
+    from specab.config.matrix import MatrixError
+    from specab.driver.options import Options, prepare
+    repo = Path(__file__).resolve().parents[2]
+    with pytest.raises(MatrixError, match=why):
+        prepare(Options(experiment_file=str(repo / "experiments" / "vllm-cpu.yml"), matrix=[matrix]))
+
+
+def test_vllm_flags_from_the_real_help_check_names_and_spell_the_arms() -> None:
+    """The real `python -m vllm.entrypoints.openai.api_server --help` (vllm-cpu 0.32.0): it is recognised as vLLM,
+    a misspelt argument is refused before launch with vLLM's own flag suggested, model_path is --model, and an
+    SGLang experiment pointed at a vLLM install is refused naming both."""
+    from specab.config.spec import ArmSpec
+    from specab.driver import preflight
+    flags = frozenset(preflight.parse_help_flags(text("help.txt")))
+    assert engines.kind_of_flags(flags) == engines.VLLM and len(flags) > 300
+    ef = preflight.EngineFlags("vllm0", ("python", "-m", engines.VLLM_API_MODULE), "vllm 0.32.0", flags, cached=False)
+    spec = {"model_path": MODEL, "max_model_len": 1024, "enforce_eager": True,
+            "speculative_config": {"method": "draft_model", "model": MODEL, "num_speculative_tokens": 2}}
+    good = ArmSpec(name="draft_model-s2", server_args=spec, env={}, is_baseline=False, baseline="baseline")
+    assert preflight.unknown_flags([good], ef, engines.VLLM) == []
+    spelt = preflight.spell_arms([good], [ef])[0]
+    assert spelt.node_args == spec and spelt.engine_flags_fingerprint == ef.fingerprint
+    typo = ArmSpec(name="baseline", server_args={"model_path": MODEL, "max_model_length": 1024}, env={},
+                   is_baseline=True, baseline="baseline")
+    (msg,) = preflight.unknown_flags([typo], ef, engines.VLLM)
+    assert "--max-model-length is not a flag" in msg and "did you mean --max-model-len" in msg
+    (msg,) = preflight.unknown_flags([typo], ef, engines.SGLANG)
+    assert "engine: sglang" in msg and "vLLM flags" in msg
+    assert "vLLM flag set" in preflight.describe_engine(ef)
 
 
 def test_the_real_eagle3_failure_log_names_its_cause() -> None:
