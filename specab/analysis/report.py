@@ -593,7 +593,10 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         rep.add(Table(["arm", "restarts", "GPU-minutes"],
                       [[a, str(spent.restarts_per_arm[a]), f"{g / 60:.1f}"] for a, g in spent.per_arm.items()]))
     rep.summary.extend(cost)
-    rep.data = {"stats": st.to_dict(), "model": model.to_dict() if model else None, "phases": ph.to_dict(),
+    # "model": the experiment's first baseline (as before); "models": one per baseline (an engine A/B, a matrix
+    # condition), each over the arms compared with it
+    rep.data = {"stats": st.to_dict(), "model": model.to_dict() if model else None,
+                "models": {b: m.to_dict() if m else None for b, m in models.items()}, "phases": ph.to_dict(),
                 "findings": [f.to_dict() for f in findings], "summary": rep.summary, "cost": spent.to_dict()}
     return rep
 

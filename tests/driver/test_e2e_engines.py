@@ -62,6 +62,14 @@ def test_default_experiment_on_both_simulated_releases_as_an_engine_ab(tmp_path:
         sp = rep["stats"]["speedups"]
         assert {a: v["baseline"] for a, v in sp.items()} == {f"eagle3-s2-{b}": f"baseline-{b}" for b in BUILDS}
         assert all(v["estimate"] > 0 for v in sp.values())
+        # one spec model per engine build, each over that build's own arm (report.json "models")
+        models = rep["models"]
+        assert set(models) == {f"baseline-{b}" for b in BUILDS}
+        for b in BUILDS:
+            m = models[f"baseline-{b}"]
+            assert [a["name"] for a in m["arms"]] == [f"eagle3-s2-{b}"] and m["arms"][0]["steps"] == 2
+            assert m["baseline_tok_s"] == pytest.approx(rep["stats"]["arms"][f"baseline-{b}"]["tok_s_run"]["median"])
+        assert rep["model"] == models[next(iter(models))]
         # diff of the two baselines names the version change
         d = subprocess.run([PYTHON, str(REPO / "driver.py"), "diff", "--format", "json",
                             str(exp_dir / runs["baseline-sglang-0.5.9"]["run_id"]),
