@@ -210,7 +210,7 @@ def plot_speedup_vs_steps(exp: Experiment, st: stats.ExperimentStats, model: spe
                       f"{model.cycle_fit.source[:60]})")
         ax.legend(fontsize=8)
     ax.axhline(1.0, color="#57606a", lw=1)
-    ax.set_xlabel("speculative_num_steps")
+    ax.set_xlabel("steps (drafted tokens per cycle: speculative_num_steps, vLLM num_speculative_tokens)")
     ax.set_ylabel("speedup vs baseline (paired)")
     ax.set_title("speedup vs steps, measured (95% CI) and predicted")
     ax.grid(alpha=.3)
