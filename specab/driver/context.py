@@ -153,6 +153,7 @@ class RunContext:
         if status == st.FAILED and log_tail is None:
             log_tail = result.stdout_tail
         log_tail, reason = self.scrub_text(log_tail), self.scrub_text(reason)
+        gpus = economics.gpus_of(self.arms[pr.arm].server_args) if pr.arm in self.arms else None
         self.store.finish_run(pr.seq, status=status, runner_status=result.status, runner_rc=result.rc,
                               failure_phase=phase if status != st.OK else None, failure_reason=reason,
                               log_tail=log_tail if status != st.OK else None, partial=partial,
@@ -160,8 +161,8 @@ class RunContext:
                               load_phases=load_phases or ingested.get("ready"),
                               server_info=ingested.get("server_info"), stop=ingested.get("stop"),
                               gpu_free=ingested.get("gpu_free"),
-                              gpus=economics.gpus_of(self.arms[pr.arm].server_args) if pr.arm in self.arms else None)
-        self.progress.run_finished(status, time.time() - started, reason)
+                              gpus=gpus)
+        self.progress.run_finished(status, time.time() - started, reason, gpus=gpus)
         return status
 
     def stamp_manifests(self, run_dir: Path) -> None:

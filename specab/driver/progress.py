@@ -43,6 +43,8 @@ class _State:
     run_started: float | None = None
     phase_started: float | None = None
     durations: list[float] = field(default_factory=list)
+    gpu_seconds: float = 0.0            # spent so far in this session: run wall time x the GPUs its server held
+    gpu_runs: int = 0
     last_line: str = ""
     notices: list[str] = field(default_factory=list)
 
@@ -101,11 +103,14 @@ class Progress:
         with self._lock:
             self.state.last_line = line.strip()[-160:]
 
-    def run_finished(self, status: str, duration: float, reason: str | None = None) -> None:
+    def run_finished(self, status: str, duration: float, reason: str | None = None, gpus: int | None = None) -> None:
         with self._lock:
             s = self.state
             s.done += 1
             s.durations.append(duration)
+            if gpus:
+                s.gpu_seconds += duration * gpus
+                s.gpu_runs += 1
             if status != "ok":
                 s.failed += 1
             s.phase = status
@@ -113,7 +118,7 @@ class Progress:
         first = reason.strip().splitlines()[0] if reason and reason.strip() else ""
         if not self.live_mode:
             extra = f": {first}" if first else ""
-            self._print(f"    {status} in {duration:.1f} s{extra}  (ETA {fmt_duration(self.eta())})")
+            self._print(f"    {status} in {duration:.1f} s{extra}  (ETA {fmt_duration(self.eta())}{self.gpu_text()})")
         elif first:
             self.console.print(Text(f"{self.state.run_id} {status}: {first}", style="red"))
         else:
@@ -126,6 +131,19 @@ class Progress:
             self._print(text)
 
     # ------------------------------------------------------------------ helpers
+    def gpu_minutes(self) -> tuple[float, float | None] | None:
+        """(GPU-minutes spent, projected remainder at the mean per run so far), or None before a run with GPUs."""
+        with self._lock:
+            s = self.state
+            if not s.gpu_runs:
+                return None
+            per_run = s.gpu_seconds / s.gpu_runs
+            return s.gpu_seconds / 60, max(0, s.total - s.done) * per_run / 60
+
+    def gpu_text(self) -> str:
+        g = self.gpu_minutes()
+        return "" if g is None else f"; {g[0]:.1f} GPU-min spent, ~{g[1]:.1f} to go"
+
     def eta(self) -> float | None:
         with self._lock:
             s = self.state
@@ -152,6 +170,9 @@ class Progress:
         t.add_row("elapsed", fmt_duration(now - s.run_started) if s.run_started else "")
         eta = self.eta()
         t.add_row("remaining", f"~{fmt_duration(eta)}" if eta is not None else "estimating after the first run")
+        g = self.gpu_minutes()
+        if g is not None:
+            t.add_row("GPU-minutes", f"{g[0]:.1f} spent, ~{g[1]:.1f} projected for the rest")
         parts: list = [t]
         if s.last_line:
             parts.append(Text(s.last_line, style="dim"))

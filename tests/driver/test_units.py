@@ -67,6 +67,29 @@ def test_progress_plain_lines_and_eta():
     p.close()
 
 
+def test_progress_shows_gpu_minutes_spent_and_projected():
+    """Issue 19: the live progress says what the experiment has cost so far and what the rest will cost at the
+    mean per run (wall time x the GPUs the arm's server holds)."""
+    out = io.StringIO()
+    p = Progress(out=out, live=False)
+    p.start("exp-1", total=4)
+    p.run_started(1, "001-baseline", "baseline", 1)
+    assert p.gpu_minutes() is None
+    p.run_finished("ok", 60.0, gpus=8)
+    assert p.gpu_minutes() == pytest.approx((8.0, 24.0))
+    p.run_started(2, "002-x", "x", 1)
+    p.run_finished("failed", 30.0, reason="boom", gpus=8)       # a failed run costs too
+    assert p.gpu_minutes() == pytest.approx((12.0, 12.0))
+    assert "12.0 GPU-min spent, ~12.0 to go" in out.getvalue()
+    live = io.StringIO()
+    q = Progress(out=live, live=True)
+    q.start("exp-2", total=2)
+    q.run_started(1, "001-baseline", "baseline", 1)
+    q.run_finished("ok", 30.0, gpus=2)
+    q.close()
+    assert "1.0 spent, ~1.0 projected for the rest" in live.getvalue()
+
+
 def test_progress_live_renders():
     out = io.StringIO()
     p = Progress(out=out, live=True)
