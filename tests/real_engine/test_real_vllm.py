@@ -239,7 +239,7 @@ def test_driver_matrix_steps_to_a_report_on_a_real_vllm(real_vllm: RealVllm, tmp
     md = (exp_dir / "report.md").read_text()
     assert "draft_model-s3" in md and "Verdict cost" in md
     print(f"driver.py --matrix steps=1,2,3 --repeats 2 on a real vLLM: {elapsed:.0f} s for 8 runs; "
-          + "; ".join(f"{n}: {a['tok_s_run']['median']:.0f} tok/s" for n, a in arms.items()))
+          + "; ".join(f"{n}: {a['tok_s_run']['median'] or float('nan'):.0f} tok/s" for n, a in arms.items()))
 
 
 # --------------------------------------------------------------------------- failures of the real engine
