@@ -23,9 +23,9 @@ import json
 import os
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from specab.config import defaults
 from specab.config.inventory import EngineBuild, Host
@@ -97,6 +97,47 @@ def parse_help_flags(text: str) -> set[str]:
     return flags
 
 
+SWITCH, VALUE, OPTIONAL = "switch", "value", "optional"     # a flag's shape in the usage line
+
+
+def parse_help_shapes(text: str) -> dict[str, Any]:
+    """What each flag of an argparse usage line takes: SWITCH (`[--trust-remote-code]`, also vLLM's
+    `[--enforce-eager | --no-enforce-eager]`), a list of choices (`[--dtype {auto,half,...}]`), VALUE
+    (`[--tp-size TP_SIZE]`), or OPTIONAL (`[--flag [FLAG ...]]`: a value or none). Flags outside brackets (a
+    required `--model-path MODEL_PATH`) are VALUE."""
+    usage = text.split("\n\n", 1)[0]
+    shapes: dict[str, Any] = {}
+    for m in re.finditer(r"(\[?)(--[A-Za-z0-9][A-Za-z0-9_-]*)", usage):
+        flag, rest = m.group(2), usage[m.end():].lstrip(" \n")
+        if flag in shapes or flag == "--help" or (m.start() > 0 and usage[m.start() - 1] not in " [\n"):
+            continue
+        if rest.startswith("{"):
+            shapes[flag] = rest[1:rest.index("}")].split(",")
+        elif rest.startswith("["):
+            shapes[flag] = OPTIONAL
+        elif rest.startswith(("]", "|")) or not rest or rest.startswith(("[", "--")):
+            shapes[flag] = SWITCH
+        else:
+            shapes[flag] = VALUE
+    return shapes
+
+
+def shape_problem(key: str, value: Any, flag: str, shape: Any) -> str | None:
+    """Why the engine's parser would refuse `value` for `flag` (as the launch template renders it), or None."""
+    if value is None or value is False:
+        return None                                      # omitted from the command line
+    if shape == SWITCH and value is not True:
+        return (f"server_args.{key}={value!r}: {flag} is a switch on this engine (it takes no value): write true to "
+                f"pass it, false or null to leave it out")
+    if shape == VALUE and value is True:
+        return f"server_args.{key}=true: {flag} needs a value on this engine (`{flag} VALUE`), not a bare switch"
+    if isinstance(shape, list) and not isinstance(value, (bool, list, dict)) and str(value) not in shape:
+        close = difflib.get_close_matches(str(value), shape, n=1)
+        return (f"server_args.{key}={value!r} is not one of {flag}'s choices on this engine ({', '.join(shape)})"
+                + (f"; did you mean {close[0]}?" if close else ""))
+    return None
+
+
 def flag_of(key: str) -> str:
     return "--" + key.replace("_", "-")
 
@@ -109,6 +150,7 @@ class EngineFlags:
     flags: frozenset[str]
     cached: bool
     build: str | None = None        # the inventory's engine build name (`specab_engines`); None: specab_engine_cmd
+    shapes: Mapping[str, Any] = field(default_factory=dict)    # flag -> parse_help_shapes (empty: not known)
 
     @property
     def label(self) -> str:
@@ -182,7 +224,7 @@ def engine_flags(host: Host, node: Any | None = None, build: EngineBuild | None 
             try:
                 data = json.loads(cache.read_text())
                 return EngineFlags(host.name, tuple(cmd), version, frozenset(data["flags"]), cached=True,
-                                   build=build.name)
+                                   build=build.name, shapes=data.get("shapes") or {})
             except (OSError, ValueError, KeyError):
                 pass        # a broken cache file is rebuilt below
         rc, out, err = node.run(cmd + ["--help"], timeout=HELP_TIMEOUT_S, env=env)
@@ -190,6 +232,7 @@ def engine_flags(host: Host, node: Any | None = None, build: EngineBuild | None 
         if own:
             node.close()
     flags = parse_help_flags(out)
+    shapes = parse_help_shapes(out)
     if rc != 0 or not flags:
         raise EngineHelpUnavailable(
             f"{host.name}: `{' '.join(cmd)} --help`" + (f" (engine build {build.name})" if build.name else "")
@@ -199,9 +242,10 @@ def engine_flags(host: Host, node: Any | None = None, build: EngineBuild | None 
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps({"host": host.name, "engine_cmd": cmd, "build": build.name, "env": env,
-                                   "version": version, "flags": sorted(flags)}))
+                                   "version": version, "flags": sorted(flags), "shapes": shapes}))
         tmp.replace(cache)
-    return EngineFlags(host.name, tuple(cmd), version, frozenset(flags), cached=False, build=build.name)
+    return EngineFlags(host.name, tuple(cmd), version, frozenset(flags), cached=False, build=build.name,
+                       shapes=shapes)
 
 
 def cached_engine_flags(host: Host, build: EngineBuild | None = None) -> EngineFlags | None:
@@ -218,6 +262,7 @@ def cached_engine_flags(host: Host, build: EngineBuild | None = None) -> EngineF
                     or data.get("build") != build.name:
                 continue        # another build (a cache without "build" is the unnamed one's, as before)
             ef = EngineFlags(host.name, tuple(cmd), data.get("version"), frozenset(data["flags"]), cached=True,
+                             shapes=data.get("shapes") or {},
                              build=build.name)
             mtime = path.stat().st_mtime
         except (OSError, ValueError, KeyError, TypeError):
@@ -270,6 +315,9 @@ def unknown_flags(arms: Iterable[ArmSpec], ef: EngineFlags, expected_kind: str |
                 continue        # omitted from the command line
             flag = engines.flag_of_kind(ef.kind, key)
             if flag in ef.flags:
+                bad = shape_problem(key, value, flag, ef.shapes.get(flag))
+                if bad:
+                    msgs.append(f"arm {arm.name} on {ef.host} ({ef.label}): {bad}")
                 continue
             close = difflib.get_close_matches(flag, sorted(ef.flags), n=1)
             hint = f" (did you mean {close[0]}, i.e. server_args.{close[0][2:].replace('-', '_')}?)" if close else ""
