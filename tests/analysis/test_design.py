@@ -90,6 +90,20 @@ def test_keep_requests_unless_the_saving_is_worth_it():
     assert design.plan_design(req, COST, 0.02, keep_requests=8).requests > 8
 
 
+def test_instance_dominated_noise_with_costly_restarts_keeps_a_run_of_several_requests():
+    """The bench's instance-dominated regime (docs/performance.md 3b): requests remove only 12 % of a block's
+    variance at 8 per run, but a restart costs 392 s = 65 requests, so the textbook m* = sqrt(restart x within
+    / (per-request x between)) is about 8, not the fewest requests: short runs need more restarts and cost more."""
+    inst = design.Components(between=2 * 0.012 ** 2, within=2 * 0.01 ** 2, between_df=30, within_df=500)
+    assert inst.within_share(8) == pytest.approx(0.12, abs=0.01)
+    m_star = math.sqrt(COST.restart_s * design.MEDIAN_VAR_FACTOR * inst.within / (COST.per_request_s * inst.between))
+    assert 7 < m_star < 10
+    free = design.plan_design(inst, COST, 0.02)
+    fewest = design.plan_design(inst, COST, 0.02, min_requests=2, max_requests=2)
+    assert free.requests > 2 and free.gpu_s < fewest.gpu_s and fewest.blocks > free.blocks
+    assert design.plan_design(inst, COST, 0.02, keep_requests=8).requests == 8
+
+
 def test_infeasible_target_falls_back_to_the_most_restarts_and_says_why():
     huge = design.Components(between=0.01, within=0.0)
     d = design.plan_design(huge, COST, 0.02, max_blocks=10)
