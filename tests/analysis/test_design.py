@@ -114,9 +114,12 @@ def test_next_step_minimum_blocks_model_gate_and_cap():
     c = design.Components(between=3e-4, within=2e-4, between_df=10, within_df=100)
     # too few blocks: more, whatever the interval says
     assert design.next_step(c, COST, 0.02, [8, 8], 0.01).more
-    # 3 blocks, a lucky narrow interval, but the model expects a wide one: one more block
-    s3 = design.next_step(c, COST, 0.02, [8, 8, 8], 0.015)
+    # 3 blocks, an interval far narrower than the model makes plausible (their variance < 5 % quantile): one more
+    s3 = design.next_step(c, COST, 0.02, [8, 8, 8], 0.005)
     assert s3.more and "variance components expect" in s3.why
+    # narrower than the model expects, but within chance (the model's own t interval at 3 blocks is +-4.6 %)
+    assert design.expected_half_width(c, 3, 8) > 0.04
+    assert not design.next_step(c, COST, 0.02, [8, 8, 8], 0.015).more
     # from MODEL_GATE_BELOW blocks on, the interval decides
     n = design.MODEL_GATE_BELOW
     assert not design.next_step(c, COST, 0.02, [8] * n, 0.019).more
