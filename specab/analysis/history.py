@@ -96,9 +96,10 @@ def read(runs_dir: Path, host: str) -> list[dict[str, Any]]:
 def prior(runs_dir: Path, host: str, fingerprint: str) -> design.Components | None:
     """The design's prior from the node's matching history: every matching experiment's components of every
     compared arm, pooled by degrees of freedom (the noisiest arm's between-instance variance counts as much as
-    its blocks say). None when nothing matches."""
-    comps = [a["components"] for e in read(runs_dir, host) if e.get("fingerprint") == fingerprint
-             for a in (e.get("arms") or {}).values()]
+    its blocks say). An experiment concluded twice (a resume with nothing left to run) counts once, by its last
+    line. None when nothing matches."""
+    latest = {e.get("experiment"): e for e in read(runs_dir, host) if e.get("fingerprint") == fingerprint}
+    comps = [a["components"] for e in latest.values() for a in (e.get("arms") or {}).values()]
     comps = [c for c in comps if all(isinstance(c.get(k), (int, float)) and math.isfinite(c[k])
                                      for k in ("between", "within", "between_df", "within_df"))]
     if not comps:
@@ -107,6 +108,6 @@ def prior(runs_dir: Path, host: str, fingerprint: str) -> design.Components | No
     w_df = sum(c["within_df"] for c in comps)
     between = sum(c["between"] * c["between_df"] for c in comps) / b_df if b_df > 0 else design.DEFAULT_BETWEEN
     within = sum(c["within"] * c["within_df"] for c in comps) / w_df if w_df > 0 else 0.0
-    n = len({e.get("experiment") for e in read(runs_dir, host) if e.get("fingerprint") == fingerprint})
+    n = len(latest)
     return replace(design.Components(between=between, within=within, between_df=b_df, within_df=w_df),
                    source=f"history of {host}: {n} earlier experiment(s) with fingerprint {fingerprint}")

@@ -48,6 +48,8 @@ def test_the_matching_experiments_pool_by_degrees_of_freedom(tmp_path):
                 ["components"] for s, n in ((4, 5), (5, 9)))
     prior = history.prior(tmp_path, "gpu-node-1", "fp")
     assert prior.between_df == 4 + 8 and "2 earlier experiment(s)" in prior.source
+    history.record(tmp_path, _exp(np.random.default_rng(5), "e2", blocks=9), "fp")   # concluded again (resume)
+    assert history.prior(tmp_path, "gpu-node-1", "fp") == prior
     assert prior.between == pytest.approx((one["between"] * 4 + two["between"] * 8) / 12)
 
 
