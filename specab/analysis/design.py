@@ -334,6 +334,21 @@ def model_half_width(comps: Components, requests_per_block: Sequence[float], lev
     return _half_width(n, sum(comps.block_var(m) for m in requests_per_block), n, comps, 1.0, level)
 
 
+def implausibly_narrow(comps: Components, requests_per_block: Sequence[float], ci_half_width: float,
+                       level: float = 0.95, alpha: float | None = None) -> bool:
+    """Do the blocks agree better than the variance components make plausible? The interval's own variance of a
+    block's log ratio (the t interval inverted: n (asinh(h) / t_{n-1})^2; the report's bootstrap interval is never
+    narrower than the t interval, so this errs towards letting the stop pass) against the model's mean block
+    variance, a chi-square test with n - 1 degrees of freedom at `alpha` (GATE_ALPHA unless given)."""
+    alpha = GATE_ALPHA if alpha is None else alpha
+    n = len(requests_per_block)
+    if n < 2 or not math.isfinite(ci_half_width):
+        return False
+    data_var = n * (math.asinh(ci_half_width) / t_quantile(level, n - 1)) ** 2
+    model_var = sum(comps.block_var(m) for m in requests_per_block) / n
+    return data_var < model_var * float(scipy_stats.chi2.ppf(alpha, n - 1)) / (n - 1)
+
+
 def expected_half_width(comps: Components, blocks: int, requests: float, level: float = 0.95) -> float:
     """Relative half-width a design of `blocks` blocks of `requests` requests per run is expected to give."""
     if blocks < 2:
@@ -346,8 +361,14 @@ def expected_half_width(comps: Components, blocks: int, requests: float, level: 
 # Below this many blocks the interval's own variance estimate has at most 3 degrees of freedom (and the report's
 # interval is a plain t interval, specab.analysis.stats.MIN_BOOTSTRAP_N): stopping on it alone picks the blocks
 # that happened to agree (the coverage study: 81 % coverage among stops at 3 blocks, 88 % at 4). Such an early
-# stop also needs the variance-components model (this experiment's requests + the node's history) to agree.
+# stop is refused when the blocks agree implausibly well for the variance-components model (this experiment's
+# requests + the node's history): when their variance is below the model's by more than chance explains at
+# GATE_ALPHA (a chi-square test with n - 1 degrees of freedom).
 MODEL_GATE_BELOW = 4
+# Refusing every early stop the model does not expect (the gate of the first version) cost 4.5-5 % more GPU-minutes
+# than today's design in the instance-dominated regime, where 3 blocks are never expected to suffice; refusing
+# only the implausibly lucky ones (5 %) keeps the coverage (docs/performance.md 3b) for about 1 %.
+GATE_ALPHA = 0.05
 
 
 @dataclass(frozen=True)
@@ -366,7 +387,7 @@ def next_step(comps: Components, cost: RunCost, target_rel: float, requests_per_
     """Design by cost, updated after every block (the `--target-ci` decision of the cost design).
 
     Stops when the report's interval is within the target after at least `min_blocks` blocks, and, below
-    MODEL_GATE_BELOW blocks, the model agrees; stops at `max_blocks` whatever the width. Otherwise plans the
+    MODEL_GATE_BELOW blocks, the blocks do not agree implausibly well for the model (`implausibly_narrow`); stops at `max_blocks` whatever the width. Otherwise plans the
     rest (plan_design over the blocks done) and says how many requests the next block's runs get."""
     n = len(requests_per_block)
     done_var = [comps.block_var(m) for m in requests_per_block]
@@ -377,12 +398,13 @@ def next_step(comps: Components, cost: RunCost, target_rel: float, requests_per_
     if n >= max_blocks:
         return Step(False, plan.requests, plan, f"stopped at {max_blocks} blocks (the cap), interval {width}")
     if n >= min_blocks and ci_half_width <= target_rel:
-        model_hw = model_half_width(comps, requests_per_block, level)
-        if n >= MODEL_GATE_BELOW or model_hw <= target_rel:
+        if n >= MODEL_GATE_BELOW or not implausibly_narrow(comps, requests_per_block, ci_half_width, level):
             return Step(False, plan.requests, plan, f"interval {width} within +-{target_rel:.1%} after {n} blocks")
+        model_hw = model_half_width(comps, requests_per_block, level)
         return Step(True, plan.requests, plan,
                     f"interval {width} after only {n} blocks, but the variance components expect "
-                    f"+-{model_hw:.2%}: one more block of {plan.requests} requests per run")
+                    f"+-{model_hw:.2%} (blocks this alike happen by chance less than {GATE_ALPHA:.0%} of the time): "
+                    f"one more block of {plan.requests} requests per run")
     return Step(True, plan.requests, plan,
                 f"interval {width} after {n} block(s); plan: {plan.blocks} blocks, {plan.requests} requests "
                 f"per run ({plan.reason})")

@@ -18,7 +18,8 @@ from typing import Any, TextIO
 
 import yaml
 
-from specab.analysis import design, economics, logparse, provenance, report, specmodel
+from specab.analysis import design, economics, history, logparse, provenance, report, specmodel
+from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.inventory import load_inventory
 from specab.config.matrix import MatrixError
 from specab.config.yamlfile import REPO_ROOT, ConfigError
@@ -29,7 +30,7 @@ from specab.driver.render import render_arm
 from specab.node import engines
 from specab.node.contract import redact_env
 from specab.results import store as st
-from specab.results.locate import NotFound, locate
+from specab.results.locate import NotFound, default_runs_dir, locate
 
 SUBCOMMANDS = ("run", "plan", "status", "export")
 COMMON_FORMS = """common forms (options go after the subcommand; `driver.py COMMAND --help` lists them):
@@ -114,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also print the design by cost for this 95%% CI half-width of the speedup (e.g. 2%%) and "
                            "its expected GPU-minutes")
     plan.add_argument("--max-repeats", type=int, help="with --target-ci: the cap of blocks `run` would use")
+    plan.add_argument("--runs-dir", metavar="DIR",
+                      help="with --target-ci: the runs directory whose history/<host>.jsonl gives the prior noise "
+                           "(default: <repo>/runs)")
     plan.set_defaults(func=cmd_plan)
     status = sub.add_parser("status", help="GPUs and our servers on every inventory host (parallel)")
     status.add_argument("-i", "--inventory", metavar="FILE")
@@ -199,6 +203,8 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     opts = _options(args, args._argv)
     prepared = prepare(opts)
     host = prepared.inventory.hosts[0]
+    # what the run will hash (the logical arms, before the engine's spelling): the key of the node's history
+    exp_fp = fingerprint(fingerprint_doc(prepared.experiment, prepared.arms))
     # the spelling of each engine build the arms run on, when its flags are cached (plan touches no node)
     builds = preflight.builds_of(prepared.arms, host)
     cached = {b.name: preflight.cached_engine_flags(host, b) for b in builds}
@@ -217,7 +223,9 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     for n in prepared.notices:
         print(f"notice: {n}", file=out)
     if opts.target_ci is not None:
-        for line in _cost_plan(prepared, opts.target_ci, opts.max_repeats or opts.repeats):
+        runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
+        for line in _cost_plan(prepared, opts.target_ci, opts.max_repeats or opts.repeats,
+                               history.prior(runs_dir, host.name, exp_fp)):
             print(line, file=out)
         print(file=out)
     print(f"experiment {prepared.experiment.name} ({prepared.experiment.path}), inventory "
@@ -241,13 +249,17 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _cost_plan(prepared: Any, target_ci: float, max_repeats: int) -> list[str]:
-    """The design by cost and its expected GPU-minutes, before anything runs (docs/statistics.md)."""
+def _cost_plan(prepared: Any, target_ci: float, max_repeats: int, prior: design.Components | None) -> list[str]:
+    """The design by cost and its expected GPU-minutes, before anything runs (docs/statistics.md). `prior`: the
+    variance components of this node's earlier experiments with the same fingerprint (history.prior), which
+    replace the simulator profile's."""
     host = prepared.inventory.hosts[0]
     engine = " ".join(map(str, host.vars.get("specab_engine_cmd") or []))
     if "specab.sim.launch_server" not in engine:
-        return [f"--target-ci {target_ci:.1%}: no cost estimate for {host.name}: it is not a simulated node and no "
-                f"history of it is kept yet; run the experiment with --target-ci (today's sequential design)."]
+        known = (f"its history has the noise ({prior.source}) but not yet the run cost" if prior else
+                 "no earlier experiment with this fingerprint is in its history")
+        return [f"--target-ci {target_ci:.1%}: no cost estimate for {host.name}: it is not a simulated node and "
+                f"{known}; run the experiment with --target-ci (today's sequential design)."]
     ref = str(host.node_env.get("SPECAB_SIM_PROFILE") or "default")
     path = Path(ref) if ref.endswith((".yml", ".yaml")) else REPO_ROOT / "specab" / "sim" / "profiles" / f"{ref}.yml"
     try:
@@ -261,7 +273,7 @@ def _cost_plan(prepared: Any, target_ci: float, max_repeats: int) -> list[str]:
                                     output_len=int(bench["output_len"]), warmup=int(bench["warmup_requests"]),
                                     time_scale=scale) for a in prepared.arms]
     steps = max(engines.speculative_view(a.server_args).steps or 0 for a in prepared.arms)
-    comps = economics.profile_components(profile, int(bench["output_len"]), spec_steps=steps)
+    comps = prior or economics.profile_components(profile, int(bench["output_len"]), spec_steps=steps)
     est = economics.plan_estimate(design.mean_cost(costs), comps, target_ci, arms=len(prepared.arms),
                                   requests=int(bench["num_requests"]), today_max_blocks=max_repeats)
     return est.lines(target_ci)
@@ -388,7 +400,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         print("Nothing was started.", file=sys.stderr)
         return EXIT_USAGE
-    except (ExperimentError, NotFound, st.StoreError) as exc:
+    except (ExperimentError, NotFound, st.StoreError, history.HistoryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:     # `driver.py plan | head`: the reader has gone; nothing to say to it

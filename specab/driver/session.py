@@ -19,6 +19,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable, Protocol, TextIO
 
+from specab.analysis import history
+from specab.analysis.model import load_store
 from specab.analysis.report import write_report
 from specab.config.fingerprint import changes, fingerprint, fingerprint_doc
 from specab.config.plan import PlannedRun
@@ -273,6 +275,20 @@ def check_fingerprint(store: st.Store, prepared: Prepared, *, force: bool, out: 
     return True
 
 
+def record_history(store: st.Store, exp_dir: Path, out: TextIO) -> None:
+    """Append what the experiment measured to its nodes' history (`<runs>/history/<host>.jsonl`), the next
+    `plan --target-ci`'s prior for the same fingerprint. A failure costs the next plan its prior, not this
+    experiment its exit status: it is said and the experiment concludes."""
+    recorded = store.fingerprint()
+    if recorded is None:
+        return
+    try:
+        for p in history.record(exp_dir.parent, load_store(exp_dir, read_logs=False), recorded[0]):
+            print(f"history: {p}", file=out)
+    except Exception as exc:
+        print(f"history not written: {type(exc).__name__}: {exc}", file=out)
+
+
 def conclude(code: int, store: st.Store, exp_dir: Path, out: TextIO) -> int:
     """Print the summary table; write the report when the experiment ran to its end."""
     failed = print_summary(store, out)
@@ -288,6 +304,7 @@ def conclude(code: int, store: st.Store, exp_dir: Path, out: TextIO) -> int:
             print(f"report: {paths.get('markdown')} and {paths.get('html')}", file=out)
         except Exception as exc:    # a report bug must not lose the experiment's exit status
             print(f"report not written: {type(exc).__name__}: {exc}", file=out)
+        record_history(store, exp_dir, out)
     if code != EXIT_OK:
         return code
     return EXIT_FAILED_RUNS if failed else EXIT_OK

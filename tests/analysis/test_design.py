@@ -90,6 +90,20 @@ def test_keep_requests_unless_the_saving_is_worth_it():
     assert design.plan_design(req, COST, 0.02, keep_requests=8).requests > 8
 
 
+def test_instance_dominated_noise_with_costly_restarts_keeps_a_run_of_several_requests():
+    """The bench's instance-dominated regime (docs/performance.md 3b): requests remove only 12 % of a block's
+    variance at 8 per run, but a restart costs 392 s = 65 requests, so the textbook m* = sqrt(restart x within
+    / (per-request x between)) is about 8, not the fewest requests: short runs need more restarts and cost more."""
+    inst = design.Components(between=2 * 0.012 ** 2, within=2 * 0.01 ** 2, between_df=30, within_df=500)
+    assert inst.within_share(8) == pytest.approx(0.12, abs=0.01)
+    m_star = math.sqrt(COST.restart_s * design.MEDIAN_VAR_FACTOR * inst.within / (COST.per_request_s * inst.between))
+    assert 7 < m_star < 10
+    free = design.plan_design(inst, COST, 0.02)
+    fewest = design.plan_design(inst, COST, 0.02, min_requests=2, max_requests=2)
+    assert free.requests > 2 and free.gpu_s < fewest.gpu_s and fewest.blocks > free.blocks
+    assert design.plan_design(inst, COST, 0.02, keep_requests=8).requests == 8
+
+
 def test_infeasible_target_falls_back_to_the_most_restarts_and_says_why():
     huge = design.Components(between=0.01, within=0.0)
     d = design.plan_design(huge, COST, 0.02, max_blocks=10)
@@ -100,9 +114,12 @@ def test_next_step_minimum_blocks_model_gate_and_cap():
     c = design.Components(between=3e-4, within=2e-4, between_df=10, within_df=100)
     # too few blocks: more, whatever the interval says
     assert design.next_step(c, COST, 0.02, [8, 8], 0.01).more
-    # 3 blocks, a lucky narrow interval, but the model expects a wide one: one more block
-    s3 = design.next_step(c, COST, 0.02, [8, 8, 8], 0.015)
+    # 3 blocks, an interval far narrower than the model makes plausible (their variance < 5 % quantile): one more
+    s3 = design.next_step(c, COST, 0.02, [8, 8, 8], 0.005)
     assert s3.more and "variance components expect" in s3.why
+    # narrower than the model expects, but within chance (the model's own t interval at 3 blocks is +-4.6 %)
+    assert design.expected_half_width(c, 3, 8) > 0.04
+    assert not design.next_step(c, COST, 0.02, [8, 8, 8], 0.015).more
     # from MODEL_GATE_BELOW blocks on, the interval decides
     n = design.MODEL_GATE_BELOW
     assert not design.next_step(c, COST, 0.02, [8] * n, 0.019).more

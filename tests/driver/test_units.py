@@ -202,3 +202,29 @@ def test_no_report_for_zero_ok_runs(tmp_path, monkeypatch):
     out = _io.StringIO()
     assert session.conclude(0, _NoOkStore(), tmp_path, out) == 1
     assert written == [] and "no report: no run finished ok" in out.getvalue()
+
+
+def test_conclude_appends_the_experiment_to_its_nodes_history(tmp_path, monkeypatch):
+    import io as _io
+
+    from specab.analysis import history
+    from specab.driver import session
+    from specab.results import store as st
+    from tests.analysis import factory
+
+    exp = factory.experiment({"baseline": 80.0, "eagle3-s2": 100.0}, blocks=4)
+    exp_dir = factory.write_store(exp, tmp_path / "runs")
+    monkeypatch.setattr(session, "write_report", lambda d: {})
+    store = st.Store.open(exp_dir)
+    try:
+        store.set_session_fingerprint("fp-of-test", {"bench": {}})
+        out = _io.StringIO()
+        session.conclude(0, store, exp_dir, out)
+    finally:
+        store.close()
+    hosts = sorted({r.host for r in exp.runs})
+    for host in hosts:
+        assert f"history: {history.path_for(tmp_path / 'runs', host)}" in out.getvalue()
+        [entry] = history.read(tmp_path / "runs", host)
+        assert entry["fingerprint"] == "fp-of-test" and entry["experiment"] == exp.id
+        assert history.prior(tmp_path / "runs", host, "fp-of-test").between_df == 3

@@ -1,0 +1,113 @@
+"""The per-node history of experiments (issue 19): what an earlier experiment on a node measured, as the design's
+starting point for the next one with the same fingerprint (docs/statistics.md, "Design by cost").
+
+One JSON-lines file per node under the runs directory, `<runs>/history/<host>.jsonl`, one line per experiment
+that ended (appended by the driver when it concludes an experiment). A line holds the experiment's fingerprint
+(specab.config.fingerprint: the model, the common and per-arm server args and env, the bench settings and the
+timeouts, secrets redacted) and, per compared arm, the variance components of its paired log ratio against its
+baseline (specab.analysis.economics.components_of) with their degrees of freedom, and the mean GPU-seconds of
+its runs. **A line matches** a planned experiment when the host and the fingerprint are equal: the same engine
+arguments, model and benchmark on the same node. The engine's build is not in the fingerprint (it is not known
+before a run); a node whose engine was upgraded keeps its history until the experiment file changes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from specab.analysis import design, economics
+from specab.analysis.model import Experiment
+
+DIRNAME = "history"
+
+
+class HistoryError(ValueError):
+    """A history file that cannot be read; the message names the file and the line."""
+
+
+def path_for(runs_dir: Path, host: str) -> Path:
+    """The node's history file (the host name made safe for a file name)."""
+    return Path(runs_dir) / DIRNAME / (re.sub(r"[^A-Za-z0-9._-]", "_", host) + ".jsonl")
+
+
+def entries_of(exp: Experiment, fingerprint: str, ended_at: float | None = None) -> dict[str, dict[str, Any]]:
+    """One history line per host of the experiment: per compared arm its components and mean GPU-seconds.
+
+    An arm with fewer than two complete blocks on a host has no between-instance estimate and is left out;
+    a host with no such arm gets no line."""
+    out: dict[str, dict[str, Any]] = {}
+    for host in exp.hosts:
+        sub = Experiment(id=exp.id, arms=exp.arms, runs=[r for r in exp.runs if r.host == host], order=exp.order)
+        arms: dict[str, Any] = {}
+        for arm in sub.spec_arms:
+            base_blocks = {r.block for r in sub.runs_of(sub.baseline_of(arm.name)) if r.tok_s}
+            blocks = len({r.block for r in sub.runs_of(arm.name) if r.tok_s} & base_blocks)
+            if blocks < 2:
+                continue
+            try:
+                c = economics.components_of(sub, arm.name)
+            except design.DesignError:
+                continue
+            runs = [r for r in sub.runs_of(arm.name) + sub.runs_of(sub.baseline_of(arm.name))
+                    if r.gpu_seconds is not None]
+            arms[arm.name] = {"baseline": sub.baseline_of(arm.name), "components": c.to_dict(),
+                              "blocks": blocks,
+                              "gpu_s_per_run": (sum(r.gpu_seconds for r in runs) / len(runs)) if runs else None}
+        if arms:
+            out[host] = {"fingerprint": fingerprint, "experiment": exp.id, "host": host,
+                         "ended_at": time.time() if ended_at is None else ended_at, "arms": arms}
+    return out
+
+
+def record(runs_dir: Path, exp: Experiment, fingerprint: str) -> list[Path]:
+    """Append the experiment's lines to the history of every node it ran on; returns the files written."""
+    written = []
+    for host, entry in entries_of(exp, fingerprint).items():
+        p = path_for(runs_dir, host)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with p.open("a") as f:
+            f.write(json.dumps(entry, sort_keys=True) + "\n")
+        written.append(p)
+    return written
+
+
+def read(runs_dir: Path, host: str) -> list[dict[str, Any]]:
+    """Every line of the node's history, oldest first ([] when the node has none)."""
+    p = path_for(runs_dir, host)
+    if not p.exists():
+        return []
+    out = []
+    for i, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise HistoryError(f"{p}:{i}: not a JSON line ({exc}); delete or fix the line (the history is only "
+                               f"the design's starting point, no result depends on it)") from None
+    return out
+
+
+def prior(runs_dir: Path, host: str, fingerprint: str) -> design.Components | None:
+    """The design's prior from the node's matching history: every matching experiment's components of every
+    compared arm, pooled by degrees of freedom (the noisiest arm's between-instance variance counts as much as
+    its blocks say). An experiment concluded twice (a resume with nothing left to run) counts once, by its last
+    line. None when nothing matches."""
+    latest = {e.get("experiment"): e for e in read(runs_dir, host) if e.get("fingerprint") == fingerprint}
+    comps = [a["components"] for e in latest.values() for a in (e.get("arms") or {}).values()]
+    comps = [c for c in comps if all(isinstance(c.get(k), (int, float)) and math.isfinite(c[k])
+                                     for k in ("between", "within", "between_df", "within_df"))]
+    if not comps:
+        return None
+    b_df = sum(c["between_df"] for c in comps)
+    w_df = sum(c["within_df"] for c in comps)
+    between = sum(c["between"] * c["between_df"] for c in comps) / b_df if b_df > 0 else design.DEFAULT_BETWEEN
+    within = sum(c["within"] * c["within_df"] for c in comps) / w_df if w_df > 0 else 0.0
+    n = len(latest)
+    return replace(design.Components(between=between, within=within, between_df=b_df, within_df=w_df),
+                   source=f"history of {host}: {n} earlier experiment(s) with fingerprint {fingerprint}")
