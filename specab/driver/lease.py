@@ -16,6 +16,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,49 @@ def call(host: Host, args: list[str], timeout: float = CALL_TIMEOUT_S) -> tuple[
     if rc not in (0, 1) or (rc == 1 and "error" not in data):
         data.setdefault("error", f"the lease tool exited with {rc}: {(err or out).strip()[-500:]}")
     return rc, data
+
+
+@dataclass
+class LeaseState:
+    """Who holds one host's node lease (``driver.py status``): holder None = the node is free."""
+
+    host: str
+    holder: dict[str, Any] | None = None
+    stale: str | None = None          # why the next experiment would break it
+    idle_s: float | None = None       # seconds since the holder's last sign of life
+    error: str | None = None          # the lease could not be read
+
+    def text(self) -> str:
+        if self.error:
+            return f"{self.host}: node lease unknown ({self.error})"
+        if self.holder is None:
+            return f"{self.host}: node free (no experiment holds its lease)"
+        h = self.holder
+        line = (f"{self.host}: node leased by experiment {h.get('experiment_id', '?')} (controller "
+                f"{h.get('controller_host', '?')} pid {h.get('controller_pid', '?')}, since "
+                f"{h.get('started_at_iso') or h.get('started_at', '?')})")
+        if self.stale:
+            line += f"; stale: {self.stale}; the next experiment breaks it"
+        return line
+
+
+def lease_state(host: Host) -> LeaseState:
+    """Read one host's node lease (read-only)."""
+    try:
+        rc, data = call(host, ["show"])
+    except RemoteError as exc:
+        return LeaseState(host=host.name, error=str(exc))
+    if rc != 0:
+        return LeaseState(host=host.name, error=str(data.get("error")))
+    holder = data.get("holder")
+    return LeaseState(host=host.name, holder=holder if isinstance(holder, dict) else None,
+                      stale=data.get("stale"), idle_s=data.get("idle_s"))
+
+
+def lease_states(hosts: list[Host]) -> list[LeaseState]:
+    """``lease_state`` of every host, in parallel (in inventory order)."""
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
+        return list(pool.map(lease_state, hosts))
 
 
 class NodeLeases:
