@@ -104,8 +104,16 @@ def lease_states(hosts: list[Host]) -> list[LeaseState]:
         return list(pool.map(lease_state, hosts))
 
 
+def active_holder() -> dict[str, Any] | None:
+    """The holder record of the leases this process holds now (the driver's stop.yml runs under it)."""
+    leases = NodeLeases.active
+    return dict(leases.holder) if leases is not None else None
+
+
 class NodeLeases:
     """The leases of one experiment on a set of hosts (context manager: taken on enter, released on exit)."""
+
+    active: "NodeLeases | None" = None     # the leases this process holds (one experiment per driver process)
 
     def __init__(self, hosts: list[Host], experiment_id: str, notice: Callable[[str], None],
                  stale_s: float = STALE_S, refresh_s: float | None = None):
@@ -136,6 +144,7 @@ class NodeLeases:
             raise
         self._thread = threading.Thread(target=self._refresh_loop, name="node-lease", daemon=True)
         self._thread.start()
+        NodeLeases.active = self
 
     def _take_one(self, host: Host) -> None:
         where = f"{host.name}:{host.node_dir}"
@@ -155,6 +164,8 @@ class NodeLeases:
     def release(self) -> None:
         """Release every lease taken (never raises: an exit path must not fail on it)."""
         self._stop.set()
+        if NodeLeases.active is self:
+            NodeLeases.active = None
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=CALL_TIMEOUT_S)
         for h in list(self.taken):
