@@ -106,7 +106,6 @@ def run_fleet(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, tod
         progress.notice(f"fleet: {h} runs block(s) {', '.join(map(str, blocks)) or '-'} ({len(runs)} runs)")
     errors: list[BaseException] = []
     stops: list[SystematicFailure] = []
-    fail_fast = FailFast.for_runs({pr.arm for pr in todo})
     statuses: list[str] = []
     lock = threading.Lock()
 
@@ -122,10 +121,12 @@ def run_fleet(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, tod
             ctx = make_context(sub, opts, exp_id, exp_dir, store, out, HostProgress(progress, name, counter),
                                limit=name)
 
+            fail_fast = FailFast.for_runs({pr.arm for pr in runs}, host=name)
+
             def on_status(status: str) -> None:
                 with lock:
                     statuses.append(status)
-                    fail_fast.observe(store, status)
+                fail_fast.observe(store, status)
             make_executor(ctx, signal_time).loop(runs, cancel, 0, on_status=on_status)
         except SystematicFailure as exc:  # every arm failed at start-up for one cause: every host stops
             with lock:

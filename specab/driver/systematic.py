@@ -79,15 +79,16 @@ class FailFast:
     arms: frozenset[str]
     since: float
     min_runs: int = 2            # a one-arm experiment is not stopped by its first failure
+    host: str | None = None      # a fleet judges each host on its own runs (one broken host, healthy others)
 
     @classmethod
-    def for_runs(cls, arms: Iterable[str]) -> "FailFast":
-        return cls(arms=frozenset(arms), since=time.time())
+    def for_runs(cls, arms: Iterable[str], host: str | None = None) -> "FailFast":
+        return cls(arms=frozenset(arms), since=time.time(), host=host)
 
     def check(self, runs: list[dict[str, Any]]) -> SystematicFailure | None:
         """The stop when every arm's latest finished run of this session failed at start-up with one cause."""
         mine = [r for r in runs if r["arm"] in self.arms and r["started"] >= self.since
-                and r["status"] in (st.OK, st.FAILED)]
+                and r["status"] in (st.OK, st.FAILED) and (self.host is None or r.get("host") == self.host)]
         latest: dict[str, dict[str, Any]] = {}
         for r in sorted(mine, key=lambda r: (r["finished"] or 0, r["seq"])):
             latest[r["arm"]] = r

@@ -62,3 +62,11 @@ def test_different_causes_an_ok_run_or_a_failure_after_start_up_do_not_stop():
     one = FailFast(arms=frozenset({"baseline"}), since=0)
     assert one.check([row(1, "baseline", reason=OOM)]) is None
     assert one.check([row(1, "baseline", reason=OOM), row(2, "baseline", reason=OOM)]) is not None
+
+
+def test_a_fleet_host_is_judged_on_its_own_runs():
+    ff = FailFast(arms=frozenset({"baseline", "s2"}), since=0, host="h1")
+    runs = [dict(row(1, "s2", reason=OOM), host="h1"), dict(row(2, "baseline", reason=OOM), host="h2")]
+    assert ff.check(runs) is None
+    runs.append(dict(row(3, "baseline", reason=OOM), host="h1"))
+    assert ff.check(runs) is not None
