@@ -25,6 +25,7 @@ from specab.config.matrix import MatrixError
 from specab.config.yamlfile import REPO_ROOT, ConfigError
 from specab.driver import preflight, session
 from specab.driver.options import EXIT_INTERRUPTED, EXIT_USAGE, ExperimentError, Options, prepare
+from specab.driver.lease import lease_states
 from specab.driver.remote import status_all
 from specab.driver.render import render_arm
 from specab.node import engines
@@ -39,7 +40,7 @@ COMMON_FORMS = """common forms (options go after the subcommand; `driver.py COMM
   driver.py -e experiments/mine.yml -i inventory/mine.yml
   driver.py plan --matrix steps=1,2 --matrix topk=1,4  the plan and each launch script; touches nothing
   driver.py --resume EXPERIMENT_ID [--retry-failed] run what an interrupted experiment has not run
-  driver.py status                                 GPUs and our servers on every host
+  driver.py status                                 GPUs, our servers and the node lease on every host
   driver.py report EXPERIMENT_ID | diff A B | export EXPERIMENT_ID -o results.csv --format csv
 """
 CONTRIBUTED = (logparse, specmodel, report, provenance)   # each registers its subcommand
@@ -119,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with --target-ci: the runs directory whose history/<host>.jsonl gives the prior noise "
                            "(default: <repo>/runs)")
     plan.set_defaults(func=cmd_plan)
-    status = sub.add_parser("status", help="GPUs and our servers on every inventory host (parallel)")
+    status = sub.add_parser("status", help="GPUs, our servers and who holds the node lease, on every inventory "
+                                           "host (parallel)")
     status.add_argument("-i", "--inventory", metavar="FILE")
     status.add_argument("--format", choices=("text", "json"), default="text")
     status.set_defaults(func=cmd_status)
@@ -291,9 +293,12 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
 
     inv = load_inventory(args.inventory)
     rows = status_all(inv.hosts)
+    leases = lease_states(inv.hosts)
     if args.format == "json":
         json.dump([{"host": r.host, "ok": r.ok, "error": r.error, "server_running": r.server_running,
-                    "server": r.server, "gpus": [g.__dict__ for g in r.gpus]} for r in rows], out, indent=2)
+                    "server": r.server, "gpus": [g.__dict__ for g in r.gpus],
+                    "lease": {"holder": lz.holder, "stale": lz.stale, "idle_s": lz.idle_s, "error": lz.error}}
+                   for r, lz in zip(rows, leases)], out, indent=2)
         out.write("\n")
         return 0 if all(r.ok for r in rows) else 1
     t = Table(title=f"specab status ({inv.path})")
@@ -317,7 +322,10 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
                 continue
             t.add_row(r.host if i == 0 else "", g.index, f"{g.memory_used_mib} / {g.memory_total_mib}",
                       "; ".join(g.processes) or "none", srv if i == 0 else "", arm if i == 0 else "")
-    Console(file=out, width=160, highlight=False).print(t)
+    console = Console(file=out, width=160, highlight=False)
+    console.print(t)
+    for lz in leases:          # one experiment per node (issue 20): who holds each node, or that it is free
+        console.print(lz.text(), markup=False, soft_wrap=True)
     return 0 if all(r.ok for r in rows) else 1
 
 

@@ -7,12 +7,13 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from specab.analysis import economics, model, stats
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.plan import PlannedRun, make_plan
 from specab.config.yamlfile import REPO_ROOT
+from specab.driver.lease import active_holder
 from specab.driver.options import ExperimentError, Options, Prepared, choose_executor, is_multinode
 from specab.driver import record
 from specab.driver.playbook import PlaybookResult, PlaybookRunner, scrub_tree
@@ -193,8 +194,11 @@ class RunContext:
     def stop_servers(self) -> str | None:
         """Stop our server on every node through the stop role; returns an error text or None."""
         ident = f"stop-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
-        res = self.runner.run(STOP_PLAYBOOK, {"specab_experiment": self.p.experiment.as_extravar()}, ident,
-                              secrets=self.secrets, limit=self.limit)
+        extravars: dict[str, Any] = {"specab_experiment": self.p.experiment.as_extravar()}
+        holder = active_holder()
+        if holder is not None:          # stop.yml stops under our node lease (else it takes the lease itself)
+            extravars["specab_lease_holder"] = holder
+        res = self.runner.run(STOP_PLAYBOOK, extravars, ident, secrets=self.secrets, limit=self.limit)
         if not res.ok:
             f = res.failures[0] if res.failures else None
             return f"stopping failed: {f.message if f else res.status}"

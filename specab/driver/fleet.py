@@ -19,9 +19,10 @@ from typing import Any, Callable, TextIO
 from specab.config.inventory import Host, Inventory
 from specab.config.plan import PlannedRun
 from specab.driver.context import RunContext
-from specab.driver.options import EXIT_INTERRUPTED, EXIT_OK, Options, Prepared, is_multinode
+from specab.driver.options import EXIT_FAILED_RUNS, EXIT_INTERRUPTED, EXIT_OK, Options, Prepared, is_multinode
 from specab.driver.progress import Progress
 from specab.driver.signals import Interrupt
+from specab.driver.systematic import STOPPED, FailFast, SystematicFailure
 from specab.results import store as st
 
 # (prepared, opts, exp_id, exp_dir, store, out, progress, limit=host) -> the context of one host's runs
@@ -104,6 +105,7 @@ def run_fleet(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, tod
         blocks = sorted({r.block for r in runs})
         progress.notice(f"fleet: {h} runs block(s) {', '.join(map(str, blocks)) or '-'} ({len(runs)} runs)")
     errors: list[BaseException] = []
+    stops: list[SystematicFailure] = []
     statuses: list[str] = []
     lock = threading.Lock()
 
@@ -119,10 +121,17 @@ def run_fleet(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, tod
             ctx = make_context(sub, opts, exp_id, exp_dir, store, out, HostProgress(progress, name, counter),
                                limit=name)
 
+            fail_fast = FailFast.for_runs({pr.arm for pr in runs}, host=name)
+
             def on_status(status: str) -> None:
                 with lock:
                     statuses.append(status)
+                fail_fast.observe(store, status)
             make_executor(ctx, signal_time).loop(runs, cancel, 0, on_status=on_status)
+        except SystematicFailure as exc:  # every arm failed at start-up for one cause: every host stops
+            with lock:
+                stops.append(exc)
+            cancel.set()
         except BaseException as exc:      # reported by the main thread
             with lock:
                 errors.append(exc)
@@ -147,12 +156,13 @@ def run_fleet(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, tod
             main_store = st.Store.open(exp_dir)
             try:
                 if interrupted:
-                    progress.notice("interrupted: stopping the servers of every host (stop role) ...")
+                    progress.notice(("stopped" if stops else "interrupted")
+                                    + ": stopping the servers of every host (stop role) ...")
                     full = make_context(prepared, opts, exp_id, exp_dir, main_store, out, progress)
                     err = full.stop_servers()
                     if err:
                         progress.notice(f"WARNING: {err} Check the nodes with `python driver.py status`.")
-                    main_store.set_experiment_status("interrupted")
+                    main_store.set_experiment_status(STOPPED if stops and intr.at is None else "interrupted")
                 else:
                     main_store.set_experiment_status("finished")
             finally:
@@ -160,6 +170,12 @@ def run_fleet(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, tod
             progress.close()
     if errors:
         raise errors[0]
+    if stops and intr.at is None:
+        with st.Store.open(exp_dir) as s:
+            not_run = len(s.missing())
+        print(stops[0].message(exp_id, not_run, f"python driver.py --resume {exp_id} --fleet"
+                               + (f" --runs-dir {opts.runs_dir}" if opts.runs_dir else "")), file=out)
+        return EXIT_FAILED_RUNS
     if interrupted:
         print(f"\nInterrupted. Finished runs are kept in {exp_dir}.\n"
               f"Resume with: python driver.py --resume {exp_id} --fleet"

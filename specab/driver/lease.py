@@ -16,6 +16,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +61,59 @@ def call(host: Host, args: list[str], timeout: float = CALL_TIMEOUT_S) -> tuple[
     return rc, data
 
 
+@dataclass
+class LeaseState:
+    """Who holds one host's node lease (``driver.py status``): holder None = the node is free."""
+
+    host: str
+    holder: dict[str, Any] | None = None
+    stale: str | None = None          # why the next experiment would break it
+    idle_s: float | None = None       # seconds since the holder's last sign of life
+    error: str | None = None          # the lease could not be read
+
+    def text(self) -> str:
+        if self.error:
+            return f"{self.host}: node lease unknown ({self.error})"
+        if self.holder is None:
+            return f"{self.host}: node free (no experiment holds its lease)"
+        h = self.holder
+        line = (f"{self.host}: node leased by experiment {h.get('experiment_id', '?')} (controller "
+                f"{h.get('controller_host', '?')} pid {h.get('controller_pid', '?')}, since "
+                f"{h.get('started_at_iso') or h.get('started_at', '?')})")
+        if self.stale:
+            line += f"; stale: {self.stale}; the next experiment breaks it"
+        return line
+
+
+def lease_state(host: Host) -> LeaseState:
+    """Read one host's node lease (read-only)."""
+    try:
+        rc, data = call(host, ["show"])
+    except RemoteError as exc:
+        return LeaseState(host=host.name, error=str(exc))
+    if rc != 0:
+        return LeaseState(host=host.name, error=str(data.get("error")))
+    holder = data.get("holder")
+    return LeaseState(host=host.name, holder=holder if isinstance(holder, dict) else None,
+                      stale=data.get("stale"), idle_s=data.get("idle_s"))
+
+
+def lease_states(hosts: list[Host]) -> list[LeaseState]:
+    """``lease_state`` of every host, in parallel (in inventory order)."""
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
+        return list(pool.map(lease_state, hosts))
+
+
+def active_holder() -> dict[str, Any] | None:
+    """The holder record of the leases this process holds now (the driver's stop.yml runs under it)."""
+    leases = NodeLeases.active
+    return dict(leases.holder) if leases is not None else None
+
+
 class NodeLeases:
     """The leases of one experiment on a set of hosts (context manager: taken on enter, released on exit)."""
+
+    active: "NodeLeases | None" = None     # the leases this process holds (one experiment per driver process)
 
     def __init__(self, hosts: list[Host], experiment_id: str, notice: Callable[[str], None],
                  stale_s: float = STALE_S, refresh_s: float | None = None):
@@ -91,6 +144,7 @@ class NodeLeases:
             raise
         self._thread = threading.Thread(target=self._refresh_loop, name="node-lease", daemon=True)
         self._thread.start()
+        NodeLeases.active = self
 
     def _take_one(self, host: Host) -> None:
         where = f"{host.name}:{host.node_dir}"
@@ -110,6 +164,8 @@ class NodeLeases:
     def release(self) -> None:
         """Release every lease taken (never raises: an exit path must not fail on it)."""
         self._stop.set()
+        if NodeLeases.active is self:
+            NodeLeases.active = None
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=CALL_TIMEOUT_S)
         for h in list(self.taken):

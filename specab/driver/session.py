@@ -37,6 +37,7 @@ from specab.driver.progress import Progress, print_summary
 from specab.driver.queue_executor import QueueExecutor
 from specab.driver.record import check_writable
 from specab.driver.signals import Interrupt
+from specab.driver.systematic import STOPPED, FailFast, SystematicFailure
 from specab.node.contract import redact_env, redact_mapping
 from specab.results import store as st
 from specab.results.locate import NotFound, default_runs_dir, locate
@@ -66,12 +67,20 @@ def execute(ctx: RunContext, todo: list[PlannedRun]) -> int:
     done_before = total - len(todo)
     ctx.progress.start(ctx.exp_id, total, done=done_before)
     interrupted = False
+    stopped: SystematicFailure | None = None
+    # every arm failed at start-up for one cause: stop rather than play the rest into it (issue 20, item 5)
+    fail_fast = FailFast.for_runs({pr.arm for pr in todo})
     with Interrupt() as intr:
         executor = make_executor(ctx, signal_time=lambda: intr.at)
         more = ctx.more_blocks if ctx.opts.target_ci is not None else None
         try:
             try:
-                interrupted = executor.loop(list(todo), intr.event, done_before, more=more)
+                interrupted = executor.loop(list(todo), intr.event, done_before, more=more,
+                                            on_status=lambda status: fail_fast.observe(ctx.store, status))
+            except SystematicFailure as exc:
+                stopped = exc
+                executor.abort()           # the queue's sequencer would go on with the queued runs
+                ctx.store.set_experiment_status(STOPPED)
             except BaseException:
                 executor.abort()
                 ctx.store.set_experiment_status("interrupted")
@@ -87,11 +96,20 @@ def execute(ctx: RunContext, todo: list[PlannedRun]) -> int:
             ctx.progress.close()
     if interrupted:
         print(f"\nInterrupted. Finished runs are kept in {ctx.exp_dir}.\n"
-              f"Resume with: python driver.py --resume {ctx.exp_id}"
-              + (f" --runs-dir {ctx.opts.runs_dir}" if ctx.opts.runs_dir else ""), file=ctx.out)
+              f"Resume with: {resume_command(ctx.exp_id, ctx.opts)}", file=ctx.out)
         return EXIT_INTERRUPTED
+    if stopped is not None:
+        print(stopped.message(ctx.exp_id, len(ctx.store.missing()), resume_command(ctx.exp_id, ctx.opts)),
+              file=ctx.out)
+        return EXIT_FAILED_RUNS
     ctx.store.set_experiment_status("finished")
     return EXIT_OK
+
+
+def resume_command(exp_id: str, opts: Options, *extra: str) -> str:
+    """The command that runs an experiment's missing runs."""
+    return " ".join(["python driver.py --resume", exp_id, *extra]
+                    + (["--runs-dir", str(opts.runs_dir)] if opts.runs_dir else []))
 
 
 def _run(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, store: st.Store, todo: list[PlannedRun],

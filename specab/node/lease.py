@@ -4,7 +4,7 @@
     lease.py --node-dir D take --holder JSON [--stale-s 600]
     lease.py --node-dir D touch --token T
     lease.py --node-dir D release --token T
-    lease.py --node-dir D show
+    lease.py --node-dir D show         (the holder, or null: the node is free; creates nothing)
 
 An experiment's controller (driver.py) takes the lease of every node directory it uses before it touches
 anything there (the first enqueue or stop), refreshes it while it runs (``touch``), and releases it on every
@@ -169,6 +169,17 @@ def release(node_dir: str, token: str) -> Dict[str, Any]:
     return {"node_dir": node_dir, "released": True}
 
 
+def show(node_dir: str, stale_s: float = DEFAULT_STALE_S) -> Dict[str, Any]:
+    """The holder (None: the node is free), and why it is stale when it is (the next experiment breaks it)."""
+    cur = read_holder(node_dir)
+    out: Dict[str, Any] = {"node_dir": node_dir, "holder": cur}
+    if cur is not None:
+        out["describe"] = describe(cur)
+        out["idle_s"] = round(time.time() - last_sign_of_life(node_dir), 1)
+        out["stale"] = stale_reason(node_dir, cur, stale_s)
+    return out
+
+
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="lease.py", description=__doc__.split("\n")[0])
     p.add_argument("--node-dir", required=True)
@@ -194,7 +205,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     a = parse_args(argv)
     try:
-        os.makedirs(a.node_dir, exist_ok=True)
+        if a.command != "show":        # a look creates nothing
+            os.makedirs(a.node_dir, exist_ok=True)
         if a.command == "take":
             out = take(a.node_dir, a.holder, a.stale_s)
         elif a.command == "touch":
@@ -202,7 +214,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif a.command == "release":
             out = release(a.node_dir, a.token)
         else:
-            out = {"node_dir": a.node_dir, "holder": read_holder(a.node_dir)}
+            out = show(a.node_dir)
     except LeaseError as exc:
         print(json.dumps(dict(exc.data, error=exc.message)))
         return 1

@@ -53,7 +53,7 @@ CREATE TABLE IF NOT EXISTS experiment (
     name            TEXT NOT NULL,
     created         REAL NOT NULL,      -- unix seconds
     finished        REAL,
-    status          TEXT NOT NULL,      -- running | finished | interrupted
+    status          TEXT NOT NULL,      -- running | finished | interrupted | stopped (a systematic failure)
     seed            INTEGER NOT NULL,
     repeats         INTEGER NOT NULL,   -- blocks planned (grows when blocks are added)
     order_mode      TEXT NOT NULL,      -- interleaved | blocked

@@ -121,3 +121,10 @@ def test_ansible_and_plain_jinja_render_the_same_files(round_: tuple[SimNode, Re
         run_dir = node.runs_dir / "t-round" / run
         assert (run_dir / "launch.sh").read_text() == render("launch_server.sh.j2", **ctx)
         assert (run_dir / "nccl.env").read_text() == render("nccl.env.j2", **ctx)
+
+
+def test_round_takes_and_releases_the_node_lease(round_: tuple[SimNode, Result, dict[str, Any]]) -> None:
+    node, result, _ = round_
+    assert result.rc == 0, str(result)
+    assert "Lease | Take the node lease" in result.flat and "Lease | Release the node lease" in result.flat
+    assert not (node.node_dir / "experiment.lease").exists(), "the round kept the node lease"

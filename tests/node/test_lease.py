@@ -97,3 +97,39 @@ def test_driver_leases_all_or_none_and_released_on_exit(tmp_path: Path):
         assert held.taken == hosts
     assert not (tmp_path / "h1" / "experiment.lease").exists() and not (tmp_path / "h2" / "experiment.lease").exists()
     assert notices == []
+
+
+def test_driver_status_names_the_lease_holder_or_says_the_node_is_free(tmp_path: Path):
+    import io
+
+    from specab.config.inventory import load_inventory
+    from specab.driver.cli import main
+    from tests.driver.simnode import SimNode, free_port
+
+    node = SimNode(root=tmp_path, port=free_port())
+    inv = node.write_inventory()
+
+    def status(fmt: str = "text") -> str:
+        out = io.StringIO()
+        assert main(["status", "-i", str(inv), "--format", fmt], out=out) == 0
+        return out.getvalue()
+
+    assert "simT: node free (no experiment holds its lease)" in status()
+    assert not (node.node_dir / "experiment.lease").exists()
+    with NodeLeases(load_inventory(str(inv)).hosts, "exp-status-1", notice=print) as held:
+        text = status()
+        [row] = json.loads(status("json"))
+    h = held.holder
+    assert (f"simT: node leased by experiment exp-status-1 (controller {socket.gethostname()} pid {os.getpid()}, "
+            f"since {h['started_at_iso']})") in text, text
+    assert "stale" not in text
+    assert row["lease"]["holder"]["experiment_id"] == "exp-status-1" and row["lease"]["stale"] is None
+    assert "simT: node free" in status()
+    # a holder whose controller is gone is shown with what the next experiment will do
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert tool(node.node_dir, "take", "--holder",
+                holder("exp-dead", "td", pid=gone.pid, host=socket.gethostname()))[0] == 0
+    text = status()
+    assert "leased by experiment exp-dead" in text and "stale: its controller" in text \
+        and "the next experiment breaks it" in text, text

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specab.results import store as st
-from tests.driver.simnode import SimNode, driver, free_port, reap_driver, wait_for
+from tests.driver.simnode import SPEC_ARMS, SimNode, driver, free_port, reap_driver, wait_for
 from tests.driver.test_queue import _kill_sequencer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -115,3 +115,89 @@ def test_item20_ctrl_c_after_a_finished_benchmark_keeps_that_run_and_starts_no_n
     assert not (node.node_dir / "experiment.lease").exists()
     # the summary counts interrupted runs apart from failed ones
     assert "interrupted" in out and "FAILED" not in out
+
+
+THREE_ARMS = SPEC_ARMS + """\
+  - name: eagle3-s3
+    server_args:
+      speculative_algorithm: EAGLE3
+      speculative_draft_model_path: /models/Kimi-K2.5-EAGLE3
+      speculative_num_steps: 3
+      speculative_eagle_topk: 1
+      speculative_num_draft_tokens: 4
+"""
+
+
+def _faulty_inventory(node: SimNode, fault: str) -> Path:
+    hv = node.host_vars()
+    hv["specab_node_env"] = dict(node.node_env(), SPECAB_SIM_FAULT=fault)
+    return node.write_inventory(hv)
+
+
+@pytest.mark.parametrize("executor", ["queue", "per-run"])
+def test_item20_every_arm_failing_at_start_up_alike_stops_the_experiment(node: SimNode, executor: str):
+    """A node problem that makes every server exit at start (here: the simulator's OOM at load on every
+    start): the experiment stops after the first failure of each arm, the rest is not run, and a resume
+    after the fix runs exactly the rest."""
+    exp = node.write_experiment("systematic", arms=THREE_ARMS, num_requests=1, output_len=8)
+    inv = _faulty_inventory(node, "oom_at_start")
+    proc = driver("--repeats", "3", "--executor", executor, "-e", str(exp), "-i", str(inv),
+                  "--runs-dir", str(node.runs_dir), env=_env(node))
+    try:
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        reap_driver(proc, 120)
+    assert proc.returncode == 1, out[-4000:]
+    assert "Stopped: every arm failed at start-up with the same cause" in out, out[-4000:]
+    assert "the 6 remaining run(s) were not run" in out and "hit 3 run(s)" in out, out[-4000:]
+    assert "CUDA out of memory" in out.split("Stopped:", 1)[1].split("hit 3", 1)[0]
+    assert "Traceback" not in out
+    [exp_dir] = _exp_dirs(node.runs_dir)
+    assert f"python driver.py --resume {exp_dir.name}" in out
+    with st.Store.open(exp_dir) as s:
+        runs = s.runs()
+        assert [(r["seq"], r["status"]) for r in runs] == [(1, "failed"), (2, "failed"), (3, "failed")]
+        assert {r["arm"] for r in runs} == {"baseline", "eagle3-s2", "eagle3-s3"}
+        assert [m["seq"] for m in s.missing()] == [4, 5, 6, 7, 8, 9]     # not run, not failed
+        assert s.experiment()["status"] == "stopped"
+    assert "3 planned run(s) not done" not in out and "6 planned run(s) not done" in out
+    if executor == "per-run":
+        assert sorted(p.name for p in (node.node_dir / "runs").iterdir())[3:] == [], "a run after the stop started"
+    assert not node.server_alive() and node.gpus_busy() == []
+    assert not (node.node_dir / "experiment.lease").exists()
+    if executor == "per-run":
+        return
+    # the cause fixed (the fault gone from the node), --resume runs the six runs not run
+    node.write_inventory()
+    resumed = driver("--resume", exp_dir.name, "-i", str(inv), "--runs-dir", str(node.runs_dir), env=_env(node))
+    try:
+        out2, _ = resumed.communicate(timeout=600)
+    finally:
+        reap_driver(resumed, 120)
+    assert "resuming" in out2 and "6 of 9 runs to do" in out2, out2[-4000:]
+    with st.Store.open(exp_dir) as s:
+        assert [r["status"] for r in s.runs()] == ["failed"] * 3 + ["ok"] * 6, out2[-4000:]
+        assert s.missing() == []
+
+
+def test_item20_different_start_up_failures_do_not_stop_the_experiment(node: SimNode):
+    arms = THREE_ARMS.replace("  - name: baseline\n", "  - name: baseline\n    env: {SPECAB_SIM_FAULT: oom_at_start}\n")
+    arms = arms.replace("speculative_num_draft_tokens: 3\n",
+                        "speculative_num_draft_tokens: 3\n    env: {SPECAB_SIM_FAULT: port_in_use}\n")
+    arms = arms.replace("speculative_num_draft_tokens: 4\n",
+                        "speculative_num_draft_tokens: 4\n    env: {SPECAB_SIM_FAULT: oom_at_start}\n")
+    exp = node.write_experiment("mixed", arms=arms, num_requests=1, output_len=8)
+    proc = driver("--repeats", "2", "-e", str(exp), "-i", str(node.write_inventory()),
+                  "--runs-dir", str(node.runs_dir), env=_env(node))
+    try:
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        reap_driver(proc, 120)
+    assert proc.returncode == 1, out[-4000:]
+    assert "Stopped:" not in out, out[-4000:]
+    [exp_dir] = _exp_dirs(node.runs_dir)
+    with st.Store.open(exp_dir) as s:
+        runs = s.runs()
+        assert [r["status"] for r in runs] == ["failed"] * 6 and s.missing() == []
+        assert {r["arm"]: r["failure_reason"] for r in runs}["eagle3-s2"].count("address already in use") >= 1
+        assert s.experiment()["status"] == "finished"
