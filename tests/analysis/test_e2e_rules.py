@@ -272,7 +272,10 @@ def test_engine_time_outside_the_forward_passes_is_a_finding(nodes, tmp_path: Pa
     by = findings(e)
     acc = by.get("phase-accounting", [])
     assert [f.arm for f in acc] == ["eagle3"], by.keys()
-    assert "outside the forward passes" in acc[0].message and "12." in acc[0].message, acc[0].message
+    # the profile puts 12.8 ms of CPU work per cycle outside the forward passes; measured through a loaded machine's
+    # clock it reads 11.7-12.9 ms (a 2-core CI runner under two test workers): the finding's number, within 1.5 ms
+    other_ms = float(re.search(r"([\d.]+) ms of the", acc[0].message).group(1))
+    assert "outside the forward passes" in acc[0].message and abs(other_ms - 12.5) < 1.5, acc[0].message
 
 
 @slow

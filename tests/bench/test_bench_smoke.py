@@ -201,7 +201,8 @@ def test_footprint_driver_with_stand_in_runner_runs_the_whole_experiment(tmp_pat
     assert d["runs"] == 4
     assert set(d["rss_mb_after_runs"]) >= {"1", "end"}
     assert d["driver_process"]["peak_rss_mb"] >= d["rss_mb_after_runs"]["1"] > 10
-    exp_dir = next((tmp_path / "driver-1000" / "runs").iterdir())
+    # the experiment's directory (runs/history/ holds the per-node history the driver appends at the end)
+    exp_dir = next(d for d in (tmp_path / "driver-1000" / "runs").iterdir() if (d / "results.sqlite").exists())
     assert (exp_dir / "report.md").is_file()                     # the driver's own end-of-experiment report
     assert d["report_written"].endswith("report.md")
 

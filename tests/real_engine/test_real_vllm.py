@@ -214,7 +214,7 @@ def test_driver_matrix_steps_to_a_report_on_a_real_vllm(real_vllm: RealVllm, tmp
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1400)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    (exp_dir,) = (tmp_path / "runs").iterdir()
+    (exp_dir,) = [d for d in (tmp_path / "runs").iterdir() if (d / "results.sqlite").exists()]   # not runs/history
     report = json.loads((exp_dir / "report.json").read_text())
     arms = report["stats"]["arms"]
     assert sorted(arms) == ["baseline", "draft_model-s1", "draft_model-s2", "draft_model-s3"]
