@@ -214,7 +214,13 @@ def test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else(n
     out = by["instance-outlier"]
     assert [(f.arm, f.runs) for f in out] == [("hot", [slow["run_id"]])], [f.message for f in out]
     assert runs[slow["run_id"]].server_args["simulator"]["instance"] == slow["seq"] - 1
-    assert re.search(r"is -(19|20|21)% off its siblings", out[0].message), out[0].message
+    # ~20 % below: within the siblings' own spread (plus 1 %) of the 20 % the fault takes; a loaded machine's
+    # noise moves the siblings too (CI: 56.4 and 57.6 around a 44.7 that read -22 %)
+    siblings = sorted(runs[p["run_id"]].tok_s for p in hot_runs if p["run_id"] != slow["run_id"])
+    sib_median = (siblings[0] + siblings[1]) / 2
+    off = runs[slow["run_id"]].tok_s / sib_median - 1
+    assert abs(off + 0.20) <= (siblings[1] - siblings[0]) / sib_median + 0.01, (off, siblings)
+    assert re.search(r"is -\d+% off its siblings", out[0].message), out[0].message
 
     # nccl-untuned-baseline-slow: the six tuned variables missing, the baseline (~63) far below the usual 82.2
     nccl = by["nccl-untuned-baseline-slow"]
@@ -313,10 +319,12 @@ def test_a_starved_front_end_delivers_in_bursts(nodes):
     """The buffered_stream fault holds every chunk until the request ends (as a real vLLM's CPU-starved API server
     did, tests/fixtures/vllm-0.32.0/bench_bursty.jsonl): the chunk times would claim a huge decode speed; the
     requests are marked buffered, left out of tok/s, and the doctor says why. The healthy arm stays silent."""
-    node = nodes("bursts", scale="20")
+    # 1024 tokens at time scale 10 (~1.25 s a request): the simulator catches up at most 0.5 s of a stall at once
+    # (~410 tokens, under half a request), so a loaded machine's hiccup cannot make a healthy request a burst
+    node = nodes("bursts")
     exp = write_experiment(node, "bursts", [{"name": "baseline"},
                                             {"name": "starved", "env": {"SPECAB_SIM_FAULT": "buffered_stream"}}],
-                           num_requests=3)
+                           num_requests=3, output_len=1024)
     e = run(node, exp, node.write_inventory(host_vars(node)), 1)
     by = findings(e)
     bursts = by.get("bursty-delivery", [])
