@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import signal
+import time
 from typing import Any, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 SGLANG_0_5_9 = "0.5.9"
@@ -35,7 +37,8 @@ class Generation(NamedTuple):
     server_info_path: str                # A4: the non-deprecated path
     graph_readback: Tuple[str, ...]      # A4: where the resolved decode max batch size sits in /server_info
     shutdown: str                        # A7: "tree-kill" (main SIGKILLs its tree and itself, rc -9) or
-                                         #     "shutdown-req" (drain, ShutdownReq, children killed, main exits 0)
+                                         #     "shutdown-req" (drain, ShutdownReq, children killed, main exits 0);
+                                         #     of the reference version: 0.5.17 is tree-kill (shutdown_style_of_version)
     main_process_titled: bool            # A7: both untitled
 
 
@@ -254,6 +257,154 @@ def spec_meta(meta: Dict[str, Any]) -> Dict[str, Any]:
 
 def generations_known() -> FrozenSet[str]:
     return frozenset(_TABLE)
+
+
+# --------------------------------------------------------------------------- shutdown and startup lines (issue 21)
+# How the engine ends itself after SIGTERM (stop.json's ``shutdown.style``; engines-2026.md A7, sglang.md):
+SHUTDOWN_TREE_KILL = "tree-kill"      # the watchdog drains, then kill_process_tree(include_parent=True): every
+                                      # child SIGKILLed, then the main process itself (status -9; a shell says 137)
+SHUTDOWN_REQ = "shutdown-req"         # drain, ShutdownReq to the schedulers, children killed, the main exits 0
+SHUTDOWN_KILLED_BY_STOP = "killed-by-stop"    # the engine did not finish within stop's grace period
+SHUTDOWN_UNSEEN = "no-shutdown-req"   # neither style's evidence: no ShutdownReq, no kill_process_tree line of the
+                                      # main process, its exit status not observable (0.5.9 logs no such line)
+# Which versions use which style, and where that is known from. 0.5.18-0.5.22: nobody has looked (None).
+SHUTDOWN_OF_VERSION: Tuple[Tuple[Tuple[int, int, int], str, str], ...] = (
+    ((0, 5, 9), SHUTDOWN_TREE_KILL, "source: sigterm_watchdog drains, then kill_process_tree(include_parent=True)"),
+    ((0, 5, 17), SHUTDOWN_TREE_KILL, "observed on an H200: tests/fixtures/sglang-0.5.17/ (status 137 / -9)"),
+    ((0, 5, 23), SHUTDOWN_REQ, "source: tokenizer_manager.py ShutdownReq, children killed, main exits 0"),
+)
+
+# The main process's lines while it shuts down, as the real 0.5.17 wrote them
+# (tests/fixtures/sglang-0.5.17/specab-run/*.stop.log, eagle3.log):
+#   SIGTERM received. signum=None frame=None. Draining requests and shutting down...
+#   Gracefully exiting... Remaining number of requests 0. Remaining requests remaining_rids=[].
+#   Subprocess scheduler_0 (pid=2121) crashed with exit code -15. Triggering SIGQUIT for cleanup...
+#   SIGQUIT received. signum=None, frame=None. It usually means one child failed.
+#   kill_process_tree called: parent_pid=2037, include_parent=True, pid=2037
+# When stop's SIGTERM reaches the whole process group (specab's stop), the scheduler dies of it first, so
+# 0.5.17 takes its crash path (SIGQUIT, a 5 s "crash diagnostics" sleep) and logs no `Gracefully exiting`.
+SHUTDOWN_SIGTERM_LINE = "Draining requests and shutting down"    # the drain begins
+SHUTDOWN_DRAIN_LINE = "Gracefully exiting"                       # the drain is done (requests left: N)
+SHUTDOWN_REQ_LINE = "ShutdownReq"                                # 0.5.23 (and the simulator's 0.5.23)
+SHUTDOWN_SIGQUIT_RE = re.compile(r"SIGQUIT received|Received sigquit from a child process")
+KILL_TREE_RE = re.compile(r"kill_process_tree called: parent_pid=(?P<parent_pid>\d+), "
+                          r"include_parent=(?P<include_parent>True|False)(?:, pid=(?P<pid>\d+))?")
+CHILD_CRASHED_RE = re.compile(r"Subprocess (?P<name>\S+) \(pid=(?P<pid>\d+)\) crashed with exit code (?P<code>-?\d+)")
+# SGLang's log prefix "[2026-12-01 03:32:59]" or "[2026-12-01 03:32:59 TP0]" (local time, whole seconds)
+LOG_TS_RE = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+
+
+def shutdown_style_of_version(text: str) -> Optional[str]:
+    """The shutdown style of an SGLang version (``SHUTDOWN_OF_VERSION``): tree-kill up to 0.5.17, shutdown-req
+    from 0.5.23, None between (not known) or without a version."""
+    v = parse_version(text)
+    if v is None:
+        return None
+    if v <= max(known for known, style, _ in SHUTDOWN_OF_VERSION if style == SHUTDOWN_TREE_KILL):
+        return SHUTDOWN_TREE_KILL
+    if v >= min(known for known, style, _ in SHUTDOWN_OF_VERSION if style == SHUTDOWN_REQ):
+        return SHUTDOWN_REQ
+    return None
+
+
+def _log_epoch(line: str) -> Optional[float]:
+    m = LOG_TS_RE.match(line)
+    if not m:
+        return None
+    try:
+        return time.mktime(time.strptime(m.group("ts"), "%Y-%m-%d %H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def shutdown_marks(text: str) -> Dict[str, Any]:
+    """What the engine logged about its own shutdown, from the log text it wrote during a stop: the drain begun
+    (the SIGTERM line) and done (``Gracefully exiting``), a ShutdownReq, children it saw crash, a SIGQUIT, its
+    ``kill_process_tree`` call ({parent_pid, include_parent, pid}), and the seconds from its SIGTERM line to
+    that call by the log's own clock (whole seconds)."""
+    out: Dict[str, Any] = {"drain_begun": False, "drain_lines": 0, "drain_last": None, "shutdown_req_seen": False,
+                           "children_crashed": [], "sigquit_seen": False, "kill_tree": None,
+                           "log_sigterm_to_kill_tree_s": None}
+    t_term = t_kill = None
+    for line in (text or "").splitlines():
+        if SHUTDOWN_SIGTERM_LINE in line and not out["drain_begun"]:
+            out["drain_begun"] = True
+            t_term = _log_epoch(line)
+        if SHUTDOWN_DRAIN_LINE in line:
+            out["drain_lines"] += 1
+            out["drain_last"] = line.strip()
+        if SHUTDOWN_REQ_LINE in line:
+            out["shutdown_req_seen"] = True
+        if SHUTDOWN_SIGQUIT_RE.search(line):
+            out["sigquit_seen"] = True
+        m = CHILD_CRASHED_RE.search(line)
+        if m:
+            out["children_crashed"].append({"name": m.group("name"), "pid": int(m.group("pid")),
+                                            "exit_code": int(m.group("code"))})
+        m = KILL_TREE_RE.search(line)
+        if m:
+            out["kill_tree"] = {"parent_pid": int(m.group("parent_pid")),
+                                "include_parent": m.group("include_parent") == "True",
+                                "pid": int(m.group("pid")) if m.group("pid") else None}
+            t_kill = _log_epoch(line)
+    if t_term is not None and t_kill is not None:
+        out["log_sigterm_to_kill_tree_s"] = round(t_kill - t_term, 3)
+    return out
+
+
+def shutdown_style(marks: Dict[str, Any], main_exit: Dict[str, Any], escalated: bool,
+                   main_pid: Optional[int]) -> str:
+    """The style of one shutdown from its log marks (``shutdown_marks``) and the main process's exit
+    (``{"signal": 9}`` / ``{"code": 0}`` when observable): killed-by-stop, shutdown-req, tree-kill (a SIGKILL
+    status, or the main process's own ``kill_process_tree(include_parent=True)`` line), else no-shutdown-req."""
+    if escalated:
+        return SHUTDOWN_KILLED_BY_STOP
+    if marks.get("shutdown_req_seen") or main_exit.get("status") == 0:
+        return SHUTDOWN_REQ
+    kt = marks.get("kill_tree") or {}
+    own_kill = bool(kt.get("include_parent")) and (main_pid is None or kt.get("parent_pid") == main_pid)
+    if main_exit.get("signal") == signal.SIGKILL or own_kill:
+        return SHUTDOWN_TREE_KILL
+    return SHUTDOWN_UNSEEN
+
+
+# "Engine startup timings (s): load_weight=0.09, kv_cache_allocation=0.39, scheduler_e2e=6.66,
+#  cuda_graph={prefill=0.00, decode=0.00, target_verify=1.46, draft_prefill=0.00, draft_decode=0.96,
+#  draft_extend=1.02}, tokenizer_e2e=25.71" (the real 0.5.17, before the ready line): the engine's own
+# per-phase seconds, to 10 ms, where the load and capture lines carry whole-second timestamps only.
+STARTUP_TIMINGS_PREFIX = "Engine startup timings (s): "
+_TIMING_RE = re.compile(r"(?P<key>\w+)=(?:\{(?P<group>[^}]*)\}|(?P<value>-?\d+(?:\.\d+)?))")
+
+
+def parse_startup_timings(line: str) -> Optional[Dict[str, Any]]:
+    """The fields of an ``Engine startup timings (s): ...`` line ({name: seconds}, ``cuda_graph`` a
+    {graph: seconds} mapping), or None when the line is not one."""
+    i = (line or "").find(STARTUP_TIMINGS_PREFIX)
+    if i < 0:
+        return None
+    out: Dict[str, Any] = {}
+    for m in _TIMING_RE.finditer(line[i + len(STARTUP_TIMINGS_PREFIX):]):
+        if m.group("group") is not None:
+            out[m.group("key")] = {g.group("key"): float(g.group("value"))
+                                   for g in _TIMING_RE.finditer(m.group("group")) if g.group("value") is not None}
+        else:
+            out[m.group("key")] = float(m.group("value"))
+    return out or None
+
+
+def startup_durations(timings: Dict[str, Any]) -> Dict[str, float]:
+    """ready.json's phase durations from a startup-timings line: ``load_weights_s`` (load_weight) and
+    ``capture_cuda_graph_s`` (the target's graphs: prefill, decode, target_verify; the draft's ``draft_*``
+    are not in it, as with the capture lines); only those the line gives."""
+    out: Dict[str, float] = {}
+    if isinstance(timings.get("load_weight"), float):
+        out["load_weights_s"] = timings["load_weight"]
+    graphs = timings.get("cuda_graph")
+    if isinstance(graphs, dict):
+        target = [v for k, v in graphs.items() if not k.startswith("draft_")]
+        if target:
+            out["capture_cuda_graph_s"] = round(sum(target), 3)
+    return out
 
 
 # --------------------------------------------------------------------------- vLLM (issue 16)

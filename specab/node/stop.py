@@ -12,12 +12,14 @@ SIGKILLed. GPU compute processes that are not ours are reported and left alone u
 ``--force-foreign``. Every signal is recorded with its time. Idempotent: with nothing recorded
 the answer is ``{"was_running": false}``. On success server.json becomes last_server.json.
 
-The engine's own shutdown is recorded (``shutdown``), both SGLang styles (engines-2026.md A7): 0.5.23
-drains, sends ShutdownReq to its schedulers, kills its children only and exits normally; 0.5.9 drains
-and SIGKILLs its whole tree, itself included (status -9). From the server log written during this stop
-(drain lines ``Gracefully exiting...``, ``ShutdownReq``), which processes were gone before any SIGKILL of
-ours, and the main process's exit status where this process is its parent (the run queue's sequencer
-started it; a per-run stop.py is not, and says so).
+The engine's own shutdown is recorded (``shutdown``), both SGLang styles (engines-2026.md A7; the lines
+and which version uses which style: engines.py): 0.5.23 drains, sends ShutdownReq to its schedulers, kills
+its children only and exits normally; 0.5.9 and 0.5.17 drain and SIGKILL their whole tree, themselves
+included (status -9; 0.5.17 logs ``kill_process_tree called: parent_pid=P, include_parent=True``). From
+the server log written during this stop (the drain begun and done, ShutdownReq, children the engine saw
+crash, its kill_process_tree call), which processes were gone before any SIGKILL of ours, and the main
+process's exit status where this process is its parent (the run queue's sequencer started it; a per-run
+stop.py is not, and says so).
 
 A live sequencer of ours (``sequence.py serve``, recorded in sequencer.json with its pid and start
 time) is stopped FIRST (SIGTERM, poll, SIGKILL after ``--sequencer-grace``): it would otherwise
@@ -36,6 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import engines  # noqa: E402
 from common import ToolError  # noqa: E402
 
 
@@ -118,10 +121,6 @@ def sweep_leftovers(rec: Optional[Dict[str, Any]], st: Stopper) -> List[int]:
     return [p.pid for p in left]
 
 
-DRAIN_LINE = "Gracefully exiting"
-SHUTDOWN_REQ = "ShutdownReq"
-
-
 def log_size(rec: Dict[str, Any]) -> Optional[int]:
     try:
         return os.path.getsize(str(rec.get("log")))
@@ -161,22 +160,14 @@ def main_exit(pid: Optional[int]) -> Dict[str, Any]:
 
 def shutdown_record(text: str, initially: List[common.ProcStat], pid: Optional[int], escalated: bool,
                     exit_info: Dict[str, Any]) -> Dict[str, Any]:
-    """How the engine shut itself down (both SGLang styles), from the log it wrote during this stop."""
-    lines = text.splitlines()
-    drain = [l for l in lines if DRAIN_LINE in l]
-    req = [l for l in lines if SHUTDOWN_REQ in l]
+    """How the engine shut itself down, from the log it wrote during this stop (engines.shutdown_marks) and
+    the main process's exit (``exit_info``, from ``main_exit``): the style and its evidence."""
+    marks = engines.shutdown_marks(text)
     children = [p.pid for p in initially if p.pid != pid]
-    if escalated:
-        style = "killed-by-stop"          # the engine did not finish within the grace period
-    elif req or exit_info.get("status") == 0:
-        style = "shutdown-req"            # 0.5.23: schedulers told to exit, children killed, main exits 0
-    elif exit_info.get("signal") == signal.SIGKILL:
-        style = "tree-kill"               # 0.5.9: the engine SIGKILLed its tree and itself
-    else:
-        style = "no-shutdown-req"         # 0.5.9-like; its exit status was not observable here
-    return {"style": style, "drain_lines": len(drain), "drain_last": drain[-1].strip() if drain else None,
-            "shutdown_req_seen": bool(req), "children": children,
-            "children_gone_before_our_kill": not escalated, "main_exit": exit_info}
+    out: Dict[str, Any] = {"style": engines.shutdown_style(marks, exit_info, escalated, pid)}
+    out.update(marks)
+    out.update(children=children, children_gone_before_our_kill=not escalated, main_exit=exit_info)
+    return out
 
 
 def idle_stop(a: argparse.Namespace, node_dir: str) -> Dict[str, Any]:

@@ -4,6 +4,7 @@ streamed /generate, process list and environ; docs/validation/sglang-real.md). N
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -18,7 +19,9 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.17"
 NODE = Path(__file__).resolve().parents[2] / "specab" / "node"
 sys.path.insert(0, str(NODE))
 
+import common  # noqa: E402
 import ready  # noqa: E402
+import stop  # noqa: E402
 
 
 def _stream_events(name: str) -> list[dict]:
@@ -98,6 +101,82 @@ def test_the_real_process_titles_and_environ():
     env = dict(kv.split("=", 1) for kv in (FIX / "eagle3.environ-sched").read_text().splitlines()
                if "=" in kv)
     assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "8"
+
+
+# --------------------------------------------------------------------------- the shutdown stop.json records
+
+SPECAB_RUN = FIX / "specab-run"     # specab's ab_test.yml against the real 0.5.17 on the H200: files of its runs
+NOT_PARENT = {"observable": False, "why": "the server is not a child of this process"}   # the per-run stop.py
+
+
+def _at_start(rec: dict) -> list:
+    """The processes a real stop.json saw at its start, as the ProcStats stop.py had then."""
+    return [common.ProcStat(p["pid"], "python3", "S", 1, rec["pgid"], rec["sid"], 0) for p in rec["processes_at_start"]]
+
+
+def _tail_after_sigterm(log: str) -> str:
+    lines = log.splitlines()
+    i = next(i for i, ln in enumerate(lines) if engines.SHUTDOWN_SIGTERM_LINE in ln)
+    return "\n".join(lines[i:]) + "\n"
+
+
+@pytest.mark.parametrize("arm", ["baseline", "eagle3-s2"])
+def test_stop_records_the_real_0517_shutdown_after_our_group_sigterm(arm):
+    """What the real 0.5.17 logged while specab's stop.py (SIGTERM to the process group) stopped it: the drain
+    begun, the scheduler dead of that SIGTERM (-15), SIGQUIT, kill_process_tree(include_parent=True)."""
+    rec = json.loads((SPECAB_RUN / f"{arm}.stop.json").read_text())
+    text = (SPECAB_RUN / f"{arm}.stop.log").read_text()
+    sd = stop.shutdown_record(text, _at_start(rec), rec["pid"], False, NOT_PARENT)
+    assert sd["style"] == engines.SHUTDOWN_TREE_KILL == engines.shutdown_style_of_version("0.5.17")
+    assert sd["kill_tree"] == {"parent_pid": rec["pid"], "include_parent": True, "pid": rec["pid"]}
+    assert sd["drain_begun"] and sd["drain_lines"] == 0, "the group SIGTERM took the scheduler: no drain finished"
+    sched = next(p["pid"] for p in rec["processes_at_start"] if p["name"] == "sglang::scheduler")
+    assert sd["children_crashed"] == [{"name": "scheduler_0", "pid": sched, "exit_code": -15}] and sd["sigquit_seen"]
+    assert sorted(sd["children"]) == sorted(p["pid"] for p in rec["processes_at_start"][1:])
+    assert sd["main_exit"] == NOT_PARENT and sd["children_gone_before_our_kill"]
+    # the engine's clock (whole seconds) against stop's own: 6 s from its SIGTERM line to kill_process_tree,
+    # all gone 5.88 s / 6.19 s after stop's SIGTERM
+    assert sd["log_sigterm_to_kill_tree_s"] == 6.0
+    assert abs(rec["term_to_gone_s"] - sd["log_sigterm_to_kill_tree_s"]) < 1.0
+    # the run queue's sequencer is the server's parent: it sees the SIGKILL status as well
+    seen = stop.shutdown_record(text, _at_start(rec), rec["pid"], False, {"observable": True, "signal": 9, "status": -9})
+    assert seen["style"] == engines.SHUTDOWN_TREE_KILL
+
+
+def test_stop_records_the_real_0517_drain_when_only_the_main_process_is_signalled():
+    """The hand-run on the H200 (SIGTERM to the main process alone, the shell waiting for it): the drain runs to
+    `Gracefully exiting... Remaining number of requests 0`, then kill_process_tree; the shell saw status 137."""
+    text = _tail_after_sigterm((FIX / "eagle3.log").read_text())
+    status = int(re.search(r"eagle3: main exit status (\d+)", (FIX / "summary.txt").read_text()).group(1))
+    assert status == 128 + 9
+    exit_info = {"observable": True, "signal": status - 128, "status": -(status - 128)}
+    sd = stop.shutdown_record(text, [], 2989, False, exit_info)
+    assert sd["style"] == engines.SHUTDOWN_TREE_KILL and sd["main_exit"]["signal"] == 9
+    assert sd["drain_begun"] and sd["drain_lines"] == 1 and "Remaining number of requests 0" in sd["drain_last"]
+    assert sd["children_crashed"] == [] and not sd["sigquit_seen"]
+    assert sd["kill_tree"] == {"parent_pid": 2989, "include_parent": True, "pid": 2989}
+    assert sd["log_sigterm_to_kill_tree_s"] == 5.0
+
+
+def test_a_real_0517_stop_without_its_evidence_is_not_called_a_tree_kill():
+    rec = json.loads((SPECAB_RUN / "eagle3-s2.stop.json").read_text())
+    text = (SPECAB_RUN / "eagle3-s2.stop.log").read_text()
+    cut = "".join(ln for ln in text.splitlines(True) if "kill_process_tree" not in ln)
+    sd = stop.shutdown_record(cut, _at_start(rec), rec["pid"], False, NOT_PARENT)
+    assert sd["style"] == engines.SHUTDOWN_UNSEEN and sd["kill_tree"] is None and sd["drain_begun"]
+    # a kill_process_tree of another process (a child's own) is not the main process ending itself
+    other = stop.shutdown_record(text, _at_start(rec), rec["pid"] + 1, False, NOT_PARENT)
+    assert other["style"] == engines.SHUTDOWN_UNSEEN
+    assert stop.shutdown_record(text, _at_start(rec), rec["pid"], True, NOT_PARENT)["style"] == "killed-by-stop"
+
+
+def test_which_versions_shut_down_which_way():
+    version = json.loads((FIX / "eagle3.server_info.json").read_text())["version"]
+    assert version == "0.5.17" and engines.shutdown_style_of_version(version) == engines.SHUTDOWN_TREE_KILL
+    assert engines.shutdown_style_of_version("0.5.9") == engines.SHUTDOWN_TREE_KILL
+    assert engines.shutdown_style_of_version("0.5.23") == engines.SHUTDOWN_REQ
+    assert engines.shutdown_style_of_version("0.5.20") is None, "between 0.5.17 and 0.5.23 nobody has looked"
+    assert engines.shutdown_style_of_version("") is None
 
 
 # --------------------------------------------------------------------------- a real experiment, stored
