@@ -20,7 +20,8 @@ variables first) does, on one machine, in a work directory:
 
 then prints the summary (a)-(e) and exits 0 only when every check passed. ``--cpu-sim`` runs the
 same steps on a machine without GPUs (simulated nvidia-smi, simulated foreign process): a dry run
-of this script's logic. Only the Python standard library (plus PyYAML, which Ansible needs) is used.
+of this script's logic. Only the Python standard library (plus PyYAML, which Ansible needs, and specab's own
+stdlib-only engine knowledge, specab/node/engines.py) is used.
 """
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from specab.node import engines  # noqa: E402  (stdlib only: the engine knowledge, e.g. shutdown styles)
 # engine -> (inventory, experiment): the simulated engine in GPU mode, or the REAL SGLang from the bundle of
 # scripts/real_sglang_bundle.sh (issue 21: docs/validation/sglang-real.md)
 ENGINES = {
@@ -974,13 +977,37 @@ def evaluate(res: Dict[str, Any], work: Path) -> List[Check]:
     return checks
 
 
-SHUTDOWN_MARKS = (("drain", "Draining requests"), ("graceful exit", "Gracefully exiting"),
-                  ("kill_process_tree", "kill_process_tree called"))
+def eval_shutdown(stop: Dict[str, Any], version: Optional[str]) -> Tuple[bool, str]:
+    """(f)'s shutdown part for one arm: stop.json's record of how the engine ended itself must be the style
+    its version uses (engines.shutdown_style_of_version) and show that style's evidence: for tree-kill the
+    drain begun and the main process's own kill_process_tree(include_parent=True); for shutdown-req the
+    ShutdownReq. No record, or none of it, fails."""
+    sd = stop.get("shutdown")
+    if not isinstance(sd, dict):
+        return False, "stop.json has no shutdown record"
+    want = engines.shutdown_style_of_version(version or "")
+    kt = sd.get("kill_tree") or {}
+    if sd.get("style") == engines.SHUTDOWN_TREE_KILL:
+        evidence = bool(sd.get("drain_begun")) and kt.get("include_parent") is True and kt.get("parent_pid") == stop.get("pid")
+    elif sd.get("style") == engines.SHUTDOWN_REQ:
+        evidence = bool(sd.get("shutdown_req_seen"))
+    else:
+        evidence = False
+    good = evidence and (sd.get("style") == want if want else True)
+    exit_info = sd.get("main_exit") or {}
+    text = "%s (version %s: %s); drain begun %s, done %d; kill_process_tree %s; children crashed %s; main exit %s" % (
+        sd.get("style"), version or "?", want or "style not known", sd.get("drain_begun"), sd.get("drain_lines") or 0,
+        "parent_pid=%s include_parent=%s" % (kt.get("parent_pid"), kt.get("include_parent")) if kt else "not logged",
+        ", ".join("%s %s" % (c.get("name"), c.get("exit_code")) for c in sd.get("children_crashed") or []) or "none",
+        exit_info.get("status") if exit_info.get("observable") else "not observable")
+    if sd.get("log_sigterm_to_kill_tree_s") is not None:
+        text += "; log: SIGTERM -> kill_process_tree %s s" % sd["log_sigterm_to_kill_tree_s"]
+    return good, text
 
 
 def real_engine_check(ab: Dict[str, Any], work: Path) -> Check:
     """(f) the real engine under the roles: ready, per-request accept length from the real meta_info on the
-    speculative arm, and the shutdown the server log shows after our SIGTERM (drain, kill_process_tree)."""
+    speculative arm, and the shutdown stop.json recorded after our SIGTERM (drain, kill_process_tree)."""
     lines: List[str] = []
     ok = bool(ab.get("arms"))
     for arm in ab.get("arms", []):
@@ -996,17 +1023,15 @@ def real_engine_check(ab: Dict[str, Any], work: Path) -> Check:
         accept = [r.get("accept_len") for r in measured]
         good_bench = bool(measured) and all(r.get("ok") for r in measured) and (
             all(isinstance(a, (int, float)) for a in accept) if spec else all(a is None for a in accept))
-        try:
-            log_text = (rd / "server.log").read_text(errors="replace")
-        except OSError:
-            log_text = ""
-        marks = [name for name, needle in SHUTDOWN_MARKS if needle in log_text]
-        good = bool(ready.get("ok")) and good_bench and bool(stop.get("ok")) and not stop.get("escalated")
+        version = (read_json(rd / "server_info.json") or {}).get("version")
+        good_shutdown, shutdown_text = eval_shutdown(stop, version if isinstance(version, str) else None)
+        good = (bool(ready.get("ok")) and good_bench and bool(stop.get("ok")) and not stop.get("escalated")
+                and good_shutdown)
         ok = ok and good
         lines.append("%s: ready %s s; %d/%d measured requests ok; accept_len per request %s; stop: SIGTERM -> all "
-                     "gone %s s, escalated %s; server log after SIGTERM: %s  %s" % (
+                     "gone %s s, escalated %s; shutdown: %s  %s" % (
                          arm["arm"], ready.get("elapsed_s"), sum(1 for r in measured if r.get("ok")), len(measured),
-                         accept, stop.get("term_to_gone_s"), stop.get("escalated"), ", ".join(marks) or "nothing",
+                         accept, stop.get("term_to_gone_s"), stop.get("escalated"), shutdown_text,
                          "OK" if good else "FAIL"))
     return Check("f", "the real engine: ready, accept length from meta_info, the shutdown it logs", ok, lines)
 

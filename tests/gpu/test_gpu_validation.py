@@ -275,3 +275,63 @@ def test_gpu_mode_rank_holds_memory_and_nccl_lines_go_to_stderr():
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout) == {"device": "cuda:0"}, "only the JSON reaches stdout"
     assert "NCCL_NTHREADS set by environment to 512." in p.stderr
+
+
+# --------------------------------------------------------------------------- (f) the real engine
+
+REAL_RUN = REPO / "tests" / "fixtures" / "sglang-0.5.17" / "specab-run"   # specab's ab_test.yml, real 0.5.17, H200
+
+
+def real_stop_json(arm: str, with_record: bool = True, log_filter=None) -> Dict[str, Any]:
+    """The real stop.json of that run (written before stop.py recorded the shutdown), plus the record today's
+    stop.py makes of the log the real engine wrote during that stop (the per-run stop: exit not observable)."""
+    sys.path.insert(0, str(REPO / "specab" / "node"))
+    import common
+    import stop
+    rec = json.loads((REAL_RUN / f"{arm}.stop.json").read_text())
+    if with_record:
+        text = (REAL_RUN / f"{arm}.stop.log").read_text()
+        if log_filter:
+            text = "".join(ln for ln in text.splitlines(True) if log_filter(ln))
+        procs = [common.ProcStat(p["pid"], "python3", "S", 1, rec["pgid"], rec["sid"], 0)
+                 for p in rec["processes_at_start"]]
+        rec["shutdown"] = stop.shutdown_record(text, procs, rec["pid"], False,
+                                               {"observable": False, "why": "not a child"})
+    return rec
+
+
+def real_engine_work(work: Path, version: str = "0.5.17", **stop_kw: Any) -> Dict[str, Any]:
+    arms = []
+    for arm, spec in (("baseline", False), ("eagle3-s2", True)):
+        rd = work / "runs" / arm
+        rd.mkdir(parents=True)
+        (rd / "ready.json").write_text(json.dumps({"ok": True, "elapsed_s": 62.5}))
+        (rd / "stop.json").write_text(json.dumps(real_stop_json(arm, **stop_kw)))
+        (rd / "args.json").write_text(json.dumps(dict({"tp_size": 1}, **({"speculative_algorithm": "EAGLE3"}
+                                                                         if spec else {}))))
+        (rd / "server_info.json").write_text(json.dumps({"version": version}))
+        (rd / "bench.jsonl").write_text("".join(json.dumps({"ok": True, "warmup": False,
+                                                            "accept_len": 128 / 127 if spec else None}) + "\n"
+                                                for _ in range(4)))
+        arms.append({"arm": arm, "run_dir": "runs/" + arm})
+    return {"arms": arms}
+
+
+def test_real_engine_check_passes_on_the_real_0517_shutdown_record(tmp_path):
+    check = gv.real_engine_check(real_engine_work(tmp_path), tmp_path)
+    assert check.ok, check.lines
+    assert "tree-kill (version 0.5.17: tree-kill)" in check.lines[1]
+    assert "kill_process_tree parent_pid=2037 include_parent=True" in check.lines[1]
+    assert "scheduler_0 -15" in check.lines[1] and "SIGTERM -> kill_process_tree 6.0 s" in check.lines[1]
+
+
+@pytest.mark.parametrize("why, kw", [
+    ("the stop.json of that run as it was: no shutdown record", {"with_record": False}),
+    ("no kill_process_tree line: not shown to be the engine's own tree-kill",
+     {"log_filter": lambda ln: "kill_process_tree" not in ln}),
+    ("no drain begun", {"log_filter": lambda ln: "Draining requests" not in ln}),
+    ("0.5.23 ends by ShutdownReq, not by killing its tree", {"version": "0.5.23"}),
+])
+def test_real_engine_check_fails_without_the_shutdown_its_version_does(tmp_path, why, kw):
+    check = gv.real_engine_check(real_engine_work(tmp_path, **kw), tmp_path)
+    assert not check.ok, why
