@@ -306,6 +306,10 @@ def select_gpus(spec: str, available: Iterable[int]) -> List[int]:
 # /proc process inspection
 # ---------------------------------------------------------------------------------------------
 
+# Where the process files are read (stat, cmdline, comm, status, environ, task/): /proc; a test points it at a
+# tree of real processes' files (tests/unit/test_real_sglang_0517.py).
+PROC = "/proc"
+
 class ProcStat(object):
     __slots__ = ("pid", "comm", "state", "ppid", "pgrp", "session", "starttime")
 
@@ -328,12 +332,12 @@ class ProcStat(object):
 def _threads_still_exiting(pid: int) -> bool:
     """True when a zombie leader ``pid`` still has a thread that is not dead (/proc/PID/task)."""
     try:
-        tids = os.listdir("/proc/%d/task" % pid)
+        tids = os.listdir("%s/%d/task" % (PROC, pid))
     except OSError:
         return False
     for tid in tids:
         try:
-            with open("/proc/%d/task/%s/stat" % (pid, tid)) as fh:
+            with open("%s/%d/task/%s/stat" % (PROC, pid, tid)) as fh:
                 text = fh.read()
         except OSError:
             continue
@@ -353,14 +357,14 @@ def parse_proc_stat(pid: int, text: str) -> ProcStat:
 
 def proc_stat(pid: int) -> Optional[ProcStat]:
     try:
-        with open("/proc/%d/stat" % pid) as fh:
+        with open("%s/%d/stat" % (PROC, pid)) as fh:
             return parse_proc_stat(pid, fh.read())
     except (OSError, ValueError, IndexError):
         return None
 
 
 def list_pids() -> List[int]:
-    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    return [int(d) for d in os.listdir(PROC) if d.isdigit()]
 
 
 def all_stats() -> List[ProcStat]:
@@ -401,7 +405,7 @@ def descendants(root: int, stats: Optional[List[ProcStat]] = None) -> List[int]:
 def proc_cmdline(pid: int) -> str:
     """``/proc/PID/cmdline`` joined with spaces (a setproctitle title shows here), else ``[comm]``."""
     try:
-        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+        with open("%s/%d/cmdline" % (PROC, pid), "rb") as fh:
             raw = fh.read()
     except OSError:
         raw = b""
@@ -415,7 +419,7 @@ def proc_cmdline(pid: int) -> str:
 
 def proc_comm(pid: int) -> str:
     try:
-        with open("/proc/%d/comm" % pid) as fh:
+        with open("%s/%d/comm" % (PROC, pid)) as fh:
             return fh.read().strip()
     except OSError:
         return ""
@@ -424,7 +428,7 @@ def proc_comm(pid: int) -> str:
 def proc_user(pid: int) -> str:
     """The real user of ``pid`` (``/proc/PID/status`` Uid → passwd name; the uid if unknown)."""
     try:
-        with open("/proc/%d/status" % pid) as fh:
+        with open("%s/%d/status" % (PROC, pid)) as fh:
             for line in fh:
                 if line.startswith("Uid:"):
                     uid = int(line.split()[1])
@@ -439,7 +443,7 @@ def proc_user(pid: int) -> str:
 
 def proc_environ(pid: int) -> Dict[str, str]:
     """``/proc/PID/environ`` (the exec-time environment). Raises OSError when unreadable."""
-    with open("/proc/%d/environ" % pid, "rb") as fh:
+    with open("%s/%d/environ" % (PROC, pid), "rb") as fh:
         raw = fh.read()
     env: Dict[str, str] = {}
     for item in raw.split(b"\0"):

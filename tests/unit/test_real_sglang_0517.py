@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ NODE = Path(__file__).resolve().parents[2] / "specab" / "node"
 sys.path.insert(0, str(NODE))
 
 import common  # noqa: E402
+import envcheck  # noqa: E402
 import ready  # noqa: E402
 import stop  # noqa: E402
 
@@ -101,6 +103,133 @@ def test_the_real_process_titles_and_environ():
     env = dict(kv.split("=", 1) for kv in (FIX / "eagle3.environ-sched").read_text().splitlines()
                if "=" in kv)
     assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "8"
+
+
+# --------------------------------------------------------------------------- env verification on the real processes
+
+def _env_lines(path: Path) -> dict:
+    """A real environ excerpt (``VAR=value`` lines; a ``== pid title`` header line is skipped)."""
+    return dict(ln.split("=", 1) for ln in path.read_text().splitlines() if "=" in ln and not ln.startswith("=="))
+
+
+def _launch(path: Path) -> tuple:
+    """(exported env, engine argv) of a real launch.sh that specab rendered (templates/launch_server.sh.j2)."""
+    text = path.read_text()
+    env = {m.group(1): m.group(2) for m in re.finditer(r"^export (\w+)=(\S+)$", text, re.M)}
+    exec_line = text[text.index("\nexec ") + 6:].replace("\\\n", " ")
+    return env, [w for w in shlex.split(exec_line) if w != "$@"]
+
+
+def _fake_proc(root: Path, without: tuple = ()) -> int:
+    """A /proc of the four processes of the real EAGLE-3 server that specab's env verification saw on the H200
+    (SPECAB_RUN eagle3-s2: pids and titles as its env_check.json recorded them, the command its launch.sh
+    exec'd, comm as `ps` showed it). environ: the image's (eagle3.environ-main), the launch script's exports and
+    its nccl.env (``without``: the names `env -u` removed); the scheduler also gets what the server set for it
+    (eagle3.environ-sched). The resource tracker's command is CPython's (the run kept its first 60 characters).
+    Returns the main pid."""
+    rec = json.loads((SPECAB_RUN / "eagle3-s2.env_check.json").read_text())
+    pids = [p["pid"] for p in rec["processes"]]
+    exported, argv = _launch(SPECAB_RUN / "eagle3-s2.launch.sh")
+    base = dict(_env_lines(FIX / "eagle3.environ-main"), **exported)
+    base.update(common.parse_env_file(str(SPECAB_RUN / "eagle3-s2.nccl.env")))
+    main, tracker, sched, detok = pids
+    table = {
+        main: ("python3", 1, argv, base),
+        tracker: ("python3", main, [argv[0], "-B", "-c", "from multiprocessing.resource_tracker import main;main(7)"],
+                  base),
+        sched: ("sglang::schedul", main, ["sglang::scheduler"], dict(base, **_env_lines(FIX / "eagle3.environ-sched"))),
+        detok: ("sglang::detoken", main, ["sglang::detokenizer"], base),
+    }
+    for pid, (comm, ppid, cmd, env) in table.items():
+        d = root / str(pid)
+        d.mkdir(parents=True)
+        rest = ["S", str(ppid), str(main), str(main)] + ["0"] * 15 + [str(pid)] + ["0"] * 30
+        (d / "stat").write_text("%d (%s) %s\n" % (pid, comm, " ".join(rest)))
+        (d / "comm").write_text(comm + "\n")
+        (d / "cmdline").write_bytes(b"\0".join(w.encode() for w in cmd) + b"\0")
+        (d / "environ").write_bytes(b"".join(("%s=%s" % kv).encode() + b"\0" for kv in env.items()
+                                             if kv[0] not in without))
+    return main
+
+
+def test_envcheck_on_the_real_processes_finds_every_variable_as_it_did_on_the_h200(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "PROC", str(tmp_path))
+    main = _fake_proc(tmp_path)
+    real = json.loads((SPECAB_RUN / "eagle3-s2.env_check.json").read_text())
+    procs = envcheck.engine_processes(main)
+    assert sorted(p["pid"] for p in procs) == sorted(p["pid"] for p in real["processes"])
+    names = {p["pid"]: p["name"] for p in procs}
+    assert names[main].startswith("python3 -m sglang.launch_server --model-path /tmp/m/target")   # untitled
+    others = sorted(n for pid, n in names.items() if pid != main)
+    assert others[0].startswith("python3 -B -c from multiprocessing.res") and others[1:] == [
+        "sglang::detokenizer", "sglang::scheduler"]                          # TP 1: no _TP0
+    assert not any(p["skipped"] for p in procs)
+    expected = common.parse_env_file(str(SPECAB_RUN / "eagle3-s2.nccl.env"))
+    nccl = envcheck.parse_nccl_lines((FIX / "eagle3.log").read_text())
+    assert len(nccl) == real["nccl_lines"] == 0, "TP 1: no communicator, no NCCL echo lines"
+    variables = envcheck.check_environ(expected, procs, nccl)
+    envcheck.check_nccl(expected, nccl, procs, variables)
+    # the same verdict, variable by variable and process by process, as envcheck gave on the H200
+    assert {v: dict(r, evidence=sorted(r["evidence"])) for v, r in variables.items()} == \
+        {v: dict(r, evidence=sorted(r["evidence"])) for v, r in real["variables"].items()}
+
+
+def test_envcheck_finds_what_the_real_server_set_only_in_its_scheduler(tmp_path, monkeypatch):
+    """SGLang sets NCCL_CUMEM_ENABLE=0 and CUDA_DEVICE_MAX_CONNECTIONS=8 in its own os.environ after it started:
+    /proc shows them in the scheduler it spawns, not in the main process's exec-time environ."""
+    monkeypatch.setattr(common, "PROC", str(tmp_path))
+    main = _fake_proc(tmp_path)
+    procs = envcheck.engine_processes(main)
+    sched = next(p["pid"] for p in procs if p["name"] == "sglang::scheduler")
+    got = envcheck.check_environ({"NCCL_CUMEM_ENABLE": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}, procs, [])
+    for var, want in (("NCCL_CUMEM_ENABLE", "0"), ("CUDA_DEVICE_MAX_CONNECTIONS", "8")):
+        assert "environ:%d" % sched in got[var]["evidence"]
+        assert any(m.startswith("%s: expected %r in every engine process, but python3 -m sglang.launch_server"
+                                % (var, want)) and "(pid %d) does not have it" % main in m
+                   for m in got[var]["mismatches"])
+
+
+def test_envcheck_names_the_real_scheduler_when_an_arm_lacks_nccl_algo(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "PROC", str(tmp_path))
+    main = _fake_proc(tmp_path, without=("NCCL_ALGO",))        # the arm started with `env -u NCCL_ALGO`
+    procs = envcheck.engine_processes(main)
+    sched = next(p["pid"] for p in procs if p["name"] == "sglang::scheduler")
+    expected = common.parse_env_file(str(SPECAB_RUN / "eagle3-s2.nccl.env"))
+    variables = envcheck.check_environ(expected, procs, [])
+    assert [v for v, r in variables.items() if r["mismatches"]] == ["NCCL_ALGO"]
+    assert len(variables["NCCL_ALGO"]["mismatches"]) == 4 and not variables["NCCL_ALGO"]["evidence"]
+    # the words the validation's real run printed for its scheduler (gpu_validation-summary.txt), for this one
+    real = re.search(r"NCCL_ALGO: expected 'Ring' in every engine process, but sglang::scheduler \(pid (\d+)\) does "
+                     r"not have it", (FIX / "gpu_validation-summary.txt").read_text())
+    assert real.group(0).replace("pid %s" % real.group(1), "pid %d" % sched) in variables["NCCL_ALGO"]["mismatches"]
+
+
+def _args_of(ps_line: str) -> dict:
+    """The server args of a real `ps` line's command (``--flag value``; a bare ``--flag`` is true)."""
+    words = ps_line.split(None, 3)[3].split()
+    words = words[words.index("sglang.launch_server") + 1:]
+    args = {}
+    for i, w in enumerate(words):
+        if w.startswith("--"):
+            nxt = words[i + 1] if i + 1 < len(words) else "--"
+            args[w[2:].replace("-", "_")] = True if nxt.startswith("--") else nxt
+    return args
+
+
+@pytest.mark.parametrize("arm, n_args", [("baseline", 10), ("eagle3", 15)])
+def test_envcheck_reads_the_real_servers_args_back_from_its_get_server_info(arm, n_args):
+    info = json.loads((FIX / f"{arm}.server_info.json").read_text())
+    expected = _args_of((FIX / f"{arm}.ps").read_text().splitlines()[0])      # the command the server ran
+    assert len(expected) == n_args
+    report, problems = envcheck.check_args(expected, info)
+    assert problems == [] and all(r["ok"] for r in report.values()), problems
+    eng = envcheck.engine_readback(info)
+    assert (eng["version"], eng["generation"], eng["graph_readback"]) == ("0.5.17", engines.SGLANG_0_5_23,
+                                                                          "cuda_graph_config")
+    assert eng["decode_graph_disabled"] is False
+    # a value the server does not run with is caught, naming both
+    report, problems = envcheck.check_args(dict(expected, mem_fraction_static=0.8), info)
+    assert problems == ["server arg mem_fraction_static: expected 0.8, but the server runs with 0.5"]
 
 
 # --------------------------------------------------------------------------- the shutdown stop.json records
