@@ -7,7 +7,9 @@
 Fails within about a second (not at the timeout) when the server process exits or a fatal line
 appears in its log (out of memory, unrecognized arguments, Address already in use, a failed child;
 a Python traceback followed by log silence), quoting the fatal line and the log tail. Reports the
-load phases parsed from SGLang's log (weights, CUDA graphs, ready line) with their timestamps.
+load phases parsed from SGLang's log (weights, CUDA graphs, ready line) with their timestamps; where
+the engine logs ``Engine startup timings (s): ...`` (SGLang 0.5.17) the weight-load and graph-capture
+durations come from that line (10 ms, not whole-second timestamps) and it is kept as ``startup_timings``.
 ``--progress F`` is rewritten with the current phase as one JSON line while waiting.
 """
 from __future__ import annotations
@@ -80,6 +82,7 @@ class LogWatcher(object):
         self.exception_line: Optional[str] = None
         self.exception_lines: List[str] = []
         self.tail: List[str] = []
+        self.startup_timings: Optional[Dict[str, Any]] = None
         self.lines_read = 0
         self.last_line_at = time.monotonic()
         self.polls = 0
@@ -124,6 +127,8 @@ class LogWatcher(object):
                                     "t": log_ts_to_epoch(m.group("ts")) if m else None,
                                     "seen_at": round(time.time(), 3), "live": self.polls > 1,
                                     "rank": (m.group("rank").strip() or None) if m else None}
+        if self.startup_timings is None:
+            self.startup_timings = engines.parse_startup_timings(msg)
         for prio, (kind, rx) in enumerate(FATAL_RES):
             if rx.search(line):
                 self.fatals.append((prio, kind, line.strip()))
@@ -161,7 +166,8 @@ class LogWatcher(object):
         return "starting"
 
     def durations(self, observed: bool = False) -> Dict[str, Optional[float]]:
-        """Phase spans from the log's timestamps (whole seconds: SGLang's datefmt), or with
+        """Phase spans from the log's timestamps (whole seconds: SGLang's datefmt), the weight load and the
+        target's graph capture from the engine's startup-timings line where it logged one; or with
         ``observed`` from when this tool read the lines (0.2 s polling; None unless both lines
         arrived while it was watching, i.e. not in its first read of the log)."""
         def span(a: str, b: str) -> Optional[float]:
@@ -173,9 +179,17 @@ class LogWatcher(object):
             else:
                 ta, tb = pa.get("t"), pb.get("t")
             return None if ta is None or tb is None else round(tb - ta, 3)
-        return {"load_weights_s": span("load_weight_begin", "load_weight_end"),
-                "capture_cuda_graph_s": span("capture_cuda_graph_begin", "capture_cuda_graph_end"),
-                "weights_to_ready_s": span("load_weight_begin", "ready_line")}
+        out = {"load_weights_s": span("load_weight_begin", "load_weight_end"),
+               "capture_cuda_graph_s": span("capture_cuda_graph_begin", "capture_cuda_graph_end"),
+               "weights_to_ready_s": span("load_weight_begin", "ready_line")}
+        if not observed and self.startup_timings:
+            out.update(engines.startup_durations(self.startup_timings))
+        return out
+
+    def durations_source(self) -> Dict[str, str]:
+        """Where each of ``durations()`` comes from: ``startup_timings`` (the engine's own line) or ``log_lines``."""
+        own = engines.startup_durations(self.startup_timings) if self.startup_timings else {}
+        return {k: "startup_timings" if k in own else "log_lines" for k in self.durations()}
 
     @property
     def fatal(self) -> Optional[Tuple[str, str]]:
@@ -265,6 +279,7 @@ def wait_ready(a: argparse.Namespace) -> Dict[str, Any]:
     def fail(msg: str) -> ToolError:
         watcher.flush()
         out.update(ready=False, phase=watcher.phase(), phases=watcher.phases, durations=watcher.durations(),
+                   durations_source=watcher.durations_source(), startup_timings=watcher.startup_timings,
                    elapsed_s=round(time.monotonic() - t0, 3), fatal_line=common.redact_text(
                        watcher.best_fatal_line() or "") or None, log_tail=watcher.tail[-15:])
         out["log_tail"] = [common.redact_text(l) for l in out["log_tail"]]
@@ -325,6 +340,7 @@ def wait_ready(a: argparse.Namespace) -> Dict[str, Any]:
             elapsed = round(time.monotonic() - t0, 3)
             out.update(ready=True, endpoint=endpoint, elapsed_s=elapsed, ready_at=round(time.time(), 3),
                        phase="ready", phases=watcher.phases, durations=watcher.durations(),
+                       durations_source=watcher.durations_source(), startup_timings=watcher.startup_timings,
                        durations_observed=watcher.durations(observed=True))
             if watcher.traceback_at is not None:
                 out["warning"] = "a Traceback appeared in the log before readiness: %r" % (

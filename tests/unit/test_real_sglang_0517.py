@@ -46,9 +46,37 @@ def test_ready_sees_the_real_0517_load_phases_and_graph_capture(tmp_path):
     assert phases_seen == ["starting", "loading weights", "weights loaded", "capturing graphs", "graphs captured",
                            "capturing graphs", "graphs captured", "ready line logged"]
     assert w.phases["capture_cuda_graph_begin"]["log_time"] == "2026-12-01 03:27:07"
-    d = w.durations()
-    assert d["capture_cuda_graph_s"] == 2.0 and d["load_weights_s"] == 0.0 and d["weights_to_ready_s"] == 7.0
     assert w.fatal is None
+
+
+def test_ready_takes_the_load_durations_from_the_real_startup_timings_line(tmp_path):
+    """`Engine startup timings (s): load_weight=0.09, ..., cuda_graph={..., target_verify=1.46, ...}`: the engine's
+    own seconds (10 ms) for the weight load and the target's graphs; without the line, the capture lines' whole-
+    second timestamps (the live phases come from those lines either way)."""
+    lines = (FIX / "eagle3.log").read_text().splitlines()
+    line = next(ln for ln in lines if engines.STARTUP_TIMINGS_PREFIX in ln)
+    t = engines.parse_startup_timings(line)
+    assert t == {"load_weight": 0.09, "kv_cache_allocation": 0.39, "scheduler_e2e": 6.66,
+                 "cuda_graph": {"prefill": 0.0, "decode": 0.0, "target_verify": 1.46, "draft_prefill": 0.0,
+                                "draft_decode": 0.96, "draft_extend": 1.02}, "tokenizer_e2e": 25.71}
+    with_line, without = ready.LogWatcher(str(tmp_path / "a.log")), ready.LogWatcher(str(tmp_path / "b.log"))
+    for ln in lines:
+        with_line.feed(ln)
+        if ln is not line:
+            without.feed(ln)
+    assert with_line.startup_timings == t and without.startup_timings is None
+    assert with_line.durations() == {"load_weights_s": 0.09, "capture_cuda_graph_s": 1.46, "weights_to_ready_s": 7.0}
+    assert with_line.durations_source() == {"load_weights_s": "startup_timings",
+                                            "capture_cuda_graph_s": "startup_timings",
+                                            "weights_to_ready_s": "log_lines"}
+    assert without.durations() == {"load_weights_s": 0.0, "capture_cuda_graph_s": 2.0, "weights_to_ready_s": 7.0}
+    assert set(without.durations_source().values()) == {"log_lines"}
+    assert with_line.phases == without.phases and with_line.phase() == without.phase() == "ready line logged"
+    # the baseline's line: the decode graphs alone (2.08 s, the capture lines say 03:26:14 -> 03:26:16)
+    base = next(ln for ln in (FIX / "baseline.log").read_text().splitlines() if engines.STARTUP_TIMINGS_PREFIX in ln)
+    assert engines.startup_durations(engines.parse_startup_timings(base)) == {"load_weights_s": 0.08,
+                                                                             "capture_cuda_graph_s": 2.08}
+    assert engines.parse_startup_timings(lines[0]) is None
 
 
 def test_the_client_reads_spec_fields_from_the_real_final_chunk_only():
