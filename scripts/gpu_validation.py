@@ -3,6 +3,7 @@
 and real NCCL, with the simulated engine in GPU mode (SPECAB_SIM_GPU=cuda) on localhost.
 
     python3 scripts/gpu_validation.py run [--tp N] [--work DIR] [--time-scale S] [--cpu-sim]
+                                          [--engine real-sglang --real-site DIR [--no-driver]]
     python3 scripts/gpu_validation.py summarize --work DIR
     python3 scripts/gpu_validation.py sample --smi JSON --out FILE [--interval S]
 
@@ -18,7 +19,11 @@ variables first) does, on one machine, in a work directory:
 6. a foreign CUDA process (started here, not ours): the GPUs-free role refuses and names it, and
    nothing kills it;
 
-then prints the summary (a)-(e) and exits 0 only when every check passed. ``--cpu-sim`` runs the
+With ``--engine real-sglang`` (the real SGLang from the bundle, issue 21): (f) the real engine's readiness,
+accept length and recorded shutdown, and 7. a short ``driver.py`` run of the same experiment to a report
+(2 blocks, the node's run queue; ``--no-driver`` skips it), checked as (g).
+
+then prints the summary (a)-(e) [(f), (g)] and exits 0 only when every check passed. ``--cpu-sim`` runs the
 same steps on a machine without GPUs (simulated nvidia-smi, simulated foreign process): a dry run
 of this script's logic. Only the Python standard library (plus PyYAML, which Ansible needs, and specab's own
 stdlib-only engine knowledge, specab/node/engines.py) is used.
@@ -337,6 +342,8 @@ class Ctx:
     playbook_timeout_s: float = 420.0
     engine: str = "sim"
     real_site: Optional[str] = None          # the unpacked SGLang bundle (engine real-sglang)
+    driver: bool = True                      # engine real-sglang: the short driver.py run to a report
+    driver_timeout_s: float = 900.0
     node_dir: Path = field(init=False)
     smi: Smi = field(init=False)
     experiment_file: Path = field(init=False)
@@ -743,6 +750,52 @@ def step_exit_probe(ctx: Ctx) -> Dict[str, Any]:
     return out
 
 
+DRIVER_REPEATS = 2
+
+
+def driver_inventory(ctx: Ctx) -> Path:
+    """The engine's inventory with this validation's settings as group vars (the node dir, the bundle, the
+    PYTHONPATH of the wheels): driver.py takes no extra vars, it renders the inventory's own templates."""
+    import yaml
+    doc = yaml.safe_load(ctx.inventory.read_text())
+    doc["all"].setdefault("vars", {}).update(ctx.overrides())
+    path = ctx.work / "driver-inventory.yml"
+    path.write_text("# written by scripts/gpu_validation.py from %s with this validation's settings\n"
+                    % ctx.inventory.relative_to(REPO) + yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def step_driver(ctx: Ctx) -> Dict[str, Any]:
+    """A short driver.py run to a report (engine real-sglang; docs/validation/sglang-real.md): the engine's
+    experiment, DRIVER_REPEATS interleaved blocks, the node's run queue, report.md/report.json. Past
+    --driver-timeout the driver gets SIGINT (its own interrupt: it stops what runs on the node), then SIGKILL."""
+    runs_dir = ctx.work / "driver-runs"
+    argv = [ctx.python, str(REPO / "driver.py"), "-i", str(driver_inventory(ctx)), "-e", str(ctx.experiment_file),
+            "--repeats", str(DRIVER_REPEATS), "--runs-dir", str(runs_dir)]
+    logf = ctx.work / "driver.log"
+    log("driver: %s" % " ".join(shlex.quote(a) for a in argv))
+    t0 = time.monotonic()
+    with open(logf, "w") as fh:
+        proc = subprocess.Popen(argv, cwd=str(REPO), env=dict(os.environ, **MULTICAST_OFF), stdin=subprocess.DEVNULL,
+                                stdout=fh, stderr=subprocess.STDOUT)
+        try:
+            rc = proc.wait(ctx.driver_timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(180)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
+            rc = 124
+    wall = time.monotonic() - t0
+    log("driver: rc %d after %.1f s (log %s)" % (rc, wall, logf))
+    exps = sorted(d for d in runs_dir.iterdir() if (d / "results.sqlite").exists()) if runs_dir.is_dir() else []
+    return {"rc": rc, "wall_s": round(wall, 1), "log": str(logf), "argv": argv,
+            "expected_runs": DRIVER_REPEATS * len(ctx.experiment["arms"]),
+            "experiment_dirs": [str(d.relative_to(ctx.work)) for d in exps]}
+
+
 def cleanup(ctx: Ctx) -> None:
     """Stop any server of ours the steps may have left (server.json), so nothing outlives the run."""
     if (ctx.node_dir / "server.json").exists() or (ctx.node_dir / "last_server.json").exists():
@@ -974,6 +1027,9 @@ def evaluate(res: Dict[str, Any], work: Path) -> List[Check]:
     checks.append(Check("e", "foreign CUDA process refused and named, not killed", ok, lines))
     if real_engine:
         checks.append(real_engine_check(ab, work))
+        d = res.get("driver") or {}
+        if not d.get("skipped"):
+            checks.append(driver_check(d, work))
     return checks
 
 
@@ -1036,6 +1092,54 @@ def real_engine_check(ab: Dict[str, Any], work: Path) -> Check:
     return Check("f", "the real engine: ready, accept length from meta_info, the shutdown it logs", ok, lines)
 
 
+def driver_check(d: Dict[str, Any], work: Path) -> Check:
+    """(g) driver.py to a report: exit 0, one experiment whose every planned run is ok, report.md and
+    report.json written; per arm the report's tok/s and accept length, and each run's recorded shutdown."""
+    import sqlite3
+    lines: List[str] = []
+    exps = [work / e for e in d.get("experiment_dirs") or []]
+    runs: List[Tuple[str, str, str, Optional[str]]] = []
+    if len(exps) == 1:
+        try:
+            con = sqlite3.connect("file:%s?mode=ro" % (exps[0] / "results.sqlite"), uri=True)
+            try:
+                runs = con.execute("SELECT run_id, arm, status, stop_json FROM runs ORDER BY seq").fetchall()
+            finally:
+                con.close()
+        except sqlite3.Error as exc:
+            lines.append("results.sqlite unreadable: %s" % exc)
+    report = read_json(exps[0] / "report.json") if len(exps) == 1 else None
+    has_md = len(exps) == 1 and (exps[0] / "report.md").is_file()
+    n_ok = sum(1 for r in runs if r[2] == "ok")
+    ok = (d.get("rc") == 0 and len(exps) == 1 and len(runs) == d.get("expected_runs") and n_ok == len(runs)
+          and bool(report) and has_md)
+    lines.append("driver.py rc %s after %s s (log %s): %d experiment(s); %d/%s runs ok; report.md %s, report.json %s"
+                 % (d.get("rc"), d.get("wall_s"), d.get("log"), len(exps), n_ok, d.get("expected_runs"),
+                    "written" if has_md else "missing", "written" if report else "missing"))
+    if d.get("error"):
+        lines.append(d["error"])
+    for run_id, arm, status, stop_json in runs:
+        try:
+            sd = (json.loads(stop_json or "{}") or {}).get("shutdown") or {}
+        except ValueError:
+            sd = {}
+        ex = sd.get("main_exit") or {}
+        lines.append("    %s (%s): %s; shutdown %s, main exit %s" % (
+            run_id, arm, status, sd.get("style", "not recorded"),
+            ex.get("status") if ex.get("observable") else "not observable"))
+    stats = (report or {}).get("stats") or {}
+    for arm, a in sorted((stats.get("arms") or {}).items()):
+        tok = (a.get("tok_s_run") or {}).get("median")
+        acc = (a.get("accept_len") or {}).get("median")
+        lines.append("    report: %s %s tok/s (median of runs), accept length %s" % (
+            arm, "%.1f" % tok if isinstance(tok, (int, float)) else "?", "%.4f" % acc if acc else "-"))
+    for arm, sp in sorted((stats.get("speedups") or {}).items()):
+        ci = sp.get("ci") or {}
+        lines.append("    report: speedup %s vs %s %.3f [%s, %s] (speeds mean nothing with dummy weights)" % (
+            arm, sp.get("baseline"), sp.get("estimate") or 0.0, ci.get("lo"), ci.get("hi")))
+    return Check("g", "driver.py to a report on the real engine", ok, lines)
+
+
 def render_summary(res: Dict[str, Any], checks: List[Check]) -> str:
     pf = res["preflight"]
     head = ["specab GPU validation, TP=%d, %s, engine %s" % (pf["tp"], "CPU dry run (--cpu-sim)" if pf["cpu_sim"] else "real GPUs", res.get("engine", "sim")),
@@ -1044,6 +1148,8 @@ def render_summary(res: Dict[str, Any], checks: List[Check]) -> str:
                 pf.get("driver"), pf.get("cuda_driver_api"), pf.get("torch"), pf.get("torch_cuda"),
                 pf.get("nccl"), pf.get("ansible_core")),
             "work dir: %s; wall %.0f s" % (res["work"], res.get("wall_s", 0))]
+    if (res.get("driver") or {}).get("skipped"):
+        head.append("driver.py run to a report: skipped (%s)" % res["driver"]["skipped"])
     body = []
     for c in checks:
         body.append("(%s) %s: %s" % (c.key, c.title, "PASS" if c.ok else "FAIL"))
@@ -1079,7 +1185,8 @@ def run_main(a: argparse.Namespace) -> int:
         raise ValidationError("--cpu-sim runs the simulated engine; it cannot be combined with --engine %s" % a.engine)
     ctx = Ctx(tp=a.tp, work=work, python=a.python or sys.executable, cpu_sim=a.cpu_sim, time_scale=a.time_scale,
               playbook_timeout_s=a.playbook_timeout, engine=a.engine,
-              real_site=str(Path(a.real_site).resolve()) if a.real_site else None)
+              real_site=str(Path(a.real_site).resolve()) if a.real_site else None,
+              driver=not a.no_driver, driver_timeout_s=a.driver_timeout)
     for k, v in MULTICAST_OFF.items():
         if os.environ.get(k) != v:
             raise ValidationError("%s=%s must be exported before running (NVLink multicast off in every process); "
@@ -1095,9 +1202,14 @@ def run_main(a: argparse.Namespace) -> int:
                                 "--out", str(work / "samples.jsonl"), "--interval", "0.1"],
                                stdin=subprocess.DEVNULL, env=ctx.tool_env())
     try:
-        for name, step in (("ab_test", step_ab_test), ("orphans", step_orphans),
-                           ("missing_var", step_missing_var), ("foreign", step_foreign),
-                           ("exit_probe", step_exit_probe)):
+        steps: List[Tuple[str, Callable[[Ctx], Dict[str, Any]]]] = [
+            ("ab_test", step_ab_test), ("orphans", step_orphans), ("missing_var", step_missing_var),
+            ("foreign", step_foreign), ("exit_probe", step_exit_probe)]
+        if ctx.real and ctx.driver:
+            steps.append(("driver", step_driver))
+        elif ctx.real:
+            res["driver"] = {"skipped": "--no-driver"}
+        for name, step in steps:
             log("step %s" % name)
             try:
                 res[name] = step(ctx)
@@ -1132,6 +1244,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     r.add_argument("--engine", choices=sorted(ENGINES), default="sim",
                    help="sim: the simulated engine in GPU mode; real-sglang: the real SGLang from the bundle")
     r.add_argument("--real-site", default=None, help="the unpacked bundle of scripts/real_sglang_bundle.sh")
+    r.add_argument("--no-driver", action="store_true",
+                   help="engine real-sglang: skip the short driver.py run to a report (check g)")
+    r.add_argument("--driver-timeout", type=float, default=900.0,
+                   help="seconds the driver.py run may take (4 runs took 283 s on an H200)")
     s = sub.add_parser("summarize", help="print the summary of a finished run")
     s.add_argument("--work", required=True)
     m = sub.add_parser("sample", help="raw nvidia-smi CSV sampler (until SIGTERM)")

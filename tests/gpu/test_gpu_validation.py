@@ -7,6 +7,7 @@ import copy
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -335,3 +336,103 @@ def test_real_engine_check_passes_on_the_real_0517_shutdown_record(tmp_path):
 def test_real_engine_check_fails_without_the_shutdown_its_version_does(tmp_path, why, kw):
     check = gv.real_engine_check(real_engine_work(tmp_path, **kw), tmp_path)
     assert not check.ok, why
+
+
+# --------------------------------------------------------------------------- (g) driver.py to a report
+
+REAL_EXP = REPO / "tests" / "fixtures" / "sglang-0.5.17" / "experiment-real"   # driver.py on the H200, real 0.5.17
+
+
+def driver_work(work: Path, **result: Any) -> Dict[str, Any]:
+    exp = work / "driver-runs" / "real-sglang-20261201-045032"
+    exp.mkdir(parents=True)
+    for name in ("results.sqlite", "report.json", "report.md"):
+        shutil.copy(REAL_EXP / name, exp / name)
+    return dict({"rc": 0, "wall_s": 283.0, "log": str(work / "driver.log"), "expected_runs": 4,
+                 "experiment_dirs": [str(exp.relative_to(work))]}, **result)
+
+
+def test_driver_check_passes_on_the_real_driver_run_to_a_report(tmp_path):
+    check = gv.driver_check(driver_work(tmp_path), tmp_path)
+    assert check.ok and check.key == "g", check.lines
+    text = "\n".join(check.lines)
+    assert "4/4 runs ok; report.md written, report.json written" in text
+    assert "report: eagle3-s2 293.6 tok/s (median of runs), accept length 1.0079" in text
+    assert "speedup eagle3-s2 vs baseline 0.477" in text
+    # that run predates stop.py's shutdown record: shown as such, not invented
+    assert "001-eagle3-s2 (eagle3-s2): ok; shutdown not recorded" in text
+
+
+def test_driver_check_fails_when_the_driver_run_does_not_reach_a_report(tmp_path):
+    import sqlite3
+    assert not gv.driver_check(driver_work(tmp_path / "rc", rc=1), tmp_path / "rc").ok
+    assert not gv.driver_check(driver_work(tmp_path / "n", expected_runs=6), tmp_path / "n").ok
+    assert not gv.driver_check({"rc": 0, "expected_runs": 4, "experiment_dirs": []}, tmp_path).ok
+    d = driver_work(tmp_path / "md")
+    (tmp_path / "md" / d["experiment_dirs"][0] / "report.md").unlink()
+    assert not gv.driver_check(d, tmp_path / "md").ok
+    d = driver_work(tmp_path / "failed")
+    con = sqlite3.connect(tmp_path / "failed" / d["experiment_dirs"][0] / "results.sqlite")
+    con.execute("UPDATE runs SET status = 'failed' WHERE seq = 3")
+    con.commit()
+    con.close()
+    check = gv.driver_check(d, tmp_path / "failed")
+    assert not check.ok and "3/4 runs ok" in check.lines[0]
+
+
+def test_the_driver_runs_on_the_validations_node_dir_and_bundle(tmp_path):
+    """driver.py takes no extra vars: the inventory it gets carries the validation's node dir, bundle and
+    PYTHONPATH as group vars, rendered by specab's own inventory loader."""
+    from specab.config.inventory import load_inventory
+    ctx = gv.Ctx(tp=1, work=tmp_path, python=sys.executable, cpu_sim=False, time_scale="4", engine="real-sglang",
+                 real_site="/tmp/bundle")
+    host = load_inventory(gv.driver_inventory(ctx)).hosts[0]
+    assert host.node_dir == str(tmp_path / "node")
+    assert host.node_env["PYTHONPATH"].split(":")[0] == "/tmp/bundle"
+    assert host.engine_cmd == gv.REAL_ENGINE and host.smi_cmd == ["nvidia-smi"]
+
+
+def test_a_real_engine_summary_has_g_unless_the_driver_run_was_skipped(tmp_path):
+    res = good_results(tmp_path, 1)
+    res["engine"] = "real-sglang"
+    res["driver"] = driver_work(tmp_path)
+    assert [c.key for c in gv.evaluate(res, tmp_path)] == list("abcdefg")
+    res["driver"] = {"skipped": "--no-driver"}
+    assert [c.key for c in gv.evaluate(res, tmp_path)] == list("abcdef")
+    assert "driver.py run to a report: skipped (--no-driver)" in gv.render_summary(res, gv.evaluate(res, tmp_path))
+
+
+STUB_DRIVER = """#!/bin/bash
+# stands in for the python that runs driver.py: records its argv, answers SIGINT as the driver does
+printf '%s\\n' "$@" > "$(dirname "$0")/argv.txt"
+runs=""; prev=""
+for a in "$@"; do [[ "$prev" == "--runs-dir" ]] && runs="$a"; prev="$a"; done
+mkdir -p "$runs/real-sglang-1" && : > "$runs/real-sglang-1/results.sqlite"
+if [[ -n "${STUB_HANG:-}" ]]; then
+  trap 'kill "$pid"; echo interrupted > "$(dirname "$0")/sigint.txt"; exit 130' INT
+  sleep 60 & pid=$!
+  wait "$pid"
+fi
+"""
+
+
+@pytest.mark.parametrize("hang", [False, True])
+def test_the_driver_step_runs_driver_py_and_interrupts_it_at_its_timeout(tmp_path, monkeypatch, hang):
+    stub = tmp_path / "python"
+    stub.write_text(STUB_DRIVER)
+    stub.chmod(0o755)
+    if hang:
+        monkeypatch.setenv("STUB_HANG", "1")
+    ctx = gv.Ctx(tp=1, work=tmp_path, python=str(stub), cpu_sim=False, time_scale="4", engine="real-sglang",
+                 real_site="/tmp/bundle", driver_timeout_s=1.0 if hang else 60.0)
+    gv.load_experiment(ctx)
+    out = gv.step_driver(ctx)
+    argv = (tmp_path / "argv.txt").read_text().splitlines()
+    assert argv == [str(REPO / "driver.py"), "-i", str(tmp_path / "driver-inventory.yml"), "-e",
+                    str(REPO / "experiments" / "real-sglang.yml"), "--repeats", "2", "--runs-dir",
+                    str(tmp_path / "driver-runs")]
+    assert out["experiment_dirs"] == ["driver-runs/real-sglang-1"] and out["expected_runs"] == 4
+    if hang:
+        assert out["rc"] == 124 and (tmp_path / "sigint.txt").read_text().strip() == "interrupted"
+    else:
+        assert out["rc"] == 0
