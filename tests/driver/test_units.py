@@ -141,6 +141,54 @@ def test_export_csv_and_json(tmp_path):
     assert len(data["plan"]) == 4
 
 
+def test_export_phase_metrics_csv_and_json(tmp_path):
+    """Issue 17: the per-phase counters a run stored (phase_metrics.json, made by the client's parser from /metrics
+    text in SGLang 0.5.23 and 0.5.17 format, or "not available") come out of `export` as one flattened row per run
+    (csv --table phase_metrics, to stdout and to -o) and under the json key phase_metrics."""
+    from specab.node import phasemetrics
+    from tests.unit.test_phasemetrics import REAL_0517_AFTER, REAL_0517_BEFORE, _v0523
+    s = _store(tmp_path)
+    plan = s.plan()
+    files = {1: phasemetrics.result(_v0523(1, 0.2, 7, 250, 250), _v0523(1.8, 0.36, 12.8, 450, 450), 6.5, 10.0, 16.5),
+             2: phasemetrics.result(REAL_0517_BEFORE, REAL_0517_AFTER, 5.0, 20.0, 25.0),
+             3: phasemetrics.unavailable("GET /metrics: HTTP 404 (the server runs without --enable-metrics)")}
+    for seq, pm in files.items():
+        p = plan[seq - 1]
+        s.start_run(seq=seq, run_id=p["run_id"], arm=p["arm"], block=p["block"], host="sim0", run_dir="/r",
+                    runner_ident=str(seq))
+        s.add_file(seq, "sim0", "phase_metrics.json", json.dumps(pm))
+        s.finish_run(seq, status="ok")
+    s.start_run(seq=4, run_id=plan[3]["run_id"], arm=plan[3]["arm"], block=plan[3]["block"], host="sim0",
+                run_dir="/r", runner_ident="4")          # a run without the file (an older store, a failed start)
+    s.finish_run(4, status="failed")
+    s.close()
+    out = io.StringIO()
+    assert main(["export", str(tmp_path), "--format", "csv", "--table", "phase_metrics"], out=out) == 0
+    rows = {int(r["seq"]): r for r in csv.DictReader(io.StringIO(out.getvalue()))}
+    assert sorted(rows) == [1, 2, 3]
+    r1, r2, r3 = rows[1], rows[2], rows[3]
+    assert (r1["run_id"], r1["arm"], r1["block"]) == (plan[0]["run_id"], plan[0]["arm"], str(plan[0]["block"]))
+    assert r1["available"] == "True" and float(r1["window_s"]) == 6.5
+    assert float(r1["spec_verify_calls"]) == 200 and float(r1["generation_tokens"]) == 400
+    assert float(r1["forward_s.eagle_draft"]) == pytest.approx(0.8)
+    assert float(r1["forward_s.eagle_draft_extend"]) == pytest.approx(0.16)
+    assert float(r1["forward_s.target_verify"]) == pytest.approx(5.8)            # tp_rank 1 left out
+    assert float(r1["graph_passes.decode_none"]) == 200 and r1["graph_passes.decode_cuda_graph"] == ""
+    # the real 0.5.17 lines: decode/extend only, no verify calls
+    assert float(r2["forward_s.decode"]) == pytest.approx(0.31265, abs=1e-5) and r2["forward_s.target_verify"] == ""
+    assert r2["spec_verify_calls"] == "" and float(r2["graph_passes.decode_cuda_graph"]) == 400
+    assert r3["available"] == "False" and "HTTP 404" in r3["reason"] and r3["forward_s.decode"] == ""
+    dest = tmp_path / "pm.csv"
+    assert main(["export", str(tmp_path), "--format", "csv", "--table", "phase_metrics", "-o", str(dest)],
+                out=io.StringIO()) == 0
+    assert dest.read_bytes() == out.getvalue().encode()          # the same rows, the same CSV line ends
+    out = io.StringIO()
+    assert main(["export", str(tmp_path), "--format", "json"], out=out) == 0
+    pm = {r["seq"]: r for r in json.loads(out.getvalue())["phase_metrics"]}
+    assert sorted(pm) == [1, 2, 3] and pm[1]["forward_s.target_verify"] == pytest.approx(5.8)
+    assert pm[3]["available"] is False and pm[2]["spec_verify_calls"] is None
+
+
 def test_export_unknown_experiment(tmp_path, capsys):
     assert main(["export", "nope", "--runs-dir", str(tmp_path)], out=io.StringIO()) == 2
     assert "not found" in capsys.readouterr().err
