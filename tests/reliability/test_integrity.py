@@ -116,6 +116,46 @@ def test_item20_ctrl_c_after_a_finished_benchmark_keeps_that_run_and_starts_no_n
     # the summary counts interrupted runs apart from failed ones
     assert "interrupted" in out and "FAILED" not in out
 
+    # the missing run, resumed under a changed experiment (bench 3 requests instead of 2, ready_s 150 instead of
+    # 120) with --force-changed: accepted, the change said, the run done under the new fingerprint; the report marks
+    # the runs of each fingerprint, and `diff` shows the bench and timeout differences between the two runs
+    with st.Store.open(exp_dir) as s:
+        old_fp = s.fingerprint()[0]
+    exp.write_text(exp.read_text().replace("num_requests: 2", "num_requests: 3").replace("ready_s: 120", "ready_s: 150"))
+    resumed = driver("--resume", exp_dir.name, "--force-changed", "-e", str(exp), "--runs-dir", str(node.runs_dir),
+                     env=_env(node))
+    try:
+        out2, _ = resumed.communicate(timeout=300)
+    finally:
+        reap_driver(resumed, 120)
+    assert resumed.returncode == 0, out2[-4000:]
+    assert "notice: --force-changed" in out2 and "bench.num_requests: 2 -> 3" in out2, out2[-3000:]
+    assert "timeouts.ready_s: 120 -> 150" in out2, out2[-3000:]
+    with st.Store.open(exp_dir) as s:
+        runs = {r["seq"]: r for r in s.runs()}
+        assert [runs[q]["status"] for q in (1, 2)] == ["ok", "ok"] and s.missing() == []
+        assert len([q for q in s.requests() if q["seq"] == 2 and not q["warmup"]]) == 3
+        new_fp = s.run_fingerprints()[2]
+        assert new_fp != old_fp and s.run_fingerprints() == {1: old_fp, 2: new_fp}
+        assert s.fingerprint()[0] == old_fp           # the experiment keeps the fingerprint it was started with
+    ids = {q: runs[q]["run_id"] for q in (1, 2)}
+    marked = (f"Runs of 2 different experiment fingerprints (resumed with --force-changed; they may not be "
+              f"comparable): ")
+    md = (exp_dir / "report.md").read_text()
+    line = next((x for x in md.splitlines() if marked in x), None)
+    assert line is not None, md[:3000]
+    assert f"{old_fp}: {ids[1]}" in line and f"{new_fp}: {ids[2]}" in line, line
+    from specab.driver.cli import main as cli_main
+    import io
+    text = io.StringIO()
+    assert cli_main(["diff", f"{exp_dir.name}/1", f"{exp_dir.name}/2", "--runs-dir", str(node.runs_dir)],
+                    out=text) == 0
+    diff = text.getvalue().splitlines()
+    section = lambda name: diff[diff.index(f"{name}:") + 1:]      # noqa: E731 (the lines after a category)
+    assert "  num_requests: 2 -> 3" in section("bench"), diff
+    assert "  ready_s: 120 -> 150" in section("timeouts"), diff
+    assert f"  fingerprint: {old_fp} -> {new_fp}" in section("experiment"), diff
+
 
 THREE_ARMS = SPEC_ARMS + """\
   - name: eagle3-s3
