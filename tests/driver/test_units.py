@@ -252,6 +252,64 @@ def test_no_report_for_zero_ok_runs(tmp_path, monkeypatch):
     assert written == [] and "no report: no run finished ok" in out.getvalue()
 
 
+def _all_failed(run, arm):
+    run.status, run.requests, run.gpu_samples = "failed", [], []
+
+
+def _all_buffered(run, arm):
+    """Every response held back and delivered at once (the buffered_stream fault, a CPU-starved front end): the run is
+    ok but no request has a decode pace, so no run has a tok/s."""
+    for q in run.requests:
+        q.decode_tok_s, q.tpot_s, q.ttft_s = None, None, q.e2e_s
+
+
+LEGEND_WARNING = "No artists with labels found to put in legend"
+
+
+def test_no_library_warning_reaches_the_terminal(tmp_path):
+    """Issue 20, item 5: matplotlib's UserWarning leaked into the terminal under a report of runs without a tok/s.
+    The condition is provoked for real (every run failed; every run ok but delivered in bursts: the drift plot has
+    no point to label) and shown to warn without the guard; through the end-of-experiment path (summary table and
+    report) and `driver.py report` in a fresh interpreter with Python's default warning filters, nothing but
+    specab's own lines reaches stdout and stderr is empty."""
+    import io as _io
+    import os
+    import subprocess
+    import sys
+    import warnings
+
+    from specab.analysis import report
+    from specab.driver import session
+    from specab.results import store as st
+    from tests.analysis import factory
+    from tests.driver.simnode import REPO
+    dirs = {name: factory.write_store(factory.experiment({"baseline": 82.2, "eagle3-s2": 60.5}, blocks=1, tweak=tw),
+                                      tmp_path / name)
+            for name, tw in (("failed", _all_failed), ("buffered", _all_buffered))}
+    for name, d in dirs.items():       # the condition is real: the unguarded report warns
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report._write(d, None, None)
+        assert any(LEGEND_WARNING in str(w.message) and w.category is UserWarning for w in caught), \
+            (name, [str(w.message) for w in caught], "the provocation no longer warns: find what does now")
+    # the driver's end of an experiment (the buffered runs are ok: a report is written), every warning surfacing
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with st.Store.open(dirs["buffered"]) as s:
+            out = _io.StringIO()
+            session.conclude(0, s, dirs["buffered"], out)
+    assert caught == [] and "Warning" not in out.getvalue(), ([str(w.message) for w in caught], out.getvalue())
+    assert "report: " in out.getvalue() and (dirs["buffered"] / "report.md").is_file()
+    # `driver.py report` as the user runs it
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    for name, d in dirs.items():
+        p = subprocess.run([sys.executable, str(REPO / "driver.py"), "report", str(d)], cwd=str(REPO), env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, (name, p.stdout[-2000:], p.stderr[-2000:])
+        assert p.stderr == "", (name, p.stderr)
+        assert "Warning" not in p.stdout and "markdown: " in p.stdout, (name, p.stdout)
+
+
 def test_conclude_appends_the_experiment_to_its_nodes_history(tmp_path, monkeypatch):
     import io as _io
 
