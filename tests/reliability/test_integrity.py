@@ -81,6 +81,51 @@ def test_item20_second_experiment_on_a_busy_node_is_refused_and_the_first_finish
     assert not (node.node_dir / "experiment.lease").exists()
 
 
+def test_item20_sequencer_stopped_by_someone_else_is_a_failure_naming_the_cause_not_an_interruption(node: SimNode):
+    """Only a signal the driver received is an interruption: the node's sequencer SIGTERMed by another process
+    mid-benchmark (stop.py by hand, another controller, the system) makes that run failed with the cause named,
+    the queue is started anew and the next run is measured; nothing says "interrupted by the user"."""
+    import os
+    from tests.driver.test_queue import _sequencer, _sequencer_alive
+    node.profile = "instant"
+    exp = node.write_experiment("foreign", num_requests=3, output_len=256)     # ~3 s a request: a window to hit
+    proc = driver("--repeats", "1", "-e", str(exp), "-i", str(node.write_inventory()), "--runs-dir",
+                  str(node.runs_dir), env=_env(node))
+    node_runs = node.node_dir / "runs"
+
+    def benchmarking() -> bool:       # run 001's warm-up answered, its measured requests not yet
+        try:
+            recs = [json.loads(x) for x in next(node_runs.glob("001-*/bench.jsonl")).read_text().splitlines()
+                    if x.strip()]
+        except (OSError, ValueError, StopIteration):
+            return False
+        return bool(recs) and all(r["warmup"] for r in recs) and _sequencer_alive(node)
+    try:
+        wait_for(benchmarking, timeout=300, interval=0.05, what="run 001 benchmarking", proc=proc)
+        seq_pid = int(_sequencer(node)["pid"])                    # type: ignore[index]
+        os.kill(seq_pid, signal.SIGTERM)                          # not the driver's signal
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        reap_driver(proc, 120)
+    assert proc.returncode == 1, out[-4000:]                      # a failed run, not 130 (interrupted)
+    assert "interrupted by the user" not in out and "Interrupted." not in out, out[-4000:]
+    [exp_dir] = _exp_dirs(node.runs_dir)
+    with st.Store.open(exp_dir) as s:
+        runs = {r["seq"]: r for r in s.runs()}
+        assert [runs[q]["status"] for q in (1, 2)] == ["failed", "ok"], runs
+        why = runs[1]["failure_reason"]
+        assert why.startswith("the node's sequencer was stopped by a signal this driver did not send"), why
+        assert "interrupted by SIGTERM" in why, why                # the cause, from the node's done.json
+        phase = runs[1]["failure_phase"]
+        assert phase in ("warming up", "benchmarking"), runs[1]
+        assert s.runs(status="interrupted") == [] and s.missing() == []
+        assert len([q for q in s.requests() if q["seq"] == 2 and not q["warmup"]]) == 3
+    assert f"FAILED {runs[1]['run_id']} ({phase}): the node's sequencer was stopped by a signal" in \
+        " ".join(out.split()), out[-4000:]
+    assert not node.server_alive() and node.gpus_busy() == []
+    assert not (node.node_dir / "experiment.lease").exists()
+
+
 def test_item20_ctrl_c_after_a_finished_benchmark_keeps_that_run_and_starts_no_next_server(node: SimNode):
     exp = node.write_experiment("keep", num_requests=2, output_len=16)
     inv = node.write_inventory()
