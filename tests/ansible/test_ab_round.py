@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -128,3 +129,62 @@ def test_round_takes_and_releases_the_node_lease(round_: tuple[SimNode, Result, 
     assert result.rc == 0, str(result)
     assert "Lease | Take the node lease" in result.flat and "Lease | Release the node lease" in result.flat
     assert not (node.node_dir / "experiment.lease").exists(), "the round kept the node lease"
+
+
+# --------------------------------------------------------------------------- issue 20, item 7: what `make demo` shows
+
+DEMO_LINES_MAX = 40
+
+
+def _readme_demo_transcript() -> list[str]:
+    """The README's `make demo` transcript: the code block after "A real run" in "Two commands on a fresh machine"."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    after = readme.split("A real run", 1)[1]
+    return after.split("```\n", 2)[1].rstrip("\n").split("\n")
+
+
+def _makefile_banner() -> str:
+    """The line `make demo` echoes before the playbook's view (the Makefile's own words)."""
+    mk = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    return re.search(r'^\t@echo "(specab demo: [^"]*)"$', mk, re.M).group(1)
+
+
+def _shape(lines: list[str]) -> list[str]:
+    """Lines with what differs between two rounds masked: the experiment id and file, paths, numbers; the
+    announcement (the callback wraps it where its length says) joined into one line; blanks collapsed."""
+    start = next(i for i, x in enumerate(lines) if x.startswith("Experiment "))
+    end = next(i for i, x in enumerate(lines) if i > start and x.startswith("  Start | "))
+    lines = lines[:start] + [" ".join(lines[start:end])] + lines[end:]
+    out = []
+    for line in lines:
+        line = re.sub(r"^Experiment \S+ \(\S+\):", "Experiment <id> (<file>):", line)
+        line = re.sub(r"(artefacts in|full Ansible output:) \S+", r"\1 <path>", line)
+        line = re.sub(r"\d+(\.\d+)?", "N", line)
+        out.append(" ".join(line.split()))
+    return out
+
+
+def test_make_demo_view_is_the_readme_transcript(round_: tuple[SimNode, Result, dict[str, Any]], tmp_path) -> None:
+    """`make demo` pipes ab_test.yml's Ansible output through scripts/demo_view.py. Fed this round's real output,
+    the view is at most 40 lines with the results table and the path of the round's results, keeps the whole output
+    in its log, and has the shape of the README's transcript: the same lines, the same table header, numbers aside."""
+    node, result, _ = round_
+    assert result.rc == 0, str(result)
+    log = tmp_path / "demo-ansible.log"
+    view = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[2] / "scripts" / "demo_view.py"),
+                           str(log)], input=result.output, capture_output=True, text=True, timeout=60)
+    assert view.returncode == 0 and view.stderr == "", view.stderr
+    shown = [_makefile_banner()] + view.stdout.rstrip("\n").split("\n")
+    assert len(shown) <= DEMO_LINES_MAX, "\n".join(shown)
+    assert log.read_text() == result.output, "the log must keep the whole Ansible output"
+    assert len(result.output.splitlines()) > 4 * len(shown)       # what the view spares the reader
+    readme = _readme_demo_transcript()
+    header = next(x for x in readme if x.startswith("arm "))
+    assert header in shown, "\n".join(shown)                       # the same table header, column for column
+    rows = _table(" ".join(view.stdout.split()))
+    assert set(rows) == {"baseline", "eagle3-s2"} and rows["baseline"][4] == "1.00x", view.stdout
+    artefacts = next(x for x in shown if x.startswith("artefacts in "))
+    exp_dir = Path(artefacts.split(" ", 2)[2])
+    assert exp_dir == node.runs_dir / "t-round" and (exp_dir / "ab_table.json").is_file(), artefacts
+    assert shown[-1] == f"full Ansible output: {log}"
+    assert _shape(shown) == _shape(readme), "\n".join(shown)

@@ -12,7 +12,9 @@ The fixtures cover what the faster paths touch:
   server logs of every line shape the log reader sees (0.5.2 ``Decode batch.`` with a trailing
   comma, 0.5.9 ``Decode batch [iter],``, ``cuda graph: False`` and ``cpu graph``, idle lines with
   ``#running-req: 0``, DP/TP prefixes, CRLF line ends, a non-UTF-8 byte, NCCL INFO lines with the
-  integer ``16.`` form and a repeated variable);
+  integer ``16.`` form and a repeated variable), and the speculative arms' ``phase_metrics.json`` made by
+  the client's own parser from SGLang 0.5.23 ``/metrics`` text (a no-graph and a graphed verify: the report's
+  per-phase section and stacked bar, the dominant-phase and phase-accounting findings);
 * ``fleet``: two hosts (per-host speedups), blocked order with a drift, one failed run, a simulated
   node at SPECAB_SIM_TIME_SCALE 20, no server logs for some runs;
 * ``scale``: bench/report_scale.py's synthetic experiment at 24 runs (4 arms, 8-GPU samples with
@@ -27,6 +29,7 @@ import argparse
 import importlib.util
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -77,6 +80,55 @@ def _rich_log(run, graph_false: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+# SGLang 0.5.23 /metrics labels (shared/reference/engines-2026.md A5; the label set of the real 0.5.17 H200 probe,
+# tests/unit/test_phasemetrics.py): per-phase forward seconds only with SGLANG_ENABLE_METRICS_DEVICE_TIMER=1
+_LABELS = 'engine_type="unified",model_name="/models/Kimi-K2.5-INT4",moe_ep_rank="0",pp_rank="0",tp_rank="{r}"'
+# ms per cycle per category of the throttled fixture's speculative arms, graph mode as their server logs say:
+# eagle3-s3 the seed's no-graph verify at steps 3 (3 x 2.0 ms draft, 30.5 ms verify: verify dominates); eagle3-s2 a
+# graphed verify (29.0 x 0.45 ms) in a cycle that is no shorter, so half of it lies outside the forward passes
+# (phase-accounting)
+_PHASE_MS = {"eagle3-s2": (4.0, 0.8, 13.05, "decode_cuda_graph"), "eagle3-s3": (6.0, 0.8, 30.5, "decode_none")}
+
+
+def _metrics_text(forward_s: dict[str, float], passes: dict[str, float], verify_calls: float, tokens: float) -> str:
+    """One /metrics scrape in SGLang 0.5.23's exposition format (two TP ranks; only rank 0 is read)."""
+    lines = ["# HELP sglang:forward_execution_seconds_total Total time that GPU is busy executing model forward "
+             "passes. Refer to ForwardMode for category labels.",
+             "# TYPE sglang:forward_execution_seconds_total counter"]
+    for r in (0, 1):
+        lines += [f'sglang:forward_execution_seconds_total{{category="{c}",{_LABELS.format(r=r)}}} {v!r}'
+                  for c, v in forward_s.items()]
+    lines += ["# TYPE sglang:cuda_graph_passes_total counter"]
+    lines += [f'sglang:cuda_graph_passes_total{{{_LABELS.format(r=0)},mode="{m}"}} {v!r}' for m, v in passes.items()]
+    lines += [f'sglang:spec_verify_calls_total{{engine_type="unified",model_name="/models/Kimi-K2.5-INT4"}} '
+              f'{verify_calls!r}',
+              f'sglang:generation_tokens_total{{engine_type="unified",is_streaming="true",'
+              f'model_name="/models/Kimi-K2.5-INT4"}} {tokens!r}',
+              f'sglang:spec_accept_length{{{_LABELS.format(r=0)}}} 2.1']
+    return "\n".join(lines) + "\n"
+
+
+def _phase_metrics(run) -> dict[str, Any]:
+    """The run's phase_metrics.json as the benchmark client writes it (specab/node/phasemetrics.py on two scrapes
+    around the measured requests): cycles = the requests' verify steps, phase seconds = cycles x ms per cycle
+    (slower in proportion when the run is slower)."""
+    from specab.node import phasemetrics
+    draft, extend, verify, mode = _PHASE_MS[run.arm]
+    reqs = run.measured
+    cycles = float(sum(q.spec_verify_ct for q in reqs))
+    slow = 60.5 / statistics.fmean(q.decode_tok_s for q in reqs)
+    before = {"eagle_draft": 812.25, "eagle_draft_extend": 162.5, "target_verify": 5890.125, "extend": 40.5}
+    after = {"eagle_draft": before["eagle_draft"] + cycles * draft * slow / 1000.0,
+             "eagle_draft_extend": before["eagle_draft_extend"] + cycles * extend * slow / 1000.0,
+             "target_verify": before["target_verify"] + cycles * verify * slow / 1000.0,
+             "extend": before["extend"] + 0.06 * len(reqs)}
+    t0, t1 = reqs[0].start_ts, reqs[-1].start_ts + reqs[-1].e2e_s
+    return phasemetrics.result(_metrics_text(before, {mode: 203100.0}, 203100.0, 430000.0),
+                               _metrics_text(after, {mode: 203100.0 + cycles}, 203100.0 + cycles,
+                                             430000.0 + sum(q.output_tokens for q in reqs)),
+                               t1 - t0, t0, t1)
+
+
 def build(root: Path) -> dict[str, Path]:
     """The three experiment directories under root (deterministic: seeded, fixed clocks)."""
     from tests.analysis import factory as F
@@ -95,6 +147,11 @@ def build(root: Path) -> dict[str, Path]:
         if r.arm != "eagle3-s2" or r.block % 2 == 0:
             text = _rich_log(r, graph_false=r.arm == "eagle3-s3")
             (d / r.run_id / "server.log").write_bytes(text.encode("utf-8", "surrogateescape"))
+    from specab.results.store import Store
+    with Store.open(d) as s:             # bench.phase_timing auto: the speculative arms' per-phase counters
+        for r in exp.runs:
+            if r.arm in _PHASE_MS:
+                s.add_file(r.seq, r.host, "phase_metrics.json", json.dumps(_phase_metrics(r)))
     out["throttled"] = d
 
     def fail_one(run, arm):

@@ -53,15 +53,21 @@ def test_report_is_unchanged_by_the_faster_loader_log_reader_and_plots(built, na
     diffs = _diff(golden_json, new_json)
     assert not diffs, f"{name}: report.json differs from the golden report ({REGEN}):\n" + "\n".join(diffs[:30])
     assert out["md"] == (GOLDEN / f"{name}.md").read_text(), f"{name}: report.md differs ({REGEN})"
-    assert len(new_json["plots"]) == 5
+    # the five plots of every report, and the per-phase stacked bar where the fixture has phase metrics
+    assert len(new_json["plots"]) == 5 + (name == "throttled")
 
 
 def test_golden_fixtures_exercise_what_the_fast_paths_replace():
     """The golden files are only a guard if they contain the cases: a quoted no-graph line, a throttled
-    run, per-host speedups, a failed run, a time-scaled node, GPU samples of 8 GPUs."""
+    run, per-host speedups, a failed run, a time-scaled node, GPU samples of 8 GPUs, measured phases."""
     t = (GOLDEN / "throttled.md").read_text()
     assert "verify-without-cuda-graph" in t and "log: [2025-10-22" in t and "gpu-throttled" in t
     assert "accept-length-mismatch" in t
+    # the per-phase section with rows (not only "not available on this engine"), both doctor rules on phases
+    phases = t.split("## Where the cycle goes (measured)", 1)[1].split("\n## ", 1)[0]
+    assert "| eagle3-s2 | 4 | 4.01 (" in phases and "| eagle3-s3 | 4 | 6.05 (" in phases, phases
+    assert "not available on this engine" not in phases and "report/cycle_phases.png" in phases
+    assert "dominant-phase: verify 30.7 ms" in t and "phase-accounting: 16.7 ms" in t
     f = (GOLDEN / "fleet.md").read_text()
     assert "Speedup per host" in f and "Failed runs" in f and "SPECAB_SIM_TIME_SCALE 20" in f
     s = json.loads((GOLDEN / "scale.json").read_text())

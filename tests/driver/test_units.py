@@ -141,6 +141,54 @@ def test_export_csv_and_json(tmp_path):
     assert len(data["plan"]) == 4
 
 
+def test_export_phase_metrics_csv_and_json(tmp_path):
+    """Issue 17: the per-phase counters a run stored (phase_metrics.json, made by the client's parser from /metrics
+    text in SGLang 0.5.23 and 0.5.17 format, or "not available") come out of `export` as one flattened row per run
+    (csv --table phase_metrics, to stdout and to -o) and under the json key phase_metrics."""
+    from specab.node import phasemetrics
+    from tests.unit.test_phasemetrics import REAL_0517_AFTER, REAL_0517_BEFORE, _v0523
+    s = _store(tmp_path)
+    plan = s.plan()
+    files = {1: phasemetrics.result(_v0523(1, 0.2, 7, 250, 250), _v0523(1.8, 0.36, 12.8, 450, 450), 6.5, 10.0, 16.5),
+             2: phasemetrics.result(REAL_0517_BEFORE, REAL_0517_AFTER, 5.0, 20.0, 25.0),
+             3: phasemetrics.unavailable("GET /metrics: HTTP 404 (the server runs without --enable-metrics)")}
+    for seq, pm in files.items():
+        p = plan[seq - 1]
+        s.start_run(seq=seq, run_id=p["run_id"], arm=p["arm"], block=p["block"], host="sim0", run_dir="/r",
+                    runner_ident=str(seq))
+        s.add_file(seq, "sim0", "phase_metrics.json", json.dumps(pm))
+        s.finish_run(seq, status="ok")
+    s.start_run(seq=4, run_id=plan[3]["run_id"], arm=plan[3]["arm"], block=plan[3]["block"], host="sim0",
+                run_dir="/r", runner_ident="4")          # a run without the file (an older store, a failed start)
+    s.finish_run(4, status="failed")
+    s.close()
+    out = io.StringIO()
+    assert main(["export", str(tmp_path), "--format", "csv", "--table", "phase_metrics"], out=out) == 0
+    rows = {int(r["seq"]): r for r in csv.DictReader(io.StringIO(out.getvalue()))}
+    assert sorted(rows) == [1, 2, 3]
+    r1, r2, r3 = rows[1], rows[2], rows[3]
+    assert (r1["run_id"], r1["arm"], r1["block"]) == (plan[0]["run_id"], plan[0]["arm"], str(plan[0]["block"]))
+    assert r1["available"] == "True" and float(r1["window_s"]) == 6.5
+    assert float(r1["spec_verify_calls"]) == 200 and float(r1["generation_tokens"]) == 400
+    assert float(r1["forward_s.eagle_draft"]) == pytest.approx(0.8)
+    assert float(r1["forward_s.eagle_draft_extend"]) == pytest.approx(0.16)
+    assert float(r1["forward_s.target_verify"]) == pytest.approx(5.8)            # tp_rank 1 left out
+    assert float(r1["graph_passes.decode_none"]) == 200 and r1["graph_passes.decode_cuda_graph"] == ""
+    # the real 0.5.17 lines: decode/extend only, no verify calls
+    assert float(r2["forward_s.decode"]) == pytest.approx(0.31265, abs=1e-5) and r2["forward_s.target_verify"] == ""
+    assert r2["spec_verify_calls"] == "" and float(r2["graph_passes.decode_cuda_graph"]) == 400
+    assert r3["available"] == "False" and "HTTP 404" in r3["reason"] and r3["forward_s.decode"] == ""
+    dest = tmp_path / "pm.csv"
+    assert main(["export", str(tmp_path), "--format", "csv", "--table", "phase_metrics", "-o", str(dest)],
+                out=io.StringIO()) == 0
+    assert dest.read_bytes() == out.getvalue().encode()          # the same rows, the same CSV line ends
+    out = io.StringIO()
+    assert main(["export", str(tmp_path), "--format", "json"], out=out) == 0
+    pm = {r["seq"]: r for r in json.loads(out.getvalue())["phase_metrics"]}
+    assert sorted(pm) == [1, 2, 3] and pm[1]["forward_s.target_verify"] == pytest.approx(5.8)
+    assert pm[3]["available"] is False and pm[2]["spec_verify_calls"] is None
+
+
 def test_export_unknown_experiment(tmp_path, capsys):
     assert main(["export", "nope", "--runs-dir", str(tmp_path)], out=io.StringIO()) == 2
     assert "not found" in capsys.readouterr().err
@@ -202,6 +250,64 @@ def test_no_report_for_zero_ok_runs(tmp_path, monkeypatch):
     out = _io.StringIO()
     assert session.conclude(0, _NoOkStore(), tmp_path, out) == 1
     assert written == [] and "no report: no run finished ok" in out.getvalue()
+
+
+def _all_failed(run, arm):
+    run.status, run.requests, run.gpu_samples = "failed", [], []
+
+
+def _all_buffered(run, arm):
+    """Every response held back and delivered at once (the buffered_stream fault, a CPU-starved front end): the run is
+    ok but no request has a decode pace, so no run has a tok/s."""
+    for q in run.requests:
+        q.decode_tok_s, q.tpot_s, q.ttft_s = None, None, q.e2e_s
+
+
+LEGEND_WARNING = "No artists with labels found to put in legend"
+
+
+def test_no_library_warning_reaches_the_terminal(tmp_path):
+    """Issue 20, item 5: matplotlib's UserWarning leaked into the terminal under a report of runs without a tok/s.
+    The condition is provoked for real (every run failed; every run ok but delivered in bursts: the drift plot has
+    no point to label) and shown to warn without the guard; through the end-of-experiment path (summary table and
+    report) and `driver.py report` in a fresh interpreter with Python's default warning filters, nothing but
+    specab's own lines reaches stdout and stderr is empty."""
+    import io as _io
+    import os
+    import subprocess
+    import sys
+    import warnings
+
+    from specab.analysis import report
+    from specab.driver import session
+    from specab.results import store as st
+    from tests.analysis import factory
+    from tests.driver.simnode import REPO
+    dirs = {name: factory.write_store(factory.experiment({"baseline": 82.2, "eagle3-s2": 60.5}, blocks=1, tweak=tw),
+                                      tmp_path / name)
+            for name, tw in (("failed", _all_failed), ("buffered", _all_buffered))}
+    for name, d in dirs.items():       # the condition is real: the unguarded report warns
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report._write(d, None, None)
+        assert any(LEGEND_WARNING in str(w.message) and w.category is UserWarning for w in caught), \
+            (name, [str(w.message) for w in caught], "the provocation no longer warns: find what does now")
+    # the driver's end of an experiment (the buffered runs are ok: a report is written), every warning surfacing
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with st.Store.open(dirs["buffered"]) as s:
+            out = _io.StringIO()
+            session.conclude(0, s, dirs["buffered"], out)
+    assert caught == [] and "Warning" not in out.getvalue(), ([str(w.message) for w in caught], out.getvalue())
+    assert "report: " in out.getvalue() and (dirs["buffered"] / "report.md").is_file()
+    # `driver.py report` as the user runs it
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    for name, d in dirs.items():
+        p = subprocess.run([sys.executable, str(REPO / "driver.py"), "report", str(d)], cwd=str(REPO), env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, (name, p.stdout[-2000:], p.stderr[-2000:])
+        assert p.stderr == "", (name, p.stderr)
+        assert "Warning" not in p.stdout and "markdown: " in p.stdout, (name, p.stdout)
 
 
 def test_conclude_appends_the_experiment_to_its_nodes_history(tmp_path, monkeypatch):

@@ -81,6 +81,51 @@ def test_item20_second_experiment_on_a_busy_node_is_refused_and_the_first_finish
     assert not (node.node_dir / "experiment.lease").exists()
 
 
+def test_item20_sequencer_stopped_by_someone_else_is_a_failure_naming_the_cause_not_an_interruption(node: SimNode):
+    """Only a signal the driver received is an interruption: the node's sequencer SIGTERMed by another process
+    mid-benchmark (stop.py by hand, another controller, the system) makes that run failed with the cause named,
+    the queue is started anew and the next run is measured; nothing says "interrupted by the user"."""
+    import os
+    from tests.driver.test_queue import _sequencer, _sequencer_alive
+    node.profile = "instant"
+    exp = node.write_experiment("foreign", num_requests=3, output_len=256)     # ~3 s a request: a window to hit
+    proc = driver("--repeats", "1", "-e", str(exp), "-i", str(node.write_inventory()), "--runs-dir",
+                  str(node.runs_dir), env=_env(node))
+    node_runs = node.node_dir / "runs"
+
+    def benchmarking() -> bool:       # run 001's warm-up answered, its measured requests not yet
+        try:
+            recs = [json.loads(x) for x in next(node_runs.glob("001-*/bench.jsonl")).read_text().splitlines()
+                    if x.strip()]
+        except (OSError, ValueError, StopIteration):
+            return False
+        return bool(recs) and all(r["warmup"] for r in recs) and _sequencer_alive(node)
+    try:
+        wait_for(benchmarking, timeout=300, interval=0.05, what="run 001 benchmarking", proc=proc)
+        seq_pid = int(_sequencer(node)["pid"])                    # type: ignore[index]
+        os.kill(seq_pid, signal.SIGTERM)                          # not the driver's signal
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        reap_driver(proc, 120)
+    assert proc.returncode == 1, out[-4000:]                      # a failed run, not 130 (interrupted)
+    assert "interrupted by the user" not in out and "Interrupted." not in out, out[-4000:]
+    [exp_dir] = _exp_dirs(node.runs_dir)
+    with st.Store.open(exp_dir) as s:
+        runs = {r["seq"]: r for r in s.runs()}
+        assert [runs[q]["status"] for q in (1, 2)] == ["failed", "ok"], runs
+        why = runs[1]["failure_reason"]
+        assert why.startswith("the node's sequencer was stopped by a signal this driver did not send"), why
+        assert "interrupted by SIGTERM" in why, why                # the cause, from the node's done.json
+        phase = runs[1]["failure_phase"]
+        assert phase in ("warming up", "benchmarking"), runs[1]
+        assert s.runs(status="interrupted") == [] and s.missing() == []
+        assert len([q for q in s.requests() if q["seq"] == 2 and not q["warmup"]]) == 3
+    assert f"FAILED {runs[1]['run_id']} ({phase}): the node's sequencer was stopped by a signal" in \
+        " ".join(out.split()), out[-4000:]
+    assert not node.server_alive() and node.gpus_busy() == []
+    assert not (node.node_dir / "experiment.lease").exists()
+
+
 def test_item20_ctrl_c_after_a_finished_benchmark_keeps_that_run_and_starts_no_next_server(node: SimNode):
     exp = node.write_experiment("keep", num_requests=2, output_len=16)
     inv = node.write_inventory()
@@ -115,6 +160,46 @@ def test_item20_ctrl_c_after_a_finished_benchmark_keeps_that_run_and_starts_no_n
     assert not (node.node_dir / "experiment.lease").exists()
     # the summary counts interrupted runs apart from failed ones
     assert "interrupted" in out and "FAILED" not in out
+
+    # the missing run, resumed under a changed experiment (bench 3 requests instead of 2, ready_s 150 instead of
+    # 120) with --force-changed: accepted, the change said, the run done under the new fingerprint; the report marks
+    # the runs of each fingerprint, and `diff` shows the bench and timeout differences between the two runs
+    with st.Store.open(exp_dir) as s:
+        old_fp = s.fingerprint()[0]
+    exp.write_text(exp.read_text().replace("num_requests: 2", "num_requests: 3").replace("ready_s: 120", "ready_s: 150"))
+    resumed = driver("--resume", exp_dir.name, "--force-changed", "-e", str(exp), "--runs-dir", str(node.runs_dir),
+                     env=_env(node))
+    try:
+        out2, _ = resumed.communicate(timeout=300)
+    finally:
+        reap_driver(resumed, 120)
+    assert resumed.returncode == 0, out2[-4000:]
+    assert "notice: --force-changed" in out2 and "bench.num_requests: 2 -> 3" in out2, out2[-3000:]
+    assert "timeouts.ready_s: 120 -> 150" in out2, out2[-3000:]
+    with st.Store.open(exp_dir) as s:
+        runs = {r["seq"]: r for r in s.runs()}
+        assert [runs[q]["status"] for q in (1, 2)] == ["ok", "ok"] and s.missing() == []
+        assert len([q for q in s.requests() if q["seq"] == 2 and not q["warmup"]]) == 3
+        new_fp = s.run_fingerprints()[2]
+        assert new_fp != old_fp and s.run_fingerprints() == {1: old_fp, 2: new_fp}
+        assert s.fingerprint()[0] == old_fp           # the experiment keeps the fingerprint it was started with
+    ids = {q: runs[q]["run_id"] for q in (1, 2)}
+    marked = (f"Runs of 2 different experiment fingerprints (resumed with --force-changed; they may not be "
+              f"comparable): ")
+    md = (exp_dir / "report.md").read_text()
+    line = next((x for x in md.splitlines() if marked in x), None)
+    assert line is not None, md[:3000]
+    assert f"{old_fp}: {ids[1]}" in line and f"{new_fp}: {ids[2]}" in line, line
+    from specab.driver.cli import main as cli_main
+    import io
+    text = io.StringIO()
+    assert cli_main(["diff", f"{exp_dir.name}/1", f"{exp_dir.name}/2", "--runs-dir", str(node.runs_dir)],
+                    out=text) == 0
+    diff = text.getvalue().splitlines()
+    section = lambda name: diff[diff.index(f"{name}:") + 1:]      # noqa: E731 (the lines after a category)
+    assert "  num_requests: 2 -> 3" in section("bench"), diff
+    assert "  ready_s: 120 -> 150" in section("timeouts"), diff
+    assert f"  fingerprint: {old_fp} -> {new_fp}" in section("experiment"), diff
 
 
 THREE_ARMS = SPEC_ARMS + """\
