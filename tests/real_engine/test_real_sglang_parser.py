@@ -1,5 +1,5 @@
 """SGLang 0.5.23's OWN argument parser on the command lines specab renders for it (issue 15): the real package from
-the registry (scripts/install_sglang_parser.sh, its own ~6 GB venv) runs `ServerArgs.add_cli_args` + `parse_args` on
+the registry (scripts/install_sglang_parser.sh, its own ~2.2 GB venv) runs `ServerArgs.add_cli_args` + `parse_args` on
 every arm of `experiments/default.yml --matrix steps=1,2,3 --matrix cuda_graph_max_bs=16` and of an arm that
 disables CUDA graphs, spelled for the node by specab's engine knowledge from the real 0.5.23 `--help` (as the
 driver does before launching). Each must parse (no exit 2) to the values intended; the 0.5.9 spelling of the same
@@ -50,7 +50,7 @@ print(json.dumps(out))
 def sglang_python() -> Path:
     python = VENV / "bin" / "python"
     if not ((VENV / ".specab-installed").is_file() and python.is_file()):
-        why = f"no SGLang 0.5.23 parser venv at {VENV}; run `make sglang-parser` (~6 GB, minutes)"
+        why = f"no SGLang 0.5.23 parser venv at {VENV}; run `make sglang-parser` (~2.2 GB, minutes)"
         if os.environ.get("SPECAB_REQUIRE_REAL_SGLANG") == "1":
             pytest.fail(why)
         pytest.skip(why)
