@@ -20,12 +20,16 @@ TABLE_TASK = "TASK [Collect | Print the results table]"
 
 def main(log_path: str) -> int:
     in_table = in_failure = in_announce = False
+    announce: list[str] = []        # the experiment line, which Ansible folds over several lines
     with open(log_path, "w", encoding="utf-8") as log:
         for line in sys.stdin:
             log.write(line)
             log.flush()
             text = line.rstrip("\n")
             if text.startswith("TASK [") or text.startswith("PLAY "):
+                if announce:
+                    print(" ".join(announce), flush=True)
+                    announce = []
                 in_table = text.startswith(TABLE_TASK)
                 in_announce = text.startswith(ANNOUNCE)
                 in_failure = False
@@ -41,7 +45,7 @@ def main(log_path: str) -> int:
                     print(item.group(1).strip("'\""), flush=True)
                 continue
             if in_announce and text.strip() and not text.startswith("ok:"):
-                print(re.sub(r"^\s*msg: '?|'$", "", text).strip(), flush=True)
+                announce.append(re.sub(r"^\s*msg: '?|'$", "", text).strip())
                 continue
             if FAILURE.match(text) or in_failure:
                 in_failure = bool(text.strip())

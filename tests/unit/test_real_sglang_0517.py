@@ -363,3 +363,25 @@ def test_the_analysis_reads_a_real_engine_experiment(tmp_path):
     assert "accept-below-break-even" in rules          # a dummy draft accepts nothing: speculation must lose
     paths = report.write_report(exp_dir)
     assert "eagle3-s2" in (exp_dir / "report.md").read_text() and paths["html"]
+
+
+def test_make_demos_view_of_the_real_h200_round_is_its_table(tmp_path):
+    """scripts/demo_view.py (what `make demo` prints) on the whole output of ab_test.yml against the real 0.5.17
+    EAGLE-3 server on the H200 (the merged-tree re-run, docs/validation/sglang-real.md): the arm steps, the
+    experiment line and the real table, nothing else of its 500 lines; the log keeps every line."""
+    import subprocess
+    real = (FIX / "merged-tree-rerun" / "ab_test.log").read_text()
+    log = tmp_path / "demo-ansible.log"
+    view = subprocess.run([sys.executable, str(NODE.parents[1] / "scripts" / "demo_view.py"), str(log)], input=real,
+                          capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    assert log.read_text() == real
+    assert len(view) <= 20 < len(real.splitlines())
+    assert view[1] == "Experiment gpuval-ab-tp1 (/work/main/experiments/real-sglang.yml): arms baseline, eagle3-s2 on gpu0"
+    assert [v.strip() for v in view if v.strip().startswith(("Start | Start arm", "Bench | Benchmark arm"))] == [
+        "Start | Start arm baseline ...", "Bench | Benchmark arm baseline ...",
+        "Start | Start arm eagle3-s2 ...", "Bench | Benchmark arm eagle3-s2 ..."]
+    table = [v.split() for v in view if v.startswith(("arm ", "baseline ", "eagle3-s2 "))]
+    assert table == [["arm", "requests", "tok/s", "(median)", "TTFT", "(ms)", "accept", "len", "speedup"],
+                     ["baseline", "4/4", "678.1", "14", "-", "1.00x"],
+                     ["eagle3-s2", "4/4", "192.9", "25", "1.01", "0.28x"]]
+    assert view[-1] == f"full Ansible output: {log}"
