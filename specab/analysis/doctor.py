@@ -472,10 +472,9 @@ def dominant_phase(exp: Experiment, ctx: Context) -> list[Finding]:
         cycle = a.implied_cycle_ms.mean
         msg = f"{phase} {ms:.1f} ms of a {cycle:.1f} ms cycle ({ms / cycle:.0%})"
         if phase == "verify" and a.graph_share is not None:
-            msg += f", no CUDA graph in {1 - a.graph_share:.0%} of verify passes"
-        evidence = [f"per cycle over {len(a.runs)} run(s): draft {a.draft_ms.mean:.2f} ms, draft-extend "
-                    f"{a.draft_extend_ms.mean:.2f} ms, verify {a.verify_ms.mean:.2f} ms, other {a.other_ms.mean:.2f} ms "
-                    f"(implied cycle = tau / tok/s)"]
+            msg += (f", no CUDA graph in {1 - a.graph_share:.0%} of verify passes" if a.graph_share < 0.5 else
+                    f", a CUDA graph in {a.graph_share:.0%} of verify passes")
+        evidence = [_cycle_evidence(a)]
         tau_star = a.tau_star()
         if tau_star is not None and a.baseline_step_ms:
             msg += f"; break-even tau* {tau_star:.2f} (cycle / baseline step {a.baseline_step_ms:.2f} ms)"
@@ -485,6 +484,12 @@ def dominant_phase(exp: Experiment, ctx: Context) -> list[Finding]:
                         f"would move tau* from {tau_star:.2f} to {graphed:.2f}")
         out.append(Finding("dominant-phase", "info", msg + ".", evidence, name, [r.run_id for r in a.runs]))
     return out
+
+
+def _cycle_evidence(a: phase_analysis.ArmPhases) -> str:
+    return (f"per cycle over {len(a.runs)} run(s): draft {a.draft_ms.mean:.2f} ms, draft-extend "
+            f"{a.draft_extend_ms.mean:.2f} ms, verify {a.verify_ms.mean:.2f} ms, other {a.other_ms.mean:.2f} ms "
+            f"(implied cycle = tau / tok/s)")
 
 
 def phase_accounting(exp: Experiment, ctx: Context) -> list[Finding]:
@@ -498,12 +503,13 @@ def phase_accounting(exp: Experiment, ctx: Context) -> list[Finding]:
                                f"measured forward phases {measured:.1f} ms exceed the implied cycle {cycle:.1f} ms "
                                f"by {measured / cycle - 1:.0%}: the /metrics window or tau does not match the "
                                f"measured requests (another client on the server? warm-up inside the window?).",
-                               [], name, [r.run_id for r in a.runs]))
+                               [_cycle_evidence(a)], name, [r.run_id for r in a.runs]))
         elif a.other_ms.mean > cycle * phase_analysis.OTHER_SHARE_FINDING:
             out.append(Finding("phase-accounting", "warning",
                                f"{a.other_ms.mean:.1f} ms of the {cycle:.1f} ms cycle ({a.other_ms.mean / cycle:.0%}) "
                                f"is outside the forward passes: engine overhead (scheduling, sampling, CPU work) "
-                               f"worth profiling (/start_profile).", [], name, [r.run_id for r in a.runs]))
+                               f"worth profiling (/start_profile).", [_cycle_evidence(a)], name,
+                               [r.run_id for r in a.runs]))
     return out
 
 
