@@ -57,8 +57,8 @@ class _StreamOut:
             self.held.append(data)
 
     async def end(self) -> None:
-        for data in self.held or []:
-            await self.resp.write(data)
+        if self.held:       # in one write, as a starved front end forwards what it had queued
+            await self.resp.write(b"".join(self.held))
         self.held = None
 
 

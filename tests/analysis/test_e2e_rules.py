@@ -332,7 +332,8 @@ def test_a_starved_front_end_delivers_in_bursts(nodes):
     assert "3 of 3 measured requests" in bursts[0].message, bursts[0].message
     (starved,) = e.runs_of("starved")
     assert starved.buffered_requests == 3 and starved.tok_s is None
-    assert all(r.decode_tok_s is None and r.ttft_s and r.ttft_s > 0.8 * r.e2e_s for r in starved.measured)
+    assert all(r.decode_tok_s is None and r.ttft_s and r.ttft_s > 0.8 * r.e2e_s for r in starved.measured), \
+        [(r.decode_tok_s, r.ttft_s, r.e2e_s) for r in starved.measured]
     (base,) = e.runs_of("baseline")
     assert base.buffered_requests == 0 and base.tok_s and base.tok_s > 0.85 * USUAL_BASELINE
     report_stats = stats.analyse(e)                   # an arm without a decode pace still analyses
