@@ -52,11 +52,12 @@ XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --d
 # the quickest to fail.
 # The real engines (tests/real_engine: a real vLLM busy-polls the cores it runs on) go last, in one process on
 # a machine otherwise idle: next to the other worker's timing-based tests they slowed the whole suite 1.5-3x
-# (a 40-minute CI run); exit 5 (nothing selected, e.g. PYTEST_ARGS='-m "not slow"') is not a failure.
+# (a 40-minute CI run); exit 5 (nothing selected, e.g. PYTEST_ARGS='-m "not slow"') is not a failure. -rP prints what
+# each passed real-engine test printed: its evidence (the real VLLM::EngineCore pid, accept lengths, timings) in the CI log.
 test: $(STAMP)
 	$(BIN)/lint-imports
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests --ignore=tests/real_engine $(XDIST) $(PYTEST_ARGS)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests/real_engine -p no:xdist $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests/real_engine -p no:xdist -rP $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/ansible-lint --profile production
 
 unit: $(STAMP)
