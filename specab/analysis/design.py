@@ -257,9 +257,13 @@ def plan_design(comps: Components, cost: RunCost, target_rel: float, *, arms: in
         n, m_int = max_blocks, _narrowest_per_cost(comps, cost, min_requests, max_requests)
         hw = _half_width(n, dvar, done, comps, m_int, level)
         g = done_gpu_s + max(0, n - done) * arms * cost.gpu_s(m_int)
-        short = ("the between-instance variance alone (sd " f"{math.sqrt(comps.between):.2%} per block) needs more "
-                 "restarts" if _requests_needed(n, dvar, done, comps, target_log, level) is None else
-                 f"it needs more than {max_requests} requests per run")
+        if _requests_needed(n, 0.0, 0, comps, target_log, level) is None:
+            short = (f"the between-instance variance alone (sd {math.sqrt(comps.between):.2%} per block) needs "
+                     f"more restarts")
+        elif done and _requests_needed(n, dvar, done, comps, target_log, level) is None:
+            short = f"the {done} block(s) run so far leave the blocks still allowed too little to narrow it"
+        else:
+            short = f"it needs more than {max_requests} requests per run"
         return Design(n, m_int, g, g, g, hw, False,
                       f"+-{target_rel:.1%} is out of reach within {max_blocks} blocks: {short}; "
                       f"{m_int} requests per run narrow it most per GPU-second",
