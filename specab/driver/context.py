@@ -254,7 +254,7 @@ class RunContext:
         said = f"next block: {requests} measured requests per run; " if more and self.opts.design == "cost" else ""
         self.progress.notice(f"--target-ci {self.opts.target_ci:.1%} ({name}): {said}{reason}")
         if more and plan is not None:       # what the design expects to spend from here to the verdict
-            self.progress.projection(plan.gpu_s - plan.done_gpu_s)
+            self.progress.projection(plan.gpu_s - plan.done_gpu_s, plan.cost.gpus if plan.cost else 1)
         if not more:
             return []
         last_seq = max(r["seq"] for r in self.store.plan())

@@ -33,7 +33,7 @@ def _context(tmp_path, experiment_file, design: str, repeats: int) -> ex.RunCont
                        inventory_file="i", config={}, matrix=[], argv=[], hosts=["simA"], specab_version=None,
                        git_sha=None)
     s.write_arms([a.to_json() for a in prepared.arms])
-    plan = session.first_plan(prepared, opts, s, "fp-of-test")
+    plan, _ = session.first_plan(prepared, opts, s, "fp-of-test")
     s.write_plan([r.to_json() for r in plan], repeats=max(r.block for r in plan))
     return ex.RunContext(prepared, opts, "t-1", exp_dir, s, io.StringIO(), Progress(out=io.StringIO(), live=False))
 
