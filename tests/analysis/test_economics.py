@@ -118,3 +118,20 @@ def test_decide_block_stops_on_the_reports_interval_with_blocks_of_different_req
     # the cap: no block beyond --max-repeats whatever the width
     wide = economics.decide_block(_noisy(rng, [4, 4], request=0.3), 0.005, max_blocks=2, keep_requests=4)
     assert not wide.more and "cap" in wide.reason
+
+
+def test_the_report_states_the_designs_own_stop_and_lists_its_decisions_with_blocks_of_different_requests():
+    from specab.analysis import report
+    exp = _noisy(np.random.default_rng(5), [4, 40, 40, 40], request=0.01)
+    exp.target_ci = 0.02
+    exp.meta["design_steps"] = [
+        {"blocks": 0, "design": "cost", "more": True, "requests": 4, "reason": "first block: the experiment's"},
+        {"blocks": 1, "design": "cost", "more": True, "requests": 40, "reason": "spec: requests dominate"},
+        {"blocks": 4, "design": "cost", "more": False, "requests": None,
+         "reason": "spec: interval +-1.0% within +-2.0% after 4 blocks"}]
+    rep = report.build_report(exp, plots=False)
+    assert "--target-ci 2.0% (design by cost): spec: interval +-1.0% within +-2.0% after 4 blocks." in rep.summary
+    assert any("over 4 paired block(s)" in line for line in rep.summary)
+    assert rep.summary[-1].startswith("Verdict cost: ")
+    md = report.to_markdown(rep)
+    assert "The design's decisions" in md and "| 1 | design by cost | another block | 40 | spec: requests dominate |" in md
