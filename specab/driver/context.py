@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from specab.analysis import economics, model, stats
+from specab.analysis.history import HistoryError
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.plan import PlannedRun, make_plan
-from specab.config.yamlfile import REPO_ROOT
+from specab.config.yamlfile import REPO_ROOT, ConfigError
 from specab.driver.lease import active_holder
 from specab.driver.options import ExperimentError, Options, Prepared, choose_executor, is_multinode
 from specab.driver import record
@@ -269,9 +270,13 @@ class RunContext:
         the node's history or the simulator profile as the prior and as the run cost until this experiment has
         measured its own (design_inputs)."""
         if self._design_inputs is None:
-            runs_dir = self.exp_dir.parent
-            self._design_inputs = design_inputs(self.p.experiment, self.p.arms, self.p.inventory.hosts[0], runs_dir,
-                                                self.fingerprint)
+            try:
+                self._design_inputs = design_inputs(self.p.experiment, self.p.arms, self.p.inventory.hosts[0],
+                                                    self.exp_dir.parent, self.fingerprint)
+            except (HistoryError, ConfigError) as exc:     # read fine at the start; the experiment goes on
+                self.progress.notice(f"--target-ci: no prior ({exc}); the design goes on from this experiment's "
+                                     f"own runs")
+                self._design_inputs = DesignInputs(prior=None, cost=None)
         inputs = self._design_inputs
         exp = model.load_store(self.store.path, read_logs=False)
         return economics.decide_block(exp, float(self.opts.target_ci or 0), max_blocks=limit,
