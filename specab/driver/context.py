@@ -234,8 +234,8 @@ class RunContext:
         blocks = exp_row["repeats"]
         limit = self.opts.max_repeats or (self.opts.repeats if self.opts.design == "cost" else blocks)
         name = "design by cost" if self.opts.design == "cost" else "sequential design"
-        if blocks >= limit:
-            reason = f"stopping at --max-repeats {limit} blocks"
+        if blocks >= limit:        # (the interval's widths, and whether the target was met, from the statistics)
+            _, reason = decide_more_blocks(self.store, self.opts.target_ci, limit)
             self.progress.notice(f"--target-ci: {reason}.")
             self.store.record_design_step(blocks=blocks, design=self.opts.design, more=False, requests=None,
                                           reason=reason)

@@ -82,7 +82,7 @@ def test_matrix_steps_1_2_3_repeats_2(node: SimNode):
         assert manifests[r["seq"]]["fingerprint"] == s.fingerprint()[0]
     assert f"(design by cost): next block: {steps[1]['requests']} measured requests per run" in out
     report = (exp_dir / "report.md").read_text()
-    assert "--target-ci 5.0% (design by cost): stopping at --max-repeats 2 blocks." in report
+    assert "--target-ci 5.0% (design by cost): stopped at --max-repeats 2 (target " in report
     assert "The design's decisions" in report and "Verdict cost:" in report
     [line] = [json.loads(x) for x in (node.runs_dir / "history" / f"{node.host}.jsonl").read_text().splitlines()]
     assert line["fingerprint"] == s.fingerprint()[0] and line["arms"]["eagle3-s2-k1-d3"]["cost"]["runs"] == 4
