@@ -135,19 +135,27 @@ def _medians(noise: np.ndarray, m: np.ndarray) -> np.ndarray:
     return (lo + hi) / 2.0
 
 
-def simulate_blocks(rng: np.random.Generator, regime: dict[str, float], m: np.ndarray
-                    ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
-    """One block for each experiment (len(m) of them): the paired log ratio and both runs' request log speeds."""
-    k = len(m)
-    width = int(m.max())
-    shared = rng.normal(0, regime["shared"], k)
-    inst = rng.normal(0, regime["instance"], (2, k))
-    req = rng.normal(0, regime["request"], (2, k, width))
-    y_arm = TRUE_LOG_RATIO + shared + inst[0] + _medians(req[0], m)
-    y_base = shared + inst[1] + _medians(req[1], m)
-    reqs = [(TRUE_LOG_RATIO + shared[i] + inst[0, i] + req[0, i, :m[i]], shared[i] + inst[1, i] + req[1, i, :m[i]])
-            for i in range(k)]
-    return y_arm - y_base, reqs
+class Draws:
+    """Common random numbers for the designs compared: experiment e's block b is one fixed draw whatever the design
+    (the node's shared state, both instances, and request k of each run the same whatever the requests per run),
+    so two designs differ only where their decisions differ. `width`: the most requests per run any design asks."""
+
+    def __init__(self, seed: int, regime: dict[str, float], experiments: int, width: int):
+        self.seed, self.regime, self.experiments, self.width = seed, regime, experiments, width
+
+    def block(self, b: int, ids: list[int], m: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        """Block b (0-based) of the experiments `ids` with m[i] requests per run: the paired log ratio and both
+        runs' request log speeds."""
+        rng = np.random.default_rng([self.seed, b])
+        e, r = self.experiments, self.regime
+        shared = rng.normal(0, r["shared"], e)[ids]
+        inst = rng.normal(0, r["instance"], (2, e))[:, ids]
+        req = rng.normal(0, r["request"], (2, e, self.width))[:, ids, :int(m.max())]
+        y_arm = TRUE_LOG_RATIO + shared + inst[0] + _medians(req[0], m)
+        y_base = shared + inst[1] + _medians(req[1], m)
+        reqs = [(TRUE_LOG_RATIO + shared[i] + inst[0, i] + req[0, i, :m[i]], shared[i] + inst[1, i] + req[1, i, :m[i]])
+                for i in range(len(ids))]
+        return y_arm - y_base, reqs
 
 
 def interval_half_width(logs: list[float], seed: int) -> tuple[float, float, float]:
@@ -165,8 +173,8 @@ def t_half_width(logs: list[float]) -> float:
     return math.sinh(h)
 
 
-def run_today(rng: np.random.Generator, regime: dict[str, float], experiments: int, requests: int, target: float,
-              max_repeats: int, cost: design.RunCost) -> dict[str, Any]:
+def run_today(draws: Draws, experiments: int, requests: int, target: float, max_repeats: int,
+              cost: design.RunCost) -> dict[str, Any]:
     """Today's sequential design: `requests` per run, a block at a time until the interval is within target
     (at least stats.MIN_BLOCKS blocks) or max_repeats: the rule of stats.decide_more_blocks."""
     m = np.full(experiments, requests)
@@ -175,7 +183,7 @@ def run_today(rng: np.random.Generator, regime: dict[str, float], experiments: i
     result: list[tuple[float, float, float] | None] = [None] * experiments
     active = list(range(experiments))
     for n in range(1, max_repeats + 1):
-        d, _ = simulate_blocks(rng, regime, m[: len(active)])
+        d, _ = draws.block(n - 1, active, m[: len(active)])
         still = []
         for i, e in enumerate(active):
             logs[e].append(float(d[i]))
@@ -196,7 +204,7 @@ def run_today(rng: np.random.Generator, regime: dict[str, float], experiments: i
     return _summary(stop, [requests] * experiments, result, cost, [[requests] * s for s in stop], target)
 
 
-def run_economics(rng: np.random.Generator, regime: dict[str, float], experiments: int, pilot_requests: int,
+def run_economics(draws: Draws, experiments: int, pilot_requests: int,
                   target: float, max_blocks: int, cost: design.RunCost, prior: list[design.Components] | None,
                   max_requests: int, min_requests: int = 2,
                   min_blocks: int = design.MIN_RESTARTS) -> dict[str, Any]:
@@ -218,7 +226,7 @@ def run_economics(rng: np.random.Generator, regime: dict[str, float], experiment
     active = list(range(experiments))
     for n in range(1, max_blocks + 1):
         m = next_m[active]
-        d, rq = simulate_blocks(rng, regime, m)
+        d, rq = draws.block(n - 1, active, m)
         still = []
         for i, e in enumerate(active):
             logs[e].append(float(d[i]))
@@ -240,14 +248,13 @@ def run_economics(rng: np.random.Generator, regime: dict[str, float], experiment
     return _summary(stop, None, result, cost, m_used, target)
 
 
-def history_priors(rng: np.random.Generator, regime: dict[str, float], experiments: int, blocks: int,
-                   requests: int) -> list[design.Components]:
+def history_priors(draws: Draws, experiments: int, blocks: int, requests: int) -> list[design.Components]:
     """Per experiment, the components of one earlier experiment on the same node with the same fingerprint
     (`blocks` blocks of `requests` requests per run): what the driver's per-node history hands the design."""
     logs: list[list[float]] = [[] for _ in range(experiments)]
     reqs: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(experiments)]
     for _ in range(blocks):
-        d, rq = simulate_blocks(rng, regime, np.full(experiments, requests))
+        d, rq = draws.block(_, list(range(experiments)), np.full(experiments, requests))
         for e in range(experiments):
             logs[e].append(float(d[e]))
             reqs[e].append(rq[e])
@@ -269,14 +276,21 @@ def _summary(stop: list[int], _m: Any, result: list, cost: design.RunCost, m_use
             "requests_per_run_mean": round(statistics.mean(req), 1),
             "coverage": round(sum(cov) / len(cov), 3),
             "within_target": round(sum(h <= target for h in hw) / len(hw), 3),
-            "half_width_pct_median": round(100 * statistics.median(hw), 2)}
+            "half_width_pct_median": round(100 * statistics.median(hw), 2),
+            # per experiment, for a comparison draw by draw (left out of the JSON)
+            "_gpu_minutes": gpu_min, "_covered": cov, "_restarts": stop, "_requests": m_used}
+
+
+def _public(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in summary.items() if not k.startswith("_")}
 
 
 def economics(experiments: int, target: float, today_max_repeats: int, requests: int, load_s: float, bench_s: float,
               warmup: int, dead_s: float, gpus: int, max_requests: int, history_blocks: int, seed: int,
               log) -> dict[str, Any]:
     """Today's sequential design against the design by cost, per noise regime, on the same simulated blocks
-    (common random numbers: a design that keeps today's requests sees today's draws)."""
+    (common random numbers, `Draws`: experiment e's block b is the same draw in every design, request k of a run
+    the same whatever its requests per run, so the designs' GPU-minutes differ only where their decisions do)."""
     per_request = bench_s / (requests + warmup)
     cost = design.RunCost(load_s=load_s, per_request_s=per_request, fixed_bench_s=warmup * per_request,
                           dead_s=dead_s, gpus=gpus, source="bench profile (the seed's: load 6 min, benchmark 1 min)")
@@ -285,11 +299,12 @@ def economics(experiments: int, target: float, today_max_repeats: int, requests:
     t0 = time.process_time()
     for k, (name, regime) in enumerate(REGIMES.items()):
         s = seed + 10 * k
-        today = run_today(np.random.default_rng(s), regime, experiments, requests, target, today_max_repeats, cost)
-        priors = history_priors(np.random.default_rng(s + 1), regime, experiments, history_blocks, requests)
-        new = run_economics(np.random.default_rng(s), regime, experiments, requests, target, max_blocks, cost,
+        draws = Draws(s, regime, experiments, max(max_requests, requests))
+        today = run_today(draws, experiments, requests, target, today_max_repeats, cost)
+        priors = history_priors(Draws(s + 1, regime, experiments, requests), experiments, history_blocks, requests)
+        new = run_economics(draws, experiments, requests, target, max_blocks, cost,
                             priors, max_requests)
-        first = run_economics(np.random.default_rng(s), regime, experiments, requests, target, max_blocks, cost,
+        first = run_economics(draws, experiments, requests, target, max_blocks, cost,
                               None, max_requests)
         comps = design.Components(between=2 * regime["instance"] ** 2, within=2 * regime["request"] ** 2)
         out[name] = {
@@ -299,8 +314,8 @@ def economics(experiments: int, target: float, today_max_repeats: int, requests:
             "ratio_to_today": round(new["gpu_minutes_mean"] / today["gpu_minutes_mean"], 3),
             "coverage": new["coverage"], "coverage_today": today["coverage"],
             "restarts_mean": new["restarts_mean"], "restarts_mean_today": today["restarts_mean"],
-            "by_cost": new, "today": today,
-            "first_experiment_no_history": {**first, "ratio_to_today": round(
+            "by_cost": _public(new), "today": _public(today),
+            "first_experiment_no_history": {**_public(first), "ratio_to_today": round(
                 first["gpu_minutes_mean"] / today["gpu_minutes_mean"], 3)},
         }
         log(f"{name}: {new['gpu_minutes_mean']} GPU-minutes by cost ({first['gpu_minutes_mean']} without history) "

@@ -252,26 +252,40 @@ def plan_design(comps: Components, cost: RunCost, target_rel: float, *, arms: in
         if best is None or g < best[0] - 1e-9:
             best = (g, n, m_int, m)
     if best is None:
-        # infeasible within the bounds: the most blocks at the most useful requests
-        n, m_int = max_blocks, max_requests
+        # infeasible within the bounds: the most blocks, each run as long as buys the most precision per GPU-second
+        # (the textbook two-stage optimum m* = sqrt(restart x (pi/2) within / (per-request x between)))
+        n, m_int = max_blocks, _narrowest_per_cost(comps, cost, min_requests, max_requests)
         hw = _half_width(n, dvar, done, comps, m_int, level)
         g = done_gpu_s + max(0, n - done) * arms * cost.gpu_s(m_int)
+        if _requests_needed(n, 0.0, 0, comps, target_log, level) is None:
+            short = (f"the between-instance variance alone (sd {math.sqrt(comps.between):.2%} per block) needs "
+                     f"more restarts")
+        elif done and _requests_needed(n, dvar, done, comps, target_log, level) is None:
+            short = f"the {done} block(s) run so far leave the blocks still allowed too little to narrow it"
+        else:
+            short = f"it needs more than {max_requests} requests per run"
         return Design(n, m_int, g, g, g, hw, False,
-                      f"+-{target_rel:.1%} is out of reach within {max_blocks} blocks: the between-instance variance "
-                      f"alone (sd {math.sqrt(comps.between):.2%} per block) needs more restarts",
+                      f"+-{target_rel:.1%} is out of reach within {max_blocks} blocks: {short}; "
+                      f"{m_int} requests per run narrow it most per GPU-second",
                       arms, comps, cost, done, done_gpu_s, alts)
     g, n, m_int, _ = best
     if keep_requests is not None and m_int != keep_requests and min_requests <= keep_requests <= max_requests:
         kept = _best_blocks(keep_requests, dvar, done, comps, target_rel, level, min_blocks, max_blocks)
         if kept is not None:
             g_keep = done_gpu_s + (kept - done) * arms * cost.gpu_s(keep_requests)
-            if g_keep <= g * (1.0 + min_saving):
+            # compared without the steps of whole blocks: at whole blocks two designs a few per cent apart can look
+            # 10-20 % apart (one needs 6 blocks where the other needs 5 just), and the design moved on that step
+            s_keep = _smooth_cost(keep_requests, dvar, done, comps, cost, target_log, level, min_blocks, max_blocks,
+                                  arms, done_gpu_s)
+            s_best = _smooth_cost(m_int, dvar, done, comps, cost, target_log, level, min_blocks, max_blocks, arms,
+                                  done_gpu_s)
+            if s_keep <= s_best * (1.0 + min_saving):
                 g, n, m_int = g_keep, kept, keep_requests
     hw = _half_width(n, dvar, done, comps, m_int, level)
     lo, hi = g, g
     if range_sd > 0:
         lo, hi = _cost_range(comps, cost, target_rel, arms, level, min_blocks, max_blocks, done_var, done_gpu_s,
-                             m_int, range_sd)
+                             m_int, range_sd, min_requests, max_requests)
         lo, hi = min(lo, g), max(hi, g)
     if n == max(min_blocks, done + 1) and m_int <= min_requests:
         why = (f"the noise is small: the minimum of {n} restarts per arm with the fewest requests ({m_int}) "
@@ -284,6 +298,40 @@ def plan_design(comps: Components, cost: RunCost, target_rel: float, *, arms: in
     else:
         why = f"{n} restarts per arm x {m_int} requests per run balance restart cost against request noise"
     return Design(n, m_int, g, lo, hi, hw, True, why, arms, comps, cost, done, done_gpu_s, alts)
+
+
+def _narrowest_per_cost(comps: Components, cost: RunCost, min_requests: int, max_requests: int) -> int:
+    """Requests per run that minimise a block's variance times its cost (the classic two-stage allocation)."""
+    if comps.within <= 0:
+        return min_requests
+    if comps.between <= 0:
+        return max_requests
+    m = math.sqrt(cost.restart_s * MEDIAN_VAR_FACTOR * comps.within / (cost.per_request_s * comps.between))
+    return int(min(max_requests, max(min_requests, round(m))))
+
+
+def _smooth_cost(m: float, dvar: float, done: int, comps: Components, cost: RunCost, target_log: float, level: float,
+                 min_blocks: int, max_blocks: int, arms: int, done_gpu_s: float) -> float:
+    """Expected GPU-seconds with m requests per run in the blocks to come, the blocks taken as a real number (where
+    the expected half-width meets the target, interpolated between whole blocks): the cost of a design without
+    the steps of whole blocks, which make two nearly equal designs look 10-20 % apart."""
+    lo = max(min_blocks, done + 1)
+
+    def excess(n: int) -> float:
+        var = (dvar + (n - done) * comps.block_var(m)) / n ** 2
+        return t_quantile(level, n - 1) * math.sqrt(var) - target_log
+    n_real = float(max_blocks)
+    prev = excess(lo)
+    if prev <= 0:
+        n_real = float(lo)
+    else:
+        for n in range(lo + 1, max_blocks + 1):
+            cur = excess(n)
+            if cur <= 0:
+                n_real = n - 1 + prev / (prev - cur)
+                break
+            prev = cur
+    return done_gpu_s + (n_real - done) * arms * cost.gpu_s(m)
 
 
 def _best_blocks(m: int, dvar: float, done: int, comps: Components, target_rel: float, level: float,
@@ -300,9 +348,12 @@ def _half_width(n: int, dvar: float, done: int, comps: Components, m: float, lev
 
 
 def _cost_range(comps: Components, cost: RunCost, target_rel: float, arms: int, level: float, min_blocks: int,
-                max_blocks: int, done_var: Sequence[float], done_gpu_s: float, m_planned: int, range_sd: float) -> tuple[float, float]:
-    """Expected cost if the between component is at the low or high end of its uncertainty (chi-square with
-    its degrees of freedom): the plan's m is kept (it is chosen now) and the blocks needed follow."""
+                max_blocks: int, done_var: Sequence[float], done_gpu_s: float, m_planned: int, range_sd: float,
+                min_requests: int, max_requests: int) -> tuple[float, float]:
+    """Expected cost if the components are at the low or high end of their uncertainty (chi-square with their
+    degrees of freedom): the plan's m is kept (it is chosen now) and the blocks needed follow; where those blocks
+    would pass the cap, the design moves the requests per run (it re-plans after every block), and that plan's
+    cost counts."""
     def scale(df: float) -> tuple[float, float]:
         q = scipy_stats.chi2.ppf([0.5 - 0.3413 * range_sd, 0.5 + 0.3413 * range_sd], max(df, 1.0)) / max(df, 1.0)
         return 1.0 / q[1], 1.0 / q[0]          # a variance estimate s2 is consistent with s2/q_hi .. s2/q_lo
@@ -311,7 +362,13 @@ def _cost_range(comps: Components, cost: RunCost, target_rel: float, arms: int, 
     for bf, wf in ((b_lo, w_lo), (b_hi, w_hi)):
         c = replace(comps, between=comps.between * bf, within=comps.within * wf)
         n = _blocks_for(c, m_planned, target_rel, level, min_blocks, max_blocks, done_var)
-        out.append(done_gpu_s + max(0, n - len(done_var)) * arms * cost.gpu_s(m_planned))
+        if (n < max_blocks or min_requests == max_requests
+                or _half_width(n, float(sum(done_var)), len(done_var), c, m_planned, level) <= target_rel):
+            out.append(done_gpu_s + max(0, n - len(done_var)) * arms * cost.gpu_s(m_planned))
+        else:
+            out.append(plan_design(c, cost, target_rel, arms=arms, level=level, min_blocks=min_blocks,
+                                   max_blocks=max_blocks, min_requests=min_requests, max_requests=max_requests,
+                                   done_var=done_var, done_gpu_s=done_gpu_s, range_sd=0.0).gpu_s)
     return min(out), max(out)
 
 
@@ -361,13 +418,15 @@ def expected_half_width(comps: Components, blocks: int, requests: float, level: 
 # Below this many blocks the interval's own variance estimate has at most 3 degrees of freedom (and the report's
 # interval is a plain t interval, specab.analysis.stats.MIN_BOOTSTRAP_N): stopping on it alone picks the blocks
 # that happened to agree (the coverage study: 81 % coverage among stops at 3 blocks, 88 % at 4). Such an early
-# stop is refused when the blocks agree implausibly well for the variance-components model (this experiment's
-# requests + the node's history): when their variance is below the model's by more than chance explains at
-# GATE_ALPHA (a chi-square test with n - 1 degrees of freedom).
+# stop of a design that moved the requests per run away from the experiment's is refused when the blocks agree
+# implausibly well for the variance-components model (this experiment's requests + the node's history): when
+# their variance is below the model's by more than chance explains at GATE_ALPHA (a chi-square test with n - 1
+# degrees of freedom). A design that kept the experiment's requests in every block is today's sequential design
+# decision for decision and keeps today's stop (docs/statistics.md, "When to stop").
 MODEL_GATE_BELOW = 4
 # Refusing every early stop the model does not expect (the gate of the first version) cost 4.5-5 % more GPU-minutes
 # than today's design in the instance-dominated regime, where 3 blocks are never expected to suffice; refusing
-# only the implausibly lucky ones (5 %) keeps the coverage (docs/performance.md 3b) for about 1 %.
+# only the implausibly lucky ones (5 %) keeps the coverage (docs/performance.md 3b).
 GATE_ALPHA = 0.05
 
 
@@ -387,8 +446,10 @@ def next_step(comps: Components, cost: RunCost, target_rel: float, requests_per_
     """Design by cost, updated after every block (the `--target-ci` decision of the cost design).
 
     Stops when the report's interval is within the target after at least `min_blocks` blocks, and, below
-    MODEL_GATE_BELOW blocks, the blocks do not agree implausibly well for the model (`implausibly_narrow`); stops at `max_blocks` whatever the width. Otherwise plans the
-    rest (plan_design over the blocks done) and says how many requests the next block's runs get."""
+    MODEL_GATE_BELOW blocks in a design that moved the requests per run away from `keep_requests` (the
+    experiment's), the blocks do not agree implausibly well for the model (`implausibly_narrow`); stops at
+    `max_blocks` whatever the width. Otherwise plans the rest (plan_design over the blocks done) and says how many
+    requests the next block's runs get. `requests_per_block`: the measured requests per run of each block done."""
     n = len(requests_per_block)
     done_var = [comps.block_var(m) for m in requests_per_block]
     plan = plan_design(comps, cost, target_rel, arms=arms, level=level, min_blocks=min_blocks,
@@ -398,7 +459,8 @@ def next_step(comps: Components, cost: RunCost, target_rel: float, requests_per_
     if n >= max_blocks:
         return Step(False, plan.requests, plan, f"stopped at {max_blocks} blocks (the cap), interval {width}")
     if n >= min_blocks and ci_half_width <= target_rel:
-        if n >= MODEL_GATE_BELOW or not implausibly_narrow(comps, requests_per_block, ci_half_width, level):
+        kept = keep_requests is not None and all(m == keep_requests for m in requests_per_block)
+        if n >= MODEL_GATE_BELOW or kept or not implausibly_narrow(comps, requests_per_block, ci_half_width, level):
             return Step(False, plan.requests, plan, f"interval {width} within +-{target_rel:.1%} after {n} blocks")
         model_hw = model_half_width(comps, requests_per_block, level)
         return Step(True, plan.requests, plan,

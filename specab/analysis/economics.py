@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from specab.analysis import design
+from specab.analysis import design, stats
 from specab.analysis.model import Experiment, Run
 
 # Dead time of a run when nothing measured it yet: stop, GPUs-free wait, env check, collect, the playbook's own
@@ -63,8 +63,10 @@ def spend(exp: Experiment) -> Spend:
     return s
 
 
-def components_of(exp: Experiment, arm: str, prior: design.Components | None = None) -> design.Components:
-    """Variance components of the arm's paired log ratio against its baseline, from the complete blocks."""
+def paired_blocks(exp: Experiment, arm: str) -> tuple[list[float], list[tuple[list[float], list[float]]]]:
+    """The arm's complete blocks against its baseline, in (host, block) order: the log ratio of each block and the
+    measured requests' log speeds of its two runs. A block's runs may have their own requests per run (the design
+    by cost chooses them per block); the ratio is of the two runs' medians, as the report's paired speedup."""
     baseline = exp.baseline_of(arm)
     base = {(r.host, r.block): r for r in exp.runs_of(baseline)}
     ratios, reqs = [], []
@@ -75,7 +77,103 @@ def components_of(exp: Experiment, arm: str, prior: design.Components | None = N
         ratios.append(math.log(r.tok_s / b.tok_s))
         reqs.append(([math.log(q.decode_tok_s) for q in r.measured if q.decode_tok_s],
                      [math.log(q.decode_tok_s) for q in b.measured if q.decode_tok_s]))
+    return ratios, reqs
+
+
+def components_of(exp: Experiment, arm: str, prior: design.Components | None = None) -> design.Components:
+    """Variance components of the arm's paired log ratio against its baseline, from the complete blocks."""
+    ratios, reqs = paired_blocks(exp, arm)
     return design.estimate_components(ratios, reqs, prior=prior)
+
+
+def measured_cost(exp: Experiment, arms: set[str] | None = None) -> design.RunCost | None:
+    """A run's cost as this experiment measured it (its ok runs with a recorded cost; `arms`: only these): a
+    measured request's wall seconds (mean e2e), and the rest of the time the run held its GPUs (stop, GPUs-free
+    wait, start, load, warm-up, env check, collect on the node) as the price of a restart. None before such a run."""
+    return measured_cost_runs(exp, arms)[0]
+
+
+def measured_cost_runs(exp: Experiment, arms: set[str] | None = None) -> tuple[design.RunCost | None, int]:
+    """`measured_cost` and the number of runs it averages."""
+    restart, per_req, gpus, n = 0.0, [], 1, 0
+    for r in exp.runs:
+        if arms is not None and r.arm not in arms:
+            continue
+        g = run_gpu_seconds(r)
+        gp = gpus_of(r.server_args)
+        walls = [q.e2e_s / max(r.time_scale, 1e-9) for q in r.measured if q.e2e_s]
+        if not r.ok or g is None or not walls:
+            continue
+        held = g / gp
+        restart += max(0.0, held - sum(walls))
+        per_req += walls
+        gpus, n = max(gpus, gp), n + 1
+    if not n:
+        return None, 0
+    return design.RunCost(load_s=restart / n, per_request_s=max(sum(per_req) / len(per_req), 1e-3), gpus=gpus,
+                          source=f"measured: {n} run(s) of {exp.id}"), n
+
+
+@dataclass
+class Decision:
+    """The design's decision after a block: another block? with how many measured requests per run? why, and the
+    design's plan then (its expected GPU-seconds for the whole experiment: the progress display's projection)."""
+    more: bool
+    requests: int
+    reason: str
+    design: str = "cost"
+    plan: design.Design | None = None
+    arms: dict[str, str] = field(default_factory=dict)      # per compared arm, its own step in words
+
+    def to_dict(self) -> dict:
+        return {"more": self.more, "requests": self.requests, "reason": self.reason, "design": self.design,
+                "plan": self.plan.to_dict() if self.plan else None, "arms": self.arms}
+
+
+def decide_block(exp: Experiment, target_rel: float, *, max_blocks: int, keep_requests: int,
+                 prior: design.Components | None = None, cost: design.RunCost | None = None,
+                 min_requests: int = 2, max_requests: int = 400, seed: int = stats.DEFAULT_SEED) -> Decision:
+    """The design by cost after a block (`driver.py run --target-ci`, docs/statistics.md "Design by cost"): for
+    every compared arm, the variance components from its complete blocks (the node's history or the profile as
+    the prior), the report's interval, and design.next_step at this experiment's measured run cost (else `cost`).
+    Another block when any arm needs one, with the most requests per run any of them asks for (the block runs
+    them all); stop when every arm may stop. `max_blocks`: the blocks the experiment may have in all (started
+    blocks count: a block with a failed run is one of them). `keep_requests`: the experiment's requests per run."""
+    run_cost = measured_cost(exp) or cost
+    started = len({(r.host, r.block) for r in exp.runs})
+    lo = min(keep_requests, min_requests)
+    hi = max(keep_requests, max_requests)
+    if run_cost is None:
+        more, why = stats.decide_more_blocks(exp, target_rel, max_blocks, seed=seed)
+        return Decision(more, keep_requests, f"no run cost measured or known yet, today's rule: {why}",
+                        design="sequential")
+    steps: dict[str, design.Step | None] = {}
+    spent = spend(exp).total
+    for a in exp.spec_arms:
+        ratios, reqs = paired_blocks(exp, a.name)
+        try:
+            comps = design.estimate_components(ratios, reqs, prior=prior)
+        except design.DesignError:        # no block with requests yet and no prior: the next block at the start's
+            steps[a.name] = None
+            continue
+        m_blocks = [(len(x) + len(y)) / 2.0 for x, y in reqs]
+        sp = stats.paired_speedup(exp, a.name, seed)
+        ci = sp.ci.half_width_rel if sp.ci and math.isfinite(sp.ci.lo) else math.inf
+        cap = len(ratios) + max(0, max_blocks - started)
+        steps[a.name] = design.next_step(comps, run_cost, target_rel, m_blocks, ci, arms=len(exp.arms),
+                                         min_blocks=max(2, min(design.MIN_RESTARTS, cap)), max_blocks=max(cap, 2),
+                                         min_requests=lo, max_requests=hi, done_gpu_s=spent,
+                                         keep_requests=keep_requests)
+    words = {k: (v.why if v is not None else "no complete block yet") for k, v in steps.items()}
+    going = {k: v for k, v in steps.items() if v is None or v.more}
+    if not going:
+        return Decision(False, keep_requests, "; ".join(f"{k}: {w}" for k, w in words.items()), arms=words,
+                        plan=max((v.plan for v in steps.values() if v is not None), key=lambda d: d.gpu_s,
+                                 default=None))
+    m = max((v.requests for v in going.values() if v is not None), default=keep_requests)
+    plans = [v.plan for v in going.values() if v is not None]
+    plan = max(plans, key=lambda d: d.gpu_s) if plans else None
+    return Decision(True, m, "; ".join(f"{k}: {w}" for k, w in words.items() if k in going), arms=words, plan=plan)
 
 
 def profile_cost(profile: Mapping[str, Any], *, speculative: bool, gpus: int, output_len: int, warmup: int,
@@ -151,53 +249,85 @@ def cost_lines(exp: Experiment) -> list[str]:
     return [f"Verdict cost: {s.total / 60:.1f} GPU-minutes over {s.runs} runs ({arms}){failed}."]
 
 
+def first_design(comps: design.Components, cost: design.RunCost, target_rel: float, *, arms: int, requests: int,
+                 max_blocks: int, min_requests: int = 2, max_requests: int = 400,
+                 range_sd: float = 1.0) -> design.Design:
+    """The design by cost before the first block (what `run --target-ci` starts with and `plan --target-ci` shows):
+    from the prior components and the expected run cost, within `max_blocks` blocks (--max-repeats); the
+    experiment's `requests` per run are kept unless moving them saves design.KEEP_UNLESS_SAVING."""
+    return design.plan_design(comps, cost, target_rel, arms=arms, max_blocks=max(max_blocks, 2),
+                              min_blocks=max(2, min(design.MIN_RESTARTS, max_blocks)), keep_requests=requests,
+                              min_requests=min(min_requests, requests), max_requests=max(max_requests, requests),
+                              range_sd=range_sd)
+
+
 @dataclass
 class PlanEstimate:
-    """`driver.py plan --target-ci`: the design by cost and today's sequential design, both in GPU-minutes."""
+    """`driver.py plan --target-ci`: what `run --target-ci` will do (the design `chosen`: by cost, the default, or
+    today's sequential rule), and the other design for comparison, both in GPU-minutes with a range."""
     design: design.Design
-    today: design.Design
+    sequential: design.Design
     cost: design.RunCost
     components: design.Components
     requests: int
+    max_blocks: int
+    chosen: str = "cost"
 
     def lines(self, target_rel: float) -> list[str]:
-        d = self.design
-        c = self.components
-        return [
-            f"design by cost for --target-ci {target_rel:.1%} (95% interval of the paired speedup):",
-            f"  {d.blocks} restarts per arm x {d.requests} measured requests per run ({d.reason})",
+        d, q, c = self.design, self.sequential, self.components
+        pct = f"{target_rel:.0%}" if round(target_rel * 100, 6) == round(target_rel * 100) else f"{target_rel:.1%}"
+        by_cost = [
+            f"  design by cost for --target-ci {target_rel:.1%} (95% interval of the paired speedup): the first block "
+            f"with {d.requests} measured requests per run"
+            + (" (the experiment's)" if d.requests == self.requests else f" (the experiment has {self.requests})")
+            + "; after every block the variance components are re-estimated and the design chooses the next "
+              f"block's requests per run and whether to stop, within --max-repeats {self.max_blocks}",
+            f"  plan now: {d.blocks} restarts per arm ({d.reason}{'' if d.feasible else '; target out of reach'})",
             f"  expected {d.gpu_s / 60:.1f} GPU-minutes (range {d.gpu_s_low / 60:.1f}-{d.gpu_s_high / 60:.1f}), "
             f"{d.arms} arms x {self.cost.gpus} GPUs",
-            f"  run cost ({self.cost.source}): load {self.cost.load_s:.1f} s, {self.cost.per_request_s:.2f} s per "
-            f"request, dead time {self.cost.dead_s:.1f} s",
+        ]
+        seq = [
+            f"  today's sequential design (--design sequential): the experiment's {self.requests} requests per run in "
+            f"every block, {q.blocks} restarts per arm{'' if q.feasible else ' (the cap: target not reached)'}, "
+            f"expected {q.gpu_s / 60:.1f} GPU-minutes (range {q.gpu_s_low / 60:.1f}-{q.gpu_s_high / 60:.1f})",
+        ]
+        common = [
+            f"  run cost ({self.cost.source}): load and restart {self.cost.restart_s:.1f} s, "
+            f"{self.cost.per_request_s:.2f} s per request",
             f"  noise ({c.source}): between instances sd {math.sqrt(c.between / 2):.2%} per arm, "
             f"requests sd {math.sqrt(c.within / 2):.2%} per request and arm",
-            f"what `driver.py run --target-ci {target_rel:.0%}` does now (today's sequential design, the experiment's "
-            f"{self.requests} requests per run):",
-            f"  {self.today.blocks} restarts per arm{'' if self.today.feasible else ' (the cap: target not reached)'}"
-            f", expected {self.today.gpu_s / 60:.1f} GPU-minutes "
-            f"(range {self.today.gpu_s_low / 60:.1f}-{self.today.gpu_s_high / 60:.1f})",
         ]
+        if self.chosen == "sequential":
+            return ([f"what `driver.py run --target-ci {pct} --design sequential` will do:"] + seq + common
+                    + ["for comparison, the design by cost (the default of `run --target-ci`):"] + by_cost)
+        return ([f"what `driver.py run --target-ci {pct}` will do:"] + by_cost + common
+                + ["for comparison:"] + seq)
 
 
 def plan_estimate(cost: design.RunCost, comps: design.Components, target_rel: float, *, arms: int, requests: int,
-                  today_max_blocks: int, max_blocks: int = 60) -> PlanEstimate:
-    """The plan before anything runs: the cost design from the prior components, and today's fixed-requests
-    design for comparison (its expected blocks at `requests` per run, at most `today_max_blocks`: --max-repeats).
-    The ranges cover the components' uncertainty and a dead time from half to twice its estimate."""
-    d = design.plan_design(comps, cost, target_rel, arms=arms, max_blocks=max_blocks, keep_requests=requests,
-                           min_requests=min(2, requests))
-    today = design.plan_design(comps, cost, target_rel, arms=arms, max_blocks=max(today_max_blocks, 3),
-                               min_requests=requests, max_requests=requests, min_blocks=min(3, today_max_blocks))
+                  max_blocks: int, chosen: str = "cost", measured_cost: bool = False,
+                  max_requests: int = 400) -> PlanEstimate:
+    """The plan before anything runs: the design by cost from the prior components (`first_design`), and today's
+    fixed-requests design (its expected blocks at `requests` per run), both within `max_blocks` (--max-repeats).
+    The ranges cover the components' uncertainty and, unless the run cost was measured (`measured_cost`: the node's
+    history), a dead time from half to twice its estimate."""
+    cap = max(max_blocks, 2)
+    min_b = max(2, min(design.MIN_RESTARTS, max_blocks))
+
+    def sequential(c: design.RunCost) -> design.Design:
+        return design.plan_design(comps, c, target_rel, arms=arms, max_blocks=cap, min_requests=requests,
+                                  max_requests=requests, min_blocks=min_b)
+    d = first_design(comps, cost, target_rel, arms=arms, requests=requests, max_blocks=max_blocks,
+                     max_requests=max_requests)
+    today = sequential(cost)
     lo, hi = today.gpu_s_low, today.gpu_s_high
     d_lo, d_hi = d.gpu_s_low, d.gpu_s_high
-    for f in (0.5, 2.0):
+    for f in (() if measured_cost else (0.5, 2.0)):
         c = replace(cost, dead_s=cost.dead_s * f)
-        t = design.plan_design(comps, c, target_rel, arms=arms, max_blocks=max(today_max_blocks, 3),
-                               min_requests=requests, max_requests=requests, min_blocks=min(3, today_max_blocks))
+        t = sequential(c)
         lo, hi = min(lo, t.gpu_s_low), max(hi, t.gpu_s_high)
-        dd = design.plan_design(comps, c, target_rel, arms=arms, max_blocks=max_blocks, keep_requests=requests,
-                                min_requests=min(2, requests))
+        dd = first_design(comps, c, target_rel, arms=arms, requests=requests, max_blocks=max_blocks,
+                          max_requests=max_requests)
         d_lo, d_hi = min(d_lo, dd.gpu_s_low), max(d_hi, dd.gpu_s_high)
     return PlanEstimate(replace(d, gpu_s_low=d_lo, gpu_s_high=d_hi), replace(today, gpu_s_low=lo, gpu_s_high=hi),
-                        cost, comps, requests)
+                        cost, comps, requests, max_blocks, chosen)

@@ -55,9 +55,13 @@ def entries_of(exp: Experiment, fingerprint: str, ended_at: float | None = None)
                 continue
             runs = [r for r in sub.runs_of(arm.name) + sub.runs_of(sub.baseline_of(arm.name))
                     if r.gpu_seconds is not None]
+            mc, measured = economics.measured_cost_runs(sub, {arm.name, sub.baseline_of(arm.name)})
             arms[arm.name] = {"baseline": sub.baseline_of(arm.name), "components": c.to_dict(),
                               "blocks": blocks,
-                              "gpu_s_per_run": (sum(r.gpu_seconds for r in runs) / len(runs)) if runs else None}
+                              "gpu_s_per_run": (sum(r.gpu_seconds for r in runs) / len(runs)) if runs else None,
+                              # the run cost measured (the arm's and its baseline's ok runs): the next plan's
+                              "cost": None if mc is None else {"restart_s": mc.load_s, "per_request_s": mc.per_request_s,
+                                                               "gpus": mc.gpus, "runs": measured}}
         if arms:
             out[host] = {"fingerprint": fingerprint, "experiment": exp.id, "host": host,
                          "ended_at": time.time() if ended_at is None else ended_at, "arms": arms}
@@ -111,3 +115,22 @@ def prior(runs_dir: Path, host: str, fingerprint: str) -> design.Components | No
     n = len(latest)
     return replace(design.Components(between=between, within=within, between_df=b_df, within_df=w_df),
                    source=f"history of {host}: {n} earlier experiment(s) with fingerprint {fingerprint}")
+
+
+def run_cost(runs_dir: Path, host: str, fingerprint: str) -> design.RunCost | None:
+    """The run cost the node's matching history measured: a restart's seconds (everything a run held its GPUs for
+    but its measured requests: stop, GPUs-free wait, start, load, warm-up, env check, collect) and a measured
+    request's seconds, averaged over the matching experiments' runs (each experiment by its last line). None when
+    no matching line has a measured cost (lines written before 2026-12 have none)."""
+    latest = {e.get("experiment"): e for e in read(runs_dir, host) if e.get("fingerprint") == fingerprint}
+    rows = [a["cost"] for e in latest.values() for a in (e.get("arms") or {}).values()
+            if isinstance(a.get("cost"), dict)]
+    rows = [c for c in rows if all(isinstance(c.get(k), (int, float)) and math.isfinite(c[k]) and c[k] >= 0
+                                   for k in ("restart_s", "per_request_s", "gpus", "runs")) and c["runs"] > 0]
+    if not rows:
+        return None
+    n = sum(c["runs"] for c in rows)
+    return design.RunCost(load_s=sum(c["restart_s"] * c["runs"] for c in rows) / n,
+                          per_request_s=max(sum(c["per_request_s"] * c["runs"] for c in rows) / n, 1e-3),
+                          gpus=max(int(c["gpus"]) for c in rows),
+                          source=f"history of {host}: {len(latest)} earlier experiment(s), {n} runs measured")

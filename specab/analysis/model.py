@@ -652,6 +652,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
         for c in store.env_checks():
             checks.setdefault(c["seq"], {})[c["host"]] = c["check"]
         phase_files = store.phase_metrics()
+        design_steps = store.design_steps()
     finally:
         store.close()
     arms = [Arm(name=a["name"], server_args=a.get("server_args") or {}, env=a.get("env") or {},
@@ -701,6 +702,6 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
                       meta={"status": e.get("status"), "seed": e.get("seed"), "repeats": e.get("repeats"),
                             "created": e.get("created"), "finished": e.get("finished"),
                             "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
-                            "matrix": e.get("matrix"), "time_scales": scales,
+                            "matrix": e.get("matrix"), "time_scales": scales, "design_steps": design_steps,
                             "run_fingerprints": {r["run_id"]: run_fps[r["seq"]] for r in run_rows
                                                  if r["seq"] in run_fps}})

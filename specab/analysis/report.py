@@ -413,9 +413,20 @@ def plot_phases(ph: phases.PhaseReport) -> bytes:
     return _fig_png(fig)
 
 
+DESIGN_NAMES = {"cost": "design by cost", "sequential": "sequential design"}
+
+
 def stopping_statement(exp: Experiment) -> str | None:
     if exp.target_ci is None:
         return None
+    steps = exp.meta.get("design_steps") or []
+    if steps:           # the driver's own decisions (the design by cost's stop rule is not today's alone)
+        last = steps[-1]
+        name = DESIGN_NAMES.get(last["design"], last["design"])
+        if last["more"]:
+            return (f"--target-ci {exp.target_ci:.1%} ({name}): the experiment ended while the design asked for "
+                    f"another block ({last['reason']}).")
+        return f"--target-ci {exp.target_ci:.1%} ({name}): {last['reason']}."
     limit = exp.max_repeats or stats.complete_blocks(exp)
     more, why = stats.decide_more_blocks(exp, exp.target_ci, limit)
     if more:
@@ -592,6 +603,14 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     if spent.per_arm:
         rep.add(Table(["arm", "restarts", "GPU-minutes"],
                       [[a, str(spent.restarts_per_arm[a]), f"{g / 60:.1f}"] for a, g in spent.per_arm.items()]))
+    steps = exp.meta.get("design_steps") or []
+    if steps:           # --target-ci: what the design decided after each block, and why
+        rep.add(Para("The design's decisions (--target-ci): after each block, another block or not, with how many "
+                     "measured requests per run."),
+                Table(["blocks started", "design", "decision", "requests per run", "why"],
+                      [[str(d["blocks"]), DESIGN_NAMES.get(d["design"], d["design"]),
+                        "another block" if d["more"] else "stop", str(d["requests"] or "-"), d["reason"]]
+                       for d in steps]))
     rep.summary.extend(cost)
     # "model": the experiment's first baseline (as before); "models": one per baseline (an engine A/B, a matrix
     # condition), each over the arms compared with it

@@ -16,19 +16,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-
 from specab.analysis import design, economics, history, logparse, provenance, report, specmodel
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.inventory import load_inventory
 from specab.config.matrix import MatrixError
-from specab.config.yamlfile import REPO_ROOT, ConfigError
-from specab.driver import preflight, session
+from specab.config.yamlfile import ConfigError
+from specab.driver import design_inputs, preflight, session
 from specab.driver.options import EXIT_INTERRUPTED, EXIT_USAGE, ExperimentError, Options, prepare
 from specab.driver.lease import lease_states
 from specab.driver.remote import status_all
 from specab.driver.render import render_arm
-from specab.node import engines
 from specab.node.contract import redact_env
 from specab.results import store as st
 from specab.results.locate import NotFound, default_runs_dir, locate
@@ -74,8 +71,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="with --resume: go on although the experiment's fingerprint changed (the report marks "
                         "the runs of each fingerprint)")
     p.add_argument("--target-ci", metavar="PCT", type=_percent,
-                   help="add blocks until every speedup's 95%% CI half-width is within PCT (e.g. 2%%)")
-    p.add_argument("--max-repeats", type=int, help="upper bound on blocks with --target-ci")
+                   help="add blocks until every speedup's 95%% CI half-width is within PCT (e.g. 2%%); by default "
+                        "the design by cost chooses each block's requests per run and when to stop (--design)")
+    p.add_argument("--max-repeats", type=int, help="upper bound on blocks with --target-ci (default: --repeats)")
+    _add_design_option(p)
     p.add_argument("--run-timeout", type=int, metavar="S", help="wall-clock limit of one run (its playbook, or its wait on the node's queue)")
     p.add_argument("--executor", choices=("auto", "queue", "per-run"), default="auto",
                    help="how runs reach the node: queue = the node's sequencer runs queued runs back to back "
@@ -84,6 +83,17 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fleet", action="store_true",
                    help="every host of gpu_nodes runs its own whole blocks at the same time (block b on host "
                         "(b-1) mod hosts); the host is a blocking factor in the statistics (docs/scale.md)")
+
+
+def _add_design_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--design", choices=("cost", "sequential"), default="cost",
+                   help="with --target-ci: cost (default) = one block at a time, the design by cost choosing each "
+                        "block's requests per run and when to stop for the fewest GPU-minutes (docs/statistics.md); "
+                        "sequential = today's rule: --repeats blocks at the experiment's requests per run, then one "
+                        "more while the interval is wider than the target")
+    p.add_argument("--max-requests", type=int, default=400, metavar="N",
+                   help="with --target-ci and the design by cost: the most measured requests per run it may choose "
+                        "(default 400; the experiment's bench.num_requests is always allowed)")
 
 
 def _percent(text: str) -> float:
@@ -116,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also print the design by cost for this 95%% CI half-width of the speedup (e.g. 2%%) and "
                            "its expected GPU-minutes")
     plan.add_argument("--max-repeats", type=int, help="with --target-ci: the cap of blocks `run` would use")
+    _add_design_option(plan)
     plan.add_argument("--runs-dir", metavar="DIR",
                       help="with --target-ci: the runs directory whose history/<host>.jsonl gives the prior noise "
                            "(default: <repo>/runs)")
@@ -180,7 +191,8 @@ def _options(args: argparse.Namespace, argv: list[str]) -> Options:
                       repeats=args.repeats, seed=args.seed, order=args.order,
                       runs_dir=getattr(args, "runs_dir", None), verbose=getattr(args, "verbose", False),
                       skip_invalid=args.skip_invalid, target_ci=getattr(args, "target_ci", None),
-                      max_repeats=getattr(args, "max_repeats", None),
+                      max_repeats=getattr(args, "max_repeats", None), design=getattr(args, "design", "cost"),
+                      max_requests=getattr(args, "max_requests", 400),
                       retry_failed=getattr(args, "retry_failed", False),
                       run_timeout_s=getattr(args, "run_timeout", None), argv=argv,
                       fleet=getattr(args, "fleet", False), executor=getattr(args, "executor", "auto"),
@@ -226,8 +238,8 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         print(f"notice: {n}", file=out)
     if opts.target_ci is not None:
         runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
-        for line in _cost_plan(prepared, opts.target_ci, opts.max_repeats or opts.repeats,
-                               history.prior(runs_dir, host.name, exp_fp)):
+        inputs = design_inputs.design_inputs(prepared.experiment, prepared.arms, host, runs_dir, exp_fp)
+        for line in _cost_plan(prepared, opts, inputs):
             print(line, file=out)
         print(file=out)
     print(f"experiment {prepared.experiment.name} ({prepared.experiment.path}), inventory "
@@ -251,34 +263,28 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _cost_plan(prepared: Any, target_ci: float, max_repeats: int, prior: design.Components | None) -> list[str]:
-    """The design by cost and its expected GPU-minutes, before anything runs (docs/statistics.md). `prior`: the
-    variance components of this node's earlier experiments with the same fingerprint (history.prior), which
-    replace the simulator profile's."""
+def _cost_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs) -> list[str]:
+    """What `run --target-ci` will do and its expected GPU-minutes, before anything runs (docs/statistics.md,
+    "Design by cost"): the prior noise and run cost from the node's history, else the simulator profile."""
     host = prepared.inventory.hosts[0]
-    engine = " ".join(map(str, host.vars.get("specab_engine_cmd") or []))
-    if "specab.sim.launch_server" not in engine:
-        known = (f"its history has the noise ({prior.source}) but not yet the run cost" if prior else
+    target, cap = opts.target_ci, opts.max_repeats or opts.repeats
+    requests = int(prepared.experiment.bench_settings["num_requests"])
+    if inputs.cost is None:
+        known = (f"its history has the noise ({inputs.prior.source}) but no measured run cost" if inputs.prior else
                  "no earlier experiment with this fingerprint is in its history")
-        return [f"--target-ci {target_ci:.1%}: no cost estimate for {host.name}: it is not a simulated node and "
-                f"{known}; run the experiment with --target-ci (today's sequential design)."]
-    ref = str(host.node_env.get("SPECAB_SIM_PROFILE") or "default")
-    path = Path(ref) if ref.endswith((".yml", ".yaml")) else REPO_ROOT / "specab" / "sim" / "profiles" / f"{ref}.yml"
-    try:
-        profile = yaml.safe_load(path.read_text())
-        scale = float(host.node_env.get("SPECAB_SIM_TIME_SCALE") or 1.0)
-    except (OSError, yaml.YAMLError, ValueError) as exc:
-        raise ConfigError(f"{host.name}: cannot read the simulator profile {ref!r} ({exc}); set "
-                          f"specab_node_env.SPECAB_SIM_PROFILE to a name in specab/sim/profiles/ or a YAML path.")
-    bench = prepared.experiment.bench_settings
-    costs = [economics.profile_cost(profile, speculative=not a.is_baseline, gpus=economics.gpus_of(a.server_args),
-                                    output_len=int(bench["output_len"]), warmup=int(bench["warmup_requests"]),
-                                    time_scale=scale) for a in prepared.arms]
-    steps = max(engines.speculative_view(a.server_args).steps or 0 for a in prepared.arms)
-    comps = prior or economics.profile_components(profile, int(bench["output_len"]), spec_steps=steps)
-    est = economics.plan_estimate(design.mean_cost(costs), comps, target_ci, arms=len(prepared.arms),
-                                  requests=int(bench["num_requests"]), today_max_blocks=max_repeats)
-    return est.lines(target_ci)
+        what = ("the design by cost: a first block of the experiment's "
+                f"{requests} requests per run, then after every block the design chooses the next block's requests "
+                "per run from the run cost and noise this experiment measured, and whether to stop"
+                if opts.design == "cost" else
+                f"today's sequential design: {opts.repeats} blocks, then one more while the interval is wider")
+        return [f"--target-ci {target:.1%}: no cost estimate for {host.name}: it is not a simulated node and {known}.",
+                f"what `driver.py run --target-ci` will do: {what}, within --max-repeats {cap}."]
+    comps = inputs.prior or design.Components(design.DEFAULT_BETWEEN, 0.0, design.DEFAULT_BETWEEN_DF, 0.0,
+                                              source="the default between-instance variance")
+    est = economics.plan_estimate(inputs.cost, comps, target, arms=len(prepared.arms), requests=requests,
+                                  max_blocks=cap, chosen=opts.design, measured_cost=inputs.cost_measured,
+                                  max_requests=opts.max_requests)
+    return est.lines(target)
 
 
 def _display_arm(arm: Any) -> Any:

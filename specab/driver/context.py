@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from specab.analysis import economics, model, stats
+from specab.analysis.history import HistoryError
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.plan import PlannedRun, make_plan
-from specab.config.yamlfile import REPO_ROOT
+from specab.config.yamlfile import REPO_ROOT, ConfigError
 from specab.driver.lease import active_holder
 from specab.driver.options import ExperimentError, Options, Prepared, choose_executor, is_multinode
 from specab.driver import record
+from specab.driver.design_inputs import DesignInputs, design_inputs
 from specab.driver.playbook import PlaybookResult, PlaybookRunner, scrub_tree
 from specab.driver.progress import Progress
 from specab.driver.record import (PhaseClock, ingest_run_dir, log_excerpt, node_run_dir,
@@ -71,14 +73,30 @@ class RunContext:
         self.secrets = secrets_of(prepared)
         self.fingerprint_doc = fingerprint_doc(prepared.experiment, prepared.arms)
         self.fingerprint = fingerprint(self.fingerprint_doc)
+        self._design_inputs: DesignInputs | None = None
+
+    # ------------------------------------------------------------------ a run's settings
+    def num_requests(self, pr: PlannedRun | None) -> int:
+        """The run's measured requests: the design's choice for its block, else the experiment's."""
+        if pr is not None and pr.num_requests is not None:
+            return int(pr.num_requests)
+        return int(self.p.experiment.bench_settings["num_requests"])
+
+    def experiment_extravar(self, pr: PlannedRun | None = None) -> dict[str, Any]:
+        """`specab_experiment` for the run's playbook: the experiment, its bench with the run's measured requests
+        (the design by cost chooses them per block; the experiment's fingerprint stays the file's)."""
+        doc = self.p.experiment.as_extravar()
+        if pr is not None and pr.num_requests is not None:
+            doc["bench"] = {**(doc.get("bench") or {}), "num_requests": int(pr.num_requests)}
+        return doc
 
     # ------------------------------------------------------------------ one run
     def node_run_dir(self, host, run_id: str) -> str:
         return node_run_dir(host, run_id)
 
-    def tail_handlers(self, clock: PhaseClock, enter_phases: bool = True
+    def tail_handlers(self, clock: PhaseClock, enter_phases: bool = True, pr: PlannedRun | None = None
                       ) -> tuple[Callable[[str], None], Callable[[str], None]]:
-        """Callbacks for the live tails of server.log (load phases) and bench.jsonl (request lines).
+        """Callbacks for the live tails of server.log (load phases) and bench.jsonl (request lines) of run `pr`.
         `enter_phases=False`: the phases come from elsewhere (the sequencer's phases.jsonl)."""
         bench_state = {"warm": 0, "measured": 0}
         warmups = int(self.p.experiment.bench_settings["warmup_requests"])
@@ -111,7 +129,7 @@ class RunContext:
                 bench_state["measured"] += 1
                 if enter_phases:
                     clock.enter("benchmarking")
-                n = self.p.experiment.bench_settings["num_requests"]
+                n = self.num_requests(pr)
                 self.progress.log_line(f"request {bench_state['measured']}" + (f" of {n}" if n else "")
                                        + f": {rec.get('decode_tok_s') or 0:.1f} tok/s")
         return on_log, on_bench
@@ -130,9 +148,9 @@ class RunContext:
         # such as --api-key, the engine's log prints its args, nccl.env its env): the controller's copy and
         # the store never do.
         scrub_tree(run_dir, self.secrets)
-        self.stamp_manifests(run_dir)
+        self.stamp_manifests(run_dir, pr)
         ingested = ingest_run_dir(self.store, pr.seq, run_dir, [h.name for h in hosts])
-        planned = int(self.p.experiment.bench_settings["num_requests"])
+        planned = self.num_requests(pr)
         # partial: fewer answered measured requests than planned (a crash cuts the file short, or leaves
         # records of requests that failed after it)
         partial = planned > 0 and ingested["measured_ok"] < planned * len(hosts)
@@ -166,9 +184,11 @@ class RunContext:
         self.progress.run_finished(status, time.time() - started, reason, gpus=gpus)
         return status
 
-    def stamp_manifests(self, run_dir: Path) -> None:
-        """Every collected manifest.json of the run gets the experiment's fingerprint, bench settings and
-        timeouts (what `driver.py diff` compares next to the node's provenance)."""
+    def stamp_manifests(self, run_dir: Path, pr: PlannedRun | None = None) -> None:
+        """Every collected manifest.json of the run gets the experiment's fingerprint, the run's bench settings
+        (its measured requests: the design's for its block) and the timeouts (what `driver.py diff` compares next to
+        the node's provenance)."""
+        bench = {**self.fingerprint_doc["bench"], "num_requests": self.num_requests(pr)}
         for path in sorted(run_dir.rglob("manifest.json")):
             try:
                 data = json.loads(path.read_text())
@@ -176,8 +196,7 @@ class RunContext:
                 continue
             if not isinstance(data, dict):
                 continue
-            data.update(fingerprint=self.fingerprint, bench=self.fingerprint_doc["bench"],
-                        timeouts=self.fingerprint_doc["timeouts"])
+            data.update(fingerprint=self.fingerprint, bench=bench, timeouts=self.fingerprint_doc["timeouts"])
             tmp = path.with_suffix(".json.tmp")
             tmp.write_text(json.dumps(data, indent=1) + "\n")
             os.replace(tmp, path)
@@ -194,7 +213,7 @@ class RunContext:
     def stop_servers(self) -> str | None:
         """Stop our server on every node through the stop role; returns an error text or None."""
         ident = f"stop-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
-        extravars: dict[str, Any] = {"specab_experiment": self.p.experiment.as_extravar()}
+        extravars: dict[str, Any] = {"specab_experiment": self.experiment_extravar()}
         holder = active_holder()
         if holder is not None:          # stop.yml stops under our node lease (else it takes the lease itself)
             extravars["specab_lease_holder"] = holder
@@ -206,26 +225,63 @@ class RunContext:
 
     # ------------------------------------------------------------------ more blocks
     def more_blocks(self) -> list[PlannedRun]:
-        """Sequential stopping hook (--target-ci): after the planned blocks, ask the statistics whether to add
-        one; the new block is planned, stored, and counted in the progress display's total."""
+        """The --target-ci hook, called when every planned run is done: ask the design whether to add a block (and,
+        by cost, with how many measured requests per run); the new block is planned and stored with them, the
+        decision stored (store.design_steps) and said, and the progress display's total and projection updated."""
         if self.opts.target_ci is None:
             return []
         exp_row = self.store.experiment()
         blocks = exp_row["repeats"]
-        limit = self.opts.max_repeats or blocks
-        if blocks >= limit:
-            self.progress.notice(f"--target-ci: stopping at --max-repeats {limit} blocks.")
+        limit = self.opts.max_repeats or (self.opts.repeats if self.opts.design == "cost" else blocks)
+        name = "design by cost" if self.opts.design == "cost" else "sequential design"
+        if blocks >= limit:        # (the interval's widths, and whether the target was met, from the statistics)
+            _, reason = decide_more_blocks(self.store, self.opts.target_ci, limit)
+            self.progress.notice(f"--target-ci: {reason}.")
+            self.store.record_design_step(blocks=blocks, design=self.opts.design, more=False, requests=None,
+                                          reason=reason)
             return []
-        more, reason = decide_more_blocks(self.store, self.opts.target_ci, limit)
-        self.progress.notice(f"--target-ci {self.opts.target_ci:.1%}: {reason}")
+        requests = int(self.p.experiment.bench_settings["num_requests"])
+        plan = None
+        if self.opts.design == "cost":
+            decision = self.decide_block(limit)
+            more, reason, requests, plan = decision.more, decision.reason, decision.requests, decision.plan
+            if decision.design != "cost":
+                name = "design by cost (no run cost yet)"
+        else:
+            more, reason = decide_more_blocks(self.store, self.opts.target_ci, limit)
+        self.store.record_design_step(blocks=blocks, design=self.opts.design, more=more,
+                                      requests=requests if more else None, reason=reason,
+                                      plan=plan.to_dict() if plan else None)
+        said = f"next block: {requests} measured requests per run; " if more and self.opts.design == "cost" else ""
+        self.progress.notice(f"--target-ci {self.opts.target_ci:.1%} ({name}): {said}{reason}")
+        if more and plan is not None:       # what the design expects to spend from here to the verdict
+            self.progress.projection(plan.gpu_s - plan.done_gpu_s, plan.cost.gpus if plan.cost else 1)
         if not more:
             return []
         last_seq = max(r["seq"] for r in self.store.plan())
         new = make_plan(list(self.arms), 1, exp_row["seed"], exp_row["order_mode"], first_block=blocks + 1,
-                        first_seq=last_seq + 1)
+                        first_seq=last_seq + 1, num_requests=requests)
         self.store.write_plan([r.to_json() for r in new], repeats=blocks + 1)
         self.progress.state.total = len(self.store.plan())
         return new
+
+    def decide_block(self, limit: int) -> economics.Decision:
+        """The design by cost's decision on the experiment so far (specab.analysis.economics.decide_block), with
+        the node's history or the simulator profile as the prior and as the run cost until this experiment has
+        measured its own (design_inputs)."""
+        if self._design_inputs is None:
+            try:
+                self._design_inputs = design_inputs(self.p.experiment, self.p.arms, self.p.inventory.hosts[0],
+                                                    self.exp_dir.parent, self.fingerprint)
+            except (HistoryError, ConfigError) as exc:     # read fine at the start; the experiment goes on
+                self.progress.notice(f"--target-ci: no prior ({exc}); the design goes on from this experiment's "
+                                     f"own runs")
+                self._design_inputs = DesignInputs(prior=None, cost=None)
+        inputs = self._design_inputs
+        exp = model.load_store(self.store.path, read_logs=False)
+        return economics.decide_block(exp, float(self.opts.target_ci or 0), max_blocks=limit,
+                                      keep_requests=int(self.p.experiment.bench_settings["num_requests"]),
+                                      prior=inputs.prior, cost=inputs.cost, max_requests=self.opts.max_requests)
 
 
 def decide_more_blocks(store: st.Store, target_ci: float, max_repeats: int) -> tuple[bool, str]:

@@ -18,6 +18,7 @@ from specab.driver import preflight
 EXIT_OK, EXIT_FAILED_RUNS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 Executor = Literal["auto", "queue", "per-run"]
+Design = Literal["cost", "sequential"]
 
 
 class ExperimentError(Exception):
@@ -37,6 +38,8 @@ class Options:
     skip_invalid: bool = False
     target_ci: float | None = None          # relative half-width, e.g. 0.02
     max_repeats: int | None = None
+    design: Design = "cost"                 # with --target-ci: the design by cost, or today's sequential rule
+    max_requests: int = 400                 # the most measured requests per run the design by cost may choose
     retry_failed: bool = False
     run_timeout_s: int | None = None
     argv: list[str] = field(default_factory=list)
@@ -63,6 +66,10 @@ def prepare(opts: Options) -> Prepared:
         raise ConfigError(f"--repeats must be at least 1, got {opts.repeats}.")
     if opts.target_ci is not None and opts.order == "blocked":
         raise ConfigError("--target-ci adds interleaved blocks; it cannot be combined with --order blocked.")
+    if opts.design not in ("cost", "sequential"):
+        raise ConfigError(f"--design must be cost or sequential, got {opts.design!r}.")
+    if opts.max_requests < 1:
+        raise ConfigError(f"--max-requests must be at least 1, got {opts.max_requests}.")
     check_executor(opts.executor, inv, opts.fleet)
     check_engines(armset.arms, inv)
     plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order)

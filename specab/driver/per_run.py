@@ -60,7 +60,7 @@ class PerRunExecutor:
         head = hosts[0]
         tails: list[LogTail] = []
 
-        on_log, on_bench = self.ctx.tail_handlers(clock)
+        on_log, on_bench = self.ctx.tail_handlers(clock, pr=pr)
         warmups = int(self.ctx.p.experiment.bench_settings["warmup_requests"])
 
         def on_phase(phase: str) -> None:
@@ -81,7 +81,7 @@ class PerRunExecutor:
             clock.enter(phase)
 
         extravars = {
-            "specab_experiment": self.ctx.p.experiment.as_extravar(),
+            "specab_experiment": self.ctx.experiment_extravar(pr),     # its bench: the run's measured requests
             "specab_arm": arm.to_extravar(),
             "specab_experiment_id": self.ctx.exp_id,
             "specab_run_id": pr.run_id,

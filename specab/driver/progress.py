@@ -45,6 +45,9 @@ class _State:
     durations: list[float] = field(default_factory=list)
     gpu_seconds: float = 0.0            # spent so far in this session: run wall time x the GPUs its server held
     gpu_runs: int = 0
+    projected_s: float | None = None    # the design by cost's expected GPU-seconds still to spend, when it planned
+    projected_at: float = 0.0           # gpu_seconds when the design said so
+    projected_gpus: int = 1             # GPUs a run holds (the projection's wall seconds: GPU-seconds / GPUs)
     last_line: str = ""
     notices: list[str] = field(default_factory=list)
 
@@ -124,6 +127,15 @@ class Progress:
         else:
             self.console.print(Text(f"{self.state.run_id} {status} in {duration:.1f} s"))
 
+    def projection(self, remaining_gpu_s: float, gpus: int = 1) -> None:
+        """The design by cost's expected GPU-seconds from now to the verdict, blocks it expects to add included
+        (replaces the per-run extrapolation of the GPU-minutes and of the time remaining until the next
+        decision; a run holds `gpus` GPUs)."""
+        with self._lock:
+            self.state.projected_s = max(0.0, float(remaining_gpu_s))
+            self.state.projected_at = self.state.gpu_seconds
+            self.state.projected_gpus = max(1, int(gpus))
+
     def notice(self, text: str) -> None:
         if self._live:
             self.console.print(text, markup=False, highlight=False)
@@ -132,11 +144,15 @@ class Progress:
 
     # ------------------------------------------------------------------ helpers
     def gpu_minutes(self) -> tuple[float, float | None] | None:
-        """(GPU-minutes spent, projected remainder at the mean per run so far), or None before a run with GPUs."""
+        """(GPU-minutes spent, projected remainder), or None before a run with GPUs. The remainder is the design by
+        cost's expectation when it made one (the blocks it expects to add included, less what was spent since);
+        otherwise the planned runs not done at the mean per run so far."""
         with self._lock:
             s = self.state
             if not s.gpu_runs:
                 return None
+            if s.projected_s is not None:
+                return s.gpu_seconds / 60, max(0.0, s.projected_s - (s.gpu_seconds - s.projected_at)) / 60
             per_run = s.gpu_seconds / s.gpu_runs
             return s.gpu_seconds / 60, max(0, s.total - s.done) * per_run / 60
 
@@ -147,6 +163,8 @@ class Progress:
     def eta(self) -> float | None:
         with self._lock:
             s = self.state
+            if s.projected_s is not None:       # the design's expectation, its blocks to come included
+                return max(0.0, s.projected_s - (s.gpu_seconds - s.projected_at)) / s.projected_gpus
             if not s.durations:
                 return None
             mean = sum(s.durations) / len(s.durations)

@@ -119,9 +119,11 @@ class QueueExecutor:
                  cancel: threading.Event) -> PlaybookResult:
         r = self.ctx
         extravars = {
-            "specab_experiment": r.p.experiment.as_extravar(),
+            "specab_experiment": r.experiment_extravar(),
             "specab_experiment_id": r.exp_id,
-            "specab_runs": [{"seq": pr.seq, "run_id": pr.run_id, "arm": r.arms[pr.arm].to_extravar()} for pr in runs],
+            # each run's measured requests travel in its queue entry (the design by cost chooses them per block)
+            "specab_runs": [{"seq": pr.seq, "run_id": pr.run_id, "arm": r.arms[pr.arm].to_extravar(),
+                             "num_requests": r.num_requests(pr)} for pr in runs],
             "specab_queue_reset": reset,
             "specab_queue_finish": finish,
         }
@@ -162,7 +164,7 @@ class QueueExecutor:
                               run_dir=str(run_dir), runner_ident=ident)
         clock = PhaseClock(r.progress)
         node_dir = self.node_run_dir(pr.run_id)
-        on_log, on_bench = r.tail_handlers(clock, enter_phases=False)
+        on_log, on_bench = r.tail_handlers(clock, enter_phases=False, pr=pr)
 
         def on_node_phase(line: str) -> None:
             try:
@@ -184,7 +186,7 @@ class QueueExecutor:
                 clock.enter(phase)
 
         extravars: dict[str, Any] = {
-            "specab_experiment": r.p.experiment.as_extravar(),
+            "specab_experiment": r.experiment_extravar(pr),      # its wait allows for the run's requests
             "specab_experiment_id": r.exp_id,
             "specab_run_id": pr.run_id,
             "specab_run_dir": str(run_dir),

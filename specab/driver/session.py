@@ -19,15 +19,16 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable, Protocol, TextIO
 
-from specab.analysis import history
+from specab.analysis import design, economics, history
 from specab.analysis.model import load_store
 from specab.analysis.report import write_report
 from specab.config.fingerprint import changes, fingerprint, fingerprint_doc
-from specab.config.plan import PlannedRun
+from specab.config.plan import PlannedRun, make_plan
 from specab.config.spec import ExperimentSpec
 from specab.config.yamlfile import REPO_ROOT
 from specab.driver import preflight
 from specab.driver.context import MoreBlocks, RunContext
+from specab.driver.design_inputs import design_inputs
 from specab.driver.fleet import run_fleet
 from specab.driver.lease import LeaseError, NodeLeases
 from specab.driver.options import (EXIT_FAILED_RUNS, EXIT_INTERRUPTED, EXIT_OK, ExperimentError, Options,
@@ -211,15 +212,47 @@ def _start(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, out: T
         store.write_arms([a.to_json() for a in prepared.arms])
         doc = fingerprint_doc(prepared.experiment, prepared.arms)
         store.set_session_fingerprint(fingerprint(doc), doc)
-        store.write_plan([r.to_json() for r in prepared.plan], repeats=opts.repeats)
+        plan, first = first_plan(prepared, opts, store, fingerprint(doc))
+        prepared = dataclasses.replace(prepared, plan=plan)
+        store.write_plan([r.to_json() for r in plan], repeats=max(r.block for r in plan))
+        progress = progress or Progress()
+        if first is not None:       # the live projection: what the design expects the whole experiment to cost
+            progress.projection(first.gpu_s, first.cost.gpus if first.cost else 1)
         # stored: the experiment's logical names; launched: the node engine's spelling (issue 15)
         prepared = dataclasses.replace(prepared, arms=preflight.spell_arms(prepared.arms, checked))
-        code = _run(prepared, opts, exp_id, exp_dir, store, list(prepared.plan), out, progress or Progress(),
+        code = _run(prepared, opts, exp_id, exp_dir, store, list(prepared.plan), out, progress,
                     total=len(prepared.plan))
         return code, store
     except BaseException:
         store.close()
         raise
+
+
+def first_plan(prepared: Prepared, opts: Options, store: st.Store, fp: str
+               ) -> tuple[list[PlannedRun], design.Design | None]:
+    """The runs an experiment starts with, each with its measured requests (stored per run), and the design by
+    cost's plan when it made one. With --target-ci and the design by cost: one block, whose requests per run the
+    design chooses from the node's history or the simulator profile (else the experiment's); the design adds the
+    rest block by block (RunContext.more_blocks). Otherwise the --repeats blocks at the experiment's requests."""
+    requests = int(prepared.experiment.bench_settings["num_requests"])
+    if opts.target_ci is None or opts.design != "cost":
+        return [dataclasses.replace(r, num_requests=requests) for r in prepared.plan], None
+    cap = opts.max_repeats or opts.repeats
+    runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
+    inputs = design_inputs(prepared.experiment, prepared.arms, prepared.inventory.hosts[0], runs_dir, fp)
+    m, why = requests, "no prior noise or run cost for this node yet: the experiment's requests per run"
+    d = None
+    if inputs.prior is not None and inputs.cost is not None:
+        d = economics.first_design(inputs.prior, inputs.cost, opts.target_ci, arms=len(prepared.arms),
+                                   requests=requests, max_blocks=cap, max_requests=opts.max_requests, range_sd=0.0)
+        m = d.requests
+        why = (f"from {inputs.prior.source} and the run cost of {inputs.cost.source}: plan {d.blocks} restarts per arm "
+               f"x {d.requests} requests per run, expected {d.gpu_s / 60:.1f} GPU-minutes ({d.reason})")
+        store.record_design_step(blocks=0, design="cost", more=True, requests=m, reason=f"first block: {why}",
+                                 plan=d.to_dict())
+    else:
+        store.record_design_step(blocks=0, design="cost", more=True, requests=m, reason=f"first block: {why}")
+    return make_plan([a.name for a in prepared.arms], 1, opts.seed, opts.order, num_requests=m), d
 
 
 def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None = None) -> tuple[int, Path]:
@@ -235,7 +268,9 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
                         inventory_file=opts.inventory_file or row["inventory_file"], matrix=list(row["matrix"]),
                         repeats=row["repeats"], seed=row["seed"], order=row["order_mode"],
                         runs_dir=opts.runs_dir, verbose=opts.verbose, skip_invalid=True,
-                        target_ci=opts.target_ci, max_repeats=opts.max_repeats, retry_failed=opts.retry_failed,
+                        target_ci=opts.target_ci, max_repeats=opts.max_repeats, design=opts.design,
+                        max_requests=opts.max_requests,
+                        retry_failed=opts.retry_failed,
                         run_timeout_s=opts.run_timeout_s, argv=opts.argv,
                         fleet=opts.fleet or "--fleet" in (row.get("argv") or []), executor=opts.executor)
         prepared = prepare(ropts)
@@ -251,7 +286,7 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
                                       f"resolves to the arm recorded in {store.path}; resuming would mix two "
                                       f"experiments. Restore the file or start a new experiment.")
         todo_rows = store.not_ok() if opts.retry_failed else store.missing()
-        todo = [PlannedRun(seq=r["seq"], block=r["block"], arm=r["arm"], position=r["position"]) for r in todo_rows]
+        todo = [PlannedRun.from_row(r) for r in todo_rows]
         print(f"resuming {row['id']}: {len(todo)} of {len(store.plan())} runs to do", file=out)
         if not todo:
             return conclude(EXIT_OK, store, exp_dir, out), exp_dir

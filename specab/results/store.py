@@ -43,7 +43,20 @@ CREATE TABLE IF NOT EXISTS run_fingerprints (
 );
 """
 
-SCHEMA = FINGERPRINT_SCHEMA + """
+# The design's decisions after each block (issue 19; additive like the fingerprints).
+DESIGN_SCHEMA = """
+CREATE TABLE IF NOT EXISTS design_steps (
+    blocks    INTEGER PRIMARY KEY,          -- blocks started when decided (the latest decision for that count)
+    decided   REAL NOT NULL,
+    design    TEXT NOT NULL,                -- cost | sequential
+    more      INTEGER NOT NULL,             -- 1: one more block was planned
+    requests  INTEGER,                      -- measured requests per run of that block
+    reason    TEXT NOT NULL,                -- the decision in words (shown live and in the report)
+    plan_json TEXT                          -- the design then: blocks, requests, expected GPU-seconds, components
+);
+"""
+
+SCHEMA = FINGERPRINT_SCHEMA + DESIGN_SCHEMA + """
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -84,7 +97,10 @@ CREATE TABLE IF NOT EXISTS plan (
     run_id   TEXT NOT NULL UNIQUE,          -- <seq:03d>-<arm>
     block    INTEGER NOT NULL,              -- replicate block (1-based)
     position INTEGER NOT NULL,              -- position within the block
-    arm      TEXT NOT NULL REFERENCES arms(name)
+    arm      TEXT NOT NULL REFERENCES arms(name),
+    num_requests INTEGER                    -- measured requests the run is planned with: the experiment's
+                                            -- bench.num_requests, or the design by cost's for its block; NULL in
+                                            -- stores before 2026-12 (the experiment's)
 );
 CREATE TABLE IF NOT EXISTS runs (
     seq            INTEGER PRIMARY KEY REFERENCES plan(seq),
@@ -304,11 +320,33 @@ class Store:
 
     def write_plan(self, runs: Iterable[dict[str, Any]], repeats: int | None = None) -> None:
         with self._tx() as c:
+            if "num_requests" not in {r[1] for r in c.execute("PRAGMA table_info(plan)")}:
+                c.execute("ALTER TABLE plan ADD COLUMN num_requests INTEGER")     # a store before 2026-12
             for r in runs:
-                c.execute("INSERT INTO plan(seq, run_id, block, position, arm) VALUES (?,?,?,?,?)",
-                          (r["seq"], r["run_id"], r["block"], r["position"], r["arm"]))
+                c.execute("INSERT INTO plan(seq, run_id, block, position, arm, num_requests) VALUES (?,?,?,?,?,?)",
+                          (r["seq"], r["run_id"], r["block"], r["position"], r["arm"], r.get("num_requests")))
             if repeats is not None:
                 c.execute("UPDATE experiment SET repeats=?", (repeats,))
+
+    def record_design_step(self, *, blocks: int, design: str, more: bool, requests: int | None, reason: str,
+                           plan: dict[str, Any] | None = None) -> None:
+        """The design's decision once `blocks` blocks were started (another block or not, its requests per run)."""
+        if not self._has_table("design_steps"):          # a store written before the design's decisions
+            self.conn.executescript(DESIGN_SCHEMA)
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO design_steps(blocks, decided, design, more, requests, reason, plan_json)"
+                      " VALUES (?,?,?,?,?,?,?)", (blocks, time.time(), design, int(more), requests, reason,
+                                                  _dumps(plan)))
+
+    def design_steps(self) -> list[dict[str, Any]]:
+        """The design's decisions in block order ([] for a store without any: no --target-ci, or older)."""
+        if not self._has_table("design_steps"):
+            return []
+        out = self._rows("SELECT * FROM design_steps ORDER BY blocks")
+        for r in out:
+            r["more"] = bool(r["more"])
+            r["plan"] = json.loads(r.pop("plan_json") or "null")
+        return out
 
     def set_experiment_status(self, status: str) -> None:
         with self._tx() as c:

@@ -69,3 +69,69 @@ def test_acceptance_makes_a_speculative_arms_requests_vary():
     plain = economics.profile_components(prof, 256)
     spec = economics.profile_components(prof, 256, spec_steps=2)
     assert spec.within > 10 * plain.within and spec.between == plain.between
+
+
+def _noisy(rng, ms, *, instance=0.0, request=0.05, specs=("spec",), e2e=2.0):
+    """Blocks with ms[b] measured requests per run (the design by cost's choice per block), each run a new instance."""
+    arms = [Arm("baseline")] + [Arm(s, server_args={"speculative_algorithm": "EAGLE3"}, baseline="baseline")
+                                for s in specs]
+    runs, seq = [], 0
+    for b, m in enumerate(ms, 1):
+        for arm in ["baseline", *specs]:
+            seq += 1
+            mu = 80.0 if arm == "baseline" else 60.0
+            off = rng.normal(0, instance)
+            reqs = [Request(i=k, decode_tok_s=float(mu * math.exp(off + rng.normal(0, request))), e2e_s=e2e)
+                    for k in range(m)]
+            runs.append(Run(run_id=f"{seq:03d}-{arm}", arm=arm, seq=seq, block=b, server_args={"tp_size": 8},
+                            requests=reqs, gpu_seconds=8 * (100.0 + e2e * m)))
+    return Experiment(id="e", arms=arms, runs=runs)
+
+
+def test_measured_cost_splits_a_run_into_its_restart_and_its_requests_whatever_their_number():
+    c = economics.measured_cost(_noisy(np.random.default_rng(3), [4, 40]))
+    assert c.restart_s == pytest.approx(100.0) and c.per_request_s == pytest.approx(2.0) and c.gpus == 8
+    assert economics.measured_cost(Experiment(id="x", arms=[], runs=[])) is None
+
+
+def test_decide_block_buys_longer_runs_for_request_noise_and_keeps_them_for_instance_noise():
+    rng = np.random.default_rng(4)
+    req = economics.decide_block(_noisy(rng, [4]), 0.02, max_blocks=10, keep_requests=4)
+    assert req.more and req.requests > 8 and req.design == "cost"
+    assert req.plan is not None and req.plan.gpu_s > req.plan.done_gpu_s > 0
+    inst = economics.decide_block(_noisy(rng, [4, 4], instance=0.012, request=0.002), 0.02, max_blocks=20,
+                                  keep_requests=4)
+    assert inst.more and inst.requests == 4
+    # every compared arm is served: the block runs them all with the most requests any asks for
+    two = economics.decide_block(_noisy(rng, [4], specs=("a", "b")), 0.02, max_blocks=10, keep_requests=4)
+    assert two.more and set(two.arms) == {"a", "b"} and two.requests >= 8
+
+
+def test_decide_block_stops_on_the_reports_interval_with_blocks_of_different_requests():
+    rng = np.random.default_rng(5)
+    exp = _noisy(rng, [4, 40, 40, 40], request=0.01)
+    from specab.analysis import stats
+    sp = stats.paired_speedup(exp, "spec")
+    assert len(sp.ratios) == 4 and sp.ci.half_width_rel < 0.02      # the paired speedup is per block
+    d = economics.decide_block(exp, 0.02, max_blocks=10, keep_requests=4)
+    assert not d.more and "within" in d.reason
+    # the cap: no block beyond --max-repeats whatever the width
+    wide = economics.decide_block(_noisy(rng, [4, 4], request=0.3), 0.005, max_blocks=2, keep_requests=4)
+    assert not wide.more and "cap" in wide.reason
+
+
+def test_the_report_states_the_designs_own_stop_and_lists_its_decisions_with_blocks_of_different_requests():
+    from specab.analysis import report
+    exp = _noisy(np.random.default_rng(5), [4, 40, 40, 40], request=0.01)
+    exp.target_ci = 0.02
+    exp.meta["design_steps"] = [
+        {"blocks": 0, "design": "cost", "more": True, "requests": 4, "reason": "first block: the experiment's"},
+        {"blocks": 1, "design": "cost", "more": True, "requests": 40, "reason": "spec: requests dominate"},
+        {"blocks": 4, "design": "cost", "more": False, "requests": None,
+         "reason": "spec: interval +-1.0% within +-2.0% after 4 blocks"}]
+    rep = report.build_report(exp, plots=False)
+    assert "--target-ci 2.0% (design by cost): spec: interval +-1.0% within +-2.0% after 4 blocks." in rep.summary
+    assert any("over 4 paired block(s)" in line for line in rep.summary)
+    assert rep.summary[-1].startswith("Verdict cost: ")
+    md = report.to_markdown(rep)
+    assert "The design's decisions" in md and "| 1 | design by cost | another block | 40 | spec: requests dominate |" in md

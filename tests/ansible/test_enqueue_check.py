@@ -16,7 +16,9 @@ def test_enqueue_check_diff_shows_files_and_entries_and_changes_nothing(sim_node
     # public inventory variables (roles/specab), which the entry must carry, not literals or role vars
     sim_node.write_inventory(specab_gpu_free_threshold_mib=512, specab_bench_sample_interval_s=0.25,
                              specab_bench_python="/opt/client/bin/python3")
-    runs = [{"seq": 1, "run_id": "001-eagle3-s2", "arm": resolved_arm(exp, 1)},
+    # run 1's measured requests chosen by the design by cost (the driver's specab_runs[].num_requests); run 2
+    # without: the experiment's
+    runs = [{"seq": 1, "run_id": "001-eagle3-s2", "arm": resolved_arm(exp, 1), "num_requests": 7},
             {"seq": 2, "run_id": "002-baseline", "arm": resolved_arm(exp, 0)}]
     result = sim_node.playbook("enqueue.yml", {"specab_experiment": exp, "specab_experiment_id": "t-20261129-000000",
                                                "specab_runs": runs, "specab_queue_reset": True},
@@ -31,7 +33,8 @@ def test_enqueue_check_diff_shows_files_and_entries_and_changes_nothing(sim_node
     flat = result.flat
     assert "queue/.staging/000001-001-eagle3-s2.json" in flat and "queue/.staging/000002-002-baseline.json" in flat
     assert f'"url": "http://127.0.0.1:{sim_node.port}"' in out
-    assert '"num_requests": 2' in out and '"stop_grace_s": 10.0' in out
+    assert out.count('"num_requests": 7') == 1 and out.count('"num_requests": 2') == 1
+    assert '"stop_grace_s": 10.0' in out
     assert out.count('"threshold_mib": 512.0') == 2, "the inventory's GPU-free threshold is in every entry"
     assert out.count('"sample_interval_s": 0.25') == 2 and out.count('"python": "/opt/client/bin/python3"') == 2
     # nothing changed, nothing started

@@ -34,21 +34,31 @@ def _exp_dir(runs_dir: Path) -> Path:
 
 
 def test_matrix_steps_1_2_3_repeats_2(node: SimNode):
-    """8 runs in interleaved order, stored with their requests; the table printed; numbers match the profile."""
+    """8 runs in interleaved order, stored with their requests; the table printed; numbers match the profile.
+    With --target-ci (the design by cost, the default) the experiment starts with the block `plan` announced and
+    the design chooses the next block's requests per run: the node runs exactly those (queue entry, stored
+    requests, manifest), every decision is stored, said and in the report, the node's history gains the run cost,
+    and --resume accepts the experiment's own runs (the fingerprint is the experiment file's, not the design's)."""
+    import json
     from specab.sim.profile import load_profile
     from specab.sim.timing import true_decode_tok_s
     node.profile = "instant"         # the default profile's speeds without its load time (saves ~5 s a run)
-    exp_file = node.write_experiment("mx", output_len=64)
+    exp_file = node.write_experiment("mx", output_len=64)          # 3 measured requests per run
     inv = node.write_inventory()
-    proc = driver("--matrix", "steps=1,2,3", "--repeats", "2", "--seed", "3", "-e", str(exp_file), "-i", str(inv),
-                  "--runs-dir", str(node.runs_dir))
+    common = ["-e", str(exp_file), "-i", str(inv), "--runs-dir", str(node.runs_dir)]
+    design = ["--target-ci", "5%", "--max-repeats", "2", "--max-requests", "6"]
+    proc = driver("plan", "--matrix", "steps=1,2,3", *design, *common)
+    planned, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, planned[-3000:]
+    first_m = int(re.search(r"the first block with (\d+) measured requests per run", planned).group(1))
+    proc = driver("--matrix", "steps=1,2,3", "--repeats", "2", "--seed", "3", *design, *common)
     out, _ = proc.communicate(timeout=2000)
     assert proc.returncode == 0, out[-4000:]
     exp_dir = _exp_dir(node.runs_dir)
     s = st.Store.open(exp_dir)
     arms = build_arms(load_experiment(exp_file), parse_matrix(["steps=1,2,3"])).arms
     names = [a.name for a in arms]
-    expected = make_plan(names, 2, seed=3)
+    expected = make_plan(names, 2, seed=3)         # block by block, the same order (it depends on seed and block)
     runs = s.runs()
     assert [(r["seq"], r["arm"], r["block"], r["status"]) for r in runs] == \
         [(p.seq, p.arm, p.block, "ok") for p in expected]
@@ -56,10 +66,34 @@ def test_matrix_steps_1_2_3_repeats_2(node: SimNode):
     assert [r["seq"] for r in sorted(runs, key=lambda r: r["started"])] == list(range(1, 9))
     for b in (1, 2):
         assert sorted(r["arm"] for r in runs if r["block"] == b) == sorted(names)
+    # the design's requests per run: block 1 as plan said, block 2 as the decision after block 1 chose (the
+    # restart costs ~20 requests here: longer runs than the experiment's 3 buy precision cheaper)
+    plan, steps = s.plan(), s.design_steps()
+    m = {p["seq"]: p["num_requests"] for p in plan}
+    assert [(d["blocks"], d["more"]) for d in steps] == [(0, True), (1, True), (2, False)]
+    assert {m[p.seq] for p in expected if p.block == 1} == {first_m} == {steps[0]["requests"]}
+    assert {m[p.seq] for p in expected if p.block == 2} == {steps[1]["requests"]}
+    assert set(m.values()) != {3} and max(m.values()) <= 6
+    manifests = {x["seq"]: x["manifest"] for x in s.manifests()}
+    for r in runs:                   # the node ran exactly that many, and each run's records say so
+        assert r["n_requests"] == m[r["seq"]] and not r["partial"], r
+        entry = json.loads((Path(r["run_dir"]) / "queue_entry.json").read_text())
+        assert entry["bench"]["num_requests"] == manifests[r["seq"]]["bench"]["num_requests"] == m[r["seq"]]
+        assert manifests[r["seq"]]["fingerprint"] == s.fingerprint()[0]
+    assert f"(design by cost): next block: {steps[1]['requests']} measured requests per run" in out
+    report = (exp_dir / "report.md").read_text()
+    assert "--target-ci 5.0% (design by cost): stopped at --max-repeats 2 (target " in report
+    assert "The design's decisions" in report and "Verdict cost:" in report
+    [line] = [json.loads(x) for x in (node.runs_dir / "history" / f"{node.host}.jsonl").read_text().splitlines()]
+    assert line["fingerprint"] == s.fingerprint()[0] and line["arms"]["eagle3-s2-k1-d3"]["cost"]["runs"] == 4
     reqs = s.requests()
-    assert len(reqs) == 8 * 3 and all(q["ok"] for q in reqs)
-    assert len(s.requests(include_warmup=True)) == 8 * 4
+    assert len(reqs) == sum(m.values()) and all(q["ok"] for q in reqs)
+    assert len(s.requests(include_warmup=True)) == sum(m.values()) + 8
     assert all(s.phases(r["seq"]) for r in runs) and s.manifests()
+    # resume: the design's requests per run do not make the experiment another one
+    proc = driver("--resume", exp_dir.name, *design, "--runs-dir", str(node.runs_dir))
+    resumed, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0 and "0 of 8 runs to do" in resumed, resumed[-4000:]
     # the table and the experiment directory are printed
     assert "per-arm summary" in out and str(exp_dir) in out
     for n in names:
@@ -255,3 +289,4 @@ def test_failure_recorded_sigint_mid_run_then_resume(node: SimNode):
             if b"sk-planted-arm-secret-77" in data:     # the env file holds it by design: private files only
                 assert (f.stat().st_mode & 0o077) == 0, \
                     f"the arm's secret is in {f} with mode {oct(f.stat().st_mode & 0o777)} (must be 0600)"
+

@@ -4,19 +4,29 @@ from __future__ import annotations
 import io
 import re
 
+from specab.config.yamlfile import REPO_ROOT
 from specab.driver import cli
 
 
-def test_plan_with_target_ci_prints_both_designs_with_a_range():
+def test_plan_with_target_ci_prints_what_run_will_do_and_the_other_design_with_a_range():
     out = io.StringIO()
-    assert cli.main(["plan", "--target-ci", "2%"], out=out) == 0
+    assert cli.main(["plan", "--target-ci", "2%", "--max-repeats", "10"], out=out) == 0
     text = out.getvalue()
+    assert text.startswith("what `driver.py run --target-ci 2%` will do:")
     assert "design by cost for --target-ci 2.0%" in text and "simulator profile default" in text
+    assert "within --max-repeats 10" in text
     ranges = re.findall(r"expected ([\d.]+) GPU-minutes \(range ([\d.]+)-([\d.]+)\)", text)
-    assert len(ranges) == 2                     # the design by cost, and what `run --target-ci` does now
+    assert len(ranges) == 2                     # the design by cost (run's default), and today's for comparison
     for est, lo, hi in ranges:
         assert float(lo) <= float(est) <= float(hi)
-    assert "today's sequential design" in text
+    assert text.index("design by cost") < text.index("for comparison:") < text.index("today's sequential design")
+    # the first block's requests per run: what `run` starts with (the same function decides it)
+    first = int(re.search(r"the first block with (\d+) measured requests per run", text).group(1))
+    assert first >= 1
+    out = io.StringIO()
+    assert cli.main(["plan", "--target-ci", "2%", "--max-repeats", "10", "--design", "sequential"], out=out) == 0
+    assert out.getvalue().startswith("what `driver.py run --target-ci 2% --design sequential` will do:\n"
+                                     "  today's sequential design")
 
 
 def test_plan_without_target_ci_prints_no_cost_design():
@@ -59,3 +69,43 @@ def test_plan_takes_the_noise_from_this_nodes_history_of_the_same_fingerprint(tm
     history.path_for(tmp_path, host).write_text(history.path_for(tmp_path, host).read_text().replace(fp, "0" * 16))
     assert cli.main(["plan", "--target-ci", "2%", "--runs-dir", str(tmp_path)], out=out) == 0
     assert "noise (simulator profile" in out.getvalue() and "history of" not in out.getvalue()
+
+
+def test_plan_on_a_real_node_estimates_from_the_history_it_measured_and_narrows_the_range(tmp_path):
+    """A real node has no profile: with no history `plan` says so; once an experiment of the same fingerprint
+    ended there, its measured restart and request seconds and its noise give an estimate, whose range has no
+    dead-time guess in it and the history's degrees of freedom."""
+    import math
+
+    import numpy as np
+
+    from specab.analysis import history
+    from specab.analysis.model import Arm, Experiment, Request, Run
+    from specab.config.fingerprint import fingerprint, fingerprint_doc
+    from specab.driver.options import Options, prepare
+
+    inv = REPO_ROOT / "inventory" / "example-real.yml"
+    args = ["plan", "--target-ci", "2%", "--max-repeats", "12", "-i", str(inv), "--runs-dir", str(tmp_path)]
+    out = io.StringIO()
+    assert cli.main(args, out=out) == 0
+    assert "no cost estimate for gpu-node-1" in out.getvalue() and "GPU-minutes" not in out.getvalue()
+    prepared = prepare(Options(inventory_file=str(inv)))
+    fp = fingerprint(fingerprint_doc(prepared.experiment, prepared.arms))
+    base, spec = prepared.arms[0].name, prepared.arms[1].name
+    rng = np.random.default_rng(3)
+    runs = []
+    for b in range(1, 9):          # 8 blocks: load 300 s, 8 requests of 6 s, 8 GPUs; instances 1 %, requests 4 %
+        for arm, mu in ((base, 80.0), (spec, 100.0)):
+            off = rng.normal(0, 0.01)
+            reqs = [Request(i=k, decode_tok_s=float(mu * math.exp(off + rng.normal(0, 0.04))), e2e_s=6.0)
+                    for k in range(8)]
+            runs.append(Run(run_id=f"{b}-{arm}", arm=arm, block=b, host="gpu-node-1", requests=reqs,
+                            server_args={"tp_size": 8}, gpu_seconds=8 * (300.0 + 8 * 6.0)))
+    history.record(tmp_path, Experiment(id="earlier", arms=[Arm(base), Arm(spec, baseline=base)], runs=runs), fp)
+    out = io.StringIO()
+    assert cli.main(args, out=out) == 0
+    text = out.getvalue()
+    assert "run cost (history of gpu-node-1: 1 earlier experiment(s), 16 runs measured): load and restart " \
+           "300.0 s, 6.00 s per request" in text
+    est, lo, hi = map(float, re.search(r"expected ([\d.]+) GPU-minutes \(range ([\d.]+)-([\d.]+)\)", text).groups())
+    assert lo <= est <= hi and hi / lo < 3         # the profile's prior of one degree of freedom spans >10x

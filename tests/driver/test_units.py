@@ -81,6 +81,13 @@ def test_progress_shows_gpu_minutes_spent_and_projected():
     p.run_finished("failed", 30.0, reason="boom", gpus=8)       # a failed run costs too
     assert p.gpu_minutes() == pytest.approx((12.0, 12.0))
     assert "12.0 GPU-min spent, ~12.0 to go" in out.getvalue()
+    # the design by cost said what it expects from here to the verdict, the blocks it will add included: that
+    # replaces the planned runs' extrapolation, less what is spent since
+    p.projection(30 * 60.0, gpus=8)
+    assert p.gpu_minutes() == pytest.approx((12.0, 30.0)) and p.eta() == pytest.approx(30 * 60 / 8)
+    p.run_started(3, "003-baseline", "baseline", 2)
+    p.run_finished("ok", 60.0, gpus=8)
+    assert p.gpu_minutes() == pytest.approx((20.0, 22.0)) and p.eta() == pytest.approx(22 * 60 / 8)
     live = io.StringIO()
     q = Progress(out=live, live=True)
     q.start("exp-2", total=2)
