@@ -284,6 +284,8 @@ def test_sigterm_mid_benchmark_is_a_clean_real_shutdown(real_vllm: RealVllm, tmp
         assert any(t.startswith("VLLM::Worker") for t in engine.values()), engine
         out = stop(node)
         print(f"SIGTERM mid-benchmark: {len(out['processes_at_start'])} processes gone in {out.get('term_to_gone_s')} s")
+        if out.get("escalated"):          # the whole record, for the log: which process outlived the grace, and how
+            print(json.dumps(out, indent=1))
         assert out["was_running"] and not out.get("escalated"), out
         assert {p["pid"] for p in out["processes_at_start"]} >= set(engine)
         assert not ours(rec["sid"])
