@@ -28,7 +28,7 @@ from tests.scale.cluster import (Node, experiment, experiment_dirs, namespace_no
                                  write_experiment, write_inventory)
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(2400)]
-BLOCKS_PER_HOST = 2
+BLOCKS_PER_HOST = 1
 # ~4-5 s per request at time scale 0.5: a run is mostly the node's time, as on a GPU node (model load and
 # a benchmark of minutes), so the controller's work for a run overlaps the node's (run queue)
 FLEET_OUTPUT_LEN = 160
