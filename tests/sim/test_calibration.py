@@ -6,7 +6,8 @@ single stream, 256-token outputs. Measured at a time scale (durations / scale), 
 Measuring is the point of these tests, so they cannot be loose. On a CPU-starved machine (other test
 suites running) a late chunk skews an endpoint measurement; the server reports when its own schedule ran
 late (``simulator.schedule_lag_max_s``), and only then a miss is measured once more at half the time
-scale (twice the wall time per token). A miss without starvation fails at once.
+scale (twice the wall time per token). The same when one request read far slower than its siblings while the
+server kept its schedule (the test's own reader starved). A miss without starvation fails at once.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from tests.sim.test_process import parse_batch_line
 
 ARGS = ["--mem-fraction-static", "0.88", "--disable-custom-all-reduce", "--trust-remote-code"]
 STARVED_LAG_S = 0.01
+CLIENT_STARVED_SHARE = 0.75
 SPEC_S2 = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/models/eagle3",
            "speculative_num_steps": 2, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 3}
 
@@ -65,6 +67,14 @@ def measure(launch: Launcher, args: list[str], env: dict, scale: float, n: int, 
     return Measured(srv, scale, results, [r.decode_tok_s() / scale for r in results], sim)
 
 
+def client_starved(m: Measured) -> bool:
+    """A request read far slower than its siblings (below CLIENT_STARVED_SHARE of their median) while the server
+    kept its schedule: the test's own reader was starved (CI: one request at 33 tok/s among twenty at 58-65, server
+    lag 9.8 ms). The simulator's per-request noise is a few per cent, nowhere near it."""
+    med = statistics.median(m.rates)
+    return any(r < CLIENT_STARVED_SHARE * med for r in m.rates)
+
+
 def calibrated(launch: Launcher, check: Callable[[Measured], None], args: list[str], env: dict, scale: float,
                n: int, **kw: Any) -> Measured:
     first = measure(launch, args, env, scale, n, **kw)
@@ -72,7 +82,8 @@ def calibrated(launch: Launcher, check: Callable[[Measured], None], args: list[s
         check(first)
         return first
     except AssertionError:
-        if first.sim["schedule_lag_max_s"] < STARVED_LAG_S and not first.sim["schedule_resets"]:
+        if first.sim["schedule_lag_max_s"] < STARVED_LAG_S and not first.sim["schedule_resets"] \
+                and not client_starved(first):
             raise
     first.srv.kill()
     second = measure(launch, args, env, scale / 2, n, **kw)
