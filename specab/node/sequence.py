@@ -6,13 +6,15 @@
     sequence.py --node-dir D reset --experiment-id X
     sequence.py --node-dir D wait --run-id R --timeout S
     sequence.py --node-dir D finish --experiment-id X
+    sequence.py --node-dir D stage --experiment-id X [--finish] < batch.json   (enqueue.yml: a batch of runs)
     sequence.py --node-dir D serve --experiment-id X ...     (what ensure spawns)
 
 The controller writes each run's directory (launch.sh, nccl.env, args.json), then its queue entry
-``queue/<seq:06d>-<run_id>.json``; the sequencer claims the lowest-seq entry of its experiment and
-runs it with the node tools' logic called in-process (no interpreter start per step):
-start → ready (polled every 50 ms) → env verify → bench (client and GPU sampler as processes,
-started ahead and released at once) → stop → GPUs free → manifest → done.json, then the next entry.
+``queue/<seq:06d>-<run_id>.json`` (``stage``: a whole batch from one JSON document, staging.py); the
+sequencer claims the lowest-seq entry of its experiment and runs it with the node tools' logic
+called in-process (no interpreter start per step): start → ready (polled every 50 ms) → env verify →
+bench (client and GPU sampler as processes, started ahead and released at once) → stop → GPUs free →
+manifest → done.json, then the next entry.
 A failure in any phase is recorded and the run is still stopped, its GPUs verified free, its
 manifest and done.json written; GPUs that cannot be verified free halt the sequencer. Phases are
 appended to ``runs/<run_id>/phases.jsonl`` as they begin. Contract: docs/architecture.md and
@@ -37,6 +39,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import contract  # noqa: E402
+import staging  # noqa: E402
 from common import ToolError, UsageError  # noqa: E402
 
 BIN_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -50,7 +53,7 @@ SERVE_LOCK = "sequencer.lock"
 ENSURE_LOCK = "sequencer.ensure.lock"
 END_PREFIX = "END-"
 HOLD_PREFIX = "HOLD-"        # queue/HOLD-<experiment_id>: the driver was interrupted, claim and start nothing
-STAGING_DIR = ".staging"     # queue/.staging: entries being written (enqueue.yml), not yet queued
+STAGING_DIR = ".staging"     # queue/.staging: entries being written (`stage`), not yet queued
 ENTRY_RE = contract.QUEUE_ENTRY_RE
 ID_RE = contract.ID_RE
 PHASES = contract.NODE_PHASES
@@ -213,6 +216,14 @@ def lease_age(node_dir: str, since: float) -> float:
 
 def queue_dir(node_dir: str) -> str:
     return os.path.join(node_dir, QUEUE_DIR)
+
+
+def make_queue_dir(node_dir: str) -> str:
+    """queue/ (0700: entries carry the node env), created when missing."""
+    path = queue_dir(node_dir)
+    os.makedirs(path, staging.QUEUE_MODE, exist_ok=True)
+    os.chmod(path, staging.QUEUE_MODE)
+    return path
 
 
 def queued_names(node_dir: str) -> List[str]:
@@ -1003,7 +1014,7 @@ def spawn(a: argparse.Namespace) -> Dict[str, Any]:
 
 
 def cmd_ensure(a: argparse.Namespace) -> Dict[str, Any]:
-    os.makedirs(queue_dir(a.node_dir), exist_ok=True)
+    make_queue_dir(a.node_dir)
     touch_lease(a.node_dir)
     with ensure_lock(a.node_dir):
         # runs will come: an END marker of an earlier session of this experiment no longer holds
@@ -1027,13 +1038,13 @@ def cmd_ensure(a: argparse.Namespace) -> Dict[str, Any]:
 
 
 def cmd_reset(a: argparse.Namespace) -> Dict[str, Any]:
-    os.makedirs(queue_dir(a.node_dir), exist_ok=True)
+    make_queue_dir(a.node_dir)
     with ensure_lock(a.node_dir):
         stopped = stop_live(a.node_dir, a.stop_grace + a.gpu_free_timeout + 30)
         removed = []
         qdir = queue_dir(a.node_dir)
-        staging = os.path.join(qdir, STAGING_DIR)     # enqueue.yml writes entries here, then renames them in
-        for d, prefix in ((qdir, ""), (staging, STAGING_DIR + "/")):
+        staged = os.path.join(qdir, STAGING_DIR)      # `stage` writes entries here, then renames them in
+        for d, prefix in ((qdir, ""), (staged, STAGING_DIR + "/")):
             try:
                 names = sorted(os.listdir(d))
             except OSError:
@@ -1048,12 +1059,28 @@ def cmd_reset(a: argparse.Namespace) -> Dict[str, Any]:
         return {"experiment_id": a.experiment_id, "sequencer": stopped, "removed": removed}
 
 
-def cmd_finish(a: argparse.Namespace) -> Dict[str, Any]:
-    os.makedirs(queue_dir(a.node_dir), exist_ok=True)
-    path = os.path.join(queue_dir(a.node_dir), END_PREFIX + a.experiment_id)
+def write_end_marker(node_dir: str, experiment_id: str) -> str:
+    path = os.path.join(make_queue_dir(node_dir), END_PREFIX + experiment_id)
     atomic_write_text(path, "%s\n" % common.now_iso(), 0o644)
+    return path
+
+
+def cmd_finish(a: argparse.Namespace) -> Dict[str, Any]:
+    path = write_end_marker(a.node_dir, a.experiment_id)
     rec = common.load_sequencer(a.node_dir)
     return {"end_marker": path, "sequencer": rec if common.sequencer_alive(rec) else None}
+
+
+def cmd_stage(a: argparse.Namespace) -> Dict[str, Any]:
+    """A batch of runs from one JSON document on stdin (staging.py): their run directories, then their
+    entries renamed into queue/ in run order."""
+    runs = staging.parse(sys.stdin.read(), a.node_dir, a.experiment_id,
+                         lambda data, name: Entry(data, a.node_dir, name))
+    qdir = make_queue_dir(a.node_dir)    # (no lease touch: ensure, just before, and every wait give that sign)
+    out = dict(staging.stage(runs, qdir, os.path.join(qdir, STAGING_DIR)), experiment_id=a.experiment_id)
+    if a.finish:                         # the last runs: no more will come (what `finish` does, after them)
+        out["end_marker"] = write_end_marker(a.node_dir, a.experiment_id)
+    return out
 
 
 def cmd_wait(a: argparse.Namespace) -> Dict[str, Any]:
@@ -1136,7 +1163,7 @@ def cmd_wait(a: argparse.Namespace) -> Dict[str, Any]:
 
 
 def cmd_serve(a: argparse.Namespace) -> Dict[str, Any]:
-    os.makedirs(queue_dir(a.node_dir), exist_ok=True)
+    make_queue_dir(a.node_dir)
     fd = os.open(os.path.join(a.node_dir, SERVE_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -1208,6 +1235,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     sp.add_argument("--timeout", type=float, required=True)
     sp = sub.add_parser("finish")
     exp(sp)
+    sp = sub.add_parser("stage", help="read a batch of runs (JSON, specab/node/README.md) on stdin: write their run "
+                                      "directories, then queue their entries in run order")
+    exp(sp)
+    sp.add_argument("--finish", action="store_true",
+                    help="then write the END marker, as `finish` does: these are the experiment's last runs")
     a = p.parse_args(argv)
     a.node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
     if getattr(a, "experiment_id", None) is not None and not ID_RE.match(a.experiment_id):
@@ -1219,7 +1251,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     a = parse_args(argv)
     os.makedirs(a.node_dir, exist_ok=True)
     commands: Dict[str, Callable[[argparse.Namespace], Dict[str, Any]]] = {
-        "ensure": cmd_ensure, "reset": cmd_reset, "wait": cmd_wait, "finish": cmd_finish, "serve": cmd_serve}
+        "ensure": cmd_ensure, "reset": cmd_reset, "wait": cmd_wait, "finish": cmd_finish, "serve": cmd_serve,
+        "stage": cmd_stage}
     return commands[a.command](a)
 
 

@@ -3,8 +3,8 @@ and its dead-time measurement (``python -m tests.node.seq_deadtime``).
 
 The node tools are deployed into ``<node>/bin/`` (as node_prepare does: every ``specab/node/*.py``,
 the benchmark client ``loadgen.py`` among them); each run directory gets launch.sh / nccl.env / args.json rendered from the
-same templates with the same Jinja settings as the server_start role (``specab.driver.render``), then its
-queue entry is written atomically, in the format of docs/architecture.md.
+same templates with the same Jinja settings as the server_start role (``specab.driver.render``) and
+handed, with its queue entry (docs/architecture.md), to ``sequence.py stage`` as enqueue.yml does.
 """
 from __future__ import annotations
 
@@ -113,22 +113,20 @@ class SeqNode:
         return {"name": name, "server_args": {k: v for k, v in sa.items() if v is not None},
                 "env": {"NCCL_PROTO": "LL", "NCCL_DEBUG": "INFO"}}
 
-    def enqueue(self, seq: int, arm: Dict[str, Any], bench: Optional[Dict[str, Any]] = None,
-                node_env_extra: Optional[Dict[str, str]] = None, experiment_id: Optional[str] = None,
-                gpu_free_threshold_mib: float = 64, gpu_free_s: float = 30) -> str:
+    def batch_run(self, seq: int, arm: Dict[str, Any], bench: Optional[Dict[str, Any]] = None,
+                  node_env_extra: Optional[Dict[str, str]] = None, experiment_id: Optional[str] = None,
+                  gpu_free_threshold_mib: float = 64, gpu_free_s: float = 30) -> Dict[str, Any]:
+        """One run of a `sequence.py stage` batch: its files rendered from the templates, its queue entry."""
         run_id = "%03d-%s" % (seq, arm["name"])
         run_dir = self.node_dir / "runs" / run_id
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True)
         env = render.environment()
         ctx = {"specab_arm": arm, "specab_engine_cmd": [PY, "-m", "specab.sim.launch_server"],
                "specab_node_env": dict(self.node_env, **(node_env_extra or {})), "specab_run_id": run_id}
-        (run_dir / "launch.sh").write_text(env.get_template(render.LAUNCH_TEMPLATE).render(ctx))
-        os.chmod(run_dir / "launch.sh", 0o755)
-        (run_dir / "nccl.env").write_text(env.get_template(render.ENV_TEMPLATE).render(ctx))
-        os.chmod(run_dir / "nccl.env", 0o600)
-        (run_dir / "args.json").write_text(json.dumps(arm["server_args"], indent=4, sort_keys=True) + "\n")
+        files = [{"name": "launch.sh", "mode": "0755", "check": "bash",
+                  "content": env.get_template(render.LAUNCH_TEMPLATE).render(ctx)},
+                 {"name": "nccl.env", "mode": "0600", "content": env.get_template(render.ENV_TEMPLATE).render(ctx)},
+                 {"name": "args.json", "mode": "0644",
+                  "content": json.dumps(arm["server_args"], indent=4, sort_keys=True) + "\n"}]
         exp = experiment_id or self.experiment_id
         host = str(arm["server_args"].get("host", "127.0.0.1"))
         port = int(arm["server_args"].get("port", 30000))
@@ -142,19 +140,28 @@ class SeqNode:
                  "manifest": {"seed": 1, "extra": {"experiment_id": exp, "run_id": run_id, "arm": arm["name"],
                                                    "specab_git": "test", "ansible_version": "none",
                                                    "inventory_hostname": "simnode"}}}
-        qdir = self.node_dir / "queue"
-        qdir.mkdir(exist_ok=True)
-        tmp = qdir / (".tmp-%s" % run_id)
-        tmp.write_text(json.dumps(entry))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, qdir / ("%06d-%s.json" % (seq, run_id)))
-        return run_id
+        return {"seq": seq, "run_id": run_id, "files": files, "entry": entry}
+
+    def stage(self, runs: List[Dict[str, Any]], *extra: str, experiment_id: Optional[str] = None) -> Result:
+        """`sequence.py stage`: the batch document on stdin, as enqueue.yml hands it over."""
+        doc = json.dumps({"version": 1, "runs": runs})
+        return self.seq("stage", "--experiment-id", experiment_id or self.experiment_id, *extra, stdin=doc)
+
+    def enqueue(self, seq: int, arm: Dict[str, Any], bench: Optional[Dict[str, Any]] = None,
+                node_env_extra: Optional[Dict[str, str]] = None, experiment_id: Optional[str] = None,
+                gpu_free_threshold_mib: float = 64, gpu_free_s: float = 30) -> str:
+        """Queue one run as enqueue.yml does (a batch of one through `sequence.py stage`); its run id."""
+        run = self.batch_run(seq, arm, bench, node_env_extra, experiment_id, gpu_free_threshold_mib, gpu_free_s)
+        r = self.stage([run], experiment_id=run["entry"]["experiment_id"])
+        assert r.rc == 0, "sequence.py stage failed: %r %s" % (r.data, r.stderr)
+        return run["run_id"]
 
     # -- the sequencer's CLI -------------------------------------------------------------------
 
-    def seq(self, *args: str, timeout: float = 120) -> Result:
+    def seq(self, *args: str, timeout: float = 120, stdin: Optional[str] = None) -> Result:
         p = subprocess.run([PY, str(self.bin / "sequence.py"), "--node-dir", str(self.node_dir)] + list(args),
-                           env=self.env, capture_output=True, text=True, timeout=timeout)
+                           env=self.env, capture_output=True, text=True, timeout=timeout,
+                           input=stdin if stdin is not None else "")
         try:
             data = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {}
         except ValueError:

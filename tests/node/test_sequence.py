@@ -73,7 +73,7 @@ def test_queued_runs_all_done_with_the_per_run_files(node):
     assert wait_for(lambda: not alive(seq_pid), 30), "the sequencer exits after END and an empty queue"
     rec = node.record()
     assert rec["state"] == "exited" and rec["runs_done"] == 3 and "end marker" in rec["reason"]
-    assert not os.listdir(node.node_dir / "queue") or all(n.startswith("END-") for n in os.listdir(node.node_dir / "queue"))
+    assert all(n.startswith("END-") or n == ".staging" for n in os.listdir(node.node_dir / "queue"))
 
     for rid in ids:
         files = {p.name for p in (node.node_dir / "runs" / rid).iterdir()}
@@ -275,11 +275,12 @@ def test_ensure_is_idempotent_replaces_another_experiment_and_reset_clears_the_q
     # entries of the first experiment are not the other sequencer's to run
     queued = [node.enqueue(1, node.arm("baseline")), node.enqueue(2, node.arm("eagle3-s2", **SPEC))]
     time.sleep(0.5)   # several of the sequencer's 50 ms polls
-    assert len(os.listdir(node.node_dir / "queue")) == 2
+    assert sorted(os.listdir(node.node_dir / "queue")) == [".staging"] + ["%06d-%s.json" % (i + 1, q)
+                                                                           for i, q in enumerate(queued)]
     node.seq("finish", "--experiment-id", node.experiment_id)
     # an entry enqueue.yml had staged but not handed over (a controller that died in between)
     staging = node.node_dir / "queue" / ".staging"
-    staging.mkdir()
+    staging.mkdir(exist_ok=True)          # made by `stage`
     (staging / "000003-003-baseline.json").write_text("{}")
     r = node.seq("reset", "--experiment-id", node.experiment_id)
     assert r.rc == 0, r.error
@@ -387,3 +388,81 @@ def test_a_sequencer_without_its_controller_claims_no_new_run(node):
     assert "resume" in rec["reason"]
     assert (node.node_dir / "queue" / "000001-001-baseline.json").exists()     # still queued, never run
     assert not (node.node_dir / "runs" / "001-baseline" / "done.json").exists()
+
+
+def _mode(p: Path) -> int:
+    return p.stat().st_mode & 0o777
+
+
+def test_stage_writes_every_run_directory_then_queues_the_batch_in_run_order(node):
+    """`sequence.py stage` (enqueue.yml's one call per batch): each run directory recreated (an earlier
+    attempt's files gone) with the files in their modes, the entries renamed into queue/ in run order
+    after all of them (.staging left empty); a later batch staged while the sequencer runs, with --finish
+    (END after its runs, as enqueue.yml sends the last runs), and the sequencer runs them all and exits."""
+    stale = node.node_dir / "runs" / "002-eagle3-s2"
+    stale.mkdir(parents=True)
+    (stale / "done.json").write_text('{"ok": false}')        # a failed earlier attempt (resume)
+    runs = [node.batch_run(1, node.arm("baseline")), node.batch_run(2, node.arm("eagle3-s2", **SPEC))]
+    r = node.stage(runs)
+    assert r.rc == 0, (r.data, r.stderr)
+    names = ["000001-001-baseline.json", "000002-002-eagle3-s2.json"]
+    assert r.data["queued"] == names and "end_marker" not in r.data
+    queue = node.node_dir / "queue"
+    assert sorted(os.listdir(queue)) == [".staging"] + names
+    assert os.listdir(queue / ".staging") == [] and _mode(queue) == 0o700 and _mode(queue / ".staging") == 0o700
+    for run in runs:
+        d = node.node_dir / "runs" / run["run_id"]
+        assert sorted(os.listdir(d)) == ["args.json", "launch.sh", "nccl.env"] and _mode(d) == 0o755
+        assert (_mode(d / "launch.sh"), _mode(d / "nccl.env"), _mode(d / "args.json")) == (0o755, 0o600, 0o644)
+        for f in run["files"]:
+            assert (d / f["name"]).read_text() == f["content"]
+        entry = queue / ("%06d-%s.json" % (run["seq"], run["run_id"]))
+        assert _mode(entry) == 0o600 and json.loads(entry.read_text()) == run["entry"]
+    assert node.ensure().rc == 0
+    last = node.batch_run(3, node.arm("baseline"))
+    r = node.stage([last], "--finish")
+    assert r.rc == 0 and r.data["queued"] == ["000003-003-baseline.json"], (r.data, r.stderr)
+    assert r.data["end_marker"] == str(queue / ("END-%s" % node.experiment_id))
+    for run in runs + [last]:
+        done = node.wait(run["run_id"]).data
+        assert done["status"] == "ok", done
+    assert wait_for(lambda: node.record()["state"] == "exited", 30)       # the END marker came with the batch
+    assert "END" in node.record().get("reason", ""), node.record()
+
+
+def test_stage_refuses_a_launch_script_bash_rejects_and_writes_nothing(node):
+    """What the template module's `validate: bash -n` did, for the whole batch before anything is written:
+    the error names the run and file, shows bash's words with a secret flag's value redacted, and neither
+    run directory nor any entry of the batch is touched."""
+    good, bad = node.batch_run(1, node.arm("baseline")), node.batch_run(2, node.arm("baseline"))
+    launch = bad["files"][0]
+    assert launch["name"] == "launch.sh"
+    launch["content"] = launch["content"].replace('  "$@"', '  --api-key SECRETVALUE42 ( \\\n  "$@"')
+    earlier = node.node_dir / "runs" / good["run_id"]
+    earlier.mkdir(parents=True)
+    (earlier / "server.log").write_text("an earlier attempt's log\n")
+    r = node.stage([good, bad])
+    assert r.rc == 1
+    assert "run 002-baseline: launch.sh fails `bash -n`" in r.error and "syntax error" in r.error, r.error
+    assert "nothing of this batch of 2 run(s) was written or queued" in r.error
+    assert "SECRETVALUE42" not in r.error + r.stderr and "--api-key" in r.error
+    assert os.listdir(earlier) == ["server.log"] and not (node.node_dir / "runs" / bad["run_id"]).exists()
+    queue = node.node_dir / "queue"
+    assert not queue.exists() or [n for n in os.listdir(queue) if n != ".staging"] == []
+
+
+@pytest.mark.parametrize("spoil, needle", [
+    (lambda run: run["entry"].update(run_dir="/etc"), "run_dir '/etc' is not this node's run directory"),
+    (lambda run: run["entry"].update(experiment_id="other-20261129-100000"), "of experiment 'other-20261129-100000'"),
+    (lambda run: run["entry"].pop("timeouts"), "lacks 'timeouts'"),
+    (lambda run: run["files"].append({"name": "../x", "mode": "0644", "content": ""}), "is not a plain file name"),
+    (lambda run: run["files"][1].update(mode=0o600), "give it as an octal string"),
+])
+def test_stage_refuses_what_the_sequencer_or_the_run_directory_could_not_take(node, spoil, needle):
+    """A batch the sequencer would refuse an entry of (Entry's own checks), or that would write outside the
+    run directory, fails as a whole, naming the run, before anything is written."""
+    first, second = node.batch_run(1, node.arm("baseline")), node.batch_run(2, node.arm("eagle3-s2", **SPEC))
+    spoil(second)
+    r = node.stage([first, second])
+    assert r.rc == 1 and "run 002-eagle3-s2" in r.error and needle in r.error, r.error
+    assert not (node.node_dir / "runs").exists() and not (node.node_dir / "queue").exists()
