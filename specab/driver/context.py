@@ -260,7 +260,7 @@ class RunContext:
             return []
         last_seq = max(r["seq"] for r in self.store.plan())
         new = make_plan(list(self.arms), 1, exp_row["seed"], exp_row["order_mode"], first_block=blocks + 1,
-                        first_seq=last_seq + 1, num_requests=requests)
+                        first_seq=last_seq + 1, num_requests=requests if self.opts.design == "cost" else None)
         self.store.write_plan([r.to_json() for r in new], repeats=blocks + 1)
         self.progress.state.total = len(self.store.plan())
         return new

@@ -236,7 +236,7 @@ def first_plan(prepared: Prepared, opts: Options, store: st.Store, fp: str
     rest block by block (RunContext.more_blocks). Otherwise the --repeats blocks at the experiment's requests."""
     requests = int(prepared.experiment.bench_settings["num_requests"])
     if opts.target_ci is None or opts.design != "cost":
-        return [dataclasses.replace(r, num_requests=requests) for r in prepared.plan], None
+        return list(prepared.plan), None          # num_requests None: the experiment's, whenever the run runs
     cap = opts.max_repeats or opts.repeats
     runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
     inputs = design_inputs(prepared.experiment, prepared.arms, prepared.inventory.hosts[0], runs_dir, fp)
@@ -252,7 +252,8 @@ def first_plan(prepared: Prepared, opts: Options, store: st.Store, fp: str
                                  plan=d.to_dict())
     else:
         store.record_design_step(blocks=0, design="cost", more=True, requests=m, reason=f"first block: {why}")
-    return make_plan([a.name for a in prepared.arms], 1, opts.seed, opts.order, num_requests=m), d
+    return make_plan([a.name for a in prepared.arms], 1, opts.seed, opts.order,
+                     num_requests=m if d is not None else None), d
 
 
 def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None = None) -> tuple[int, Path]:

@@ -98,9 +98,9 @@ CREATE TABLE IF NOT EXISTS plan (
     block    INTEGER NOT NULL,              -- replicate block (1-based)
     position INTEGER NOT NULL,              -- position within the block
     arm      TEXT NOT NULL REFERENCES arms(name),
-    num_requests INTEGER                    -- measured requests the run is planned with: the experiment's
-                                            -- bench.num_requests, or the design by cost's for its block; NULL in
-                                            -- stores before 2026-12 (the experiment's)
+    num_requests INTEGER                    -- measured requests the design by cost chose for the run's block;
+                                            -- NULL: the experiment's bench.num_requests when the run runs (a
+                                            -- --force-changed resume runs it with the changed experiment's)
 );
 CREATE TABLE IF NOT EXISTS runs (
     seq            INTEGER PRIMARY KEY REFERENCES plan(seq),

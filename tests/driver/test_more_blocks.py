@@ -54,7 +54,9 @@ def by_cost(tmp_path, experiment_file):
 
 def test_a_block_is_added_while_stats_asks_for_one_up_to_max_repeats(sequential, monkeypatch):
     run = sequential
-    assert [p["num_requests"] for p in run.store.plan()] == [3] * 4        # --repeats blocks, the experiment's
+    # --repeats blocks at the experiment's requests: none chosen by a design (NULL), the experiment's 3 when they run
+    assert [p["num_requests"] for p in run.store.plan()] == [None] * 4
+    assert {run.num_requests(PlannedRun.from_row(p)) for p in run.store.plan()} == {3}
     calls = []
 
     def decide(store, target, limit):
@@ -63,6 +65,7 @@ def test_a_block_is_added_while_stats_asks_for_one_up_to_max_repeats(sequential,
     monkeypatch.setattr(ex, "decide_more_blocks", decide)
     new = run.more_blocks()
     assert [r.block for r in new] == [3, 3] and [r.seq for r in new] == [5, 6]
+    assert [r.num_requests for r in new] == [None, None]       # the sequential design keeps the experiment's
     assert sorted(r.arm for r in new) == ["baseline", "eagle3-s2"]
     assert run.store.experiment()["repeats"] == 3 and len(run.store.plan()) == 6
     assert calls == [(0.02, 4)]
