@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import stat
+import statistics
 import sys
 from pathlib import Path
 
@@ -332,9 +333,12 @@ def test_a_starved_front_end_delivers_in_bursts(nodes):
     assert "3 of 3 measured requests" in bursts[0].message, bursts[0].message
     (starved,) = e.runs_of("starved")
     assert starved.buffered_requests == 3 and starved.tok_s is None
-    assert all(r.decode_tok_s is None and r.ttft_s and r.ttft_s > 0.8 * r.e2e_s for r in starved.measured), \
-        [(r.decode_tok_s, r.ttft_s, r.e2e_s) for r in starved.measured]
+    # the first token came only when the whole generation was done: after about a healthy request's whole time
+    # (the starved request's own tail is the client parsing 1024 chunks at once, a fifth of it on a loaded box)
     (base,) = e.runs_of("baseline")
+    healthy_e2e = statistics.median(r.e2e_s for r in base.measured)
+    assert all(r.decode_tok_s is None and r.ttft_s and r.ttft_s > 0.8 * healthy_e2e for r in starved.measured), \
+        ([(r.ttft_s, r.e2e_s) for r in starved.measured], healthy_e2e)
     assert base.buffered_requests == 0 and base.tok_s and base.tok_s > 0.85 * USUAL_BASELINE
     report_stats = stats.analyse(e)                   # an arm without a decode pace still analyses
     assert report_stats.arms["starved"].tok_s_run.median is None
