@@ -257,11 +257,16 @@ def test_sigkill_mid_benchmark_leaves_real_orphans_that_stop_cleans(real_vllm: R
         assert any(t.startswith("VLLM::EngineCore") for t in engine.values()), engine
         others_before = set(vllm_processes()) - set(engine)
         os.kill(rec["pid"], signal.SIGKILL)
-        bench.wait(timeout=180)
+        deadline = time.monotonic() + 30                      # the API server gone (reparented to init and reaped)
+        while time.monotonic() < deadline and rec["pid"] in vllm_processes():
+            time.sleep(0.1)
         orphans = ours(rec["sid"])
         print(f"after SIGKILL of the API server {rec['pid']}: orphans {orphans}")
-        assert orphans, "expected the real EngineCore/Worker to outlive a SIGKILLed API server"
+        assert rec["pid"] not in orphans and orphans, "expected the real EngineCore/Worker to outlive a SIGKILLed API server"
+        # stop before waiting for the benchmark: the orphans inherited the server's sockets, so the benchmark's
+        # stream stays open (until its 60 s request timeout) for as long as they live
         out = stop(node)
+        bench.wait(timeout=180)
         assert set(orphans) <= {p["pid"] for p in out["processes_at_start"]}, out
         assert not set(orphans) & set(vllm_processes()), (orphans, out)
         signalled = {e.get("id") for e in out.get("signals", [])}
@@ -273,7 +278,10 @@ def test_sigkill_mid_benchmark_leaves_real_orphans_that_stop_cleans(real_vllm: R
 
 def test_sigterm_mid_benchmark_is_a_clean_real_shutdown(real_vllm: RealVllm, tmp_path: Path) -> None:
     """stop.py (SIGTERM to the recorded group) while the benchmark runs: the real API server, EngineCore, Worker and
-    resource_tracker all exit within the grace period, no SIGKILL needed; the benchmark records the failure."""
+    resource_tracker are all gone and the benchmark records the failure. Quiet, vLLM's own shutdown ends them within the
+    grace period (0.5 s here); on a loaded CI box its API server twice outlived a 20 s grace (with the
+    resource_tracker, which waits for it) after EngineCore and Worker had exited: then stop.py's record must say so
+    (escalated, the survivors by name, the SIGKILL and why) and the SIGKILL must end them."""
     port = free_port()
     node, run, rec = launch(real_vllm, tmp_path, port, str(real_vllm.models / "tiny-llama"))
     try:
@@ -284,15 +292,22 @@ def test_sigterm_mid_benchmark_is_a_clean_real_shutdown(real_vllm: RealVllm, tmp
         assert any(t.startswith("VLLM::Worker") for t in engine.values()), engine
         out = stop(node)
         print(f"SIGTERM mid-benchmark: {len(out['processes_at_start'])} processes gone in {out.get('term_to_gone_s')} s")
-        if out.get("escalated"):          # the whole record, for the log: which process outlived the grace, and how
+        log = (run / "server.log").read_text(errors="replace")
+        assert out["was_running"], out
+        assert "[shutdown] API server: shutdown triggered" in log, log[-3000:]   # the SIGTERM reached vLLM's handler
+        if out.get("escalated"):          # the whole record and vLLM's shutdown lines, for the log: who outlived the grace
             print(json.dumps(out, indent=1))
-        assert out["was_running"] and not out.get("escalated"), out
+            print(log[log.find("[shutdown]") - 200:][-6000:])
+            survivors = {p["pid"] for p in out["survivors_after_grace"]}
+            assert survivors and survivors <= {p["pid"] for p in out["processes_at_start"]}, out
+            kills = [s for s in out["signals"] if s["signal"] == "SIGKILL"]
+            assert kills and kills[0]["why"].startswith("grace period") and kills[0]["delivered"], out
         assert {p["pid"] for p in out["processes_at_start"]} >= set(engine)
         assert not ours(rec["sid"])
         bench.wait(timeout=180)
         assert bench.returncode == 1                          # measured requests failed: recorded, not hidden
-        log = (run / "server.log").read_text(errors="replace")
-        assert "Application shutdown complete." in log or "[shutdown]" in log
+        if not out.get("escalated"):
+            assert "Application shutdown complete." in log or "[shutdown] API server: engine client stopped" in log
     finally:
         stop(node)
 
