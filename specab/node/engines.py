@@ -428,6 +428,14 @@ VLLM_SPEC_COUNTERS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
 }
 VLLM_SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# Per-request histograms whose _sum/_count give the engine's own decode rate over a window. vLLM stamps a
+# request's first and last token with the EngineCore's clock (v1/metrics/stats.py: decode_time =
+# last_token_ts - first_token_ts), so the rate holds when the API server or the client is starved of CPU and
+# the stream reaches the client in bursts.
+VLLM_DECODE_HISTOGRAMS = {
+    "generation_tokens": "vllm:request_generation_tokens",
+    "decode_s": "vllm:request_decode_time_seconds",
+}
 # The API server logs every argument that differs from its default, as a Python dict repr.
 NON_DEFAULT_ARGS_RE = re.compile(r"non-default args: (\{.*\})\s*$")
 # Exception lines that report another process's death, not its cause: vLLM's API server logs EngineDeadError
@@ -611,6 +619,30 @@ def vllm_spec_counters(metrics_text: str) -> Dict[str, Any]:
             out["per_position"][pos] = out["per_position"].get(pos, 0.0) + value
             out["present"] = True
     return out
+
+
+def vllm_decode_counters(metrics_text: str) -> Dict[str, float]:
+    """The finished requests' generation tokens and decode seconds of one /metrics scrape (histogram sums and
+    the decode histogram's count), summed over label sets: {generation_tokens, decode_s, requests}."""
+    out = {"generation_tokens": 0.0, "decode_s": 0.0, "requests": 0.0}
+    sums = {name + "_sum": key for key, name in VLLM_DECODE_HISTOGRAMS.items()}
+    count = VLLM_DECODE_HISTOGRAMS["decode_s"] + "_count"
+    for name, _labels, value in parse_prometheus(metrics_text):
+        if name in sums:
+            out[sums[name]] += value
+        elif name == count:
+            out["requests"] += value
+    return out
+
+
+def vllm_decode_rate(before: Dict[str, float], after: Dict[str, float]) -> Dict[str, Any]:
+    """The engine's decode rate over the requests that finished between two scrapes: tokens after each
+    request's first / decode seconds (a token-weighted mean over the requests; None when none finished)."""
+    d = {k: after[k] - before[k] for k in ("generation_tokens", "decode_s", "requests")}
+    decoded = d["generation_tokens"] - d["requests"]
+    return {"requests": int(d["requests"]), "generation_tokens": int(d["generation_tokens"]),
+            "decode_s": round(d["decode_s"], 6),
+            "decode_tok_s": (decoded / d["decode_s"]) if d["requests"] > 0 and d["decode_s"] > 0 else None}
 
 
 def vllm_acceptance(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:

@@ -647,16 +647,22 @@ def vllm_spec_metrics(target: "Target", timeout: float) -> Optional[Dict[str, An
         return None
     if "vllm:" not in text:
         return None
-    return engines.vllm_spec_counters(text)
+    counters = engines.vllm_spec_counters(text)
+    counters["decode"] = engines.vllm_decode_counters(text)
+    return counters
 
 
 def add_engine_acceptance(summary: Dict[str, Any], before: Optional[Dict[str, Any]],
                           after: Optional[Dict[str, Any]]) -> None:
     """The engine's own acceptance over the measured requests (vLLM: /metrics deltas): summary["spec_metrics"]
     (drafts, draft_tokens, accepted, accept_len = 1 + accepted/drafts, accept_rate = accepted/draft tokens,
-    per_position_rate); accept_len_mean takes it when the responses carried no per-request acceptance."""
+    per_position_rate); accept_len_mean takes it when the responses carried no per-request acceptance.
+    summary["engine_decode"]: the engine's own decode rate over the same requests (engines.vllm_decode_rate),
+    what the results table shows when the stream reached the client in bursts (buffered requests)."""
     if before is None or after is None:
         return
+    summary["engine_decode"] = dict(engines.vllm_decode_rate(before["decode"], after["decode"]),
+                                    source="vllm /metrics delta over the measured requests")
     acc = engines.vllm_acceptance(before, after)
     acc["source"] = "vllm /metrics delta over the measured requests"
     # the server's totals at the end (warm-up and readiness requests included): what vLLM's periodic

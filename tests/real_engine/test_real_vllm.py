@@ -141,7 +141,8 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     table = json.loads((runs / "real" / "ab_table.json").read_text())
     rows = {r["arm"]: r for r in table["rows"]}
     print(f"A/B round on a real vLLM: {elapsed:.0f} s; " + "; ".join(
-        f"{a}: {r['tok_s']:.0f} tok/s, accept len {r['accept_len']}" for a, r in rows.items()))
+        f"{a}: {r['tok_s']} tok/s at the client ({r['buffered']} of 3 requests in bursts), {r['engine_tok_s']:.0f} "
+        f"tok/s in the engine, accept len {r['accept_len']}" for a, r in rows.items()))
     assert all(r["ok"] == r["requests"] == 3 for r in rows.values())
 
     def run_file(arm: str, name: str) -> Any:
@@ -149,6 +150,11 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
         path = runs / "real" / f"{seq:03d}-{arm}" / name
         return json.loads(path.read_text()) if name.endswith(".json") else path.read_text()
 
+    # every arm's engine decode rate is vLLM's own histograms' delta over exactly the 3 measured requests
+    for arm in rows:
+        dec = run_file(arm, "bench_summary.json")["engine_decode"]
+        assert dec["requests"] == 3 and dec["generation_tokens"] == 3 * 96 and dec["decode_tok_s"] > 0, (arm, dec)
+        assert rows[arm]["engine_tok_s"] == pytest.approx(dec["decode_tok_s"])
     # the self-draft arm: tau within 0.05 of k+1, and the table's number IS vLLM's own /metrics delta
     k = exp["arms"][1]["server_args"]["speculative_config"]["num_speculative_tokens"]
     self_metrics = run_file("draft-self-k3", "bench_summary.json")["spec_metrics"]

@@ -46,6 +46,19 @@ def test_metrics_counters_and_delta_match_the_real_benchmark() -> None:
     assert summary["accept_len_mean"] == 4.0 and summary["accept_len_from"] == "metrics"
 
 
+def test_decode_histograms_give_the_engines_own_decode_rate() -> None:
+    # the real /metrics after a 16-token curl, loadgen's warm-up and 3 measured requests of 128 tokens: 5 requests,
+    # 528 generation tokens, 1.885 s of decode (EngineCore timestamps, first token to last)
+    before = engines.vllm_decode_counters(text("metrics_before.txt"))
+    after = engines.vllm_decode_counters(text("metrics_after.txt"))
+    assert before == {"generation_tokens": 0.0, "decode_s": 0.0, "requests": 0.0}
+    assert after == {"generation_tokens": 528.0, "decode_s": pytest.approx(1.8854260399994018), "requests": 5.0}
+    rate = engines.vllm_decode_rate(before, after)
+    assert rate["requests"] == 5 and rate["generation_tokens"] == 528
+    assert rate["decode_tok_s"] == pytest.approx((528 - 5) / 1.8854260399994018)
+    assert engines.vllm_decode_rate(after, after)["decode_tok_s"] is None      # nothing finished in the window
+
+
 def test_no_drafts_gives_no_acceptance_not_a_division_by_zero() -> None:
     zero = engines.vllm_spec_counters("vllm:num_requests_running 0\n")
     acc = engines.vllm_acceptance(zero, zero)
