@@ -141,7 +141,7 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     table = json.loads((runs / "real" / "ab_table.json").read_text())
     rows = {r["arm"]: r for r in table["rows"]}
     print(f"A/B round on a real vLLM: {elapsed:.0f} s; " + "; ".join(
-        f"{a}: {r['tok_s']} tok/s at the client ({r['buffered']} of 3 requests in bursts), {r['engine_tok_s']:.0f} "
+        f"{a}: {'-' if r['tok_s'] is None else round(r['tok_s'])} tok/s at the client ({r['buffered']} of 3 requests in bursts), {r['engine_tok_s']:.0f} "
         f"tok/s in the engine, accept len {r['accept_len']}" for a, r in rows.items()))
     assert all(r["ok"] == r["requests"] == 3 for r in rows.values())
 
