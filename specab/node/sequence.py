@@ -221,8 +221,7 @@ def queue_dir(node_dir: str) -> str:
 def make_queue_dir(node_dir: str) -> str:
     """queue/ (0700: entries carry the node env), created when missing."""
     path = queue_dir(node_dir)
-    os.makedirs(path, staging.QUEUE_MODE, exist_ok=True)
-    os.chmod(path, staging.QUEUE_MODE)
+    staging.make_queue_dir(path)
     return path
 
 

@@ -175,7 +175,8 @@ def _fresh_dir(path: str) -> None:
     os.chmod(path, RUN_DIR_MODE)
 
 
-def _queue_dir(path: str) -> None:
+def make_queue_dir(path: str) -> None:
+    """queue/ or its .staging/ (0700: entries carry the node env), created when missing."""
     os.makedirs(path, QUEUE_MODE, exist_ok=True)
     os.chmod(path, QUEUE_MODE)
 
@@ -187,8 +188,8 @@ def entry_text(entry: Dict[str, Any]) -> str:
 def stage(runs: Sequence[StagedRun], queue: str, staging: str) -> Dict[str, Any]:
     """Write every run directory and staged entry, then rename the entries into ``queue`` in run order."""
     check_files(runs)
-    _queue_dir(queue)
-    _queue_dir(staging)
+    make_queue_dir(queue)
+    make_queue_dir(staging)
     staged: List[str] = []
     try:
         for run in runs:
