@@ -215,12 +215,16 @@ def test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else(n
     out = by["instance-outlier"]
     assert [(f.arm, f.runs) for f in out] == [("hot", [slow["run_id"]])], [f.message for f in out]
     assert runs[slow["run_id"]].server_args["simulator"]["instance"] == slow["seq"] - 1
-    # ~20 % below: within the siblings' own spread (plus 1 %) of the 20 % the fault takes; a loaded machine's
-    # noise moves the siblings too (CI: 56.4 and 57.6 around a 44.7 that read -22 %)
+    # ~20 % below. Two things move the reading on a loaded machine: noise that moves the siblings too (CI: 56.4
+    # and 57.6 around a 44.7 that read -22 %), allowed below -20 % by the siblings' own spread (plus 1 %); and
+    # time per token the load adds to every run alike (scheduling, the client's parsing), which only pulls the
+    # ratio towards 0: an added 10 % of the siblings' time per token reads (1 + 0.1) / (1.25 + 0.1) - 1 = -18.5 %
+    # (CI: -18.0 % with siblings 55.98 and 56.25). Above, -15 % is allowed: still far from no fault (0 %) and
+    # from a fault applied twice (-36 %).
     siblings = sorted(runs[p["run_id"]].tok_s for p in hot_runs if p["run_id"] != slow["run_id"])
     sib_median = (siblings[0] + siblings[1]) / 2
     off = runs[slow["run_id"]].tok_s / sib_median - 1
-    assert abs(off + 0.20) <= (siblings[1] - siblings[0]) / sib_median + 0.01, (off, siblings)
+    assert -0.20 - ((siblings[1] - siblings[0]) / sib_median + 0.01) <= off <= -0.15, (off, siblings)
     assert re.search(r"is -\d+% off its siblings", out[0].message), out[0].message
 
     # nccl-untuned-baseline-slow: the six tuned variables missing, the baseline (~63) far below the usual 82.2
