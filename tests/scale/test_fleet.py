@@ -6,7 +6,7 @@ work at the same time, and the report shows the result of each host next to the 
 
 The wall-time ratio (fleet / one after another) is measured and printed, with the ratio of the nodes'
 run spans (first run claimed .. last run done, from the runs' phases.jsonl). Each run is mostly the
-node's time (`default` profile at time scale 0.5, 3 requests of 160 tokens), as on a GPU node where model
+node's time (`default` profile at time scale 0.5, 3 requests of 96 tokens), as on a GPU node where model
 load and benchmark take minutes: the run queue overlaps the controller's Ansible work for a run with the
 node's, so two hosts' runs really run side by side even though the "hosts" share the test machine's two
 cores with the controller. Asserted: the run spans' ratio < 0.75 and the whole wall-time ratio < 0.95
@@ -31,9 +31,9 @@ from tests.scale.cluster import (Node, experiment, experiment_dirs, namespace_no
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(2400)]
 BLOCKS_PER_HOST = 1
-# ~4-5 s per request at time scale 0.5: a run is mostly the node's time, as on a GPU node (model load and
+# ~2.5-3 s per request at time scale 0.5: a run is mostly the node's time, as on a GPU node (model load and
 # a benchmark of minutes), so the controller's work for a run overlaps the node's (run queue)
-FLEET_OUTPUT_LEN = 160
+FLEET_OUTPUT_LEN = 96
 
 
 @pytest.fixture(scope="module")
