@@ -27,6 +27,23 @@ class RealVllm:
         return [str(self.python), "-m", "vllm.entrypoints.openai.api_server"]
 
 
+def _cpu_bind() -> str | None:
+    """Under pytest-xdist each worker's real vLLMs bind their Worker to a core of their own (`make test` runs two
+    workers, tests/real_engine/test_real_vllm.py): with vLLM's `auto` both bound to the first core and slowed each
+    other ~1.5x. None: not under xdist, or the user chose (SPECAB_VLLM_CPU_BIND already set)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if "SPECAB_VLLM_CPU_BIND" in os.environ or not worker.startswith("gw"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    return str(cores[int(worker[2:]) % len(cores)])
+
+
+# before test_real_vllm.py reads it at import (its VLLM_ENV) and before any driver or playbook inherits it
+_BIND = _cpu_bind()
+if _BIND is not None:
+    os.environ["SPECAB_VLLM_CPU_BIND"] = _BIND
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

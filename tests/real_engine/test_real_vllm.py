@@ -33,7 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 NODE = REPO / "specab" / "node"
 VENV_BIN = Path(sys.executable).parent
 SMI = json.dumps([sys.executable, "-m", "specab.sim.smi"])
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("SPECAB_VLLM_CPU_BIND", "auto")}   # as inventory/vllm-cpu.yml
 
 
 def vllm_processes() -> dict[int, str]:
