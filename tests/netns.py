@@ -254,9 +254,9 @@ class NetnsHost:
             "UsePAM no\nStrictModes no\nSubsystem sftp internal-sftp\nMaxSessions 50\nMaxStartups 50\n"
             # Debian's bash runs ~/.bashrc for every command sshd starts (it sees SSH_CLIENT) when SHLVL says
             # it is a top-level shell. The test hosts log in as this machine's root, whose ~/.bashrc may be a
-            # developer's (here: `pyenv init`, ~100 processes and ~0.14 s of CPU per command, 3/4 of a
-            # multi-node test's CPU). What a node's login files cost is not what these tests measure: the
-            # commands start as a nested shell would, with sshd's environment and without the dotfiles.
+            # developer's (here: `pyenv init`, ~100 processes and ~0.14 s of CPU per command: the two multi-node
+            # tests took 205 s with it, 132 s without). What a node's login files cost is not what these tests
+            # measure: the commands start as a nested shell would, with sshd's environment, without the dotfiles.
             "SetEnv SHLVL=1\n")
 
     def _start_sshd(self) -> None:

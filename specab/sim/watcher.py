@@ -20,7 +20,8 @@ from specab.sim.procutil import set_title
 IDLE_EXIT_S = 2.0
 # A death wakes poll() at once (the holder's pidfd): this interval only bounds how soon a NEW holder is
 # registered and released memory is reaped. At 0.02 s the rescans of the allocation files cost ~6 % of a core
-# per node for as long as a server lives (110 s of CPU in the test suite); at 0.1 s a fifth of that.
+# per node for as long as a server lived (112 s of CPU in one test-suite run, by process accounting); at 0.1 s
+# there are five times fewer.
 POLL_S = 0.1
 
 
