@@ -54,8 +54,9 @@ REAL_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n 2 --dist loadgro
 # the quickest to fail.
 # The real engines (tests/real_engine: a real vLLM busy-polls the cores it runs on) go last, on a machine otherwise
 # idle: next to the main suite's timing-based tests they slowed the whole suite 1.5-3x (a 40-minute CI run).
-# Two real vLLMs side by side are fine (their tests assert counters, not speeds); exit 5 (nothing selected, e.g. PYTEST_ARGS='-m "not slow"') is not a failure. -rP prints what
-# each passed real-engine test printed: its evidence (the real VLLM::EngineCore pid, accept lengths, timings) in the CI log.
+# Two real vLLMs side by side are fine (their tests assert counters, not speeds). Exit 5 (nothing selected, e.g.
+# PYTEST_ARGS='-m "not slow"') is not a failure. -rP prints what each passed real-engine test printed: its
+# evidence (the real VLLM::EngineCore pid, accept lengths, timings) in the CI log.
 # `ansible-lint --profile production` is tests/ansible/test_lint.py (in the suite, not run a second time here);
 # `make lint` runs it on its own.
 # The repo's own modules are compiled once first: each of the suite's thousands of short-lived processes (driver
