@@ -23,9 +23,10 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 from specab.analysis.stats import t_ppf
+# scipy is imported in the functions that use it: importing scipy.stats takes ~1.3 s, which every start of
+# driver.py paid (status, --help, a run before its first report: 1.8 s -> 0.55 s for --help).
 
 # Variance of the median of m normal draws is about (pi/2) sigma^2 / m (asymptotic; conservative for small m).
 MEDIAN_VAR_FACTOR = math.pi / 2.0
@@ -354,6 +355,7 @@ def _cost_range(comps: Components, cost: RunCost, target_rel: float, arms: int, 
     degrees of freedom): the plan's m is kept (it is chosen now) and the blocks needed follow; where those blocks
     would pass the cap, the design moves the requests per run (it re-plans after every block), and that plan's
     cost counts."""
+    from scipy import stats as scipy_stats
     def scale(df: float) -> tuple[float, float]:
         q = scipy_stats.chi2.ppf([0.5 - 0.3413 * range_sd, 0.5 + 0.3413 * range_sd], max(df, 1.0)) / max(df, 1.0)
         return 1.0 / q[1], 1.0 / q[0]          # a variance estimate s2 is consistent with s2/q_hi .. s2/q_lo
@@ -397,6 +399,7 @@ def implausibly_narrow(comps: Components, requests_per_block: Sequence[float], c
     block's log ratio (the t interval inverted: n (asinh(h) / t_{n-1})^2; the report's bootstrap interval is never
     narrower than the t interval, so this errs towards letting the stop pass) against the model's mean block
     variance, a chi-square test with n - 1 degrees of freedom at `alpha` (GATE_ALPHA unless given)."""
+    from scipy import stats as scipy_stats
     alpha = GATE_ALPHA if alpha is None else alpha
     n = len(requests_per_block)
     if n < 2 or not math.isfinite(ci_half_width):

@@ -21,10 +21,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from scipy import optimize
-from scipy import stats as scipy_stats
-
 from specab.analysis.subcommand import standalone_main
+# scipy is imported in the functions that use it: importing scipy.stats takes ~1.3 s, which every start of
+# driver.py paid (status, --help, a run before its first report: 1.8 s -> 0.55 s for --help).
 
 
 class SpecModelError(ValueError):
@@ -46,6 +45,7 @@ def chain_alpha(tau: float, steps: int | None) -> float:
     """Conditional acceptance alpha for which chain_tau(alpha, steps) == tau (steps None: the 1/(1-alpha) limit).
 
     Raises SpecModelError when tau is impossible (below 1, or above steps+1)."""
+    from scipy import optimize
     if tau < 1.0:
         raise SpecModelError(
             f"accept length {tau} is below 1; it counts the bonus token, so 1.0 means no draft was accepted")
@@ -156,6 +156,7 @@ def analyse_arm(arm: SpecArm, baseline_tok_s: float) -> ArmAnalysis:
 
 def fit_cycle(arms: Sequence[SpecArm], draft_step_ms: float | None = None) -> CycleFit:
     """Cycle time linear in steps: least squares over arms with >= 2 distinct steps, else an assumption."""
+    from scipy import stats as scipy_stats
     distinct = sorted({a.steps for a in arms})
     if len(distinct) >= 2:
         fit = scipy_stats.linregress([float(a.steps) for a in arms], [a.cycle_ms for a in arms])
