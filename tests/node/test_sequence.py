@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
@@ -133,8 +134,17 @@ def test_a_failing_run_is_recorded_with_its_phase_and_the_next_run_still_runs(no
     assert (node.run_file(bad_arg, "manifest.json")).exists() and node.run_file(bad_arg, "stop.json").exists()
     assert json.loads(node.run_file(bad_arg, "manifest.json").read_text())["extra"]["failed_task"] == w.data["task"]
 
-    w = node.wait(crash)
+    tar_path = node.node_dir / "collect.tar"          # what collect_run.yml asks for: the run packed as it is done
+    w = node.seq("wait", "--run-id", crash, "--timeout", "90", "--pack", str(tar_path), timeout=120)
     assert (w.data["ok"], w.data["status"], w.data["phase"]) == (False, "failed", "benchmarking"), w.data
+    run_dir = node.node_dir / "runs" / crash
+    with tarfile.open(tar_path) as tar:               # a failed run is packed too: its files are the evidence
+        members = {m.name: m for m in tar.getmembers()}
+        assert {n[2:] for n in members if n != "."} == {p.name for p in run_dir.iterdir()}
+        assert oct(members["./nccl.env"].mode & 0o777) == "0o600"
+        assert tar.extractfile("./done.json").read() == (run_dir / "done.json").read_bytes()
+    assert oct(tar_path.stat().st_mode & 0o777) == "0o600", "the tar holds the env file: ours alone"
+    assert not list(node.node_dir.glob("collect.tar.*")), "no temporary tar left"
     assert w.data["task"] == "Bench | Benchmark arm crash" and "loadgen exit 1" in w.data["error"]
     assert json.loads(node.run_file(crash, "gpu_free.json").read_text())["ok"]
 
