@@ -1,10 +1,17 @@
-"""Test-session wide settings: the order in which modules start.
+"""Test-session wide settings: which worker runs which module, and in what order.
 
-`make test` runs the suite on two pytest-xdist workers, one whole module per worker at a time
-(`--dist loadfile --no-loadscope-reorder`). The modules below take minutes each (see the
-`--durations` table CI prints), so they start first: a long module that starts last would leave one
-worker idle while the other finishes it. The order changes nothing else: tests within a module keep
-their order, and every test makes its own nodes, ports and directories.
+`make test` runs the main suite on three pytest-xdist workers (`--dist loadgroup --no-loadscope-reorder`),
+in lanes:
+- one worker runs the modules that mostly WAIT (simulated time, readiness and stop polling, the fleet's and
+  the queue's node-side runs): `WAITING_MODULES`, one after another, one group ("waits"). Measured on two
+  workers with a machine-wide /proc/stat sampler: while the fleet and the queue modules ran side by side the
+  two cores were 1.1 busy, and the small simulator and node-tool modules ran at ~1.0;
+- the two other workers take every other module (they mostly COMPUTE: Ansible, the driver, the analysis)
+  as whole modules, the longest first (`LONG_MODULES`: a long module that starts last would leave a worker
+  idle while the other finishes it), so the two cores stay busy while the waiting lane waits.
+The order changes nothing else: tests within a module keep their order, and every test makes its own
+nodes, ports and directories. Without `--dist loadgroup` (PYTEST_WORKERS=0, or a plain `pytest -n 2`) the
+groups are ignored and only the order applies.
 """
 from __future__ import annotations
 
@@ -31,15 +38,46 @@ LONG_MODULES = (
     "tests/ansible/test_ssh.py",               # ~70 s
     "tests/reliability/test_interrupt.py",     # ~70 s
 )
+# The waiting lane (see the docstring): modules whose wall time is mostly waiting, measured on two workers
+# (module wall s / CPU s of the worker and its reaped children, 2026-12-02; the nodes' own daemons not counted).
+WAITING_MODULES = (
+    "tests/scale/test_fleet.py",               # 138 / 50: runs of seconds of node time on two hosts
+    "tests/driver/test_queue.py",              # 130 / 51: the sequencer's back-to-back runs, Ctrl-C + resume
+    "tests/node/test_sequence.py",             # 53 / 6.5
+    "tests/sim/test_calibration.py",           # 36 / 4.1
+    "tests/node/test_faults.py",               # 22 / 6.4
+    "tests/sim/test_process.py",               # 14 / 5.0
+    "tests/node/test_sim_server.py",           # 10 / 3.8
+    "tests/sim/test_faults.py",                # 8 / 3.2
+    "tests/unit/test_loadgen.py",              # 5 / 0.4
+    "tests/node/test_lifecycle.py",            # 5 / 2.1
+    "tests/node/test_vllm_readiness.py",       # 4.5 / 0.0
+    "tests/node/test_shutdown_styles.py",      # 4 / 1.7
+    "tests/sim/test_throttle.py",              # 4 / 1.5
+    "tests/sim/test_smi.py",                   # 4 / 1.3
+)
+WAITING_GROUP = "waits"
 
 
-def _rank(item: pytest.Item) -> int:
-    path = item.nodeid.split("::", 1)[0]
-    return LONG_MODULES.index(path) if path in LONG_MODULES else len(LONG_MODULES)
+def _path(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
 
 
+def _rank(item: pytest.Item) -> tuple[int, int]:
+    path = _path(item)
+    if path in WAITING_MODULES:             # the waiting lane first: it starts at once, on a worker of its own
+        return (0, WAITING_MODULES.index(path))
+    return (1, LONG_MODULES.index(path) if path in LONG_MODULES else len(LONG_MODULES))
+
+
+@pytest.hookimpl(tryfirst=True)             # before xdist's own hook reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=_rank)      # stable: the rest keep pytest's order
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:     # a module's own group (the real engines) wins
+            path = _path(item)
+            item.add_marker(pytest.mark.xdist_group(WAITING_GROUP if path in WAITING_MODULES
+                                                     else path.removeprefix("tests/").removesuffix(".py")))
 
 
 # --------------------------------------------------------------------------- no real engine left behind
