@@ -4,8 +4,9 @@
 in lanes:
 - one worker runs the modules that mostly WAIT (simulated time, readiness and stop polling, the fleet's and
   the queue's node-side runs): `WAITING_MODULES`, one after another, one group ("waits"). Measured on two
-  workers with a machine-wide /proc/stat sampler: while the fleet and the queue modules ran side by side the
-  two cores were 1.1 busy, and the small simulator and node-tool modules ran at ~1.0;
+  workers with scripts/suite_timeline.py (a per-test timeline beside a machine-wide /proc/stat sampler): while
+  the fleet and the queue modules ran side by side the two cores were 1.1 busy, and the small simulator and
+  node-tool modules ran at ~1.0;
 - the two other workers take every other module (they mostly COMPUTE: Ansible, the driver, the analysis)
   as whole modules, the longest first (`LONG_MODULES`: a long module that starts last would leave a worker
   idle while the other finishes it), so the two cores stay busy while the waiting lane waits.

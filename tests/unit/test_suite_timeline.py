@@ -1,0 +1,75 @@
+"""scripts/suite_timeline.py, the tool that chose tests/conftest.py's lanes: recorded on a real pytest run, its
+report tells a module that computes from one that waits."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(120)
+
+COMPUTES = '''
+def test_burns_cpu():
+    x = 0
+    for i in range(3_000_000):
+        x += i * i
+    assert x
+'''
+WAITS = '''
+import time
+
+def test_sleeps():
+    time.sleep(0.6)      # the waiting being measured: nothing to poll
+
+def test_sleeps_again():
+    time.sleep(0.6)
+'''
+
+
+def test_the_report_shows_each_module_its_tests_and_whether_it_computed_or_waited(tmp_path: Path) -> None:
+    (tmp_path / "test_computes.py").write_text(COMPUTES)
+    (tmp_path / "test_waits.py").write_text(WAITS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")          # not the repository's settings
+    out = tmp_path / "timeline"
+    env = {**os.environ, "SPECAB_TIMELINE_DIR": str(out), "PYTHONPATH": str(REPO / "scripts")}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          "-p", "suite_timeline", str(tmp_path)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=100)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (out / "stat.jsonl").read_text().count("\n") >= 2      # sampled at the start and at the end
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import suite_timeline as st
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    tl = st.load(out)
+    assert set(tl.modules) == {"test_computes.py", "test_waits.py"}, tl.modules
+    computes, waits = tl.modules["test_computes.py"], tl.modules["test_waits.py"]
+    assert (computes.tests, waits.tests) == (1, 2)
+    assert waits.wall >= 1.2 and waits.cpu < 0.2 * waits.wall, waits       # it waited
+    assert computes.cpu > 0.25 * computes.wall, computes                   # it computed
+    text = st.report(tl, top=10)
+    assert "test_waits.py" in text and "test_computes.py" in text and "busy cores minute by minute" in text
+
+    # on xdist workers: each worker records the tests it ran; the controller only samples the machine
+    par = tmp_path / "timeline-xdist"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+                          "-p", "suite_timeline", str(tmp_path)], cwd=tmp_path,
+                         env={**env, "SPECAB_TIMELINE_DIR": str(par)}, capture_output=True, text=True, timeout=100)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert not (par / "tests-main.jsonl").exists() and sorted(p.name for p in par.glob("tests-gw*.jsonl"))
+    tl = st.load(par)
+    assert {m: tl.modules[m].tests for m in tl.modules} == {"test_computes.py": 1, "test_waits.py": 2}
+    assert all(w.startswith("gw") for m in tl.modules.values() for w in m.workers)
+
+    # without the directory the plugin refuses to run, saying what it needs
+    env.pop("SPECAB_TIMELINE_DIR")
+    refused = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                              "-p", "suite_timeline", str(tmp_path)], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=100)
+    assert refused.returncode != 0 and "SPECAB_TIMELINE_DIR" in refused.stdout + refused.stderr
