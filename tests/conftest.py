@@ -22,18 +22,16 @@ from pathlib import Path
 
 import pytest
 
-# longest first, from a 2-worker run's --durations table (seconds of the whole module, session 7)
+# The two computing lanes take these first, longest first, from a 2-worker run's --durations table (seconds of
+# the whole module, session 7); every other module after them, in pytest's order.
 LONG_MODULES = (
     "tests/real_engine/test_real_vllm.py",     # real vLLM servers on the CPU (issue 16): minutes, start first
     "tests/reliability/test_integrity.py",     # ~360 s
     "tests/analysis/test_e2e_rules.py",        # ~330 s
     "tests/driver/test_e2e_sim.py",            # ~245 s
-    "tests/driver/test_queue.py",              # ~230 s
     "tests/scale/test_multinode.py",           # ~205 s
-    "tests/scale/test_fleet.py",               # ~170 s: a fleet and the same blocks one after another
     "tests/scale/test_abtest_multinode.py",    # ~145 s
     "tests/driver/test_secrets_e2e.py",        # ~105 s
-    "tests/node/test_sequence.py",             # ~80 s
     "tests/analysis/test_e2e_sim.py",          # ~80 s
     "tests/reliability/test_ssh_faults.py",    # ~80 s
     "tests/ansible/test_ssh.py",               # ~70 s
