@@ -91,7 +91,10 @@ def pytest_configure(config: pytest.Config) -> None:
     out = os.environ.get(DIR_VAR)
     if not out:
         raise pytest.UsageError(f"-p suite_timeline needs {DIR_VAR}=DIR (where the timeline is written)")
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    # an xdist worker is told so by its config (workerinput), not by PYTEST_XDIST_WORKER: a pytest run started by a
+    # test inherits that variable from the worker running the test
+    workerinput = getattr(config, "workerinput", None)
+    worker = workerinput["workerid"] if workerinput else "main"
     # the xdist controller also sees every test's start and end (relayed by the workers): only the workers,
     # where the tests run and their CPU is, record them; the controller samples the machine
     xdist_controller = worker == "main" and getattr(config.option, "dist", "no") != "no"

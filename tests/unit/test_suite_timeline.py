@@ -35,6 +35,8 @@ def test_the_report_shows_each_module_its_tests_and_whether_it_computed_or_waite
     (tmp_path / "test_waits.py").write_text(WAITS)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")          # not the repository's settings
     out = tmp_path / "timeline"
+    # as a user starts it (this test may itself run on an xdist worker, whose PYTEST_XDIST_* variables the child
+    # would inherit: the plugin must not take them for its own)
     env = {**os.environ, "SPECAB_TIMELINE_DIR": str(out), "PYTHONPATH": str(REPO / "scripts")}
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                           "-p", "suite_timeline", str(tmp_path)], cwd=tmp_path, env=env,
