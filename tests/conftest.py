@@ -1,18 +1,24 @@
 """Test-session wide settings: which worker runs which module, and in what order.
 
-`make test` runs the main suite on three pytest-xdist workers (`--dist loadgroup --no-loadscope-reorder`),
-in lanes:
+`make test` runs the main suite on two pytest-xdist workers, one whole module per worker at a time
+(`--dist loadfile --no-loadscope-reorder`). The modules of `LONG_MODULES` take minutes each (see the
+`--durations` table CI prints), so they start first: a long module that starts last would leave one
+worker idle while the other finishes it.
+
+`make test PYTEST_LANES=1` runs it on three workers in lanes (`--dist loadgroup`):
 - one worker runs the modules that mostly WAIT (simulated time, readiness and stop polling, the fleet's and
   the queue's node-side runs): `WAITING_MODULES`, one after another, one group ("waits"). Measured on two
   workers with scripts/suite_timeline.py (a per-test timeline beside a machine-wide /proc/stat sampler): while
   the fleet and the queue modules ran side by side the two cores were 1.1 busy, and the small simulator and
   node-tool modules ran at ~1.0;
 - the two other workers take every other module (they mostly COMPUTE: Ansible, the driver, the analysis)
-  as whole modules, the longest first (`LONG_MODULES`: a long module that starts last would leave a worker
-  idle while the other finishes it), so the two cores stay busy while the waiting lane waits.
+  as whole modules, the longest first, so the two cores stay busy while the waiting lane waits.
+Lanes took the main suite from 776 s to 692-747 s on a clean clone, but the cores were then saturated (1.91-1.93
+busy) and a load-sensitive test failed in one of four runs (tests/analysis/test_e2e_rules.py: the simulated
+baseline's tok/s fell 3.3 % over three runs under the contention, and the doctor rightly saw a drift), so CI
+keeps two workers.
 The order changes nothing else: tests within a module keep their order, and every test makes its own
-nodes, ports and directories. Without `--dist loadgroup` (PYTEST_WORKERS=0, or a plain `pytest -n 2`) the
-groups are ignored and only the order applies.
+nodes, ports and directories.
 """
 from __future__ import annotations
 
@@ -22,16 +28,19 @@ from pathlib import Path
 
 import pytest
 
-# The two computing lanes take these first, longest first, from a 2-worker run's --durations table (seconds of
-# the whole module, session 7); every other module after them, in pytest's order.
+# Longest first, from a 2-worker run's --durations table (seconds of the whole module, session 7); every other
+# module after them, in pytest's order. With lanes, the waiting lane's modules go first instead.
 LONG_MODULES = (
     "tests/real_engine/test_real_vllm.py",     # real vLLM servers on the CPU (issue 16): minutes, start first
     "tests/reliability/test_integrity.py",     # ~360 s
     "tests/analysis/test_e2e_rules.py",        # ~330 s
     "tests/driver/test_e2e_sim.py",            # ~245 s
+    "tests/driver/test_queue.py",              # ~230 s
     "tests/scale/test_multinode.py",           # ~205 s
+    "tests/scale/test_fleet.py",               # ~170 s: a fleet and the same blocks one after another
     "tests/scale/test_abtest_multinode.py",    # ~145 s
     "tests/driver/test_secrets_e2e.py",        # ~105 s
+    "tests/node/test_sequence.py",             # ~80 s
     "tests/analysis/test_e2e_sim.py",          # ~80 s
     "tests/reliability/test_ssh_faults.py",    # ~80 s
     "tests/ansible/test_ssh.py",               # ~70 s
@@ -62,16 +71,19 @@ def _path(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
-def _rank(item: pytest.Item) -> tuple[int, int]:
+def _rank(item: pytest.Item, lanes: bool) -> tuple[int, int]:
     path = _path(item)
-    if path in WAITING_MODULES:             # the waiting lane first: it starts at once, on a worker of its own
+    if lanes and path in WAITING_MODULES:   # the waiting lane first: it starts at once, on a worker of its own
         return (0, WAITING_MODULES.index(path))
     return (1, LONG_MODULES.index(path) if path in LONG_MODULES else len(LONG_MODULES))
 
 
 @pytest.hookimpl(tryfirst=True)             # before xdist's own hook reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=_rank)      # stable: the rest keep pytest's order
+    lanes = getattr(config.option, "dist", "no") == "loadgroup"
+    items.sort(key=lambda item: _rank(item, lanes))      # stable: the rest keep pytest's order
+    if not lanes:
+        return
     for item in items:
         if item.get_closest_marker("xdist_group") is None:     # a module's own group (the real engines) wins
             path = _path(item)
