@@ -80,6 +80,8 @@ def _rank(item: pytest.Item, lanes: bool) -> tuple[int, int]:
 
 @pytest.hookimpl(tryfirst=True)             # before xdist's own hook reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # lanes under --dist loadgroup (PYTEST_LANES=1; the real-engine stage runs under it too, where every module
+    # without groups of its own stays whole on one worker, as under loadfile)
     lanes = getattr(config.option, "dist", "no") == "loadgroup"
     items.sort(key=lambda item: _rank(item, lanes))      # stable: the rest keep pytest's order
     if not lanes:
