@@ -2,10 +2,12 @@
 report tells a module that computes from one that waits."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -30,6 +32,22 @@ def test_sleeps_again():
 '''
 
 
+def _timeline_module() -> ModuleType:
+    """scripts/suite_timeline.py loaded by its path (scripts/ is no package), as tests/bench loads bench/."""
+    spec = importlib.util.spec_from_file_location("suite_timeline", REPO / "scripts" / "suite_timeline.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod          # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _pytest(tests: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """A pytest of the tests in `tests` with the plugin, as a user starts it (PYTHONPATH=scripts -p suite_timeline)."""
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args,
+                           "-p", "suite_timeline", str(tests)], cwd=tests, env=env,
+                          capture_output=True, text=True, timeout=100)
+
+
 def test_the_report_shows_each_module_its_tests_and_whether_it_computed_or_waited(tmp_path: Path) -> None:
     (tmp_path / "test_computes.py").write_text(COMPUTES)
     (tmp_path / "test_waits.py").write_text(WAITS)
@@ -38,17 +56,11 @@ def test_the_report_shows_each_module_its_tests_and_whether_it_computed_or_waite
     # as a user starts it (this test may itself run on an xdist worker, whose PYTEST_XDIST_* variables the child
     # would inherit: the plugin must not take them for its own)
     env = {**os.environ, "SPECAB_TIMELINE_DIR": str(out), "PYTHONPATH": str(REPO / "scripts")}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                          "-p", "suite_timeline", str(tmp_path)], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=100)
+    run = _pytest(tmp_path, env, "-p", "no:xdist")
     assert run.returncode == 0, run.stdout + run.stderr
     assert (out / "stat.jsonl").read_text().count("\n") >= 2      # sampled at the start and at the end
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import suite_timeline as st
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    st = _timeline_module()
     tl = st.load(out)
     assert set(tl.modules) == {"test_computes.py", "test_waits.py"}, tl.modules
     computes, waits = tl.modules["test_computes.py"], tl.modules["test_waits.py"]
@@ -60,9 +72,7 @@ def test_the_report_shows_each_module_its_tests_and_whether_it_computed_or_waite
 
     # on xdist workers: each worker records the tests it ran; the controller only samples the machine
     par = tmp_path / "timeline-xdist"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-                          "-p", "suite_timeline", str(tmp_path)], cwd=tmp_path,
-                         env={**env, "SPECAB_TIMELINE_DIR": str(par)}, capture_output=True, text=True, timeout=100)
+    run = _pytest(tmp_path, {**env, "SPECAB_TIMELINE_DIR": str(par)}, "-n", "2")
     assert run.returncode == 0, run.stdout + run.stderr
     assert not (par / "tests-main.jsonl").exists() and sorted(p.name for p in par.glob("tests-gw*.jsonl"))
     tl = st.load(par)
@@ -71,7 +81,5 @@ def test_the_report_shows_each_module_its_tests_and_whether_it_computed_or_waite
 
     # without the directory the plugin refuses to run, saying what it needs
     env.pop("SPECAB_TIMELINE_DIR")
-    refused = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                              "-p", "suite_timeline", str(tmp_path)], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=100)
+    refused = _pytest(tmp_path, env, "-p", "no:xdist")
     assert refused.returncode != 0 and "SPECAB_TIMELINE_DIR" in refused.stdout + refused.stderr
