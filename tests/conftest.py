@@ -28,23 +28,26 @@ from pathlib import Path
 
 import pytest
 
-# Longest first, from a 2-worker run's --durations table (seconds of the whole module, session 7); every other
-# module after them, in pytest's order. With lanes, the waiting lane's modules go first instead.
+# Longest first (seconds of the whole module on two workers, a clean clone, 2026-12-02: wall / CPU of the worker
+# and its reaped children, scripts/suite_timeline.py), except the two that mostly wait: they must not run side by
+# side (there the two cores were 1.2 busy for ~125 s), so the queue starts first, beside the integrity module, and
+# the fleet last, beside the Ansible modules that compute. Every other module after them, in pytest's order.
+# With lanes, the waiting lane's modules go first instead.
 LONG_MODULES = (
     "tests/real_engine/test_real_vllm.py",     # real vLLM servers on the CPU (issue 16): minutes, start first
-    "tests/reliability/test_integrity.py",     # ~360 s
-    "tests/analysis/test_e2e_rules.py",        # ~330 s
-    "tests/driver/test_e2e_sim.py",            # ~245 s
-    "tests/driver/test_queue.py",              # ~230 s
-    "tests/scale/test_multinode.py",           # ~205 s
-    "tests/scale/test_fleet.py",               # ~170 s: a fleet and the same blocks one after another
-    "tests/scale/test_abtest_multinode.py",    # ~145 s
-    "tests/driver/test_secrets_e2e.py",        # ~105 s
-    "tests/node/test_sequence.py",             # ~80 s
-    "tests/analysis/test_e2e_sim.py",          # ~80 s
-    "tests/reliability/test_ssh_faults.py",    # ~80 s
-    "tests/ansible/test_ssh.py",               # ~70 s
-    "tests/reliability/test_interrupt.py",     # ~70 s
+    "tests/reliability/test_integrity.py",     # 245 / 167
+    "tests/driver/test_queue.py",              # 149 / 65: waits (the sequencer's back-to-back runs, Ctrl-C + resume)
+    "tests/driver/test_e2e_sim.py",            # 174 / 79
+    "tests/analysis/test_e2e_rules.py",        # 158 / 106
+    "tests/scale/test_multinode.py",           # 111 / 54
+    "tests/scale/test_abtest_multinode.py",    # 101 / 45
+    "tests/driver/test_secrets_e2e.py",        # 76 / 56
+    "tests/node/test_sequence.py",             # 66 / 10
+    "tests/reliability/test_ssh_faults.py",    # 51 / 28
+    "tests/ansible/test_ssh.py",               # 49 / 22
+    "tests/reliability/test_interrupt.py",     # 45 / 34
+    "tests/analysis/test_e2e_sim.py",          # 41 / 32
+    "tests/scale/test_fleet.py",               # 143 / 63: waits (runs of seconds of node time on two hosts)
 )
 # The waiting lane (see the docstring): modules whose wall time is mostly waiting, measured on two workers
 # (module wall s / CPU s of the worker and its reaped children, 2026-12-02; the nodes' own daemons not counted).
