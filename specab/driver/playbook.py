@@ -123,11 +123,13 @@ class PlaybookRunner:
         self.stream = stream or (lambda line: print(line, file=sys.stderr))
 
     def child_env(self) -> dict[str, str]:
-        """Extra environment: venv bin dir first on PATH."""
+        """Extra environment: venv bin dir first on PATH; the repository's callback plugins named here too, since
+        ansible-runner sets ANSIBLE_CALLBACK_PLUGINS (to add its own), which hides ansible.cfg's callback_plugins."""
         venv_bin = str(Path(sys.executable).parent)
         path = os.environ.get("PATH", "")
         return {"PATH": f"{venv_bin}{os.pathsep}{path}" if path else venv_bin,
                 "ANSIBLE_CONFIG": str(self.project_dir / "ansible.cfg"),
+                "ANSIBLE_CALLBACK_PLUGINS": str(self.project_dir / "plugins" / "callback"),
                 "ANSIBLE_NOCOLOR": "1",
                 "PYTHONUNBUFFERED": "1"}
 

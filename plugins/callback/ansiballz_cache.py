@@ -1,0 +1,105 @@
+"""Keeps the AnsiballZ payloads of ansible-core's own modules between ansible-playbook runs.
+
+ansible-core zips each module with the module_utils it imports (AnsiballZ) once per ansible-playbook process, in a
+cache under that process's own temporary directory (``local_tmp``), and deletes it at exit. specab runs a short
+playbook per run, so every run rebuilt the same ten payloads: about a fifth of ansible-playbook's CPU in the suite.
+This callback, loaded with every playbook of the repository, copies the payloads a previous run built into the new
+process's cache before the first task, and copies the new ones back when the playbook ends.
+
+Only ansible-core's own modules (``ansible.modules.*``) are kept, in a directory keyed by ansible-core's version, its
+install path and the Python version: a module of a role or collection, which can change without ansible-core
+changing, is built by ansible as before. Nothing here changes what a task does; if ansible's cache is not where this
+expects it, the callback does nothing.
+"""
+
+from __future__ import annotations
+
+DOCUMENTATION = """
+name: ansiballz_cache
+type: aggregate
+short_description: keep the AnsiballZ payloads of ansible-core's modules between playbook runs
+description:
+  - Copies the AnsiballZ payloads of ansible-core's own modules from a persistent cache into the new process's
+    ansiballz_cache before the first task, and the new ones back when the playbook ends.
+  - The cache is C($XDG_CACHE_HOME/specab/ansiballz/<key>) (default C(~/.cache)), the key a hash of ansible-core's
+    version, its install path and the Python version.
+requirements: []
+"""
+
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import ansible
+from ansible import constants as C
+from ansible.plugins.callback import CallbackBase
+
+_PREFIX = "ansible.modules."  # the cache file names of ansible-core's own modules start with their FQN
+
+
+def persistent_dir() -> Path:
+    """The cache directory for this ansible-core install and Python."""
+    key = "\0".join((ansible.__version__, os.path.dirname(ansible.__file__), sys.version))
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "specab" / "ansiballz" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def process_dir() -> Path | None:
+    """This process's ansiballz_cache (ansible.executor.module_common), or None if local_tmp is not set."""
+    local_tmp = getattr(C, "DEFAULT_LOCAL_TMP", None)
+    return Path(local_tmp) / "ansiballz_cache" if isinstance(local_tmp, str) and local_tmp else None
+
+
+def _kept(path: Path) -> bool:
+    return path.is_file() and path.name.startswith(_PREFIX) and not path.name.endswith((".lock", "-part"))
+
+
+def copy_new(src: Path, dst: Path) -> int:
+    """Copy the kept payloads of `src` that `dst` lacks, each atomically (a temp file renamed); returns how many."""
+    if not src.is_dir():
+        return 0
+    dst.mkdir(parents=True, exist_ok=True, mode=0o700)
+    copied = 0
+    for path in src.iterdir():
+        target = dst / path.name
+        if not _kept(path) or target.exists():
+            continue
+        fd, tmp = tempfile.mkstemp(dir=dst, prefix=".part-")
+        try:
+            with os.fdopen(fd, "wb") as out, path.open("rb") as data:
+                shutil.copyfileobj(data, out)
+            os.replace(tmp, target)
+            copied += 1
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)
+    return copied
+
+
+class CallbackModule(CallbackBase):
+    """Primes this process's AnsiballZ cache when loaded; saves its new payloads at the end of the playbook."""
+
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "ansiballz_cache"
+    CALLBACK_NEEDS_ENABLED = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._process = process_dir()
+        self._persistent = persistent_dir()
+        if self._process is not None:
+            try:
+                copy_new(self._persistent, self._process)
+            except OSError as exc:  # a cache that cannot be read costs only the rebuild
+                self._display.vvv(f"ansiballz_cache: not primed from {self._persistent}: {exc}")
+
+    def v2_playbook_on_stats(self, stats: object) -> None:
+        if self._process is None:
+            return
+        try:
+            copy_new(self._process, self._persistent)
+        except OSError as exc:
+            self._display.vvv(f"ansiballz_cache: not saved to {self._persistent}: {exc}")
