@@ -27,7 +27,7 @@ from specab.config.plan import PlannedRun
 from specab.driver.remote import LogTail, open_node, read_tail, shell_path
 from specab.driver.context import MoreBlocks, RunContext
 from specab.driver.playbook import Failure, PlaybookResult
-from specab.driver.record import PhaseClock, check_writable, fetch_missing
+from specab.driver.record import PhaseClock, UnpackError, check_writable, fetch_missing, unpack_fetched
 from specab.node.contract import LOAD_SUBPHASES, REPEATED_PHASES, display_phase
 
 
@@ -208,6 +208,11 @@ class QueueExecutor:
         finally:
             for t in tails:
                 t.stop()
+        try:        # collect_run.yml leaves the fetched run directory packed (collect_unpack: false)
+            unpack_fetched(run_dir)
+        except UnpackError as exc:
+            result.failures.append(Failure(phase="collecting", task="unpack the fetched run directory",
+                                           host=self.host.name, message=str(exc)))
         clock.close()
         if cancel.is_set():
             return CANCELED, False

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -115,6 +116,38 @@ def tail_file(path: Path, lines: int = 40) -> str:
         f.seek(0, os.SEEK_END)
         f.seek(max(0, f.tell() - 256 * 1024))
         return log_excerpt(f.read().decode(errors="replace"), lines)
+
+
+class UnpackError(Exception):
+    """A fetched run archive could not be unpacked (unreadable, or a member that is not a plain file or a
+    directory inside the run directory)."""
+
+
+def unpack_fetched(run_dir: Path) -> bool:
+    """Unpack ``<run_dir>.tar`` (collect_run.yml's fetch of the node's packed run directory) into `run_dir`,
+    then remove the archive; False when there is none. As ``tar --no-same-owner -xf`` did in the collect role,
+    with members checked first: only plain files and directories, none outside `run_dir` (a node is another
+    machine). Raises UnpackError; the archive is removed either way (the run's files stay on the node)."""
+    archive = run_dir.with_name(run_dir.name + ".tar")
+    if not archive.exists():
+        return False
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        root = run_dir.resolve()
+        with tarfile.open(archive) as tar:
+            members = tar.getmembers()
+            for m in members:
+                target = (root / m.name).resolve()
+                if not (m.isfile() or m.isdir()) or not target.is_relative_to(root):
+                    raise UnpackError(f"{archive}: refusing member {m.name!r} (only plain files and directories "
+                                      f"inside the run directory are unpacked)")
+                m.uid, m.gid, m.uname, m.gname = os.getuid(), os.getgid(), "", ""   # --no-same-owner
+            tar.extractall(root, members=members)
+    except (OSError, tarfile.TarError) as exc:
+        raise UnpackError(f"{archive}: the fetched run directory could not be unpacked: {exc}") from exc
+    finally:
+        archive.unlink(missing_ok=True)
+    return True
 
 
 def fetch_missing(host: Host, node_run_dir: str, dest: Path) -> None:

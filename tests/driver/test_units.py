@@ -4,13 +4,15 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from specab.driver.cli import main
 from specab.driver.options import ExperimentError
-from specab.driver.record import check_writable
+from specab.driver.record import UnpackError, check_writable, unpack_fetched
 from specab.driver.progress import Progress
 from specab.driver.playbook import failure_message, phase_of, scrub_tree
 from tests.driver.test_store import _store
@@ -341,3 +343,42 @@ def test_conclude_appends_the_experiment_to_its_nodes_history(tmp_path, monkeypa
         [entry] = history.read(tmp_path / "runs", host)
         assert entry["fingerprint"] == "fp-of-test" and entry["experiment"] == exp.id
         assert history.prior(tmp_path / "runs", host, "fp-of-test").between_df == 3
+
+
+# ------------------------------------------------------------------ unpacking a fetched run (collect_run.yml)
+def _archive(path: Path, members: dict[str, tuple[bytes, int]], link: str | None = None) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, (data, mode) in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.uid, info.gid = len(data), mode, 4242, 4242
+            tar.addfile(info, io.BytesIO(data))
+        if link:
+            info = tarfile.TarInfo("log-link")
+            info.type, info.linkname = tarfile.SYMTYPE, link
+            tar.addfile(info)
+
+
+def test_unpack_fetched_keeps_modes_takes_ownership_and_removes_the_archive(tmp_path: Path) -> None:
+    run_dir = tmp_path / "001-baseline"
+    assert unpack_fetched(run_dir) is False and not run_dir.exists()
+    _archive(tmp_path / "001-baseline.tar", {"./done.json": (b'{"ok": true}', 0o644),
+                                             "./server.env": (b"HF_TOKEN=x\n", 0o600)})
+    assert unpack_fetched(run_dir) is True
+    assert (run_dir / "done.json").read_text() == '{"ok": true}'
+    assert (run_dir / "server.env").stat().st_mode & 0o777 == 0o600      # the env file stays owner-only
+    assert (run_dir / "server.env").stat().st_uid == os.getuid()         # as tar --no-same-owner
+    assert not (tmp_path / "001-baseline.tar").exists()
+
+
+@pytest.mark.parametrize("members,link", [({"../outside.txt": (b"x", 0o644)}, None),
+                                          ({"/tmp/absolute.txt": (b"x", 0o644)}, None),
+                                          ({"./done.json": (b"{}", 0o644)}, "/etc/passwd")])
+def test_unpack_fetched_refuses_members_outside_the_run_dir_or_not_plain(
+        tmp_path: Path, members: dict[str, tuple[bytes, int]], link: str | None) -> None:
+    run_dir = tmp_path / "runs" / "001-baseline"
+    run_dir.parent.mkdir()
+    _archive(run_dir.with_name("001-baseline.tar"), members, link)
+    with pytest.raises(UnpackError, match="refusing member"):
+        unpack_fetched(run_dir)
+    assert list(run_dir.iterdir()) == [] and not (tmp_path / "runs" / "outside.txt").exists()
+    assert not run_dir.with_name("001-baseline.tar").exists()
