@@ -2,7 +2,9 @@
 
 `playbooks/enqueue.yml` renders each run's files and queues it on the node; the sequencer
 (`bin/sequence.py`, node side) runs the queued runs back to back with no Ansible task between two runs;
-`playbooks/collect_run.yml` waits for one run (`sequence.py wait`) and fetches its directory. The driver
+`playbooks/collect_run.yml` waits for one run (`sequence.py wait`) and fetches its directory, with those of the
+runs queued after it that the node finished meanwhile (one play for all of them; each is then recorded as if
+collected on its own: runs shorter than a collect no longer leave the driver a play behind per run). The driver
 keeps runs queued ahead of the one it waits for (LOOKAHEAD at first, up to DEPTH), so its own Ansible
 work (collect run k-1, enqueue later runs) overlaps the benchmark of run k and the transition between
 two runs contains none.
@@ -18,7 +20,8 @@ import shutil
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +95,19 @@ def phase_rows(lines: list[str], sub: list[tuple[str, float]] | None = None
     return rows
 
 
+@dataclass
+class Collected:
+    """One collect play: the waited-for run's status, whether the queue is still healthy, the play's result and
+    runner ident, its window (collect start, end), and the later runs that came finished with it."""
+
+    status: str
+    healthy: bool
+    result: PlaybookResult
+    ident: str
+    window: tuple[float, float]
+    extras: list[PlannedRun] = field(default_factory=list)
+
+
 def _ident(what: str) -> str:
     return f"{what}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
 
@@ -146,22 +162,26 @@ class QueueExecutor:
         base = self.node_path or self.host.node_dir.rstrip("/")
         return f"{base}/runs/{run_id}"
 
-    # ------------------------------------------------------------------ one run
+    # ------------------------------------------------------------------ one run (and those done after it)
     def collect(self, pr: PlannedRun, cancel: threading.Event, *, new_row: bool = True,
-                wait_s: float | None = None, after_stop: float | None = None) -> tuple[str, bool]:
-        """Wait for run `pr` on the node, fetch and ingest it. Returns (status, queue still healthy);
-        status CANCELED when `cancel` cut the collect short (nothing recorded: collected again after the
-        stop). `after_stop` = the time of the user's interrupt, after which the node was stopped: a run
-        without done.json, or that ended after that time, is interrupted (its files are kept)."""
+                wait_s: float | None = None, after_stop: float | None = None,
+                also: Sequence[PlannedRun] = ()) -> Collected:
+        """Wait for run `pr` on the node, fetch and ingest it; the leading runs of `also` (queued after it, in
+        queue order) that the node has finished by then come in the same play and are returned, fetched but not
+        yet recorded (`record_also`). Status CANCELED when `cancel` cut the collect short (nothing recorded:
+        collected again after the stop). `after_stop` = the time of the user's interrupt, after which the node
+        was stopped: a run without done.json, or that ended after that time, is interrupted (its files are kept)."""
         r = self.ctx
         run_dir = (r.exp_dir / pr.run_id).resolve()
         ident = _ident(pr.run_id)
         if new_row:
             check_writable(r.exp_dir)
-            if run_dir.exists():       # an earlier, unfinished attempt (resume): start clean
-                shutil.rmtree(run_dir)
             r.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block, host=self.host.name,
                               run_dir=str(run_dir), runner_ident=ident)
+        for p in [pr, *also] if new_row else also:
+            stale = (r.exp_dir / p.run_id).resolve()
+            if stale.exists():         # an earlier, unfinished attempt (resume): start clean
+                shutil.rmtree(stale)
         clock = PhaseClock(r.progress)
         node_dir = self.node_run_dir(pr.run_id)
         on_log, on_bench = r.tail_handlers(clock, enter_phases=False, pr=pr)
@@ -191,6 +211,8 @@ class QueueExecutor:
             "specab_run_id": pr.run_id,
             "specab_run_dir": str(run_dir),
         }
+        if also:
+            extravars["specab_also_run_ids"] = [p.run_id for p in also]
         if self.node_path:
             extravars["specab_node_path"] = self.node_path
         if wait_s is not None:
@@ -208,24 +230,55 @@ class QueueExecutor:
         finally:
             for t in tails:
                 t.stop()
-        try:        # collect_run.yml leaves the fetched run directory packed (collect_unpack: false)
-            unpack_fetched(run_dir)
+        held: list[str] = []
+        try:        # collect_run.yml leaves the fetched runs packed (collect_unpack: false)
+            held = unpack_fetched(run_dir.with_name(run_dir.name + ".tar"), r.exp_dir,
+                                  [pr.run_id, *(p.run_id for p in also)])
         except UnpackError as exc:
             result.failures.append(Failure(phase="collecting", task="unpack the fetched run directory",
                                            host=self.host.name, message=str(exc)))
         clock.close()
         if cancel.is_set():
-            return CANCELED, False
+            return Collected(CANCELED, False, result, ident, (started, time.time()))
         if not result.ok:
             fetch_missing(self.host, node_dir, run_dir)
+        window = (collect_started[0] if collect_started else started, time.time())
+        status, healthy = self._record(pr, run_dir, result, started, window if collect_started else None,
+                                       clock, after_stop)
+        extras = []
+        if result.ok:                  # the later runs the node had finished, in queue order
+            for p in also:
+                if p.run_id not in held:
+                    break
+                extras.append(p)
+        return Collected(status, result.ok and healthy, result, ident, window, extras)
+
+    def record_also(self, pr: PlannedRun, c: Collected) -> tuple[str, bool]:
+        """Record run `pr`, which came finished in the collect `c` of an earlier run (its files unpacked).
+        Returns (status, queue still healthy)."""
+        r = self.ctx
+        run_dir = (r.exp_dir / pr.run_id).resolve()
+        check_writable(r.exp_dir)
+        r.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block, host=self.host.name,
+                          run_dir=str(run_dir), runner_ident=c.ident)
+        rows = phase_rows(_read_lines(run_dir / "phases.jsonl"))
+        started = rows[0][1] if rows else c.window[0]     # the node claimed it then: its duration is the node's
+        return self._record(pr, run_dir, c.result, started, c.window, None, None)
+
+    def _record(self, pr: PlannedRun, run_dir: Path, result: PlaybookResult, started: float,
+                window: tuple[float, float] | None, clock: PhaseClock | None,
+                after_stop: float | None) -> tuple[str, bool]:
+        """Store a collected run: its node phases (and the collect's window), its outcome, its files."""
+        r = self.ctx
+        current = clock.current if clock else None
         done = _read_json(run_dir / "done.json")
-        if not isinstance(done, dict):
+        if not isinstance(done, dict) and clock is not None:     # (the play's fact is the waited-for run's)
             fact = (result.facts.get(self.host.name) or {}).get("specab_done")
             done = fact if isinstance(fact, dict) and fact else None
         rows = phase_rows(_read_lines(run_dir / "phases.jsonl"), load_marks(_read_json(run_dir / "ready.json")))
-        if collect_started:
-            rows.append(("collecting", collect_started[0], time.time()))
-        if not rows:          # nothing from the node (it never claimed the run): the live clock's view
+        if window is not None:
+            rows.append(("collecting", *window))
+        if not rows and clock is not None:    # nothing from the node (it never claimed the run): the live view
             rows = list(clock.times)
         for name, t0, t1 in rows:
             r.store.record_phase(pr.seq, name, t0, t1)
@@ -235,11 +288,11 @@ class QueueExecutor:
                 not done or not isinstance(ended, (int, float)) or ended > after_stop):
             # Ctrl-C at time T: what had not ended by T is interrupted (and resumed), however long the stop
             # took to reach the node
-            phase = display_phase((done or {}).get("phase")) or clock.current
+            phase = display_phase((done or {}).get("phase")) or current
             why = "" if not done else f" (it ended {float(ended or 0) - after_stop:.1f} s after the signal)"
             outcome = (st.INTERRUPTED, phase, f"interrupted by the user (SIGINT/SIGTERM){why}")
         else:
-            outcome = self._outcome(done, result, clock)
+            outcome = self._outcome(done, result, current)
             if done and done.get("status") == "interrupted" and not self._signalled():
                 # the node's sequencer was stopped, but this driver received no signal: not an interruption
                 # by the user; the run failed, and the queue is started anew for the next runs
@@ -248,28 +301,29 @@ class QueueExecutor:
                 healthy = False
         status = r.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=None,
                                  fetch_missing=False)
-        return status, result.ok and healthy
+        return status, healthy
 
     @staticmethod
     def _outcome(done: dict[str, Any] | None, result: PlaybookResult,
-                 clock: Any) -> tuple[str, str | None, str | None]:
-        """(status, failure phase, failure reason) of a run from done.json and the collect playbook."""
+                 current: str | None) -> tuple[str, str | None, str | None]:
+        """(status, failure phase, failure reason) of a run from done.json and the collect playbook; `current`:
+        the phase the driver saw last."""
         if done and done.get("status") == "interrupted":
-            return st.INTERRUPTED, display_phase(done.get("phase")) or clock.current, \
+            return st.INTERRUPTED, display_phase(done.get("phase")) or current, \
                 "interrupted by the user (SIGINT/SIGTERM)"
         if not result.ok:
             f = result.failures[0] if result.failures else None
             reason = f"{f.task}: {f.message}" if f else f"ansible-runner status {result.status} rc {result.rc}"
-            phase = (display_phase(done.get("phase")) if done else None) or clock.current
+            phase = (display_phase(done.get("phase")) if done else None) or current
             return st.FAILED, phase, reason
         if not done:
-            return st.FAILED, clock.current, ("the sequencer finished the run without a done.json; see "
-                                              "sequencer.log in the node directory")
+            return st.FAILED, current, ("the sequencer finished the run without a done.json; see "
+                                        "sequencer.log in the node directory")
         if done.get("ok"):
             return st.OK, None, None
         task = done.get("task") or "sequencer"
         error = done.get("error") or f"the run ended with status {done.get('status')!r}"
-        return st.FAILED, display_phase(done.get("phase")) or clock.current, f"{task}: {error}"
+        return st.FAILED, display_phase(done.get("phase")) or current, f"{task}: {error}"
 
     def hold_node(self) -> None:
         """Interrupted: the node's sequencer claims and starts no further run (queue/HOLD-<experiment id>,
@@ -365,12 +419,30 @@ class QueueExecutor:
             pr = queued.popleft()
             index += 1
             r.progress.run_started(index, pr.run_id, pr.arm, pr.block)
-            status, healthy = self.collect(pr, cancel)
+            # the runs queued after it that the node finished meanwhile come in the same play
+            c = self.collect(pr, cancel, also=list(queued))
+            status, healthy = c.status, c.healthy
             if status == CANCELED or cancel.is_set():
                 self.interrupted(pr if status == CANCELED else None, list(queued), on_status)
                 return True
-            if on_status:
-                on_status(status)
+            extras = list(c.extras) if status != st.INTERRUPTED else []
+            try:
+                if on_status:
+                    on_status(status)
+                # the later runs that came finished in the same play: recorded one by one, in queue order, as
+                # if each had had its own collect (a systematic stop after one of them leaves the rest missing)
+                while extras and healthy:
+                    extra = extras.pop(0)
+                    queued.popleft()          # (== extra: the extras lead the queue, in its order)
+                    index += 1
+                    r.progress.run_started(index, extra.run_id, extra.arm, extra.block)
+                    x_status, x_healthy = self.record_also(extra, c)
+                    healthy = healthy and x_healthy
+                    if on_status:
+                        on_status(x_status)
+            finally:
+                for extra in extras:          # fetched but not recorded: the store says missing, so does the disk
+                    shutil.rmtree(r.exp_dir / extra.run_id, ignore_errors=True)
             if status == st.INTERRUPTED:      # (the driver's own signal: cancel is set, handled above)
                 self.interrupted(None, list(queued), on_status)
                 return True
@@ -413,13 +485,13 @@ class QueueExecutor:
         self.stopped = True
         calm = threading.Event()           # never set: these collects do not wait (timeout 0) and are short
         if current is not None:
-            status, _ = self.collect(current, calm, new_row=False, wait_s=0, after_stop=t_signal)
+            status = self.collect(current, calm, new_row=False, wait_s=0, after_stop=t_signal).status
             if on_status:
                 on_status(status)
         for pr in queued:
             if read_tail(self.host, self.node_run_dir(pr.run_id) + "/done.json", lines=1) is None:
                 break                      # never run, or cut before it wrote done.json: missing, resumed later
-            status, _ = self.collect(pr, calm, wait_s=0, after_stop=t_signal)
+            status = self.collect(pr, calm, wait_s=0, after_stop=t_signal).status
             if on_status:
                 on_status(status)
 

@@ -12,6 +12,7 @@ import shutil
 import tarfile
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -123,31 +124,37 @@ class UnpackError(Exception):
     directory inside the run directory)."""
 
 
-def unpack_fetched(run_dir: Path) -> bool:
-    """Unpack ``<run_dir>.tar`` (collect_run.yml's fetch of the node's packed run directory) into `run_dir`,
-    then remove the archive; False when there is none. As ``tar --no-same-owner -xf`` did in the collect role,
-    with members checked first: only plain files and directories, none outside `run_dir` (a node is another
-    machine). Raises UnpackError; the archive is removed either way (the run's files stay on the node)."""
-    archive = run_dir.with_name(run_dir.name + ".tar")
+def unpack_fetched(archive: Path, dest: Path, run_ids: Collection[str]) -> list[str]:
+    """Unpack `archive` (collect_run.yml's fetch of the node's packed runs: members ``<run id>/...``, the run
+    waited for and the later ones that were done) into ``dest/<run id>``, then remove the archive. Returns the run
+    ids it held, in its order ([] when there is no archive). As ``tar --no-same-owner -xf`` did in the collect
+    role, with members checked first: only plain files and directories of a run of `run_ids`, none outside that
+    run's directory (a node is another machine). Raises UnpackError; the archive is removed either way (the runs'
+    files stay on the node)."""
     if not archive.exists():
-        return False
+        return []
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        root = run_dir.resolve()
+        root = dest.resolve()
+        held: list[str] = []
         with tarfile.open(archive) as tar:
             members = tar.getmembers()
             for m in members:
+                run_id = m.name.split("/", 1)[0]
                 target = (root / m.name).resolve()
-                if not (m.isfile() or m.isdir()) or not target.is_relative_to(root):
+                if run_id not in run_ids or not (m.isfile() or m.isdir()) \
+                        or not target.is_relative_to(root / run_id):
                     raise UnpackError(f"{archive}: refusing member {m.name!r} (only plain files and directories "
-                                      f"inside the run directory are unpacked)")
+                                      f"inside the directory of a run collected ({', '.join(run_ids)}) are unpacked)")
                 m.uid, m.gid, m.uname, m.gname = os.getuid(), os.getgid(), "", ""   # --no-same-owner
+                if run_id not in held:
+                    held.append(run_id)
+            root.mkdir(parents=True, exist_ok=True)
             tar.extractall(root, members=members)
     except (OSError, tarfile.TarError) as exc:
         raise UnpackError(f"{archive}: the fetched run directory could not be unpacked: {exc}") from exc
     finally:
         archive.unlink(missing_ok=True)
-    return True
+    return held
 
 
 def fetch_missing(host: Host, node_run_dir: str, dest: Path) -> None:

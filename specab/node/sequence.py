@@ -4,7 +4,7 @@
     sequence.py --node-dir D ensure --experiment-id X [--idle-timeout 900]
                 [--smi JSON --gpus G --gpu-free-timeout S --gpu-free-threshold-mib M --stop-grace S]
     sequence.py --node-dir D reset --experiment-id X
-    sequence.py --node-dir D wait --run-id R --timeout S
+    sequence.py --node-dir D wait --run-id R --timeout S [--pack TAR [--also R2 ...]]
     sequence.py --node-dir D finish --experiment-id X
     sequence.py --node-dir D stage --experiment-id X [--finish] < batch.json   (enqueue.yml: a batch of runs)
     sequence.py --node-dir D serve --experiment-id X ...     (what ensure spawns)
@@ -1083,14 +1083,16 @@ def cmd_stage(a: argparse.Namespace) -> Dict[str, Any]:
     return out
 
 
-def pack_run(run_dir: str, dest: str) -> None:
-    """Pack a finished run's directory into the tar `dest` (mode 0600: it holds the run's env file), written
-    aside and renamed into place, for the controller to fetch (collect_run.yml: one node call fewer per run)."""
+def pack_runs(node_dir: str, run_ids: Sequence[str], dest: str) -> None:
+    """Pack finished runs' directories into the tar `dest`, each under its run id (``<run id>/...``; mode 0600:
+    it holds the runs' env files), written aside and renamed into place, for the controller to fetch
+    (collect_run.yml: one node call fewer per run, one fetch for every run that was done)."""
     tmp = "%s.%d.tmp" % (dest, os.getpid())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w") as tar:
-            tar.add(run_dir, arcname=".")
+            for run_id in run_ids:
+                tar.add(os.path.join(node_dir, "runs", run_id), arcname=run_id)
         os.replace(tmp, dest)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -1098,11 +1100,26 @@ def pack_run(run_dir: str, dest: str) -> None:
         raise
 
 
+def finished_after(node_dir: str, run_ids: Sequence[str]) -> List[str]:
+    """The leading runs of `run_ids` (queue order) that have their done.json now: the sequencer wrote nothing
+    more into their directories (done.json is a run's last file); stops at the first one without it."""
+    out = []
+    for run_id in run_ids:
+        if not os.path.isfile(os.path.join(node_dir, "runs", run_id, "done.json")):
+            break
+        out.append(run_id)
+    return out
+
+
 def cmd_wait(a: argparse.Namespace) -> Dict[str, Any]:
+    for run_id in a.also:
+        if not ENTRY_RE.match("000000-%s.json" % run_id):
+            raise UsageError("--also %r is not a run id (<seq>-<arm>)" % run_id)
     result = wait_done(a)
     if a.pack:
+        ids = [a.run_id] + finished_after(a.node_dir, [r for r in a.also if r != a.run_id])
         try:
-            pack_run(os.path.join(a.node_dir, "runs", a.run_id), a.pack)
+            pack_runs(a.node_dir, ids, a.pack)
         except OSError as exc:
             raise ToolError("run %s is done but its directory could not be packed into %s: %s"
                             % (a.run_id, a.pack, exc), {"run_id": a.run_id})
@@ -1262,7 +1279,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     sp.add_argument("--run-id", required=True)
     sp.add_argument("--timeout", type=float, required=True)
     sp.add_argument("--pack", metavar="TAR",
-                    help="once the run is done, pack its directory into this tar (mode 0600) for the controller")
+                    help="once the run is done, pack its directory into this tar (mode 0600, members <run id>/...) "
+                         "for the controller")
+    sp.add_argument("--also", action="append", default=[], metavar="RUN_ID",
+                    help="with --pack: also pack these later runs (queue order) that are done by then, up to the "
+                         "first one that is not (one fetch for every finished run)")
     sp = sub.add_parser("finish")
     exp(sp)
     sp = sub.add_parser("stage", help="read a batch of runs (JSON, specab/node/README.md) on stdin: write their run "

@@ -353,32 +353,37 @@ def _archive(path: Path, members: dict[str, tuple[bytes, int]], link: str | None
             info.size, info.mode, info.uid, info.gid = len(data), mode, 4242, 4242
             tar.addfile(info, io.BytesIO(data))
         if link:
-            info = tarfile.TarInfo("log-link")
+            info = tarfile.TarInfo("001-baseline/log-link")
             info.type, info.linkname = tarfile.SYMTYPE, link
             tar.addfile(info)
 
 
 def test_unpack_fetched_keeps_modes_takes_ownership_and_removes_the_archive(tmp_path: Path) -> None:
+    archive = tmp_path / "001-baseline.tar"
+    assert unpack_fetched(archive, tmp_path, ["001-baseline"]) == [] and not (tmp_path / "001-baseline").exists()
+    _archive(archive, {"001-baseline/done.json": (b'{"ok": true}', 0o644),
+                       "001-baseline/server.env": (b"HF_TOKEN=x\n", 0o600),
+                       "002-eagle/done.json": (b'{"ok": false}', 0o644)})      # a later run, done meanwhile
+    assert unpack_fetched(archive, tmp_path, ["001-baseline", "002-eagle", "003-baseline"]) == ["001-baseline",
+                                                                                              "002-eagle"]
     run_dir = tmp_path / "001-baseline"
-    assert unpack_fetched(run_dir) is False and not run_dir.exists()
-    _archive(tmp_path / "001-baseline.tar", {"./done.json": (b'{"ok": true}', 0o644),
-                                             "./server.env": (b"HF_TOKEN=x\n", 0o600)})
-    assert unpack_fetched(run_dir) is True
     assert (run_dir / "done.json").read_text() == '{"ok": true}'
+    assert (tmp_path / "002-eagle" / "done.json").read_text() == '{"ok": false}'
     assert (run_dir / "server.env").stat().st_mode & 0o777 == 0o600      # the env file stays owner-only
     assert (run_dir / "server.env").stat().st_uid == os.getuid()         # as tar --no-same-owner
-    assert not (tmp_path / "001-baseline.tar").exists()
+    assert not archive.exists()
 
 
 @pytest.mark.parametrize("members,link", [({"../outside.txt": (b"x", 0o644)}, None),
                                           ({"/tmp/absolute.txt": (b"x", 0o644)}, None),
-                                          ({"./done.json": (b"{}", 0o644)}, "/etc/passwd")])
-def test_unpack_fetched_refuses_members_outside_the_run_dir_or_not_plain(
+                                          ({"001-baseline/../002-other/x": (b"x", 0o644)}, None),
+                                          ({"009-not-asked/done.json": (b"{}", 0o644)}, None),
+                                          ({"001-baseline/done.json": (b"{}", 0o644)}, "/etc/passwd")])
+def test_unpack_fetched_refuses_members_outside_the_run_dirs_or_not_plain(
         tmp_path: Path, members: dict[str, tuple[bytes, int]], link: str | None) -> None:
-    run_dir = tmp_path / "runs" / "001-baseline"
-    run_dir.parent.mkdir()
-    _archive(run_dir.with_name("001-baseline.tar"), members, link)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _archive(runs / "001-baseline.tar", members, link)
     with pytest.raises(UnpackError, match="refusing member"):
-        unpack_fetched(run_dir)
-    assert list(run_dir.iterdir()) == [] and not (tmp_path / "runs" / "outside.txt").exists()
-    assert not run_dir.with_name("001-baseline.tar").exists()
+        unpack_fetched(runs / "001-baseline.tar", runs, ["001-baseline", "002-eagle"])
+    assert list(runs.iterdir()) == [] and not (tmp_path / "outside.txt").exists()

@@ -140,9 +140,9 @@ def test_a_failing_run_is_recorded_with_its_phase_and_the_next_run_still_runs(no
     run_dir = node.node_dir / "runs" / crash
     with tarfile.open(tar_path) as tar:               # a failed run is packed too: its files are the evidence
         members = {m.name: m for m in tar.getmembers()}
-        assert {n[2:] for n in members if n != "."} == {p.name for p in run_dir.iterdir()}
-        assert oct(members["./nccl.env"].mode & 0o777) == "0o600"
-        assert tar.extractfile("./done.json").read() == (run_dir / "done.json").read_bytes()
+        assert {n.split("/", 1)[1] for n in members if n != crash} == {p.name for p in run_dir.iterdir()}
+        assert oct(members[f"{crash}/nccl.env"].mode & 0o777) == "0o600"
+        assert tar.extractfile(f"{crash}/done.json").read() == (run_dir / "done.json").read_bytes()
     assert oct(tar_path.stat().st_mode & 0o777) == "0o600", "the tar holds the env file: ours alone"
     assert not list(node.node_dir.glob("collect.tar.*")), "no temporary tar left"
     assert w.data["task"] == "Bench | Benchmark arm crash" and "loadgen exit 1" in w.data["error"]
@@ -151,6 +151,18 @@ def test_a_failing_run_is_recorded_with_its_phase_and_the_next_run_still_runs(no
     w = node.wait(good)
     assert (w.data["ok"], w.data["status"]) == (True, "ok"), w.data
     assert node.record()["state"] in ("idle", "running")
+
+    # one collect for every run done by then (collect_run.yml's specab_also_run_ids): the later runs in queue
+    # order, up to the first one not done (here one never queued), each under its run id
+    w = node.seq("wait", "--run-id", bad_arg, "--timeout", "5", "--pack", str(tar_path),
+                 "--also", crash, "--also", "099-never", "--also", good, timeout=60)
+    assert w.rc == 0 and w.data["status"] == "failed", "the output is still the waited-for run's done.json"
+    with tarfile.open(tar_path) as tar:
+        assert {m.name.split("/", 1)[0] for m in tar.getmembers()} == {bad_arg, crash}
+        assert tar.extractfile(f"{crash}/done.json").read() == (run_dir / "done.json").read_bytes()
+    w = node.seq("wait", "--run-id", bad_arg, "--timeout", "5", "--pack", str(tar_path), "--also", "../x",
+                 timeout=60)
+    assert w.rc != 0 and "--also '../x' is not a run id" in json.dumps(w.data) + w.stderr
 
 
 def test_wait_reports_a_sequencer_killed_without_done_json(node):
