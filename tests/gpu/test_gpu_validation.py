@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict
 
@@ -411,9 +412,26 @@ mkdir -p "$runs/real-sglang-1" && : > "$runs/real-sglang-1/results.sqlite"
 if [[ -n "${STUB_HANG:-}" ]]; then
   trap 'kill "$pid"; echo interrupted > "$(dirname "$0")/sigint.txt"; exit 130' INT
   sleep 60 & pid=$!
+  : > "$(dirname "$0")/trap-set"
   wait "$pid"
 fi
 """
+
+
+class _TimeoutOnceTrapSet(subprocess.Popen):
+    """step_driver's Popen, whose first timed wait starts only once the stub has set its SIGINT trap: the
+    timeout then interrupts a driver that answers SIGINT, however long the stub took to start (on a loaded
+    box a 1 s timeout fired before bash reached its trap, and SIGINT killed it with no sigint.txt)."""
+
+    def wait(self, timeout=None):
+        if timeout is not None and not getattr(self, "_trap_waited", False):
+            self._trap_waited = True
+            marker = Path(self.args[0]).parent / "trap-set"
+            deadline = time.monotonic() + 60
+            while not marker.exists() and self.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert marker.exists(), "the stub driver never set its SIGINT trap"
+        return super().wait(timeout)
 
 
 @pytest.mark.parametrize("hang", [False, True])
@@ -423,6 +441,7 @@ def test_the_driver_step_runs_driver_py_and_interrupts_it_at_its_timeout(tmp_pat
     stub.chmod(0o755)
     if hang:
         monkeypatch.setenv("STUB_HANG", "1")
+        monkeypatch.setattr(gv.subprocess, "Popen", _TimeoutOnceTrapSet)
     ctx = gv.Ctx(tp=1, work=tmp_path, python=str(stub), cpu_sim=False, time_scale="4", engine="real-sglang",
                  real_site="/tmp/bundle", driver_timeout_s=1.0 if hang else 60.0)
     gv.load_experiment(ctx)
