@@ -36,12 +36,13 @@ def graph_profile(tmp: Path) -> Path:
     return out
 
 
-def experiment(node: SimNode, name: str, arms: list[dict], output_len: int = 64) -> Path:
+def experiment(node: SimNode, name: str, arms: list[dict], output_len: int = 64,
+               env: dict[str, str] | None = None) -> Path:
     exp = {"specab_experiment": {
         "name": name, "model_path": "/models/Kimi-K2.5-INT4",
         "server_args": {"tp_size": 8, "mem_fraction_static": 0.88, "host": "127.0.0.1", "port": node.port,
                         "max_running_requests": 48, "disable_overlap_schedule": True},
-        "env": dict(NCCL_TUNED), "arms": arms,
+        "env": {**NCCL_TUNED, **(env or {})}, "arms": arms,
         "bench": {"api": "generate", "num_requests": 3, "warmup_requests": 1, "input_len": 16, "output_len": output_len,
                   "concurrency": 1, "seed": 1, "timeout_s": 300},
         "timeouts": {"ready_s": 300, "stop_grace_s": 5, "gpu_free_s": 60}}}
@@ -65,43 +66,95 @@ def node(tmp_path: Path):
     n.cleanup()
 
 
+def _trace_of(trace: Path, run: analysis.Run) -> list[tuple[analysis.Request, dict]]:
+    """Each measured request of the run with the simulator's trace line of it (the one that arrived at its start)."""
+    recs = [json.loads(line) for line in trace.read_text().splitlines()]
+    out = []
+    for q in run.measured:
+        rec = min(recs, key=lambda x: abs(x["arrival_wall"] - (q.start_ts or 0.0)))
+        assert abs(rec["arrival_wall"] - (q.start_ts or 0.0)) < 0.5 and rec["completion_tokens"] == q.output_tokens
+        out.append((q, rec))
+    return out
+
+
+def true_decode_tok_s(trace: Path, run: analysis.Run) -> float:
+    """The median of the simulator's own decode rates (its emission times) over the run's measured requests."""
+    rates = sorted((rec["completion_tokens"] - 1) / (rec["emit_mono"][-1] - rec["emit_mono"][0]) / rec["time_scale"]
+                   for _, rec in _trace_of(trace, run))
+    mid = len(rates) // 2
+    return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
+
+
+def true_cycles_ms(trace: Path, run: analysis.Run) -> float:
+    """The simulator's own decode cycle over a run's measured requests (its trace: the times it emitted the
+    tokens), defined as the analysis defines the implied cycle: sum of decode spans / sum of verify steps, in
+    simulated ms. Each measured request is matched to the trace line that arrived at its start."""
+    span = verify = 0.0
+    for q, rec in _trace_of(trace, run):
+        assert rec["spec_verify_ct"] == q.spec_verify_ct            # the client read the engine's own count
+        span += (rec["emit_mono"][-1] - rec["emit_mono"][0]) * rec["time_scale"]
+        verify += rec["spec_verify_ct"]
+    return 1000.0 * span / verify
+
+
 def test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one(node: SimNode, tmp_path: Path):
-    # the phase accounting compares the device timer with the client's tok/s: 256-token requests at time scale 10
-    # (~0.9 s each) keep a loaded box's hiccups at the end of a request a small part of it (64 tokens at scale 20,
-    # 0.1 s a request: CI read 11.7 ms of a 34.7 ms cycle as engine time outside the forwards)
+    # 256-token requests at time scale 10 (~0.9 s each). What a loaded box changes (the simulator's schedule
+    # falls behind, so every wall-clock cycle is longer than the profile's) is read from the simulator's own
+    # trace, and the assertions that depend on it are made against that truth, not against the profile.
     node.time_scale = "10"
     prof = graph_profile(tmp_path)
+    trace = tmp_path / "sim-trace.jsonl"
     exp = experiment(node, "e2e-doctor", [
         {"name": "baseline"},
         {"name": "eagle3-nograph", "server_args": SPEC},
         {"name": "eagle3-graph", "server_args": SPEC, "env": {"SPECAB_SIM_PROFILE": str(prof)}},
-    ], output_len=256)
+    ], output_len=256, env={"SPECAB_SIM_TRACE": str(trace)})
     d = run_driver(node, exp, node.write_inventory(), "--repeats", "1")
     e = analysis.load_store(d)
     assert e.meta["time_scales"] == [10.0] and all(r.ok for r in e.runs)
     st = stats.analyse(e)
     base = st.arms["baseline"].tok_s_run.median
-    assert 70 < base < 95                                         # the seed's 82.2, in simulated seconds
+    # the seed's 82.2 tok/s in simulated seconds, or less where the box held the simulator back: the client's
+    # figure is the simulator's own (its trace), and that is never faster than the profile
+    base_run = next(r for r in e.runs if r.arm == "baseline")
+    true_base = true_decode_tok_s(trace, base_run)
+    assert base == pytest.approx(true_base, rel=0.01) and 60 < true_base < 82.2 * 1.01
     assert st.arms["eagle3-nograph"].cuda_graph_share == 0.0
     assert st.arms["eagle3-graph"].cuda_graph_share == 1.0
     assert st.arms["eagle3-nograph"].tok_s_run.median < base < st.arms["eagle3-graph"].tok_s_run.median
     found = doctor.diagnose(e, st, doctor.DoctorConfig(usual_baseline_tok_s=82.2))
     # the measured phases (0.5.23 device timer, on by default for speculative arms): verify dominates the
-    # no-graph arm with the seed's numbers; the graphed arm's verify is shorter; the accounting is consistent
+    # no-graph arm with the seed's numbers; the graphed arm's verify is shorter
     dom = {f.arm: f for f in found if f.rule == "dominant-phase"}
     assert set(dom) == {"eagle3-nograph", "eagle3-graph"}, found
     assert dom["eagle3-nograph"].message.startswith("verify 29.") and "no CUDA graph in 100%" in \
         dom["eagle3-nograph"].message and "would move tau*" in dom["eagle3-nograph"].message
-    assert "phase-accounting" not in {f.rule for f in found}
     from specab.analysis import phases
-    ng = phases.analyse_phases(e).arms["eagle3-nograph"]
-    # against the default profile's own cycle (steps 2: 2 x 2.0 draft + 29.0 verify + 1.71 overhead = 34.71 ms):
-    # the device-timer phases and the cycle implied by tok/s and tau both land within 5 %
-    assert abs(ng.verify_ms.mean - 29.0) / 29.0 < 0.05 and abs(ng.draft_ms.mean - 4.0) / 4.0 < 0.05
-    assert abs(ng.implied_cycle_ms.mean - 34.71) / 34.71 < 0.05
-    assert abs(ng.measured_ms + 0.91 - ng.implied_cycle_ms.mean) / ng.implied_cycle_ms.mean < 0.05
-    assert ng.graph_share == 0.0 and 0.8 < ng.verify_share < 0.88
-    found = [f for f in found if f.rule != "dominant-phase"]
+    arms = phases.analyse_phases(e).arms
+    ng = arms["eagle3-nograph"]
+    # the device timer's phases are the engine's own counters: the default profile's, exactly as configured
+    # (steps 2: 2 x 2.0 draft + 29.0 verify; the profile's cycle adds 1.71 ms, of which 0.91 ms outside the forwards)
+    assert abs(ng.verify_ms.mean - 29.0) / 29.0 < 0.02 and abs(ng.draft_ms.mean - 4.0) / 4.0 < 0.02
+    assert ng.graph_share == 0.0
+    # the cycle implied by the client's tok/s and the engine's verify counts equals the simulator's own cycle
+    # (its trace), and "other" is that cycle less the measured phases; the simulator is never faster than its
+    # profile (34.71 ms a cycle), only later on a loaded box
+    want_other = {}
+    for name, a in arms.items():
+        run = next(r for r in e.runs if r.arm == name)
+        true_cycle = true_cycles_ms(trace, run)
+        if name == "eagle3-nograph":
+            assert true_cycle > 0.99 * 34.71, true_cycle
+        assert a.implied_cycle_ms.mean == pytest.approx(true_cycle, rel=0.01), name
+        assert a.other_ms.mean == pytest.approx(true_cycle - a.measured_ms, abs=0.01 * true_cycle), name
+        want_other[name] = (true_cycle - a.measured_ms) / true_cycle
+    # the phase-accounting rule speaks exactly for the arms whose true time outside the forwards passes its
+    # threshold (a band of 2 points around it, where the client's and the trace's cycles may fall either side)
+    flagged = {f.arm for f in found if f.rule == "phase-accounting"}
+    for name, share in want_other.items():
+        if abs(share - phases.OTHER_SHARE_FINDING) > 0.02:
+            assert (name in flagged) == (share > phases.OTHER_SHARE_FINDING), (name, share, found)
+    found = [f for f in found if f.rule not in ("dominant-phase", "phase-accounting")]
     by_rule = {}
     for f in found:
         by_rule.setdefault(f.rule, []).append(f)
