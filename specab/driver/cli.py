@@ -26,6 +26,7 @@ from specab.driver.options import EXIT_INTERRUPTED, EXIT_USAGE, ExperimentError,
 from specab.driver.lease import lease_states
 from specab.driver.remote import status_all
 from specab.driver.render import render_arm
+from specab.knowntruth import build as kt_build
 from specab.node.contract import redact_env
 from specab.results import store as st
 from specab.results.locate import NotFound, default_runs_dir, locate
@@ -40,7 +41,7 @@ COMMON_FORMS = """common forms (options go after the subcommand; `driver.py COMM
   driver.py status                                 GPUs, our servers and the node lease on every host
   driver.py report EXPERIMENT_ID | diff A B | export EXPERIMENT_ID -o results.csv --format csv
 """
-CONTRIBUTED = (logparse, specmodel, report, provenance)   # each registers its subcommand
+CONTRIBUTED = (logparse, specmodel, report, provenance, kt_build)   # each registers its subcommand
 
 
 def _add_experiment_options(p: argparse.ArgumentParser) -> None:

@@ -22,6 +22,14 @@ Token accounting per streamed chunk (one SSE ``data:`` event):
     ``continuous_usage_stats``), else one token per chunk with text, and the final usage chunk
     (``include_usage``) gives the exact total.
 
+Known-truth models (``driver.py known-truth build``): when the served target's folder (``model_path`` in the
+run's ``args.json``, next to ``--out``) holds ``known_truth.json``, prompts are seeded token ids in
+``[first, vocab_size)`` (``generate``: ``input_ids``; ``completions``: a token-id ``prompt``; ``chat`` is refused),
+every record adds ``prompt_last_token`` and ``output_ids``, and the summary's ``known_truth`` carries the target's
+and the draft's files (the draft's agreement set as a bitmap) so the analysis can recompute every cycle. On vLLM,
+whose responses carry no per-request cycle count, each request's ``spec_verify_ct`` is the delta of
+``vllm:spec_decode_num_drafts`` around it (concurrency 1 only).
+
 Under speculative decoding one chunk carries several tokens (one verify step), so per-chunk gaps
 are not per-token latencies; ``decode_tok_s`` and ``tpot_s`` are computed from token counts.
 """
@@ -29,12 +37,14 @@ are not per-token latencies; ``decode_tok_s`` and ``tpot_s`` are computed from t
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import http.client
 import json
 import os
 import queue
 import random
+import re
 import socket
 import statistics
 import sys
@@ -101,22 +111,76 @@ def make_prompts(seed: int, kind: str, count: int, input_len: int) -> List[str]:
     return [make_prompt(seed, kind, i, input_len) for i in range(count)]
 
 
-def dataset_hash(prompts: List[str]) -> str:
+def make_token_prompts(seed: int, kind: str, count: int, input_len: int, first: int, vocab: int) -> List[List[int]]:
+    """Deterministic token-id prompts over [first, vocab) (known-truth models: no special token)."""
+    out = []
+    for index in range(count):
+        rng = random.Random("specab:%d:%s:%d:ids" % (seed, kind, index))
+        out.append([rng.randrange(first, vocab) for _ in range(input_len)])
+    return out
+
+
+def dataset_hash(prompts: List[Any]) -> str:
     h = hashlib.sha256()
     for p in prompts:
-        h.update(p.encode("utf-8"))
+        h.update((p if isinstance(p, str) else json.dumps(p)).encode("utf-8"))
         h.update(b"\0")
     return "sha256:" + h.hexdigest()
+
+
+KNOWN_TRUTH_FILE = "known_truth.json"
+_KT_WORD = re.compile(r"(?<![^\s])w(\d+)(?![^\s])")
+
+
+def _read_known_truth(folder: Any) -> Optional[Dict[str, Any]]:
+    if not isinstance(folder, str) or not folder:
+        return None
+    path = os.path.join(folder, KNOWN_TRUTH_FILE)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        doc = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("rule") != "t+1":
+        return None
+    doc["path"] = path
+    doc["sha256"] = "sha256:" + hashlib.sha256(raw).hexdigest()
+    return doc
+
+
+def known_truth_of(run_dir: str) -> Optional[Dict[str, Any]]:
+    """The served models' known truth, found through the run's args.json: {"target": doc, "draft": doc or None}
+    (a draft's ``agree`` list becomes ``agree_bitmap_b64``); None when the target carries no known_truth.json."""
+    try:
+        with open(os.path.join(run_dir, "args.json"), encoding="utf-8") as fh:
+            args = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(args, dict):
+        return None
+    target = _read_known_truth(args.get("model_path") or args.get("model"))
+    if target is None:
+        return None
+    view = engines.speculative_view(args)
+    draft = _read_known_truth(view.draft_model) if view.draft_model else None
+    if draft is not None and isinstance(draft.get("agree"), list):
+        bits = bytearray((int(draft["vocab_size"]) + 7) // 8)
+        for t in draft.pop("agree"):
+            bits[int(t) >> 3] |= 1 << (int(t) & 7)
+        draft["agree_bitmap_b64"] = base64.b64encode(bytes(bits)).decode("ascii")
+    return {"target": target, "draft": draft, "steps": view.steps, "algorithm": view.algorithm}
 
 
 # ----------------------------------------------------------------------------------------------
 # request bodies and chunk decoding
 
 
-def build_body(api: str, prompt: str, output_len: int, model: Optional[str]) -> Dict[str, Any]:
+def build_body(api: str, prompt: Any, output_len: int, model: Optional[str]) -> Dict[str, Any]:
+    """A streaming request; ``prompt`` is text, or a list of token ids (generate: input_ids; completions: prompt)."""
     if api == "generate":
         return {
-            "text": prompt,
+            ("input_ids" if isinstance(prompt, list) else "text"): prompt,
             "sampling_params": {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True},
             "stream": True,
         }
@@ -152,6 +216,21 @@ class ChunkCounter:
         self.meta = {}  # type: Dict[str, Any]  # last meta_info (generate)
         self._prev_ids = None  # type: Optional[List[int]]
         self._ids_cumulative = None  # type: Optional[bool]
+        self.text = ""  # the output text so far (generate: SGLang's cumulative text; OpenAI: the deltas joined)
+        self.ids = []  # type: List[int]  # generate's output_ids so far, when the server sends them
+        self._ids_seen = None  # type: Optional[List[int]]
+        self._ids_mode = None  # type: Optional[bool]  # True: cumulative lists
+
+    def _add_text(self, text: str, cumulative: bool) -> None:
+        if text:
+            self.text = text if cumulative else self.text + text
+
+    def _add_ids(self, ids: List[int]) -> None:
+        prev = self._ids_seen
+        if self._ids_mode is None and prev is not None:
+            self._ids_mode = len(ids) >= len(prev) and ids[: len(prev)] == prev
+        self._ids_seen = ids
+        self.ids = list(ids) if self._ids_mode in (None, True) and len(ids) >= len(self.ids) else self.ids + list(ids)
 
     def _set_source(self, source: str) -> None:
         if self.source is None:
@@ -174,6 +253,10 @@ class ChunkCounter:
         return new
 
     def _feed_generate(self, event: Dict[str, Any]) -> int:
+        if isinstance(event.get("text"), str):
+            self._add_text(event["text"], True)
+        if isinstance(event.get("output_ids"), list):
+            self._add_ids(event["output_ids"])
         meta = event.get("meta_info") or {}
         if meta:
             # spec fields come in the final chunk only (0.5.23; engines-2026.md A4): keep every spec_* seen
@@ -210,6 +293,13 @@ class ChunkCounter:
         return 1
 
     def _feed_openai(self, event: Dict[str, Any]) -> int:
+        text = ""
+        for choice in event.get("choices") or []:
+            if self.api == "chat":
+                text += (choice.get("delta") or {}).get("content") or ""
+            else:
+                text += choice.get("text") or ""
+        self._add_text(text, False)
         usage = event.get("usage")
         if isinstance(usage, dict):
             if usage.get("prompt_tokens") is not None:
@@ -222,12 +312,6 @@ class ChunkCounter:
                     self.reported_total = ct
                     return 0
                 return self._from_cumulative(ct, "usage")
-        text = ""
-        for choice in event.get("choices") or []:
-            if self.api == "chat":
-                text += (choice.get("delta") or {}).get("content") or ""
-            else:
-                text += choice.get("text") or ""
         return self._guess_one(bool(text))
 
 
@@ -308,8 +392,10 @@ def _error_text(obj: Dict[str, Any]) -> Optional[str]:
     return str(err)
 
 
-def run_request(target: Target, api: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
-    """Send one streaming request; return the measured fields (never raises for request errors)."""
+def run_request(target: Target, api: str, body: Dict[str, Any], timeout: float,
+                keep_output: bool = False) -> Dict[str, Any]:
+    """Send one streaming request; return the measured fields (never raises for request errors). With
+    ``keep_output`` the record keeps the output as ``output_ids`` (generate) or ``output_text``."""
     rec = {
         "ok": False, "error": None, "start_ts": time.time(), "prompt_tokens": None,
         "output_tokens": None, "ttft_s": None, "e2e_s": None, "chunk_t_s": [], "chunk_tokens": [],
@@ -369,6 +455,11 @@ def run_request(target: Target, api: str, body: Dict[str, Any], timeout: float) 
         rec["error"] = "%s talking to %s:%d%s: %s" % (type(exc).__name__, target.host, target.port, path, exc)
     finally:
         conn.close()
+    if keep_output:
+        if counter.ids:
+            rec["output_ids"] = counter.ids
+        else:
+            rec["output_text"] = counter.text
     if rec["error"] is not None:
         rec["e2e_s"] = round(time.perf_counter() - t0, 6)
         rec["output_tokens"] = counter.total or None
@@ -495,8 +586,37 @@ class _Recorder:
             self.records.append(rec)
 
 
-def _run_phase(cfg: BenchConfig, target: Target, prompts: List[str], warmup: bool,
-               recorder: _Recorder) -> None:
+def _known_truth_fields(rec: Dict[str, Any], prompt: List[int], kt: Dict[str, Any]) -> None:
+    """prompt_last_token and output_ids (from the known-truth tokenizer's words when the server sent text)."""
+    rec["prompt_last_token"] = prompt[-1]
+    if "output_text" in rec:
+        first = int(kt["target"]["first"])
+        rec["output_ids"] = [int(m) + first for m in _KT_WORD.findall(rec.pop("output_text") or "")]
+
+
+def _vllm_request_counts(target: Target, before: Dict[str, Any], out_tokens: Optional[int],
+                         timeout: float) -> Dict[str, Any]:
+    """One request's spec-decode counter deltas (vLLM /metrics around it, nothing else in flight). vLLM records a
+    finished request's stats as its output is processed, which may follow the response's last chunk: poll until
+    the finished requests' generation tokens have grown by this request's."""
+    deadline = time.monotonic() + min(timeout, 5.0)
+    while True:
+        after = vllm_spec_metrics(target, timeout)
+        if after is None:
+            return {}
+        grown = after["decode"]["generation_tokens"] - before["decode"]["generation_tokens"]
+        if (out_tokens is not None and grown >= out_tokens) or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    return {"spec_verify_ct": int(after["drafts"] - before["drafts"]),
+            "spec_accepted_drafts": int(after["accepted"] - before["accepted"]),
+            "spec_draft_tokens": int(after["draft_tokens"] - before["draft_tokens"]),
+            "verify_ct_from": "vllm /metrics delta around the request",
+            "verify_ct_settled": bool(out_tokens is not None and grown >= out_tokens)}
+
+
+def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: bool,
+               recorder: _Recorder, kt: Optional[Dict[str, Any]] = None, per_request_vllm: bool = False) -> None:
     jobs = queue.Queue()  # type: queue.Queue
     for i, p in enumerate(prompts):
         jobs.put((i, p))
@@ -509,7 +629,14 @@ def _run_phase(cfg: BenchConfig, target: Target, prompts: List[str], warmup: boo
                 return
             body = build_body(cfg.api, prompt, cfg.output_len, cfg.model)
             try:
-                rec = run_request(target, cfg.api, body, cfg.timeout)
+                before = vllm_spec_metrics(target, cfg.timeout) if per_request_vllm else None
+                rec = run_request(target, cfg.api, body, cfg.timeout, keep_output=kt is not None)
+                if kt is not None:
+                    _known_truth_fields(rec, prompt, kt)
+                if before is not None and rec.get("ok"):
+                    counts = _vllm_request_counts(target, before, rec.get("output_tokens"), cfg.timeout)
+                    if rec.get("spec_verify_ct") is None and counts.get("spec_verify_ct"):
+                        rec.update(counts)
             except Exception as exc:  # a bug must not lose the other requests' records
                 rec = {"ok": False, "error": "client error: %s: %s" % (type(exc).__name__, exc)}
             out = {"i": i, "warmup": warmup}
@@ -680,24 +807,35 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
     target = Target.from_url(cfg.url)
     if cfg.api != "generate" and not cfg.model:
         cfg.model = discover_model(target, cfg.timeout)
-    warm_prompts = make_prompts(cfg.seed, "warmup", cfg.warmup, cfg.input_len)
-    prompts = make_prompts(cfg.seed, "measure", cfg.num_requests, cfg.input_len)
-    data_hash = dataset_hash(prompts)
     out_dir = os.path.dirname(os.path.abspath(cfg.out))
+    kt = known_truth_of(out_dir)
+    if kt is None:
+        warm_prompts = make_prompts(cfg.seed, "warmup", cfg.warmup, cfg.input_len)  # type: List[Any]
+        prompts = make_prompts(cfg.seed, "measure", cfg.num_requests, cfg.input_len)  # type: List[Any]
+    else:
+        if cfg.api == "chat":
+            raise UsageError("the served model is a known-truth model (%s), which takes token-id prompts: use "
+                             "bench.api generate or completions, not chat" % kt["target"]["path"])
+        first, vocab = int(kt["target"]["first"]), int(kt["target"]["vocab_size"])
+        warm_prompts = make_token_prompts(cfg.seed, "warmup", cfg.warmup, cfg.input_len, first, vocab)
+        prompts = make_token_prompts(cfg.seed, "measure", cfg.num_requests, cfg.input_len, first, vocab)
+        log("known-truth models (%s): token-id prompts, outputs recorded" % kt["target"]["path"])
+    data_hash = dataset_hash(prompts)
     os.makedirs(out_dir, exist_ok=True)
     with open(cfg.out, "w", encoding="utf-8") as fh:
         recorder = _Recorder(fh)
         if warm_prompts:
             log("warm-up: %d request(s)" % len(warm_prompts))
-            _run_phase(cfg, target, warm_prompts, True, recorder)
+            _run_phase(cfg, target, warm_prompts, True, recorder, kt)
         log("measuring: %d request(s) at concurrency %d" % (len(prompts), cfg.concurrency))
         window = _PhaseWindow(target, cfg.phase_metrics) if cfg.phase_metrics else None
         if window is not None:
             window.start()
         before = vllm_spec_metrics(target, cfg.timeout)
+        per_request = kt is not None and before is not None and cfg.concurrency == 1
         cpu0 = time.process_time()
         t0 = time.perf_counter()
-        _run_phase(cfg, target, prompts, False, recorder)
+        _run_phase(cfg, target, prompts, False, recorder, kt, per_request)
         duration = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
         if window is not None:
@@ -707,6 +845,8 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
         after = vllm_spec_metrics(target, cfg.timeout) if before is not None else None
     summary = summarize(cfg, recorder.records, duration, cpu, data_hash)
     add_engine_acceptance(summary, before, after)
+    if kt is not None:
+        summary["known_truth"] = kt
     if cfg.summary:
         tmp = cfg.summary + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
@@ -752,6 +892,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         summary = run_benchmark(cfg, log)
+    except UsageError as exc:
+        print("loadgen: %s" % exc, file=sys.stderr)
+        return 2
     except OSError as exc:
         print("loadgen: cannot write results: %s" % exc, file=sys.stderr)
         return 1
