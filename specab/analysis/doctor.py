@@ -14,6 +14,7 @@ from specab.config import defaults
 from specab.analysis import economics
 from specab.analysis import phases as phase_analysis
 from specab.analysis import specmodel
+from specab.analysis import truthcheck
 from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, reason_names
 from specab.analysis.stats import ExperimentStats, analyse
 from specab.node import engines
@@ -514,7 +515,28 @@ def phase_accounting(exp: Experiment, ctx: Context) -> list[Finding]:
     return out
 
 
+def known_truth_mismatch(exp: Experiment, ctx: Context) -> list[Finding]:
+    """Runs of known-truth models whose measurement disagrees with the exact truth: a cycle count, the accept
+    length or the greedy output that is not what the models make certain. Not a property of the arm: the
+    measurement chain (the engine's counters, the client, the store) is broken, so every number of the run is
+    suspect."""
+    rep = truthcheck.check(exp)
+    if rep is None:
+        return []
+    out = []
+    for arm in dict.fromkeys(r.arm for r, _ in rep.problems):
+        runs = [r for r in rep.runs if r.arm == arm and r.problems]
+        evidence = [f"{r.run_id}: {p}" for r in runs for p in r.problems][:8]
+        out.append(Finding("known-truth-mismatch", "error",
+                           f"{len(runs)} run(s) of known-truth models disagree with the exact truth (cycle counts, "
+                           f"accept length or the greedy rule): the measurement chain is broken, not the draft. "
+                           f"Check which engine build served the run and the client's per-request counters before "
+                           f"trusting any number of these runs.", evidence, arm, [r.run_id for r in runs]))
+    return out
+
+
 RULES: dict[str, Rule] = {
+    "known-truth-mismatch": known_truth_mismatch,
     "verify-without-cuda-graph": verify_without_cuda_graph,
     "env-not-confirmed": env_not_confirmed,
     "nccl-untuned-baseline-slow": nccl_missing_baseline_slow,

@@ -170,6 +170,7 @@ class Run:
     engine_accept_len: float | None = None   # the engine's own count over the measured requests (vLLM: /metrics
                                              # deltas, bench_summary spec_metrics): when responses carry none
     buffered_requests: int = 0               # measured requests delivered in bursts (node/loadgen: no decode pace)
+    known_truth: dict | None = None          # bench_summary's known_truth: the served models' (specab.knowntruth)
 
     @property
     def ok(self) -> bool:
@@ -692,7 +693,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
             run_dir=run_dir, error=r.get("failure_reason"), gpu_seconds=_num(r.get("gpu_seconds")),
             engine_accept_len=_engine_accept_len(summary), buffered_requests=int(summary.get("buffered_requests") or 0),
-            phase_metrics=phase_files.get(r["seq"])))
+            phase_metrics=phase_files.get(r["seq"]), known_truth=summary.get("known_truth")))
     argv = e.get("argv") or []
     scales = sorted({r.time_scale for r in runs})
     return Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",

@@ -24,6 +24,7 @@ from specab.analysis import economics
 from specab.analysis import phases
 from specab.analysis import specmodel
 from specab.analysis import stats
+from specab.analysis import truthcheck
 from specab.analysis.model import Experiment, gc_paused, load_store
 from specab.results.locate import NotFound, locate
 from specab.analysis.subcommand import standalone_main
@@ -456,6 +457,105 @@ def _model_blocks(rep: Report, model: specmodel.ModelResult | None) -> None:
         rep.add(Para("No speculative arm with measured tok/s, accept length and steps: nothing to model."))
 
 
+STEPS_KEYS = ("speculative_num_steps", "speculative_num_draft_tokens", "speculative_config")
+
+
+def _known_truth_blocks(rep: Report, exp: Experiment, truth: truthcheck.TruthReport,
+                        model: specmodel.ModelResult | None) -> None:
+    """The measurement against the exact truth of known-truth models (specab.knowntruth)."""
+    bad = truth.problems
+    spec_runs = [r for r in truth.runs if r.steps]
+    reqs = [q for r in spec_runs for q in r.requests]
+    exact = sum(q.cycles_exact for q in reqs)
+    follows = sum(q.rule_ok for r in truth.runs for q in r.requests)
+    total = sum(len(r.requests) for r in truth.runs)
+    rep.add(Heading("Known truth"),
+            Para(f"The served models carry known_truth.json, so every verify cycle's accepted count is known exactly "
+                 f"(the chain rule over the draft's agreement set). Cycle counts equal to the truth on {exact} of "
+                 f"{len(reqs)} speculative requests; greedy output follows the rule on every token in {follows} of "
+                 f"{total} requests. " + ("Every measurement agrees with the truth." if not bad else
+                                          f"{len(bad)} disagreement(s): the doctor's known-truth-mismatch names them.")))
+    rows = []
+    for r in spec_runs:
+        counted = [q for q in r.requests if q.measured_cycles is not None]
+        rows.append([r.run_id, r.arm, str(r.steps), r.draft or "-", _f(r.p, ".2f"), _f(r.density, ".4f"),
+                     f"{sum(q.measured_cycles or 0 for q in counted)} / {sum(q.true_cycles for q in r.requests)}",
+                     _f(r.measured_tau, ".4f"), _f(r.true_tau, ".4f"),
+                     (f"{r.engine_tau:.4f} / {r.true_engine_tau:.4f}" if r.engine_tau is not None else "-"),
+                     _f(r.fitted_alpha, ".3f"), _f(r.realized_alpha, ".3f"), "yes" if r.exact else "NO"])
+    if rows:
+        rep.add(Para("Per run: cycles measured / true (summed over the measured requests), accept length (output "
+                     "tokens / cycles) measured and true, vLLM's own 1 + accepted / drafts against the truth counted "
+                     "the same way (its last cycle counts drafts accepted past max_tokens), alpha fitted from the "
+                     "accept length (chain model) and the acceptance realized along the requests' trajectories "
+                     "(right proposals / proposals checked), against the agreement set's density."),
+                Table(["run", "arm", "steps", "draft", "p", "density", "cycles m / t", "tau", "true tau",
+                       "engine tau m / t", "alpha fitted", "alpha realized", "exact"], rows))
+    per_req = [[r.run_id, str(q.line), str(q.prompt_last_token), str(q.tokens), str(q.measured_cycles),
+                str(q.true_cycles), "yes" if q.cycles_exact else "NO"] for r in spec_runs for q in r.requests]
+    if per_req:
+        rep.add(Para("Per request: the engine's cycle count (SGLang spec_verify_ct, vLLM's drafts delta) and the truth "
+                     "from the prompt's last token and the output length."),
+                Table(["run", "line", "prompt last token", "tokens", "cycles", "true cycles", "equal"], per_req))
+    if model is not None and model.arms and model.baseline_tok_s:
+        _known_truth_model_blocks(rep, exp, truth, model)
+
+
+def _known_truth_model_blocks(rep: Report, exp: Experiment, truth: truthcheck.TruthReport,
+                              model: specmodel.ModelResult) -> None:
+    """Per draft (arms alike but for the steps), the spec model fitted on its measured arms against the exact tau of
+    that draft on the same prompts, and per steps the break-even accept length measured on this node."""
+    base = model.baseline_tok_s
+    assert base is not None
+    draft_of = {r.arm: r.draft for r in truth.runs if r.draft}
+    by_arm = {a.name: a for a in exp.arms}
+    groups: dict[tuple, list[specmodel.ArmAnalysis]] = {}
+    for a in model.arms:
+        arm = by_arm.get(a.name)
+        if a.name not in draft_of or arm is None:
+            continue
+        rest = {k: v for k, v in arm.server_args.items() if k not in STEPS_KEYS}
+        groups.setdefault((draft_of[a.name], repr(sorted(rest.items(), key=str))), []).append(a)
+    for (draft, _), arms in groups.items():
+        taus = truth.true_tau_by_steps.get(draft, {})
+        try:
+            m = specmodel.build(base, [specmodel.SpecArm(a.steps, a.tok_s, a.accept_len, a.name) for a in arms],
+                                predict_steps=sorted(taus) or range(1, 7))
+        except specmodel.SpecModelError:
+            continue
+        measured = {a.steps: a for a in arms}
+        rows = [[str(p.steps), "run" if p.steps in measured else "predicted", f"{p.tau:.3f}",
+                 f"{taus[p.steps]:.3f}" if p.steps in taus else "-",
+                 f"{(p.tau - taus[p.steps]) / taus[p.steps]:+.1%}" if p.steps in taus else "-",
+                 _f(p.speedup, ".3f"), _f(measured[p.steps].speedup, ".3f") if p.steps in measured else "-"]
+                for p in m.predictions]
+        rep.add(Para(f"Draft {draft} ({', '.join(a.name for a in arms)}): the spec model fitted on these arms "
+                     f"(alpha {_f(_mean_alpha(m), '.3f')}; {m.cycle_fit.source if m.cycle_fit else ''}) against the "
+                     "exact tau of this draft on the same prompts, and its speedup beside the measured one."),
+                Table(["steps", "", "model tau", "true tau", "error", "model speedup", "measured speedup"], rows))
+    # one row per steps and per setting besides the draft (an eager arm's cycle is not a graphed one's)
+    by_steps: dict[tuple[int, str], list[specmodel.ArmAnalysis]] = {}
+    for (draft, rest), arms in groups.items():
+        for a in arms:
+            by_steps.setdefault((a.steps, rest), []).append(a)
+    if by_steps:
+        step = 1000.0 / base
+        rows = []
+        for k, rest in sorted(by_steps):
+            arms = by_steps[(k, rest)]
+            cycle = sum(a.cycle_ms for a in arms) / len(arms)
+            rows.append([str(k), f"{cycle:.2f}", f"{cycle / step:.2f}",
+                         ", ".join(f"{a.name} tau {a.accept_len:.2f} -> {a.speedup:.2f}x" for a in arms)])
+        rep.add(Para(f"What a draft must reach to win on this node and engine build: per steps, the cycle measured "
+                     f"(mean over the arms above) over the baseline step {step:.2f} ms is the break-even accept "
+                     "length tau*; a draft wins at that steps when its accept length exceeds tau*."),
+                Table(["steps", "cycle ms", "break-even tau*", "measured arms"], rows))
+
+
+def _mean_alpha(model: specmodel.ModelResult) -> float | None:
+    return sum(a.alpha for a in model.arms) / len(model.arms) if model.arms else None
+
+
 def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                  target_tok_s: float | None = None, plots: bool = True) -> Report:
     st = stats.analyse(exp)
@@ -571,6 +671,10 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         rep.add(Image("cycle_phases.png", "per-phase ms per cycle, per arm, against the baseline step",
                       plot_phases(ph)))
 
+    truth = truthcheck.check(exp)
+    if truth is not None:
+        _known_truth_blocks(rep, exp, truth, model)
+
     # drift
     rep.add(Heading("Drift"), Para(st.drift.message))
 
@@ -616,7 +720,8 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     # condition), each over the arms compared with it
     rep.data = {"stats": st.to_dict(), "model": model.to_dict() if model else None,
                 "models": {b: m.to_dict() if m else None for b, m in models.items()}, "phases": ph.to_dict(),
-                "findings": [f.to_dict() for f in findings], "summary": rep.summary, "cost": spent.to_dict()}
+                "findings": [f.to_dict() for f in findings], "summary": rep.summary, "cost": spent.to_dict(),
+                "known_truth": truth.to_dict() if truth is not None else None}
     return rep
 
 
