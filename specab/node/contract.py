@@ -124,6 +124,13 @@ def nested_secret_values(value: Any) -> List[str]:
     return out
 
 
+# The files of a node run directory that hold a secret by design (the engine's argv, its env, the args it was
+# given) or may (the engine's log, the run queue's entry with the node env), and their mode wherever a copy is
+# written: their owner's alone.
+PRIVATE_RUN_FILES = {"launch.sh": 0o700, "nccl.env": 0o600, "args.json": 0o600, "server.log": 0o600,
+                     "queue_entry.json": 0o600}
+
+
 # A value shorter than this is not scrubbed from free text: it would also replace ordinary words and numbers.
 MIN_SCRUB_LEN = 4
 

@@ -18,9 +18,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import contract  # noqa: E402
 from common import ToolError  # noqa: E402
 
-LOG_MODE = 0o600
+LOG_MODE = contract.PRIVATE_RUN_FILES["server.log"]
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
