@@ -23,7 +23,7 @@ from specab.driver.progress import Progress
 from specab.driver.record import (PhaseClock, ingest_run_dir, log_excerpt, node_run_dir,
                                   tail_file)
 from specab.driver.remote import read_tail
-from specab.node.contract import REDACTED, load_phase, secret_values
+from specab.node.contract import load_phase, scrub_text, scrub_values, secret_values
 from specab.results import store as st
 
 ARM_PLAYBOOK = "playbooks/arm.yml"
@@ -205,9 +205,7 @@ class RunContext:
         """A text with the experiment's secret values replaced (a remote log tail, a failure message)."""
         if not text:
             return text
-        for v in sorted({v for v in self.secrets if v and len(v) >= 4}, key=len, reverse=True):
-            text = text.replace(v, REDACTED)
-        return text
+        return scrub_text(text, scrub_values(self.secrets))
 
     # ------------------------------------------------------------------ interruption
     def stop_servers(self) -> str | None:

@@ -6,7 +6,8 @@ Pitfalls handled (shared/reference/ansible-runner-testinfra-fabric.md §0-§1):
 - one unique ident per run (a reused ident mixes job events);
 - `artifacts/<ident>/command` stores the child's full environment: secret-named variables are
   removed from the child environment before it starts, and after the run every artifact file
-  is scrubbed of known secret values (issue 6, item 18);
+  is scrubbed of known secret values; what `-v` streams and what a failure quotes are scrubbed as
+  each event arrives (the secret rule: specab.node.contract);
 - the cancel callback is polled every `pexpect_timeout` seconds (0.25 s here, not the default 5 s).
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ import ansible_runner
 from ansible_runner.interface import init_runner
 
 from specab.node import contract
-from specab.node.contract import REDACTED, is_secret_name
+from specab.node.contract import is_secret_name, scrub_bytes, scrub_text, scrub_values
 
 PHASES = contract.TASK_PREFIX_PHASES
 phase_of = contract.phase_of_task
@@ -89,8 +90,10 @@ def failure_message(res: dict[str, Any]) -> str:
 
 
 def scrub_tree(root: Path, secrets: list[str]) -> int:
-    """Replace every occurrence of a secret value in the files under `root`; returns files changed."""
-    values = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+    """Replace every occurrence of a secret value in the files under `root`; returns files changed. A file that
+    held one loses its group and other permissions (on the node it was private: launch.sh, nccl.env, args.json,
+    server.log), as the collect role's scrub does (roles/collect/action_plugins/collect_scrub.py)."""
+    values = scrub_values(secrets)
     if not values or not root.exists():
         return 0
     changed = 0
@@ -101,12 +104,10 @@ def scrub_tree(root: Path, secrets: list[str]) -> int:
             data = path.read_bytes()
         except OSError:
             continue
-        new = data
-        for v in values:
-            for enc in (v.encode(), json.dumps(v)[1:-1].encode()):
-                new = new.replace(enc, REDACTED.encode())
+        new = scrub_bytes(data, values)
         if new != data:
             path.write_bytes(new)
+            path.chmod(path.stat().st_mode & 0o700)
             changed += 1
     return changed
 
@@ -161,10 +162,15 @@ class PlaybookRunner:
             if on_phase:
                 on_phase(phase)
 
+        # every secret the run may print: the experiment's, and those of the driver's own environment (the child
+        # does not get them, but a node reached over a local connection may have them from elsewhere)
+        secret_values = scrub_values(list(secrets or []) + [v for k, v in os.environ.items() if is_secret_name(k) and v])
+
         def on_event(ev: dict[str, Any]) -> bool:
             kind = ev.get("event", "")
             data = ev.get("event_data") or {}
-            text = ev.get("stdout") or ""
+            # what -v streams and what a failure quotes never hold a secret (the artifacts are scrubbed after the run)
+            text = scrub_text(ev.get("stdout") or "", secret_values)
             if text:
                 stdout_lines.extend(text.splitlines())
                 del stdout_lines[:-200]
@@ -178,12 +184,13 @@ class PlaybookRunner:
                 res = data.get("res") or {}
                 task = str(data.get("task") or "")
                 failures.append(Failure(phase=phase_of(task) or current["phase"], task=task,
-                                        host=data.get("host"), message=failure_message(res)))
+                                        host=data.get("host"), message=scrub_text(failure_message(res), secret_values)))
             elif kind == "runner_on_unreachable":
                 res = data.get("res") or {}
                 failures.append(Failure(phase=current["phase"], task=str(data.get("task") or ""),
                                         host=data.get("host"),
-                                        message="host unreachable: " + str(res.get("msg", "")).strip()))
+                                        message=scrub_text("host unreachable: " + str(res.get("msg", "")).strip(),
+                                                           secret_values)))
             elif kind == "runner_on_ok":
                 host = data.get("host")
                 if host and host not in hosts:
@@ -196,7 +203,6 @@ class PlaybookRunner:
                             facts.setdefault(host or "", {})[k] = v
             return True
 
-        secret_values = list(secrets or []) + [v for k, v in os.environ.items() if is_secret_name(k) and v]
         kwargs: dict[str, Any] = dict(
             private_data_dir=str(self.private_root), project_dir=str(self.project_dir), playbook=playbook,
             inventory=str(self.inventory), extravars=extravars, envvars=self.child_env(), ident=ident,

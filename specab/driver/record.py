@@ -20,7 +20,7 @@ from specab.config.inventory import Host
 from specab.driver.options import ExperimentError
 from specab.driver.progress import Progress
 from specab.driver.remote import open_node, shell_path
-from specab.node.contract import FIRST_ERROR_RE, REPEATED_PHASES
+from specab.node.contract import FIRST_ERROR_RE, PRIVATE_RUN_FILES, REPEATED_PHASES
 from specab.results import store as st
 
 MIN_FREE_MB = 50
@@ -174,8 +174,8 @@ def fetch_missing(host: Host, node_run_dir: str, dest: Path) -> None:
             data = node.read_from(f"{node_run_dir}/{name}", 0, max_bytes=64 << 20)
             if data is not None:
                 (dest / name).write_bytes(data)
-                if name.endswith(".env"):
-                    os.chmod(dest / name, 0o600)
+                if name in PRIVATE_RUN_FILES or name.endswith(".env"):
+                    os.chmod(dest / name, PRIVATE_RUN_FILES.get(name, 0o600))
     except Exception:
         return
     finally:

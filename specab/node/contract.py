@@ -14,8 +14,9 @@ the controller as ``specab.node.contract``. What lives here:
 """
 from __future__ import annotations
 
+import json
 import re
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 # ---------------------------------------------------------------------------------------------
 # Secrets
@@ -99,6 +100,62 @@ def secret_values(*mappings: Dict[str, Any]) -> List[str]:
     for m in mappings:
         out += [str(v) for k, v in m.items() if is_secret_name(k) and v not in (None, "", False, True)]
     return out
+
+
+def nested_secret_values(value: Any) -> List[str]:
+    """The values of secret-named keys anywhere in a JSON-like value, also inside strings that hold JSON (a
+    command's stdout, a file's content in a task result): what an Ansible task result may carry."""
+    out: List[str] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str) and is_secret_name(k) and isinstance(v, (str, int, float)) \
+                    and not isinstance(v, bool) and v not in ("", REDACTED):
+                out.append(str(v))
+            else:
+                out += nested_secret_values(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            out += nested_secret_values(v)
+    elif isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        try:
+            out += nested_secret_values(json.loads(value))
+        except ValueError:
+            pass
+    return out
+
+
+# The files of a node run directory that hold a secret by design (the engine's argv, its env, the args it was
+# given) or may (the engine's log, the run queue's entry with the node env), and their mode wherever a copy is
+# written: their owner's alone.
+PRIVATE_RUN_FILES = {"launch.sh": 0o700, "nccl.env": 0o600, "args.json": 0o600, "server.log": 0o600,
+                     "queue_entry.json": 0o600}
+
+
+# A value shorter than this is not scrubbed from free text: it would also replace ordinary words and numbers.
+MIN_SCRUB_LEN = 4
+
+
+def scrub_values(values: Iterable[Any]) -> List[str]:
+    """The distinct values worth scrubbing, longest first (so a value that contains another goes whole)."""
+    return sorted({str(v) for v in values if v is not None and len(str(v)) >= MIN_SCRUB_LEN}, key=len, reverse=True)
+
+
+def scrub_bytes(data: bytes, values: Sequence[str]) -> bytes:
+    """``data`` with every value of ``scrub_values(...)`` replaced by ``<redacted>``, as written verbatim and as
+    escaped inside a JSON string."""
+    for v in values:
+        for enc in {v.encode(), json.dumps(v)[1:-1].encode()}:
+            data = data.replace(enc, REDACTED.encode())
+    return data
+
+
+def scrub_text(text: str, values: Sequence[str]) -> str:
+    """``scrub_bytes`` for text, then ``redact_text``: known values, and secret assignments and flags whose value
+    was never known (an environment read on the node)."""
+    for v in values:
+        for enc in {v, json.dumps(v)[1:-1]}:
+            text = text.replace(enc, REDACTED)
+    return redact_text(text)
 
 
 # ---------------------------------------------------------------------------------------------

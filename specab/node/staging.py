@@ -13,7 +13,7 @@ Document (version 1; specab/node/README.md)::
 
     {"version": 1,
      "runs": [{"seq": 1, "run_id": "001-baseline",
-               "files": [{"name": "launch.sh", "mode": "0755", "content": "...", "check": "bash"}, ...],
+               "files": [{"name": "launch.sh", "mode": "0700", "content": "...", "check": "bash"}, ...],
                "entry": {<the queue entry: docs/architecture.md "Run queue">}}]}
 
 stdlib only, like every node tool; the queue's layout and the entry's rules come from ``sequence.py``.

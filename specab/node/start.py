@@ -18,7 +18,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import contract  # noqa: E402
 from common import ToolError  # noqa: E402
+
+LOG_MODE = contract.PRIVATE_RUN_FILES["server.log"]
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -104,14 +107,18 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if not os.path.isfile(script):
         raise ToolError("launch script %s does not exist; the start role must deploy it first" % script)
     if not os.access(script, os.X_OK):
-        raise ToolError("launch script %s is not executable; deploy it with mode 0755" % script)
+        raise ToolError("launch script %s is not executable; deploy it with mode 0700" % script)
     os.makedirs(node_dir, exist_ok=True)
     os.makedirs(run_dir, exist_ok=True)
 
     stale = check_previous(node_dir)
     check_port(a.host, a.port)
 
-    with open(log_path, "wb") as logf:
+    # The engine's log may print its args (a secret --api-key among them): its owner's alone, also when a log of
+    # an earlier start is truncated here (O_CREAT's mode applies only to a new file).
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, LOG_MODE)
+    os.fchmod(log_fd, LOG_MODE)
+    with os.fdopen(log_fd, "wb") as logf:
         started = time.time()
         proc = subprocess.Popen([script], cwd=run_dir, stdin=subprocess.DEVNULL, stdout=logf,
                                 stderr=subprocess.STDOUT, close_fds=True, start_new_session=True)

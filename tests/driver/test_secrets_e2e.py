@@ -1,5 +1,7 @@
-"""Secrets end to end: an arm's secret server arg (``api_key``, flag ``--api-key``) and secret env var (a bare
-``TOKEN``) reach the engine, and appear in no stored file of the experiment.
+"""Secrets end to end: an arm's secret server arg (``api_key``, flag ``--api-key``) and secret env vars (a bare
+``TOKEN``, ``HF_TOKEN``) and a secret of the node env (``HF_HUB_TOKEN``, inventory) reach the engine, and appear in
+no stored file of the experiment nor in what ``driver.py -v`` prints; a secret of the controller's environment is
+not passed on at all. On the node, each file holding a secret is its owner's alone (0600, launch.sh 0700).
 
 The controller once used a narrower secret rule than the node (``*_TOKEN``/``*_KEY`` but not ``api_key`` or
 ``TOKEN``), so these two were redacted in the node's manifest yet left verbatim in the ansible-runner artifacts
@@ -21,10 +23,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 API_KEY = "SECRETAPIVALUE123"
 TOKEN = "SECRETTOKENVALUE456"
-SECRETS = (API_KEY.encode(), TOKEN.encode())
+HF_TOKEN = "SECRETHFTOKEN789"
+NODE_TOKEN = "SECRETNODETOKEN012"       # specab_node_env (inventory)
+CTRL_TOKEN = "SECRETCTRLTOKEN345"       # the controller's environment, where driver.py runs
+SECRETS = (API_KEY.encode(), TOKEN.encode(), HF_TOKEN.encode(), NODE_TOKEN.encode(), CTRL_TOKEN.encode())
+# the files of a node run directory that carry a secret by design or may (the engine's log), and their modes
+PRIVATE_FILES = {"launch.sh": 0o700, "nccl.env": 0o600, "args.json": 0o600, "server.log": 0o600}
 
-# the simulated node's EAGLE-3 A/B, the speculative arm carrying a secret server arg and a secret env var
-ARMS = SPEC_ARMS + f"      api_key: {API_KEY}\n    env:\n      TOKEN: {TOKEN}\n"
+# the simulated node's EAGLE-3 A/B, the speculative arm carrying a secret server arg and secret env vars
+ARMS = SPEC_ARMS + f"      api_key: {API_KEY}\n    env:\n      TOKEN: {TOKEN}\n      HF_TOKEN: {HF_TOKEN}\n"
 
 
 @pytest.fixture
@@ -50,15 +57,22 @@ def test_secret_server_arg_and_env_reach_the_engine_and_no_stored_file(node: Sim
     """The run queue and the per-run path (whose runner artifacts hold the arm as an extravar) alike."""
     node.profile = "instant"
     exp_file = node.write_experiment("sec", arms=ARMS, num_requests=2, output_len=16)
-    inv = node.write_inventory()
-    proc = driver("--executor", executor, "--repeats", "1", "--seed", "1", "-e", str(exp_file), "-i", str(inv),
-                  "--runs-dir", str(node.runs_dir))
+    inv = node.write_inventory({**node.host_vars(), "specab_node_env": {**node.node_env(), "HF_HUB_TOKEN": NODE_TOKEN}})
+    proc = driver("-v", "--executor", executor, "--repeats", "1", "--seed", "1", "-e", str(exp_file), "-i", str(inv),
+                  "--runs-dir", str(node.runs_dir),
+                  # ANSIBLE_VERBOSITY reaches ansible-playbook: -v then streams every task result (the arm, the node
+                  # env), not only the task names and failures
+                  env={"SPECAB_TEST_CTRL_TOKEN": CTRL_TOKEN, "ANSIBLE_VERBOSITY": "1"})
     try:
         out, _ = proc.communicate(timeout=600)
     finally:
         reap_driver(proc, 60)
     assert proc.returncode == 0, out[-4000:]
-    assert API_KEY not in out and TOKEN not in out, "a secret printed on the driver's output"
+    assert "TASK [" in out, "-v streams the Ansible events"
+    if executor == "per-run":       # its task results carry the arm and the node env: printed, each secret redacted
+        assert "<redacted>" in out
+    printed = [s.decode() for s in SECRETS if s.decode() in out]
+    assert not printed, f"secrets printed on the driver's -v output: {printed}"
     exp_dirs = [d for d in node.runs_dir.iterdir() if (d / st.FILENAME).exists()]
     assert len(exp_dirs) == 1, exp_dirs
     exp_dir = exp_dirs[0]
@@ -77,7 +91,18 @@ def test_secret_server_arg_and_env_reach_the_engine_and_no_stored_file(node: Sim
     spec_run = node.node_dir / "runs" / next(r["run_id"] for r in runs if r["arm"] == "eagle3-s2")
     launch = (spec_run / "launch.sh").read_text()
     assert "--api-key" in launch and API_KEY in launch, launch
+    assert f"HF_HUB_TOKEN={NODE_TOKEN}" in launch, launch
     assert f"TOKEN={TOKEN}" in (spec_run / "nccl.env").read_text()
+    assert f"HF_TOKEN={HF_TOKEN}" in (spec_run / "nccl.env").read_text()
+
+    # on the node: the files that carry a secret have their private mode, and no other file holds one
+    for name, mode in PRIVATE_FILES.items():
+        got = (spec_run / name).stat().st_mode & 0o777
+        assert got == mode, f"node {name}: mode {oct(got)}, expected {oct(mode)}"
+    exposed = [(str(f.relative_to(node.node_dir)), found, oct(mode)) for f, found, mode in _leaks(node.node_dir)
+               if mode & 0o077]
+    assert not exposed, f"node files holding a secret that others can read: {exposed}"
+    assert not [f for f, found, _ in _leaks(node.node_dir) if CTRL_TOKEN in found], "the controller's env reached the node"
 
     # the places the issue names, looked at as the user would
     for name in ("report.md", "report.html", "report.json"):
@@ -100,3 +125,7 @@ def test_secret_server_arg_and_env_reach_the_engine_and_no_stored_file(node: Sim
     assert (exp_dir / spec_run.name / "launch.sh").exists()
     leaks = [(str(f.relative_to(exp_dir)), found, oct(mode)) for f, found, mode in _leaks(exp_dir)]
     assert not leaks, f"secret values in stored files: {leaks}"
+    # ... and the controller's copies of the node's private files keep their modes
+    for name, mode in PRIVATE_FILES.items():
+        got = (exp_dir / spec_run.name / name).stat().st_mode & 0o777
+        assert got == mode, f"runs/ {name}: mode {oct(got)}, expected {oct(mode)}"

@@ -53,6 +53,19 @@ def test_scrub_tree_removes_secret_values_everywhere(tmp_path):
     assert "<redacted>" in f2.read_text()
 
 
+def test_scrub_tree_leaves_each_file_that_held_a_secret_private(tmp_path):
+    """A copy fetched with the umask's mode (0644, a failed run's launch.sh 0755) that held a secret is its owner's
+    alone once scrubbed; a file without one keeps its mode."""
+    held, script, clean = tmp_path / "args.json", tmp_path / "launch.sh", tmp_path / "bench.jsonl"
+    held.write_text('{"api_key": "k-secret-1"}')
+    script.write_text("exec engine --api-key k-secret-1\n")
+    clean.write_text("{}\n")
+    for f, mode in ((held, 0o644), (script, 0o755), (clean, 0o644)):
+        os.chmod(f, mode)
+    assert scrub_tree(tmp_path, ["k-secret-1"]) == 2
+    assert [f.stat().st_mode & 0o777 for f in (held, script, clean)] == [0o600, 0o700, 0o644]
+
+
 def test_progress_plain_lines_and_eta():
     out = io.StringIO()
     p = Progress(out=out, live=False)

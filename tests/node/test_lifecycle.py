@@ -81,6 +81,22 @@ def test_start_refuses_while_our_server_lives(server, sim):
     assert json.loads((server.node_dir / "server.json").read_text())["pid"] == first.data["pid"]
 
 
+def test_start_writes_the_server_log_for_its_owner_alone_even_over_an_earlier_log(server, sim):
+    """The engine's log may print its args, a secret --api-key among them: 0600 when new, and an earlier run's
+    log (0644, written before) is truncated and made 0600 too, whatever the umask."""
+    (server.run_dir / "server.log").write_text("an earlier start's log\n")
+    os.chmod(server.run_dir / "server.log", 0o644)
+    old_umask = os.umask(0)
+    try:
+        r = server.start()
+    finally:
+        os.umask(old_umask)
+    assert r.rc == 0, r.error
+    log = server.run_dir / "server.log"
+    assert log.stat().st_mode & 0o777 == 0o600
+    assert "an earlier start's log" not in log.read_text()
+
+
 def test_start_refuses_a_taken_port_naming_the_holder(server, sim):
     holder = subprocess.Popen([PY, "-c", "import socket,time,sys; s=socket.socket(); "
                                "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print('up', flush=True); "

@@ -75,3 +75,22 @@ def test_redact_env_and_secret_values():
     env = {"TOKEN": "t", "api_key": "k", "NCCL_PROTO": "LL", "EMPTY_TOKEN": "", "--max-tokens": "7"}
     assert c.redact_env(env) == {"TOKEN": R, "api_key": R, "NCCL_PROTO": "LL", "EMPTY_TOKEN": "", "--max-tokens": "7"}
     assert sorted(c.secret_values(env, {"HF_TOKEN": "h", "MAX_TOKENS": "9"})) == ["h", "k", "t"]
+
+
+def test_nested_secret_values_reads_nested_results_and_json_strings():
+    """What an Ansible task result carries: the experiment as a fact, a command's JSON stdout, a file's content."""
+    result = {"ansible_facts": {"exp": {"server_args": {"api_key": "k-1234", "tp_size": 8},
+                                        "arms": [{"env": {"HF_TOKEN": "t-5678", "NCCL_PROTO": "LL"}}]}},
+              "stdout": '{"env": {"MY_SECRET": "s-9012"}, "KEY": 12345}',
+              "content": "not json, api_key: x-0000",
+              "flags": {"TOKEN": True, "API_KEY": "", "PASSWORD": R, "HF_TOKEN": None}}
+    assert sorted(c.nested_secret_values(result)) == ["12345", "k-1234", "s-9012", "t-5678"]
+
+
+def test_scrub_values_and_text():
+    values = c.scrub_values(["abc", "abcdef-long", "abcdef", None, "abcdef"])
+    assert values == ["abcdef-long", "abcdef"]            # distinct, longest first, too-short values left out
+    text = 'x abcdef-long y "q\\"abcdef" HF_TOKEN=unknown --api-key other'
+    assert c.scrub_text(text, values) == f'x {R} y "q\\"{R}" HF_TOKEN={R} --api-key {R}'
+    assert c.scrub_text('"v": "a\\"b-1"', c.scrub_values(['a"b-1'])) == f'"v": "{R}"'   # the JSON-escaped form
+    assert c.scrub_bytes(b"pre abcdef post", values) == f"pre {R} post".encode()
