@@ -170,6 +170,8 @@ class Run:
     engine_accept_len: float | None = None   # the engine's own count over the measured requests (vLLM: /metrics
                                              # deltas, bench_summary spec_metrics): when responses carry none
     buffered_requests: int = 0               # measured requests delivered in bursts (node/loadgen: no decode pace)
+    engine_tok_s: float | None = None        # the engine's own decode rate over the measured requests (vLLM's
+                                             # /metrics histograms, bench_summary engine_decode); descriptive only
     known_truth: dict | None = None          # bench_summary's known_truth: the served models' (specab.knowntruth)
 
     @property
@@ -452,7 +454,9 @@ def _read_json(path: Path) -> dict:
 
 def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = None, block: int = 0,
                  host: str = "localhost", status: str | None = None) -> Run:
-    """One `runs/<experiment>/<seq>-<arm>/` directory -> Run (missing files leave fields empty)."""
+    """One `runs/<experiment>/<seq>-<arm>/` directory -> Run (missing files leave fields empty). A simulated
+    node's time-scaled times are converted back to simulated seconds, as `load_store` does, so a run reads the
+    same from its directory as from the store."""
     run_dir = Path(run_dir)
     m = re.match(r"^(\d+)-(.+)$", run_dir.name)
     if arm is None or seq is None:
@@ -471,6 +475,8 @@ def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = Non
     log = parse_server_log(run_dir / "server.log") if (run_dir / "server.log").exists() else None
     ec = _read_json(run_dir / "env_check.json")
     samples = read_gpu_samples(run_dir / "gpu_samples.csv") if (run_dir / "gpu_samples.csv").exists() else []
+    scale = _time_scale(info)
+    _unscale_run(requests, log, scale)
     starts = [r.start_ts for r in requests if r.start_ts is not None]
     ts = manifest.get("timestamps", {}) if isinstance(manifest.get("timestamps"), dict) else {}
     return Run(run_id=run_dir.name, arm=arm, seq=seq, block=block,
@@ -483,8 +489,8 @@ def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = Non
                env_check=env_check_from_json(ec) if ec else None, gpu_samples=samples, manifest=manifest,
                client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
                run_dir=run_dir, phase_metrics=_read_json(run_dir / "phase_metrics.json") or None,
-               engine_accept_len=_engine_accept_len(summary),
-               buffered_requests=int(summary.get("buffered_requests") or 0))
+               engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary),
+               buffered_requests=int(summary.get("buffered_requests") or 0), time_scale=scale)
 
 
 def _engine_accept_len(summary: dict) -> float | None:
@@ -492,6 +498,13 @@ def _engine_accept_len(summary: dict) -> float | None:
     node/loadgen.add_engine_acceptance), or None."""
     spec = summary.get("spec_metrics")
     return _num(spec.get("accept_len")) if isinstance(spec, dict) else None
+
+
+def _engine_tok_s(summary: dict) -> float | None:
+    """The engine's own decode rate over the measured requests (vLLM's /metrics histograms, node/loadgen
+    `engine_decode`), or None."""
+    dec = summary.get("engine_decode")
+    return _num(dec.get("decode_tok_s")) if isinstance(dec, dict) else None
 
 
 def is_finite(x: float | None) -> bool:
@@ -546,6 +559,18 @@ def _unscale_request(q: Request, scale: float) -> None:
             setattr(q, k, v * scale)
     if q.decode_tok_s is not None:
         q.decode_tok_s /= scale
+
+
+def _unscale_run(requests: Iterable[Request], log: LogStats | None, scale: float) -> None:
+    """A run of a simulated node at time scale `scale`: its requests and log rates in simulated seconds."""
+    if scale == 1.0:
+        return
+    for q in requests:
+        _unscale_request(q, scale)
+    if log and log.gen_tok_s_median:
+        log.gen_tok_s_median /= scale
+    if log and log.gen_tok_s_per_req_median:
+        log.gen_tok_s_per_req_median /= scale
 
 
 def _store_requests(store: Any) -> dict[int, list[Request]]:
@@ -675,13 +700,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             samples[r["seq"]] = read_gpu_samples(run_dir / "gpu_samples.csv")
         manifest, check, ranks = _head_and_ranks(r, manifests.get(r["seq"], {}), checks.get(r["seq"], {}))
         scale = _time_scale(info)
-        if scale != 1.0:
-            for q in reqs.get(r["seq"], []):
-                _unscale_request(q, scale)
-            if log and log.gen_tok_s_median:
-                log.gen_tok_s_median /= scale
-            if log and log.gen_tok_s_per_req_median:
-                log.gen_tok_s_per_req_median /= scale
+        _unscale_run(reqs.get(r["seq"], []), log, scale)
         runs.append(Run(
             time_scale=scale,
             run_id=r["run_id"], arm=r["arm"], seq=r["seq"], block=r["block"], host=r.get("host") or "localhost",
@@ -692,7 +711,8 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             gpu_samples=samples.get(r["seq"], []), manifest=manifest or {}, ranks=ranks,
             client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
             run_dir=run_dir, error=r.get("failure_reason"), gpu_seconds=_num(r.get("gpu_seconds")),
-            engine_accept_len=_engine_accept_len(summary), buffered_requests=int(summary.get("buffered_requests") or 0),
+            engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary),
+            buffered_requests=int(summary.get("buffered_requests") or 0),
             phase_metrics=phase_files.get(r["seq"]), known_truth=summary.get("known_truth")))
     argv = e.get("argv") or []
     scales = sorted({r.time_scale for r in runs})

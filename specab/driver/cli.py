@@ -228,7 +228,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     if args.format == "json":
         arms = []
         for arm in prepared.arms:
-            r = render_arm(_display_arm(arm), host)
+            r = render_arm(_display_arm(arm), host, experiment_engine=prepared.experiment.raw.get("engine"))
             arms.append({**arm.to_json(), "launch_sh": r.launch_sh, "env_file": r.env_file})
         json.dump({"engine": "; ".join(described), "seed": opts.seed, "order": opts.order, "repeats": opts.repeats, "notices": prepared.notices,
                    "hosts": [h.name for h in prepared.inventory.hosts],
@@ -252,7 +252,8 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     for r in prepared.plan:
         print(f"{r.seq:>4}  {r.block:>5}  {r.run_id}", file=out)
     for arm in prepared.arms:
-        rendered = render_arm(_display_arm(arm), host, run_id=None)
+        rendered = render_arm(_display_arm(arm), host, run_id=None,
+                              experiment_engine=prepared.experiment.raw.get("engine"))
         kind = "baseline" if arm.is_baseline else f"compared with {arm.baseline}"
         if arm.engine is not None:
             kind += f", engine build {arm.engine}"

@@ -13,7 +13,10 @@ from the node's own `--help`, ports already taken). A relative experiment path i
 current directory (where ansible-playbook was started), not from `playbooks/`.
 
 On success: exit 0 and, on stdout, ``{"experiment_file": absolute path, "specab_experiment": the mapping,
-"notices": [...]}``. On bad input: exit 2, the reason on stderr, nothing touched.
+"arms": [...], "baselines": {...}, "notices": [...]}``: `arms` are the file's arms in file order, each resolved
+by `specab.config.spec.resolve_arm` as the driver resolves them (what every per-arm role receives as
+`specab_arm`), and `baselines` maps each arm to the arm it is compared with (the file's first arm that does
+not speculate; a baseline arm names itself). On bad input: exit 2, the reason on stderr, nothing touched.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from typing import Any, TextIO
 
 from specab.config.inventory import Host
 from specab.config.matrix import MatrixError, build_arms, parse_matrix
-from specab.config.spec import DEFAULT_EXPERIMENT, load_experiment
+from specab.config.spec import DEFAULT_EXPERIMENT, ArmSpec, ExperimentSpec, load_experiment, resolve_arm
 from specab.config.yamlfile import ConfigError
 from specab.driver import preflight
 from specab.driver.options import EXIT_USAGE
@@ -49,6 +52,13 @@ def experiment_path(given: str | None, cwd: Path) -> Path:
     return p if p.is_absolute() else cwd / p
 
 
+def round_arms(exp: ExperimentSpec) -> list[ArmSpec]:
+    """The file's arms in file order, resolved; the speculative ones compared with the first that is not."""
+    first = [resolve_arm(exp, arm) for arm in exp.arms]
+    baseline = next((a.name for a in first if a.is_baseline), first[0].name)
+    return [resolve_arm(exp, arm, baseline=baseline) for arm in exp.arms]
+
+
 def check(request: dict[str, Any], cwd: Path, notices: list[str]) -> dict[str, Any]:
     """Validate the experiment and ask the nodes; raises ConfigError (or MatrixError) on bad input."""
     given = request.get("experiment_file")
@@ -65,7 +75,10 @@ def check(request: dict[str, Any], cwd: Path, notices: list[str]) -> dict[str, A
     preflight.check_engine_flags(arms, hosts, notice=notices.append, expected_kind=exp.engine)
     multinode = any(_truthy(h.vars.get("specab_multinode")) for h in hosts)
     preflight.check_ports(arms, hosts[:1] if multinode else hosts, notice=notices.append)
-    return {"experiment_file": str(path.resolve()), "specab_experiment": exp.as_extravar(), "notices": notices}
+    resolved = round_arms(exp)
+    return {"experiment_file": str(path.resolve()), "specab_experiment": exp.as_extravar(),
+            "arms": [a.to_extravar() for a in resolved], "baselines": {a.name: a.baseline for a in resolved},
+            "notices": notices}
 
 
 def main(stdin: TextIO | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:

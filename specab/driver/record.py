@@ -194,7 +194,7 @@ RANK_DIR = re.compile(r"node(\d+)-(.+)")
 
 def rank_dirs(run_dir: Path) -> list[tuple[str, Path]]:
     """(host, directory) of a multi-node run's other ranks, by rank: rank r's files are collected into
-    <run dir>/node<r>-<host>/ (playbooks/tasks/multinode_run_arm.yml)."""
+    <run dir>/node<r>-<host>/ (playbooks/tasks/run_arm.yml, multi-node)."""
     found = []
     if run_dir.is_dir():
         for d in run_dir.iterdir():

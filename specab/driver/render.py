@@ -13,6 +13,7 @@ from typing import Any
 
 import jinja2
 
+from specab.config import launch
 from specab.config.inventory import Host
 from specab.config.spec import ArmSpec
 from specab.config.yamlfile import REPO_ROOT
@@ -45,24 +46,20 @@ def environment(template_dir: Path = TEMPLATES) -> jinja2.Environment:
 
 
 def render_arm(arm: ArmSpec, host: Host, run_id: str | None = None,
-               template_dir: Path = TEMPLATES) -> Rendered:
+               template_dir: Path = TEMPLATES, experiment_engine: str | None = None) -> Rendered:
     """The launch script and env file of `arm` on `host` (node variables from the inventory; the engine
-    build the arm names, from the host's `specab_engines`)."""
+    build the arm names, from the host's `specab_engines`; `experiment_engine`: the experiment's own
+    `engine:` where it names one, which wins over the host's `specab_engine`)."""
     env = environment(template_dir)
     build = host.engine_build(arm.engine)      # as roles/server_start picks it (server_start_engine)
-    ctx = {
-        "specab_arm": arm.to_extravar(),
-        "specab_engine_cmd": list(build.cmd),
-        "specab_node_env": host.launch_env(build),
-        "specab_engine": host.vars.get("specab_engine") or "sglang",
-    }
-    if run_id:
-        ctx["specab_run_id"] = run_id
+    ctx = launch.template_context(arm.to_extravar(), engine_cmd=build.cmd, node_env=host.launch_env(build),
+                                  engine=launch.engine_kind(experiment_engine, host.vars.get("specab_engine")),
+                                  run_id=run_id)
     try:
-        launch = env.get_template(LAUNCH_TEMPLATE).render(ctx)
+        launch_sh = env.get_template(LAUNCH_TEMPLATE).render(ctx)
         envfile = env.get_template(ENV_TEMPLATE).render(ctx)
     except jinja2.TemplateNotFound as exc:
         raise RenderError(f"template {exc.name} not found in {template_dir}") from None
     except jinja2.UndefinedError as exc:
         raise RenderError(f"rendering the templates for arm {arm.name}: {exc}") from None
-    return Rendered(launch_sh=launch, env_file=envfile)
+    return Rendered(launch_sh=launch_sh, env_file=envfile)

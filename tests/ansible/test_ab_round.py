@@ -17,7 +17,8 @@ import pytest
 
 import sys
 
-from tests.ansible.conftest import Result, SimNode, experiment, processes_mentioning, resolved_arm
+from specab.analysis import doctor
+from tests.ansible.conftest import Result, SimNode, experiment, processes_mentioning
 from tests.ansible.template_render import render
 
 PWNED = Path(f"/tmp/specab-pwned-{uuid.uuid4().hex[:8]}")
@@ -71,6 +72,64 @@ def test_round_succeeds_and_prints_the_table(round_: tuple[SimNode, Result, dict
     assert eagle[4] == f"{speedup:.2f}x", "speedup = median tok/s of the arm / median tok/s of the baseline"
 
 
+def _driver_stats(exp_file: Path, exp_dir: Path, store_path: Path) -> Any:
+    """What `driver.py report` computes for the round's runs: the arms as the driver builds them, each run
+    directory ingested into a results store as the driver records a finished run, the store loaded and analysed."""
+    from specab.analysis import stats
+    from specab.analysis.model import load_store
+    from specab.config.matrix import build_arms
+    from specab.config.spec import load_experiment
+    from specab.driver.record import ingest_run_dir
+    from specab.results.store import Store
+
+    spec = load_experiment(exp_file)
+    arms = build_arms(spec, []).arms
+    store = Store.create(store_path)
+    try:
+        store.write_experiment(id="t-round", name=spec.name, seed=1, repeats=1, order_mode="blocked",
+                               experiment_file=str(exp_file), inventory_file="", config={}, matrix=[], argv=[],
+                               hosts=["sim0"], specab_version=None, git_sha=None)
+        store.write_arms([a.to_json() for a in arms])
+        run_ids = ("001-baseline", "002-eagle3-s2")
+        store.write_plan([{"seq": seq, "run_id": run_id, "block": 1, "position": seq, "arm": run_id[4:]}
+                          for seq, run_id in enumerate(run_ids, start=1)], repeats=1)
+        for seq, run_id in enumerate(run_ids, start=1):
+            store.start_run(seq=seq, run_id=run_id, arm=run_id[4:], block=1, host="sim0",
+                            run_dir=str(exp_dir / run_id), runner_ident=run_id)
+            got = ingest_run_dir(store, seq, exp_dir / run_id, ["sim0"])
+            store.finish_run(seq, status="ok", summary=got.get("summary"), server_info=got.get("server_info"))
+    finally:
+        store.close()
+    exp = load_store(store_path)
+    return exp, stats.analyse(exp)
+
+
+def test_the_printed_table_is_the_drivers_analysis(round_: tuple[SimNode, Result, dict[str, Any]],
+                                                   tmp_path: Path) -> None:
+    """The table ab_test.yml prints holds the numbers `driver.py report` computes from the same run directories
+    (through a results store, as the driver records runs): tok/s (the median of the runs' median request decode
+    rates, in the simulator's own seconds, not the time-scaled wall clock), TTFT, accept length and the paired
+    speedup, and a line of why from the doctor."""
+    node, result, _ = round_
+    assert result.rc == 0, str(result)
+    exp_dir = node.runs_dir / "t-round"
+    exp, st = _driver_stats(node.root / "experiment.yml", exp_dir, tmp_path / "results.sqlite")
+    rows = _table(result.flat)
+    for arm, row in rows.items():
+        a = st.arms[arm]
+        assert row[1] == f"{a.tok_s_run.median:.1f}", (arm, row, a.tok_s_run)
+        assert row[2] == f"{a.ttft_s.median * 1000:.0f}", (arm, row, a.ttft_s)
+        assert row[3] == ("-" if a.accept_len.mean is None else f"{a.accept_len.mean:.2f}"), (arm, row)
+    assert rows["eagle3-s2"][4] == f"{st.speedups['eagle3-s2'].estimate:.2f}x"
+    assert 40 < st.arms["baseline"].tok_s_run.median < 200, "simulated seconds: the seed's ~82 tok/s baseline"
+    # the callback prints the line as a YAML scalar: single-quoted (quotes doubled) where it holds ': '
+    why = re.search(r"why: (.+?) \(doctor: (error|warning|info), ([a-z-]+)\)", result.flat.replace("''", "'"))
+    assert why, result.flat[-3000:]
+    top = doctor.diagnose(exp, st)[0]
+    assert (why.group(2), why.group(3)) == (top.severity, top.rule)
+    assert " ".join(top.message.split()).startswith(why.group(1)), (why.group(1), top.message)
+
+
 def test_round_leaves_every_artefact(round_: tuple[SimNode, Result, dict[str, Any]]) -> None:
     node, result, _ = round_
     assert result.rc == 0, str(result)
@@ -113,11 +172,16 @@ def test_round_leaves_nothing_running_and_testinfra_agrees(round_: tuple[SimNode
 
 
 def test_ansible_and_plain_jinja_render_the_same_files(round_: tuple[SimNode, Result, dict[str, Any]]) -> None:
-    """The driver renders the templates with plain Jinja2 (`driver.py plan`); what Ansible deployed must match."""
+    """The driver renders the templates with plain Jinja2 (`driver.py plan`) from the arms as it resolves them;
+    what Ansible deployed must match, byte for byte (the order of the flags included)."""
+    from specab.config.spec import load_experiment, resolve_arm
+
     node, result, exp = round_
     assert result.rc == 0, str(result)
+    spec = load_experiment(node.root / "experiment.yml")
     for index, run in enumerate(("001-baseline", "002-eagle3-s2")):
-        ctx = {"specab_arm": resolved_arm(exp, index), "specab_run_id": run, "specab_node_env": node.node_env(),
+        arm = resolve_arm(spec, spec.arms[index]).to_extravar()
+        ctx = {"specab_arm": arm, "specab_run_id": run, "specab_node_env": node.node_env(),
                "specab_engine_cmd": [sys.executable, "-m", "specab.sim.launch_server"]}
         run_dir = node.runs_dir / "t-round" / run
         assert (run_dir / "launch.sh").read_text() == render("launch_server.sh.j2", **ctx)
@@ -159,6 +223,7 @@ def _shape(lines: list[str]) -> list[str]:
     for line in lines:
         line = re.sub(r"^Experiment \S+ \(\S+\):", "Experiment <id> (<file>):", line)
         line = re.sub(r"(artefacts in|full Ansible output:) \S+", r"\1 <path>", line)
+        line = re.sub(r"^why: .*", "why: <the doctor's top finding>", line)     # it depends on the experiment
         line = re.sub(r"\d+(\.\d+)?", "N", line)
         out.append(" ".join(line.split()))
     return out

@@ -1,74 +1,85 @@
-"""The results table that ab_test.yml prints, rendered by Ansible's own templar from the playbook's task.
+"""The results table that ab_test.yml prints (specab/analysis/abtable.py through the specab_ab_table lookup),
+from run directories written here the way a round leaves them.
 
-What a user relies on: every arm measured alike, a rate that is not there shown as '-', never as 0.0, and —
-where an arm's requests all reached the client in bursts (a starved vLLM API server on 2 cores, seen in a fresh
-clone's `make demo-vllm`: the baseline's 4/4 requests buffered, its tok/s printed as 0.0) — the engine's own
-decode rate for every arm, with a line that says so."""
+What a user relies on: the driver's numbers (a run's tok/s is the median of its measured requests' decode rates,
+warm-ups left out; a simulated node's time scale undone), the paired speedup against the baseline, a rate that
+is not there shown as '-', never as 0.0, and a line that says why (the doctor's top finding)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
+from ansible.plugins.loader import lookup_loader
 
-PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "ab_test.yml"
+from specab.analysis import abtable
 
-
-def _task(node: Any, name: str) -> dict[str, Any] | None:
-    if isinstance(node, dict):
-        if node.get("name") == name:
-            return node
-        node = list(node.values())
-    if isinstance(node, list):
-        for child in node:
-            found = _task(child, name)
-            if found:
-                return found
-    return None
+REPO = Path(__file__).resolve().parents[2]
+BASE_ARGS = {"model_path": "/models/m", "tp_size": 1}
+EAGLE = {**BASE_ARGS, "speculative_algorithm": "EAGLE3", "speculative_num_steps": 2}
 
 
-def table(rows: list[dict[str, Any]]) -> list[str]:
-    task = _task(yaml.safe_load(PLAYBOOK.read_text()), "Collect | Print the results table")
-    assert task, "ab_test.yml has no 'Collect | Print the results table' task"
-    variables = {k: trust_as_template(v) if isinstance(v, str) else v for k, v in task["vars"].items()}
-    templar = Templar(loader=DataLoader(), variables={**variables, "ab_test_rows": rows, "ab_test_dir": "/runs/x"})
-    return list(templar.template(trust_as_template(task["ansible.builtin.debug"]["msg"])))
+def write_run(run_dir: Path, decode: list[float | None], *, accept: float | None = None, scale: float = 1.0,
+              ttft_s: float = 0.03) -> None:
+    """A run directory: one warm-up request (an outlier the table must leave out) and the measured ones, each
+    with its decode rate (None: delivered in a burst, no rate), times as a node at time scale `scale` measures."""
+    run_dir.mkdir(parents=True)
+    lines = [{"i": 0, "warmup": True, "ok": True, "output_tokens": 32, "ttft_s": 0.001, "decode_tok_s": 9999.0}]
+    for i, rate in enumerate(decode, start=1):
+        lines.append({"i": i, "warmup": False, "ok": True, "start_ts": 1000.0 + i, "output_tokens": 32,
+                      "ttft_s": ttft_s / scale, "e2e_s": 1.0 / scale, "decode_tok_s": None if rate is None else rate * scale,
+                      "spec_verify_ct": None if accept is None else round(32 / accept), "accept_len": accept})
+    (run_dir / "bench.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    buffered = sum(1 for r in decode if r is None)
+    (run_dir / "bench_summary.json").write_text(json.dumps({"requests": len(decode), "ok": len(decode),
+                                                            "buffered_requests": buffered}))
+    (run_dir / "server_info.json").write_text(json.dumps({"simulator": {"time_scale": scale}} if scale != 1.0 else {}))
 
 
-def row(arm: str, tok_s: float | None, accept: float | None = None, *, buffered: int = 0,
-        engine: float | None = None, ok: int = 4) -> dict[str, Any]:
-    return {"arm": arm, "speculative": accept is not None, "requests": 4, "ok": ok, "tok_s": tok_s, "ttft_s": 0.033,
-            "accept_len": accept, "buffered": buffered, "engine_tok_s": engine}
+def lines_of(tmp_path: Path, arms: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The table through the playbook's own entry point, the specab_ab_table lookup, as ab_test.yml calls it."""
+    lookup = lookup_loader.get("specab_ab_table", loader=DataLoader(), templar=None)
+    assert lookup is not None, "ansible does not find playbooks/lookup_plugins/specab_ab_table.py"
+    out = lookup.run([], {}, experiment_id="t", exp_dir=str(tmp_path), host_suffix="",
+                     arms=[{"name": n, "server_args": a, "env": {}} for n, a in arms],
+                     baselines={n: ("baseline" if "speculative_algorithm" in a else n) for n, a in arms})
+    return out[0]["lines"], out[0]["rows"]
 
 
-def test_client_medians_and_speedups_when_every_arm_has_one() -> None:
-    lines = table([row("baseline", 41.1), row("eagle3-s2", 60.5, 2.1)])
-    assert lines[0].split() == ["arm", "requests", "tok/s", "(median)", "TTFT", "(ms)", "accept", "len", "speedup"]
-    assert lines[1].split() == ["baseline", "4/4", "41.1", "33", "-", "1.00x"]
-    assert lines[2].split() == ["eagle3-s2", "4/4", "60.5", "33", "2.10", "1.47x"]
-    assert lines[3] == "speedup = median tok/s / median tok/s of arm baseline" and lines[4] == "artefacts in /runs/x"
+def setup_module() -> None:
+    lookup_loader.add_directory(str(REPO / "playbooks" / "lookup_plugins"))
 
 
-def test_a_baseline_delivered_in_bursts_switches_every_arm_to_the_engines_rate() -> None:
-    # the fresh clone's make demo-vllm: 4/4 baseline requests buffered (no client median), every arm with vLLM's rate
-    lines = table([row("baseline", None, buffered=4, engine=412.3), row("draft-self-k3", 177.8, 4.0, engine=180.1),
-                   row("draft-weak-k3", 68.4, 1.0, engine=70.2)])
-    assert "tok/s (engine)" in lines[0]
-    assert lines[1].split() == ["baseline", "4/4", "412.3", "33", "-", "1.00x"]
-    assert lines[2].split() == ["draft-self-k3", "4/4", "180.1", "33", "4.00", "0.44x"]
-    assert lines[3].split() == ["draft-weak-k3", "4/4", "70.2", "33", "1.00", "0.17x"]
-    assert lines[4].startswith("tok/s = the engine's own decode rate over the measured requests (vLLM /metrics")
-    assert "4 of 12 requests reached the client in bursts" in lines[4]
-    assert lines[5] == "speedup = tok/s / tok/s of arm baseline"
+def test_run_medians_and_the_paired_speedup_in_simulated_seconds(tmp_path: Path) -> None:
+    # at time scale 50 the node measured 50 x the simulated rates; the table shows the simulated ones
+    write_run(tmp_path / "001-baseline", [40.0, 41.1, 50.0], scale=50.0)
+    write_run(tmp_path / "002-eagle3-s2", [60.5, 55.0, 70.0], accept=2.0, scale=50.0, ttft_s=0.045)
+    lines, rows = lines_of(tmp_path, [("baseline", BASE_ARGS), ("eagle3-s2", EAGLE)])
+    assert lines[0] == "arm               requests tok/s (median)  TTFT (ms)  accept len   speedup"
+    assert lines[1].split() == ["baseline", "3/3", "41.1", "30", "-", "1.00x"]
+    assert lines[2].split() == ["eagle3-s2", "3/3", "60.5", "45", "2.00", "1.47x"]
+    assert lines[3] == "speedup = tok/s / tok/s of arm baseline in this round (driver.py report's paired speedup)"
+    assert lines[4].startswith("why: ") and "(doctor: " in lines[4]
+    assert lines[5] == f"artefacts in {tmp_path}"
+    assert rows[1]["speedup"] == rows[1]["tok_s"] / rows[0]["tok_s"] and rows[1]["speculative"] is True
 
 
-def test_a_missing_rate_is_a_dash_never_zero() -> None:
-    # no engine rate to fall back on (SGLang, the simulator) and an arm with no measurable rate: '-', not 0.0
-    lines = table([row("baseline", 41.1), row("eagle3-s2", None, 2.1, buffered=4, ok=4)])
-    assert "tok/s (median)" in lines[0]
-    assert lines[2].split() == ["eagle3-s2", "4/4", "-", "33", "2.10", "-"]
-    lines = table([row("baseline", None, buffered=4), row("eagle3-s2", 60.5, 2.1)])
-    assert lines[1].split() == ["baseline", "4/4", "-", "33", "-", "-"]
-    assert lines[2].split() == ["eagle3-s2", "4/4", "60.5", "33", "2.10", "-"]
+def test_a_missing_rate_is_a_dash_never_zero_and_the_why_says_so(tmp_path: Path) -> None:
+    # every baseline request reached the client in a burst (a starved API server): no rate, so no speedup either
+    write_run(tmp_path / "001-baseline", [None, None, None])
+    write_run(tmp_path / "002-eagle3-s2", [60.5, 55.0, 70.0], accept=2.0)
+    lines, rows = lines_of(tmp_path, [("baseline", BASE_ARGS), ("eagle3-s2", EAGLE)])
+    assert lines[1].split() == ["baseline", "3/3", "-", "30", "-", "-"]
+    assert lines[2].split() == ["eagle3-s2", "3/3", "60.5", "30", "2.00", "-"]
+    assert rows[0]["tok_s"] is None and rows[0]["buffered"] == 3
+    assert lines[4].startswith("why: baseline: 3 of 3 measured requests reached the client in bursts"), lines[4]
+    assert lines[4].endswith("(doctor: warning, bursty-delivery)"), lines[4]
+
+
+def test_a_second_arm_without_speculation_is_a_baseline_of_its_own(tmp_path: Path) -> None:
+    # as in the driver's report: only speculative arms get a paired speedup
+    write_run(tmp_path / "001-baseline", [40.0, 41.1, 50.0])
+    write_run(tmp_path / "002-baseline-tp2", [45.0, 46.0, 47.0])
+    lines, _ = lines_of(tmp_path, [("baseline", BASE_ARGS), ("baseline-tp2", {**BASE_ARGS, "tp_size": 2})])
+    assert lines[1].split()[-1] == "1.00x" and lines[2].split()[-1] == "-"

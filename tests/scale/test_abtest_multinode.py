@@ -1,6 +1,6 @@
 """`ansible-playbook playbooks/ab_test.yml` (the README's demo) on a multi-node inventory: each arm runs as
 ONE server spanning two namespace hosts (TP 16 as 2 x 8 simulated GPUs) over real SSH, with the task list
-the driver uses (playbooks/tasks/multinode_run_arm.yml), and the round ends with one results table.
+the driver uses (playbooks/tasks/run_arm.yml, multi-node), and the round ends with one results table.
 
 What a user relies on: the same command as the single-node demo works on a multi-node inventory; both
 ranks of each arm get their own --node-rank and the head's dist-init address and really meet; the

@@ -5,6 +5,7 @@ are `lint-imports` contracts (pyproject.toml), run by `make test`."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import grimp
@@ -60,9 +61,20 @@ def _main_block_roles(playbook: Path) -> list[tuple[str, str]]:
     return out
 
 
-@pytest.mark.parametrize("playbook", ["playbooks/tasks/run_arm.yml", "playbooks/tasks/multinode_run_arm.yml"])
-def test_the_per_run_playbooks_follow_the_contracts_run_order(playbook):
-    assert _main_block_roles(REPO / playbook) == [(s.task.split(" | ", 1)[0], s.role) for s in contract.RUN_STEPS]
+def test_the_per_run_playbooks_follow_the_contracts_run_order():
+    assert _main_block_roles(REPO / "playbooks/tasks/run_arm.yml") == [
+        (s.task.split(" | ", 1)[0], s.role) for s in contract.RUN_STEPS]
+
+
+def test_one_task_file_runs_an_arm_on_one_host_or_over_several():
+    """Every per-run playbook, single-node and multi-node, and ab_test.yml's round include the one task file."""
+    includes = {}
+    for path in sorted((REPO / "playbooks").rglob("*.yml")):
+        for m in re.finditer(r"include_tasks:\s*(\S+)", path.read_text()):
+            includes.setdefault(m.group(1).strip("\"'"), []).append(path.relative_to(REPO).as_posix())
+    assert sorted(includes["tasks/run_arm.yml"]) == ["playbooks/arm.yml", "playbooks/multinode_arm.yml"]
+    assert includes["run_arm.yml"] == ["playbooks/tasks/ab_test_arm.yml"]
+    assert not [p for p in (REPO / "playbooks").rglob("*run_arm*.yml") if p.name != "run_arm.yml"]
 
 
 def test_the_sequencer_names_its_phases_after_the_contract():
@@ -128,5 +140,7 @@ def test_no_numeric_default_outside_specab_and_each_default_is_used():
         bad += [f"{path.relative_to(REPO)}:{i}: {line.strip()}" for i, line in enumerate(body.splitlines(), 1)
                 if literal.search(line.replace("pid | default(0)", ""))]      # pid 0: "none yet" in check mode
     assert not bad, "numeric defaults belong in roles/specab/defaults/main.yml:\n" + "\n".join(bad)
+    # a default the controller resolves in Python (specab/config/defaults.py readers) is used there
+    text += "".join(p.read_text() for p in sorted((REPO / "specab").rglob("*.py")))
     unused = [k for k in values if k not in text]
     assert not unused, f"defaults nobody reads: {unused}"
