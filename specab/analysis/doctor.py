@@ -86,6 +86,25 @@ def engine_generation(exp: Experiment, arms: list[str] | None = None) -> str:
     return engines.SGLANG_0_5_9
 
 
+def engine_version(exp: Experiment, arms: list[str]) -> str | None:
+    """The engine version the runs of `arms` recorded in their manifests (the node's own report), if any."""
+    for name in arms:
+        for r in exp.runs_of(name, ok_only=False):
+            v = ((r.manifest or {}).get("versions") or {}).get("sglang")
+            if v:
+                return str(v)
+    return None
+
+
+def _declares(exp: Experiment, arm: str, baseline: str, key: str) -> bool:
+    """Whether `arm` sets `key` in its own server_args with a value its baseline does not have."""
+    if arm == baseline:
+        return False
+    a = next((x for x in exp.arms if x.name == arm), None)
+    b = next((x for x in exp.arms if x.name == baseline), None)
+    return bool(a and key in a.server_args and (b is None or b.server_args.get(key) != a.server_args[key]))
+
+
 def baseline_groups(exp: Experiment) -> dict[str, list[str]]:
     """Each baseline with the arms compared with it (the baseline first): one group per condition of the
     matrix, e.g. per engine build, whose arms are meant to differ only in the speculative settings."""
@@ -113,26 +132,46 @@ def verify_without_cuda_graph(exp: Experiment, ctx: Context) -> list[Finding]:
             continue
         gen = engine_generation(exp, [arm.name])
         runs = [r for r in exp.runs_of(arm.name) if r.log and (r.log.cuda_graph_true + r.log.cuda_graph_false)]
-        if not runs:
-            continue
-        t = sum(r.log.cuda_graph_true for r in runs)   # type: ignore[union-attr]
-        f = sum(r.log.cuda_graph_false for r in runs)  # type: ignore[union-attr]
-        share = t / (t + f)
+        if runs:
+            t = sum(r.log.cuda_graph_true for r in runs)   # type: ignore[union-attr]
+            f = sum(r.log.cuda_graph_false for r in runs)  # type: ignore[union-attr]
+            ev = [f"{f} of {t + f} decode lines in {len(runs)} run(s) say `cuda graph: False`"]
+            example = next((r.log.no_graph_example for r in runs if r.log and r.log.no_graph_example), None)
+            if example:
+                ev.append(f"log: {example}")
+        else:       # no server log at hand: the device timer's pass counts (graph_passes over the measured window)
+            runs = [r for r in exp.runs_of(arm.name) if _graph_passes(r) is not None]
+            if not runs:
+                continue
+            t = sum(_graph_passes(r)[0] for r in runs)     # type: ignore[index]
+            f = sum(_graph_passes(r)[1] for r in runs)     # type: ignore[index]
+            ev = [f"{f:.0f} of {t + f:.0f} verify passes in {len(runs)} run(s) ran without a CUDA graph (the device "
+                  "timer's pass counts)"]
+        share = t / (t + f) if t + f else 1.0
         if share >= ctx.config.graph_share_min:
             continue
-        example = next((r.log.no_graph_example for r in runs if r.log and r.log.no_graph_example), None)
-        ev = [f"{f} of {t + f} decode lines in {len(runs)} run(s) say `cuda graph: False` (graph share {share:.0%})"]
-        if example:
-            ev.append(f"log: {example}")
+        ev[0] += f" (graph share {share:.0%})"
+        declared = [k for k in ("disable_cuda_graph", "cuda_graph_backend_decode") if _declares(exp, arm.name,
+                                                                                              exp.baseline_of(arm.name), k)]
+        check = (f"The arm sets {', '.join(declared)} itself, so this is its treatment: the eager verify is what it "
+                 "measures." if declared else
+                 f"Check that {'--cuda-graph-backend-decode is not `disabled`' if gen == engines.SGLANG_0_5_23 else '--disable-cuda-graph is not set'} "
+                 f"and {_flag_on(gen, 'cuda_graph_max_bs')} covers the running batch, then rerun.")
         out.append(Finding(
             "verify-without-cuda-graph", "warning",
             f"{arm.name}: the verify forward ran without a CUDA graph in {1 - share:.0%} of decode steps, so every "
-            f"draft+verify cycle pays the eager (extend-mode) verify time. Check that "
-            f"{'--cuda-graph-backend-decode is not `disabled`' if gen == engines.SGLANG_0_5_23 else '--disable-cuda-graph is not set'} "
-            f"and {_flag_on(gen, 'cuda_graph_max_bs')} covers the running batch, then rerun; the spec model shows how much a shorter "
-            f"cycle lowers the break-even accept length.",
-            ev, arm.name, [r.run_id for r in runs if r.log and r.log.cuda_graph_false]))
+            f"draft+verify cycle pays the eager (extend-mode) verify time. {check} The spec model shows how much a "
+            f"shorter cycle lowers the break-even accept length.",
+            ev, arm.name, [r.run_id for r in runs]))
     return out
+
+
+def _graph_passes(r: Run) -> tuple[float, float] | None:
+    """(graphed, eager) target decode/verify passes the device timer counted over the run's measured window."""
+    pm = r.phase_metrics or {}
+    g = pm.get("graph_passes") or {}
+    t, f = g.get("decode_cuda_graph", 0.0), g.get("decode_none", 0.0)
+    return (t, f) if pm.get("available") and t + f else None
 
 
 def env_not_confirmed(exp: Experiment, ctx: Context) -> list[Finding]:
@@ -218,16 +257,24 @@ def arms_not_like_for_like(exp: Experiment, ctx: Context) -> list[Finding]:
                 values[name]["cuda_graph_max_bs"] = engines.graph_max_bs(effective)
                 values[name]["disable_cuda_graph"] = engines.graph_disabled(effective)
                 values[name]["cuda_graph_bs"] = (effective["cuda_graph_config"].get("decode") or {}).get("bs")
+        # a key an arm sets in its own server_args (the baseline does not) is the arm's declared treatment, as
+        # its speculative settings are: what the A/B compares, not a confound
+        declared = {name: [k for k in LIKE_FOR_LIKE if _declares(exp, name, base_name, k)] for name in names}
         diffs = []
         for k in LIKE_FOR_LIKE:
             seen = {arm: v[k] for arm, v in values.items()}
-            if len({repr(v) for v in seen.values()}) > 1:
+            rest = {arm: v for arm, v in seen.items() if k not in declared[arm]}
+            if len({repr(v) for v in rest.values()}) > 1:
                 diffs.append((k, seen))
         if not diffs:
             continue
         ev = [f"{k}: " + ", ".join(f"{arm}={_fmt_args(v)}" for arm, v in seen.items()) for k, seen in diffs]
+        treatments = [f"{arm}: {', '.join(ks)}" for arm, ks in declared.items() if ks]
+        if treatments:
+            ev.append("declared by the arm itself (its treatment, not a confound): " + "; ".join(treatments))
         fix = ", ".join(_flag_on(gen, k) for k, _ in diffs)
-        by_sglang = ("max_running_requests=48 from SGLang itself (SGLang 0.5.23 keeps the overlap scheduler on "
+        version = engine_version(exp, names) or gen
+        by_sglang = (f"max_running_requests=48 from SGLang itself (SGLang {version} keeps the overlap scheduler on "
                      "under speculation)" if engines.generation(gen).overlap_kept_under_spec else
                      "max_running_requests=48 and the overlap scheduler disabled by SGLang itself")
         which = f"The arms compared with {base_name}" if len(groups) > 1 else "The arms"

@@ -142,9 +142,13 @@ def run_phases(run: Run) -> RunPhases | None:
     k = 1000.0 * (run.time_scale or 1.0) / cycles
     g = pm.get("graph_passes") or {}
     graphed, plain = g.get("decode_cuda_graph", 0.0), g.get("decode_none", 0.0)
-    return RunPhases(run.run_id, run.arm, cycles, fwd.get("eagle_draft", 0.0) * k,
-                     fwd.get("eagle_draft_extend", 0.0) * k, fwd["target_verify"] * k, implied_cycle_ms(run),
-                     graphed / (graphed + plain) if graphed + plain else None)
+    draft, draft_extend = fwd.get("eagle_draft", 0.0), fwd.get("eagle_draft_extend", 0.0)
+    if "eagle_draft" not in fwd and "decode" in fwd:
+        # without CUDA graphs the device timer files the draft passes under "decode" and the draft-extend passes
+        # under "extend", with the measured requests' prefills (real SGLang 0.5.17, docs/validation/known-truth.md)
+        draft, draft_extend = fwd["decode"], fwd.get("extend", 0.0)
+    return RunPhases(run.run_id, run.arm, cycles, draft * k, draft_extend * k, fwd["target_verify"] * k,
+                     implied_cycle_ms(run), graphed / (graphed + plain) if graphed + plain else None)
 
 
 def implied_cycle_ms(run: Run) -> float:

@@ -191,9 +191,9 @@ def check(exp: Experiment) -> TruthReport | None:
     """The known-truth check of every ok run whose summary carries known truth; None when none does."""
     from specab.results.store import Store
     runs = [r for r in exp.runs if r.ok and r.known_truth]
-    path = exp.root / "results.sqlite"
-    if not runs or not path.is_file():
+    if not runs or exp.root is None or not (exp.root / "results.sqlite").is_file():
         return None
+    path = exp.root / "results.sqlite"
     store = Store.open(path)
     try:
         rows = {r.seq: store.requests(r.seq) for r in runs}

@@ -1,0 +1,191 @@
+"""Known truth: the chain rule from known_truth.json alone (specab.knowntruth.truth), and the measurement of the
+real SGLang 0.5.17 on an H200 checked against it (tests/fixtures/known-truth/h200: the stores of three driver runs,
+docs/validation/known-truth.md): every request's cycle count exact, the doctor naming each constructed cause and
+only it, and a broken measurement named as an error."""
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from specab.analysis import doctor, model, report, truthcheck
+from specab.knowntruth import truth as kt
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "known-truth" / "h200"
+MAIN = FIX / "known-truth-h200-20261204-055428"        # baseline vs EAGLE-3 p 0.9, --matrix steps=1,2,3 --repeats 2
+CAUSES = FIX / "known-truth-h200-causes-20261204-060246"
+TWIN = FIX / "known-truth-h200-twin-20261204-060855"   # a dense twin of Llama-3.1-8B's shape, p 0.5/0.7/0.9
+
+
+def tiny_draft(agree: set[int], vocab: int = 14, first: int = 4) -> kt.DraftTruth:
+    return kt.draft_of({"vocab_size": vocab, "first": first, "rule": "t+1", "agree": sorted(agree)})
+
+
+def test_the_rule_is_t_plus_one_over_the_non_special_tokens() -> None:
+    r = kt.Rule(14, 4)
+    assert [r.next(t) for t in (0, 3, 4, 12, 13)] == [4, 4, 5, 13, 4]
+    assert r.trajectory(12, 3) == [13, 4, 5] and r.follows(12, [13, 4, 6]) == 2
+    assert r.ids_from_text("w0 w9 w10") == [4, 13, 14] and r.ids_from_text("w1x w2") == [6]
+
+
+def test_the_chain_rule_counts_each_cycle_by_hand() -> None:
+    d = tiny_draft({6, 7, 9, 11, 12, 13})
+    # the prefill makes f(5) = 6. From 6: 6 and 7 agree, 8 does not -> drafts 7, 8 accepted, bonus 9. From 9: 9
+    # agrees, 10 not -> 10 accepted, bonus 11. From 11: three would agree, but 2 tokens are left -> 1 accepted + bonus
+    t = d.request(5, 8, steps=3)
+    assert t.accepted == (2, 1, 1) and t.cycles == 3 and t.tokens == 8
+    assert t.accept_len == 8 / 3 and t.accept_len_per_cycle == 7 / 3
+    assert d.request(5, 8, steps=1).accepted == (1, 0, 1, 1)
+    assert d.request(5, 1, steps=3).cycles == 0
+    with pytest.raises(ValueError):
+        d.request(5, 8, steps=0)
+
+
+def test_known_truth_json_alone_recomputes_the_truth_without_specab() -> None:
+    """What the file's docstring promises: a reader with json and a loop gets every cycle."""
+    d = tiny_draft({4, 5, 6, 9, 10, 12})
+    doc = {"vocab_size": 14, "first": 4, "rule": "t+1", "agree": [4, 5, 6, 9, 10, 12]}
+
+    def plain(doc: dict, last: int, n: int, steps: int) -> list[int]:
+        V, first, A = doc["vocab_size"], doc["first"], set(doc["agree"])
+        nxt = lambda t: first + (t - first + 1) % (V - first) if t >= first else first    # noqa: E731
+        c, made, out = nxt(last), 1, []
+        while made < n:
+            hits, x = 0, c
+            while hits < steps and x in A:
+                hits, x = hits + 1, nxt(x)
+            gained = min(hits + 1, n - made)
+            for _ in range(gained):
+                c = nxt(c)
+            made += gained
+            out.append(gained - 1)
+        return out
+
+    for last in range(14):
+        for steps in (1, 2, 3, 5):
+            assert list(d.request(last, 40, steps).accepted) == plain(doc, last, 40, steps)
+    # the run summary's bitmap form is the same set
+    as_bitmap = {k: v for k, v in doc.items() if k != "agree"} | {"agree_bitmap_b64": d.bitmap_b64()}
+    assert kt.draft_of(as_bitmap).agree == d.agree
+
+
+def test_a_malformed_known_truth_json_is_named() -> None:
+    with pytest.raises(kt.KnownTruthError, match="rule 't\\*2' is not 't\\+1'"):
+        kt.rule_of({"vocab_size": 10, "first": 4, "rule": "t*2"})
+    with pytest.raises(kt.KnownTruthError, match="needs 'agree'"):
+        kt.draft_of({"vocab_size": 10, "first": 4, "rule": "t+1"})
+    with pytest.raises(kt.KnownTruthError, match="outside"):
+        kt.draft_of({"vocab_size": 10, "first": 4, "rule": "t+1", "agree": [3, 10]})
+
+
+def test_the_builder_s_shapes_and_twin_of_a_config() -> None:
+    from specab.knowntruth import build
+    shape, notes = build.shape_like(json.loads((FIX.parent / "llama-3.1-8b-config.json").read_text()))
+    assert shape == build.Shape(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256)
+    assert shape.params == 8_030_261_248 and notes == []          # Llama-3.1-8B's published 8.03 B
+    moe, notes = build.shape_like({"hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
+                                   "vocab_size": 50000, "model_type": "qwen3_moe", "num_experts": 128,
+                                   "num_experts_per_tok": 8, "moe_intermediate_size": 768})
+    assert moe.intermediate == 8 * 768 and moe.kv_heads == 16 and any("MoE" in n for n in notes)
+    assert build.PRESETS["gpu-4b"].params == 3_751_940_096          # the H200 runs' target (build.jsonl)
+    with pytest.raises(ValueError, match="divide"):
+        build.Shape(100, 1, 3, 1, 10, 100).check()
+    assert build.parse_draft("eagle3:0.9", 0, 0) == build.DraftSpec("eagle3-p0.9", "eagle3", 0.9, 1)
+    with pytest.raises(ValueError, match="KIND:P"):
+        build.parse_draft("medusa:0.9", 0, 0)
+
+
+def _load(src: Path, tmp_path: Path) -> model.Experiment:
+    d = tmp_path / src.name
+    d.mkdir()
+    shutil.copy(src / "results.sqlite", d / "results.sqlite")
+    return model.load_store(d)
+
+
+@pytest.mark.parametrize("src,runs,spec_requests", [(MAIN, 8, 36), (CAUSES, 6, 30), (TWIN, 7, 36)])
+def test_every_request_on_the_real_h200_had_exactly_the_true_cycles(src: Path, runs: int, spec_requests: int,
+                                                                    tmp_path: Path) -> None:
+    e = _load(src, tmp_path)
+    rep = truthcheck.check(e)
+    assert rep is not None and len(rep.runs) == runs and all(r.ok for r in e.runs)
+    reqs = [q for r in rep.runs if r.steps for q in r.requests]
+    assert len(reqs) == spec_requests and all(q.measured_cycles == q.true_cycles for q in reqs)
+    assert all(q.rule_ok and q.tokens == 256 for r in rep.runs for q in r.requests)     # baselines too
+    for r in rep.runs:
+        assert not r.problems
+        if r.steps:
+            run = next(x for x in e.runs if x.run_id == r.run_id)
+            assert run.accept_len == r.true_tau == r.measured_tau
+            assert abs(r.fitted_alpha - r.realized_alpha) <= 0.02, r
+            assert abs(r.realized_alpha - r.density) <= 0.02, r
+    assert {r.manifest["versions"]["sglang"] for r in e.runs} == {"0.5.17"}
+    assert "known-truth-mismatch" not in {f.rule for f in doctor.diagnose(e)}
+
+
+def test_the_report_of_the_h200_run_holds_the_truth_and_the_model_s_predictions(tmp_path: Path) -> None:
+    e = _load(MAIN, tmp_path)
+    rep = report.build_report(e, plots=False)
+    md = report.to_markdown(rep)
+    assert "## Known truth" in md and "Cycle counts equal to the truth on 36 of 36 speculative requests" in md
+    assert rep.data["known_truth"]["true_tau_by_steps"]["eagle3"][4] == pytest.approx(4.1853, abs=1e-4)
+    # the spec model fitted on steps 1-3 predicts steps 4 and 5's tau within 1 % of the exact tau on these prompts,
+    # which the causes run then measured: 4.1853 and 4.7554
+    line4 = next(line for line in md.splitlines() if line.startswith("| 4 | predicted |"))
+    model_tau, true_tau = float(line4.split("|")[3]), float(line4.split("|")[4])
+    assert true_tau == 4.185 and abs(model_tau - true_tau) / true_tau < 0.01
+    causes = truthcheck.check(_load(CAUSES, tmp_path))
+    assert causes is not None
+    assert {r.arm: round(r.measured_tau, 4) for r in causes.runs if r.steps in (4, 5)} == \
+        {"eagle3-s4": 4.1853, "eagle3-s5": 4.7554}
+
+
+def test_the_doctor_names_each_constructed_cause_and_only_it(tmp_path: Path) -> None:
+    """The eager verify (the seed's cause, declared by the arm) and low agreement, on the real H200."""
+    e = _load(CAUSES, tmp_path)
+    found = doctor.diagnose(e)
+    by = {}
+    for f in found:
+        by.setdefault(f.rule, []).append(f)
+    assert {f.arm for f in by["verify-without-cuda-graph"]} == {"eagle3-s3-eager"}
+    assert "sets disable_cuda_graph itself" in by["verify-without-cuda-graph"][0].message
+    assert {f.arm for f in by["accept-below-break-even"]} == {"eagle3-s3-eager"}
+    # the eager arm's declared treatment is not a confound, and the advice speaks of the node's own SGLang
+    like = by["arms-not-like-for-like"][0]
+    assert "disable_cuda_graph" not in like.message.split("(")[1].split(")")[0]
+    assert "SGLang 0.5.17" in like.message and "0.5.23" not in like.message
+    assert any("declared by the arm itself" in ev and "eagle3-s3-eager: disable_cuda_graph" in ev for ev in like.evidence)
+    # phases are accounted in eager mode too: the draft and draft-extend passes are not 0.00 ms
+    from specab.analysis import phases
+    eager = phases.analyse_phases(e).arms["eagle3-s3-eager"]
+    assert eager.draft_ms.mean > 1.0 and eager.draft_extend_ms.mean > 0.5 and eager.verify_ms.mean > 9.0
+    # the p 0.5 head: accept length 1.90 against the truth, above its graphed cycle's break-even: no loss to explain
+    low = next(a for a in truthcheck.check(e).arms if a.arm == "eagle3-p0.5-s3")
+    assert low.true_tau == pytest.approx(1.8986, abs=1e-4) and abs(low.realized_alpha - 0.5) < 0.02
+    assert not [f for f in found if f.arm == "eagle3-p0.5-s3" and f.severity != "info"]
+    assert "known-truth-mismatch" not in by
+
+
+def test_a_broken_measurement_chain_is_an_error_not_a_warning(tmp_path: Path) -> None:
+    """One request's engine count off by one (a client or an engine that miscounts): the doctor's error."""
+    d = tmp_path / "broken"
+    d.mkdir()
+    shutil.copy(MAIN / "results.sqlite", d / "results.sqlite")
+    with sqlite3.connect(d / "results.sqlite") as c:
+        seq = c.execute("SELECT seq FROM runs WHERE run_id='003-eagle3-s3-k1-d4'").fetchone()[0]
+        c.execute("UPDATE requests SET spec_verify_ct = spec_verify_ct + 1 WHERE seq=? AND line=3", (seq,))
+    e = model.load_store(d)
+    found = [f for f in doctor.diagnose(e) if f.rule == "known-truth-mismatch"]
+    assert len(found) == 1 and found[0].severity == "error" and found[0].runs == ["003-eagle3-s3-k1-d4"]
+    assert any("request line 3: 73 cycles measured, 72 true" in ev for ev in found[0].evidence)
+    assert doctor.diagnose(e)[0].rule == "known-truth-mismatch"       # errors first
+
+
+def test_a_twin_of_llama_8b_gives_the_break_even_per_steps(tmp_path: Path) -> None:
+    md = report.to_markdown(report.build_report(_load(TWIN, tmp_path), plots=False))
+    rows = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in md.splitlines()
+            if line.startswith("| ") and "-> " in line and line.split("|")[1].strip() in ("1", "2", "3")}
+    taus = {k: float(v) for k, v in rows.items()}
+    assert set(taus) == {"1", "2", "3"} and 1.3 < taus["1"] < taus["2"] < taus["3"] < 2.0, taus
