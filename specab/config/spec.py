@@ -194,6 +194,9 @@ def _check_server_args(args: Any, where: str, root: yaml.Node | None, path: tupl
             warnings.append(engine_args.unknown_message(k, f"{where}{key_line(root, path + (k,))}")
                             + " (passed through; the node's engine --help is the final check)")
         _check_value(v, f"{where}{key_line(root, path + (k,))}: server_args.{k}")
+        if k == "port" and v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65535):
+            raise ConfigError(f"{where}{key_line(root, path + (k,))}: server_args.port must be a TCP port number "
+                              f"1-65535, got {v!r}.")
         bad = engine_args.type_problem(k, v)
         if bad:
             raise ConfigError(f"{where}{key_line(root, path + (k,))}: server_args.{bad}.")
@@ -277,9 +280,10 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
         raise ConfigError(f"{where}{key_line(root, base + ('bench', 'phase_timing'))}: bench.phase_timing must be "
                           f"auto, true or false, got {bench['phase_timing']!r}.")
     for k in ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed"):
-        if k in bench and (not isinstance(bench[k], int) or isinstance(bench[k], bool) or bench[k] < 0):
-            raise ConfigError(f"{where}{key_line(root, base + ('bench', k))}: bench.{k} must be a "
-                              f"non-negative integer, got {bench[k]!r}.")
+        least = 0 if k in ("warmup_requests", "seed") else 1      # a run measures at least one request of a token
+        if k in bench and (not isinstance(bench[k], int) or isinstance(bench[k], bool) or bench[k] < least):
+            raise ConfigError(f"{where}{key_line(root, base + ('bench', k))}: bench.{k} must be an integer of at "
+                              f"least {least}, got {bench[k]!r}.")
     timeouts = exp.get("timeouts") or {}
     if not isinstance(timeouts, dict):
         raise ConfigError(f"{where}{key_line(root, base + ('timeouts',))}: timeouts must be a mapping.")

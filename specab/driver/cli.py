@@ -422,6 +422,10 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     except BrokenPipeError:     # `driver.py plan | head`: the reader has gone; nothing to say to it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_USAGE
+    except (NotADirectoryError, FileExistsError) as exc:     # --runs-dir (or a folder above it) is a file
+        print(f"error: {exc.filename or exc}: a file stands where a directory is needed. Give --runs-dir a "
+              f"directory (or remove the file).", file=sys.stderr)
+        return EXIT_USAGE
     except OSError as exc:      # a file or directory the user named (export -o, --runs-dir ...)
         name = f"{exc.filename}: " if exc.filename else ""
         print(f"error: {name}{exc.strerror or exc}. Check that the path exists and is writable.", file=sys.stderr)

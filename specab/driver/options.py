@@ -64,6 +64,13 @@ def prepare(opts: Options) -> Prepared:
     armset = build_arms(exp, parse_matrix(opts.matrix, exp.engine), skip_invalid=opts.skip_invalid)
     if opts.repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {opts.repeats}.")
+    if opts.max_repeats is not None and opts.max_repeats < opts.repeats:
+        raise ConfigError(f"--max-repeats {opts.max_repeats} is below --repeats {opts.repeats}: --repeats blocks always "
+                          f"run and --max-repeats caps the blocks --target-ci may add. Give --max-repeats >= "
+                          f"{opts.repeats}, or fewer --repeats.")
+    if opts.max_repeats is not None and opts.target_ci is None:
+        raise ConfigError(f"--max-repeats caps the blocks --target-ci adds; without --target-ci the experiment runs "
+                          f"--repeats {opts.repeats} blocks. Drop --max-repeats or add --target-ci.")
     if opts.target_ci is not None and opts.order == "blocked":
         raise ConfigError("--target-ci adds interleaved blocks; it cannot be combined with --order blocked.")
     if opts.design not in ("cost", "sequential"):

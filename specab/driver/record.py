@@ -32,12 +32,16 @@ def node_run_dir(host: Host, run_id: str) -> str:
 
 
 def check_writable(directory: Path, min_free_mb: int = MIN_FREE_MB) -> None:
-    """Refuse an unwritable or full run directory before a run starts (issue 6, item 11)."""
+    """Refuse a run directory that is a file, unwritable or on a full disk before a run starts."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
         probe = directory / f".write-test-{os.getpid()}"
         probe.write_text("ok")
         probe.unlink()
+    except (NotADirectoryError, FileExistsError):
+        file = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), directory)
+        raise ExperimentError(f"{directory}: not a directory ({file} is a file). Pass --runs-dir a directory, or "
+                              f"move the file away.") from None
     except OSError as exc:
         raise ExperimentError(f"{directory}: the run directory is not writable ({exc.strerror}). Fix its "
                               f"permissions or pass --runs-dir to another directory.") from None

@@ -1,0 +1,57 @@
+"""Bad input a new user tries, refused before any node is touched with what was wrong, where and what to do.
+Each row: the command line (and the experiment file change), the exit code 2 and the message it now gets."""
+from __future__ import annotations
+
+import io
+import re
+from contextlib import redirect_stderr
+from pathlib import Path
+
+import pytest
+
+from specab.driver import cli
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT = (REPO / "experiments" / "default.yml").read_text()
+
+
+def experiment(tmp_path: Path, old: str, new: str) -> str:
+    assert re.search(old, DEFAULT), old
+    f = tmp_path / "exp.yml"
+    f.write_text(re.sub(old, new, DEFAULT, count=1))
+    return str(f)
+
+
+CASES = [
+    ("port 99999", lambda t: ["plan", "-e", experiment(t, r"port: \d+", "port: 99999")],
+     r"exp.yml:\d+:\d+: server_args.port must be a TCP port number 1-65535, got 99999."),
+    ("num_requests 0", lambda t: ["plan", "-e", experiment(t, r"num_requests: \d+", "num_requests: 0")],
+     r"exp.yml:\d+:\d+: bench.num_requests must be an integer of at least 1, got 0."),
+    ("output_len 0", lambda t: ["plan", "-e", experiment(t, r"output_len: \d+", "output_len: 0")],
+     r"bench.output_len must be an integer of at least 1, got 0."),
+    ("--repeats 5 --max-repeats 2", lambda t: ["plan", "--repeats", "5", "--max-repeats", "2", "--target-ci", "2%"],
+     r"--max-repeats 2 is below --repeats 5: --repeats blocks always run .* Give --max-repeats >= 5"),
+    ("--max-repeats without --target-ci", lambda t: ["plan", "--max-repeats", "4"],
+     r"--max-repeats caps the blocks --target-ci adds; without --target-ci .* Drop --max-repeats or add --target-ci."),
+]
+
+
+@pytest.mark.parametrize("name,argv,message", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_refused_with_its_message(tmp_path: Path, name: str, argv, message: str) -> None:
+    err = io.StringIO()
+    with redirect_stderr(err):
+        rc = cli.main(argv(tmp_path), out=io.StringIO())
+    assert rc == 2 and re.search(message, err.getvalue()), err.getvalue()
+    assert "Nothing was started." in err.getvalue()
+
+
+@pytest.mark.parametrize("under", [False, True], ids=["the file itself", "a folder under it"])
+def test_a_runs_dir_that_is_a_file_is_named_as_one(tmp_path: Path, under: bool) -> None:
+    f = tmp_path / "runs"
+    f.write_text("not a folder")
+    target = f / "sub" if under else f
+    err = io.StringIO()
+    with redirect_stderr(err):
+        rc = cli.main(["--repeats", "1", "--runs-dir", str(target)], out=io.StringIO())
+    assert rc == 2 and f"{target}: not a directory ({f} is a file)" in err.getvalue(), err.getvalue()
+    assert "Pass --runs-dir a directory" in err.getvalue()
