@@ -91,6 +91,10 @@ class SpecProfile:
     # the draft model's extend forward after each verify, a part of overhead_ms (the GPU part that SGLang
     # 0.5.23's device timer reports as category eagle_draft_extend); the rest of overhead_ms is CPU time
     draft_extend_ms: float = 0.0
+    # draft forwards per cycle = steps - draft_passes_offset: a real SGLang 0.5.17 EAGLE-3 worker takes the first
+    # draft token from the draft-extend pass and runs steps - 1 draft forwards (0 at steps 1; the H200 known-truth
+    # runs, docs/validation/known-truth.md); the seed-calibrated profiles keep 0
+    draft_passes_offset: int = 0
 
 
 @dataclass(frozen=True)

@@ -204,7 +204,8 @@ class TimingModel:
             verify *= s.verify_graph_factor
         extend = min(s.draft_extend_ms, s.overhead_ms)
         k = (1.0 + s.bs_slope * (max(1, bs) - 1)) * self.nccl
-        return CyclePhases(draft_ms=self.steps * s.draft_step_ms * draft_graph * k, draft_extend_ms=extend * k,
+        passes = max(0, self.steps - s.draft_passes_offset)
+        return CyclePhases(draft_ms=passes * s.draft_step_ms * draft_graph * k, draft_extend_ms=extend * k,
                            verify_ms=verify * k, other_ms=(s.overhead_ms - extend) * k)
 
     def nominal_spec_cycle_s(self, bs: int = 1) -> float:
