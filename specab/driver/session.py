@@ -13,6 +13,7 @@ keeps every finished run; ``resume`` runs exactly what is missing.
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import time
 from importlib.metadata import PackageNotFoundError, version
@@ -343,6 +344,26 @@ def record_history(store: st.Store, exp_dir: Path, out: TextIO) -> None:
         print(f"history not written: {type(exc).__name__}: {exc}", file=out)
 
 
+def print_verdict_caveats(exp_dir: Path, store: st.Store, out: TextIO) -> None:
+    """Beside the table's verdict: every error-level finding of the report's doctor (a verdict it invalidates),
+    the first warning, and a word when there is nothing to compare."""
+    arms = store.arms()
+    if arms and all(a["name"] == a["baseline"] for a in arms):
+        print("nothing to compare: every arm is a baseline (no speculative arm), so there is no speedup to report.",
+              file=out)
+    try:
+        findings = json.loads((exp_dir / "report.json").read_text()).get("findings") or []
+    except (OSError, ValueError):
+        return
+    errors = [f for f in findings if f.get("severity") == "error"]
+    warnings = [f for f in findings if f.get("severity") == "warning"]
+    for f in errors:
+        print(f"DOCTOR ERROR {f['rule']}{' (' + f['arm'] + ')' if f.get('arm') else ''}: {f['message']}", file=out)
+    if warnings:
+        more = f" (+{len(warnings) - 1} more in the report)" if len(warnings) > 1 else ""
+        print(f"doctor: {warnings[0]['rule']}: {warnings[0]['message'][:300]}{more}", file=out)
+
+
 def conclude(code: int, store: st.Store, exp_dir: Path, out: TextIO) -> int:
     """Print the summary table; write the report when the experiment ran to its end."""
     failed = print_summary(store, out)
@@ -356,6 +377,7 @@ def conclude(code: int, store: st.Store, exp_dir: Path, out: TextIO) -> int:
         try:
             paths = write_report(exp_dir)
             print(f"report: {paths.get('markdown')} and {paths.get('html')}", file=out)
+            print_verdict_caveats(exp_dir, store, out)
         except Exception as exc:    # a report bug must not lose the experiment's exit status
             print(f"report not written: {type(exc).__name__}: {exc}", file=out)
         record_history(store, exp_dir, out)

@@ -189,3 +189,44 @@ def test_a_twin_of_llama_8b_gives_the_break_even_per_steps(tmp_path: Path) -> No
             if line.startswith("| ") and "-> " in line and line.split("|")[1].strip() in ("1", "2", "3")}
     taus = {k: float(v) for k, v in rows.items()}
     assert set(taus) == {"1", "2", "3"} and 1.3 < taus["1"] < taus["2"] < taus["3"] < 2.0, taus
+
+
+def test_the_console_puts_the_doctor_s_error_beside_the_verdict(tmp_path: Path) -> None:
+    """What the driver prints after the table: the error that invalidates the verdict, not only the report."""
+    import io
+    from specab.driver import session
+    from specab.results import store as st
+    d = tmp_path / "broken"
+    d.mkdir()
+    shutil.copy(MAIN / "results.sqlite", d / "results.sqlite")
+    with sqlite3.connect(d / "results.sqlite") as c:
+        c.execute("UPDATE requests SET spec_verify_ct = spec_verify_ct - 1 WHERE line=2")
+    report.write_report(d)
+    out = io.StringIO()
+    s = st.Store.open(d)
+    try:
+        session.print_verdict_caveats(d, s, out)
+    finally:
+        s.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("DOCTOR ERROR known-truth-mismatch (eagle3-s") and "measurement chain is broken" in lines[0]
+    assert sum(line.startswith("DOCTOR ERROR known-truth-mismatch") for line in lines) == 3      # one per EAGLE-3 arm
+    assert lines[-1].startswith("doctor: arms-not-like-for-like:")
+
+
+def test_a_baseline_only_experiment_says_there_is_nothing_to_compare(tmp_path: Path) -> None:
+    import io
+    from specab.driver import session
+    from specab.results import store as st
+    d = tmp_path / "only-baselines"
+    d.mkdir()
+    shutil.copy(MAIN / "results.sqlite", d / "results.sqlite")
+    with sqlite3.connect(d / "results.sqlite") as c:
+        c.execute("UPDATE arms SET baseline = name")
+    out = io.StringIO()
+    s = st.Store.open(d)
+    try:
+        session.print_verdict_caveats(d, s, out)
+    finally:
+        s.close()
+    assert out.getvalue().startswith("nothing to compare: every arm is a baseline")
