@@ -317,6 +317,22 @@ def _template_arm(exp: ExperimentSpec) -> dict[str, Any] | None:
     return None
 
 
+_ADJUSTED = re.compile(r"^(?P<where>.*): draft_tokens adjusted (?P<old>\d+) -> (?P<new>\d+) (?P<why>\(rule .*)$")
+
+
+def _grouped(notices: list[str]) -> list[str]:
+    """The same draft_tokens adjustment for many combinations said once, with the combinations it applies to."""
+    hits = [(n, m) for n in notices if (m := _ADJUSTED.match(n))]
+    if len(hits) <= 3:
+        return notices
+    wheres = [m.group("where").removeprefix("combination ") for _, m in hits]
+    shown = ", ".join(wheres[:6]) + (f", ... ({len(wheres)} in all)" if len(wheres) > 6 else "")
+    first = hits[0][1]
+    one = f"{len(wheres)} combinations ({shown}): draft_tokens adjusted to steps+1 {first.group('why')}"
+    grouped = {n for n, _ in hits}
+    return [n for n in notices if n not in grouped] + [one]
+
+
 def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False) -> ArmSet:
     """Arms of the experiment for this matrix (the experiment's own arms when `axes` is empty)."""
     notices: list[str] = []
@@ -420,6 +436,7 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
             aname = _fit(aname)
             add(ArmSpec(name=aname, server_args=adjusted, env=resolved.env, is_baseline=False, baseline=bname,
                     matrix=resolved.matrix, phase_timing=resolved.phase_timing, engine=engine))
+    notices = _grouped(notices)
     typed = sorted({f"arm {a.name}: {p}" for a in arms for k, v in a.server_args.items()
                     if (p := engine_args.type_problem(k, v))})
     if typed:       # a value the engine's argparse would refuse: every run of the arm would fail at its launch

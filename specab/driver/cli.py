@@ -41,6 +41,7 @@ COMMON_FORMS = """common forms (options go after the subcommand; `driver.py COMM
   driver.py status                                 GPUs, our servers and the node lease on every host
   driver.py report EXPERIMENT_ID | diff A B | export EXPERIMENT_ID -o results.csv --format csv
 """
+MAX_RUNS = 100           # a plan above it is refused unless --max-runs says so: a typo like steps=1..50 costs hours
 CONTRIBUTED = (logparse, specmodel, report, provenance, kt_build)   # each registers its subcommand
 
 
@@ -54,6 +55,8 @@ def _add_experiment_options(p: argparse.ArgumentParser) -> None:
                    help="steps=1,2,3 | topk=1,4 | draft_tokens=4,8 | <server_arg>=a,b | env.NAME=a,b | "
                         "ranges 1..4; repeat the option for a product")
     p.add_argument("--repeats", type=int, default=3, help="blocks: every arm runs once per block (default 3)")
+    p.add_argument("--max-runs", type=int, default=MAX_RUNS, metavar="N",
+                   help=f"refuse a plan of more than N runs (default {MAX_RUNS}; each run restarts a server)")
     p.add_argument("--seed", type=int, default=1, help="seed of the per-block random order (default 1)")
     p.add_argument("--order", choices=("interleaved", "blocked"), default="interleaved",
                    help="interleaved (default): every block in a seeded random order; blocked: all repeats "
@@ -192,7 +195,8 @@ def _options(args: argparse.Namespace, argv: list[str]) -> Options:
                       repeats=args.repeats, seed=args.seed, order=args.order,
                       runs_dir=getattr(args, "runs_dir", None), verbose=getattr(args, "verbose", False),
                       skip_invalid=args.skip_invalid, target_ci=getattr(args, "target_ci", None),
-                      max_repeats=getattr(args, "max_repeats", None), design=getattr(args, "design", "cost"),
+                      max_repeats=getattr(args, "max_repeats", None), max_runs=None if args.command == "plan" else getattr(args, "max_runs", MAX_RUNS),
+                      design=getattr(args, "design", "cost"),
                       max_requests=getattr(args, "max_requests", 400),
                       retry_failed=getattr(args, "retry_failed", False),
                       run_timeout_s=getattr(args, "run_timeout", None), argv=argv,

@@ -38,6 +38,7 @@ class Options:
     skip_invalid: bool = False
     target_ci: float | None = None          # relative half-width, e.g. 0.02
     max_repeats: int | None = None
+    max_runs: int | None = None         # refuse a plan of more runs (the CLI's --max-runs, default 100)
     design: Design = "cost"                 # with --target-ci: the design by cost, or today's sequential rule
     max_requests: int = 400                 # the most measured requests per run the design by cost may choose
     retry_failed: bool = False
@@ -80,6 +81,11 @@ def prepare(opts: Options) -> Prepared:
     check_executor(opts.executor, inv, opts.fleet)
     check_engines(armset.arms, inv)
     plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order)
+    if opts.max_runs is not None and len(plan) > opts.max_runs:
+        raise ConfigError(f"{len(armset.arms)} arms x {opts.repeats} blocks = {len(plan)} runs, above --max-runs "
+                          f"{opts.max_runs} (a real run costs a server start, ~1 GPU-minute on a GPU node). "
+                          f"Narrow the matrix, or pass --max-runs {len(plan)} to run them all (`driver.py plan` "
+                          f"shows the plan and its expected GPU-minutes first).")
     return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
                     notices=exp.warnings + armset.notices + preflight.bind_warnings(armset.arms), plan=plan)
 

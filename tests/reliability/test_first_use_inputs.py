@@ -55,3 +55,20 @@ def test_a_runs_dir_that_is_a_file_is_named_as_one(tmp_path: Path, under: bool) 
         rc = cli.main(["--repeats", "1", "--runs-dir", str(target)], out=io.StringIO())
     assert rc == 2 and f"{target}: not a directory ({f} is a file)" in err.getvalue(), err.getvalue()
     assert "Pass --runs-dir a directory" in err.getvalue()
+
+
+def test_a_runaway_matrix_is_capped_with_one_notice_and_a_way_out(tmp_path: Path) -> None:
+    """`--matrix steps=1..50`: one grouped notice instead of 49, and `run` refuses 153 runs unless --max-runs allows
+    them; `plan` shows them (it starts nothing)."""
+    err, out = io.StringIO(), io.StringIO()
+    with redirect_stderr(err):
+        rc = cli.main(["--matrix", "steps=1..50", "--runs-dir", str(tmp_path)], out=out)
+    assert rc == 2 and "51 arms x 3 blocks = 153 runs, above --max-runs 100" in err.getvalue(), err.getvalue()
+    assert "pass --max-runs 153 to run them all" in err.getvalue() and not list(tmp_path.iterdir())
+    err, out = io.StringIO(), io.StringIO()
+    with redirect_stderr(err):
+        assert cli.main(["plan", "--matrix", "steps=1..50"], out=out) == 0
+    text = err.getvalue() + out.getvalue()
+    notices = [line for line in text.splitlines() if line.startswith("notice:")]
+    assert len(notices) == 1 and notices[0].startswith("notice: 49 combinations (steps=1, steps=3"), notices
+    assert "51 arms x 3 blocks = 153 runs" in text
