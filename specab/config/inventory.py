@@ -234,6 +234,9 @@ def load_inventory(path: str | os.PathLike[str] | None = None, group: str = "gpu
     where = str(p)
     if not isinstance(data, dict) or not data:
         raise ConfigError(f"{where}: an inventory must be a mapping of groups (e.g. 'all:' with 'children:').")
+    if "specab_experiment" in data:
+        raise ConfigError(f"{where}: this is an experiment file (top-level 'specab_experiment'), given as the "
+                          f"inventory: were -e and -i swapped? -e EXPERIMENT.yml -i INVENTORY.yml.")
     groups: dict[str, dict[str, Any]] = {}
 
     def walk(name: str, body: Any, path: tuple[Any, ...]) -> None:

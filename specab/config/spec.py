@@ -223,6 +223,9 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
     p = Path(path) if path else DEFAULT_EXPERIMENT
     data, root = load_yaml(p)
     where = str(p)
+    if isinstance(data, dict) and "specab_experiment" not in data and ("all" in data or "gpu_nodes" in data):
+        raise ConfigError(f"{where}: this is an inventory (top-level '{'all' if 'all' in data else 'gpu_nodes'}'), "
+                          f"given as the experiment: were -e and -i swapped? -e EXPERIMENT.yml -i INVENTORY.yml.")
     if not isinstance(data, dict) or "specab_experiment" not in data:
         raise ConfigError(f"{where}: the file must have one top-level key 'specab_experiment' "
                           f"(see experiments/default.yml).")

@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=("csv", "json"), default="json")
     export.add_argument("--table", choices=("requests", "runs", "arms", "plan", "phases", "gpu_samples",
                                                  "phase_metrics"),
-                        default="requests", help="with --format csv: which table (default requests)")
+                        default=None, help="one table (csv default: requests; json: that table alone as a "
+                                           "list of rows instead of every table)")
     export.add_argument("--runs-dir", metavar="DIR")
     export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     export.set_defaults(func=cmd_export)
@@ -346,7 +347,12 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     with st.Store.open(exp_dir) as s:
         dest: TextIO = open(args.output, "w", newline="") if args.output else out
         try:
-            if args.format == "json":
+            tables = {"requests": lambda: _request_rows(s), "runs": s.runs, "arms": s.arms, "plan": s.plan,
+                      "phases": s.phases, "gpu_samples": s.gpu_samples, "phase_metrics": lambda: _phase_metric_rows(s)}
+            if args.format == "json" and args.table:          # one table, as a JSON list of rows
+                json.dump(tables[args.table](), dest, indent=1, default=str)
+                dest.write("\n")
+            elif args.format == "json":
                 json.dump({"experiment": s.experiment(), "arms": s.arms(), "plan": s.plan(), "runs": s.runs(),
                            "phases": s.phases(), "requests": s.requests(include_warmup=True),
                            "gpu_samples": s.gpu_samples(), "manifests": s.manifests(),
@@ -354,9 +360,7 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
                           dest, indent=1, default=str)
                 dest.write("\n")
             else:
-                rows = {"requests": lambda: _request_rows(s), "runs": s.runs, "arms": s.arms, "plan": s.plan,
-                        "phases": s.phases, "gpu_samples": s.gpu_samples,
-                        "phase_metrics": lambda: _phase_metric_rows(s)}[args.table]()
+                rows = tables[args.table or "requests"]()
                 if rows:
                     w = csv.DictWriter(dest, fieldnames=list(rows[0].keys()))
                     w.writeheader()

@@ -31,6 +31,12 @@ CASES = [
      r"bench.output_len must be an integer of at least 1, got 0."),
     ("--repeats 5 --max-repeats 2", lambda t: ["plan", "--repeats", "5", "--max-repeats", "2", "--target-ci", "2%"],
      r"--max-repeats 2 is below --repeats 5: --repeats blocks always run .* Give --max-repeats >= 5"),
+    ("-e and -i swapped", lambda t: ["plan", "-e", str(REPO / "inventory" / "local.yml"),
+                                     "-i", str(REPO / "experiments" / "default.yml")],
+     r"local.yml: this is an inventory \(top-level 'all'\), given as the experiment: were -e and -i swapped\?"),
+    ("an experiment as the inventory", lambda t: ["plan", "-i", str(REPO / "experiments" / "default.yml")],
+     r"default.yml: this is an experiment file \(top-level 'specab_experiment'\), given as the inventory: were -e "
+     r"and -i swapped\?"),
     ("--max-repeats without --target-ci", lambda t: ["plan", "--max-repeats", "4"],
      r"--max-repeats caps the blocks --target-ci adds; without --target-ci .* Drop --max-repeats or add --target-ci."),
 ]
@@ -72,3 +78,19 @@ def test_a_runaway_matrix_is_capped_with_one_notice_and_a_way_out(tmp_path: Path
     notices = [line for line in text.splitlines() if line.startswith("notice:")]
     assert len(notices) == 1 and notices[0].startswith("notice: 49 combinations (steps=1, steps=3"), notices
     assert "51 arms x 3 blocks = 153 runs" in text
+
+
+def test_export_table_is_honoured_in_json_too(tmp_path: Path) -> None:
+    import json
+    import shutil
+    src = REPO / "tests" / "fixtures" / "known-truth" / "h200" / "known-truth-h200-causes-20261204-060246"
+    d = tmp_path / "exp"
+    d.mkdir()
+    shutil.copy(src / "results.sqlite", d / "results.sqlite")
+    out = io.StringIO()
+    assert cli.main(["export", str(d), "--table", "arms"], out=out) == 0
+    rows = json.loads(out.getvalue())
+    assert [r["name"] for r in rows][:2] == ["baseline", "eagle3-s3"] and all("spec_steps" in r for r in rows)
+    out = io.StringIO()
+    assert cli.main(["export", str(d)], out=out) == 0
+    assert set(json.loads(out.getvalue())) >= {"experiment", "arms", "runs", "requests"}
