@@ -125,11 +125,22 @@ def test_progress_live_renders():
     assert "capturing graphs" in text and "Capture cuda graph begin." in text
 
 
-def test_run_directory_must_be_writable(tmp_path):
+def test_run_directory_must_be_writable(tmp_path, monkeypatch):
     f = tmp_path / "file"
     f.write_text("x")
-    with pytest.raises(ExperimentError, match="not writable"):
+    with pytest.raises(ExperimentError, match=r"runs: not a directory \(.*file is a file\)"):
         check_writable(f / "runs")
+    # root writes through any mode: an unwritable directory is a write that fails (EACCES), made here
+    real_write = Path.write_text
+
+    def denied(self, *a, **k):
+        if self.name.startswith(".write-test-"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_write(self, *a, **k)
+    monkeypatch.setattr(Path, "write_text", denied)
+    with pytest.raises(ExperimentError, match="not writable \\(Permission denied\\)"):
+        check_writable(tmp_path / "ro")
+    monkeypatch.undo()
     with pytest.raises(ExperimentError, match="MB free"):
         check_writable(tmp_path / "ok", min_free_mb=10 ** 12)
     check_writable(tmp_path / "ok")
@@ -139,7 +150,7 @@ def test_unwritable_runs_dir_refused_before_any_run(tmp_path, experiment_file, c
     f = tmp_path / "file"
     f.write_text("x")
     assert main(["-e", str(experiment_file), "--runs-dir", str(f / "runs")], out=io.StringIO()) == 2
-    assert "not writable" in capsys.readouterr().err
+    assert "runs: not a directory" in capsys.readouterr().err
 
 
 def test_export_csv_and_json(tmp_path):
