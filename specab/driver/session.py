@@ -20,6 +20,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable, Protocol, TextIO
 
+import yaml
+
 from specab.analysis import design, economics, history
 from specab.analysis.model import load_store
 from specab.analysis.report import write_report
@@ -40,7 +42,7 @@ from specab.driver.queue_executor import QueueExecutor
 from specab.driver.record import check_writable
 from specab.driver.signals import Interrupt
 from specab.driver.systematic import STOPPED, FailFast, SystematicFailure
-from specab.node.contract import redact_env, redact_mapping
+from specab.node.contract import REDACTED, redact_env, redact_mapping
 from specab.results import store as st
 from specab.results.locate import NotFound, default_runs_dir, locate
 
@@ -257,6 +259,36 @@ def first_plan(prepared: Prepared, opts: Options, store: st.Store, fp: str
                      num_requests=m if d is not None else None), d
 
 
+def stored_experiment_file(row: dict[str, Any], exp_dir: Path, out: TextIO) -> str:
+    """The experiment file to resume with: the recorded one, or, where it is gone, the configuration the store
+    holds, written beside the store (it cannot stand in for a file whose secrets the store redacted)."""
+    path = row["experiment_file"]
+    if path and Path(path).is_file():
+        return path
+    config = row.get("config")
+    if not isinstance(config, dict):
+        raise ExperimentError(f"the experiment file {path} is gone and {exp_dir} holds no configuration to resume "
+                              f"with; pass -e with the experiment file.")
+    redacted = sorted(_redacted_keys(config))
+    if redacted:
+        raise ExperimentError(f"the experiment file {path} is gone, and the configuration stored in {exp_dir} has "
+                              f"its secret values redacted ({', '.join(redacted)}): restore the file, or pass -e "
+                              f"with one that holds them.")
+    copy = exp_dir / "experiment.resumed.yml"
+    copy.write_text(yaml.safe_dump({"specab_experiment": config}, sort_keys=False))
+    print(f"the experiment file {path} is gone: resuming with the configuration stored with the experiment "
+          f"({copy})", file=out)
+    return str(copy)
+
+
+def _redacted_keys(value: Any, where: str = "") -> list[str]:
+    if isinstance(value, dict):
+        return [k for key, v in value.items() for k in _redacted_keys(v, f"{where}.{key}" if where else str(key))]
+    if isinstance(value, list):
+        return [k for i, v in enumerate(value) for k in _redacted_keys(v, f"{where}[{i}]")]
+    return [where] if value == REDACTED else []
+
+
 def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None = None) -> tuple[int, Path]:
     """Run the missing runs of an experiment, in the planned order."""
     try:
@@ -266,7 +298,8 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
     store = st.Store.open(exp_dir)
     try:
         row = store.experiment()
-        ropts = Options(experiment_file=opts.experiment_file or row["experiment_file"],
+        experiment_file = opts.experiment_file or stored_experiment_file(row, exp_dir, out)
+        ropts = Options(experiment_file=experiment_file,
                         inventory_file=opts.inventory_file or row["inventory_file"], matrix=list(row["matrix"]),
                         repeats=row["repeats"], seed=row["seed"], order=row["order_mode"],
                         runs_dir=opts.runs_dir, verbose=opts.verbose, skip_invalid=True,
