@@ -91,7 +91,7 @@ def engine_version(exp: Experiment, arms: list[str]) -> str | None:
     for name in arms:
         for r in exp.runs_of(name, ok_only=False):
             v = ((r.manifest or {}).get("versions") or {}).get("sglang")
-            if v:
+            if v and engines.parse_version(str(v)):
                 return str(v)
     return None
 

@@ -437,6 +437,12 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
             add(ArmSpec(name=aname, server_args=adjusted, env=resolved.env, is_baseline=False, baseline=bname,
                     matrix=resolved.matrix, phase_timing=resolved.phase_timing, engine=engine))
     notices = _grouped(notices)
+    timed = [a.name for a in arms if a.phase_timing]
+    if timed and len(timed) < len(arms):
+        notices.append(f"the harness adds --enable-metrics and SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 to "
+                       f"{', '.join(timed)} (bench.phase_timing auto: the per-phase breakdown of speculative arms), "
+                       f"not to {', '.join(a.name for a in arms if not a.phase_timing)}; bench.phase_timing: true "
+                       f"adds them to every arm, false to none.")
     typed = sorted({f"arm {a.name}: {p}" for a in arms for k, v in a.server_args.items()
                     if (p := engine_args.type_problem(k, v))})
     if typed:       # a value the engine's argparse would refuse: every run of the arm would fail at its launch
