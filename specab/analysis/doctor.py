@@ -313,7 +313,8 @@ def accept_below_break_even(exp: Experiment, ctx: Context) -> list[Finding]:
             "accept-below-break-even", "warning",
             f"{arm.name}: accept length {m.accept_len:.2f} is below the break-even {m.tau_star:.2f} "
             f"(cycle {m.cycle_ms:.1f} ms / baseline step {1000 / base.tok_s_run.median:.1f} ms), so speculation "
-            f"loses ({m.speedup:.2f}x). Breaking even needs {need}, or a shorter cycle (verify with CUDA graph).",
+            f"loses ({_speedup_text(st, arm.name, m.speedup)}). Breaking even needs {need}, or a shorter cycle "
+            f"(verify with CUDA graph).",
             [f"baseline {base.tok_s_run.median:.1f} tok/s, {arm.name} {a.tok_s_run.median:.1f} tok/s at accept "
              f"length {a.accept_len.mean:.2f} (from {a.requests} requests), steps={steps}",
              f"tau* = cycle/step = {m.cycle_ms:.2f}/{1000 / base.tok_s_run.median:.2f} = {m.tau_star:.2f}, "
@@ -560,6 +561,15 @@ def phase_accounting(exp: Experiment, ctx: Context) -> list[Finding]:
                                f"worth profiling (/start_profile).", [_cycle_evidence(a)], name,
                                [r.run_id for r in a.runs]))
     return out
+
+
+def _speedup_text(st: ExperimentStats, arm: str, ratio_of_medians: float | None) -> str:
+    """The arm's speedup as the report's speedup table states it (paired within blocks), so one number stands for
+    one thing; the ratio of the arms' medians only where no block was paired."""
+    sp = st.speedups.get(arm)
+    if sp is not None and sp.estimate is not None:
+        return f"{sp.estimate:.3f}x paired"
+    return f"{ratio_of_medians:.3f}x, ratio of medians" if ratio_of_medians is not None else "slower"
 
 
 def known_truth_mismatch(exp: Experiment, ctx: Context) -> list[Finding]:

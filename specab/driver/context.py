@@ -173,7 +173,7 @@ class RunContext:
             log_tail = result.stdout_tail
         log_tail, reason = self.scrub_text(log_tail), self.scrub_text(reason)
         gpus = economics.gpus_of(self.arms[pr.arm].server_args) if pr.arm in self.arms else None
-        self.store.finish_run(pr.seq, status=status, runner_status=result.status, runner_rc=result.rc,
+        gpu_seconds = self.store.finish_run(pr.seq, status=status, runner_status=result.status, runner_rc=result.rc,
                               failure_phase=phase if status != st.OK else None, failure_reason=reason,
                               log_tail=log_tail if status != st.OK else None, partial=partial,
                               summary=ingested.get("summary"),
@@ -181,7 +181,7 @@ class RunContext:
                               server_info=ingested.get("server_info"), stop=ingested.get("stop"),
                               gpu_free=ingested.get("gpu_free"),
                               gpus=gpus)
-        self.progress.run_finished(status, time.time() - started, reason, gpus=gpus)
+        self.progress.run_finished(status, time.time() - started, reason, gpus=gpus, gpu_seconds=gpu_seconds)
         return status
 
     def stamp_manifests(self, run_dir: Path, pr: PlannedRun | None = None) -> None:

@@ -66,7 +66,8 @@ class HostProgress:
     def log_line(self, line: str) -> None:
         pass
 
-    def run_finished(self, status: str, duration: float, reason: str | None = None, gpus: int | None = None) -> None:
+    def run_finished(self, status: str, duration: float, reason: str | None = None, gpus: int | None = None,
+                     gpu_seconds: float | None = None) -> None:
         done, total = self.counter.add()
         extra = f": {reason.splitlines()[0][:200]}" if reason else ""
         self.base.notice(f"[{self.host}] {self.run_id} {status} in {duration:.1f} s{extra}  ({done}/{total} runs)")

@@ -106,13 +106,16 @@ class Progress:
         with self._lock:
             self.state.last_line = line.strip()[-160:]
 
-    def run_finished(self, status: str, duration: float, reason: str | None = None, gpus: int | None = None) -> None:
+    def run_finished(self, status: str, duration: float, reason: str | None = None, gpus: int | None = None,
+                     gpu_seconds: float | None = None) -> None:
+        """`gpu_seconds`: what the store recorded for the run (the node's phase span x its GPUs), so the console's
+        GPU-minutes are the report's; without it, the controller's wall time x gpus."""
         with self._lock:
             s = self.state
             s.done += 1
             s.durations.append(duration)
             if gpus:
-                s.gpu_seconds += duration * gpus
+                s.gpu_seconds += gpu_seconds if gpu_seconds is not None else duration * gpus
                 s.gpu_runs += 1
             if status != "ok":
                 s.failed += 1

@@ -417,7 +417,9 @@ class Store:
                    failure_phase: str | None = None, failure_reason: str | None = None,
                    log_tail: str | None = None, partial: bool = False,
                    summary: dict[str, Any] | None = None, load_phases: Any = None,
-                   server_info: Any = None, stop: Any = None, gpu_free: Any = None, gpus: int | None = None) -> None:
+                   server_info: Any = None, stop: Any = None, gpu_free: Any = None,
+                   gpus: int | None = None) -> float | None:
+        """Record the run's end; returns the GPU-seconds stored for it (what the report's verdict cost adds up)."""
         now = time.time()
         with self._tx() as c:
             self._ensure_cost_columns(c)
@@ -438,6 +440,8 @@ class Store:
                        counts["k"], (summary or {}).get("decode_tok_s_median"),
                        (summary or {}).get("accept_len_mean"), runner_status, runner_rc, _dumps(summary),
                        _dumps(load_phases), _dumps(server_info), _dumps(stop), _dumps(gpu_free), seq))
+            row = c.execute("SELECT gpu_seconds FROM runs WHERE seq=?", (seq,)).fetchone()
+        return None if row is None or row["gpu_seconds"] is None else float(row["gpu_seconds"])
 
     def add_requests(self, seq: int, host: str, records: Iterable[dict[str, Any]]) -> int:
         n = 0

@@ -34,6 +34,10 @@ def test_resume_without_the_experiment_file_uses_the_stored_configuration(node: 
     out = run("-e", str(exp), "--repeats", "1", *common)
     assert out.startswith("rc=0"), out[-3000:]
     exp_id = re.search(r"experiment directory: .*/(gone-\d{8}-\d{6})", out).group(1)
+    # one number for one thing: the console's GPU-minutes after the last run are the report's verdict cost
+    console = re.findall(r"; ([\d.]+) GPU-min spent", out)[-1]
+    report = re.search(r"Verdict cost: ([\d.]+) GPU-minutes", (node.runs_dir / exp_id / "report.md").read_text())
+    assert console == report.group(1), (console, report.group(0))
     exp.unlink()
     out = run("--resume", exp_id, *common)
     assert out.startswith("rc=0"), out[-3000:]
