@@ -9,11 +9,11 @@ run spans (first run claimed .. last run done, from the runs' phases.jsonl). Eac
 node's time (`default` profile at time scale 0.5, 3 requests of 96 tokens), as on a GPU node where model
 load and benchmark take minutes: the run queue overlaps the controller's Ansible work for a run with the
 node's, so two hosts' runs really run side by side even though the "hosts" share the test machine's two
-cores with the controller. Asserted: the run spans' ratio < 0.75 and the whole wall-time ratio < 0.95
-(it also holds the experiment's one-off start — preflight and first enqueue, on each host — and end — the
-report — that a fleet does not shorten: with one block per host they are a large part of the wall time, e.g.
-a CI run's 0.87 for a span ratio of 0.54, 36 s of start-up while the other worker loaded the box, where a
-quiet run gave 0.76), both hosts busy together for most of the fleet's time, blocks never split.
+cores with the controller. Asserted: the run spans' ratio < 0.75 (what --fleet parallelises), both hosts
+busy together for most of the fleet's time, blocks never split. The whole wall-time ratio is printed, not
+asserted: it also holds the experiment's one-off start (preflight and first enqueue, on each host) and end
+(the report), which a fleet does not shorten and which, with one block per host, move with the box's load
+(a CI run: 0.87 for a span ratio of 0.54; a quiet run 0.76), so a bound on it would guard the load, not the fleet.
 """
 from __future__ import annotations
 
@@ -86,9 +86,8 @@ def test_fleet_runs_whole_blocks_per_host_in_parallel(fleet) -> None:
           f"spans (first run claimed .. last run done): {node_span(fleet_dir):.1f} s vs {node_span(seq_dir):.1f} s, "
           f"ratio {node_ratio:.2f}")
     # the runs themselves overlap (what --fleet parallelises); the whole wall time also holds the
-    # experiment's one-off start (preflight, first enqueue) and end (report), which do not
+    # experiment's one-off start (preflight, first enqueue) and end (report), which do not: printed above
     assert node_ratio < 0.75, (node_ratio, ratio)
-    assert ratio < 0.95, (ratio, node_ratio)
 
     runs = runs_of(fleet_dir)
     assert len(runs) == blocks * 2 and all(r["status"] == "ok" for r in runs), runs
