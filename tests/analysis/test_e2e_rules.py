@@ -209,22 +209,27 @@ def test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else(n
     assert all(any("SwThermalSlowdown" in ev for ev in f.evidence) for f in hot)
     assert all(any("1386 MHz vs 1980 MHz" in ev for ev in f.evidence) for f in hot), hot[0].evidence
     assert all(samples_in_window(r) for r in e.runs)
+    # the simulator's truth: the throttled arm decodes at 0.7x the usual speed (its /server_info at readiness);
+    # the client's reading of it, through a loaded box's clock, within 8 %
+    normal_hot = [runs[p["run_id"]] for p in hot_runs if p["run_id"] != slow["run_id"]]
+    true_hot = [r.server_args["simulator"]["true_decode_tok_s"] / r.time_scale for r in normal_hot]
+    assert all(t == pytest.approx(0.7 * USUAL_BASELINE, rel=0.02) for t in true_hot), true_hot
     assert st.arms["hot"].tok_s_run.median == pytest.approx(0.7 * USUAL_BASELINE, rel=0.08)
 
     # instance-outlier: the slow start only, ~20 % below its siblings; the baseline's three runs are quiet
     out = by["instance-outlier"]
     assert [(f.arm, f.runs) for f in out] == [("hot", [slow["run_id"]])], [f.message for f in out]
     assert runs[slow["run_id"]].server_args["simulator"]["instance"] == slow["seq"] - 1
-    # ~20 % below. Two things move the reading on a loaded machine: noise that moves the siblings too (CI: 56.4
-    # and 57.6 around a 44.7 that read -22 %), allowed below -20 % by the siblings' own spread (plus 1 %); and
-    # time per token the load adds to every run alike (scheduling, the client's parsing), which only pulls the
-    # ratio towards 0: an added 10 % of the siblings' time per token reads (1 + 0.1) / (1.25 + 0.1) - 1 = -18.5 %
-    # (CI: -18.0 % with siblings 55.98 and 56.25). Above, -15 % is allowed: still far from no fault (0 %) and
-    # from a fault applied twice (-36 %).
+    # the simulator's own truth (its /server_info at readiness, stored with each run): the slow start is exactly
+    # 20 % below its siblings and nothing else differs. What the client measured of it moves with the box's load
+    # (CI read -18 % to -22 %); the finding above is the doctor's reading of that measurement.
+    def truth(rid: str) -> float:
+        return runs[rid].server_args["simulator"]["true_decode_tok_s"]
+    sib_truth = sorted(truth(p["run_id"]) for p in hot_runs if p["run_id"] != slow["run_id"])
+    assert sib_truth[0] == pytest.approx(sib_truth[1], rel=0.02)
+    assert truth(slow["run_id"]) / (sum(sib_truth) / 2) == pytest.approx(0.80, abs=0.01)
     siblings = sorted(runs[p["run_id"]].tok_s for p in hot_runs if p["run_id"] != slow["run_id"])
-    sib_median = (siblings[0] + siblings[1]) / 2
-    off = runs[slow["run_id"]].tok_s / sib_median - 1
-    assert -0.20 - ((siblings[1] - siblings[0]) / sib_median + 0.01) <= off <= -0.15, (off, siblings)
+    assert runs[slow["run_id"]].tok_s < min(siblings)
     assert re.search(r"is -\d+% off its siblings", out[0].message), out[0].message
 
     # nccl-untuned-baseline-slow: the six tuned variables missing, the baseline (~63) far below the usual 82.2
@@ -234,10 +239,13 @@ def test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else(n
     assert all(r.server_args["simulator"]["nccl_factor"] > 1.3 for r in e.runs_of("baseline"))
     assert st.arms["baseline"].tok_s_run.median < 70
 
-    # arms-not-like-for-like: --cuda-graph-max-bs differs
+    # arms-not-like-for-like: the hot arm sets --cuda-graph-max-bs 32 itself (its declared treatment, named as such,
+    # not advised away), and the engine then captures other graph batch sizes for it: that difference is flagged
     unlike = by["arms-not-like-for-like"]
-    assert len(unlike) == 1 and any(ev.startswith("cuda_graph_max_bs: ") and ev.endswith("hot=32")
+    assert len(unlike) == 1 and any(ev.startswith("cuda_graph_bs: ") and ev.endswith("hot=[1, 2, 4, 8, 12, 16, 24, 32]")
                                     for ev in unlike[0].evidence), unlike[0].evidence
+    assert "declared by the arm itself (its treatment, not a confound): hot: cuda_graph_max_bs" in unlike[0].evidence
+    assert "(cuda_graph_bs)" in unlike[0].message
 
     # silent, with their evidence present: three stable baseline runs (drift, outlier); concurrency 2,
     # where the server's gen throughput is the batch's and the client's tok/s is per request
