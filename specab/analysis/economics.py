@@ -11,9 +11,11 @@ from typing import Any, Mapping
 from specab.analysis import design, stats
 from specab.analysis.model import Experiment, Run
 
-# Dead time of a run when nothing measured it yet: stop, GPUs-free wait, env check, collect, the playbook's own
-# start (docs/performance.md section 1 measures 5-20 s per transition on the simulated node).
-DEFAULT_DEAD_S = 15.0
+# Dead time of a run when nothing measured it yet: what a run holds its GPUs for besides the engine's load and the
+# benchmark. Measured on a real H200 with SGLang 0.5.17 under the run queue (21 runs of the known-truth experiments,
+# tests/fixtures/known-truth/h200, run_phases medians): the final stop 5.7 s (SGLang's drain, SIGQUIT and process
+# tree kill), collect 1.3 s, warm-up 0.7 s, env check and GPUs-free waits 0.05 s: 7.7 s a run.
+DEFAULT_DEAD_S = 7.7
 
 
 def gpus_of(server_args: Mapping[str, Any]) -> int:
