@@ -47,7 +47,7 @@ def test_matrix_steps_1_2_3_repeats_2(node: SimNode):
     inv = node.write_inventory()
     common = ["-e", str(exp_file), "-i", str(inv), "--runs-dir", str(node.runs_dir)]
     design = ["--target-ci", "5%", "--max-repeats", "2", "--max-requests", "6"]
-    proc = driver("plan", "--matrix", "steps=1,2,3", *design, *common)
+    proc = driver("plan", "--matrix", "steps=1,2,3", "--repeats", "2", *design, *common)
     planned, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, planned[-3000:]
     first_m = int(re.search(r"the first block with (\d+) measured requests per run", planned).group(1))
