@@ -44,10 +44,11 @@ def test_matrix_steps_1_2_3_repeats_2(node: SimNode):
     from specab.sim.timing import true_decode_tok_s
     node.profile = "instant"         # the default profile's speeds without its load time (saves ~5 s a run)
     exp_file = node.write_experiment("mx", output_len=64)          # 3 measured requests per run
-    inv = node.write_inventory()
+    trace = node.root / "sim-trace.jsonl"             # the simulator's own emission times: the phases' ground truth
+    inv = node.write_inventory({**node.host_vars(), "specab_node_env": {**node.node_env(), "SPECAB_SIM_TRACE": str(trace)}})
     common = ["-e", str(exp_file), "-i", str(inv), "--runs-dir", str(node.runs_dir)]
     design = ["--target-ci", "5%", "--max-repeats", "2", "--max-requests", "6"]
-    proc = driver("plan", "--matrix", "steps=1,2,3", *design, *common)
+    proc = driver("plan", "--matrix", "steps=1,2,3", "--repeats", "2", *design, *common)
     planned, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, planned[-3000:]
     first_m = int(re.search(r"the first block with (\d+) measured requests per run", planned).group(1))
@@ -119,7 +120,7 @@ def test_matrix_steps_1_2_3_repeats_2(node: SimNode):
     assert (run_dir / "launch.sh").read_text().rstrip("\n") == rendered.launch_sh.rstrip("\n")
     assert (run_dir / "nccl.env").read_text().rstrip("\n") == rendered.env_file.rstrip("\n")
     assert not node.server_alive() and node.gpus_busy() == []
-    _assert_phase_breakdown(s, exp_dir, arms, profile)
+    _assert_phase_breakdown(s, exp_dir, arms, profile, trace)
     s.close()
 
 
@@ -134,7 +135,23 @@ def _iv_cell(cell: str) -> tuple[float, float, float]:
     return float(m.group(1)), float(m.group(2)), float(m.group(3))
 
 
-def _assert_phase_breakdown(s: st.Store, exp_dir: Path, arms, profile) -> None:
+def true_cycle_ms(trace: Path, run) -> float:
+    """The simulator's own decode cycle over a run's measured requests, from its trace (the times it emitted the
+    tokens), defined as the analysis defines the implied cycle: sum of decode spans / sum of verify steps, in
+    simulated ms. Each measured request is matched to the trace line that arrived at its start."""
+    import json
+    recs = [json.loads(line) for line in trace.read_text().splitlines()]
+    span = verify = 0.0
+    for q in run.measured:
+        rec = min(recs, key=lambda x: abs(x["arrival_wall"] - (q.start_ts or 0.0)))
+        assert abs(rec["arrival_wall"] - (q.start_ts or 0.0)) < 0.5 and rec["completion_tokens"] == q.output_tokens
+        assert rec["spec_verify_ct"] == q.spec_verify_ct            # the client read the engine's own count
+        span += (rec["emit_mono"][-1] - rec["emit_mono"][0]) * rec["time_scale"]
+        verify += rec["spec_verify_ct"]
+    return 1000.0 * span / verify
+
+
+def _assert_phase_breakdown(s: st.Store, exp_dir: Path, arms, profile, trace: Path) -> None:
     """Issue 17 must-show on the steps=1,2,3 matrix: per-phase timing on by default for the speculative arms (and
     recorded in their manifests), the report's per-phase section with intervals for each of them, in report.md
     and report.html, and the device-timer phases agreeing with the simulator's own cycle and with the cycle
@@ -171,7 +188,8 @@ def _assert_phase_breakdown(s: st.Store, exp_dir: Path, arms, profile) -> None:
     hsec = html.split("<h2>Where the cycle goes (measured)</h2>", 1)[1].split("<h2>", 1)[0]
     assert 'alt="per-phase ms per cycle, per arm, against the baseline step"' in hsec and "data:image/png;base64," in hsec
     assert "".join(f"<th>{h}</th>" for h in header) in hsec
-    ph = phases.analyse_phases(load_store(exp_dir))
+    exp = load_store(exp_dir)
+    ph = phases.analyse_phases(exp)
     for a in spec_arms:
         row, got = rows[a.name], ph.arms[a.name]
         assert row["runs"] == "2" and "<td>" + "</td><td>".join(row.values()) + "</td>" in hsec, (row, hsec[:2000])
@@ -190,12 +208,16 @@ def _assert_phase_breakdown(s: st.Store, exp_dir: Path, arms, profile) -> None:
         # planned forwards, so a loaded machine does not move this (measured: 0.997-1.000)
         forwards = nom.draft_ms + nom.draft_extend_ms + nom.verify_ms
         assert abs(got.measured_ms / forwards - 1) < 0.02, (a.name, got.measured_ms, forwards)
-        # measured phases + the simulator's known non-forward CPU work (0.91 ms) against the cycle implied by
-        # tok/s and tau: not true by construction (other = implied - measured is), it fails when the device timer,
-        # the window or the implied cycle is off
-        implied = got.implied_cycle_ms.mean
-        assert abs(got.measured_ms + nom.other_ms - implied) / implied < 0.05, (a.name, got.measured_ms, implied)
-        assert abs(cells["other"][0] - nom.other_ms) < 0.05 * implied, (a.name, cells["other"], nom.other_ms)
+        # "other" (the cycle less the measured forwards) against the simulator's truth: per run, its own cycle (the
+        # trace's emission times) less the device timer's forwards. The report's is the client's implied cycle
+        # less the same forwards, so this fails when the implied cycle, the window or the device timer is off. It
+        # is checked as the quantity itself (the profile's 0.91 ms, more where a loaded box held the simulator
+        # back), not as a share of the ~30 ms cycle
+        true_other = statistics.fmean(true_cycle_ms(trace, r) - rp.measured_ms for r, rp in
+                                      ((r, phases.run_phases(r)) for r in exp.runs if r.arm == a.name))
+        print(f"{a.name}: other {cells['other'][0]:.3f} ms in the report, {true_other:.3f} ms true, "
+              f"{nom.other_ms:.3f} ms in the profile")
+        assert abs(cells["other"][0] - true_other) < 0.1 * nom.other_ms, (a.name, cells["other"], true_other)
         assert abs(cells["draft"][0] + cells["draft-extend"][0] + cells["verify"][0] + cells["other"][0]
                    - cells["cycle"][0]) < 0.02, row
         assert 0.95 <= got.consistency <= 1.0 and row["measured / cycle"] == f"{got.consistency:.0%}", row
