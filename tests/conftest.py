@@ -138,3 +138,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if reporter is not None:
             reporter.write_line(msg, red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# Skips that only say the machine lacks what CI installs (root for namespaces and mounts, ip, sshd, Chromium): under
+# SPECAB_REQUIRE_TEST_HOSTS=1 (.ci/run sets it, as SPECAB_REQUIRE_REAL_ENGINE for the real engines) such a skip is a
+# failure, so a CI run can never pass by silently skipping them.
+REQUIRED_SKIP_REASONS = ("needs root", "needs the 'ip' command", "openssh-server", "openssh-client",
+                         "chromium not installed", "cannot mount a tmpfs", "cannot make a read-only directory")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and os.environ.get("SPECAB_REQUIRE_TEST_HOSTS") == "1":
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        if any(s in reason for s in REQUIRED_SKIP_REASONS):
+            rep.outcome = "failed"
+            rep.longrepr = (f"SPECAB_REQUIRE_TEST_HOSTS=1: this test must run here, but it skipped: {reason} "
+                            f"(.ci/run installs what it needs)")
