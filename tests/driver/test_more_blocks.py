@@ -84,8 +84,12 @@ def test_no_block_when_stats_is_satisfied(sequential, monkeypatch):
 
 
 def test_real_stats_decision_on_an_empty_experiment(sequential):
+    """Nothing measured yet: the real statistics ask for a block, and say why."""
     more, reason = ex.decide_more_blocks(sequential.store, 0.02, 4)
-    assert isinstance(more, bool) and reason
+    assert more is True and reason == "0 complete block(s); at least 3 are needed before judging the CI width"
+    # the cap wins over the wish for more: with --max-repeats 0 blocks allowed, no block
+    more, reason = ex.decide_more_blocks(sequential.store, 0.02, 0)
+    assert more is False and reason
 
 
 def test_by_cost_the_experiment_starts_with_one_block_its_requests_chosen_from_the_profile(by_cost):

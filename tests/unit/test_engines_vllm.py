@@ -103,9 +103,19 @@ def test_spec_config_rules(spec: dict, why: str) -> None:
         engines.vllm_spell({"speculative_config": spec})
 
 
-def test_every_documented_method_is_accepted() -> None:
+def test_every_documented_method_is_accepted_and_a_model_asked_where_vllm_needs_one() -> None:
     for method in engines.VLLM_SPEC_METHODS:
         engines.check_vllm_spec_config({"method": method, "model": "/d", "num_speculative_tokens": 1})
+        if method in engines.VLLM_METHODS_WITH_MODEL:       # a draft model's method without its model: refused
+            with pytest.raises(engines.NoSpelling, match=f"method {method} needs speculative_config.model"):
+                engines.check_vllm_spec_config({"method": method, "num_speculative_tokens": 1})
+        else:                                              # ngram, mtp: no draft model to name
+            engines.check_vllm_spec_config({"method": method, "num_speculative_tokens": 1})
+    with pytest.raises(engines.NoSpelling, match="'medusa2' is not a vLLM method; use one of eagle3, eagle, "
+                                                 "draft_model, ngram, mtp"):
+        engines.check_vllm_spec_config({"method": "medusa2", "model": "/d", "num_speculative_tokens": 1})
+    with pytest.raises(engines.NoSpelling, match="positive integer"):
+        engines.check_vllm_spec_config({"method": "ngram", "num_speculative_tokens": 0})
 
 
 def test_driver_plans_a_vllm_matrix_steps_as_num_speculative_tokens(tmp_path: Path) -> None:
