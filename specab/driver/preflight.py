@@ -239,11 +239,14 @@ def engine_flags(host: Host, node: Any | None = None, build: EngineBuild | None 
             + (f" exited {rc}" if rc != 0 else " listed no flags")
             + (f": {(err or out).strip().splitlines()[-1]}" if (err or out).strip() else ""))
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"host": host.name, "engine_cmd": cmd, "build": build.name, "env": env,
-                                   "version": version, "flags": sorted(flags), "shapes": shapes}))
-        tmp.replace(cache)
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps({"host": host.name, "engine_cmd": cmd, "build": build.name, "env": env,
+                                       "version": version, "flags": sorted(flags), "shapes": shapes}))
+            tmp.replace(cache)
+        except OSError:
+            pass        # an unwritable cache costs the next run a `--help`, not this run its flag check
     return EngineFlags(host.name, tuple(cmd), version, frozenset(flags), cached=False, build=build.name,
                        shapes=shapes)
 

@@ -88,6 +88,28 @@ def test_item14_engine_flags_cached_per_node_and_engine_version(node: SimNode):
     assert fake.help_calls == 3
 
 
+def test_item14_an_unwritable_flag_cache_still_checks_the_flags(node: SimNode, tmp_path: Path, monkeypatch):
+    """A cache directory that cannot be written (a file stands where it should be) costs the next run a `--help`,
+    not this run its flag check."""
+    host = load_inventory(node.write_inventory()).hosts[0]
+    real_help = subprocess.run(list(host.engine_build(None).cmd) + ["--help"], capture_output=True, text=True,
+                               env=dict(os.environ, **host.node_env), timeout=120, check=True).stdout
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache directory should be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    fake = _CountingNode(real_help, "0.5.4")
+    flags = preflight.engine_flags(host, node=fake)
+    assert not flags.cached and "--speculative-num-steps" in flags.flags
+    assert preflight.unknown_flags(load_experiment_arms(node), flags, None) == []
+    assert preflight.engine_flags(host, node=fake).cached is False and fake.help_calls == 2
+
+
+def load_experiment_arms(node: SimNode) -> list:
+    from specab.config.matrix import build_arms
+    from specab.config.spec import load_experiment
+    return build_arms(load_experiment(node.write_experiment("cache-arms")), []).arms
+
+
 UNKNOWN_FLAG_ARMS = """\
 arms:
   - name: baseline
