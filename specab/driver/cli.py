@@ -21,7 +21,7 @@ from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.inventory import load_inventory
 from specab.config.matrix import MatrixError
 from specab.config.yamlfile import ConfigError
-from specab.driver import design_inputs, preflight, session
+from specab.driver import design_inputs, fleet, preflight, session
 from specab.driver.options import EXIT_INTERRUPTED, EXIT_USAGE, ExperimentError, Options, prepare
 from specab.driver.lease import lease_states
 from specab.driver.remote import status_all
@@ -130,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also print the design by cost for this 95%% CI half-width of the speedup (e.g. 2%%) and "
                            "its expected GPU-minutes")
     plan.add_argument("--max-repeats", type=int, help="with --target-ci: the cap of blocks `run` would use")
+    plan.add_argument("--fleet", action="store_true",
+                      help="show which host of gpu_nodes each block runs on with `run --fleet`")
     _add_design_option(plan)
     plan.add_argument("--runs-dir", metavar="DIR",
                       help="with --target-ci: the runs directory whose history/<host>.jsonl gives the prior noise "
@@ -253,9 +255,12 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     print(f"{len(prepared.arms)} arms x {opts.repeats} blocks = {len(prepared.plan)} runs, order {opts.order}, "
           f"seed {opts.seed}", file=out)
     print("\n".join(described) + "\n", file=out)
-    print(f"{'seq':>4}  {'block':>5}  run_id", file=out)
+    hosts = [h.name for h in prepared.inventory.hosts]
+    host_of = {r.seq: h for h, rs in fleet.assign_blocks(prepared.plan, hosts).items() for r in rs} \
+        if opts.fleet else {}
+    print(f"{'seq':>4}  {'block':>5}  run_id" + ("  host (--fleet)" if host_of else ""), file=out)
     for r in prepared.plan:
-        print(f"{r.seq:>4}  {r.block:>5}  {r.run_id}", file=out)
+        print(f"{r.seq:>4}  {r.block:>5}  {r.run_id}" + (f"  {host_of[r.seq]}" if host_of else ""), file=out)
     for arm in prepared.arms:
         rendered = render_arm(_display_arm(arm), host, run_id=None,
                               experiment_engine=prepared.experiment.raw.get("engine"))

@@ -94,3 +94,13 @@ def test_export_table_is_honoured_in_json_too(tmp_path: Path) -> None:
     out = io.StringIO()
     assert cli.main(["export", str(d)], out=out) == 0
     assert set(json.loads(out.getvalue())) >= {"experiment", "arms", "runs", "requests"}
+
+
+def test_plan_fleet_shows_each_block_s_host() -> None:
+    out = io.StringIO()
+    with redirect_stderr(io.StringIO()):
+        assert cli.main(["plan", "--fleet", "-i", str(REPO / "inventory" / "example-fleet.yml"), "--repeats", "4"],
+                        out=out) == 0
+    rows = [line.split() for line in out.getvalue().splitlines() if re.match(r"\s+\d+\s+\d+\s+\d{3}-", line)]
+    assert len(rows) == 8 and {r[1]: r[3] for r in rows} == {"1": "gpu-node-1", "2": "gpu-node-2",
+                                                             "3": "gpu-node-3", "4": "gpu-node-1"}
