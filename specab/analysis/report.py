@@ -157,23 +157,34 @@ def _plt():
 
 
 def plot_tok_s(exp: Experiment, st: stats.ExperimentStats) -> bytes:
+    """Each run's tok/s, each arm's median over runs (the Arms table's headline) and the table's 95 % interval, on
+    an axis from zero so a gap of a few percent looks like one."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4))
     for i, a in enumerate(exp.arms):
         s = st.arms[a.name]
         vals = [r["tok_s"] for r in s.per_run if r["tok_s"]]
-        ax.scatter([i] * len(vals), vals, s=14, alpha=.6, color="#57606a", zorder=3)
+        ax.scatter([i] * len(vals), vals, s=14, alpha=.6, color="#57606a", zorder=3,
+                   label="one run" if i == 0 else None)
+        if s.tok_s_run.median:
+            ax.scatter([i + .15], [s.tok_s_run.median], marker="D", s=36, color="#0969da", zorder=5,
+                       label="median over runs" if i == 0 else None)
         if s.tok_s_run.ci and math.isfinite(s.tok_s_run.ci.lo):
-            m = s.tok_s_run.mean
-            ax.errorbar([i + .15], [m], yerr=[[m - s.tok_s_run.ci.lo], [s.tok_s_run.ci.hi - m]], fmt="o",
-                        color="#0969da", capsize=5, zorder=4, label="mean, 95% CI" if i == 0 else None)
+            ax.vlines([i + .15], s.tok_s_run.ci.lo, s.tok_s_run.ci.hi, color="#0969da", lw=2, zorder=4,
+                      label="95% interval (Arms table)" if i == 0 else None)
     ax.set_xticks(range(len(exp.arms)), [a.name for a in exp.arms], rotation=20, ha="right")
+    ax.set_ylim(bottom=0)
     ax.set_ylabel("output tok/s per run (median of requests)")
-    ax.set_title("tok/s per arm: runs and 95% CI over runs")
+    ax.set_title("tok/s per arm: runs, median and 95% interval over runs")
     ax.grid(axis="y", alpha=.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend()
+        _legend_outside(ax)
     return _fig_png(fig)
+
+
+def _legend_outside(ax, **kw: Any) -> None:
+    """The legend to the right of the plot, never over the data."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=7, **kw)
 
 
 def _model_for(exp: Experiment, st: stats.ExperimentStats, baseline: str,
@@ -262,7 +273,7 @@ def plot_baseline_over_time(exp: Experiment, st: stats.ExperimentStats) -> bytes
     ax.set_ylabel("tok/s")
     ax.set_title("runs over time (baseline drift)")
     ax.grid(alpha=.3)
-    ax.legend(fontsize=8)
+    _legend_outside(ax)
     return _fig_png(fig)
 
 
@@ -335,17 +346,24 @@ def plot_gpu_clocks(exp: Experiment, grid: tuple[int, int] | None = PLOT_GRID) -
         ys = {g: np.asarray(v, dtype=float) for g, v in sm.items()}
         bounds = (min(float(v.min()) for v in xs.values()), max(float(v.max()) for v in xs.values()),
                   min(float(v.min()) for v in ys.values()), max(float(v.max()) for v in ys.values()))
-        for g in sorted(ts):
+        same = len(ts) > 1 and len({tuple(np.round(v, 0)) for v in ys.values()}) == 1
+        for g in sorted(ts) if not same else sorted(ts)[:1]:     # identical GPUs: one series, said in its label
             keep = distinct_points(xs[g], ys[g], grid, bounds) if grid else slice(None)
-            ax.plot(xs[g][keep], ys[g][keep], ".", ms=3, label=f"GPU {g}")
+            ax.plot(xs[g][keep], ys[g][keep], ".", ms=3,
+                    label=f"all {len(ts)} GPUs (identical)" if same else f"GPU {g}")
         _shade_windows(ax, exp, t0)
+        from matplotlib.patches import Patch
+        handles, labels = ax.get_legend_handles_labels()
+        handles += [Patch(color="#0969da", alpha=.15), Patch(color="#bf8700", alpha=.15)]
+        labels += [f"measured window, {exp.baseline}", "measured window, other arms"]
         if mx:
-            ax.axhline(mx, color="#57606a", lw=1, ls="--", label="max SM clock")
-        if len(ts) <= 8:
-            ax.legend(fontsize=7, ncol=3)
+            handles.append(ax.axhline(mx, color="#57606a", lw=1, ls="--"))
+            labels.append("max SM clock")
+        if len(ts) <= 8 or same:
+            ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=7)
     else:
         ax.text(.5, .5, "no GPU samples recorded", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("minutes since the first sample (shaded: measured windows)")
+    ax.set_xlabel("minutes since the first sample")
     ax.set_ylabel("SM clock (MHz)")
     ax.set_title("GPU clocks during runs")
     ax.grid(alpha=.3)
@@ -410,7 +428,7 @@ def plot_phases(ph: phases.PhaseReport) -> bytes:
         ax.scatter(names, [s or 0 for s in steps], marker="_", s=900, color="black", zorder=3,
                    label="baseline step")
     ax.set_ylabel("ms per cycle")
-    ax.legend(fontsize=8)
+    _legend_outside(ax, markerscale=0.3)       # the baseline step's bar marker is wide: keep it in its row
     return _fig_png(fig)
 
 

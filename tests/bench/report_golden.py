@@ -1,8 +1,10 @@
-"""Golden reports: three small experiments whose report numbers must not change when the report gets faster.
+"""Golden reports: three small experiments whose report must not change unless its content is changed on purpose.
 
-`tests/bench/data/report_golden/<fixture>.json` and `.md` were written by the report code *before*
-the issue-8 benchmark-5/6 optimisation (commit 30644a9: every GPU sample loaded with its raw_json,
-chunk arrays decoded, the per-line log parser, one plotted point per sample). The test
+`tests/bench/data/report_golden/<fixture>.json` and `.md` are the report these experiments get, as the report code
+last wrote it on purpose: first by the code before the faster loader, log reader and plots (commit 30644a9: every
+GPU sample loaded with its raw_json, chunk arrays decoded, the per-line log parser, one plotted point per sample),
+since then regenerated only where a commit changed the report's content and said so (`git log` of the folder). The
+test
 (`test_report_golden.py`) rebuilds the same experiments and compares today's report with them:
 same sections and text (report.md, byte for byte), same numbers (report.json: stats, spec model,
 doctor findings, summary), same plots (file names and titles).
