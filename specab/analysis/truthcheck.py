@@ -122,11 +122,9 @@ def _check_run(run: Run, summary: dict[str, Any], rows: list[dict[str, Any]]) ->
         follows = rule.follows(int(last), ids or [])
         if draft is not None and steps:
             t = draft.request(int(last), int(n), steps)
-            engine_acc = _engine_accepted(draft, int(last), t, steps)
             q = RequestCheck(row["line"], int(last), int(n), row.get("spec_verify_ct"), t.cycles, follows,
-                             extra.get("spec_accepted_drafts"), engine_acc)
-            r_, c_ = _realized(draft, int(last), t, steps)
-            right, checked = right + r_, checked + c_
+                             extra.get("spec_accepted_drafts"), t.engine_accepted)
+            right, checked = right + t.drafted_accepted, checked + t.proposals_checked(steps)
         else:
             q = RequestCheck(row["line"], int(last), int(n), None, 0, follows, None, 0)
         rc.requests.append(q)
@@ -156,35 +154,6 @@ def _check_run(run: Run, summary: dict[str, Any], rows: list[dict[str, Any]]) ->
             rc.fitted_alpha = None
         rc.realized_alpha = right / checked if checked else None
     return rc, draft
-
-
-def _realized(draft: kt.DraftTruth, last: int, t: kt.RequestTruth, steps: int) -> tuple[int, int]:
-    """(right proposals, proposals checked) along the request's cycles: a cycle checks its hits and, when it
-    stopped short of steps, the miss that stopped it; the last cycle only up to the tokens it could still add."""
-    c, made, right, checked = draft.rule.next(last), 1, 0, 0
-    for acc in t.accepted:
-        right += acc
-        room = t.tokens - made - 1           # drafts that could still become output tokens
-        checked += acc + (1 if acc < steps and acc < room else 0)
-        for _ in range(acc + 1):
-            c = draft.rule.next(c)
-        made += acc + 1
-    return right, checked
-
-
-def _engine_accepted(draft: kt.DraftTruth, last: int, t: kt.RequestTruth, steps: int) -> int:
-    """Accepted drafts as vLLM counts them: every cycle's hits, the last one's too past max_tokens."""
-    if not t.accepted:
-        return 0
-    c = draft.rule.next(last)
-    for acc in t.accepted[:-1]:
-        for _ in range(acc + 1):
-            c = draft.rule.next(c)
-    hits, x = 0, c
-    while hits < steps and x in draft.agree:
-        hits += 1
-        x = draft.rule.next(x)
-    return sum(t.accepted[:-1]) + hits
 
 
 def check(exp: Experiment) -> TruthReport | None:

@@ -69,6 +69,7 @@ class RequestTruth:
     tokens: int                      # output tokens
     cycles: int                      # verify cycles (the prefill token excluded)
     accepted: tuple[int, ...]        # accepted draft tokens per cycle (the bonus token excluded)
+    hits: tuple[int, ...] = ()       # right proposals per cycle, also those past the request's last token
 
     @property
     def accept_len(self) -> float:
@@ -84,6 +85,20 @@ class RequestTruth:
     @property
     def drafted_accepted(self) -> int:
         return sum(self.accepted)
+
+    @property
+    def engine_accepted(self) -> int:
+        """Accepted drafts as vLLM counts them: every cycle's right proposals, the last cycle's past max_tokens too."""
+        return sum(self.accepted[:-1]) + self.hits[-1] if self.hits else 0
+
+    def proposals_checked(self, steps: int) -> int:
+        """Proposals the request's cycles decided on: each cycle's hits and, where it stopped short of steps with room
+        for another token, the miss that stopped it (the last cycle only up to the tokens it could still add)."""
+        made, checked = 1, 0
+        for acc in self.accepted:
+            checked += acc + (1 if acc < steps and acc < self.tokens - made - 1 else 0)
+            made += acc + 1
+        return checked
 
 
 @dataclass(frozen=True)
@@ -108,9 +123,9 @@ class DraftTruth:
         if steps < 1:
             raise ValueError(f"steps must be >= 1 (got {steps})")
         if tokens < 1:
-            return RequestTruth(0, 0, ())
+            return RequestTruth(0, 0, (), ())
         c = self.rule.next(prompt_last)             # the prefill's token
-        made, acc = 1, []
+        made, acc, all_hits = 1, [], []
         while made < tokens:
             hits, x = 0, c
             while hits < steps and x in self.agree:
@@ -121,7 +136,8 @@ class DraftTruth:
                 c = self.rule.next(c)
             made += gained
             acc.append(gained - 1)
-        return RequestTruth(made, len(acc), tuple(acc))
+            all_hits.append(hits)
+        return RequestTruth(made, len(acc), tuple(acc), tuple(all_hits))
 
     def chain_rate(self, steps: int) -> float:
         """The expected accept length (tokens per cycle, bonus included) of a cycle whose start is uniform
