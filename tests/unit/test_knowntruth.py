@@ -98,6 +98,30 @@ def test_the_builder_s_shapes_and_twin_of_a_config() -> None:
         build.parse_draft("medusa:0.9", 0, 0)
 
 
+def _altered(tmp_path: Path, name: str, sql: str) -> Path:
+    """A copy of the H200 run's store with one statement applied (a fault planted in real data)."""
+    d = tmp_path / name
+    d.mkdir()
+    shutil.copy(MAIN / "results.sqlite", d / "results.sqlite")
+    with sqlite3.connect(d / "results.sqlite") as c:
+        c.execute(sql)
+    return d
+
+
+def _caveats(d: Path) -> list[str]:
+    """What the driver prints beside the verdict for the experiment in `d`."""
+    import io
+    from specab.driver import session
+    from specab.results import store as st
+    out = io.StringIO()
+    s = st.Store.open(d)
+    try:
+        session.print_verdict_caveats(d, s, out)
+    finally:
+        s.close()
+    return out.getvalue().splitlines()
+
+
 def _load(src: Path, tmp_path: Path) -> model.Experiment:
     d = tmp_path / src.name
     d.mkdir()
@@ -170,12 +194,8 @@ def test_the_doctor_names_each_constructed_cause_and_only_it(tmp_path: Path) -> 
 
 def test_a_broken_measurement_chain_is_an_error_not_a_warning(tmp_path: Path) -> None:
     """One request's engine count off by one (a client or an engine that miscounts): the doctor's error."""
-    d = tmp_path / "broken"
-    d.mkdir()
-    shutil.copy(MAIN / "results.sqlite", d / "results.sqlite")
-    with sqlite3.connect(d / "results.sqlite") as c:
-        seq = c.execute("SELECT seq FROM runs WHERE run_id='003-eagle3-s3-k1-d4'").fetchone()[0]
-        c.execute("UPDATE requests SET spec_verify_ct = spec_verify_ct + 1 WHERE seq=? AND line=3", (seq,))
+    d = _altered(tmp_path, "broken", "UPDATE requests SET spec_verify_ct = spec_verify_ct + 1 WHERE seq=(SELECT seq "
+                                     "FROM runs WHERE run_id='003-eagle3-s3-k1-d4') AND line=3")
     e = model.load_store(d)
     found = [f for f in doctor.diagnose(e) if f.rule == "known-truth-mismatch"]
     assert len(found) == 1 and found[0].severity == "error" and found[0].runs == ["003-eagle3-s3-k1-d4"]
@@ -193,40 +213,14 @@ def test_a_twin_of_llama_8b_gives_the_break_even_per_steps(tmp_path: Path) -> No
 
 def test_the_console_puts_the_doctor_s_error_beside_the_verdict(tmp_path: Path) -> None:
     """What the driver prints after the table: the error that invalidates the verdict, not only the report."""
-    import io
-    from specab.driver import session
-    from specab.results import store as st
-    d = tmp_path / "broken"
-    d.mkdir()
-    shutil.copy(MAIN / "results.sqlite", d / "results.sqlite")
-    with sqlite3.connect(d / "results.sqlite") as c:
-        c.execute("UPDATE requests SET spec_verify_ct = spec_verify_ct - 1 WHERE line=2")
+    d = _altered(tmp_path, "broken", "UPDATE requests SET spec_verify_ct = spec_verify_ct - 1 WHERE line=2")
     report.write_report(d)
-    out = io.StringIO()
-    s = st.Store.open(d)
-    try:
-        session.print_verdict_caveats(d, s, out)
-    finally:
-        s.close()
-    lines = out.getvalue().splitlines()
+    lines = _caveats(d)
     assert lines[0].startswith("DOCTOR ERROR known-truth-mismatch (eagle3-s") and "measurement chain is broken" in lines[0]
     assert sum(line.startswith("DOCTOR ERROR known-truth-mismatch") for line in lines) == 3      # one per EAGLE-3 arm
     assert lines[-1].startswith("doctor: arms-not-like-for-like:")
 
 
 def test_a_baseline_only_experiment_says_there_is_nothing_to_compare(tmp_path: Path) -> None:
-    import io
-    from specab.driver import session
-    from specab.results import store as st
-    d = tmp_path / "only-baselines"
-    d.mkdir()
-    shutil.copy(MAIN / "results.sqlite", d / "results.sqlite")
-    with sqlite3.connect(d / "results.sqlite") as c:
-        c.execute("UPDATE arms SET baseline = name")
-    out = io.StringIO()
-    s = st.Store.open(d)
-    try:
-        session.print_verdict_caveats(d, s, out)
-    finally:
-        s.close()
-    assert out.getvalue().startswith("nothing to compare: every arm is a baseline")
+    d = _altered(tmp_path, "only-baselines", "UPDATE arms SET baseline = name")
+    assert _caveats(d)[0].startswith("nothing to compare: every arm is a baseline")
