@@ -371,7 +371,7 @@ def record_history(store: st.Store, exp_dir: Path, out: TextIO) -> None:
     if recorded is None:
         return
     try:
-        for p in history.record(exp_dir.parent, load_store(exp_dir, read_logs=False), recorded[0]):
+        for p in history.record(exp_dir.parent, load_store(exp_dir, read_logs=False), recorded[0], recorded[1]):
             print(f"history: {p}", file=out)
     except Exception as exc:
         print(f"history not written: {type(exc).__name__}: {exc}", file=out)

@@ -110,3 +110,47 @@ def test_plan_on_a_real_node_estimates_from_the_history_it_measured_and_narrows_
            "300.0 s, 6.00 s per request" in text
     est, lo, hi = map(float, re.search(r"expected ([\d.]+) GPU-minutes \(range ([\d.]+)-([\d.]+)\)", text).groups())
     assert lo <= est <= hi and hi / lo < 3         # the profile's prior of one degree of freedom spans >10x
+
+
+def test_a_matrix_sweeps_history_is_the_prior_of_a_later_run_of_one_of_its_arms(tmp_path):
+    """`--matrix steps=1,2` names its arms eagle3-s1-…, eagle3-s2-… and has another fingerprint than the plain
+    experiment, whose arm eagle3-s2 is the same server args: the history matches the pair by content, so the
+    plain experiment's `plan --target-ci` takes the sweep's eagle3-s2 noise and run cost, and not eagle3-s1's."""
+    import math
+
+    import numpy as np
+
+    from specab.analysis import history
+    from specab.analysis.model import Arm, Experiment, Request, Run
+    from specab.config.fingerprint import fingerprint, fingerprint_doc
+    from specab.driver.options import Options, prepare
+
+    sweep = prepare(Options(matrix=["steps=1,2"]))
+    plain = prepare(Options())
+    host = sweep.inventory.hosts[0].name
+    doc = fingerprint_doc(sweep.experiment, sweep.arms)
+    assert fingerprint(doc) != fingerprint(fingerprint_doc(plain.experiment, plain.arms))
+    base, s1, s2 = (a.name for a in sweep.arms)
+    assert s2.startswith("eagle3-s2") and s2 != plain.arms[1].name
+    rng = np.random.default_rng(2)
+    runs = []
+    for b in range(1, 9):           # s1's instances 20 % apart, s2's 3 %: the prior must be s2's alone
+        for arm, mu, sd in ((base, 80.0, 0.0), (s1, 90.0, 0.2), (s2, 100.0, 0.03)):
+            off = rng.normal(0, sd)
+            runs.append(Run(run_id=f"{b}-{arm}", arm=arm, block=b, host=host, gpu_seconds=60.0, requests=[
+                Request(i=k, decode_tok_s=float(mu * math.exp(off + rng.normal(0, 0.005)))) for k in range(8)]))
+    earlier = Experiment(id="sweep-1", arms=[Arm(base), Arm(s1, baseline=base), Arm(s2, baseline=base)], runs=runs)
+    history.record(tmp_path, earlier, fingerprint(doc), doc)
+
+    out = io.StringIO()
+    assert cli.main(["plan", "--target-ci", "2%", "--runs-dir", str(tmp_path)], out=out) == 0
+    text = out.getvalue()
+    assert f"noise (history of {host}: the same arm and baseline in {s2} of sweep-1)" in text
+    sd = float(re.search(r"between instances sd ([\d.]+)%", text).group(1))
+    assert 1.0 < sd < 6.0                       # s2's 3 % instances, not s1's 20 %
+    # without the pair fingerprints (a line written without the document) nothing matches
+    history.path_for(tmp_path, host).unlink()
+    history.record(tmp_path, earlier, fingerprint(doc))
+    out = io.StringIO()
+    assert cli.main(["plan", "--target-ci", "2%", "--runs-dir", str(tmp_path)], out=out) == 0
+    assert "history of" not in out.getvalue()
