@@ -42,7 +42,9 @@ def experiment(port: int, **overrides: Any) -> dict[str, Any]:
         "name": "t",
         "model_path": "/models/Kimi-K2.5-INT4",
         "server_args": {"tp_size": 2, "mem_fraction_static": 0.88, "disable_custom_all_reduce": True,
-                        "trust_remote_code": True, "host": "127.0.0.1", "port": port},
+                        "trust_remote_code": True, "host": "127.0.0.1", "port": port,
+                        # a logical name the simulated SGLang 0.5.23 spells --cuda-graph-max-bs-decode
+                        "max_running_requests": 48, "cuda_graph_max_bs": 48},
         "env": dict(NCCL_ENV),
         "arms": [{"name": "baseline"}, {"name": "eagle3-s2", "server_args": dict(EAGLE3), "env": {}}],
         "bench": {"api": "generate", "num_requests": 2, "warmup_requests": 1, "input_len": 16,
