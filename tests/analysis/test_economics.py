@@ -157,3 +157,25 @@ def test_first_block_without_a_prior_keeps_the_experiments_requests_and_the_plan
     assert (est.design.requests, est.design.blocks) == (chosen.requests, chosen.design.blocks)
     assert est.design.gpu_s_low <= est.design.gpu_s <= est.design.gpu_s_high
 
+
+def test_the_dead_time_prior_is_what_the_h200_known_truth_runs_measured():
+    """DEFAULT_DEAD_S is a measurement, not a guess: the median seconds per phase of the 21 runs of the H200
+    known-truth stores, for every phase that is neither the engine's load nor the measured benchmark."""
+    import sqlite3
+    import statistics
+    from collections import defaultdict
+
+    load_or_bench = {"loading", "loading weights", "capturing graphs", "benchmarking"}
+    per_phase: dict[str, list[float]] = defaultdict(list)
+    stores = sorted((REPO_ROOT / "tests" / "fixtures" / "known-truth" / "h200").glob("*/results.sqlite"))
+    runs = set()
+    for path in stores:
+        with sqlite3.connect(f"file:{path}?immutable=1", uri=True) as c:     # writes no -wal/-shm beside it
+            for seq, phase, d in c.execute("SELECT seq, phase, duration_s FROM run_phases"):
+                runs.add((path, seq))
+                if phase not in load_or_bench:
+                    per_phase[phase].append(d)
+    assert len(stores) == 3 and len(runs) == 21
+    measured = sum(statistics.median(v) for v in per_phase.values())
+    assert abs(measured - economics.DEFAULT_DEAD_S) < 0.1, (measured, {k: statistics.median(v)
+                                                                        for k, v in per_phase.items()})
