@@ -2,7 +2,7 @@
 `--resume`, plus the subcommands other modules register (`parse-log`, `model`, `report`, `diff`).
 
 Exit codes: 0 all runs ok, 1 some run failed, 2 bad input (refused before any node is touched),
-130 interrupted (finished runs kept; resume with --resume).
+130 interrupted (finished runs kept; resume with --resume), 141 the reader of the output went away (`| head`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from specab.config.inventory import load_inventory
 from specab.config.matrix import MatrixError
 from specab.config.yamlfile import ConfigError
 from specab.driver import design_inputs, fleet, preflight, session
-from specab.driver.options import EXIT_INTERRUPTED, EXIT_USAGE, ExperimentError, Options, prepare
+from specab.driver.options import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, ExperimentError, Options, prepare
 from specab.driver.lease import lease_states
 from specab.driver.remote import status_all
 from specab.driver.render import render_arm
@@ -484,8 +484,9 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:     # `driver.py plan | head`: the reader has gone; nothing to say to it
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_USAGE
+        if out is sys.stdout:   # the interpreter's last flush of stdout would fail again, and say so
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except (NotADirectoryError, FileExistsError) as exc:     # --runs-dir (or a folder above it) is a file
         print(f"error: {exc.filename or exc}: a file stands where a directory is needed. Give --runs-dir a "
               f"directory (or remove the file).", file=sys.stderr)
