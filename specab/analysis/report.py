@@ -298,9 +298,13 @@ def distinct_points(x, y, grid: tuple[int, int] = PLOT_GRID, bounds=None):
     return np.sort(first)
 
 
-def _shade_windows(ax, exp: Experiment, t0: float) -> None:
+BASELINE_WINDOW, OTHER_WINDOW = "#0969da", "#bf8700"      # the measured windows' shading: baseline, other arms
+
+
+def _shade_windows(ax, exp: Experiment, t0: float) -> set[str]:
     """Each run's measured window as a full-height band (blue: baseline), as axvspan draws it, but drawn as one
-    collection per colour: 1,000 axvspan patches cost ~0.7 s to add and draw, a collection ~0.05 s."""
+    collection per colour: 1,000 axvspan patches cost ~0.7 s to add and draw, a collection ~0.05 s. Returns the
+    colours drawn (the legend explains those, and only those)."""
     from matplotlib.collections import PatchCollection
     from matplotlib.patches import Rectangle
     bands: dict[str, list[Rectangle]] = {}
@@ -309,7 +313,8 @@ def _shade_windows(ax, exp: Experiment, t0: float) -> None:
         w = r.window
         if w:
             x0, x1 = (w[0] - t0) / 60, (w[1] - t0) / 60
-            bands.setdefault("#0969da" if r.arm == exp.baseline else "#bf8700", []).append(Rectangle((x0, 0), x1 - x0, 1))
+            bands.setdefault(BASELINE_WINDOW if r.arm == exp.baseline else OTHER_WINDOW, []).append(
+                Rectangle((x0, 0), x1 - x0, 1))
             lo, hi = min(lo, x0), max(hi, x1)
     trans = ax.get_xaxis_transform(which="grid")
     for color, rects in bands.items():
@@ -322,6 +327,7 @@ def _shade_windows(ax, exp: Experiment, t0: float) -> None:
     if bands:
         ax.update_datalim([(lo, 0), (hi, 0)], updatey=False)     # x only, as axvspan does
         ax.autoscale_view(scaley=False)
+    return set(bands)
 
 
 def plot_gpu_clocks(exp: Experiment, grid: tuple[int, int] | None = PLOT_GRID) -> bytes:
@@ -347,20 +353,27 @@ def plot_gpu_clocks(exp: Experiment, grid: tuple[int, int] | None = PLOT_GRID) -
         bounds = (min(float(v.min()) for v in xs.values()), max(float(v.max()) for v in xs.values()),
                   min(float(v.min()) for v in ys.values()), max(float(v.max()) for v in ys.values()))
         same = len(ts) > 1 and len({tuple(np.round(v, 0)) for v in ys.values()}) == 1
+        named = same or len(ts) <= 8          # more GPUs than that get one legend line, not one each
         for g in sorted(ts) if not same else sorted(ts)[:1]:     # identical GPUs: one series, said in its label
             keep = distinct_points(xs[g], ys[g], grid, bounds) if grid else slice(None)
-            ax.plot(xs[g][keep], ys[g][keep], ".", ms=3,
-                    label=f"all {len(ts)} GPUs (identical)" if same else f"GPU {g}")
-        _shade_windows(ax, exp, t0)
+            label = f"all {len(ts)} GPUs (identical)" if same else f"GPU {g}" if named else None
+            ax.plot(xs[g][keep], ys[g][keep], ".", ms=3, label=label)
+        shaded = _shade_windows(ax, exp, t0)
+        from matplotlib.lines import Line2D
         from matplotlib.patches import Patch
         handles, labels = ax.get_legend_handles_labels()
-        handles += [Patch(color="#0969da", alpha=.15), Patch(color="#bf8700", alpha=.15)]
-        labels += [f"measured window, {exp.baseline}", "measured window, other arms"]
+        if not named:
+            handles.append(Line2D([], [], ls="", marker=".", color="#57606a"))
+            labels.append(f"{len(ts)} GPUs, one colour each")
+        for color, what in ((BASELINE_WINDOW, f"measured window, {exp.baseline}"),
+                            (OTHER_WINDOW, "measured window, other arms")):
+            if color in shaded:
+                handles.append(Patch(color=color, alpha=.15))
+                labels.append(what)
         if mx:
             handles.append(ax.axhline(mx, color="#57606a", lw=1, ls="--"))
             labels.append("max SM clock")
-        if len(ts) <= 8 or same:
-            ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=7)
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=7)
     else:
         ax.text(.5, .5, "no GPU samples recorded", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("minutes since the first sample")
