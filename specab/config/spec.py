@@ -279,6 +279,11 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
     if "api" in bench and bench["api"] not in BENCH_APIS:
         raise ConfigError(f"{where}{key_line(root, base + ('bench', 'api'))}: bench.api must be one of "
                           f"{', '.join(sorted(BENCH_APIS))}, got {bench['api']!r}.")
+    if "max_tokens" in bench:
+        # one length setting, not two that could disagree: the client asks each request for output_len tokens
+        raise ConfigError(f"{where}{key_line(root, base + ('bench', 'max_tokens'))}: bench.max_tokens is not a "
+                          f"setting: the tokens each request asks for are bench.output_len (sent as max_new_tokens / "
+                          f"max_tokens). Move the value to bench.output_len and remove bench.max_tokens.")
     if "phase_timing" in bench and bench["phase_timing"] not in PHASE_TIMING_VALUES:
         raise ConfigError(f"{where}{key_line(root, base + ('bench', 'phase_timing'))}: bench.phase_timing must be "
                           f"auto, true or false, got {bench['phase_timing']!r}.")

@@ -29,6 +29,9 @@ CASES = [
      r"exp.yml:\d+:\d+: bench.num_requests must be an integer of at least 1, got 0."),
     ("output_len 0", lambda t: ["plan", "-e", experiment(t, r"output_len: \d+", "output_len: 0")],
      r"bench.output_len must be an integer of at least 1, got 0."),
+    ("max_tokens given", lambda t: ["plan", "-e", experiment(t, r"output_len: \d+", "output_len: 64\n    max_tokens: 32")],
+     r"exp.yml:\d+:\d+: bench.max_tokens is not a setting: the tokens each request asks for are bench.output_len .* "
+     r"Move the value to bench.output_len and remove bench.max_tokens."),
     ("--repeats 5 --max-repeats 2", lambda t: ["plan", "--repeats", "5", "--max-repeats", "2", "--target-ci", "2%"],
      r"--max-repeats 2 is below --repeats 5: --repeats blocks always run .* Give --max-repeats >= 5"),
     ("-e and -i swapped", lambda t: ["plan", "-e", str(REPO / "inventory" / "local.yml"),
