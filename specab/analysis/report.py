@@ -25,7 +25,7 @@ from specab.analysis import phases
 from specab.analysis import specmodel
 from specab.analysis import stats
 from specab.analysis import truthcheck
-from specab.analysis.model import Experiment, gc_paused, load_store
+from specab.analysis.model import Experiment, bench_concurrency, gc_paused, load_store, tok_s_meaning
 from specab.results.locate import NotFound, locate
 from specab.analysis.subcommand import standalone_main
 
@@ -647,9 +647,13 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                      _f(s.tok_s_request_median), _f(s.ttft_s.median and s.ttft_s.median * 1000),
                      _f(s.tpot_s.median and s.tpot_s.median * 1000, ".2f"), _f(s.e2e_s.median, ".2f"), acc,
                      "-" if s.cuda_graph_share is None else f"{s.cuda_graph_share:.0%}"])
-    rep.add(Heading("Arms"), Table(["arm", "runs", "requests", "tok/s median (runs)", "tok/s mean", "95% CI",
-                                    "tok/s median (requests)", "TTFT ms", "TPOT ms", "e2e s", "accept length",
-                                    "cuda graph share"], rows))
+    rep.add(Heading("Arms"))
+    conc = bench_concurrency(exp.meta.get("config") if isinstance(exp.meta, dict) else None)
+    if conc > 1:
+        rep.add(Para(f"tok/s = {tok_s_meaning(conc)}."))
+    rep.add(Table(["arm", "runs", "requests", "tok/s median (runs)", "tok/s mean", "95% CI",
+                   "tok/s median (requests)", "TTFT ms", "TPOT ms", "e2e s", "accept length", "cuda graph share"],
+                  rows))
 
     # speedups
     rows = []
@@ -689,10 +693,16 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                              _f(a.baseline_step_ms, ".2f") + (f" (timer {a.baseline_step_measured_ms:.2f})"
                                                               if a.baseline_step_measured_ms else ""),
                              _f(a.tau_star(), ".2f"), f"{a.consistency:.0%}"])
+            batched = {name: a.batch for name, a in ph.arms.items() if a.batch > 1.05}
             rep.add(Para("ms per cycle from the engine's device timer (sglang:forward_execution_seconds_total by "
-                         "category over the measured window / verify calls); other = implied cycle (tau / tok/s) "
+                         "category over the measured window / verify passes); other = implied cycle (tau / tok/s) "
                          "minus the measured phases; means with 95% intervals over runs. The baseline step is "
-                         "1000 / tok/s (its device-timer decode ms per step where measured)."),
+                         "1000 / tok/s (its device-timer decode ms per step where measured)."
+                         + ("" if not batched else
+                            " A verify pass served several requests at once (" + ", ".join(
+                                f"{n}: {b:.1f} per pass" for n, b in batched.items()) + "): each phase is the whole "
+                            "batched pass, the cycle each request waited for, and other includes the prefills of "
+                            "arriving requests that paused the batch.")),
                     Table(["arm", "runs", "draft ms", "draft-extend ms", "verify ms", "other ms", "cycle ms",
                            "verify share", "graph share of verify", "baseline step ms", "tau*", "measured / cycle"],
                           rows))

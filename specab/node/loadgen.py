@@ -55,8 +55,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 if __package__:                 # imported as specab.node.loadgen (the controller, tests)
-    from specab.node import engines, phasemetrics
+    from specab.node import dataset, engines, phasemetrics
 else:                           # a sibling script in <node_dir>/bin
+    import dataset  # type: ignore[no-redef]
     import engines  # type: ignore[no-redef]
     import phasemetrics  # type: ignore[no-redef]
 
@@ -176,24 +177,33 @@ def known_truth_of(run_dir: str) -> Optional[Dict[str, Any]]:
 # request bodies and chunk decoding
 
 
-def build_body(api: str, prompt: Any, output_len: int, model: Optional[str]) -> Dict[str, Any]:
-    """A streaming request; ``prompt`` is text, or a list of token ids (generate: input_ids; completions: prompt)."""
+def build_body(api: str, prompt: Any, output_len: int, model: Optional[str],
+               ignore_eos: bool = True) -> Dict[str, Any]:
+    """A streaming request; ``prompt`` is text, a list of token ids (generate: input_ids; completions: prompt) or a
+    dataset record ({"prompt": text} or, chat only, {"messages": [...]}, sent as they are so the engine applies the
+    model's chat template). ``ignore_eos``: every answer runs to ``output_len`` (True) or ends at the model's end."""
+    if isinstance(prompt, dict):
+        if "messages" in prompt and api != "chat":
+            raise UsageError("a dataset record with \"messages\" needs --api chat (got %s)" % api)
+        prompt = prompt["messages"] if "messages" in prompt else prompt["prompt"]
     if api == "generate":
         return {
             ("input_ids" if isinstance(prompt, list) else "text"): prompt,
-            "sampling_params": {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True},
+            "sampling_params": {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": ignore_eos},
             "stream": True,
         }
     body = {
         "model": model or "default",
         "max_tokens": output_len,
         "temperature": 0.0,
-        "ignore_eos": True,
+        "ignore_eos": ignore_eos,
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }  # type: Dict[str, Any]
     if api == "completions":
         body["prompt"] = prompt
+    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        body["messages"] = prompt
     else:
         body["messages"] = [{"role": "user", "content": prompt}]
     return body
@@ -557,6 +567,8 @@ class BenchConfig:
     timeout: float = 600.0
     model: Optional[str] = None
     phase_metrics: Optional[str] = None     # phase_metrics.json path: scrape /metrics around the measured window
+    dataset: Optional[str] = None           # JSONL prompts (dataset.py); None: the seeded word list (synthetic)
+    ignore_eos: bool = True                 # every answer runs to output_len (False: to the model's own end)
 
     def validate(self) -> None:
         if self.api not in APIS:
@@ -627,7 +639,7 @@ def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: boo
                 i, prompt = jobs.get_nowait()
             except queue.Empty:
                 return
-            body = build_body(cfg.api, prompt, cfg.output_len, cfg.model)
+            body = build_body(cfg.api, prompt, cfg.output_len, cfg.model, cfg.ignore_eos)
             try:
                 before = vllm_spec_metrics(target, cfg.timeout) if per_request_vllm else None
                 rec = run_request(target, cfg.api, body, cfg.timeout, keep_output=kt is not None)
@@ -640,6 +652,8 @@ def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: boo
             except Exception as exc:  # a bug must not lose the other requests' records
                 rec = {"ok": False, "error": "client error: %s: %s" % (type(exc).__name__, exc)}
             out = {"i": i, "warmup": warmup}
+            if isinstance(prompt, dict) and "category" in prompt:
+                out["category"] = prompt["category"]
             out.update(rec)
             recorder.write(out)
 
@@ -660,7 +674,7 @@ def _mean(values: List[float]) -> Optional[float]:
 
 
 def summarize(cfg: BenchConfig, records: List[Dict[str, Any]], duration_s: float,
-              cpu_s: float, data_hash: str) -> Dict[str, Any]:
+              cpu_s: float, data_hash: str, data: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     measured = [r for r in records if not r.get("warmup")]
     ok = [r for r in measured if r.get("ok")]
 
@@ -693,6 +707,9 @@ def summarize(cfg: BenchConfig, records: List[Dict[str, Any]], duration_s: float
         "api": cfg.api, "url": cfg.url, "model": cfg.model, "concurrency": cfg.concurrency,
         "input_len": cfg.input_len, "output_len": cfg.output_len, "seed": cfg.seed,
         "dataset_hash": data_hash,
+        # where the prompts came from: the seeded word list (synthetic) or a file with its sha256
+        "dataset": data or {"kind": "synthetic"},
+        "ignore_eos": cfg.ignore_eos,
         "tokens_from": sorted({str(r.get("tokens_from")) for r in ok}),
     }
 
@@ -809,9 +826,26 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
         cfg.model = discover_model(target, cfg.timeout)
     out_dir = os.path.dirname(os.path.abspath(cfg.out))
     kt = known_truth_of(out_dir)
-    if kt is None:
-        warm_prompts = make_prompts(cfg.seed, "warmup", cfg.warmup, cfg.input_len)  # type: List[Any]
-        prompts = make_prompts(cfg.seed, "measure", cfg.num_requests, cfg.input_len)  # type: List[Any]
+    data = None  # type: Optional[Dict[str, Any]]
+    if cfg.dataset is not None:
+        if kt is not None:
+            raise UsageError("the served model is a known-truth model (%s), which takes token-id prompts: drop "
+                             "bench.dataset" % kt["target"]["path"])
+        try:
+            cfg.dataset = os.path.expanduser(cfg.dataset)
+            records = dataset.load(cfg.dataset)
+        except dataset.DatasetError as exc:
+            raise UsageError(str(exc))
+        if dataset.needs_chat(records) and cfg.api != "chat":
+            raise UsageError("%s holds chat records (\"messages\"): use --api chat" % cfg.dataset)
+        warm_prompts = dataset.sample(records, cfg.seed, "warmup", cfg.warmup)  # type: List[Any]
+        prompts = dataset.sample(records, cfg.seed, "measure", cfg.num_requests)  # type: List[Any]
+        data = {"kind": "file", "path": os.path.abspath(cfg.dataset), "sha256": dataset.sha256_of(cfg.dataset),
+                "records": len(records), "categories": dataset.categories(records)}
+        log("dataset %s: %d record(s)" % (cfg.dataset, len(records)))
+    elif kt is None:
+        warm_prompts = make_prompts(cfg.seed, "warmup", cfg.warmup, cfg.input_len)
+        prompts = make_prompts(cfg.seed, "measure", cfg.num_requests, cfg.input_len)
     else:
         if cfg.api == "chat":
             raise UsageError("the served model is a known-truth model (%s), which takes token-id prompts: use "
@@ -843,7 +877,7 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
             log("phase metrics: %s" % ("categories " + ", ".join(phases["categories"]) if phases.get("available")
                                        else "not available (%s)" % phases.get("reason")))
         after = vllm_spec_metrics(target, cfg.timeout) if before is not None else None
-    summary = summarize(cfg, recorder.records, duration, cpu, data_hash)
+    summary = summarize(cfg, recorder.records, duration, cpu, data_hash, data)
     add_engine_acceptance(summary, before, after)
     if kt is not None:
         summary["known_truth"] = kt
@@ -863,7 +897,11 @@ def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
     ap.add_argument("--num-requests", type=int, default=8, help="measured requests")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up requests (excluded from the summary)")
     ap.add_argument("--input-len", type=int, default=128, help="prompt length in words")
-    ap.add_argument("--output-len", type=int, default=256, help="fixed output tokens (ignore_eos)")
+    ap.add_argument("--output-len", type=int, default=256, help="output tokens asked per request")
+    ap.add_argument("--ignore-eos", choices=("true", "false"), default="true",
+                    help="true: every answer runs to --output-len; false: answers end where the model ends them")
+    ap.add_argument("--dataset", default=None, metavar="FILE",
+                    help="JSONL prompts ({\"prompt\"} or {\"messages\"}, optional \"category\"), drawn with --seed")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="bench.jsonl")
@@ -876,7 +914,7 @@ def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
     return BenchConfig(url=ns.url, api=ns.api, num_requests=ns.num_requests, warmup=ns.warmup,
                        input_len=ns.input_len, output_len=ns.output_len, concurrency=ns.concurrency,
                        seed=ns.seed, out=ns.out, summary=ns.summary, timeout=ns.timeout, model=ns.model,
-                       phase_metrics=ns.phase_metrics)
+                       phase_metrics=ns.phase_metrics, dataset=ns.dataset, ignore_eos=ns.ignore_eos == "true")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

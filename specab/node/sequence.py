@@ -494,6 +494,10 @@ class RunSteps(object):
                        "--phase-metrics", e.path("phase_metrics.json")]
         if b.get("model") is not None:
             client_argv += ["--model", str(b["model"])]
+        if "ignore_eos" in b:           # entries staged before the setting existed: the client's default
+            client_argv += ["--ignore-eos", "true" if b["ignore_eos"] else "false"]
+        if b.get("dataset") is not None:    # <node_dir>/datasets/<name>, copied there by node_prepare
+            client_argv += ["--dataset", str(b["dataset"])]
         self.sampler.release("gpusample.py", ["--smi", json.dumps(e.smi), "--gpus", e.gpus,
                                               "--interval", str(e.sample_interval_s), "--out", "gpu_samples.csv"],
                              e.run_dir, stdout=e.path("gpu_samples.json"), stderr=e.path("gpu_samples.log"))
