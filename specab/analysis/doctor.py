@@ -55,6 +55,8 @@ class DoctorConfig:
     drift_min_change: float = 0.02              # a baseline trend beyond noise that moved at least this much
     outlier_rel: float = 0.05                   # a run this much off its siblings' median ...
     outlier_mads: float = 4.0                   # ... and this many robust sd
+    cycle_spread: float = 0.15                  # spec arm: cycle p90/p10 within a run, or run medians, beyond 1 + this
+    baseline_steady: float = 0.05               # ... while the baseline's step stays within 1 + this
 
 
 @dataclass
@@ -508,6 +510,78 @@ def instance_outlier(exp: Experiment, ctx: Context) -> list[Finding]:
     return out
 
 
+def _cycle_ms(q) -> float | None:
+    """A speculative request's mean verify cycle: its decode time (after the first token) over its verify passes.
+    The cycle's duration does not depend on how many drafts it accepted, so it is a pure timing quantity."""
+    if not q.ok or q.warmup or not q.spec_verify_ct or q.e2e_s is None or q.ttft_s is None:
+        return None
+    return (q.e2e_s - q.ttft_s) / q.spec_verify_ct * 1e3
+
+
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    """(p10, median, p90) of ``values`` (at least two)."""
+    deciles = statistics.quantiles(values, n=10, method="inclusive")
+    return deciles[0], statistics.median(values), deciles[-1]
+
+
+def cycle_time_unstable(exp: Experiment, ctx: Context) -> list[Finding]:
+    """A speculative arm whose verify cycle took different times at the same settings (within runs, in stretches
+    of requests, or between its server instances) while its baseline's decode step held steady: the time is not
+    the GPU's work, which the baseline shares, but the host's. A speculative loop meets the CPU every cycle
+    (accepting drafts, scheduling the next), so the host's CPU speed and neighbours set its pace; that variation
+    is what widens such an arm's interval, and more requests per run cannot remove it."""
+    spread = 1 + ctx.config.cycle_spread
+    out = []
+    for a in exp.spec_arms:
+        base_steps = {r.run_id: [q.tpot_s * 1e3 for q in r.requests if q.ok and not q.warmup and q.tpot_s]
+                      for r in exp.runs_of(exp.baseline_of(a.name))}
+        base_steps = {k: v for k, v in base_steps.items() if len(v) >= 2}
+        if not base_steps:
+            continue
+        base_meds = [statistics.median(v) for v in base_steps.values()]
+        base_worst = max(max(p90 / p10 for p10, _, p90 in [_spread(v)]) for v in base_steps.values())
+        if base_worst > 1 + ctx.config.baseline_steady or max(base_meds) / min(base_meds) > 1 + ctx.config.baseline_steady:
+            continue        # the baseline moves too: a node-wide cause, not the speculative loop's
+        runs = {r.run_id: [c for c in map(_cycle_ms, r.requests) if c is not None] for r in exp.runs_of(a.name)}
+        runs = {k: v for k, v in runs.items() if len(v) >= 2}
+        if not runs:
+            continue
+        stats_of = {k: _spread(v) for k, v in runs.items()}
+        meds = [m for _, m, _ in stats_of.values()]
+        within = {k: p90 / p10 for k, (p10, _, p90) in stats_of.items()}
+        between = max(meds) / min(meds)
+        if max(within.values()) <= spread and between <= spread:
+            continue
+        fastest = min(min(v) for v in runs.values())
+        slow_share = sum(c > fastest * spread for v in runs.values() for c in v) / sum(len(v) for v in runs.values())
+        clocks = [s.sm_mhz / s.max_sm_mhz for r in exp.runs_of(a.name) for s in r.gpu_samples
+                  if s.sm_mhz and s.max_sm_mhz and (s.util_pct or 0) > 0]
+        clock_text = ("" if not clocks else ", and its GPU ran at its maximum clock under load" if min(clocks) >= 0.99
+                      else f", and its GPU ran at {min(clocks):.0%}-{max(clocks):.0%} of its maximum clock under load")
+        where = []
+        if max(within.values()) > spread:
+            where.append(f"within a run by up to {max(within.values()) - 1:.0%} (cycle p90 / p10)")
+        if between > spread:
+            where.append(f"between its server instances by {between - 1:.0%} (run medians "
+                         f"{min(meds):.2f}-{max(meds):.2f} ms)")
+        out.append(Finding(
+            "cycle-time-unstable", "warning",
+            f"{a.name}: the speculative cycle took different times at the same settings, "
+            + " and ".join(where) + f"; {slow_share:.0%} of its requests ran more than {spread - 1:.0%} slower than "
+            f"its fastest cycle ({fastest:.2f} ms). Its baseline's decode step stayed within "
+            f"{max(base_worst, max(base_meds) / min(base_meds)) - 1:.1%}{clock_text}: the difference is the host's "
+            f"CPU-side work, which a speculative loop meets every cycle (CPU frequency and idle states, other "
+            f"processes on the server's cores), not the GPU's. This is what widens the arm's interval and more "
+            f"requests per run do not remove it: pin the server to idle cores and a fixed CPU frequency (the "
+            f"`performance` governor), or give the verdict more blocks.",
+            [f"{k}: cycle p10/median/p90 {p10:.2f}/{m:.2f}/{p90:.2f} ms over {len(runs[k])} requests"
+             for k, (p10, m, p90) in stats_of.items()]
+            + [f"baseline step medians: " + ", ".join(f"{k}={v:.3f} ms" for k, v in zip(base_steps, base_meds))],
+            a.name, list(runs)))
+    return out
+
+
+
 def dominant_phase(exp: Experiment, ctx: Context) -> list[Finding]:
     """Name the phase that takes most of each speculative arm's cycle, with its numbers (measured phases)."""
     out = []
@@ -606,6 +680,7 @@ RULES: dict[str, Rule] = {
     "client-bottleneck": client_bottleneck,
     "bursty-delivery": bursty_delivery,
     "instance-outlier": instance_outlier,
+    "cycle-time-unstable": cycle_time_unstable,
     "dominant-phase": dominant_phase,
     "phase-accounting": phase_accounting,
 }

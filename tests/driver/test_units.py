@@ -271,6 +271,9 @@ class _NoOkStore:
     def requests(self):
         return []
 
+    def experiment(self):
+        return {"config": {"bench": {"concurrency": 1}}}
+
     def missing(self):
         return []
 
