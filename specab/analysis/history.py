@@ -136,7 +136,10 @@ def _source(host: str, fingerprint: str, matched: list[tuple[dict[str, Any], str
 def prior(runs_dir: Path, host: str, fingerprint: str, pairs: Iterable[str] = ()) -> design.Components | None:
     """The design's prior from the node's matching history (see the module text for what matches): every matching
     arm's components, pooled by degrees of freedom (the noisiest arm's between-instance variance counts as much as
-    its blocks say). None when nothing matches."""
+    its blocks say), the between-instance variance also with the default one (design.DEFAULT_BETWEEN, its
+    DEFAULT_BETWEEN_DF degrees of freedom), as the design pools its own blocks with a prior: two blocks that happened
+    to agree (an estimate of 0 from one degree of freedom) do not promise a node without instance noise, and the
+    plan's range stays open. None when nothing matches."""
     matched = [(e, n, a) for e, n, a in _matching(runs_dir, host, fingerprint, pairs)
                if isinstance(a.get("components"), dict) and all(
                    isinstance(a["components"].get(k), (int, float)) and math.isfinite(a["components"][k])
@@ -144,12 +147,14 @@ def prior(runs_dir: Path, host: str, fingerprint: str, pairs: Iterable[str] = ()
     if not matched:
         return None
     comps = [a["components"] for _, _, a in matched]
-    b_df = sum(c["between_df"] for c in comps)
+    b_df = sum(c["between_df"] for c in comps) + design.DEFAULT_BETWEEN_DF
     w_df = sum(c["within_df"] for c in comps)
-    between = sum(c["between"] * c["between_df"] for c in comps) / b_df if b_df > 0 else design.DEFAULT_BETWEEN
+    between = (sum(c["between"] * c["between_df"] for c in comps)
+               + design.DEFAULT_BETWEEN * design.DEFAULT_BETWEEN_DF) / b_df
     within = sum(c["within"] * c["within_df"] for c in comps) / w_df if w_df > 0 else 0.0
     return replace(design.Components(between=between, within=within, between_df=b_df, within_df=w_df),
-                   source=_source(host, fingerprint, matched, ""))
+                   source=_source(host, fingerprint, matched, " (its between-instance variance pooled with the "
+                                                                 "default's)"))
 
 
 def run_cost(runs_dir: Path, host: str, fingerprint: str, pairs: Iterable[str] = ()) -> design.RunCost | None:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from specab.analysis import history
+from specab.analysis import design, history
 from specab.analysis.model import Arm, Experiment, Request, Run
 
 
@@ -29,7 +29,8 @@ def test_an_ended_experiment_is_the_next_plans_prior_for_the_same_fingerprint_an
     [written] = history.record(tmp_path, exp, "fp-a")
     assert written == tmp_path / "history" / "gpu-node-1.jsonl"
     prior = history.prior(tmp_path, "gpu-node-1", "fp-a")
-    assert prior is not None and prior.between_df == 29 and "gpu-node-1" in prior.source
+    # 29 blocks' degrees of freedom and the default between-instance variance's one
+    assert prior is not None and prior.between_df == 29 + design.DEFAULT_BETWEEN_DF and "gpu-node-1" in prior.source
     # the two instances' offsets (2 % each) and the requests' noise (1 % each), of the paired log ratio
     assert prior.between == pytest.approx(2 * 0.02 ** 2, rel=0.6)
     assert prior.within == pytest.approx(2 * 0.01 ** 2, rel=0.15)
@@ -47,10 +48,11 @@ def test_the_matching_experiments_pool_by_degrees_of_freedom(tmp_path):
     one, two = (history.entries_of(_exp(np.random.default_rng(s), blocks=n), "fp")["gpu-node-1"]["arms"]["spec"]
                 ["components"] for s, n in ((4, 5), (5, 9)))
     prior = history.prior(tmp_path, "gpu-node-1", "fp")
-    assert prior.between_df == 4 + 8 and "2 earlier experiment(s)" in prior.source
+    assert prior.between_df == 4 + 8 + design.DEFAULT_BETWEEN_DF and "2 earlier experiment(s)" in prior.source
     history.record(tmp_path, _exp(np.random.default_rng(5), "e2", blocks=9), "fp")   # concluded again (resume)
     assert history.prior(tmp_path, "gpu-node-1", "fp") == prior
-    assert prior.between == pytest.approx((one["between"] * 4 + two["between"] * 8) / 12)
+    assert prior.between == pytest.approx((one["between"] * 4 + two["between"] * 8
+                                           + design.DEFAULT_BETWEEN * design.DEFAULT_BETWEEN_DF) / (12 + design.DEFAULT_BETWEEN_DF))
 
 
 def test_an_experiment_of_one_block_leaves_no_line(tmp_path):

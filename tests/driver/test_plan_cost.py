@@ -131,7 +131,8 @@ def test_plan_takes_the_noise_from_this_nodes_history_of_the_same_fingerprint(tm
     out = io.StringIO()
     assert cli.main(["plan", "--target-ci", "2%", "--runs-dir", str(tmp_path)], out=out) == 0
     text = out.getvalue()
-    assert f"noise (history of {host}: 1 earlier experiment(s) with fingerprint {fp})" in text
+    assert f"noise (history of {host}: 1 earlier experiment(s) with fingerprint {fp} (its between-instance " \
+           f"variance pooled with the default's))" in text
     sd = float(re.search(r"between instances sd ([\d.]+)%", text).group(1))
     assert 1.5 < sd < 5.0                       # the history's instances, not the profile's
     # the history of another experiment (another fingerprint) is not this one's prior
@@ -219,7 +220,8 @@ def test_a_matrix_sweeps_history_is_the_prior_of_a_later_run_of_one_of_its_arms(
     out = io.StringIO()
     assert cli.main(["plan", "--target-ci", "2%", "--runs-dir", str(tmp_path)], out=out) == 0
     text = out.getvalue()
-    assert f"noise (history of {host}: the same arm and baseline in {s2} of sweep-1)" in text
+    assert f"noise (history of {host}: the same arm and baseline in {s2} of sweep-1 (its between-instance " \
+           f"variance pooled with the default's))" in text
     sd = float(re.search(r"between instances sd ([\d.]+)%", text).group(1))
     assert 1.0 < sd < 6.0                       # s2's 3 % instances, not s1's 20 %
     # without the pair fingerprints (a line written without the document) nothing matches

@@ -349,7 +349,7 @@ def test_no_library_warning_reaches_the_terminal(tmp_path):
 def test_conclude_appends_the_experiment_to_its_nodes_history(tmp_path, monkeypatch):
     import io as _io
 
-    from specab.analysis import history
+    from specab.analysis import design, history
     from specab.driver import session
     from specab.results import store as st
     from tests.analysis import factory
@@ -369,7 +369,7 @@ def test_conclude_appends_the_experiment_to_its_nodes_history(tmp_path, monkeypa
         assert f"history: {history.path_for(tmp_path / 'runs', host)}" in out.getvalue()
         [entry] = history.read(tmp_path / "runs", host)
         assert entry["fingerprint"] == "fp-of-test" and entry["experiment"] == exp.id
-        assert history.prior(tmp_path / "runs", host, "fp-of-test").between_df == 3
+        assert history.prior(tmp_path / "runs", host, "fp-of-test").between_df == 3 + design.DEFAULT_BETWEEN_DF
 
 
 # ------------------------------------------------------------------ unpacking a fetched run (collect_run.yml)
