@@ -60,6 +60,8 @@ class Request:
     tpot_s: float | None = None
     spec_verify_ct: int | None = None
     accept_len: float | None = None
+    category: str | None = None           # the dataset record's category (None: synthetic or uncategorised)
+    finish_reason: str | None = None      # the engine's: stop (the model's own end) or length (output_len reached)
 
     @classmethod
     def from_json(cls, d: dict) -> "Request":
@@ -173,6 +175,8 @@ class Run:
     engine_tok_s: float | None = None        # the engine's own decode rate over the measured requests (vLLM's
                                              # /metrics histograms, bench_summary engine_decode); descriptive only
     known_truth: dict | None = None          # bench_summary's known_truth: the served models' (specab.knowntruth)
+    workload: dict | None = None             # bench_summary's dataset (kind synthetic, or file with path, sha256,
+                                             # records, categories) and ignore_eos; None: not recorded
 
     @property
     def ok(self) -> bool:
@@ -510,7 +514,17 @@ def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = Non
                client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
                run_dir=run_dir, phase_metrics=_read_json(run_dir / "phase_metrics.json") or None,
                engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary),
-               buffered_requests=int(summary.get("buffered_requests") or 0), time_scale=scale)
+               buffered_requests=int(summary.get("buffered_requests") or 0), time_scale=scale,
+               workload=_workload(summary))
+
+
+def _workload(summary: dict) -> dict | None:
+    """Where the run's prompts came from and whether answers ran past the model's end, as the benchmark client
+    recorded them in bench_summary.json (node/loadgen), or None for a summary without them (an older client)."""
+    data = summary.get("dataset")
+    if not isinstance(data, dict):
+        return None
+    return dict(data, ignore_eos=summary.get("ignore_eos"))
 
 
 def _engine_accept_len(summary: dict) -> float | None:
@@ -733,7 +747,8 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             run_dir=run_dir, error=r.get("failure_reason"), gpu_seconds=_num(r.get("gpu_seconds")),
             engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary),
             buffered_requests=int(summary.get("buffered_requests") or 0),
-            phase_metrics=phase_files.get(r["seq"]), known_truth=summary.get("known_truth")))
+            phase_metrics=phase_files.get(r["seq"]), known_truth=summary.get("known_truth"),
+            workload=_workload(summary)))
     argv = e.get("argv") or []
     scales = sorted({r.time_scale for r in runs})
     return Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",

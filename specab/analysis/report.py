@@ -25,6 +25,7 @@ from specab.analysis import phases
 from specab.analysis import specmodel
 from specab.analysis import stats
 from specab.analysis import truthcheck
+from specab.analysis import workload
 from specab.analysis.model import Experiment, bench_concurrency, gc_paused, load_store, tok_s_meaning
 from specab.results.locate import NotFound, locate
 from specab.analysis.subcommand import standalone_main
@@ -594,7 +595,8 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     rep = Report(title=f"specab report: {exp.id}")
     model = _model_for(exp, st, exp.baseline, target_tok_s)
 
-    # summary
+    # summary: what was measured, then the verdicts
+    rep.summary.append(f"Workload: {workload.label(exp)}.")
     for a in exp.spec_arms:
         sp = st.speedups[a.name]
         rep.summary.append(f"{a.name} vs {sp.baseline}: {sp.verdict} over {len(sp.ratios)} paired block(s).")
@@ -654,6 +656,8 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     rep.add(Table(["arm", "runs", "requests", "tok/s median (runs)", "tok/s mean", "95% CI",
                    "tok/s median (requests)", "TTFT ms", "TPOT ms", "e2e s", "accept length", "cuda graph share"],
                   rows))
+
+    lengths, cats = _workload_blocks(rep, exp)
 
     # speedups
     rows = []
@@ -762,8 +766,46 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     rep.data = {"stats": st.to_dict(), "model": model.to_dict() if model else None,
                 "models": {b: m.to_dict() if m else None for b, m in models.items()}, "phases": ph.to_dict(),
                 "findings": [f.to_dict() for f in findings], "summary": rep.summary, "cost": spent.to_dict(),
-                "known_truth": truth.to_dict() if truth is not None else None}
+                "known_truth": truth.to_dict() if truth is not None else None,
+                "workload": {"label": workload.label(exp), "ignore_eos": workload.ignore_eos(exp),
+                             "lengths": {r.arm: r.to_dict() for r in lengths},
+                             "categories": {a: [r.to_dict() for r in rows] for a, rows in cats.items()}}}
     return rep
+
+
+def _speedup_cell(row: workload.CategoryRow) -> str:
+    if row.speedup is None:
+        return "-"
+    if row.ci is None:
+        return f"{row.speedup:.3f} (interval: none, {len(row.ratios)} block)"
+    return f"{row.speedup:.3f} ({row.ci.lo:.3f}-{row.ci.hi:.3f}, {len(row.ratios)} blocks)"
+
+
+def _workload_blocks(rep: Report, exp: Experiment
+                     ) -> tuple[list[workload.Lengths], dict[str, list[workload.CategoryRow]]]:
+    """The section "Workload and output lengths": the answers' real lengths per arm with what they mean for the
+    accept length, and per category of a dataset a table per arm compared with a baseline."""
+    lengths = [workload.lengths(exp, a.name) for a in exp.arms]
+    rep.add(Heading("Workload and output lengths"), Para(f"Workload: {workload.label(exp)}."),
+            Table(["arm", "requests", "output tokens median", "p10-p90", "finish: stop", "finish: length",
+                   "finish: not recorded"],
+                  [[r.arm, str(r.requests), _f(r.median, ".0f"),
+                    "-" if r.p10 is None else f"{r.p10:.0f}-{r.p90:.0f}", str(r.stopped), str(r.length),
+                    str(r.unknown)] for r in lengths]),
+            Para(workload.length_note(exp, lengths)))
+    cats = {a.name: workload.category_rows(exp, a.name) for a in exp.spec_arms}
+    cats = {a: rows for a, rows in cats.items() if rows}
+    for arm, rows in cats.items():
+        rep.add(Heading(f"Per category: {arm} vs {rows[0].baseline}", 3),
+                Table(["category", "requests", "accept length median", "accept length mean (per request)",
+                       "decode tok/s median", "baseline tok/s median", "speedup (95% CI over blocks)"],
+                      [[r.category, str(r.requests), _f(r.accept_len_median, ".2f"), _f(r.accept_len_mean, ".2f"),
+                        _f(r.tok_s_median), _f(r.baseline_tok_s_median), _speedup_cell(r)] for r in rows]))
+    if cats:
+        rep.add(Para("Per category: each block's ratio is the arm's median decode tok/s over the category's "
+                     "requests divided by the baseline's in the same block; the speedup is their geometric mean, "
+                     "with a 95% interval over blocks where there are two or more."))
+    return lengths, cats
 
 
 def _write(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None) -> tuple[dict[str, str], Report]:

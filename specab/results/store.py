@@ -585,7 +585,10 @@ class Store:
     # Lean readers for the analysis of large experiments (docs/performance.md, benchmarks 5 and 6): tuples
     # of the columns it uses, streamed from the cursor. The chunk arrays, extra_json and the GPU samples'
     # raw_json are not decoded (a 1,000-run experiment has ~330,000 GPU-sample rows).
-    REQUEST_ROW = ("seq",) + REQUEST_FIELDS
+    # plus the keys of extra_json the analysis reads: a dataset request's category (loadgen copies it from the
+    # record) and the engine's finish reason (stop: the model ended the answer; length: output_len was reached)
+    REQUEST_EXTRAS = ("category", "finish_reason")
+    REQUEST_ROW = ("seq",) + REQUEST_FIELDS + REQUEST_EXTRAS
     GPU_SAMPLE_ROW = ("seq", "ts", "gpu", "sm_clock_mhz", "max_sm_clock_mhz", "mem_clock_mhz", "util_pct",
                       "power_w", "temp_c", "throttle_reasons", "host", "uuid")
 
@@ -595,9 +598,21 @@ class Store:
         return cur.execute(sql)
 
     def request_rows(self, include_warmup: bool = True) -> Iterator[tuple[Any, ...]]:
-        """Request records as tuples in REQUEST_ROW order (warmup and ok as 0/1), ordered like requests()."""
-        yield from self._tuples(f"SELECT {', '.join(self.REQUEST_ROW)} FROM requests"
-                                + ("" if include_warmup else " WHERE warmup=0") + " ORDER BY seq, host, line")
+        """Request records as tuples in REQUEST_ROW order (warmup and ok as 0/1), ordered like requests(); the
+        REQUEST_EXTRAS read from extra_json (None where a record had no such key)."""
+        cols = ", ".join(("seq",) + REQUEST_FIELDS)
+        tail = " FROM requests" + ("" if include_warmup else " WHERE warmup=0") + " ORDER BY seq, host, line"
+        extras = ", ".join(f"json_extract(extra_json, '$.{k}')" for k in self.REQUEST_EXTRAS)
+        try:
+            cur = self._tuples(f"SELECT {cols}, {extras}{tail}")
+        except sqlite3.OperationalError as exc:       # an SQLite built without JSON1: decode here
+            if "json_extract" not in str(exc):
+                raise
+            for row in self._tuples(f"SELECT {cols}, extra_json{tail}"):
+                extra = json.loads(row[-1]) if row[-1] else {}
+                yield row[:-1] + tuple(extra.get(k) for k in self.REQUEST_EXTRAS)
+            return
+        yield from cur
 
     def gpu_sample_rows(self) -> Iterator[tuple[Any, ...]]:
         """GPU samples with a timestamp as tuples in GPU_SAMPLE_ROW order, by seq and then as inserted (the CSV's
