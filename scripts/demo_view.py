@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`make demo`'s view of ab_test.yml: the whole Ansible output goes to a log file, the terminal gets one line
-per arm step, any failure in full, and the results table as plain text (issue 20, item 7).
+per arm step, any failure in full, and the results table as plain text.
 
     ansible-playbook playbooks/ab_test.yml 2>&1 | python3 scripts/demo_view.py runs/demo-ansible.log
 

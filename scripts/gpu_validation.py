@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""specab GPU validation (issues 9 and 10): the roles against real nvidia-smi, real CUDA processes
+"""specab GPU validation: the roles against real nvidia-smi, real CUDA processes
 and real NCCL, with the simulated engine in GPU mode (SPECAB_SIM_GPU=cuda) on localhost.
 
     python3 scripts/gpu_validation.py run [--tp N] [--work DIR] [--time-scale S] [--cpu-sim]
@@ -19,7 +19,7 @@ variables first) does, on one machine, in a work directory:
 6. a foreign CUDA process (started here, not ours): the GPUs-free role refuses and names it, and
    nothing kills it;
 
-With ``--engine real-sglang`` (the real SGLang from the bundle, issue 21): (f) the real engine's readiness,
+With ``--engine real-sglang`` (the real SGLang from the bundle): (f) the real engine's readiness,
 accept length and recorded shutdown, and 7. a short ``driver.py`` run of the same experiment to a report
 (2 blocks, the node's run queue; ``--no-driver`` skips it), checked as (g).
 
@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from specab.node import engines  # noqa: E402  (stdlib only: the engine knowledge, e.g. shutdown styles)
 # engine -> (inventory, experiment): the simulated engine in GPU mode, or the REAL SGLang from the bundle of
-# scripts/real_sglang_bundle.sh (issue 21: docs/validation/sglang-real.md)
+# scripts/real_sglang_bundle.sh (docs/validation/sglang-real.md)
 ENGINES = {
     "sim": (REPO / "inventory" / "gpu-local.yml", REPO / "experiments" / "gpu-validation.yml"),
     "real-sglang": (REPO / "inventory" / "gpu-real-sglang.yml", REPO / "experiments" / "real-sglang.yml"),
@@ -1234,7 +1234,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gpu_validation.py", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the whole validation")
-    r.add_argument("--tp", type=int, default=1, help="tensor-parallel size: GPUs used (1, or 2 for issue 10)")
+    r.add_argument("--tp", type=int, default=1, help="tensor-parallel size: GPUs used (1 or 2)")
     r.add_argument("--work", default=str(REPO / "runs" / ("gpu-validation-" + time.strftime("%Y%m%d-%H%M%S"))))
     r.add_argument("--time-scale", default="4", help="SPECAB_SIM_TIME_SCALE of the engine")
     r.add_argument("--playbook-timeout", type=float, default=420.0,

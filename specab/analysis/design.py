@@ -1,5 +1,5 @@
 """Verdict economics: what a run costs, where the noise comes from, and the design that buys a target
-precision of the paired speedup for the fewest GPU-seconds (issue 19; docs/statistics.md, "Design by cost").
+precision of the paired speedup for the fewest GPU-seconds (docs/statistics.md, "Design by cost").
 
 Pure functions over numbers; the store and the driver feed them. The model, on the log scale of a run's
 value (its median request decode tok/s):
@@ -32,7 +32,7 @@ from specab.analysis.stats import t_ppf
 MEDIAN_VAR_FACTOR = math.pi / 2.0
 # Fewest blocks (= restarts per arm) a design may have. With 3 blocks the between-instance variance has 2
 # degrees of freedom and the t quantile is 4.30; below that (1 df, t = 12.7) no honest interval exists. Three
-# is also today's sequential minimum (specab.analysis.stats.MIN_BLOCKS), so the two designs compare fairly.
+# is also the sequential design's minimum (specab.analysis.stats.MIN_BLOCKS), so the two designs compare fairly.
 MIN_RESTARTS = 3
 # A default prior for the between-instance variance of a block's log ratio when no history exists: two
 # instances each off by 1 % (sd), worth one degree of freedom (the data outweighs it after two blocks).
@@ -424,11 +424,11 @@ def expected_half_width(comps: Components, blocks: int, requests: float, level: 
 # stop of a design that moved the requests per run away from the experiment's is refused when the blocks agree
 # implausibly well for the variance-components model (this experiment's requests + the node's history): when
 # their variance is below the model's by more than chance explains at GATE_ALPHA (a chi-square test with n - 1
-# degrees of freedom). A design that kept the experiment's requests in every block is today's sequential design
-# decision for decision and keeps today's stop (docs/statistics.md, "When to stop").
+# degrees of freedom). A design that kept the experiment's requests in every block is the sequential design
+# decision for decision and keeps the sequential stop (docs/statistics.md, "When to stop").
 MODEL_GATE_BELOW = 4
 # Refusing every early stop the model does not expect (the gate of the first version) cost 4.5-5 % more GPU-minutes
-# than today's design in the instance-dominated regime, where 3 blocks are never expected to suffice; refusing
+# than the sequential design in the instance-dominated regime, where 3 blocks are never expected to suffice; refusing
 # only the implausibly lucky ones (5 %) keeps the coverage (docs/performance.md 3b).
 GATE_ALPHA = 0.05
 

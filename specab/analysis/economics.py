@@ -147,7 +147,7 @@ def decide_block(exp: Experiment, target_rel: float, *, max_blocks: int, keep_re
     hi = max(keep_requests, max_requests)
     if run_cost is None:
         more, why = stats.decide_more_blocks(exp, target_rel, max_blocks, seed=seed)
-        return Decision(more, keep_requests, f"no run cost measured or known yet, today's rule: {why}",
+        return Decision(more, keep_requests, f"no run cost measured or known yet, the sequential rule: {why}",
                         design="sequential")
     steps: dict[str, design.Step | None] = {}
     spent = spend(exp).total
@@ -291,7 +291,7 @@ def first_block(prior: design.Components | None, cost: design.RunCost | None, ta
 @dataclass
 class PlanEstimate:
     """`driver.py plan --target-ci`: what `run --target-ci` will do (the design `chosen`: by cost, the default, or
-    today's sequential rule), and the other design for comparison, both in GPU-minutes with a range. `first`: the
+    the sequential rule), and the other design for comparison, both in GPU-minutes with a range. `first`: the
     design by cost's first block (`first_block`, what `run` starts with); `repeats`: the blocks the sequential
     design runs before it asks for more."""
     design: design.Design
@@ -328,7 +328,7 @@ class PlanEstimate:
             f"{d.arms} arms x {self.cost.gpus} GPUs",
         ]
         seq = [
-            f"  today's sequential design (--design sequential): the --repeats {self.repeats} blocks, then one more "
+            f"  the sequential design (--design sequential): the --repeats {self.repeats} blocks, then one more "
             f"while the interval is wider, the experiment's {self.requests} requests per run in every block, "
             f"{q.blocks} restarts per arm{'' if q.feasible else ' (the cap: target not reached)'}, "
             f"expected {q.gpu_s / 60:.1f} GPU-minutes (range {q.gpu_s_low / 60:.1f}-{q.gpu_s_high / 60:.1f})",
@@ -350,7 +350,7 @@ def plan_estimate(cost: design.RunCost, comps: design.Components, target_rel: fl
                   max_blocks: int, chosen: str = "cost", measured_cost: bool = False,
                   max_requests: int = 400, first: FirstBlock | None = None, repeats: int = 1) -> PlanEstimate:
     """The plan before anything runs: the design by cost from the prior components (`first_design`; where `first`
-    has no design, its requests per run are kept: the run's first block has no prior to move them), and today's
+    has no design, its requests per run are kept: the run's first block has no prior to move them), and the sequential
     fixed-requests design (at least `repeats` blocks at `requests` per run), both within `max_blocks`
     (--max-repeats). The ranges cover the components' uncertainty and, unless the run cost was measured
     (`measured_cost`: the node's history), a dead time from half to twice its estimate."""

@@ -1,4 +1,4 @@
-"""The per-node history of experiments (issue 19): what an earlier experiment on a node measured, as the design's
+"""The per-node history of experiments: what an earlier experiment on a node measured, as the design's
 starting point for the next one with the same fingerprint (docs/statistics.md, "Design by cost").
 
 One JSON-lines file per node under the runs directory, `<runs>/history/<host>.jsonl`, one line per experiment

@@ -74,7 +74,7 @@ def _category(key: str) -> tuple[str, str]:
             return cat, key[len(prefix):] if cat in ("engine", "engine args", "versions", "gpu", "models", "host", "bench") else key
     if key in ("seed", "extra.seed", "bench.seed"):
         return "seed", "seed"
-    if key.startswith("timeouts."):       # the experiment's timeouts (stamped by the driver, issue 20)
+    if key.startswith("timeouts."):       # the experiment's timeouts (stamped by the driver)
         return "timeouts", key[len("timeouts."):]
     if key == "fingerprint":
         return "experiment", key

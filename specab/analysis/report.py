@@ -453,7 +453,7 @@ def stopping_statement(exp: Experiment) -> str | None:
     if exp.target_ci is None:
         return None
     steps = exp.meta.get("design_steps") or []
-    if steps:           # the driver's own decisions (the design by cost's stop rule is not today's alone)
+    if steps:           # the driver's own decisions (the design by cost's stop rule is not the sequential one alone)
         last = steps[-1]
         name = DESIGN_NAMES.get(last["design"], last["design"])
         if last["more"]:
@@ -839,7 +839,7 @@ def write_report(exp_dir: str | Path, *, config: doctor.DoctorConfig | None = No
 
 def _quiet_write(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None) -> Any:
     """`_write` with the libraries' warnings (matplotlib, scipy) kept from the user's terminal: the report
-    itself says what is uncertain (issue 20, item 5)."""
+    itself says what is uncertain."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return _write(exp_dir, config, target_tok_s)

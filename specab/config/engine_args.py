@@ -3,7 +3,7 @@
 One list, used by the matrix grammar and the experiment-file check to refuse a misspelt engine
 argument before any node is touched. A flag is the field name with '_' -> '-' (`tp_size` ->
 `--tp-size`). Aliases that SGLang's argparse also accepts (`tensor_parallel_size`) are listed too.
-The authoritative check is the node's own `<engine> --help` (issue 6, item 14); this list is the
+The authoritative check is the node's own `<engine> --help`; this list is the
 early, offline one. Add a name here when a new SGLang version introduces a flag.
 """
 from __future__ import annotations
@@ -135,7 +135,7 @@ def unknown_message(name: str, where: str) -> str:
             f"or env.{name}=... for an environment variable.")
 
 
-# --------------------------------------------------------------------------- value types (issue 20, item 5)
+# --------------------------------------------------------------------------- value types
 # The type SGLang's argparse gives a known argument, so `mem_fraction_static=abc` is refused offline rather
 # than by the engine after the launch. Bare flags (`store_true`) take true/false (false omits the flag).
 

@@ -1,4 +1,4 @@
-"""The experiment fingerprint (issue 20, item 2): a hash of what makes two runs comparable.
+"""The experiment fingerprint: a hash of what makes two runs comparable.
 
 The resolved experiment: the model, the common server args and env, every resolved arm (its server args
 and env after the experiment's are merged in), the bench settings and the timeouts (specab's defaults

@@ -151,7 +151,7 @@ def resolve_arm(exp: ExperimentSpec, arm: dict[str, Any], baseline: str = "basel
 def phase_timing_on(exp: ExperimentSpec, speculative: bool) -> bool:
     """bench.phase_timing (default roles/specab specab_bench_phase_timing): auto = speculative arms only."""
     if exp.engine != engines.SGLANG:
-        return False        # SGLang's forward-time categories and profiler: vLLM has no such metrics (issue 17)
+        return False        # SGLang's forward-time categories and profiler: vLLM has no such metrics
     mode = exp.bench.get("phase_timing", defaults.get("specab_bench_phase_timing"))
     return speculative if mode == "auto" else bool(mode)
 

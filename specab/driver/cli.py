@@ -94,7 +94,7 @@ def _add_design_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--design", choices=("cost", "sequential"), default="cost",
                    help="with --target-ci: cost (default) = one block at a time, the design by cost choosing each "
                         "block's requests per run and when to stop for the fewest GPU-minutes (docs/statistics.md); "
-                        "sequential = today's rule: --repeats blocks at the experiment's requests per run, then one "
+                        "sequential = the sequential rule: --repeats blocks at the experiment's requests per run, then one "
                         "more while the interval is wider than the target")
     p.add_argument("--max-requests", type=int, default=400, metavar="N",
                    help="with --target-ci and the design by cost: the most measured requests per run it may choose "
@@ -308,7 +308,7 @@ def _cost_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs,
                 f"{requests} requests per run, then after every block the design chooses the next block's requests "
                 "per run from the run cost and noise this experiment measured, and whether to stop"
                 if opts.design == "cost" else
-                f"today's sequential design: {opts.repeats} blocks, then one more while the interval is wider")
+                f"the sequential design: {opts.repeats} blocks, then one more while the interval is wider")
         return [f"--target-ci {target:.1%}: no cost estimate for {host.name}: it is not a simulated node and {known}.",
                 f"what `driver.py run --target-ci` will do: {what}, within --max-repeats {cap}."], None
     comps = inputs.prior or design.Components(design.DEFAULT_BETWEEN, 0.0, design.DEFAULT_BETWEEN_DF, 0.0,
@@ -393,7 +393,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
                       "; ".join(g.processes) or "none", srv if i == 0 else "", arm if i == 0 else "")
     console = Console(file=out, width=160, highlight=False)
     console.print(t)
-    for lz in leases:          # one experiment per node (issue 20): who holds each node, or that it is free
+    for lz in leases:          # one experiment per node: who holds each node, or that it is free
         console.print(lz.text(), markup=False, soft_wrap=True)
     return 0 if all(r.ok for r in rows) else 1
 

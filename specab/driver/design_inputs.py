@@ -1,4 +1,4 @@
-"""What the design by cost starts from on a node (issue 19, docs/statistics.md "Design by cost"): the prior noise
+"""What the design by cost starts from on a node (docs/statistics.md, "Design by cost"): the prior noise
 and the expected run cost, before this experiment has measured its own.
 
 * noise: the node's history of experiments with the same fingerprint or the same arm-baseline pairs

@@ -1,4 +1,4 @@
-"""The experiment's node leases: one experiment per node directory at a time (issue 20, item 1).
+"""The experiment's node leases: one experiment per node directory at a time.
 
 Before anything on a node is touched (the first enqueue or stop), the session takes the lease of every host
 it will use (``specab/node/lease.py``, run over the driver's node access with ``python -c``, so it needs

@@ -42,7 +42,7 @@ class Options:
     target_ci: float | None = None          # relative half-width, e.g. 0.02
     max_repeats: int | None = None
     max_runs: int | None = None         # refuse a plan of more runs (the CLI's --max-runs, default 100)
-    design: Design = "cost"                 # with --target-ci: the design by cost, or today's sequential rule
+    design: Design = "cost"                 # with --target-ci: the design by cost, or the sequential rule
     max_requests: int = 400                 # the most measured requests per run the design by cost may choose
     retry_failed: bool = False
     run_timeout_s: int | None = None

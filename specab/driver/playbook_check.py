@@ -6,7 +6,7 @@ The request (JSON on stdin, written by ab_test.yml's Preflight play on the contr
 ``{"experiment_file": PATH or null, "hosts": {NAME: {host vars}}}``, the host variables being the
 connection and `specab_*` variables Ansible resolved for each host of `gpu_nodes`.
 
-One implementation (issue 20, item 4): the experiment file is loaded and validated by
+One implementation: the experiment file is loaded and validated by
 `specab.config.spec.load_experiment` (unknown keys with "did you mean", types, file:line:col), its arms
 by `specab.config.matrix.build_arms`, and the nodes are asked by `specab.driver.preflight` (engine flags
 from the node's own `--help`, ports already taken). A relative experiment path is resolved from the

@@ -1,4 +1,4 @@
-"""Checks made before the first run of an experiment (issue 6, items 14 and 17).
+"""Checks made before the first run of an experiment.
 
 - Engine flags (item 14): every server argument of every arm is checked against the flags that the
   node's own engine lists in `<engine> --help`, before a model that takes minutes to load is launched.
@@ -6,7 +6,7 @@
   is unchanged); when the version cannot be read the engine is asked every time.
 - Bind address (item 17): servers bind 127.0.0.1 unless the experiment asks for another address;
   then one warning per address is printed (once, however many arms use it).
-- Ports (issue 20, item 5): a port an arm's server would bind that another process already holds on the
+- Ports: a port an arm's server would bind that another process already holds on the
   node fails every run; it is refused before the first one, naming the holder (PID, user, command) with
   the node's own check (`specab/node/start.py`, `check_port`, sent to the node and run there).
 

@@ -1,4 +1,4 @@
-"""The queue executor (issue 8): runs of one host go through the node's sequencer, not one playbook each.
+"""The queue executor: runs of one host go through the node's sequencer, not one playbook each.
 
 `playbooks/enqueue.yml` renders each run's files and queues it on the node; the sequencer
 (`bin/sequence.py`, node side) runs the queued runs back to back with no Ansible task between two runs;

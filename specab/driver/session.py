@@ -72,7 +72,7 @@ def execute(ctx: RunContext, todo: list[PlannedRun]) -> int:
     ctx.progress.start(ctx.exp_id, total, done=done_before)
     interrupted = False
     stopped: SystematicFailure | None = None
-    # every arm failed at start-up for one cause: stop rather than play the rest into it (issue 20, item 5)
+    # every arm failed at start-up for one cause: stop rather than play the rest into it
     fail_fast = FailFast.for_runs({pr.arm for pr in todo})
     with Interrupt() as intr:
         executor = make_executor(ctx, signal_time=lambda: intr.at)
@@ -163,15 +163,15 @@ def node_leases(prepared: Prepared, exp_id: str, out: TextIO) -> NodeLeases:
 
 def check_nodes(prepared: Prepared, out: TextIO) -> list[preflight.EngineFlags]:
     """Read-only checks on the nodes that would otherwise fail every run, before the first one. Returns the
-    engine flag sets the nodes reported (the arms are spelled for them: issue 15)."""
+    engine flag sets the nodes reported (the arms are spelled for them)."""
     def notice(n: str) -> None:
         print(f"notice: {n}", file=out)
     hosts = prepared.inventory.hosts
     # the node's engine lists its flags (read-only, cached per node and engine version): an unknown flag is
-    # refused now rather than after a model load of minutes (issue 6, item 14)
+    # refused now rather than after a model load of minutes
     checked = preflight.check_engine_flags(prepared.arms, hosts, notice=notice,
                                            expected_kind=prepared.experiment.engine)
-    # a port another process holds fails every run at its start (issue 20, item 5); a server over several
+    # a port another process holds fails every run at its start; a server over several
     # hosts binds its HTTP port on the head only
     preflight.check_ports(prepared.arms, hosts[:1] if is_multinode(hosts) else hosts, notice=notice)
     return checked
@@ -221,7 +221,7 @@ def _start(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, out: T
         progress = progress or Progress()
         if first is not None:       # the live projection: what the design expects the whole experiment to cost
             progress.projection(first.gpu_s, first.cost.gpus if first.cost else 1)
-        # stored: the experiment's logical names; launched: the node engine's spelling (issue 15)
+        # stored: the experiment's logical names; launched: the node engine's spelling
         prepared = dataclasses.replace(prepared, arms=preflight.spell_arms(prepared.arms, checked))
         code = _run(prepared, opts, exp_id, exp_dir, store, list(prepared.plan), out, progress,
                     total=len(prepared.plan))
@@ -408,7 +408,7 @@ def conclude(code: int, store: st.Store, exp_dir: Path, out: TextIO) -> int:
     failed = print_summary(store, out)
     print(f"\nexperiment directory: {exp_dir}", file=out)
     if code == EXIT_OK and not store.runs(status="ok"):
-        # nothing measured: a report would be a page of empty tables (issue 20, item 5)
+        # nothing measured: a report would be a page of empty tables
         print("no report: no run finished ok, so there is nothing to compare. The failures above say why; fix "
               "them and run again (or --resume with --retry-failed).", file=out)
         return EXIT_FAILED_RUNS

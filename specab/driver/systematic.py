@@ -1,4 +1,4 @@
-"""Fail fast on systematic failures (issue 20, item 5): when every arm's latest run failed at start-up with
+"""Fail fast on systematic failures: when every arm's latest run failed at start-up with
 the same cause (an env or engine problem that makes every server exit at start), the experiment stops: the
 remaining runs are left not run (a ``--resume`` runs them once the cause is fixed), not played one by one
 into the same failure.

@@ -28,7 +28,7 @@ FILENAME = "results.sqlite"
 PENDING, RUNNING, OK, FAILED, INTERRUPTED = "pending", "running", "ok", "failed", "interrupted"
 DONE_STATUSES = (OK, FAILED)
 
-# Experiment fingerprints (issue 20; additive, schema version unchanged: a store without these tables is read
+# Experiment fingerprints (additive, schema version unchanged: a store without these tables is read
 # as one without fingerprints, and they are created when a session of this specab writes to it).
 FINGERPRINT_SCHEMA = """
 CREATE TABLE IF NOT EXISTS fingerprints (
@@ -43,7 +43,7 @@ CREATE TABLE IF NOT EXISTS run_fingerprints (
 );
 """
 
-# The design's decisions after each block (issue 19; additive like the fingerprints).
+# The design's decisions after each block (additive like the fingerprints).
 DESIGN_SCHEMA = """
 CREATE TABLE IF NOT EXISTS design_steps (
     blocks    INTEGER PRIMARY KEY,          -- blocks started when decided (the latest decision for that count)

@@ -154,10 +154,10 @@ def test_the_experiments_requests_are_kept_unless_the_saving_survives_without_th
 def test_the_early_stop_gate_guards_a_design_that_moved_the_requests_not_todays():
     """Blocks far more alike than the components make plausible, after 3 blocks: refused when the design moved the
     requests per run (its plan of few long runs makes every stop an early one), let through when every block ran
-    the experiment's requests (that is today's sequential design, decision for decision, and its stop)."""
+    the experiment's requests (that is the sequential design, decision for decision, and its stop)."""
     c = design.Components(between=3e-4, within=2e-4, between_df=10, within_df=100)
     assert design.next_step(c, COST, 0.02, [8, 8, 8], 0.005).more                         # no experiment's m given
-    assert not design.next_step(c, COST, 0.02, [8, 8, 8], 0.005, keep_requests=8).more    # today's stop
+    assert not design.next_step(c, COST, 0.02, [8, 8, 8], 0.005, keep_requests=8).more    # the sequential stop
     moved = design.next_step(c, COST, 0.02, [8, 30, 30], 0.005, keep_requests=8)
     assert moved.more and "variance components expect" in moved.why
 

@@ -1,4 +1,4 @@
-"""`driver.py plan --target-ci`: the design by cost and today's design with expected GPU-minutes, before any run."""
+"""`driver.py plan --target-ci`: the design by cost and the sequential design with expected GPU-minutes, before any run."""
 from __future__ import annotations
 
 import io
@@ -16,10 +16,10 @@ def test_plan_with_target_ci_prints_what_run_will_do_and_the_other_design_with_a
     assert "design by cost for --target-ci 2.0%" in text and "simulator profile default" in text
     assert "within --max-repeats 10" in text
     ranges = re.findall(r"expected ([\d.]+) GPU-minutes \(range ([\d.]+)-([\d.]+)\)", text)
-    assert len(ranges) == 2                     # the design by cost (run's default), and today's for comparison
+    assert len(ranges) == 2                     # the design by cost (run's default), and the sequential one for comparison
     for est, lo, hi in ranges:
         assert float(lo) <= float(est) <= float(hi)
-    assert text.index("design by cost") < text.index("for comparison:") < text.index("today's sequential design")
+    assert text.index("design by cost") < text.index("for comparison:") < text.index("the sequential design")
     # the first block's requests per run: what `run` starts with (the same function decides it)
     first = int(re.search(r"the first block with (\d+) measured requests per run", text).group(1))
     assert first >= 1
@@ -27,7 +27,7 @@ def test_plan_with_target_ci_prints_what_run_will_do_and_the_other_design_with_a
     assert cli.main(["plan", "--target-ci", "2%", "--max-repeats", "10", "--design", "sequential"], out=out) == 0
     text = "".join(line for line in out.getvalue().splitlines(keepends=True) if not line.startswith("notice: "))
     assert text.startswith("what `driver.py run --target-ci 2% --design sequential` will do:\n"
-                           "  today's sequential design")
+                           "  the sequential design")
 
 
 ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+|\?)\s+(\d{3}-\S+)\s+(.+)$")
@@ -76,7 +76,7 @@ def test_plan_sequential_shows_the_repeats_now_and_the_blocks_it_expects_to_add(
     assert cli.main(["plan", "--target-ci", "5%", "--design", "sequential", "--repeats", "2", "--max-repeats", "6"],
                     out=out) == 0
     text = out.getvalue()
-    restarts = int(re.search(r"today's sequential design .*?, (\d+) restarts per arm", text).group(1))
+    restarts = int(re.search(r"the sequential design .*?, (\d+) restarts per arm", text).group(1))
     rows = _table(text)
     assert [r[1] for r in rows if r[4] == "now"] == [1, 1, 2, 2] and {r[2] for r in rows} == {"6"}
     assert len(rows) == 2 * max(restarts, 2)
