@@ -61,6 +61,8 @@ else:                           # a sibling script in <node_dir>/bin
     import phasemetrics  # type: ignore[no-redef]
 
 APIS = ("generate", "completions", "chat")
+# the experiment's bench: keys the client reads (a queue entry's bench mapping, resolved on the controller)
+BENCH_KEYS = ("api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed", "timeout_s")
 # A request was delivered in bursts (`buffered`) when more than BUFFERED_SHARE of its tokens after the first came
 # in chunks that followed the previous one within 1/BUFFERED_RATE_RATIO of the request's own time per token, with
 # at least BUFFERED_MIN_TOKENS of them: a CPU-starved API server forwarding what the engine made long before (seen
@@ -544,19 +546,49 @@ def _finish_record(rec: Dict[str, Any], counter: ChunkCounter, e2e: float) -> No
 
 @dataclass
 class BenchConfig:
+    """One benchmark run. The values come from the controller (``specab.config.defaults.bench``: the
+    experiment's ``bench:`` over ``roles/specab``'s defaults); the client has none of its own."""
     url: str
-    api: str = "generate"
-    num_requests: int = 8
-    warmup: int = 2
-    input_len: int = 128
-    output_len: int = 256
-    concurrency: int = 1
-    seed: int = 1
+    api: str
+    num_requests: int
+    warmup: int
+    input_len: int
+    output_len: int
+    concurrency: int
+    seed: int
+    timeout: float
     out: str = "bench.jsonl"
     summary: Optional[str] = "bench_summary.json"
-    timeout: float = 600.0
     model: Optional[str] = None
     phase_metrics: Optional[str] = None     # phase_metrics.json path: scrape /metrics around the measured window
+
+    @classmethod
+    def from_settings(cls, url: str, bench: Dict[str, Any], out: str, summary: Optional[str],
+                      phase_metrics: Optional[str]) -> "BenchConfig":
+        """From a resolved ``bench`` mapping (a queue entry's: every key of ``BENCH_KEYS`` present)."""
+        missing = [k for k in BENCH_KEYS if bench.get(k) is None]
+        if missing:
+            raise UsageError("the bench settings lack %s: the controller resolves every one (experiment bench: "
+                             "over roles/specab defaults) before the run is queued" % ", ".join(missing))
+        return cls(url=url, api=str(bench["api"]), num_requests=int(bench["num_requests"]),
+                   warmup=int(bench["warmup_requests"]), input_len=int(bench["input_len"]),
+                   output_len=int(bench["output_len"]), concurrency=int(bench["concurrency"]),
+                   seed=int(bench["seed"]), timeout=float(bench["timeout_s"]), out=out, summary=summary,
+                   model=None if bench.get("model") is None else str(bench["model"]), phase_metrics=phase_metrics)
+
+    def to_argv(self) -> List[str]:
+        """The client's command line for this config (``parse_args(cfg.to_argv()) == cfg`` when it has a summary)."""
+        argv = ["--url", self.url, "--api", self.api, "--num-requests", str(self.num_requests),
+                "--warmup", str(self.warmup), "--input-len", str(self.input_len), "--output-len", str(self.output_len),
+                "--concurrency", str(self.concurrency), "--seed", str(self.seed), "--timeout", repr(self.timeout),
+                "--out", self.out]
+        if self.summary is not None:
+            argv += ["--summary", self.summary]
+        if self.model is not None:
+            argv += ["--model", self.model]
+        if self.phase_metrics is not None:
+            argv += ["--phase-metrics", self.phase_metrics]
+        return argv
 
     def validate(self) -> None:
         if self.api not in APIS:
@@ -859,16 +891,16 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
 def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
     ap = argparse.ArgumentParser(prog="loadgen", description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
-    ap.add_argument("--api", choices=APIS, default="generate")
-    ap.add_argument("--num-requests", type=int, default=8, help="measured requests")
-    ap.add_argument("--warmup", type=int, default=2, help="warm-up requests (excluded from the summary)")
-    ap.add_argument("--input-len", type=int, default=128, help="prompt length in words")
-    ap.add_argument("--output-len", type=int, default=256, help="fixed output tokens (ignore_eos)")
-    ap.add_argument("--concurrency", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--api", choices=APIS, required=True)
+    ap.add_argument("--num-requests", type=int, required=True, help="measured requests")
+    ap.add_argument("--warmup", type=int, required=True, help="warm-up requests (excluded from the summary)")
+    ap.add_argument("--input-len", type=int, required=True, help="prompt length in words")
+    ap.add_argument("--output-len", type=int, required=True, help="fixed output tokens (ignore_eos)")
+    ap.add_argument("--concurrency", type=int, required=True)
+    ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--out", default="bench.jsonl")
     ap.add_argument("--summary", default="bench_summary.json")
-    ap.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    ap.add_argument("--timeout", type=float, required=True, help="per-request timeout in seconds")
     ap.add_argument("--model", default=None, help="model name for the OpenAI APIs (default: /v1/models)")
     ap.add_argument("--phase-metrics", default=None, metavar="FILE",
                     help="scrape /metrics before and after the measured requests, write the deltas here")

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The node-side run queue ("sequencer"): runs queued runs back to back in one process.
 
-    sequence.py --node-dir D ensure --experiment-id X [--idle-timeout 900]
-                [--smi JSON --gpus G --gpu-free-timeout S --gpu-free-threshold-mib M --stop-grace S]
-    sequence.py --node-dir D reset --experiment-id X
+    sequence.py --node-dir D ensure --experiment-id X --idle-timeout S --lease-s S [--smi JSON]
+                --gpus G --gpu-free-timeout S --gpu-free-threshold-mib M --stop-grace S
+    sequence.py --node-dir D reset --experiment-id X --stop-grace S --gpu-free-timeout S
     sequence.py --node-dir D wait --run-id R --timeout S [--pack TAR [--also R2 ...]]
     sequence.py --node-dir D finish --experiment-id X
     sequence.py --node-dir D stage --experiment-id X [--finish] < batch.json   (enqueue.yml: a batch of runs)
@@ -40,7 +40,15 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import contract  # noqa: E402
+import envcheck  # noqa: E402
+import gpufree  # noqa: E402
+import gpusample  # noqa: E402
+import loadgen  # noqa: E402
+import manifest  # noqa: E402
+import ready  # noqa: E402
 import staging  # noqa: E402
+import start as start_tool  # noqa: E402
+import stop as stop_tool  # noqa: E402
 from common import ToolError, UsageError  # noqa: E402
 
 BIN_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -95,19 +103,6 @@ class RunFailed(Exception):
         self.message = message
 
 
-def tool_module(name: str) -> Any:
-    """A sibling node tool imported as a module (its main() is not run)."""
-    return __import__(name)
-
-
-def tool_args(module: Any, argv: List[str]) -> argparse.Namespace:
-    """Parse a tool's argv with its own parser; bad usage is a bug here, not a user error."""
-    try:
-        return module.parse_args(argv)
-    except SystemExit:
-        raise ToolError("internal error: %s rejected the arguments %r" % (module.__name__, argv))
-
-
 def now() -> float:
     return time.time()
 
@@ -156,7 +151,8 @@ class Entry(object):
         if not os.path.isabs(self.run_dir) or os.path.realpath(self.run_dir) != os.path.realpath(want):
             raise ValueError("queue entry %s: run_dir %r is not this node's run directory %s"
                              % (name, self.run_dir, want))
-        for key in ("experiment_id", "arm", "host", "port", "url", "smi", "python", "bench", "timeouts", "gpu_free"):
+        for key in ("experiment_id", "arm", "host", "port", "url", "smi", "gpus", "python", "bench", "timeouts",
+                    "gpu_free", "sample_interval_s"):
             if key not in data:
                 raise ValueError("queue entry %s lacks %r (see docs/architecture.md, queue entry)" % (name, key))
         if not isinstance(data["smi"], list) or not data["smi"] or not all(isinstance(w, str) for w in data["smi"]):
@@ -166,7 +162,7 @@ class Entry(object):
         self.arm = str(data["arm"])
         self.url = str(data["url"]).rstrip("/")
         self.smi: List[str] = list(data["smi"])
-        self.gpus = str(data.get("gpus") or "all")
+        self.gpus = str(data["gpus"])
         # every setting comes from the entry (enqueue.yml writes them from the inventory and the experiment,
         # defaults in roles/specab): the sequencer has no defaults of its own
         t, g = data["timeouts"], data["gpu_free"]
@@ -179,13 +175,17 @@ class Entry(object):
             raise ValueError("queue entry %s: timeouts {stop_grace_s, gpu_free_s, ready_s} and gpu_free "
                              "{threshold_mib} must be numbers (%s: %s)" % (name, type(exc).__name__, exc))
         self.bench: Dict[str, Any] = dict(data.get("bench") or {})
+        missing = [k for k in loadgen.BENCH_KEYS if self.bench.get(k) is None]
+        if missing:
+            raise ValueError("queue entry %s: its bench lacks %s (enqueue.yml resolves every bench setting from "
+                             "the experiment and roles/specab)" % (name, ", ".join(missing)))
         self.bench_env = {str(k): str(v) for k, v in (data.get("bench_env") or {}).items() if v is not None}
         self.python = str(data["python"])
         self.engine_python = str(data.get("engine_python") or self.python)
-        self.sample_interval_s = float(data.get("sample_interval_s", 1.0))
+        self.sample_interval_s = float(data["sample_interval_s"])
         self.server_info = bool((data.get("env_verify") or {}).get("server_info", True))
         mf = data.get("manifest") or {}
-        self.seed = mf.get("seed", self.bench.get("seed", 1))
+        self.seed = mf.get("seed", self.bench["seed"])
         self.extra: Dict[str, Any] = dict(mf.get("extra") or {})
 
     def path(self, name: str) -> str:
@@ -427,10 +427,9 @@ class RunSteps(object):
         if self.seq.held():
             raise Interrupted("the driver's hold marker")
         self.phases.begin("starting")
-        start = tool_module("start")
-        rec = start.main(["--node-dir", self.seq.node_dir, "--run-dir", e.run_dir, "--script", e.path("launch.sh"),
-                          "--host", str(e.data["host"]), "--port", str(e.data["port"]), "--run-id", e.run_id,
-                          "--arm", e.arm])
+        rec = start_tool.start(start_tool.StartSpec(
+            node_dir=self.seq.node_dir, run_dir=e.run_dir, script=e.path("launch.sh"), host=str(e.data["host"]),
+            port=int(e.data["port"]), run_id=e.run_id, arm=e.arm))
         self.started_server = True
         self.seq.clean = False
         self.server_pid = int(rec["pid"])
@@ -448,10 +447,8 @@ class RunSteps(object):
     def wait_ready(self) -> None:
         e = self.e
         self.phases.begin("loading")
-        ready = tool_module("ready")
-        a = tool_args(ready, ["--url", e.url, "--pid", str(self.server_pid), "--log", e.path("server.log"),
-                              "--timeout", str(e.ready_s), "--interval", str(POLL_S),
-                              "--phases-out", e.path("ready.json"), "--progress", e.path("ready_progress.json")])
+        a = ready.ReadySpec(url=e.url, pid=self.server_pid, log=e.path("server.log"), timeout=e.ready_s,
+                            interval=POLL_S, phases_out=e.path("ready.json"), progress=e.path("ready_progress.json"))
         try:
             out = common.recorded(a.phases_out, lambda: ready.wait_ready(a))
         except ToolError as exc:
@@ -465,13 +462,10 @@ class RunSteps(object):
         # gpu_before.csv (one nvidia-smi call) while the environment is checked
         self.before = threading.Thread(target=self.seq.one_sample, args=(e, "gpu_before.csv"), daemon=True)
         self.before.start()
-        envcheck = tool_module("envcheck")
-        argv = ["--node-dir", self.seq.node_dir, "--env-file", e.path("nccl.env")]
-        argv += (["--url", e.url, "--server-info-out", e.path("server_info.json")] if e.server_info
-                 else ["--no-server-info"])
-        argv += ["--expected-args", e.path("args.json"), "--log", e.path("server.log"),
-                 "--out", e.path("env_check.json")]
-        a = tool_args(envcheck, argv)
+        a = envcheck.EnvCheckSpec(
+            node_dir=self.seq.node_dir, env_file=e.path("nccl.env"), expected_args=e.path("args.json"),
+            url=e.url if e.server_info else None, no_server_info=not e.server_info, log=[e.path("server.log")],
+            out=e.path("env_check.json"), server_info_out=e.path("server_info.json") if e.server_info else None)
         try:
             common.recorded(a.out, lambda: envcheck.check(a))
         except ToolError as exc:
@@ -483,28 +477,19 @@ class RunSteps(object):
         assert self.client is not None and self.sampler is not None
         if self.before is not None:      # gpu_before.csv is taken before the client starts
             self.before.join(timeout=60)
-        warmup = int(b.get("warmup_requests", 2))
-        client_argv = ["--url", e.url, "--api", str(b.get("api", "generate")),
-                       "--num-requests", str(int(b.get("num_requests", 8))), "--warmup", str(warmup),
-                       "--input-len", str(int(b.get("input_len", 128))),
-                       "--output-len", str(int(b.get("output_len", 256))),
-                       "--concurrency", str(int(b.get("concurrency", 1))), "--seed", str(int(b.get("seed", 1))),
-                       "--timeout", str(b.get("timeout_s", 600)),
-                       "--out", e.path("bench.jsonl"), "--summary", e.path("bench_summary.json"),
-                       "--phase-metrics", e.path("phase_metrics.json")]
-        if b.get("model") is not None:
-            client_argv += ["--model", str(b["model"])]
+        client = loadgen.BenchConfig.from_settings(e.url, b, out=e.path("bench.jsonl"),
+                                                   summary=e.path("bench_summary.json"),
+                                                   phase_metrics=e.path("phase_metrics.json"))
         self.sampler.release("gpusample.py", ["--smi", json.dumps(e.smi), "--gpus", e.gpus,
                                               "--interval", str(e.sample_interval_s), "--out", "gpu_samples.csv"],
                              e.run_dir, stdout=e.path("gpu_samples.json"), stderr=e.path("gpu_samples.log"))
-        self.client.release("loadgen.py", client_argv, e.run_dir)
+        self.client.release("loadgen.py", client.to_argv(), e.run_dir)
         # the manifest's slow parts (versions, nvidia-smi, checksums) while the benchmark runs
         self.parts_thread = threading.Thread(target=self.slow_parts, daemon=True)
         self.parts_thread.start()
-        total = warmup + int(b.get("num_requests", 8))
         try:
             with self.seq.gate.armed():
-                rc = self.wait_client(warmup, total)
+                rc = self.wait_client(client.warmup, client.warmup + client.num_requests)
         finally:
             self.signal_sampler()         # it exits on its own; waited for before done.json
         if self.after is None:
@@ -524,7 +509,7 @@ class RunSteps(object):
 
     def bench_complete(self) -> bool:
         """Whether bench.jsonl holds an answered (ok) record for every measured request."""
-        want = int(self.e.bench.get("num_requests", 8))
+        want = int(self.e.bench["num_requests"])
         ok = set()
         try:
             with open(self.e.path("bench.jsonl"), "rb") as fh:
@@ -608,24 +593,22 @@ class RunSteps(object):
     def slow_parts(self) -> None:
         try:
             self.seq.wait_versions(self.e.engine_python)
-            manifest = tool_module("manifest")
-            self.parts = manifest.slow_parts(self.manifest_args(), self.seq.versions_cache)
+            self.parts = manifest.slow_parts(self.manifest_spec(), self.seq.versions_cache)
         except Exception as exc:  # the manifest is built without the precomputed parts then
             common.log("manifest parts failed: %s: %s" % (type(exc).__name__, exc))
 
-    def manifest_args(self) -> argparse.Namespace:
+    def manifest_spec(self) -> manifest.ManifestSpec:
         e = self.e
         extra = dict(e.extra)
         extra.update(time_to_ready_s=self.result["time_to_ready_s"], time_to_free_s=self.result["time_to_free_s"],
                      stop_s=self.result["stop_s"])
         if not self.result["ok"]:
             extra.update(failed_task=self.result["task"], failure=self.result["error"])
-        argv = ["--run-dir", e.run_dir, "--node-dir", self.seq.node_dir, "--smi", json.dumps(e.smi),
-                "--python", e.engine_python, "--seed", str(e.seed), "--out", e.path("manifest.json")]
-        for k, v in extra.items():   # as the collect role passes them: values as JSON text, quotes stripped
-            text = v if isinstance(v, str) else json.dumps(v)
-            argv.append("--extra=%s=%s" % (k, text))
-        return tool_args(tool_module("manifest"), argv)
+        # as the collect role passes them: KEY=VALUE, a value as JSON text, a string as it is
+        pairs = ["%s=%s" % (k, v if isinstance(v, str) else json.dumps(v)) for k, v in extra.items()]
+        return manifest.ManifestSpec(run_dir=e.run_dir, node_dir=self.seq.node_dir, smi=list(e.smi),
+                                     python=e.engine_python, seed=str(e.seed), extra=pairs,
+                                     out=e.path("manifest.json"))
 
     # -- teardown: never interrupted, always recorded --------------------------------------
 
@@ -678,8 +661,7 @@ class RunSteps(object):
         try:
             if self.parts_thread is not None:
                 self.parts_thread.join(timeout=5 if s.gate.requested else 120)
-            manifest = tool_module("manifest")
-            a = self.manifest_args()
+            a = self.manifest_spec()
             parts = self.parts or None
             if parts is None and s.gate.requested:   # interrupted: no slow version probes now
                 parts = {"versions": s.versions_cache.get(e.engine_python, {"note": "not probed (interrupted)"}),
@@ -733,7 +715,6 @@ class Sequencer(object):
 
         def probe() -> None:
             try:
-                manifest = tool_module("manifest")
                 self.versions_cache[python] = manifest.versions(python, PROBE_TIMEOUT_S)
             except Exception as exc:   # the manifest probes again itself then
                 common.log("version probe failed: %s: %s" % (type(exc).__name__, exc))
@@ -751,33 +732,23 @@ class Sequencer(object):
 
     def stop_server(self, smi: List[str], grace: float, out: Optional[str],
                     on_gone: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
-        stop = tool_module("stop")
-        argv = ["--node-dir", self.node_dir, "--smi", json.dumps(smi), "--grace", str(grace)]
-        if out:
-            argv += ["--out", out]
-        a = tool_args(stop, argv)
-        res = common.recorded(a.out, lambda: stop.stop(a, stop_sequencer=False, on_gone=on_gone))
+        a = stop_tool.StopSpec(node_dir=self.node_dir, smi=list(smi), grace=grace, out=out)
+        res = common.recorded(a.out, lambda: stop_tool.stop(a, stop_sequencer=False, on_gone=on_gone))
         self.reap()
         return res
 
     def wait_free(self, smi: List[str], gpus: str, timeout: float, threshold_mib: float, out: Optional[str] = None,
                   csv: Optional[str] = None) -> Dict[str, Any]:
-        gpufree = tool_module("gpufree")
-        argv = ["--smi", json.dumps(smi), "--gpus", gpus, "--threshold-mib", str(threshold_mib), "--timeout", str(timeout),
-                "--node-dir", self.node_dir, "--interval", str(POLL_S)]
-        argv += ["--out", out] if out else []
-        argv += ["--csv", csv] if csv else []
-        a = tool_args(gpufree, argv)
+        a = gpufree.GpuFreeSpec(smi=list(smi), gpus=gpus, threshold_mib=threshold_mib, timeout=timeout,
+                                interval=POLL_S, node_dir=self.node_dir, out=out, csv=csv)
         return common.recorded(a.out, lambda: gpufree.wait_free(a))
 
     def one_sample(self, e: Entry, name: str) -> None:
         """gpusample.py --count 1 (gpu_before.csv / gpu_after.csv); failures go to gpu_samples.log."""
-        gpusample = tool_module("gpusample")
         flag = gpusample.StopFlag(install=False)
         try:
-            a = tool_args(gpusample, ["--smi", json.dumps(e.smi), "--gpus", e.gpus, "--count", "1",
-                                      "--out", e.path(name)])
-            gpusample.sample(a, flag)
+            gpusample.sample(gpusample.SampleSpec(smi=list(e.smi), gpus=e.gpus, count=1, interval=e.sample_interval_s,
+                                                  out=e.path(name)), flag)
         except ToolError as exc:
             with open(e.path("gpu_samples.log"), "a") as fh:
                 fh.write("error: %s\n" % exc.message)
@@ -1252,20 +1223,21 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         sp.add_argument("--experiment-id", required=True)
 
     def runner_opts(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--idle-timeout", type=float, default=900.0,
-                        help="exit after this many seconds without work (a dead driver never leaves it forever)")
-        sp.add_argument("--lease-s", type=float, default=600.0,
+        sp.add_argument("--idle-timeout", type=float, required=True,
+                        help="exit after this many seconds without work (a dead driver never leaves it forever; "
+                             "specab_queue_idle_timeout_s)")
+        sp.add_argument("--lease-s", type=float, required=True,
                         help="claim no new run when the controller (ensure, wait) gave no sign of life for this "
                              "many seconds: a killed driver never leaves its queued runs burning GPU time "
-                             "(0: never)")
+                             "(0: never; specab_lease_stale_s)")
         sp.add_argument("--smi", default=None, type=lambda s: common.json_list_arg(s, "--smi"),
                         help="nvidia-smi argv (JSON list): at startup, stop leftovers and wait for free GPUs")
-        sp.add_argument("--gpus", default="all")
-        sp.add_argument("--gpu-free-timeout", type=float, default=60.0)
-        sp.add_argument("--gpu-free-threshold-mib", type=float, default=64.0,
+        sp.add_argument("--gpus", required=True)
+        sp.add_argument("--gpu-free-timeout", type=float, required=True)
+        sp.add_argument("--gpu-free-threshold-mib", type=float, required=True,
                         help="startup GPU check: a GPU is free at most this many MiB used (enqueue.yml passes the "
                              "inventory's specab_gpu_free_threshold_mib; each run's own checks use its entry's)")
-        sp.add_argument("--stop-grace", type=float, default=15.0)
+        sp.add_argument("--stop-grace", type=float, required=True)
 
     for name in ("ensure", "serve"):
         sp = sub.add_parser(name)
@@ -1273,8 +1245,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         runner_opts(sp)
     sp = sub.add_parser("reset")
     exp(sp)
-    sp.add_argument("--stop-grace", type=float, default=15.0)
-    sp.add_argument("--gpu-free-timeout", type=float, default=60.0)
+    sp.add_argument("--stop-grace", type=float, required=True)
+    sp.add_argument("--gpu-free-timeout", type=float, required=True)
     sp = sub.add_parser("wait")
     sp.add_argument("--run-id", required=True)
     sp.add_argument("--timeout", type=float, required=True)

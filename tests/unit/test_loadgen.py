@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from specab.node import loadgen
+from tests.node.helpers import client_config, client_default_argv
 
 LOADGEN = Path(loadgen.__file__)
 
@@ -182,8 +183,7 @@ def make_server():
 
 
 def run(srv: FakeServer, tmp_path: Path, **kw: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    cfg = loadgen.BenchConfig(url=srv.url, out=str(tmp_path / "bench.jsonl"),
-                              summary=str(tmp_path / "bench_summary.json"), **kw)
+    cfg = client_config(srv.url, str(tmp_path / "bench.jsonl"), str(tmp_path / "bench_summary.json"), **kw)
     summary = loadgen.run_benchmark(cfg)
     records = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
     assert json.loads((tmp_path / "bench_summary.json").read_text()) == summary
@@ -362,8 +362,8 @@ def test_connection_refused_is_a_recorded_error(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = loadgen.BenchConfig(url="http://127.0.0.1:%d" % port, num_requests=1, warmup=0,
-                              out=str(tmp_path / "b.jsonl"), summary=None, timeout=5)
+    cfg = client_config("http://127.0.0.1:%d" % port, str(tmp_path / "b.jsonl"), None, num_requests=1, warmup=0,
+                        timeout=5)
     summary = loadgen.run_benchmark(cfg)
     rec = json.loads((tmp_path / "b.jsonl").read_text())
     assert summary["failed"] == 1 and "ConnectionRefusedError" in rec["error"]
@@ -372,7 +372,7 @@ def test_connection_refused_is_a_recorded_error(tmp_path: Path) -> None:
 def test_cli_exit_codes_and_files(make_server, tmp_path: Path) -> None:
     srv = make_server()
     out, summ = tmp_path / "b.jsonl", tmp_path / "s.json"
-    base = [sys.executable, str(LOADGEN), "--url", srv.url, "--num-requests", "2", "--warmup", "1",
+    base = [sys.executable, str(LOADGEN), *client_default_argv(), "--url", srv.url, "--num-requests", "2", "--warmup", "1",
             "--input-len", "8", "--output-len", "12", "--out", str(out), "--summary", str(summ)]
     proc = subprocess.run(base, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
