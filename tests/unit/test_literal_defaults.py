@@ -151,9 +151,9 @@ def test_the_scanners_find_a_planted_copy() -> None:
                               'ap.add_argument("--num-requests", type=int, default=8,')
     assert planted != loadgen and any("--num_requests defaults to 8" in f
                                       for f in python_copies(planted, "loadgen.py"))
-    sequence = (NODE / "sequence.py").read_text()
-    planted = sequence.replace('int(self.e.bench["num_requests"])', 'int(self.e.bench.get("num_requests", 8))')
-    assert planted != sequence and any(".get('num_requests', 8)" in f for f in python_copies(planted, "sequence.py"))
+    runsteps = (NODE / "runsteps.py").read_text()
+    planted = runsteps.replace('int(self.e.bench["num_requests"])', 'int(self.e.bench.get("num_requests", 8))')
+    assert planted != runsteps and any(".get('num_requests', 8)" in f for f in python_copies(planted, "runsteps.py"))
     assert python_copies("class C:\n    stale_s: float = 600.0\n", "x.py")
     assert python_copies("def show(node_dir, stale_s=600.0):\n    pass\n", "x.py")
     assert python_copies("DEFAULT_STALE_S = 600.0\n", "x.py")
