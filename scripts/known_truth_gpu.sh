@@ -8,6 +8,9 @@
 #       -e experiments/known-truth-h200.yml --matrix steps=1,2,3 --repeats 2
 #
 # Needs .bundle/ (scripts/real_sglang_bundle.sh) and .whl/ (scripts/device_wheels.sh) in the checkout.
+# SPECAB_KT_HISTORY: stores of earlier experiments (e.g. tests/fixtures/known-truth/h200/*) whose measured noise and
+# run cost go into the runs directory's node history first, as if they had ended there (`plan --target-ci`'s prior).
+# SPECAB_KT_PLAN=1: print `driver.py plan` with the same arguments first ($OUT/plan.out).
 # KT_DRIVER_S bounds the driver (default 480 s: a device call lasts at most 600 s); past it the driver gets SIGINT,
 # keeps what finished and the run can go on with `driver.py --resume`.
 set -u
@@ -31,17 +34,32 @@ if [ -n "${SPECAB_KT_MODELS:-}" ]; then
     --device cuda $SPECAB_KT_MODELS | tee -a "$OUT/build.jsonl" || exit 1
   stamp "models built"
 fi
+RUNS=${SPECAB_KT_RUNS:-/tmp/rd}
+for store in ${SPECAB_KT_HISTORY:-}; do
+  PYTHONPATH=/tmp/site python3 -c '
+import sys
+from pathlib import Path
+from specab.analysis import history, model
+from specab.results.store import Store
+fp, doc = Store.open(sys.argv[1]).fingerprint()
+for p in history.record(Path(sys.argv[2]), model.load_store(sys.argv[1], read_logs=False), fp, doc):
+    print("history of", sys.argv[1], "->", p)' "$store" "$RUNS" || exit 1
+done
+if [ "${SPECAB_KT_PLAN:-0}" = 1 ]; then
+  PYTHONPATH=/tmp/site python3 driver.py plan -i inventory/gpu-real-sglang.yml --runs-dir "$RUNS" "$@" \
+    > "$OUT/plan.out" 2>&1; grep -v '^---\|^[A-Z_]*=' "$OUT/plan.out" | grep -iv '^#\|^export\|^exec\|^set ' | tail -30
+fi
 nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.max.sm --format=csv,noheader
 rc=0
 if [ $# -gt 0 ]; then
   PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH timeout -s INT -k 60 "${KT_DRIVER_S:-480}" \
-    python3 driver.py -i inventory/gpu-real-sglang.yml --runs-dir "${SPECAB_KT_RUNS:-/tmp/rd}" "$@" \
+    python3 driver.py -i inventory/gpu-real-sglang.yml --runs-dir "$RUNS" "$@" \
     > "$OUT/driver.out" 2>&1 || rc=$?
   stamp "driver rc=$rc"
   tail -45 "$OUT/driver.out"
 fi
-if [ -d "${SPECAB_KT_RUNS:-/tmp/rd}" ]; then
-  tar -C "${SPECAB_KT_RUNS:-/tmp/rd}" --exclude='*.safetensors' -czf "$OUT/runs.tgz" . && ls -la "$OUT"
+if [ -d "$RUNS" ]; then
+  tar -C "$RUNS" --exclude='*.safetensors' -czf "$OUT/runs.tgz" . && ls -la "$OUT"
 fi
 stamp "done"
 exit "$rc"

@@ -43,11 +43,19 @@ requirements:
 """
 
 CONTRACT = Path(__file__).resolve().parents[2] / "specab" / "node" / "contract.py"
+# The name roles/collect/action_plugins/collect_scrub.py loads it under too: one module object per process.
 CONTRACT_MODULE = "specab_redact_contract"
 
 
 def load_contract() -> ModuleType:
-    """specab/node/contract.py of this checkout (stdlib only), imported once under a private name."""
+    """specab/node/contract.py of this checkout (stdlib only), imported once under a private name.
+
+    collect_scrub.py has the same eight lines, by necessity: a controller-side plugin can import no shared file of
+    ours. Ansible's module_utils paths feed only the payloads of modules sent to a node (ansible.module_utils.X
+    of a custom path is not importable in ansible-playbook itself), the two plugins are loaded by file path from
+    two directories, and putting the checkout on sys.path would let it clash with an installed specab. Both load
+    the same file under CONTRACT_MODULE, so whichever runs first, the other gets that module;
+    tests/ansible/test_plugin_contract.py holds them to it."""
     mod = sys.modules.get(CONTRACT_MODULE)
     if mod is None:
         spec = importlib.util.spec_from_file_location(CONTRACT_MODULE, CONTRACT)
@@ -55,7 +63,12 @@ def load_contract() -> ModuleType:
             raise ImportError(f"specab_redact: cannot load the secret rule from {CONTRACT}")
         mod = importlib.util.module_from_spec(spec)
         sys.modules[CONTRACT_MODULE] = mod
-        spec.loader.exec_module(mod)
+        try:
+            spec.loader.exec_module(mod)
+        except (OSError, SyntaxError, ImportError) as exc:    # no half-loaded rule is left for the next call
+            del sys.modules[CONTRACT_MODULE]
+            raise ImportError(f"specab_redact: cannot load the secret rule from {CONTRACT} ({exc}); the plugin runs "
+                        f"from a specab checkout and needs its specab/node/contract.py") from exc
     return mod
 
 

@@ -263,10 +263,37 @@ def first_design(comps: design.Components, cost: design.RunCost, target_rel: flo
                               range_sd=range_sd)
 
 
+@dataclass(frozen=True)
+class FirstBlock:
+    """What `run --target-ci` with the design by cost starts with, and `plan --target-ci` shows: one block whose runs
+    measure `requests` requests each. `design`: the design's plan then (restarts per arm, requests per run,
+    expected GPU-seconds); None where the prior noise or the run cost is unknown, and the first block then runs the
+    experiment's requests while this experiment's own runs measure the rest."""
+    requests: int
+    design: design.Design | None
+    why: str
+
+
+def first_block(prior: design.Components | None, cost: design.RunCost | None, target_rel: float, *, arms: int,
+                requests: int, max_blocks: int, max_requests: int = 400) -> FirstBlock:
+    """The first block of the design by cost: `first_design` where both the prior and the run cost are known, else
+    the experiment's `requests` per run. One function for `run` and `plan`, so the plan shows what the run does."""
+    if prior is None or cost is None:
+        return FirstBlock(requests, None, "no prior noise or run cost for this node yet: the experiment's requests "
+                                          "per run")
+    d = first_design(prior, cost, target_rel, arms=arms, requests=requests, max_blocks=max_blocks,
+                     max_requests=max_requests, range_sd=0.0)
+    return FirstBlock(d.requests, d, f"from {prior.source} and the run cost of {cost.source}: plan {d.blocks} "
+                                     f"restarts per arm x {d.requests} requests per run, expected "
+                                     f"{d.gpu_s / 60:.1f} GPU-minutes ({d.reason})")
+
+
 @dataclass
 class PlanEstimate:
     """`driver.py plan --target-ci`: what `run --target-ci` will do (the design `chosen`: by cost, the default, or
-    today's sequential rule), and the other design for comparison, both in GPU-minutes with a range."""
+    today's sequential rule), and the other design for comparison, both in GPU-minutes with a range. `first`: the
+    design by cost's first block (`first_block`, what `run` starts with); `repeats`: the blocks the sequential
+    design runs before it asks for more."""
     design: design.Design
     sequential: design.Design
     cost: design.RunCost
@@ -274,23 +301,36 @@ class PlanEstimate:
     requests: int
     max_blocks: int
     chosen: str = "cost"
+    first: FirstBlock | None = None
+    repeats: int = 1
+
+    @property
+    def expected(self) -> design.Design:
+        """The chosen design's plan: its `blocks` are the restarts per arm `run` is expected to end with."""
+        return self.sequential if self.chosen == "sequential" else self.design
 
     def lines(self, target_rel: float) -> list[str]:
         d, q, c = self.design, self.sequential, self.components
         pct = f"{target_rel:.0%}" if round(target_rel * 100, 6) == round(target_rel * 100) else f"{target_rel:.1%}"
+        if self.first is not None and self.first.design is None:
+            whose = (" (the experiment's: no prior noise for this node yet; the estimate assumes the default "
+                     "between-instance variance)")
+        else:
+            whose = (" (the experiment's)" if d.requests == self.requests
+                     else f" (the experiment has {self.requests})")
         by_cost = [
             f"  design by cost for --target-ci {target_rel:.1%} (95% interval of the paired speedup): the first block "
-            f"with {d.requests} measured requests per run"
-            + (" (the experiment's)" if d.requests == self.requests else f" (the experiment has {self.requests})")
-            + "; after every block the variance components are re-estimated and the design chooses the next "
-              f"block's requests per run and whether to stop, within --max-repeats {self.max_blocks}",
+            f"with {d.requests} measured requests per run{whose}; after every block the variance components are "
+            f"re-estimated and the design chooses the next block's requests per run and whether to stop, within "
+            f"--max-repeats {self.max_blocks}",
             f"  plan now: {d.blocks} restarts per arm ({d.reason}{'' if d.feasible else '; target out of reach'})",
             f"  expected {d.gpu_s / 60:.1f} GPU-minutes (range {d.gpu_s_low / 60:.1f}-{d.gpu_s_high / 60:.1f}), "
             f"{d.arms} arms x {self.cost.gpus} GPUs",
         ]
         seq = [
-            f"  today's sequential design (--design sequential): the experiment's {self.requests} requests per run in "
-            f"every block, {q.blocks} restarts per arm{'' if q.feasible else ' (the cap: target not reached)'}, "
+            f"  today's sequential design (--design sequential): the --repeats {self.repeats} blocks, then one more "
+            f"while the interval is wider, the experiment's {self.requests} requests per run in every block, "
+            f"{q.blocks} restarts per arm{'' if q.feasible else ' (the cap: target not reached)'}, "
             f"expected {q.gpu_s / 60:.1f} GPU-minutes (range {q.gpu_s_low / 60:.1f}-{q.gpu_s_high / 60:.1f})",
         ]
         common = [
@@ -308,19 +348,27 @@ class PlanEstimate:
 
 def plan_estimate(cost: design.RunCost, comps: design.Components, target_rel: float, *, arms: int, requests: int,
                   max_blocks: int, chosen: str = "cost", measured_cost: bool = False,
-                  max_requests: int = 400) -> PlanEstimate:
-    """The plan before anything runs: the design by cost from the prior components (`first_design`), and today's
-    fixed-requests design (its expected blocks at `requests` per run), both within `max_blocks` (--max-repeats).
-    The ranges cover the components' uncertainty and, unless the run cost was measured (`measured_cost`: the node's
-    history), a dead time from half to twice its estimate."""
+                  max_requests: int = 400, first: FirstBlock | None = None, repeats: int = 1) -> PlanEstimate:
+    """The plan before anything runs: the design by cost from the prior components (`first_design`; where `first`
+    has no design, its requests per run are kept: the run's first block has no prior to move them), and today's
+    fixed-requests design (at least `repeats` blocks at `requests` per run), both within `max_blocks`
+    (--max-repeats). The ranges cover the components' uncertainty and, unless the run cost was measured
+    (`measured_cost`: the node's history), a dead time from half to twice its estimate."""
     cap = max(max_blocks, 2)
     min_b = max(2, min(design.MIN_RESTARTS, max_blocks))
+    pinned = first is not None and first.design is None
 
     def sequential(c: design.RunCost) -> design.Design:
         return design.plan_design(comps, c, target_rel, arms=arms, max_blocks=cap, min_requests=requests,
-                                  max_requests=requests, min_blocks=min_b)
-    d = first_design(comps, cost, target_rel, arms=arms, requests=requests, max_blocks=max_blocks,
-                     max_requests=max_requests)
+                                  max_requests=requests, min_blocks=min(max(min_b, repeats), cap))
+
+    def by_cost(c: design.RunCost) -> design.Design:
+        if pinned:
+            return design.plan_design(comps, c, target_rel, arms=arms, max_blocks=cap, min_requests=requests,
+                                      max_requests=requests, min_blocks=min_b)
+        return first_design(comps, c, target_rel, arms=arms, requests=requests, max_blocks=max_blocks,
+                            max_requests=max_requests)
+    d = by_cost(cost)
     today = sequential(cost)
     lo, hi = today.gpu_s_low, today.gpu_s_high
     d_lo, d_hi = d.gpu_s_low, d.gpu_s_high
@@ -328,8 +376,7 @@ def plan_estimate(cost: design.RunCost, comps: design.Components, target_rel: fl
         c = replace(cost, dead_s=cost.dead_s * f)
         t = sequential(c)
         lo, hi = min(lo, t.gpu_s_low), max(hi, t.gpu_s_high)
-        dd = first_design(comps, c, target_rel, arms=arms, requests=requests, max_blocks=max_blocks,
-                          max_requests=max_requests)
+        dd = by_cost(c)
         d_lo, d_hi = min(d_lo, dd.gpu_s_low), max(d_hi, dd.gpu_s_high)
     return PlanEstimate(replace(d, gpu_s_low=d_lo, gpu_s_high=d_hi), replace(today, gpu_s_low=lo, gpu_s_high=hi),
-                        cost, comps, requests, max_blocks, chosen)
+                        cost, comps, requests, max_blocks, chosen, first, repeats)

@@ -5,10 +5,13 @@ One JSON-lines file per node under the runs directory, `<runs>/history/<host>.js
 that ended (appended by the driver when it concludes an experiment). A line holds the experiment's fingerprint
 (specab.config.fingerprint: the model, the common and per-arm server args and env, the bench settings and the
 timeouts, secrets redacted) and, per compared arm, the variance components of its paired log ratio against its
-baseline (specab.analysis.economics.components_of) with their degrees of freedom, and the mean GPU-seconds of
-its runs. **A line matches** a planned experiment when the host and the fingerprint are equal: the same engine
-arguments, model and benchmark on the same node. The engine's build is not in the fingerprint (it is not known
-before a run); a node whose engine was upgraded keeps its history until the experiment file changes.
+baseline (specab.analysis.economics.components_of) with their degrees of freedom, the mean GPU-seconds of its
+runs, and the pair's own fingerprint (`pair`: the arm and its baseline by content, not by name). **An arm of a
+line matches** a planned experiment on the same host when the line's fingerprint is the planned one (the same
+experiment again), or when its pair fingerprint is one of the planned pairs (the same arm against the same
+baseline with the same benchmark, under any name and in any experiment: a `--matrix steps=1,2,3` sweep is the
+prior of a later `--target-ci` run of one of its arms). The engine's build is not in a fingerprint (it is not
+known before a run); a node whose engine was upgraded keeps its history until the experiment file changes.
 """
 from __future__ import annotations
 
@@ -18,10 +21,12 @@ import re
 import time
 from dataclasses import replace
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from specab.analysis import design, economics
 from specab.analysis.model import Experiment
+from specab.config.fingerprint import pair_fingerprints
 
 DIRNAME = "history"
 
@@ -35,8 +40,10 @@ def path_for(runs_dir: Path, host: str) -> Path:
     return Path(runs_dir) / DIRNAME / (re.sub(r"[^A-Za-z0-9._-]", "_", host) + ".jsonl")
 
 
-def entries_of(exp: Experiment, fingerprint: str, ended_at: float | None = None) -> dict[str, dict[str, Any]]:
-    """One history line per host of the experiment: per compared arm its components and mean GPU-seconds.
+def entries_of(exp: Experiment, fingerprint: str, ended_at: float | None = None,
+               pairs: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """One history line per host of the experiment: per compared arm its components, mean GPU-seconds and (from
+    ``pairs``, arm -> pair fingerprint) its pair fingerprint.
 
     An arm with fewer than two complete blocks on a host has no between-instance estimate and is left out;
     a host with no such arm gets no line."""
@@ -62,16 +69,20 @@ def entries_of(exp: Experiment, fingerprint: str, ended_at: float | None = None)
                               # the run cost measured (the arm's and its baseline's ok runs): the next plan's
                               "cost": None if mc is None else {"restart_s": mc.load_s, "per_request_s": mc.per_request_s,
                                                                "gpus": mc.gpus, "runs": measured}}
+            if pairs and arm.name in pairs:
+                arms[arm.name]["pair"] = pairs[arm.name]
         if arms:
             out[host] = {"fingerprint": fingerprint, "experiment": exp.id, "host": host,
                          "ended_at": time.time() if ended_at is None else ended_at, "arms": arms}
     return out
 
 
-def record(runs_dir: Path, exp: Experiment, fingerprint: str) -> list[Path]:
-    """Append the experiment's lines to the history of every node it ran on; returns the files written."""
+def record(runs_dir: Path, exp: Experiment, fingerprint: str, doc: dict[str, Any] | None = None) -> list[Path]:
+    """Append the experiment's lines to the history of every node it ran on; returns the files written. With the
+    fingerprint's document each compared arm also carries its pair fingerprint."""
+    pairs = pair_fingerprints(doc, {a.name: exp.baseline_of(a.name) for a in exp.spec_arms}) if doc else None
     written = []
-    for host, entry in entries_of(exp, fingerprint).items():
+    for host, entry in entries_of(exp, fingerprint, pairs=pairs).items():
         p = path_for(runs_dir, host)
         p.parent.mkdir(parents=True, exist_ok=True)
         with p.open("a") as f:
@@ -97,40 +108,63 @@ def read(runs_dir: Path, host: str) -> list[dict[str, Any]]:
     return out
 
 
-def prior(runs_dir: Path, host: str, fingerprint: str) -> design.Components | None:
-    """The design's prior from the node's matching history: every matching experiment's components of every
-    compared arm, pooled by degrees of freedom (the noisiest arm's between-instance variance counts as much as
-    its blocks say). An experiment concluded twice (a resume with nothing left to run) counts once, by its last
-    line. None when nothing matches."""
-    latest = {e.get("experiment"): e for e in read(runs_dir, host) if e.get("fingerprint") == fingerprint}
-    comps = [a["components"] for e in latest.values() for a in (e.get("arms") or {}).values()]
-    comps = [c for c in comps if all(isinstance(c.get(k), (int, float)) and math.isfinite(c[k])
-                                     for k in ("between", "within", "between_df", "within_df"))]
-    if not comps:
+def _matching(runs_dir: Path, host: str, fingerprint: str, pairs: Iterable[str]
+              ) -> list[tuple[dict[str, Any], str, dict[str, Any]]]:
+    """(line, arm name, arm entry) of every arm of the node's history that matches: its line's fingerprint is
+    ``fingerprint`` or its pair fingerprint is one of ``pairs``. An experiment concluded twice (a resume with
+    nothing left to run) counts once, by its last line."""
+    wanted = set(pairs)
+    latest = {e.get("experiment"): e for e in read(runs_dir, host)}
+    return [(e, name, a) for e in latest.values() for name, a in (e.get("arms") or {}).items()
+            if e.get("fingerprint") == fingerprint or a.get("pair") in wanted]
+
+
+def _source(host: str, fingerprint: str, matched: list[tuple[dict[str, Any], str, dict[str, Any]]], what: str,
+            name_fingerprint: bool = True) -> str:
+    """Which earlier experiments the prior or the cost comes from: by the experiment's fingerprint, else by the
+    arms whose pair matched (named as they were in their experiment)."""
+    same = {e.get("experiment") for e, _, _ in matched if e.get("fingerprint") == fingerprint}
+    other = sorted({f"{name} of {e.get('experiment')}" for e, name, _ in matched
+                    if e.get("fingerprint") != fingerprint})
+    parts = [f"{len(same)} earlier experiment(s)" + (f" with fingerprint {fingerprint}" if name_fingerprint else "")
+             ] if same else []
+    if other:
+        parts.append("the same arm and baseline in " + ", ".join(other))
+    return f"history of {host}: " + " and ".join(parts) + what
+
+
+def prior(runs_dir: Path, host: str, fingerprint: str, pairs: Iterable[str] = ()) -> design.Components | None:
+    """The design's prior from the node's matching history (see the module text for what matches): every matching
+    arm's components, pooled by degrees of freedom (the noisiest arm's between-instance variance counts as much as
+    its blocks say). None when nothing matches."""
+    matched = [(e, n, a) for e, n, a in _matching(runs_dir, host, fingerprint, pairs)
+               if isinstance(a.get("components"), dict) and all(
+                   isinstance(a["components"].get(k), (int, float)) and math.isfinite(a["components"][k])
+                   for k in ("between", "within", "between_df", "within_df"))]
+    if not matched:
         return None
+    comps = [a["components"] for _, _, a in matched]
     b_df = sum(c["between_df"] for c in comps)
     w_df = sum(c["within_df"] for c in comps)
     between = sum(c["between"] * c["between_df"] for c in comps) / b_df if b_df > 0 else design.DEFAULT_BETWEEN
     within = sum(c["within"] * c["within_df"] for c in comps) / w_df if w_df > 0 else 0.0
-    n = len(latest)
     return replace(design.Components(between=between, within=within, between_df=b_df, within_df=w_df),
-                   source=f"history of {host}: {n} earlier experiment(s) with fingerprint {fingerprint}")
+                   source=_source(host, fingerprint, matched, ""))
 
 
-def run_cost(runs_dir: Path, host: str, fingerprint: str) -> design.RunCost | None:
+def run_cost(runs_dir: Path, host: str, fingerprint: str, pairs: Iterable[str] = ()) -> design.RunCost | None:
     """The run cost the node's matching history measured: a restart's seconds (everything a run held its GPUs for
     but its measured requests: stop, GPUs-free wait, start, load, warm-up, env check, collect) and a measured
-    request's seconds, averaged over the matching experiments' runs (each experiment by its last line). None when
-    no matching line has a measured cost (lines written before 2026-12 have none)."""
-    latest = {e.get("experiment"): e for e in read(runs_dir, host) if e.get("fingerprint") == fingerprint}
-    rows = [a["cost"] for e in latest.values() for a in (e.get("arms") or {}).values()
-            if isinstance(a.get("cost"), dict)]
-    rows = [c for c in rows if all(isinstance(c.get(k), (int, float)) and math.isfinite(c[k]) and c[k] >= 0
-                                   for k in ("restart_s", "per_request_s", "gpus", "runs")) and c["runs"] > 0]
-    if not rows:
+    request's seconds, averaged over the matching arms' runs. None when no matching arm has a measured cost
+    (lines written before 2026-12 have none)."""
+    matched = [(e, n, a) for e, n, a in _matching(runs_dir, host, fingerprint, pairs) if isinstance(a.get("cost"), dict)
+               and all(isinstance(a["cost"].get(k), (int, float)) and math.isfinite(a["cost"][k]) and a["cost"][k] >= 0
+                       for k in ("restart_s", "per_request_s", "gpus", "runs")) and a["cost"]["runs"] > 0]
+    if not matched:
         return None
+    rows = [a["cost"] for _, _, a in matched]
     n = sum(c["runs"] for c in rows)
     return design.RunCost(load_s=sum(c["restart_s"] * c["runs"] for c in rows) / n,
                           per_request_s=max(sum(c["per_request_s"] * c["runs"] for c in rows) / n, 1e-3),
                           gpus=max(int(c["gpus"]) for c in rows),
-                          source=f"history of {host}: {len(latest)} earlier experiment(s), {n} runs measured")
+                          source=_source(host, fingerprint, matched, f", {n} runs measured", name_fingerprint=False))

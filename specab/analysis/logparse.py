@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -637,6 +638,8 @@ def cmd_parse_log(ns: argparse.Namespace, out: IO[str] | None = None) -> int:
                         out.write((json.dumps(rec) if ns.format == "json" else _text_record(rec)) + "\n")
             summary = s.to_dict()
             recognised = bool(s.counts)
+    except BrokenPipeError:     # the reader of `out` went away (`parse-log LOG | head`): not the log's fault
+        raise
     except OSError as exc:
         print("parse-log: cannot read %s: %s" % (path, exc.strerror or exc), file=sys.stderr)
         return 1
@@ -678,7 +681,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] != "parse-log":
         args = ["parse-log"] + args
     ns = ap.parse_args(args)
-    return ns.func(ns)
+    try:
+        return ns.func(ns)
+    except BrokenPipeError:     # `... | head`: end quietly with the status of a process SIGPIPE ended (128 + 13)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

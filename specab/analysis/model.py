@@ -224,6 +224,26 @@ class Run:
         return None
 
 
+def bench_concurrency(config: Any) -> int:
+    """Requests in flight of an experiment's benchmark (``bench.concurrency`` of its config; the roles' default
+    when unset, 1 when the config says nothing readable)."""
+    from specab.config import defaults
+    bench = config.get("bench") if isinstance(config, dict) else None
+    try:
+        value = bench.get("concurrency", defaults.get("bench_concurrency")) if isinstance(bench, dict) else 1
+        return max(1, int(value))
+    except (TypeError, ValueError):
+        return 1
+
+
+def tok_s_meaning(concurrency: int) -> str:
+    """What a run's tok/s (the median of its requests' decode rates) is at this many requests in flight: one
+    request's speed, which is the single-stream speed only when nothing else shares the batch."""
+    if concurrency <= 1:
+        return "single-stream decode speed"
+    return f"per-request (per-user) decode speed with {concurrency} requests in flight, not total throughput"
+
+
 def _truthy(v: Any) -> bool:
     return v is True or (isinstance(v, str) and v.lower() in ("true", "1", "yes"))
 

@@ -3,9 +3,12 @@ verify and "other", from the engine's device-timer counters (phase_metrics.json,
 client; schema in docs/results.md).
 
 Definitions (docs/statistics.md, "Per-phase breakdown"):
-- cycles = Δ``sglang:spec_verify_calls_total`` over the measured window; phase ms per cycle =
-  Δ``forward_execution_seconds_total{category}`` / cycles (``eagle_draft``, ``eagle_draft_extend``,
-  ``target_verify``), in the same time base as tok/s (a simulated node's time scale undone);
+- cycles = the engine's verify passes over the measured window (``verify_passes``): one pass verifies every
+  request in the batch, so a request's cycle costs the whole pass; phase ms per cycle =
+  Δ``forward_execution_seconds_total{category}`` / verify passes (``eagle_draft``, ``eagle_draft_extend``,
+  ``target_verify``), in the same time base as tok/s (a simulated node's time scale undone). Δ``spec_verify_calls_total``
+  counts request cycles (each finished request adds its verify count), so it equals the passes only at one request
+  in flight; their ratio is the mean batch of a verify pass;
 - implied cycle = 1000 · τ / tok/s, computed per request as decode seconds / verify steps with τ = (output tokens − 1)
   / verify steps (the first token is the prefill's) and pooled over the run's measured requests; other = implied −
   measured;
@@ -40,12 +43,20 @@ NOT_AVAILABLE = ("not available on this engine: no per-phase forward time (SGLan
 class RunPhases:
     run_id: str
     arm: str
-    cycles: float
+    cycles: float                # verify passes (batched cycles) over the measured window
     draft_ms: float
     draft_extend_ms: float
     verify_ms: float
     implied_cycle_ms: float
     graph_share: float | None
+    request_cycles: float = 0.0  # Δspec_verify_calls_total: the requests' verify steps, summed
+    prefill_ms: float = 0.0      # device-timer extend (prefill) ms per verify pass: in a batch, the prefills of
+                                 # arriving requests that pause the running ones; alone, the request's own prefill
+
+    @property
+    def batch(self) -> float:
+        """Mean requests verified per pass (1.0 at one request in flight)."""
+        return self.request_cycles / self.cycles if self.cycles and self.request_cycles else 1.0
 
     @property
     def measured_ms(self) -> float:
@@ -89,6 +100,16 @@ class ArmPhases:
     baseline_step_measured_ms: float | None  # device-timer decode ms per step, when the baseline ran with it
 
     @property
+    def batch(self) -> float:
+        """Mean requests verified per pass over the arm's runs (1.0: single-stream)."""
+        return statistics.fmean(r.batch for r in self.runs) if self.runs else 1.0
+
+    @property
+    def prefill_ms(self) -> float:
+        """Prefill (extend) ms per verify pass, mean over runs (see RunPhases.prefill_ms)."""
+        return statistics.fmean(r.prefill_ms for r in self.runs) if self.runs else 0.0
+
+    @property
     def measured_ms(self) -> float:
         return self.draft_ms.mean + self.draft_extend_ms.mean + self.verify_ms.mean
 
@@ -118,8 +139,9 @@ class ArmPhases:
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: (asdict(v) if isinstance(v, Interval) else v) for k, v in self.__dict__.items() if k != "runs"}
-        d.update(measured_ms=self.measured_ms, verify_share=self.verify_share, consistency=self.consistency,
-                 tau_star=self.tau_star(), runs=[{**asdict(r), "other_ms": r.other_ms} for r in self.runs])
+        d.update(measured_ms=self.measured_ms, batch=self.batch, prefill_ms=self.prefill_ms, verify_share=self.verify_share, consistency=self.consistency,
+                 tau_star=self.tau_star(), runs=[{**asdict(r), "other_ms": r.other_ms, "batch": r.batch}
+                                                  for r in self.runs])
         return d
 
 
@@ -132,15 +154,31 @@ class PhaseReport:
         return {"arms": {k: v.to_dict() for k, v in self.arms.items()}, "unavailable": dict(self.unavailable)}
 
 
+def verify_passes(request_cycles: float | None, graph_passes: dict[str, float] | None) -> float | None:
+    """The engine's verify passes over a window: ``cuda_graph_passes_total{mode=decode_*}`` counts forward passes
+    of the batch (under speculation one per cycle, whatever the batch), ``spec_verify_calls_total`` counts
+    request cycles. A real engine also counts about one decode-mode pass more per request that leaves an emptied
+    batch (SGLang 0.5.17 on the H200 at one request in flight: passes exceed verify calls by 5-6 over 6 requests in
+    every speculative run of tests/fixtures/known-truth/h200), so the smaller of the two is the verify passes: the request cycles at one in
+    flight, the pass count once batches hold several requests (where those extra passes only come when the batch
+    empties, a small share). None without a pass count: request cycles alone cannot tell one pass from a batch."""
+    g = graph_passes or {}
+    passes = float(g.get("decode_cuda_graph", 0.0) or 0.0) + float(g.get("decode_none", 0.0) or 0.0)
+    if not request_cycles or not passes:
+        return None
+    return min(float(request_cycles), passes)
+
+
 def run_phases(run: Run) -> RunPhases | None:
     pm = run.phase_metrics or {}
     fwd = pm.get("forward_s") or {}
-    cycles = pm.get("spec_verify_calls")
+    g = pm.get("graph_passes") or {}
+    request_cycles = pm.get("spec_verify_calls")
+    cycles = verify_passes(request_cycles, g)
     tau, tok_s = run.accept_len, run.tok_s
     if not pm.get("available") or "target_verify" not in fwd or not cycles or not tau or not tok_s:
         return None
     k = 1000.0 * (run.time_scale or 1.0) / cycles
-    g = pm.get("graph_passes") or {}
     graphed, plain = g.get("decode_cuda_graph", 0.0), g.get("decode_none", 0.0)
     draft, draft_extend = fwd.get("eagle_draft", 0.0), fwd.get("eagle_draft_extend", 0.0)
     if "eagle_draft" not in fwd and "decode" in fwd:
@@ -148,7 +186,8 @@ def run_phases(run: Run) -> RunPhases | None:
         # under "extend", with the measured requests' prefills (real SGLang 0.5.17, docs/validation/known-truth.md)
         draft, draft_extend = fwd["decode"], fwd.get("extend", 0.0)
     return RunPhases(run.run_id, run.arm, cycles, draft * k, draft_extend * k, fwd["target_verify"] * k,
-                     implied_cycle_ms(run), graphed / (graphed + plain) if graphed + plain else None)
+                     implied_cycle_ms(run), graphed / (graphed + plain) if graphed + plain else None,
+                     float(request_cycles or 0.0), fwd.get("extend", 0.0) * k)
 
 
 def implied_cycle_ms(run: Run) -> float:

@@ -25,7 +25,7 @@ from specab.analysis import phases
 from specab.analysis import specmodel
 from specab.analysis import stats
 from specab.analysis import truthcheck
-from specab.analysis.model import Experiment, gc_paused, load_store
+from specab.analysis.model import Experiment, bench_concurrency, gc_paused, load_store, tok_s_meaning
 from specab.results.locate import NotFound, locate
 from specab.analysis.subcommand import standalone_main
 
@@ -298,9 +298,13 @@ def distinct_points(x, y, grid: tuple[int, int] = PLOT_GRID, bounds=None):
     return np.sort(first)
 
 
-def _shade_windows(ax, exp: Experiment, t0: float) -> None:
+BASELINE_WINDOW, OTHER_WINDOW = "#0969da", "#bf8700"      # the measured windows' shading: baseline, other arms
+
+
+def _shade_windows(ax, exp: Experiment, t0: float) -> set[str]:
     """Each run's measured window as a full-height band (blue: baseline), as axvspan draws it, but drawn as one
-    collection per colour: 1,000 axvspan patches cost ~0.7 s to add and draw, a collection ~0.05 s."""
+    collection per colour: 1,000 axvspan patches cost ~0.7 s to add and draw, a collection ~0.05 s. Returns the
+    colours drawn (the legend explains those, and only those)."""
     from matplotlib.collections import PatchCollection
     from matplotlib.patches import Rectangle
     bands: dict[str, list[Rectangle]] = {}
@@ -309,7 +313,8 @@ def _shade_windows(ax, exp: Experiment, t0: float) -> None:
         w = r.window
         if w:
             x0, x1 = (w[0] - t0) / 60, (w[1] - t0) / 60
-            bands.setdefault("#0969da" if r.arm == exp.baseline else "#bf8700", []).append(Rectangle((x0, 0), x1 - x0, 1))
+            bands.setdefault(BASELINE_WINDOW if r.arm == exp.baseline else OTHER_WINDOW, []).append(
+                Rectangle((x0, 0), x1 - x0, 1))
             lo, hi = min(lo, x0), max(hi, x1)
     trans = ax.get_xaxis_transform(which="grid")
     for color, rects in bands.items():
@@ -322,6 +327,7 @@ def _shade_windows(ax, exp: Experiment, t0: float) -> None:
     if bands:
         ax.update_datalim([(lo, 0), (hi, 0)], updatey=False)     # x only, as axvspan does
         ax.autoscale_view(scaley=False)
+    return set(bands)
 
 
 def plot_gpu_clocks(exp: Experiment, grid: tuple[int, int] | None = PLOT_GRID) -> bytes:
@@ -347,20 +353,27 @@ def plot_gpu_clocks(exp: Experiment, grid: tuple[int, int] | None = PLOT_GRID) -
         bounds = (min(float(v.min()) for v in xs.values()), max(float(v.max()) for v in xs.values()),
                   min(float(v.min()) for v in ys.values()), max(float(v.max()) for v in ys.values()))
         same = len(ts) > 1 and len({tuple(np.round(v, 0)) for v in ys.values()}) == 1
+        named = same or len(ts) <= 8          # more GPUs than that get one legend line, not one each
         for g in sorted(ts) if not same else sorted(ts)[:1]:     # identical GPUs: one series, said in its label
             keep = distinct_points(xs[g], ys[g], grid, bounds) if grid else slice(None)
-            ax.plot(xs[g][keep], ys[g][keep], ".", ms=3,
-                    label=f"all {len(ts)} GPUs (identical)" if same else f"GPU {g}")
-        _shade_windows(ax, exp, t0)
+            label = f"all {len(ts)} GPUs (identical)" if same else f"GPU {g}" if named else None
+            ax.plot(xs[g][keep], ys[g][keep], ".", ms=3, label=label)
+        shaded = _shade_windows(ax, exp, t0)
+        from matplotlib.lines import Line2D
         from matplotlib.patches import Patch
         handles, labels = ax.get_legend_handles_labels()
-        handles += [Patch(color="#0969da", alpha=.15), Patch(color="#bf8700", alpha=.15)]
-        labels += [f"measured window, {exp.baseline}", "measured window, other arms"]
+        if not named:
+            handles.append(Line2D([], [], ls="", marker=".", color="#57606a"))
+            labels.append(f"{len(ts)} GPUs, one colour each")
+        for color, what in ((BASELINE_WINDOW, f"measured window, {exp.baseline}"),
+                            (OTHER_WINDOW, "measured window, other arms")):
+            if color in shaded:
+                handles.append(Patch(color=color, alpha=.15))
+                labels.append(what)
         if mx:
             handles.append(ax.axhline(mx, color="#57606a", lw=1, ls="--"))
             labels.append("max SM clock")
-        if len(ts) <= 8 or same:
-            ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=7)
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=7)
     else:
         ax.text(.5, .5, "no GPU samples recorded", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("minutes since the first sample")
@@ -634,9 +647,13 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                      _f(s.tok_s_request_median), _f(s.ttft_s.median and s.ttft_s.median * 1000),
                      _f(s.tpot_s.median and s.tpot_s.median * 1000, ".2f"), _f(s.e2e_s.median, ".2f"), acc,
                      "-" if s.cuda_graph_share is None else f"{s.cuda_graph_share:.0%}"])
-    rep.add(Heading("Arms"), Table(["arm", "runs", "requests", "tok/s median (runs)", "tok/s mean", "95% CI",
-                                    "tok/s median (requests)", "TTFT ms", "TPOT ms", "e2e s", "accept length",
-                                    "cuda graph share"], rows))
+    rep.add(Heading("Arms"))
+    conc = bench_concurrency(exp.meta.get("config") if isinstance(exp.meta, dict) else None)
+    if conc > 1:
+        rep.add(Para(f"tok/s = {tok_s_meaning(conc)}."))
+    rep.add(Table(["arm", "runs", "requests", "tok/s median (runs)", "tok/s mean", "95% CI",
+                   "tok/s median (requests)", "TTFT ms", "TPOT ms", "e2e s", "accept length", "cuda graph share"],
+                  rows))
 
     # speedups
     rows = []
@@ -676,10 +693,16 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                              _f(a.baseline_step_ms, ".2f") + (f" (timer {a.baseline_step_measured_ms:.2f})"
                                                               if a.baseline_step_measured_ms else ""),
                              _f(a.tau_star(), ".2f"), f"{a.consistency:.0%}"])
+            batched = {name: a.batch for name, a in ph.arms.items() if a.batch > 1.05}
             rep.add(Para("ms per cycle from the engine's device timer (sglang:forward_execution_seconds_total by "
-                         "category over the measured window / verify calls); other = implied cycle (tau / tok/s) "
+                         "category over the measured window / verify passes); other = implied cycle (tau / tok/s) "
                          "minus the measured phases; means with 95% intervals over runs. The baseline step is "
-                         "1000 / tok/s (its device-timer decode ms per step where measured)."),
+                         "1000 / tok/s (its device-timer decode ms per step where measured)."
+                         + ("" if not batched else
+                            " A verify pass served several requests at once (" + ", ".join(
+                                f"{n}: {b:.1f} per pass" for n, b in batched.items()) + "): each phase is the whole "
+                            "batched pass, the cycle each request waited for, and other includes the prefills of "
+                            "arriving requests that paused the batch.")),
                     Table(["arm", "runs", "draft ms", "draft-extend ms", "verify ms", "other ms", "cycle ms",
                            "verify share", "graph share of verify", "baseline step ms", "tau*", "measured / cycle"],
                           rows))

@@ -58,3 +58,18 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 _ABSENT = object()
+
+
+def pair_fingerprint(doc: dict[str, Any], arm: str, baseline: str) -> str:
+    """The fingerprint of one compared pair: an arm and its baseline as resolved (server args, env), with the
+    bench settings and timeouts, by content and not by name. The same pair under another arm name or in another
+    experiment (a `--matrix steps=1,2,3` sweep and a later `--target-ci` run of its steps-3 arm alone) has the
+    same pair fingerprint, so the node's history of the one is the other's prior."""
+    arms = doc.get("arms") or {}
+    return fingerprint({"arm": arms.get(arm), "baseline": arms.get(baseline), "bench": doc.get("bench"),
+                        "timeouts": doc.get("timeouts")})
+
+
+def pair_fingerprints(doc: dict[str, Any], baselines: dict[str, str]) -> dict[str, str]:
+    """arm name -> pair fingerprint, for every arm of ``baselines`` (arm -> its baseline) that is not its own."""
+    return {a: pair_fingerprint(doc, a, b) for a, b in baselines.items() if a != b}

@@ -19,7 +19,7 @@ import yaml
 
 from specab.config import defaults, engine_args
 from specab.config.yamlfile import REPO_ROOT, ConfigError, check_unknown, key_line, load_yaml
-from specab.node import engines
+from specab.node import dataset, engines
 from specab.node.contract import REDACTED, is_secret_name, redact_env
 
 DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "default.yml"
@@ -28,7 +28,7 @@ EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args",
 ENGINE_KINDS = ("sglang", "vllm")
 ARM_KEYS = {"name", "description", "server_args", "env"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
-              "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing"}
+              "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos"}
 PHASE_TIMING_VALUES = ("auto", True, False)
 # what phase timing sets on an arm (shared/reference/engines-2026.md A5): the server's /metrics and, in SGLang
 # 0.5.23, the device timer that splits forward time into eagle_draft / eagle_draft_extend / target_verify
@@ -171,6 +171,30 @@ def _check_value(value: Any, where: str) -> None:
                           f"to the engine literally. Remove it.")
 
 
+def _check_dataset(bench: dict[str, Any], exp_path: Path, where: str, root: yaml.Node | None,
+                   base: tuple[Any, ...]) -> str:
+    """bench.dataset read and checked on the controller (every line), before any node is touched; returns its
+    absolute path (a relative one is relative to the experiment file)."""
+    value = bench["dataset"]
+    at = f"{where}{key_line(root, base + ('bench', 'dataset'))}"
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{at}: bench.dataset must be the path of a JSONL file, got {value!r}.")
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = exp_path.resolve().parent / path
+    try:
+        records = dataset.load(str(path))
+    except dataset.DatasetError as exc:
+        raise ConfigError(f"{at}: bench.dataset: {exc}") from None
+    api = bench.get("api", defaults.get("bench_api"))
+    if dataset.needs_chat(records) and api != "chat":
+        first = next(i for i, r in enumerate(records) if "messages" in r)
+        raise ConfigError(f"{at}: bench.dataset {path} holds chat records (\"messages\", the first is record "
+                          f"{first + 1}) but bench.api is {api}: only the chat API sends messages, so the engine "
+                          f"applies the model's chat template. Set bench.api: chat, or use \"prompt\" records.")
+    return str(path)
+
+
 def _check_server_args(args: Any, where: str, root: yaml.Node | None, path: tuple[Any, ...],
                        warnings: list[str], engine: str = "sglang") -> dict[str, Any]:
     if args is None:
@@ -279,9 +303,20 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
     if "api" in bench and bench["api"] not in BENCH_APIS:
         raise ConfigError(f"{where}{key_line(root, base + ('bench', 'api'))}: bench.api must be one of "
                           f"{', '.join(sorted(BENCH_APIS))}, got {bench['api']!r}.")
+    if "max_tokens" in bench:
+        # one length setting, not two that could disagree: the client asks each request for output_len tokens
+        raise ConfigError(f"{where}{key_line(root, base + ('bench', 'max_tokens'))}: bench.max_tokens is not a "
+                          f"setting: the tokens each request asks for are bench.output_len (sent as max_new_tokens / "
+                          f"max_tokens). Move the value to bench.output_len and remove bench.max_tokens.")
     if "phase_timing" in bench and bench["phase_timing"] not in PHASE_TIMING_VALUES:
         raise ConfigError(f"{where}{key_line(root, base + ('bench', 'phase_timing'))}: bench.phase_timing must be "
                           f"auto, true or false, got {bench['phase_timing']!r}.")
+    if "ignore_eos" in bench and not isinstance(bench["ignore_eos"], bool):
+        raise ConfigError(f"{where}{key_line(root, base + ('bench', 'ignore_eos'))}: bench.ignore_eos must be true "
+                          f"(every answer runs to output_len) or false (answers end where the model ends them), "
+                          f"got {bench['ignore_eos']!r}.")
+    if bench.get("dataset") is not None:
+        bench = exp["bench"] = dict(bench, dataset=_check_dataset(bench, p, where, root, base))
     for k in ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed"):
         least = 0 if k in ("warmup_requests", "seed") else 1      # a run measures at least one request of a token
         if k in bench and (not isinstance(bench[k], int) or isinstance(bench[k], bool) or bench[k] < least):

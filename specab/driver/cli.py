@@ -2,7 +2,7 @@
 `--resume`, plus the subcommands other modules register (`parse-log`, `model`, `report`, `diff`).
 
 Exit codes: 0 all runs ok, 1 some run failed, 2 bad input (refused before any node is touched),
-130 interrupted (finished runs kept; resume with --resume).
+130 interrupted (finished runs kept; resume with --resume), 141 the reader of the output went away (`| head`).
 """
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ from typing import Any, TextIO
 
 from specab.analysis import design, economics, history, logparse, provenance, report, specmodel
 from specab.config.fingerprint import fingerprint, fingerprint_doc
+from specab.config.plan import make_plan
 from specab.config.inventory import load_inventory
 from specab.config.matrix import MatrixError
 from specab.config.yamlfile import ConfigError
 from specab.driver import design_inputs, fleet, preflight, session
-from specab.driver.options import EXIT_INTERRUPTED, EXIT_USAGE, ExperimentError, Options, prepare
+from specab.driver.options import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, ExperimentError, Options, prepare
 from specab.driver.lease import lease_states
 from specab.driver.remote import status_all
 from specab.driver.render import render_arm
@@ -232,6 +233,16 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     cached = {b.name: preflight.cached_engine_flags(host, b) for b in builds}
     prepared = replace(prepared, arms=preflight.spell_arms(prepared.arms, [ef for ef in cached.values() if ef]))
     described = [preflight.describe_engine(cached[b.name], b) for b in builds]
+    # with --target-ci the runs `run` starts with and those it is expected to add, in the design's own words
+    runs, later, headline = list(prepared.plan), [], (f"{len(prepared.arms)} arms x {opts.repeats} blocks = "
+                                                      f"{len(prepared.plan)} runs")
+    cost_lines: list[str] = []
+    if opts.target_ci is not None:
+        runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
+        inputs = design_inputs.design_inputs(prepared.experiment, prepared.arms, host, runs_dir, exp_fp)
+        first = session.first_block(prepared, opts, inputs)
+        cost_lines, est = _cost_plan(prepared, opts, inputs, first)
+        runs, later, headline = _target_ci_runs(prepared, opts, first, est)
     if args.format == "json":
         arms = []
         for arm in prepared.arms:
@@ -239,28 +250,35 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
             arms.append({**arm.to_json(), "launch_sh": r.launch_sh, "env_file": r.env_file})
         json.dump({"engine": "; ".join(described), "seed": opts.seed, "order": opts.order, "repeats": opts.repeats, "notices": prepared.notices,
                    "hosts": [h.name for h in prepared.inventory.hosts],
-                   "plan": [r.to_json() for r in prepared.plan], "arms": arms}, out, indent=2)
+                   "plan": [{**r.to_json(), **({"when": when} if opts.target_ci is not None else {})}
+                            for r, when in [(r, "now") for r in runs] + later],
+                   "design": cost_lines, "arms": arms}, out, indent=2)
         out.write("\n")
         return 0
     for n in prepared.notices:
         print(f"notice: {n}", file=out)
     if opts.target_ci is not None:
-        runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
-        inputs = design_inputs.design_inputs(prepared.experiment, prepared.arms, host, runs_dir, exp_fp)
-        for line in _cost_plan(prepared, opts, inputs):
+        for line in cost_lines:
             print(line, file=out)
         print(file=out)
     print(f"experiment {prepared.experiment.name} ({prepared.experiment.path}), inventory "
           f"{prepared.inventory.path} (hosts: {', '.join(h.name for h in prepared.inventory.hosts)})", file=out)
-    print(f"{len(prepared.arms)} arms x {opts.repeats} blocks = {len(prepared.plan)} runs, order {opts.order}, "
-          f"seed {opts.seed}", file=out)
+    print(f"{headline}, order {opts.order}, seed {opts.seed}", file=out)
     print("\n".join(described) + "\n", file=out)
     hosts = [h.name for h in prepared.inventory.hosts]
     host_of = {r.seq: h for h, rs in fleet.assign_blocks(prepared.plan, hosts).items() for r in rs} \
         if opts.fleet else {}
-    print(f"{'seq':>4}  {'block':>5}  run_id" + ("  host (--fleet)" if host_of else ""), file=out)
-    for r in prepared.plan:
-        print(f"{r.seq:>4}  {r.block:>5}  {r.run_id}" + (f"  {host_of[r.seq]}" if host_of else ""), file=out)
+    if opts.target_ci is None:
+        print(f"{'seq':>4}  {'block':>5}  run_id" + ("  host (--fleet)" if host_of else ""), file=out)
+        for r in prepared.plan:
+            print(f"{r.seq:>4}  {r.block:>5}  {r.run_id}" + (f"  {host_of[r.seq]}" if host_of else ""), file=out)
+    else:
+        experiment_requests = int(prepared.experiment.bench_settings["num_requests"])
+        print(f"{'seq':>4}  {'block':>5}  {'requests':>8}  {'run_id':<24}  when", file=out)
+        for r, when in [(r, "now") for r in runs] + later:
+            m = "?" if when.startswith("if") and opts.design == "cost" else \
+                str(r.num_requests if r.num_requests is not None else experiment_requests)
+            print(f"{r.seq:>4}  {r.block:>5}  {m:>8}  {r.run_id:<24}  {when}", file=out)
     for arm in prepared.arms:
         rendered = render_arm(_display_arm(arm), host, run_id=None,
                               experiment_engine=prepared.experiment.raw.get("engine"))
@@ -275,9 +293,11 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _cost_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs) -> list[str]:
+def _cost_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs, first: economics.FirstBlock
+               ) -> tuple[list[str], economics.PlanEstimate | None]:
     """What `run --target-ci` will do and its expected GPU-minutes, before anything runs (docs/statistics.md,
-    "Design by cost"): the prior noise and run cost from the node's history, else the simulator profile."""
+    "Design by cost"): the prior noise and run cost from the node's history, else the simulator profile; `first`:
+    the design by cost's first block, the one `run` starts with. The estimate is None where no run cost is known."""
     host = prepared.inventory.hosts[0]
     target, cap = opts.target_ci, opts.max_repeats or opts.repeats
     requests = int(prepared.experiment.bench_settings["num_requests"])
@@ -290,13 +310,44 @@ def _cost_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs)
                 if opts.design == "cost" else
                 f"today's sequential design: {opts.repeats} blocks, then one more while the interval is wider")
         return [f"--target-ci {target:.1%}: no cost estimate for {host.name}: it is not a simulated node and {known}.",
-                f"what `driver.py run --target-ci` will do: {what}, within --max-repeats {cap}."]
+                f"what `driver.py run --target-ci` will do: {what}, within --max-repeats {cap}."], None
     comps = inputs.prior or design.Components(design.DEFAULT_BETWEEN, 0.0, design.DEFAULT_BETWEEN_DF, 0.0,
                                               source="the default between-instance variance")
     est = economics.plan_estimate(inputs.cost, comps, target, arms=len(prepared.arms), requests=requests,
                                   max_blocks=cap, chosen=opts.design, measured_cost=inputs.cost_measured,
-                                  max_requests=opts.max_requests)
-    return est.lines(target)
+                                  max_requests=opts.max_requests, first=first, repeats=opts.repeats)
+    return est.lines(target), est
+
+
+def _target_ci_runs(prepared: Any, opts: Options, first: economics.FirstBlock, est: economics.PlanEstimate | None
+                    ) -> tuple[list[Any], list[tuple[Any, str]], str]:
+    """The runs `run --target-ci` starts with (session.first_runs: by cost one block at the first block's requests,
+    sequential the --repeats blocks), the blocks it is expected to add after them (to the chosen design's planned
+    restarts per arm, at its requests per run; with no estimate, every block up to --max-repeats, marked as added
+    only if the design asks), each with its `when`, and the plan's headline in the same words."""
+    arms = [a.name for a in prepared.arms]
+    cap = opts.max_repeats or opts.repeats
+    now = session.first_runs(prepared, opts, first)
+    started = max(r.block for r in now)
+    expected = min(max(est.expected.blocks, started), cap) if est is not None else cap
+    who = "the design by cost" if opts.design == "cost" else "the sequential design"
+    m_later = est.expected.requests if est is not None and opts.design == "cost" else None
+    later: list[tuple[Any, str]] = []
+    if expected > started:
+        added = make_plan(arms, expected - started, opts.seed, opts.order, first_block=started + 1,
+                          first_seq=len(now) + 1, num_requests=m_later)
+        when = (f"expected ({who} decides after each block)" if est is not None
+                else f"if {who} asks for it after the block before")
+        later = [(r, when) for r in added]
+    m_now = {r.num_requests for r in now}.pop() or int(prepared.experiment.bench_settings["num_requests"])
+    blocks_now = "block 1" if started == 1 else f"blocks 1-{started}"
+    if est is not None:
+        after = f"{who} expects {expected} blocks = {expected * len(arms)} runs"
+    else:
+        after = f"no estimate of the blocks {who} adds"
+    headline = (f"{len(arms)} arms: {blocks_now} now ({len(now)} runs of {m_now} measured requests), {after}, at most "
+                f"--max-repeats {cap} blocks = {cap * len(arms)} runs")
+    return now, later, headline
 
 
 def _display_arm(arm: Any) -> Any:
@@ -433,8 +484,9 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:     # `driver.py plan | head`: the reader has gone; nothing to say to it
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_USAGE
+        if out is sys.stdout:   # the interpreter's last flush of stdout would fail again, and say so
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except (NotADirectoryError, FileExistsError) as exc:     # --runs-dir (or a folder above it) is a file
         print(f"error: {exc.filename or exc}: a file stands where a directory is needed. Give --runs-dir a "
               f"directory (or remove the file).", file=sys.stderr)

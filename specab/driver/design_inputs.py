@@ -1,7 +1,8 @@
 """What the design by cost starts from on a node (issue 19, docs/statistics.md "Design by cost"): the prior noise
 and the expected run cost, before this experiment has measured its own.
 
-* noise: the node's history of experiments with the same fingerprint (`analysis.history.prior`), else, on a
+* noise: the node's history of experiments with the same fingerprint or the same arm-baseline pairs
+  (`analysis.history.prior`), else, on a
   simulated node, its profile's noise (`economics.profile_components`), else none (the design starts from the
   default between-instance variance and the experiment's first block);
 * run cost: the history's measured restart and request seconds (`history.run_cost`), else, on a simulated node,
@@ -20,6 +21,7 @@ from typing import Any
 import yaml
 
 from specab.analysis import design, economics, history
+from specab.config.fingerprint import fingerprint_doc, pair_fingerprints
 from specab.config.inventory import Host
 from specab.config.spec import ArmSpec, ExperimentSpec
 from specab.config.yamlfile import REPO_ROOT, ConfigError
@@ -59,8 +61,9 @@ def simulator_profile(host: Host) -> tuple[dict[str, Any], float] | None:
 def design_inputs(experiment: ExperimentSpec, arms: list[ArmSpec], host: Host, runs_dir: Path,
                   fingerprint: str) -> DesignInputs:
     """The prior noise and the expected run cost of `arms` on `host` (the first host: the history is per node)."""
-    prior = history.prior(runs_dir, host.name, fingerprint)
-    cost = history.run_cost(runs_dir, host.name, fingerprint)
+    pairs = pair_fingerprints(fingerprint_doc(experiment, arms), {a.name: a.baseline for a in arms}).values()
+    prior = history.prior(runs_dir, host.name, fingerprint, pairs)
+    cost = history.run_cost(runs_dir, host.name, fingerprint, pairs)
     measured = cost is not None
     sim = simulator_profile(host)
     if sim is not None and (prior is None or cost is None):

@@ -16,6 +16,9 @@ from specab.config.yamlfile import ConfigError
 from specab.driver import preflight
 
 EXIT_OK, EXIT_FAILED_RUNS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# The reader of our output went away (`driver.py plan | head`): the shell's status of a process SIGPIPE ended
+# (128 + 13), said without a word, as `cat` and `grep` end there.
+EXIT_BROKEN_PIPE = 141
 
 Executor = Literal["auto", "queue", "per-run"]
 Design = Literal["cost", "sequential"]

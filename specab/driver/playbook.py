@@ -25,6 +25,7 @@ from typing import Any
 import ansible_runner
 from ansible_runner.interface import init_runner
 
+import specab
 from specab.node import contract
 from specab.node.contract import is_secret_name, scrub_bytes, scrub_text, scrub_values
 
@@ -124,11 +125,17 @@ class PlaybookRunner:
         self.stream = stream or (lambda line: print(line, file=sys.stderr))
 
     def child_env(self) -> dict[str, str]:
-        """Extra environment: venv bin dir first on PATH; the repository's callback plugins named here too, since
-        ansible-runner sets ANSIBLE_CALLBACK_PLUGINS (to add its own), which hides ansible.cfg's callback_plugins."""
+        """Extra environment: venv bin dir first on PATH; the specab package the driver runs first on PYTHONPATH,
+        since the roles' and playbooks' Python plugins import it (a controller that runs the driver from a checkout
+        without installing it, as the device scripts do, has it on sys.path only through driver.py's folder); the
+        repository's callback plugins named here too, since ansible-runner sets ANSIBLE_CALLBACK_PLUGINS (to add its
+        own), which hides ansible.cfg's callback_plugins."""
         venv_bin = str(Path(sys.executable).parent)
         path = os.environ.get("PATH", "")
+        package_root = str(Path(specab.__file__).resolve().parent.parent)
+        pythonpath = os.environ.get("PYTHONPATH", "")
         return {"PATH": f"{venv_bin}{os.pathsep}{path}" if path else venv_bin,
+                "PYTHONPATH": f"{package_root}{os.pathsep}{pythonpath}" if pythonpath else package_root,
                 "ANSIBLE_CONFIG": str(self.project_dir / "ansible.cfg"),
                 "ANSIBLE_CALLBACK_PLUGINS": str(self.project_dir / "plugins" / "callback"),
                 "ANSIBLE_NOCOLOR": "1",

@@ -72,10 +72,12 @@ def check(request: dict[str, Any], cwd: Path, notices: list[str]) -> dict[str, A
              for name, hv in (request.get("hosts") or {}).items()]
     arms = build_arms(exp, parse_matrix([], exp.engine)).arms
     notices += exp.warnings + preflight.bind_warnings(arms)
-    preflight.check_engine_flags(arms, hosts, notice=notices.append, expected_kind=exp.engine)
+    flags = preflight.check_engine_flags(arms, hosts, notice=notices.append, expected_kind=exp.engine)
     multinode = any(_truthy(h.vars.get("specab_multinode")) for h in hosts)
     preflight.check_ports(arms, hosts[:1] if multinode else hosts, notice=notices.append)
-    resolved = round_arms(exp)
+    # in the node engine's spelling, as the driver launches them (cuda_graph_max_bs is --cuda-graph-max-bs-decode
+    # on SGLang 0.5.23, which no longer registers --cuda-graph-max-bs)
+    resolved = preflight.spell_arms(round_arms(exp), flags)
     return {"experiment_file": str(path.resolve()), "specab_experiment": exp.as_extravar(),
             "arms": [a.to_extravar() for a in resolved], "baselines": {a.name: a.baseline for a in resolved},
             "notices": notices}

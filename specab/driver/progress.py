@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specab.analysis import model, stats
+from specab.results.store import StoreError
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -271,7 +272,11 @@ def print_summary(store, out: TextIO) -> int:
     of failed runs (interrupted ones are not failures: a resume runs them)."""
     rows = _stats_rows(store.path) or _simple_rows(store)
     console = Console(file=out, highlight=False, width=max(120, Console(file=out).width))
-    t = Table(title="per-arm summary (tok/s = single-stream decode speed, median over runs)")
+    try:
+        concurrency = model.bench_concurrency(store.experiment().get("config"))
+    except StoreError:          # a store without its experiment row still gets its table
+        concurrency = 1
+    t = Table(title=f"per-arm summary (tok/s = {model.tok_s_meaning(concurrency)}, median over runs)")
     for col in ("arm", "runs ok", "failed", "interrupted", "tok/s", "95% interval", "accept len", "speedup vs baseline"):
         t.add_column(col)
     for r in rows:

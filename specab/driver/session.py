@@ -31,7 +31,7 @@ from specab.config.spec import ExperimentSpec
 from specab.config.yamlfile import REPO_ROOT
 from specab.driver import preflight
 from specab.driver.context import MoreBlocks, RunContext
-from specab.driver.design_inputs import design_inputs
+from specab.driver.design_inputs import DesignInputs, design_inputs
 from specab.driver.fleet import run_fleet
 from specab.driver.lease import LeaseError, NodeLeases
 from specab.driver.options import (EXIT_FAILED_RUNS, EXIT_INTERRUPTED, EXIT_OK, ExperimentError, Options,
@@ -231,32 +231,38 @@ def _start(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, out: T
         raise
 
 
+def first_block(prepared: Prepared, opts: Options, inputs: DesignInputs) -> economics.FirstBlock:
+    """The design by cost's first block for this experiment on its first host (economics.first_block), from the
+    node's history or the simulator profile (`inputs`); `run` starts with it and `plan --target-ci` shows it."""
+    return economics.first_block(inputs.prior, inputs.cost, float(opts.target_ci or 0), arms=len(prepared.arms),
+                                 requests=int(prepared.experiment.bench_settings["num_requests"]),
+                                 max_blocks=opts.max_repeats or opts.repeats, max_requests=opts.max_requests)
+
+
+def first_runs(prepared: Prepared, opts: Options, first: economics.FirstBlock | None) -> list[PlannedRun]:
+    """The runs an experiment starts with. With --target-ci and the design by cost (`first`): one block, at the
+    requests per run the design chose (num_requests None where it made no design: the experiment's, whenever the
+    run runs); the design adds the rest block by block (RunContext.more_blocks). Otherwise the --repeats blocks at
+    the experiment's requests."""
+    if first is None or opts.target_ci is None or opts.design != "cost":
+        return list(prepared.plan)
+    return make_plan([a.name for a in prepared.arms], 1, opts.seed, opts.order,
+                     num_requests=first.requests if first.design is not None else None)
+
+
 def first_plan(prepared: Prepared, opts: Options, store: st.Store, fp: str
                ) -> tuple[list[PlannedRun], design.Design | None]:
-    """The runs an experiment starts with, each with its measured requests (stored per run), and the design by
-    cost's plan when it made one. With --target-ci and the design by cost: one block, whose requests per run the
-    design chooses from the node's history or the simulator profile (else the experiment's); the design adds the
-    rest block by block (RunContext.more_blocks). Otherwise the --repeats blocks at the experiment's requests."""
-    requests = int(prepared.experiment.bench_settings["num_requests"])
+    """The runs an experiment starts with (`first_runs`), each with its measured requests (stored per run), and the
+    design by cost's plan when it made one; the design's first decision is stored."""
     if opts.target_ci is None or opts.design != "cost":
-        return list(prepared.plan), None          # num_requests None: the experiment's, whenever the run runs
-    cap = opts.max_repeats or opts.repeats
+        return list(prepared.plan), None
     runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
     inputs = design_inputs(prepared.experiment, prepared.arms, prepared.inventory.hosts[0], runs_dir, fp)
-    m, why = requests, "no prior noise or run cost for this node yet: the experiment's requests per run"
-    d = None
-    if inputs.prior is not None and inputs.cost is not None:
-        d = economics.first_design(inputs.prior, inputs.cost, opts.target_ci, arms=len(prepared.arms),
-                                   requests=requests, max_blocks=cap, max_requests=opts.max_requests, range_sd=0.0)
-        m = d.requests
-        why = (f"from {inputs.prior.source} and the run cost of {inputs.cost.source}: plan {d.blocks} restarts per arm "
-               f"x {d.requests} requests per run, expected {d.gpu_s / 60:.1f} GPU-minutes ({d.reason})")
-        store.record_design_step(blocks=0, design="cost", more=True, requests=m, reason=f"first block: {why}",
-                                 plan=d.to_dict())
-    else:
-        store.record_design_step(blocks=0, design="cost", more=True, requests=m, reason=f"first block: {why}")
-    return make_plan([a.name for a in prepared.arms], 1, opts.seed, opts.order,
-                     num_requests=m if d is not None else None), d
+    first = first_block(prepared, opts, inputs)
+    store.record_design_step(blocks=0, design="cost", more=True, requests=first.requests,
+                             reason=f"first block: {first.why}",
+                             plan=first.design.to_dict() if first.design is not None else None)
+    return first_runs(prepared, opts, first), first.design
 
 
 def stored_experiment_file(row: dict[str, Any], exp_dir: Path, out: TextIO) -> str:
@@ -371,7 +377,7 @@ def record_history(store: st.Store, exp_dir: Path, out: TextIO) -> None:
     if recorded is None:
         return
     try:
-        for p in history.record(exp_dir.parent, load_store(exp_dir, read_logs=False), recorded[0]):
+        for p in history.record(exp_dir.parent, load_store(exp_dir, read_logs=False), recorded[0], recorded[1]):
             print(f"history: {p}", file=out)
     except Exception as exc:
         print(f"history not written: {type(exc).__name__}: {exc}", file=out)

@@ -55,14 +55,16 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 if __package__:                 # imported as specab.node.loadgen (the controller, tests)
-    from specab.node import engines, phasemetrics
+    from specab.node import dataset, engines, phasemetrics
 else:                           # a sibling script in <node_dir>/bin
+    import dataset  # type: ignore[no-redef]
     import engines  # type: ignore[no-redef]
     import phasemetrics  # type: ignore[no-redef]
 
 APIS = ("generate", "completions", "chat")
 # the experiment's bench: keys the client reads (a queue entry's bench mapping, resolved on the controller)
-BENCH_KEYS = ("api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed", "timeout_s")
+BENCH_KEYS = ("api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed", "timeout_s",
+              "ignore_eos")
 # A request was delivered in bursts (`buffered`) when more than BUFFERED_SHARE of its tokens after the first came
 # in chunks that followed the previous one within 1/BUFFERED_RATE_RATIO of the request's own time per token, with
 # at least BUFFERED_MIN_TOKENS of them: a CPU-starved API server forwarding what the engine made long before (seen
@@ -178,24 +180,32 @@ def known_truth_of(run_dir: str) -> Optional[Dict[str, Any]]:
 # request bodies and chunk decoding
 
 
-def build_body(api: str, prompt: Any, output_len: int, model: Optional[str]) -> Dict[str, Any]:
-    """A streaming request; ``prompt`` is text, or a list of token ids (generate: input_ids; completions: prompt)."""
+def build_body(api: str, prompt: Any, output_len: int, model: Optional[str], ignore_eos: bool) -> Dict[str, Any]:
+    """A streaming request; ``prompt`` is text, a list of token ids (generate: input_ids; completions: prompt) or a
+    dataset record ({"prompt": text} or, chat only, {"messages": [...]}, sent as they are so the engine applies the
+    model's chat template). ``ignore_eos``: every answer runs to ``output_len`` (True) or ends at the model's end."""
+    if isinstance(prompt, dict):
+        if "messages" in prompt and api != "chat":
+            raise UsageError("a dataset record with \"messages\" needs --api chat (got %s)" % api)
+        prompt = prompt["messages"] if "messages" in prompt else prompt["prompt"]
     if api == "generate":
         return {
             ("input_ids" if isinstance(prompt, list) else "text"): prompt,
-            "sampling_params": {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True},
+            "sampling_params": {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": ignore_eos},
             "stream": True,
         }
     body = {
         "model": model or "default",
         "max_tokens": output_len,
         "temperature": 0.0,
-        "ignore_eos": True,
+        "ignore_eos": ignore_eos,
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }  # type: Dict[str, Any]
     if api == "completions":
         body["prompt"] = prompt
+    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        body["messages"] = prompt
     else:
         body["messages"] = [{"role": "user", "content": prompt}]
     return body
@@ -544,6 +554,15 @@ def _finish_record(rec: Dict[str, Any], counter: ChunkCounter, e2e: float) -> No
 # the run
 
 
+def _flag(value: Any, name: str) -> bool:
+    """A bench setting that is true or false (a queue entry's JSON bool; "true"/"false" as on the command line)."""
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "false"):
+        return str(value).lower() == "true"
+    raise UsageError("bench %s must be true or false, got %r" % (name, value))
+
+
 @dataclass
 class BenchConfig:
     """One benchmark run. The values come from the controller (``specab.config.defaults.bench``: the
@@ -557,10 +576,12 @@ class BenchConfig:
     concurrency: int
     seed: int
     timeout: float
+    ignore_eos: bool                        # every answer runs to output_len (False: to the model's own end)
     out: str = "bench.jsonl"
     summary: Optional[str] = "bench_summary.json"
     model: Optional[str] = None
     phase_metrics: Optional[str] = None     # phase_metrics.json path: scrape /metrics around the measured window
+    dataset: Optional[str] = None           # JSONL prompts (dataset.py); None: the seeded word list (synthetic)
 
     @classmethod
     def from_settings(cls, url: str, bench: Dict[str, Any], out: str, summary: Optional[str],
@@ -573,13 +594,16 @@ class BenchConfig:
         return cls(url=url, api=str(bench["api"]), num_requests=int(bench["num_requests"]),
                    warmup=int(bench["warmup_requests"]), input_len=int(bench["input_len"]),
                    output_len=int(bench["output_len"]), concurrency=int(bench["concurrency"]),
-                   seed=int(bench["seed"]), timeout=float(bench["timeout_s"]), out=out, summary=summary,
-                   model=None if bench.get("model") is None else str(bench["model"]), phase_metrics=phase_metrics)
+                   seed=int(bench["seed"]), timeout=float(bench["timeout_s"]),
+                   ignore_eos=_flag(bench["ignore_eos"], "ignore_eos"), out=out, summary=summary,
+                   model=None if bench.get("model") is None else str(bench["model"]), phase_metrics=phase_metrics,
+                   dataset=None if bench.get("dataset") is None else str(bench["dataset"]))
 
     def to_argv(self) -> List[str]:
         """The client's command line for this config (``parse_args(cfg.to_argv()) == cfg`` when it has a summary)."""
         argv = ["--url", self.url, "--api", self.api, "--num-requests", str(self.num_requests),
                 "--warmup", str(self.warmup), "--input-len", str(self.input_len), "--output-len", str(self.output_len),
+                "--ignore-eos", "true" if self.ignore_eos else "false",
                 "--concurrency", str(self.concurrency), "--seed", str(self.seed), "--timeout", repr(self.timeout),
                 "--out", self.out]
         if self.summary is not None:
@@ -588,6 +612,8 @@ class BenchConfig:
             argv += ["--model", self.model]
         if self.phase_metrics is not None:
             argv += ["--phase-metrics", self.phase_metrics]
+        if self.dataset is not None:        # <node_dir>/datasets/<name>, copied there by node_prepare
+            argv += ["--dataset", self.dataset]
         return argv
 
     def validate(self) -> None:
@@ -659,7 +685,7 @@ def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: boo
                 i, prompt = jobs.get_nowait()
             except queue.Empty:
                 return
-            body = build_body(cfg.api, prompt, cfg.output_len, cfg.model)
+            body = build_body(cfg.api, prompt, cfg.output_len, cfg.model, cfg.ignore_eos)
             try:
                 before = vllm_spec_metrics(target, cfg.timeout) if per_request_vllm else None
                 rec = run_request(target, cfg.api, body, cfg.timeout, keep_output=kt is not None)
@@ -672,6 +698,8 @@ def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: boo
             except Exception as exc:  # a bug must not lose the other requests' records
                 rec = {"ok": False, "error": "client error: %s: %s" % (type(exc).__name__, exc)}
             out = {"i": i, "warmup": warmup}
+            if isinstance(prompt, dict) and "category" in prompt:
+                out["category"] = prompt["category"]
             out.update(rec)
             recorder.write(out)
 
@@ -692,7 +720,7 @@ def _mean(values: List[float]) -> Optional[float]:
 
 
 def summarize(cfg: BenchConfig, records: List[Dict[str, Any]], duration_s: float,
-              cpu_s: float, data_hash: str) -> Dict[str, Any]:
+              cpu_s: float, data_hash: str, data: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     measured = [r for r in records if not r.get("warmup")]
     ok = [r for r in measured if r.get("ok")]
 
@@ -725,6 +753,9 @@ def summarize(cfg: BenchConfig, records: List[Dict[str, Any]], duration_s: float
         "api": cfg.api, "url": cfg.url, "model": cfg.model, "concurrency": cfg.concurrency,
         "input_len": cfg.input_len, "output_len": cfg.output_len, "seed": cfg.seed,
         "dataset_hash": data_hash,
+        # where the prompts came from: the seeded word list (synthetic) or a file with its sha256
+        "dataset": data or {"kind": "synthetic"},
+        "ignore_eos": cfg.ignore_eos,
         "tokens_from": sorted({str(r.get("tokens_from")) for r in ok}),
     }
 
@@ -841,9 +872,26 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
         cfg.model = discover_model(target, cfg.timeout)
     out_dir = os.path.dirname(os.path.abspath(cfg.out))
     kt = known_truth_of(out_dir)
-    if kt is None:
-        warm_prompts = make_prompts(cfg.seed, "warmup", cfg.warmup, cfg.input_len)  # type: List[Any]
-        prompts = make_prompts(cfg.seed, "measure", cfg.num_requests, cfg.input_len)  # type: List[Any]
+    data = None  # type: Optional[Dict[str, Any]]
+    if cfg.dataset is not None:
+        if kt is not None:
+            raise UsageError("the served model is a known-truth model (%s), which takes token-id prompts: drop "
+                             "bench.dataset" % kt["target"]["path"])
+        try:
+            cfg.dataset = os.path.expanduser(cfg.dataset)
+            records = dataset.load(cfg.dataset)
+        except dataset.DatasetError as exc:
+            raise UsageError(str(exc))
+        if dataset.needs_chat(records) and cfg.api != "chat":
+            raise UsageError("%s holds chat records (\"messages\"): use --api chat" % cfg.dataset)
+        warm_prompts = dataset.sample(records, cfg.seed, "warmup", cfg.warmup)  # type: List[Any]
+        prompts = dataset.sample(records, cfg.seed, "measure", cfg.num_requests)  # type: List[Any]
+        data = {"kind": "file", "path": os.path.abspath(cfg.dataset), "sha256": dataset.sha256_of(cfg.dataset),
+                "records": len(records), "categories": dataset.categories(records)}
+        log("dataset %s: %d record(s)" % (cfg.dataset, len(records)))
+    elif kt is None:
+        warm_prompts = make_prompts(cfg.seed, "warmup", cfg.warmup, cfg.input_len)
+        prompts = make_prompts(cfg.seed, "measure", cfg.num_requests, cfg.input_len)
     else:
         if cfg.api == "chat":
             raise UsageError("the served model is a known-truth model (%s), which takes token-id prompts: use "
@@ -875,7 +923,7 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
             log("phase metrics: %s" % ("categories " + ", ".join(phases["categories"]) if phases.get("available")
                                        else "not available (%s)" % phases.get("reason")))
         after = vllm_spec_metrics(target, cfg.timeout) if before is not None else None
-    summary = summarize(cfg, recorder.records, duration, cpu, data_hash)
+    summary = summarize(cfg, recorder.records, duration, cpu, data_hash, data)
     add_engine_acceptance(summary, before, after)
     if kt is not None:
         summary["known_truth"] = kt
@@ -895,7 +943,12 @@ def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
     ap.add_argument("--num-requests", type=int, required=True, help="measured requests")
     ap.add_argument("--warmup", type=int, required=True, help="warm-up requests (excluded from the summary)")
     ap.add_argument("--input-len", type=int, required=True, help="prompt length in words")
-    ap.add_argument("--output-len", type=int, required=True, help="fixed output tokens (ignore_eos)")
+    ap.add_argument("--output-len", type=int, required=True, help="output tokens asked per request")
+    ap.add_argument("--ignore-eos", choices=("true", "false"), required=True,
+                    help="true: every answer runs to --output-len; false: answers end where the model ends them")
+    ap.add_argument("--dataset", default=None, metavar="FILE",
+                    help="JSONL prompts ({\"prompt\"} or {\"messages\"}, optional \"category\"), drawn with --seed "
+                         "(default: the seeded word list)")
     ap.add_argument("--concurrency", type=int, required=True)
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--out", default="bench.jsonl")
@@ -908,7 +961,7 @@ def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
     return BenchConfig(url=ns.url, api=ns.api, num_requests=ns.num_requests, warmup=ns.warmup,
                        input_len=ns.input_len, output_len=ns.output_len, concurrency=ns.concurrency,
                        seed=ns.seed, out=ns.out, summary=ns.summary, timeout=ns.timeout, model=ns.model,
-                       phase_metrics=ns.phase_metrics)
+                       phase_metrics=ns.phase_metrics, dataset=ns.dataset, ignore_eos=ns.ignore_eos == "true")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

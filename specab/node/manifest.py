@@ -317,8 +317,24 @@ def build(a: ManifestSpec, parts: Optional[Dict[str, Any]] = None) -> Dict[str, 
             "target": model_info(a.model_path or sa.get("model_path")),
             "draft": model_info(a.draft_model_path or sa.get("speculative_draft_model_path") or engines.speculative_view(sa).draft_model)},
         "seed": a.seed,
+        "dataset": bench_dataset(run_dir),
         "extra": extra,
     }
+
+
+def bench_dataset(run_dir: str) -> Optional[Dict[str, Any]]:
+    """Where the run's prompts came from, as the benchmark client recorded it (bench_summary.json): the seeded word
+    list (kind synthetic) or a file with its path and sha256, and whether answers ran past the model's end; None
+    before the benchmark ran."""
+    try:
+        with open(os.path.join(run_dir, "bench_summary.json"), encoding="utf-8") as fh:
+            summary = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    data = summary.get("dataset") if isinstance(summary, dict) else None
+    if not isinstance(data, dict):
+        return None
+    return dict(data, ignore_eos=summary.get("ignore_eos"))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:

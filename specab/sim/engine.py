@@ -65,6 +65,10 @@ class GenRequest:
     emit_tokens: list[int] = field(default_factory=list)
     text_cache: str = field(default="", repr=False)       # text of the first text_cache_n tokens
     text_cache_n: int = field(default=0, repr=False)
+    # ground truth: device-timer seconds (wall) per category of the decode passes that served this request (each
+    # pass counted whole: the batch shares it) and the batch sizes of those passes, summed
+    pass_forward_s: dict[str, float] = field(default_factory=dict)
+    pass_batch_sum: int = 0
 
     @property
     def completion_tokens(self) -> int:
@@ -268,6 +272,7 @@ class Engine:
         rec = {"rid": req.rid, "prompt_tokens": req.prompt_tokens, "completion_tokens": n,
                "arrival_mono": req.arrival_mono, "arrival_wall": req.created, "emit_mono": req.emit_mono,
                "emit_tokens": req.emit_tokens, "spec_verify_ct": req.verify_ct,
+               "pass_forward_s": req.pass_forward_s, "pass_batch_sum": req.pass_batch_sum,
                "ttft_s": req.emit_mono[0] - req.arrival_mono if req.emit_mono else None,
                "decode_tok_s": (n - 1) / span if span > 0 else None, "time_scale": self.scale}
         try:
@@ -364,11 +369,14 @@ class Engine:
         graph = self.timing.graph_used(bs)
         self._last_graph = graph
         spec = self.timing.speculative
-        self._account_forward(bs, wall, graph)
+        per_category = self._account_forward(bs, wall, graph)
         done: list[GenRequest] = []
         for r in list(self.running):
             if r.aborted:
                 continue
+            for cat, sec in per_category.items():
+                r.pass_forward_s[cat] = r.pass_forward_s.get(cat, 0.0) + sec
+            r.pass_batch_sum += bs
             remaining = r.stop_at - r.completion_tokens
             if spec:
                 n = min(self.timing.tokens_per_verify(r.rng), remaining)
@@ -393,18 +401,22 @@ class Engine:
             self._finish(r)
         return next_t
 
-    def _account_forward(self, bs: int, wall: float, graph: bool) -> None:
-        """The device timer's view of one decode step or speculative cycle (wall seconds per category)."""
+    def _account_forward(self, bs: int, wall: float, graph: bool) -> dict[str, float]:
+        """The device timer's view of one decode step or speculative cycle (wall seconds per category, returned)."""
         shares = None
+        out: dict[str, float] = {}
         if self.timing.speculative:
             shares = self.timing.nominal_spec_phases_ms(bs).shares()
             for cat in ("eagle_draft", "eagle_draft_extend", "target_verify"):
-                self.stats.add_forward(cat, wall * shares[cat])
+                out[cat] = wall * shares[cat]
         else:
-            self.stats.add_forward("decode", wall)
+            out["decode"] = wall
+        for cat, sec in out.items():
+            self.stats.add_forward(cat, sec)
         self.stats.add_pass("decode_cuda_graph" if graph else "decode_none")   # the target's forward
         if self.profiler is not None and self.profiler.record_decode(bs, time.time() - wall, wall, shares):
             self.finish_profile()
+        return out
 
     def finish_profile(self) -> Optional[str]:
         """Write the profile in progress (if any); returns its path."""

@@ -135,3 +135,47 @@ def test_the_report_states_the_designs_own_stop_and_lists_its_decisions_with_blo
     assert rep.summary[-1].startswith("Verdict cost: ")
     md = report.to_markdown(rep)
     assert "The design's decisions" in md and "| 1 | design by cost | another block | 40 | spec: requests dominate |" in md
+
+
+def test_first_block_without_a_prior_keeps_the_experiments_requests_and_the_plan_says_so():
+    """`run` starts with the experiment's requests where the node has a run cost but no prior noise; the plan's
+    design by cost keeps them too (it would otherwise describe a first block the run never runs)."""
+    from specab.analysis import design
+    cost = design.RunCost(load_s=300.0, per_request_s=6.0, dead_s=7.7, gpus=8, source="history")
+    prior = design.Components(between=2 * 0.01 ** 2, within=2 * 0.04 ** 2, between_df=8.0, within_df=100.0,
+                              source="history")
+    kept = economics.first_block(None, cost, 0.02, arms=2, requests=8, max_blocks=10)
+    assert (kept.requests, kept.design) == (8, None) and "the experiment's requests" in kept.why
+    default = design.Components(design.DEFAULT_BETWEEN, 0.0, design.DEFAULT_BETWEEN_DF, 0.0, source="default")
+    est = economics.plan_estimate(cost, default, 0.02, arms=2, requests=8, max_blocks=10, first=kept)
+    assert est.design.requests == 8
+    assert "the first block with 8 measured requests per run (the experiment's: no prior noise" in est.lines(0.02)[1]
+    # with a prior the first block is the design's, and the plan shows the same block and restarts
+    chosen = economics.first_block(prior, cost, 0.02, arms=2, requests=8, max_blocks=10)
+    assert chosen.design is not None and chosen.requests == chosen.design.requests
+    est = economics.plan_estimate(cost, prior, 0.02, arms=2, requests=8, max_blocks=10, first=chosen)
+    assert (est.design.requests, est.design.blocks) == (chosen.requests, chosen.design.blocks)
+    assert est.design.gpu_s_low <= est.design.gpu_s <= est.design.gpu_s_high
+
+
+def test_the_dead_time_prior_is_what_the_h200_known_truth_runs_measured():
+    """DEFAULT_DEAD_S is a measurement, not a guess: the median seconds per phase of the 21 runs of the H200
+    known-truth stores, for every phase that is neither the engine's load nor the measured benchmark."""
+    import sqlite3
+    import statistics
+    from collections import defaultdict
+
+    load_or_bench = {"loading", "loading weights", "capturing graphs", "benchmarking"}
+    per_phase: dict[str, list[float]] = defaultdict(list)
+    stores = sorted((REPO_ROOT / "tests" / "fixtures" / "known-truth" / "h200").glob("*/results.sqlite"))
+    runs = set()
+    for path in stores:
+        with sqlite3.connect(f"file:{path}?immutable=1", uri=True) as c:     # writes no -wal/-shm beside it
+            for seq, phase, d in c.execute("SELECT seq, phase, duration_s FROM run_phases"):
+                runs.add((path, seq))
+                if phase not in load_or_bench:
+                    per_phase[phase].append(d)
+    assert len(stores) == 3 and len(runs) == 21
+    measured = sum(statistics.median(v) for v in per_phase.values())
+    assert abs(measured - economics.DEFAULT_DEAD_S) < 0.1, (measured, {k: statistics.median(v)
+                                                                        for k, v in per_phase.items()})

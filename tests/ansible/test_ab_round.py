@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -172,15 +173,22 @@ def test_round_leaves_nothing_running_and_testinfra_agrees(round_: tuple[SimNode
 
 
 def test_ansible_and_plain_jinja_render_the_same_files(round_: tuple[SimNode, Result, dict[str, Any]]) -> None:
-    """The driver renders the templates with plain Jinja2 (`driver.py plan`) from the arms as it resolves them;
-    what Ansible deployed must match, byte for byte (the order of the flags included)."""
+    """The driver renders the templates with plain Jinja2 (`driver.py plan`) from the arms as it resolves them,
+    in the spelling of the node's engine (the simulated SGLang 0.5.23's --help); what Ansible deployed must match,
+    byte for byte (the order of the flags included)."""
     from specab.config.spec import load_experiment, resolve_arm
+    from specab.driver.preflight import parse_help_flags
+    from specab.node import engines
 
     node, result, exp = round_
     assert result.rc == 0, str(result)
     spec = load_experiment(node.root / "experiment.yml")
+    flags = parse_help_flags(subprocess.run([sys.executable, "-m", "specab.sim.launch_server", "--help"],
+                                            capture_output=True, text=True, check=True).stdout)
     for index, run in enumerate(("001-baseline", "002-eagle3-s2")):
-        arm = resolve_arm(spec, spec.arms[index]).to_extravar()
+        logical = resolve_arm(spec, spec.arms[index])
+        arm = replace(logical, node_args=engines.spell_for("sglang", logical.server_args, flags)).to_extravar()
+        assert "cuda_graph_max_bs_decode" in arm["server_args"] and "cuda_graph_max_bs" not in arm["server_args"]
         ctx = {"specab_arm": arm, "specab_run_id": run, "specab_node_env": node.node_env(),
                "specab_engine_cmd": [sys.executable, "-m", "specab.sim.launch_server"]}
         run_dir = node.runs_dir / "t-round" / run

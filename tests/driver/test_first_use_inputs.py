@@ -22,6 +22,11 @@ def experiment(tmp_path: Path, old: str, new: str) -> str:
     return str(f)
 
 
+def dataset_experiment(tmp_path: Path, content: str) -> str:
+    (tmp_path / "data.jsonl").write_text(content)
+    return experiment(tmp_path, r"output_len: \d+", "output_len: 64\n    dataset: data.jsonl")
+
+
 CASES = [
     ("port 99999", lambda t: ["plan", "-e", experiment(t, r"port: \d+", "port: 99999")],
      r"exp.yml:\d+:\d+: server_args.port must be a TCP port number 1-65535, got 99999."),
@@ -29,6 +34,22 @@ CASES = [
      r"exp.yml:\d+:\d+: bench.num_requests must be an integer of at least 1, got 0."),
     ("output_len 0", lambda t: ["plan", "-e", experiment(t, r"output_len: \d+", "output_len: 0")],
      r"bench.output_len must be an integer of at least 1, got 0."),
+    ("max_tokens given", lambda t: ["plan", "-e", experiment(t, r"output_len: \d+", "output_len: 64\n    max_tokens: 32")],
+     r"exp.yml:\d+:\d+: bench.max_tokens is not a setting: the tokens each request asks for are bench.output_len .* "
+     r"Move the value to bench.output_len and remove bench.max_tokens."),
+    ("dataset missing", lambda t: ["plan", "-e", experiment(t, r"output_len: \d+", "output_len: 64\n    dataset: nope.jsonl")],
+     r"exp.yml:\d+:\d+: bench.dataset: .*/nope.jsonl: cannot read the dataset \(No such file or directory\)"),
+    ("dataset empty", lambda t: ["plan", "-e", dataset_experiment(t, "\n\n")],
+     r"bench.dataset: .*/data.jsonl: the dataset has no records. Add one JSON object per line"),
+    ("dataset malformed line", lambda t: ["plan", "-e", dataset_experiment(t, '{"prompt": "a"}\n\n{"prompt": "b",}\n')],
+     r"bench.dataset: .*/data.jsonl:3: not a JSON object .*Each line is one record"),
+    ("dataset record without a prompt", lambda t: ["plan", "-e", dataset_experiment(t, '{"text": "a"}\n')],
+     r"bench.dataset: .*/data.jsonl:1: a record needs exactly one of \"prompt\" \(text\) or \"messages\""),
+    ("dataset of chats on the generate API", lambda t: ["plan", "-e", dataset_experiment(
+        t, '{"prompt": "a"}\n{"messages": [{"role": "user", "content": "hi"}]}\n')],
+     r"holds chat records \(\"messages\", the first is record 2\) but bench.api is generate: .* Set bench.api: chat"),
+    ("ignore_eos not a bool", lambda t: ["plan", "-e", experiment(t, r"output_len: \d+", "output_len: 64\n    ignore_eos: maybe")],
+     r"bench.ignore_eos must be true \(every answer runs to output_len\) or false"),
     ("--repeats 5 --max-repeats 2", lambda t: ["plan", "--repeats", "5", "--max-repeats", "2", "--target-ci", "2%"],
      r"--max-repeats 2 is below --repeats 5: --repeats blocks always run .* Give --max-repeats >= 5"),
     ("-e and -i swapped", lambda t: ["plan", "-e", str(REPO / "inventory" / "local.yml"),
@@ -104,3 +125,14 @@ def test_plan_fleet_shows_each_block_s_host() -> None:
     rows = [line.split() for line in out.getvalue().splitlines() if re.match(r"\s+\d+\s+\d+\s+\d{3}-", line)]
     assert len(rows) == 8 and {r[1]: r[3] for r in rows} == {"1": "gpu-node-1", "2": "gpu-node-2",
                                                              "3": "gpu-node-3", "4": "gpu-node-1"}
+
+
+def test_a_dataset_is_read_relative_to_the_experiment_and_recorded_absolute(tmp_path: Path) -> None:
+    from specab.config.spec import load_experiment
+    (tmp_path / "data.jsonl").write_text('{"prompt": "def f():", "category": "code"}\n'
+                                         '{"messages": [{"role": "user", "content": "hi"}], "category": "chat"}\n')
+    f = experiment(tmp_path, r"api: generate", "api: chat")
+    Path(f).write_text(Path(f).read_text().replace("output_len: 256", "output_len: 64\n    dataset: data.jsonl"))
+    spec = load_experiment(f)
+    assert spec.bench["dataset"] == str(tmp_path / "data.jsonl")
+    assert spec.as_extravar()["bench"]["dataset"] == str(tmp_path / "data.jsonl")

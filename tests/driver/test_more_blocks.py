@@ -89,7 +89,8 @@ def test_real_stats_decision_on_an_empty_experiment(sequential):
     assert more is True and reason == "0 complete block(s); at least 3 are needed before judging the CI width"
     # the cap wins over the wish for more: with --max-repeats 0 blocks allowed, no block
     more, reason = ex.decide_more_blocks(sequential.store, 0.02, 0)
-    assert more is False and reason
+    assert more is False and reason == "stopped at --max-repeats 0 (target +-2.0% not met): speedup CI half-widths " \
+                                       "eagle3-s2 n/a"
 
 
 def test_by_cost_the_experiment_starts_with_one_block_its_requests_chosen_from_the_profile(by_cost):

@@ -30,6 +30,75 @@ def test_plan_with_target_ci_prints_what_run_will_do_and_the_other_design_with_a
                            "  today's sequential design")
 
 
+ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+|\?)\s+(\d{3}-\S+)\s+(.+)$")
+
+
+def _table(text: str) -> list[tuple[int, int, str, str, str]]:
+    """The plan's run table: (seq, block, requests per run, run_id, when)."""
+    return [(int(m[1]), int(m[2]), m[3], m[4], m[5]) for m in map(ROW.match, text.splitlines()) if m]
+
+
+def test_plan_with_target_ci_prints_the_runs_the_described_design_runs(tmp_path):
+    """By cost `run` starts with ONE block at the design's requests per run and adds the others one at a time: the
+    table shows that block as `now`, with the requests the description names, then the blocks the design's plan
+    expects (its restarts per arm), and the headline says the same. The `now` runs are what `run` plans
+    (session.first_plan, given a store)."""
+    from specab.driver import session
+    from specab.driver.options import Options, prepare
+    from specab.results import store as st
+
+    out = io.StringIO()
+    assert cli.main(["plan", "--target-ci", "2%", "--max-repeats", "6", "--runs-dir", str(tmp_path)], out=out) == 0
+    text = out.getvalue()
+    first = re.search(r"the first block with (\d+) measured requests per run", text).group(1)
+    restarts = int(re.search(r"plan now: (\d+) restarts per arm", text).group(1))
+    rows = _table(text)
+    now = [r for r in rows if r[4] == "now"]
+    assert [r[1] for r in now] == [1, 1] and {r[2] for r in now} == {first}
+    assert len(rows) == 2 * restarts and {r[1] for r in rows} == set(range(1, restarts + 1))
+    assert {r[4] for r in rows[2:]} == {"expected (the design by cost decides after each block)"}
+    assert (f"2 arms: block 1 now (2 runs of {first} measured requests), the design by cost expects {restarts} "
+            f"blocks = {2 * restarts} runs, at most --max-repeats 6 blocks = 12 runs, order interleaved, seed 1") in text
+    # what `run` starts with, from the same inputs
+    opts = Options(target_ci=0.02, max_repeats=6, runs_dir=str(tmp_path))
+    prepared = prepare(opts)
+    s = st.Store.create(tmp_path / "exp" / st.FILENAME)
+    try:
+        planned, d = session.first_plan(prepared, opts, s, "fp-of-test")
+    finally:
+        s.close()
+    assert d is not None and d.blocks == restarts
+    assert [(r.seq, r.block, str(r.num_requests), r.run_id) for r in planned] == [r[:4] for r in now]
+
+
+def test_plan_sequential_shows_the_repeats_now_and_the_blocks_it_expects_to_add():
+    out = io.StringIO()
+    assert cli.main(["plan", "--target-ci", "5%", "--design", "sequential", "--repeats", "2", "--max-repeats", "6"],
+                    out=out) == 0
+    text = out.getvalue()
+    restarts = int(re.search(r"today's sequential design .*?, (\d+) restarts per arm", text).group(1))
+    rows = _table(text)
+    assert [r[1] for r in rows if r[4] == "now"] == [1, 1, 2, 2] and {r[2] for r in rows} == {"6"}
+    assert len(rows) == 2 * max(restarts, 2)
+    assert f"2 arms: blocks 1-2 now (4 runs of 6 measured requests), the sequential design expects {restarts}" in text
+    # --repeats above what the target needs: the sequential design runs them all, and says so
+    out = io.StringIO()
+    assert cli.main(["plan", "--target-ci", "20%", "--design", "sequential", "--repeats", "5", "--max-repeats", "6"],
+                    out=out) == 0
+    assert "5 restarts per arm" in out.getvalue() and len(_table(out.getvalue())) == 10
+
+
+def test_plan_json_with_target_ci_lists_the_same_runs_as_the_table():
+    import json
+    text, js = io.StringIO(), io.StringIO()
+    assert cli.main(["plan", "--target-ci", "2%", "--max-repeats", "6"], out=text) == 0
+    assert cli.main(["plan", "--target-ci", "2%", "--max-repeats", "6", "--format", "json"], out=js) == 0
+    doc = json.loads(js.getvalue())
+    assert [(r["seq"], r["block"], str(r["num_requests"]), r["run_id"], r["when"]) for r in doc["plan"]] \
+        == _table(text.getvalue())
+    assert doc["design"][0] == "what `driver.py run --target-ci 2%` will do:"
+
+
 def test_plan_without_target_ci_prints_no_cost_design():
     out = io.StringIO()
     assert cli.main(["plan"], out=out) == 0
@@ -90,6 +159,11 @@ def test_plan_on_a_real_node_estimates_from_the_history_it_measured_and_narrows_
     out = io.StringIO()
     assert cli.main(args, out=out) == 0
     assert "no cost estimate for gpu-node-1" in out.getvalue() and "GPU-minutes" not in out.getvalue()
+    rows = _table(out.getvalue())            # block 1 at the experiment's requests, the rest only if asked for
+    assert [(r[1], r[2], r[4]) for r in rows[:2]] == [(1, "6", "now")] * 2 and len(rows) == 24
+    assert {(r[2], r[4]) for r in rows[2:]} == {("?", "if the design by cost asks for it after the block before")}
+    assert "no estimate of the blocks the design by cost adds, at most --max-repeats 12 blocks = 24 runs" \
+        in out.getvalue()
     prepared = prepare(Options(inventory_file=str(inv)))
     fp = fingerprint(fingerprint_doc(prepared.experiment, prepared.arms))
     base, spec = prepared.arms[0].name, prepared.arms[1].name
@@ -110,3 +184,47 @@ def test_plan_on_a_real_node_estimates_from_the_history_it_measured_and_narrows_
            "300.0 s, 6.00 s per request" in text
     est, lo, hi = map(float, re.search(r"expected ([\d.]+) GPU-minutes \(range ([\d.]+)-([\d.]+)\)", text).groups())
     assert lo <= est <= hi and hi / lo < 3         # the profile's prior of one degree of freedom spans >10x
+
+
+def test_a_matrix_sweeps_history_is_the_prior_of_a_later_run_of_one_of_its_arms(tmp_path):
+    """`--matrix steps=1,2` names its arms eagle3-s1-…, eagle3-s2-… and has another fingerprint than the plain
+    experiment, whose arm eagle3-s2 is the same server args: the history matches the pair by content, so the
+    plain experiment's `plan --target-ci` takes the sweep's eagle3-s2 noise and run cost, and not eagle3-s1's."""
+    import math
+
+    import numpy as np
+
+    from specab.analysis import history
+    from specab.analysis.model import Arm, Experiment, Request, Run
+    from specab.config.fingerprint import fingerprint, fingerprint_doc
+    from specab.driver.options import Options, prepare
+
+    sweep = prepare(Options(matrix=["steps=1,2"]))
+    plain = prepare(Options())
+    host = sweep.inventory.hosts[0].name
+    doc = fingerprint_doc(sweep.experiment, sweep.arms)
+    assert fingerprint(doc) != fingerprint(fingerprint_doc(plain.experiment, plain.arms))
+    base, s1, s2 = (a.name for a in sweep.arms)
+    assert s2.startswith("eagle3-s2") and s2 != plain.arms[1].name
+    rng = np.random.default_rng(2)
+    runs = []
+    for b in range(1, 9):           # s1's instances 20 % apart, s2's 3 %: the prior must be s2's alone
+        for arm, mu, sd in ((base, 80.0, 0.0), (s1, 90.0, 0.2), (s2, 100.0, 0.03)):
+            off = rng.normal(0, sd)
+            runs.append(Run(run_id=f"{b}-{arm}", arm=arm, block=b, host=host, gpu_seconds=60.0, requests=[
+                Request(i=k, decode_tok_s=float(mu * math.exp(off + rng.normal(0, 0.005)))) for k in range(8)]))
+    earlier = Experiment(id="sweep-1", arms=[Arm(base), Arm(s1, baseline=base), Arm(s2, baseline=base)], runs=runs)
+    history.record(tmp_path, earlier, fingerprint(doc), doc)
+
+    out = io.StringIO()
+    assert cli.main(["plan", "--target-ci", "2%", "--runs-dir", str(tmp_path)], out=out) == 0
+    text = out.getvalue()
+    assert f"noise (history of {host}: the same arm and baseline in {s2} of sweep-1)" in text
+    sd = float(re.search(r"between instances sd ([\d.]+)%", text).group(1))
+    assert 1.0 < sd < 6.0                       # s2's 3 % instances, not s1's 20 %
+    # without the pair fingerprints (a line written without the document) nothing matches
+    history.path_for(tmp_path, host).unlink()
+    history.record(tmp_path, earlier, fingerprint(doc))
+    out = io.StringIO()
+    assert cli.main(["plan", "--target-ci", "2%", "--runs-dir", str(tmp_path)], out=out) == 0
+    assert "history of" not in out.getvalue()

@@ -72,10 +72,12 @@ def _phase_t(run_dir: Path, phase: str) -> float:
     raise AssertionError(f"{run_dir}/phases.jsonl has no phase {phase!r}")
 
 
-def test_queue_dead_time_per_transition_is_far_below_the_per_run_path(node: SimNode):
-    """6 runs on the queue executor: every run ok, in plan order; the dead time of each transition (last
-    request of run k -> first request of run k+1, minus the engine's start -> ready) is seconds, where the
-    per-run path measured 16-50 s on this machine (docs/performance.md §1); the sequencer exits at the end."""
+def test_queue_runs_every_run_in_one_sequencer_and_fetches_what_the_analysis_reads(node: SimNode):
+    """6 runs on the queue executor: every run ok, in plan order, all six and their five transitions inside ONE
+    sequencer process (its own count of runs done), so no Ansible task runs between two runs; the sequencer exits
+    at the end. The dead time of each transition (last request of run k -> first request of run k+1, minus the
+    engine's start -> ready) is printed, not asserted: a wall-clock figure on a shared box belongs to the benchmark
+    (bench/dead_time.py, its table in docs/performance.md §1), where load and machine are recorded with it."""
     exp = node.write_experiment("dq", num_requests=2, output_len=16)   # instant profile: no load sub-phases
     host_vars = node.host_vars()
     host_vars["specab_node_env"] = {**node.node_env(), "MY_NODE_TOKEN": NODE_SECRET}   # reaches the queue entry
@@ -102,8 +104,7 @@ def test_queue_dead_time_per_transition_is_far_below_the_per_run_path(node: SimN
         dead.append(t_first - t_end - load)
     median = statistics.median(dead)
     print(f"\nqueue executor: dead time per transition median {median:.2f} s "
-          f"(min {min(dead):.2f}, max {max(dead):.2f}) over {len(dead)} transitions")
-    assert median < 5.0, dead
+          f"(min {min(dead):.2f}, max {max(dead):.2f}) over {len(dead)} transitions; bench/dead_time.py measures it")
     # every file the analysis reads came back, and the manifest was written by the sequencer
     for d in dirs:
         for name in ("manifest.json", "bench_summary.json", "env_check.json", "stop.json", "gpu_free.json",
@@ -118,6 +119,9 @@ def test_queue_dead_time_per_transition_is_far_below_the_per_run_path(node: SimN
     wait_for(lambda: not _sequencer_alive(node), timeout=60, what="the sequencer to exit after the END marker")
     assert not node.server_alive() and node.gpus_busy() == []
     assert not [p for p in (node.node_dir / "queue").iterdir() if p.suffix == ".json"]
+    # one sequencer ran every run back to back (a restarted one would count only the runs since its start)
+    rec = json.loads((node.node_dir / "sequencer.json").read_text())
+    assert rec["state"] == "exited" and rec["runs_done"] == 6 and "end marker" in rec["reason"], rec
 
 
 def test_queue_sigint_mid_experiment_stops_sequencer_and_server_then_resume(node: SimNode):

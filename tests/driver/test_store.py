@@ -119,3 +119,17 @@ def test_gpu_seconds_span_the_runs_phases_when_it_has_them(tmp_path):
     s.record_phase(1, "benchmarking", 130.0, 190.0)
     s.finish_run(1, status=st.OK, gpus=8)
     assert s.runs()[0]["gpu_seconds"] == pytest.approx(8 * 90.0)
+
+
+def test_console_summary_says_single_stream_only_at_concurrency_1(tmp_path):
+    import io
+    from specab.driver import progress
+    for conc, want, absent in ((1, "single-stream", "in flight"), (8, "8 requests in flight", "single-stream")):
+        s = st.Store.create(tmp_path / f"c{conc}.sqlite")
+        s.write_experiment(id="t-1", name="t", seed=1, repeats=1, order_mode="interleaved", experiment_file="/e.yml",
+                           inventory_file="/i.yml", config={"name": "t", "bench": {"concurrency": conc}}, matrix=[],
+                           argv=[], hosts=["sim0"], specab_version="0", git_sha=None)
+        out = io.StringIO()
+        progress.print_summary(s, out)
+        title = next(line for line in out.getvalue().splitlines() if "per-arm summary" in line)
+        assert want in title and absent not in title, title

@@ -411,3 +411,20 @@ def test_unpack_fetched_refuses_members_outside_the_run_dirs_or_not_plain(
     with pytest.raises(UnpackError, match="refusing member"):
         unpack_fetched(runs / "001-baseline.tar", runs, ["001-baseline", "002-eagle"])
     assert list(runs.iterdir()) == [] and not (tmp_path / "outside.txt").exists()
+
+
+def test_the_ansible_child_imports_the_drivers_specab_without_an_install(tmp_path):
+    """The roles' filter and the playbooks' lookup plugins import specab inside ansible-playbook. A controller that
+    runs driver.py from a checkout without installing it (the device scripts do) has specab only through the
+    child's PYTHONPATH: a Python without site-packages (-S) and outside the checkout finds the driver's own."""
+    import subprocess
+    import sys
+
+    import specab
+    from specab.driver.playbook import PlaybookRunner
+
+    env = PlaybookRunner(tmp_path, tmp_path / "inv.yml", tmp_path / "private").child_env()
+    out = subprocess.run([sys.executable, "-S", "-c", "import specab.node.contract, specab; print(specab.__file__)"],
+                         env={"PATH": env["PATH"], "PYTHONPATH": env["PYTHONPATH"]}, cwd=tmp_path,
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == specab.__file__

@@ -60,6 +60,7 @@ def client_default_argv() -> List[str]:
     b = defaults.bench({})
     return ["--api", str(b["api"]), "--num-requests", str(b["num_requests"]), "--warmup", str(b["warmup_requests"]),
             "--input-len", str(b["input_len"]), "--output-len", str(b["output_len"]),
+            "--ignore-eos", "true" if b["ignore_eos"] else "false",
             "--concurrency", str(b["concurrency"]), "--seed", str(b["seed"]), "--timeout", str(b["timeout_s"])]
 
 

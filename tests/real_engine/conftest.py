@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,22 @@ def _cpu_bind() -> str | None:
 _BIND = _cpu_bind()
 if _BIND is not None:
     os.environ["SPECAB_VLLM_CPU_BIND"] = _BIND
+
+
+# the project's venv: driver.py's Python and the ansible-playbook it runs
+VENV_BIN = Path(sys.executable).parent
+
+
+def vllm_run_env(real_vllm: RealVllm, tmp_path: Path, *, own_cache: bool = True, **extra: str) -> dict[str, str]:
+    """The environment of a `driver.py` or `ansible-playbook` run against the real vLLM: the project's venv first on
+    PATH (ansible-playbook), the node directory and the vLLM venv that inventory/vllm-cpu.yml reads
+    (SPECAB_VLLM_NODE_DIR, SPECAB_VLLM_VENV), and with `own_cache` a cache of the test's own (XDG_CACHE_HOME: the
+    engine-flag cache the driver's preflight fills), plus `extra`."""
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "SPECAB_VLLM_NODE_DIR": str(tmp_path / "node"),
+           "SPECAB_VLLM_VENV": str(real_vllm.python.parents[1]), **extra}
+    if own_cache:
+        env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    return env
 
 
 def free_port() -> int:

@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.real_engine.conftest import RealVllm, free_port
+from tests.real_engine.conftest import RealVllm, free_port, vllm_run_env
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500),
               pytest.mark.xdist_group("real-vllm-rest")]
 REPO = Path(__file__).resolve().parents[2]
-VENV_BIN = Path(sys.executable).parent
 
 
 def build_models(real_vllm: RealVllm, out: Path, *drafts: str) -> dict:
@@ -88,8 +87,7 @@ def test_known_truth_draft_model_matrix_on_a_real_vllm_is_exact(real_vllm: RealV
     exp["arms"][1]["server_args"]["speculative_config"]["model"] = str(tmp_path / "kt" / "draft")
     exp_file = tmp_path / "kt.yml"
     exp_file.write_text(yaml.safe_dump({"specab_experiment": exp}))
-    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "SPECAB_VLLM_NODE_DIR": str(tmp_path / "node"),
-           "SPECAB_VLLM_VENV": str(real_vllm.python.parents[1]), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = vllm_run_env(real_vllm, tmp_path)
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, str(REPO / "driver.py"), "run", "-e", str(exp_file), "--matrix", "steps=1,2,3",
                            "--repeats", "1", "--runs-dir", str(tmp_path / "runs")],

@@ -24,7 +24,7 @@ import yaml
 from specab.analysis import logparse
 from specab.node import engines
 from tests.node.helpers import client_default_argv
-from tests.real_engine.conftest import RealVllm, free_port
+from tests.real_engine.conftest import VENV_BIN, RealVllm, free_port, vllm_run_env
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500)]
 MATRIX = pytest.mark.xdist_group("real-vllm-matrix")     # the longest test: a worker of its own
@@ -32,7 +32,6 @@ REST = pytest.mark.xdist_group("real-vllm-rest")
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = REPO / "specab" / "node"
-VENV_BIN = Path(sys.executable).parent
 SMI = json.dumps([sys.executable, "-m", "specab.sim.smi"])
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
             "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("SPECAB_VLLM_CPU_BIND", "auto")}   # as inventory/vllm-cpu.yml
@@ -139,8 +138,7 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     exp_file = tmp_path / "exp.yml"
     exp_file.write_text(yaml.safe_dump({"specab_experiment": exp}))
     runs = tmp_path / "runs"
-    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "SPECAB_VLLM_NODE_DIR": str(tmp_path / "node"),
-           "SPECAB_VLLM_VENV": str(real_vllm.python.parents[1]), "ANSIBLE_NOCOLOR": "1"}
+    env = vllm_run_env(real_vllm, tmp_path, own_cache=False, ANSIBLE_NOCOLOR="1")
     t0 = time.monotonic()
     proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(REPO / "inventory" / "vllm-cpu.yml"),
                            str(REPO / "playbooks" / "ab_test.yml"), "-e", f"specab_experiment_file={exp_file}",
@@ -223,8 +221,7 @@ def test_driver_matrix_steps_to_a_report_on_a_real_vllm(real_vllm: RealVllm, tmp
     exp["bench"].update(num_requests=3, warmup_requests=1, output_len=64)
     exp_file = tmp_path / "vllm-cpu.yml"
     exp_file.write_text(yaml.safe_dump({"specab_experiment": exp}))
-    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "SPECAB_VLLM_NODE_DIR": str(tmp_path / "node"),
-           "SPECAB_VLLM_VENV": str(real_vllm.python.parents[1]), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = vllm_run_env(real_vllm, tmp_path)
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, str(REPO / "driver.py"), "run", "-e", str(exp_file), "--matrix", "steps=1,2,3",
                            "--repeats", "2", "--runs-dir", str(tmp_path / "runs")],

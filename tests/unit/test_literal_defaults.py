@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 ONE_SOURCE = REPO / "roles" / "specab" / "defaults" / "main.yml"
 
 # the names a setting goes by in Python (flags without "--", with "_"): any of them with a literal default is a copy
-NAMES = {"api", "num_requests", "warmup", "warmup_requests", "input_len", "output_len", "concurrency", "seed",
-         "timeout_s", "threshold_mib", "gpu_free_threshold_mib", "gpu_free_timeout", "gpu_free_s",
+NAMES = {"api", "num_requests", "warmup", "warmup_requests", "input_len", "output_len", "ignore_eos", "concurrency",
+         "seed", "timeout_s", "threshold_mib", "gpu_free_threshold_mib", "gpu_free_timeout", "gpu_free_s",
          "gpu_free_timeout_s", "stale_s", "lease_s", "lease_stale_s", "grace", "stop_grace", "stop_grace_s",
          "idle_timeout", "idle_timeout_s", "sample_interval_s", "ready_s", "ready_timeout_s"}
 # the controller's own seed (driver.py --seed) orders the plan's blocks: another setting than bench.seed
@@ -32,10 +32,11 @@ TOOL_NAMES = {"loadgen.py": {"timeout"}, "gpufree.py": {"timeout"}, "gpusample.p
 CONST_RE = re.compile(r"(STALE|LEASE_S|STOP_GRACE|THRESHOLD|IDLE_TIMEOUT|NUM_REQUESTS|WARMUP|INPUT_LEN|OUTPUT_LEN|"
                       r"SAMPLE_INTERVAL|READY_TIMEOUT|GPU_FREE_TIMEOUT|BENCH_TIMEOUT)")
 # the Ansible variables' suffixes (bench_num_requests, gpu_free_threshold_mib, node_lease_stale_s, ...)
-YAML_SUFFIXES = ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "bench_seed",
+YAML_SUFFIXES = ("num_requests", "warmup_requests", "input_len", "output_len", "ignore_eos", "concurrency", "bench_seed",
                  "timeout_s", "threshold_mib", "stale_s", "grace_s", "gpu_free_s", "ready_s", "sample_interval_s",
                  "bench_api")
-JINJA_RE = re.compile(r"(\w+)\s*\|\s*default\(\s*(-?\d+(?:\.\d+)?|'[^']*'|\"[^\"]*\")\s*(?:,[^)]*)?\)")
+JINJA_RE = re.compile(r"(\w+)\s*\|\s*default\(\s*(-?\d+(?:\.\d+)?|'[^']*'|\"[^\"]*\"|true|false|True|False)\s*"
+                      r"(?:,[^)]*)?\)")
 
 NODE = REPO / "specab" / "node"
 CONTROLLER = [REPO / "specab" / "driver", REPO / "specab" / "config", REPO / "driver.py"]
@@ -43,7 +44,8 @@ ALLOWED = {REPO / "specab" / "config" / "defaults.py"}
 
 
 def _literal(node: ast.AST | None) -> bool:
-    return isinstance(node, ast.Constant) and node.value is not None and not isinstance(node.value, bool)
+    """A constant standing in for a setting's value (a bool too: bench.ignore_eos is one)."""
+    return isinstance(node, ast.Constant) and node.value is not None
 
 
 def _flag_name(call: ast.Call) -> str | None:
@@ -151,6 +153,16 @@ def test_the_scanners_find_a_planted_copy() -> None:
                               'ap.add_argument("--num-requests", type=int, default=8,')
     assert planted != loadgen and any("--num_requests defaults to 8" in f
                                       for f in python_copies(planted, "loadgen.py"))
+    planted = loadgen.replace('ap.add_argument("--ignore-eos", choices=("true", "false"), required=True,',
+                              'ap.add_argument("--ignore-eos", choices=("true", "false"), default="true",')
+    assert planted != loadgen and any("--ignore_eos defaults to 'true'" in f
+                                      for f in python_copies(planted, "loadgen.py"))
+    planted = loadgen.replace("    ignore_eos: bool  ", "    ignore_eos: bool = True  ")
+    assert planted != loadgen and any("BenchConfig.ignore_eos = True" in f
+                                      for f in python_copies(planted, "loadgen.py"))
+    planted = loadgen.replace('_flag(bench["ignore_eos"], "ignore_eos")',
+                              '_flag(bench.get("ignore_eos", True), "ignore_eos")')
+    assert planted != loadgen and any(".get('ignore_eos', True)" in f for f in python_copies(planted, "loadgen.py"))
     runsteps = (NODE / "runsteps.py").read_text()
     planted = runsteps.replace('int(self.e.bench["num_requests"])', 'int(self.e.bench.get("num_requests", 8))')
     assert planted != runsteps and any(".get('num_requests', 8)" in f for f in python_copies(planted, "runsteps.py"))
@@ -162,6 +174,9 @@ def test_the_scanners_find_a_planted_copy() -> None:
     enqueue = (REPO / "playbooks" / "enqueue.yml").read_text()
     planted = enqueue.replace("default(specab_bench_num_requests)", "default(8)")
     assert planted != enqueue and jinja_copies(planted, "enqueue.yml")
+    planted = enqueue.replace("default(specab_bench_ignore_eos)", "default(true)")
+    assert planted != enqueue and jinja_copies(planted, "enqueue.yml")
+    assert yaml_copies({"bench_ignore_eos": True}, "roles/bench/defaults/main.yml")
     assert yaml_copies({"gpu_free_threshold_mib": 64}, "roles/gpu_free/defaults/main.yml")
     assert not yaml_copies({"gpu_free_threshold_mib": "{{ specab_gpu_free_threshold_mib }}"}, "x.yml")
     assert yaml_copies({"argument_specs": {"main": {"options": {"bench_timeout_s": {"default": 600}}}}}, "x.yml")

@@ -407,3 +407,25 @@ def test_spec_fields_from_the_final_chunk_in_both_name_generations(names) -> Non
     loadgen._finish_record(rec, counter, 0.1)
     assert rec["spec_verify_ct"] == 4 and rec["accept_len"] == 2.0
     assert rec["spec_correct_drafts"] == 4 and rec["spec_proposed_drafts"] == 8
+
+
+def test_a_queue_entrys_bench_reaches_the_client_with_ignore_eos_and_dataset() -> None:
+    """The sequencer's typed spec: a queue entry's bench (roles/specab's values, ignore_eos and the dataset's node
+    path included) becomes the client's command line and back unchanged; a bench without ignore_eos is refused
+    (the controller resolves it, the client has no default)."""
+    from specab.config import defaults
+    bench = dict(defaults.bench({}), ignore_eos=False, dataset="/node/datasets/chat.jsonl", api="chat")
+    cfg = loadgen.BenchConfig.from_settings("http://127.0.0.1:1", bench, out="b.jsonl", summary="s.json",
+                                            phase_metrics="p.json")
+    assert cfg.ignore_eos is False and cfg.dataset == "/node/datasets/chat.jsonl"
+    argv = cfg.to_argv()
+    assert argv[argv.index("--ignore-eos") + 1] == "false" and argv[argv.index("--dataset") + 1] == cfg.dataset
+    assert loadgen.parse_args(argv) == cfg
+    synthetic = loadgen.BenchConfig.from_settings("http://127.0.0.1:1", defaults.bench({}), out="b.jsonl",
+                                                  summary="s.json", phase_metrics=None)
+    assert synthetic.ignore_eos is defaults.get("bench_ignore_eos") and "--dataset" not in synthetic.to_argv()
+    with pytest.raises(loadgen.UsageError, match="lack ignore_eos"):
+        loadgen.BenchConfig.from_settings("http://127.0.0.1:1", {k: v for k, v in bench.items() if k != "ignore_eos"},
+                                          out="b.jsonl", summary=None, phase_metrics=None)
+    with pytest.raises(SystemExit):     # the command line has no default either
+        loadgen.parse_args([w for i, w in enumerate(argv) if "--ignore-eos" not in argv[max(i - 1, 0):i + 1]])

@@ -151,3 +151,34 @@ def test_phase_metrics_without_enable_metrics(sim, tmp_path: Path) -> None:
     assert rc == 0 and res == {"schema": 1, "available": False,
                                "reason": "before the measured requests: GET /metrics answered 404 "
                                          "(the server runs without --enable-metrics)"}
+
+
+def test_a_chat_dataset_reaches_the_engine_as_messages_with_natural_lengths(sim, tmp_path: Path) -> None:
+    """bench.dataset on the chat API: each record's messages are what the engine templated (its prompt tokens are
+    the record's words plus the chat template's), each request keeps its record's category, the summary names the
+    file with its sha256; with ignore_eos false the answers end where the engine ends them (finish reason stop, fewer
+    tokens than asked) instead of all running to --output-len."""
+    import hashlib
+    data = tmp_path / "chat.jsonl"
+    lines = [{"messages": [{"role": "user", "content": "write a function " * (3 + i)}], "category": "code"}
+             for i in range(3)] + [{"prompt": "tell me a story " * 2, "category": "chat"}]
+    data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    s = sim([])
+    rc, summary, recs = run_loadgen(s.url, tmp_path, "--api", "chat", "--dataset", str(data), "--num-requests", "8",
+                                    "--warmup", "0", "--output-len", "40", "--ignore-eos", "false")
+    assert rc == 0, summary
+    assert summary["dataset"] == {"kind": "file", "path": str(data), "records": 4, "categories": ["chat", "code"],
+                                  "sha256": "sha256:" + hashlib.sha256(data.read_bytes()).hexdigest()}
+    assert summary["ignore_eos"] is False
+    # the simulator counts a word per token: every record was sent (each twice: the seeded order walks all four
+    # before repeating) and each prompt is the record's words plus the same chat template
+    words = sorted(len((x["messages"][0]["content"] if "messages" in x else x["prompt"]).split()) for x in lines)
+    template = min(r["prompt_tokens"] for r in recs) - words[0]
+    assert template > 0 and sorted({r["prompt_tokens"] - template for r in recs}) == words
+    assert {r["category"] for r in recs} == {"code", "chat"} and all(r["ok"] for r in recs)
+    stopped = [r for r in recs if r["finish_reason"] == "stop"]
+    assert stopped and all(r["output_tokens"] < 40 for r in stopped)
+    # the same run forced to the end: every answer is 40 tokens
+    rc, summary, recs = run_loadgen(s.url, tmp_path, "--api", "chat", "--dataset", str(data), "--num-requests", "4",
+                                    "--warmup", "0", "--output-len", "40")
+    assert rc == 0 and summary["ignore_eos"] is True and {r["output_tokens"] for r in recs} == {40}

@@ -311,3 +311,36 @@ def test_parse_log_of_nothing_recognised_exits_non_zero_with_the_hint_first(
     err = capsys.readouterr().err
     assert err.splitlines()[0].startswith(f"parse-log: no line of {log} was recognised"), err
     assert out.getvalue() == "" and "None" not in err
+
+
+@pytest.mark.parametrize("entry", [["driver.py", "parse-log"], ["-m", "specab.analysis.logparse"]])
+def test_a_reader_that_goes_away_ends_parse_log_quietly_not_blaming_the_log(tmp_path: Path, entry: list[str]) -> None:
+    """`parse-log LOG | head -1`: once the reader has closed the pipe the next write fails; that is the reader's
+    doing, so nothing is said and the status is a SIGPIPE ending's (141), never "cannot read LOG". The output
+    (megabytes) is far above a pipe's buffer, so the write after the close cannot have been buffered already."""
+    log = tmp_path / "server.log"
+    log.write_text(_mixed_log() * 2000)
+    repo = Path(__file__).resolve().parents[2]
+    argv = [sys.executable, *([str(repo / entry[0]), entry[1]] if entry[0] == "driver.py" else entry), str(log)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=repo)
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()                       # what `head -1` does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert first.strip() and err == ""
+
+
+def test_a_broken_pipe_in_the_driver_is_its_reader_s_not_a_usage_error(tmp_path: Path) -> None:
+    from specab.driver import cli
+
+    class Gone(io.StringIO):
+        def write(self, s: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+    log = tmp_path / "server.log"
+    log.write_text(_mixed_log())
+    err = io.StringIO()
+    from contextlib import redirect_stderr
+    with redirect_stderr(err):
+        assert cli.main(["parse-log", str(log)], out=Gone()) == 141
+    assert err.getvalue() == ""

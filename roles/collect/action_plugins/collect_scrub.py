@@ -30,6 +30,8 @@ CONTRACT_MODULE = "specab_redact_contract"      # the name plugins/callback/spec
 
 
 def load_contract() -> ModuleType:
+    """specab/node/contract.py of this checkout under the callback's module name; the same loader as
+    plugins/callback/specab_redact.py's ``load_contract`` (its docstring says why there are two)."""
     mod = sys.modules.get(CONTRACT_MODULE)
     if mod is None:
         spec = importlib.util.spec_from_file_location(CONTRACT_MODULE, CONTRACT)
@@ -37,7 +39,12 @@ def load_contract() -> ModuleType:
             raise AnsibleActionFail(f"collect_scrub: cannot load the secret rule from {CONTRACT}")
         mod = importlib.util.module_from_spec(spec)
         sys.modules[CONTRACT_MODULE] = mod
-        spec.loader.exec_module(mod)
+        try:
+            spec.loader.exec_module(mod)
+        except (OSError, SyntaxError, ImportError) as exc:    # no half-loaded rule is left for the next call
+            del sys.modules[CONTRACT_MODULE]
+            raise AnsibleActionFail(f"collect_scrub: cannot load the secret rule from {CONTRACT} ({exc}); the plugin runs "
+                        f"from a specab checkout and needs its specab/node/contract.py") from exc
     return mod
 
 
