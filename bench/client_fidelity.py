@@ -174,8 +174,8 @@ def run_level(concurrency: int, ns: argparse.Namespace, tmp: Path) -> dict:
         out, summ = tmp / f"bench-{concurrency}.jsonl", tmp / f"summary-{concurrency}.json"
         subprocess.run([sys.executable, str(LOADGEN), "--url", f"http://127.0.0.1:{port}", "--api", "generate",
                         "--num-requests", str(n), "--warmup", str(min(concurrency, 4)), "--input-len",
-                        str(ns.input_len), "--output-len", str(ns.output_len), "--concurrency", str(concurrency),
-                        "--seed", "1", "--out", str(out), "--summary", str(summ)], check=True)
+                        str(ns.input_len), "--output-len", str(ns.output_len), "--ignore-eos", "true", "--concurrency", str(concurrency),
+                        "--seed", "1", "--timeout", "600", "--out", str(out), "--summary", str(summ)], check=True)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specab.config import defaults
 from specab.config.inventory import Host
 from specab.driver.remote import RemoteError, open_node
 from specab.node import lease as node_lease
 
 LEASE_TOOL = Path(node_lease.__file__)
-STALE_S = node_lease.DEFAULT_STALE_S
 CALL_TIMEOUT_S = 60.0
 
 
@@ -85,10 +85,16 @@ class LeaseState:
         return line
 
 
+def stale_s_of(host: Host) -> float:
+    """Seconds without a sign of life after which a lease on ``host`` is broken: the host's
+    ``specab_lease_stale_s``, else roles/specab's (the sequencer's ``--lease-s``, from enqueue.yml, is the same)."""
+    return float(host.vars.get("specab_lease_stale_s", defaults.get("lease_stale_s")))
+
+
 def lease_state(host: Host) -> LeaseState:
     """Read one host's node lease (read-only)."""
     try:
-        rc, data = call(host, ["show"])
+        rc, data = call(host, ["show", "--stale-s", f"{stale_s_of(host):g}"])
     except RemoteError as exc:
         return LeaseState(host=host.name, error=str(exc))
     if rc != 0:
@@ -116,11 +122,13 @@ class NodeLeases:
     active: "NodeLeases | None" = None     # the leases this process holds (one experiment per driver process)
 
     def __init__(self, hosts: list[Host], experiment_id: str, notice: Callable[[str], None],
-                 stale_s: float = STALE_S, refresh_s: float | None = None):
+                 stale_s: float | None = None, refresh_s: float | None = None):
         self.hosts = hosts
         self.notice = notice
-        self.stale_s = stale_s
-        self.refresh_s = refresh_s if refresh_s is not None else max(1.0, stale_s / 4)
+        # one value for the experiment (the holder record is one): the shortest of its hosts'
+        self.stale_s = stale_s if stale_s is not None else min((stale_s_of(h) for h in hosts),
+                                                               default=float(defaults.get("lease_stale_s")))
+        self.refresh_s = refresh_s if refresh_s is not None else max(1.0, self.stale_s / 4)
         started = time.time()
         self.holder = {"experiment_id": experiment_id, "controller_host": socket.gethostname(),
                        "controller_pid": os.getpid(), "started_at": round(started, 3),

@@ -155,22 +155,6 @@ def spell_args(server_args: Dict[str, Any], flags: Optional[Iterable[str]]) -> D
     return out
 
 
-def argv_of(server_args: Dict[str, Any]) -> List[str]:
-    """The command-line words of (already spelled) server_args, exactly as templates/launch_server.sh.j2
-    renders them: true -> bare flag; false/None -> omitted; list -> flag then each item; else flag value."""
-    words: List[str] = []
-    for key, value in server_args.items():
-        if value is True:
-            words.append(flag_of(key))
-        elif value is False or value is None:
-            continue
-        elif isinstance(value, (list, tuple)):
-            words += [flag_of(key)] + [str(v) for v in value]
-        else:
-            words += [flag_of(key), str(value)]
-    return words
-
-
 # --------------------------------------------------------------------------- log lines and readback
 
 # Load-phase lines of both generations (A3): (needle, which graph, edge)

@@ -30,6 +30,7 @@ import re
 import sys
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -44,7 +45,22 @@ SHELL_COMMS = {"bash", "sh", "dash", "zsh", "ksh", "busybox"}
 TP_RE = re.compile(r"(?:^|[^A-Za-z])(?P<tag>(?:DP\d+_)?TP\d+)\b")
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+@dataclass
+class EnvCheckSpec:
+    """One environment and server-args check of a running engine."""
+    node_dir: str
+    env_file: str
+    expected_args: str                  # JSON file: the arm's server args
+    url: Optional[str] = None           # None only with no_server_info
+    no_server_info: bool = False        # a rank without the HTTP API: the environment only
+    log: List[str] = field(default_factory=list)   # server log(s) holding NCCL INFO lines
+    http_timeout: float = 10.0
+    allow_unverified: bool = False
+    out: Optional[str] = None           # env_check.json
+    server_info_out: Optional[str] = None
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> EnvCheckSpec:
     p = argparse.ArgumentParser(prog="envcheck.py", description=__doc__.split("\n")[0])
     p.add_argument("--node-dir", required=True)
     p.add_argument("--env-file", required=True)
@@ -63,7 +79,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     a = p.parse_args(argv)
     if not a.url and not a.no_server_info:
         p.error("--url is required (or --no-server-info for a rank without the HTTP API)")
-    return a
+    return EnvCheckSpec(**vars(a))
 
 
 # --------------------------------------------------------------------------- processes and env
@@ -338,7 +354,7 @@ def engine_readback(info: Dict[str, Any]) -> Dict[str, Any]:
 
 # --------------------------------------------------------------------------- main
 
-def check(a: argparse.Namespace) -> Dict[str, Any]:
+def check(a: EnvCheckSpec) -> Dict[str, Any]:
     node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
     rec = common.load_record(node_dir)
     if rec is None:

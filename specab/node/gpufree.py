@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -30,18 +31,33 @@ GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total")
 INVISIBLE_GRACE_S = 2.0
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+@dataclass
+class GpuFreeSpec:
+    """One wait for free GPUs: no compute process and memory.used at most the threshold, on every selected GPU."""
+    smi: List[str]
+    gpus: str                           # 'all' or a comma list such as 0,1
+    threshold_mib: float
+    timeout: float
+    interval: float = 0.1
+    node_dir: Optional[str] = None      # where server.json/last_server.json say what is ours
+    smi_timeout: float = common.DEFAULT_SMI_TIMEOUT
+    out: Optional[str] = None           # gpu_free.json
+    csv: Optional[str] = None           # the final GPU table
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> GpuFreeSpec:
     p = argparse.ArgumentParser(prog="gpufree.py", description=__doc__.split("\n")[0])
     p.add_argument("--smi", required=True, type=lambda s: common.json_list_arg(s, "--smi"))
     p.add_argument("--gpus", default="all", help="'all' or a comma list such as 0,1")
-    p.add_argument("--threshold-mib", type=float, default=64.0)
-    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--threshold-mib", type=float, required=True,
+                   help="a GPU is free at most this many MiB used (specab_gpu_free_threshold_mib)")
+    p.add_argument("--timeout", type=float, required=True, help="seconds to wait (timeouts.gpu_free_s)")
     p.add_argument("--interval", type=float, default=0.1)
     p.add_argument("--node-dir", default=None, help="where server.json/last_server.json say what is ours")
     p.add_argument("--smi-timeout", type=float, default=common.DEFAULT_SMI_TIMEOUT)
     p.add_argument("--out", default=None, help="also write the JSON result here (gpu_free.json)")
     p.add_argument("--csv", default=None, help="write the final GPU table as CSV here")
-    return p.parse_args(argv)
+    return GpuFreeSpec(**vars(p.parse_args(argv)))
 
 
 def our_sessions(node_dir: Optional[str]) -> List[Dict[str, Any]]:
@@ -138,7 +154,7 @@ def write_csv(path: str, snap: Dict[str, Any]) -> None:
                         " ".join(str(p["used_memory_mib"]) for p in g["compute_processes"])])
 
 
-def wait_free(a: argparse.Namespace) -> Dict[str, Any]:
+def wait_free(a: GpuFreeSpec) -> Dict[str, Any]:
     recs = our_sessions(a.node_dir)
     t0 = time.monotonic()
     deadline = t0 + a.timeout

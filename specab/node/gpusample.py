@@ -19,6 +19,7 @@ import select
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -29,10 +30,24 @@ SAMPLE_FIELDS = ("index", "uuid", "clocks.sm", "clocks.mem", "clocks.max.sm", "p
                  "utilization.gpu", "clocks_event_reasons.active", "memory.used")
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+@dataclass
+class SampleSpec:
+    """GPU sampling into a CSV: every interval until signalled, or count samples, or duration seconds."""
+    smi: List[str]
+    interval: float
+    out: str
+    gpus: str = "all"
+    count: int = 0                      # 0: until signalled
+    duration: float = 0.0               # 0: until signalled
+    smi_timeout: float = common.DEFAULT_SMI_TIMEOUT
+    keep_after_parent_exit: bool = False
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> SampleSpec:
     p = argparse.ArgumentParser(prog="gpusample.py", description=__doc__.split("\n")[0])
     p.add_argument("--smi", required=True, type=lambda s: common.json_list_arg(s, "--smi"))
-    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--interval", type=float, required=True,
+                   help="seconds between samples (specab_bench_sample_interval_s)")
     p.add_argument("--out", required=True)
     p.add_argument("--gpus", default="all")
     p.add_argument("--count", type=int, default=0, help="stop after N samples (0: until signalled)")
@@ -44,7 +59,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.interval <= 0:
         p.error("--interval must be > 0")
-    return a
+    return SampleSpec(**vars(a))
 
 
 class StopFlag(object):
@@ -87,7 +102,7 @@ class StopFlag(object):
             os.read(self.r, 64)
 
 
-def sample(a: argparse.Namespace, flag: Optional[StopFlag] = None) -> Dict[str, Any]:
+def sample(a: SampleSpec, flag: Optional[StopFlag] = None) -> Dict[str, Any]:
     """Sample until stopped (or --count/--duration). ``flag``: a StopFlag the caller owns (default:
     a new one that installs the SIGTERM/SIGINT handlers, as the CLI needs)."""
     if flag is None:

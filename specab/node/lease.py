@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """The node lease: one experiment per node directory at a time.
 
-    lease.py --node-dir D take --holder JSON [--stale-s 600]
+    lease.py --node-dir D take --holder JSON --stale-s S
     lease.py --node-dir D touch --token T
     lease.py --node-dir D release --token T
-    lease.py --node-dir D show         (the holder, or null: the node is free; creates nothing)
+    lease.py --node-dir D show --stale-s S   (the holder, or null: the node is free; creates nothing)
 
 An experiment's controller (driver.py) takes the lease of every node directory it uses before it touches
 anything there (the first enqueue or stop), refreshes it while it runs (``touch``), and releases it on every
@@ -36,7 +36,6 @@ from typing import Any, Dict, Iterator, Optional, Sequence
 LEASE_FILE = "experiment.lease"
 LOCK_FILE = "experiment.lease.lock"
 SEQUENCER_LEASE = "sequencer.lease"     # sequence.py's LEASE_FILE: touched by its ensure/wait
-DEFAULT_STALE_S = 600.0                 # sequence.py --lease-s default
 HOLDER_KEYS = ("experiment_id", "controller_host", "controller_pid", "started_at", "token")
 
 
@@ -169,7 +168,7 @@ def release(node_dir: str, token: str) -> Dict[str, Any]:
     return {"node_dir": node_dir, "released": True}
 
 
-def show(node_dir: str, stale_s: float = DEFAULT_STALE_S) -> Dict[str, Any]:
+def show(node_dir: str, stale_s: float) -> Dict[str, Any]:
     """The holder (None: the node is free), and why it is stale when it is (the next experiment breaks it)."""
     cur = read_holder(node_dir)
     out: Dict[str, Any] = {"node_dir": node_dir, "holder": cur}
@@ -186,10 +185,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     sub = p.add_subparsers(dest="command", required=True)
     sp = sub.add_parser("take")
     sp.add_argument("--holder", required=True, help="JSON: {%s, started_at_iso}" % ", ".join(HOLDER_KEYS))
-    sp.add_argument("--stale-s", type=float, default=DEFAULT_STALE_S)
+    sp.add_argument("--stale-s", type=float, required=True, help="specab_lease_stale_s")
     for name in ("touch", "release"):
         sub.add_parser(name).add_argument("--token", required=True)
-    sub.add_parser("show")
+    sub.add_parser("show").add_argument("--stale-s", type=float, required=True, help="specab_lease_stale_s")
     a = p.parse_args(argv)
     a.node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
     if a.command == "take":
@@ -214,7 +213,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif a.command == "release":
             out = release(a.node_dir, a.token)
         else:
-            out = show(a.node_dir)
+            out = show(a.node_dir, a.stale_s)
     except LeaseError as exc:
         print(json.dumps(dict(exc.data, error=exc.message)))
         return 1

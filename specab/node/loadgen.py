@@ -62,6 +62,9 @@ else:                           # a sibling script in <node_dir>/bin
     import phasemetrics  # type: ignore[no-redef]
 
 APIS = ("generate", "completions", "chat")
+# the experiment's bench: keys the client reads (a queue entry's bench mapping, resolved on the controller)
+BENCH_KEYS = ("api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed", "timeout_s",
+              "ignore_eos")
 # A request was delivered in bursts (`buffered`) when more than BUFFERED_SHARE of its tokens after the first came
 # in chunks that followed the previous one within 1/BUFFERED_RATE_RATIO of the request's own time per token, with
 # at least BUFFERED_MIN_TOKENS of them: a CPU-starved API server forwarding what the engine made long before (seen
@@ -177,8 +180,7 @@ def known_truth_of(run_dir: str) -> Optional[Dict[str, Any]]:
 # request bodies and chunk decoding
 
 
-def build_body(api: str, prompt: Any, output_len: int, model: Optional[str],
-               ignore_eos: bool = True) -> Dict[str, Any]:
+def build_body(api: str, prompt: Any, output_len: int, model: Optional[str], ignore_eos: bool) -> Dict[str, Any]:
     """A streaming request; ``prompt`` is text, a list of token ids (generate: input_ids; completions: prompt) or a
     dataset record ({"prompt": text} or, chat only, {"messages": [...]}, sent as they are so the engine applies the
     model's chat template). ``ignore_eos``: every answer runs to ``output_len`` (True) or ends at the model's end."""
@@ -552,23 +554,67 @@ def _finish_record(rec: Dict[str, Any], counter: ChunkCounter, e2e: float) -> No
 # the run
 
 
+def _flag(value: Any, name: str) -> bool:
+    """A bench setting that is true or false (a queue entry's JSON bool; "true"/"false" as on the command line)."""
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "false"):
+        return str(value).lower() == "true"
+    raise UsageError("bench %s must be true or false, got %r" % (name, value))
+
+
 @dataclass
 class BenchConfig:
+    """One benchmark run. The values come from the controller (``specab.config.defaults.bench``: the
+    experiment's ``bench:`` over ``roles/specab``'s defaults); the client has none of its own."""
     url: str
-    api: str = "generate"
-    num_requests: int = 8
-    warmup: int = 2
-    input_len: int = 128
-    output_len: int = 256
-    concurrency: int = 1
-    seed: int = 1
+    api: str
+    num_requests: int
+    warmup: int
+    input_len: int
+    output_len: int
+    concurrency: int
+    seed: int
+    timeout: float
+    ignore_eos: bool                        # every answer runs to output_len (False: to the model's own end)
     out: str = "bench.jsonl"
     summary: Optional[str] = "bench_summary.json"
-    timeout: float = 600.0
     model: Optional[str] = None
     phase_metrics: Optional[str] = None     # phase_metrics.json path: scrape /metrics around the measured window
     dataset: Optional[str] = None           # JSONL prompts (dataset.py); None: the seeded word list (synthetic)
-    ignore_eos: bool = True                 # every answer runs to output_len (False: to the model's own end)
+
+    @classmethod
+    def from_settings(cls, url: str, bench: Dict[str, Any], out: str, summary: Optional[str],
+                      phase_metrics: Optional[str]) -> "BenchConfig":
+        """From a resolved ``bench`` mapping (a queue entry's: every key of ``BENCH_KEYS`` present)."""
+        missing = [k for k in BENCH_KEYS if bench.get(k) is None]
+        if missing:
+            raise UsageError("the bench settings lack %s: the controller resolves every one (experiment bench: "
+                             "over roles/specab defaults) before the run is queued" % ", ".join(missing))
+        return cls(url=url, api=str(bench["api"]), num_requests=int(bench["num_requests"]),
+                   warmup=int(bench["warmup_requests"]), input_len=int(bench["input_len"]),
+                   output_len=int(bench["output_len"]), concurrency=int(bench["concurrency"]),
+                   seed=int(bench["seed"]), timeout=float(bench["timeout_s"]),
+                   ignore_eos=_flag(bench["ignore_eos"], "ignore_eos"), out=out, summary=summary,
+                   model=None if bench.get("model") is None else str(bench["model"]), phase_metrics=phase_metrics,
+                   dataset=None if bench.get("dataset") is None else str(bench["dataset"]))
+
+    def to_argv(self) -> List[str]:
+        """The client's command line for this config (``parse_args(cfg.to_argv()) == cfg`` when it has a summary)."""
+        argv = ["--url", self.url, "--api", self.api, "--num-requests", str(self.num_requests),
+                "--warmup", str(self.warmup), "--input-len", str(self.input_len), "--output-len", str(self.output_len),
+                "--ignore-eos", "true" if self.ignore_eos else "false",
+                "--concurrency", str(self.concurrency), "--seed", str(self.seed), "--timeout", repr(self.timeout),
+                "--out", self.out]
+        if self.summary is not None:
+            argv += ["--summary", self.summary]
+        if self.model is not None:
+            argv += ["--model", self.model]
+        if self.phase_metrics is not None:
+            argv += ["--phase-metrics", self.phase_metrics]
+        if self.dataset is not None:        # <node_dir>/datasets/<name>, copied there by node_prepare
+            argv += ["--dataset", self.dataset]
+        return argv
 
     def validate(self) -> None:
         if self.api not in APIS:
@@ -893,20 +939,21 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
 def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
     ap = argparse.ArgumentParser(prog="loadgen", description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
-    ap.add_argument("--api", choices=APIS, default="generate")
-    ap.add_argument("--num-requests", type=int, default=8, help="measured requests")
-    ap.add_argument("--warmup", type=int, default=2, help="warm-up requests (excluded from the summary)")
-    ap.add_argument("--input-len", type=int, default=128, help="prompt length in words")
-    ap.add_argument("--output-len", type=int, default=256, help="output tokens asked per request")
-    ap.add_argument("--ignore-eos", choices=("true", "false"), default="true",
+    ap.add_argument("--api", choices=APIS, required=True)
+    ap.add_argument("--num-requests", type=int, required=True, help="measured requests")
+    ap.add_argument("--warmup", type=int, required=True, help="warm-up requests (excluded from the summary)")
+    ap.add_argument("--input-len", type=int, required=True, help="prompt length in words")
+    ap.add_argument("--output-len", type=int, required=True, help="output tokens asked per request")
+    ap.add_argument("--ignore-eos", choices=("true", "false"), required=True,
                     help="true: every answer runs to --output-len; false: answers end where the model ends them")
     ap.add_argument("--dataset", default=None, metavar="FILE",
-                    help="JSONL prompts ({\"prompt\"} or {\"messages\"}, optional \"category\"), drawn with --seed")
-    ap.add_argument("--concurrency", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=1)
+                    help="JSONL prompts ({\"prompt\"} or {\"messages\"}, optional \"category\"), drawn with --seed "
+                         "(default: the seeded word list)")
+    ap.add_argument("--concurrency", type=int, required=True)
+    ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--out", default="bench.jsonl")
     ap.add_argument("--summary", default="bench_summary.json")
-    ap.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    ap.add_argument("--timeout", type=float, required=True, help="per-request timeout in seconds")
     ap.add_argument("--model", default=None, help="model name for the OpenAI APIs (default: /v1/models)")
     ap.add_argument("--phase-metrics", default=None, metavar="FILE",
                     help="scrape /metrics before and after the measured requests, write the deltas here")

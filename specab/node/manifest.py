@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -77,7 +78,26 @@ else:
 """
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+@dataclass
+class ManifestSpec:
+    """One run's manifest: its run directory's files, the engine's versions, the GPUs, the models."""
+    run_dir: str
+    node_dir: str
+    smi: Optional[List[str]] = None
+    python: str = "python3"             # the engine's Python, for version probes
+    args_json: Optional[str] = None     # default RUN_DIR/args.json
+    env_file: Optional[str] = None      # default RUN_DIR/nccl.env
+    launch: Optional[str] = None        # default RUN_DIR/launch.sh
+    model_path: Optional[str] = None    # default: args model_path
+    draft_model_path: Optional[str] = None   # default: args speculative_draft_model_path
+    seed: Optional[str] = None
+    extra: List[str] = field(default_factory=list)   # KEY=VALUE recorded as given (redacted)
+    probe_timeout: float = 60.0
+    smi_timeout: float = common.DEFAULT_SMI_TIMEOUT
+    out: Optional[str] = None
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> ManifestSpec:
     p = argparse.ArgumentParser(prog="manifest.py", description=__doc__.split("\n")[0])
     p.add_argument("--run-dir", required=True)
     p.add_argument("--node-dir", required=True)
@@ -93,7 +113,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--probe-timeout", type=float, default=60.0)
     p.add_argument("--smi-timeout", type=float, default=common.DEFAULT_SMI_TIMEOUT)
     p.add_argument("--out", default=None, help="write the manifest here too (node_manifest.json)")
-    return p.parse_args(argv)
+    return ManifestSpec(**vars(p.parse_args(argv)))
 
 
 def probe(argv: List[str], timeout: float) -> Dict[str, Any]:
@@ -198,7 +218,7 @@ def server_environ(node_dir: str) -> Optional[Dict[str, Any]]:
     return info
 
 
-def slow_parts(a: argparse.Namespace, versions_cache: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def slow_parts(a: ManifestSpec, versions_cache: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The parts of the manifest that take time (engine version probes: two interpreter starts;
     nvidia-smi; model file checksums), computable before the run ends; ``build(a, parts)`` then
     only adds the cheap rest. ``versions_cache`` (engine python → versions) is filled and reused:
@@ -224,7 +244,7 @@ def host_info() -> Dict[str, Any]:
             "os": platform.platform(), "machine": uname.machine, "python_of_tools": platform.python_version()}
 
 
-def _server_args(a: argparse.Namespace, run_dir: str) -> Any:
+def _server_args(a: ManifestSpec, run_dir: str) -> Any:
     args_path = a.args_json or os.path.join(run_dir, "args.json")
     server_args: Any = None
     if os.path.isfile(args_path):
@@ -261,7 +281,7 @@ def _read_json(path: str) -> Dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def build(a: argparse.Namespace, parts: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def build(a: ManifestSpec, parts: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The manifest; ``parts`` (from ``slow_parts``) replaces its host, versions, gpu and models."""
     run_dir = os.path.abspath(a.run_dir)
     node_dir = os.path.abspath(os.path.expanduser(a.node_dir))

@@ -22,6 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -45,7 +46,20 @@ EXC_LINE_RE = re.compile(r"^(?:\[[^\]]*\]\s*)?[A-Za-z_][\w.]*(?:Error|Exception|
 VLLM_PREFIX_RE = re.compile(r"^\([\w:.-]+ pid=\d+\) [A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\] ")
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+@dataclass
+class ReadySpec:
+    """One readiness wait: the server's URL, its main pid and log, the time it has."""
+    url: str
+    pid: int
+    log: str
+    timeout: float
+    interval: float = 0.2
+    traceback_grace: float = 60.0       # a traceback then this much log silence without readiness is fatal
+    phases_out: Optional[str] = None    # ready.json
+    progress: Optional[str] = None      # ready_progress.json
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> ReadySpec:
     p = argparse.ArgumentParser(prog="ready.py", description=__doc__.split("\n")[0])
     p.add_argument("--url", required=True)
     p.add_argument("--pid", required=True, type=int)
@@ -57,7 +71,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         "ready, no further line) counts as fatal")
     p.add_argument("--phases-out", default=None)
     p.add_argument("--progress", default=None)
-    return p.parse_args(argv)
+    return ReadySpec(**vars(p.parse_args(argv)))
 
 
 def log_ts_to_epoch(ts: str) -> Optional[float]:
@@ -265,7 +279,7 @@ def tail_text(watcher: LogWatcher, n: int = 15) -> str:
     return "\n".join(common.redact_text(l) for l in watcher.tail[-n:])
 
 
-def wait_ready(a: argparse.Namespace) -> Dict[str, Any]:
+def wait_ready(a: ReadySpec) -> Dict[str, Any]:
     base = a.url.rstrip("/")
     watcher = LogWatcher(a.log)
     t0 = time.monotonic()

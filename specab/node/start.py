@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -24,7 +25,20 @@ from common import ToolError  # noqa: E402
 LOG_MODE = contract.PRIVATE_RUN_FILES["server.log"]
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+@dataclass
+class StartSpec:
+    """One engine start: the launch script of a run directory, the address it will listen on."""
+    node_dir: str
+    run_dir: str
+    script: str
+    host: str
+    port: int
+    run_id: Optional[str] = None       # default: the run directory's name
+    arm: Optional[str] = None          # default: the run id without its '<seq>-' prefix
+    log: Optional[str] = None          # default: RUN_DIR/server.log
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> StartSpec:
     p = argparse.ArgumentParser(prog="start.py", description=__doc__.split("\n")[0])
     p.add_argument("--node-dir", required=True)
     p.add_argument("--run-dir", required=True)
@@ -34,7 +48,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--run-id", default=None, help="default: the run directory's name")
     p.add_argument("--arm", default=None, help="default: the run id without its '<seq>-' prefix")
     p.add_argument("--log", default=None, help="default: RUN_DIR/server.log")
-    return p.parse_args(argv)
+    return StartSpec(**vars(p.parse_args(argv)))
 
 
 def check_previous(node_dir: str) -> Optional[Dict[str, Any]]:
@@ -95,8 +109,8 @@ def ports_refused(node_dir: str, endpoints: Sequence[Sequence[Any]]) -> List[str
     return problems
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    a = parse_args(argv)
+def start(a: StartSpec) -> Dict[str, Any]:
+    """Start the launch script in its own session; the server record (also written to server.json)."""
     node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
     run_dir = os.path.abspath(os.path.expanduser(a.run_dir))
     script = os.path.abspath(os.path.expanduser(a.script))
@@ -145,6 +159,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if stale is not None:
         out["replaced_stale_record"] = {k: stale.get(k) for k in ("pid", "run_id", "started_at_iso")}
     return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    return start(parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -42,12 +43,26 @@ import engines  # noqa: E402
 from common import ToolError  # noqa: E402
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+@dataclass
+class StopSpec:
+    """One stop of the server (and sequencer) of ours recorded in a node directory."""
+    node_dir: str
+    smi: List[str]
+    grace: float                        # SIGTERM -> SIGKILL (timeouts.stop_grace_s)
+    kill_wait: float = 15.0             # after SIGKILL, for the processes to vanish
+    force_foreign: bool = False
+    smi_timeout: float = common.DEFAULT_SMI_TIMEOUT
+    out: Optional[str] = None           # stop.json
+    sequencer_grace: Optional[float] = None   # None: grace + 90 s
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> StopSpec:
     p = argparse.ArgumentParser(prog="stop.py", description=__doc__.split("\n")[0])
     p.add_argument("--node-dir", required=True)
     p.add_argument("--smi", required=True, type=lambda s: common.json_list_arg(s, "--smi"),
                    help='nvidia-smi argv as a JSON list, e.g. \'["nvidia-smi"]\'')
-    p.add_argument("--grace", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--grace", type=float, required=True,
+                   help="seconds between SIGTERM and SIGKILL (timeouts.stop_grace_s)")
     p.add_argument("--kill-wait", type=float, default=15.0,
                    help="seconds to wait for processes to vanish after SIGKILL")
     p.add_argument("--force-foreign", action="store_true",
@@ -57,7 +72,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--sequencer-grace", type=float, default=None,
                    help="seconds between SIGTERM and SIGKILL for a live sequencer (default: --grace + 90: "
                         "it first stops its server and waits for free GPUs)")
-    return p.parse_args(argv)
+    return StopSpec(**vars(p.parse_args(argv)))
 
 
 class Stopper(object):
@@ -170,7 +185,7 @@ def shutdown_record(text: str, initially: List[common.ProcStat], pid: Optional[i
     return out
 
 
-def idle_stop(a: argparse.Namespace, node_dir: str) -> Dict[str, Any]:
+def idle_stop(a: StopSpec, node_dir: str) -> Dict[str, Any]:
     """Nothing recorded: sweep survivors of the previous server's session (still ours) and, only
     with --force-foreign, the GPU compute processes."""
     last = common.load_record(node_dir, common.LAST_SERVER_JSON)
@@ -191,7 +206,7 @@ def idle_stop(a: argparse.Namespace, node_dir: str) -> Dict[str, Any]:
     return out
 
 
-def stop(a: argparse.Namespace, stop_sequencer: bool = True,
+def stop(a: StopSpec, stop_sequencer: bool = True,
          on_gone: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
     """The whole stop: a live sequencer of ours first (unless ``stop_sequencer`` is false: the
     sequencer itself stopping its own server), then the server recorded in server.json.
@@ -213,7 +228,7 @@ def stop(a: argparse.Namespace, stop_sequencer: bool = True,
     return out
 
 
-def stop_server(a: argparse.Namespace, on_gone: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+def stop_server(a: StopSpec, on_gone: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
     node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
     rec = common.load_record(node_dir)
     if rec is None:

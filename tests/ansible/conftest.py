@@ -6,6 +6,7 @@ The simulator runs fast (SPECAB_SIM_TIME_SCALE) with 2 tensor-parallel ranks and
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -55,8 +56,23 @@ def experiment(port: int, **overrides: Any) -> dict[str, Any]:
     return exp
 
 
-def resolved_arm(exp: dict[str, Any], index: int) -> dict[str, Any]:
-    """The contract's resolution (common | arm, null removes, model_path added), for arm.yml."""
+@functools.lru_cache(maxsize=None)
+def sim_flags(sglang_version: str = "") -> frozenset[str]:
+    """The long flags the simulated SGLang's --help declares (its default generation, or `sglang_version`)."""
+    from specab.driver.preflight import parse_help_flags
+    env = {k: v for k, v in os.environ.items() if k != "SPECAB_SIM_SGLANG_VERSION"}
+    if sglang_version:
+        env["SPECAB_SIM_SGLANG_VERSION"] = sglang_version
+    out = subprocess.run([sys.executable, "-m", "specab.sim.launch_server", "--help"], capture_output=True, text=True,
+                         check=True, env=env).stdout
+    return frozenset(parse_help_flags(out))
+
+
+def resolved_arm(exp: dict[str, Any], index: int, sglang_version: str = "") -> dict[str, Any]:
+    """The contract's resolution (common | arm, null removes, model_path added), for arm.yml and enqueue.yml, in the
+    spelling of the simulated node's SGLang (its --help; `sglang_version` for another build), as the driver hands
+    the arms over (cuda_graph_max_bs is --cuda-graph-max-bs-decode on 0.5.23)."""
+    from specab.node import engines
     arm = exp["arms"][index]
     args = {"model_path": exp["model_path"], **exp["server_args"], **(arm.get("server_args") or {})}
     env = {**exp["env"], **(arm.get("env") or {})}
@@ -65,7 +81,8 @@ def resolved_arm(exp: dict[str, Any], index: int) -> dict[str, Any]:
     if (mode == "auto" and args.get("speculative_algorithm")) or (mode != "auto" and mode):
         args.setdefault("enable_metrics", True)
         env.setdefault("SGLANG_ENABLE_METRICS_DEVICE_TIMER", "1")
-    return {"name": arm["name"], "server_args": {k: v for k, v in args.items() if v is not None},
+    args = {k: v for k, v in args.items() if v is not None}
+    return {"name": arm["name"], "server_args": engines.spell_for("sglang", args, sim_flags(sglang_version)),
             "env": {k: v for k, v in env.items() if v is not None}}
 
 

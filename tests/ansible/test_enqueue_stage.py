@@ -49,7 +49,7 @@ def test_enqueue_stages_the_per_run_paths_bytes_in_one_call(sim_node: SimNode) -
         {"name": "alt-build"}])
     sim_node.write_inventory(specab_engines={"alt": {"python": sys.executable,
                                                      "env": {"SPECAB_SIM_SGLANG_VERSION": "0.5.9"}}})
-    alt = dict(resolved_arm(exp, 2), engine="alt", engine_flags_fingerprint="f00d")
+    alt = dict(resolved_arm(exp, 2, sglang_version="0.5.9"), engine="alt", engine_flags_fingerprint="f00d")
     runs = [{"seq": 1, "run_id": "001-baseline", "arm": resolved_arm(exp, 0)},
             {"seq": 2, "run_id": "002-eagle3-s2", "arm": resolved_arm(exp, 1)},
             {"seq": 3, "run_id": "003-alt-build", "arm": alt}]

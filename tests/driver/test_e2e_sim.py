@@ -218,8 +218,9 @@ def _assert_phase_breakdown(s: st.Store, exp_dir: Path, arms, profile, trace: Pa
         print(f"{a.name}: other {cells['other'][0]:.3f} ms in the report, {true_other:.3f} ms true, "
               f"{nom.other_ms:.3f} ms in the profile")
         assert abs(cells["other"][0] - true_other) < 0.1 * nom.other_ms, (a.name, cells["other"], true_other)
+        # the table's five numbers are each rounded to 0.01 ms: their sums can be up to 0.025 apart (seen: 0.020)
         assert abs(cells["draft"][0] + cells["draft-extend"][0] + cells["verify"][0] + cells["other"][0]
-                   - cells["cycle"][0]) < 0.02, row
+                   - cells["cycle"][0]) < 0.026, row
         assert 0.95 <= got.consistency <= 1.0 and row["measured / cycle"] == f"{got.consistency:.0%}", row
     # verify dominates every arm (the seed's story); the phases account for the cycle: no phase-accounting finding
     assert md.count("dominant-phase: verify ") == len(spec_arms) and "phase-accounting" not in md

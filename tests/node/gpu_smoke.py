@@ -94,7 +94,7 @@ def main() -> int:
         res["manifest_gpu"] = m.get("gpu")
         res["manifest_versions"] = m.get("versions")
         checks["manifest_driver"] = bool(m.get("gpu", {}).get("driver_version"))
-        f0 = tool("gpufree", "--smi", smi, "--gpus", str(a.gpu), "--timeout", "30", "--node-dir", node_dir)
+        f0 = tool("gpufree", "--smi", smi, "--gpus", str(a.gpu), "--threshold-mib", "64", "--timeout", "30", "--node-dir", node_dir)
         res["gpufree_idle"] = f0
         checks["idle_gpu_free"] = f0["_rc"] == 0
 
@@ -106,7 +106,7 @@ def main() -> int:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and "holding" not in log.read_text():
             time.sleep(0.1)
-        busy = tool("gpufree", "--smi", smi, "--gpus", str(a.gpu), "--timeout", "2", "--node-dir", node_dir)
+        busy = tool("gpufree", "--smi", smi, "--gpus", str(a.gpu), "--threshold-mib", "64", "--timeout", "2", "--node-dir", node_dir)
         res["gpufree_busy_ours"] = {k: busy.get(k) for k in ("_rc", "error", "final")}
         checks["busy_ours_times_out_with_table"] = busy["_rc"] == 1 and "GPUs not free" in busy.get("error", "")
 
@@ -119,12 +119,12 @@ def main() -> int:
         checks["stop_ok"] = stop["_rc"] == 0 and not stop.get("escalated")
         checks["stop_left_foreign_alone"] = foreign.poll() is None and \
             [f["pid"] for f in stop.get("gpu_foreign", [])] == [foreign.pid]
-        ff = tool("gpufree", "--smi", smi, "--gpus", str(a.gpu), "--timeout", "30", "--node-dir", node_dir)
+        ff = tool("gpufree", "--smi", smi, "--gpus", str(a.gpu), "--threshold-mib", "64", "--timeout", "30", "--node-dir", node_dir)
         res["gpufree_foreign"] = {k: ff.get(k) for k in ("_rc", "error", "foreign")}
         checks["foreign_refused_by_name"] = ff["_rc"] == 1 and "PID %d" % foreign.pid in ff.get("error", "")
         foreign.kill()
         foreign.wait()
-        free = tool("gpufree", "--smi", smi, "--gpus", str(a.gpu), "--timeout", "60", "--node-dir", node_dir,
+        free = tool("gpufree", "--smi", smi, "--gpus", str(a.gpu), "--threshold-mib", "64", "--timeout", "60", "--node-dir", node_dir,
                     "--interval", "0.05")
         res["gpufree_after_stop"] = free
         checks["free_after_stop"] = free["_rc"] == 0
@@ -157,14 +157,15 @@ def main() -> int:
         checks["gpufree_waited_through_stop"] = bool(during.get("ok")) and during.get("polls", 0) > 1
         checks["orphans_stopped"] = stop2["_rc"] == 0
         t_stop = time.time()
-        free2 = tool("gpufree", "--smi", smi, "--gpus", str(a.gpu), "--timeout", "60", "--node-dir", node_dir,
+        free2 = tool("gpufree", "--smi", smi, "--gpus", str(a.gpu), "--threshold-mib", "64", "--timeout", "60", "--node-dir", node_dir,
                      "--interval", "0.05")
         res["gpufree_after_orphans"] = free2
         res["free_at_minus_stop_end_s"] = round(free2.get("free_at", 0) - t_stop, 3) if free2.get("free_at") else None
         checks["free_after_orphans"] = free2["_rc"] == 0
 
         # nvidia-smi hang: a wrapper that never answers
-        hang = tool("gpufree", "--smi", json.dumps([PY, "-c", "import time; time.sleep(3600)"]), "--timeout", "5",
+        hang = tool("gpufree", "--smi", json.dumps([PY, "-c", "import time; time.sleep(3600)"]), "--threshold-mib", "64",
+                    "--timeout", "5",
                     "--smi-timeout", "2")
         res["hang"] = {k: hang.get(k) for k in ("_rc", "_wall_s", "error")}
         checks["hang_reported"] = hang["_rc"] == 1 and "did not answer within 2 s" in hang.get("error", "")

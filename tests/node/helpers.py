@@ -6,6 +6,7 @@ killed at teardown through the sessions recorded in the test's own server.json f
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import pytest
+
+from specab.config import defaults
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_DIR_SRC = REPO / "specab" / "node"
@@ -49,6 +52,23 @@ def run_tool(tool: str, *args: str, env: Optional[Dict[str, str]] = None, timeou
     except ValueError:
         raise AssertionError("%s printed no JSON: stdout=%r stderr=%r" % (tool, p.stdout, p.stderr))
     return ToolResult(p.returncode, data, p.stderr, wall)
+
+
+def client_default_argv() -> List[str]:
+    """The benchmark client's settings as the controller passes them with an empty ``bench:`` (roles/specab's
+    values); a test's own flags after them win."""
+    b = defaults.bench({})
+    return ["--api", str(b["api"]), "--num-requests", str(b["num_requests"]), "--warmup", str(b["warmup_requests"]),
+            "--input-len", str(b["input_len"]), "--output-len", str(b["output_len"]),
+            "--ignore-eos", "true" if b["ignore_eos"] else "false",
+            "--concurrency", str(b["concurrency"]), "--seed", str(b["seed"]), "--timeout", str(b["timeout_s"])]
+
+
+def client_config(url: str, out: str, summary: Optional[str], **kw: Any) -> Any:
+    """A ``loadgen.BenchConfig`` with roles/specab's bench values, overridden by ``kw``."""
+    from specab.node import loadgen
+    base = loadgen.BenchConfig.from_settings(url, defaults.bench({}), out=out, summary=summary, phase_metrics=None)
+    return dataclasses.replace(base, **kw)
 
 
 def free_port() -> int:

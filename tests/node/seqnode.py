@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from specab.config import defaults
 from specab.driver import render
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 BENCH = {"api": "generate", "num_requests": 2, "warmup_requests": 1, "input_len": 16, "output_len": 16,
-         "concurrency": 1, "seed": 1, "timeout_s": 60}
+         "concurrency": 1, "seed": 1, "timeout_s": 60, "ignore_eos": True}
 
 
 def free_port() -> int:
@@ -168,9 +169,21 @@ class SeqNode:
             raise AssertionError("sequence.py printed no JSON: %r %r" % (p.stdout, p.stderr))
         return Result(p.returncode, data, p.stderr)
 
-    def ensure(self, *extra: str, experiment_id: Optional[str] = None) -> Result:
-        r = self.seq("ensure", "--experiment-id", experiment_id or self.experiment_id, "--smi",
-                     json.dumps(self.smi), "--gpu-free-timeout", "30", *extra)
+    def runner_args(self) -> List[str]:
+        """The sequencer's settings as enqueue.yml passes them (roles/specab's values; a test's own after them win)."""
+        return ["--idle-timeout", str(defaults.get("queue_idle_timeout_s")),
+                "--lease-s", str(defaults.get("lease_stale_s")), "--gpus", "all",
+                "--gpu-free-timeout", "30", "--gpu-free-threshold-mib", str(defaults.get("gpu_free_threshold_mib")),
+                "--stop-grace", str(defaults.get("stop_grace_s"))]
+
+    def reset(self) -> Result:
+        return self.seq("reset", "--experiment-id", self.experiment_id, "--stop-grace", str(defaults.get("stop_grace_s")),
+                        "--gpu-free-timeout", "30")
+
+    def ensure(self, *extra: str, experiment_id: Optional[str] = None, smi: bool = True) -> Result:
+        """`sequence.py ensure` as enqueue.yml runs it (``smi=False``: without the startup stop and GPU check)."""
+        r = self.seq("ensure", "--experiment-id", experiment_id or self.experiment_id, *self.runner_args(),
+                     *(["--smi", json.dumps(self.smi)] if smi else []), *extra)
         if r.rc == 0 and r.data.get("sid"):
             self.sessions.append(int(r.data["sid"]))
         return r

@@ -184,7 +184,8 @@ def test_foreign_gpu_process_refused_at_once_and_never_killed(server, sim):
     assert all(s["id"] != foreign.pid for s in r.data["signals"])
     assert foreign.poll() is None, "the foreign process is alive"
     # only the explicit force option kills it
-    r = run_tool("stop", "--node-dir", server.node_dir, "--smi", sim.smi_json, "--force-foreign", env=sim.env)
+    r = run_tool("stop", "--node-dir", server.node_dir, "--smi", sim.smi_json, "--grace", "15", "--force-foreign",
+                 env=sim.env)
     assert r.rc == 0
     assert foreign.wait(10) == -signal.SIGKILL
 
@@ -192,12 +193,14 @@ def test_foreign_gpu_process_refused_at_once_and_never_killed(server, sim):
 # ------------------------------------------------------------------ 10. nvidia-smi hangs
 
 def test_nvidia_smi_hang_is_bounded_and_reported(server, sim):
-    r = run_tool("gpufree", "--smi", FAKE_SMI_HANG, "--timeout", "30", "--smi-timeout", "1", env=sim.env)
+    r = run_tool("gpufree", "--smi", FAKE_SMI_HANG, "--threshold-mib", "64", "--timeout", "30", "--smi-timeout", "1",
+                 env=sim.env)
     assert r.rc == 1 and r.wall_s < 15
     assert "nvidia-smi did not answer within 1 s" in r.error and "fake_smi.py" in r.error
     assert server.start().rc == 0 and server.ready().rc == 0
     rec = json.loads((server.node_dir / "server.json").read_text())
-    r = run_tool("stop", "--node-dir", server.node_dir, "--smi", FAKE_SMI_HANG, "--smi-timeout", "1", env=sim.env)
+    r = run_tool("stop", "--node-dir", server.node_dir, "--smi", FAKE_SMI_HANG, "--grace", "15", "--smi-timeout", "1",
+                 env=sim.env)
     assert r.rc == 1 and "nvidia-smi did not answer within 1 s" in r.error
     assert "server's processes are gone" in r.error
     assert not session_pids(rec["sid"])
@@ -208,7 +211,7 @@ def test_nvidia_smi_hang_is_bounded_and_reported(server, sim):
 
 def test_nvidia_smi_failure_message(sim):
     smi = json.dumps([PY, str(HERE / "fake_smi.py"), "--mode", "fail"])
-    r = run_tool("gpufree", "--smi", smi, "--timeout", "5", env=sim.env)
+    r = run_tool("gpufree", "--smi", smi, "--threshold-mib", "64", "--timeout", "5", env=sim.env)
     assert r.rc == 1 and "nvidia-smi failed (rc 9): Failed to initialize NVML" in r.error
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from specab.config import defaults
 from specab.config.inventory import Host
 from specab.driver.lease import NodeLeases, LeaseHeld
 from specab.node import lease
@@ -19,6 +20,9 @@ SOURCE = Path(lease.__file__).read_text()
 
 
 def tool(node_dir: Path, *args: str) -> tuple[int, dict]:
+    """The lease tool as the driver calls it: ``take`` and ``show`` get roles/specab's stale age unless given."""
+    if args[0] in ("take", "show") and "--stale-s" not in args:
+        args = (*args, "--stale-s", str(defaults.get("lease_stale_s")))
     p = subprocess.run([sys.executable, "-c", SOURCE, "--node-dir", str(node_dir), *args], capture_output=True,
                        text=True, timeout=60)
     return p.returncode, json.loads(p.stdout)

@@ -142,17 +142,20 @@ def test_tools_run_as_side_by_side_copies_in_a_bin_dir(tmp_path, server, sim):
             shutil.copy(f, bin_dir / f.name)
     env = {"PATH": os.environ["PATH"], "SPECAB_SIM_STATE": sim.env["SPECAB_SIM_STATE"],
            "PYTHONPATH": sim.env["PYTHONPATH"]}  # PYTHONPATH only for the simulated smi
-    r = run_tool("gpufree", "--smi", sim.smi_json, "--gpus", "0,1", "--timeout", "10", env=env, bin_dir=bin_dir)
+    r = run_tool("gpufree", "--smi", sim.smi_json, "--gpus", "0,1", "--threshold-mib", "64", "--timeout", "10", env=env,
+                 bin_dir=bin_dir)
     assert r.rc == 0, r.error
     assert r.data["gpus"] == [0, 1]
-    r = run_tool("stop", "--node-dir", server.node_dir, "--smi", sim.smi_json, env=env, bin_dir=bin_dir)
+    r = run_tool("stop", "--node-dir", server.node_dir, "--smi", sim.smi_json, "--grace", "15", env=env,
+                 bin_dir=bin_dir)
     assert r.rc == 0 and r.data["was_running"] is False
 
 
 def test_bad_usage_exits_2(sim):
-    r = run_tool("gpufree", "--smi", "nvidia-smi", "--timeout", "1", env=sim.env)
+    r = run_tool("gpufree", "--smi", "nvidia-smi", "--threshold-mib", "64", "--timeout", "1", env=sim.env)
     assert r.rc == 2 and "JSON list" in r.stderr
-    r = run_tool("gpufree", "--smi", sim.smi_json, "--gpus", "zero", "--timeout", "1", env=sim.env)
+    r = run_tool("gpufree", "--smi", sim.smi_json, "--gpus", "zero", "--threshold-mib", "64", "--timeout", "1",
+                 env=sim.env)
     assert r.rc == 2 and "--gpus must be" in r.error
     r = run_tool("stop", env=sim.env)
     assert r.rc == 2

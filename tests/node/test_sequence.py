@@ -32,7 +32,7 @@ QUEUE_FILES = {"phases.jsonl", "done.json", "queue_entry.json"}
 SAMPLE_HEADER = ["timestamp", "index", "uuid", "clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw",
                  "temperature.gpu", "utilization.gpu", "clocks_event_reasons.active", "memory.used"]
 LONG_BENCH = {"api": "generate", "num_requests": 3, "warmup_requests": 1, "input_len": 8, "output_len": 4000,
-              "concurrency": 1, "seed": 1, "timeout_s": 120}
+              "concurrency": 1, "seed": 1, "timeout_s": 120, "ignore_eos": True}
 SPEC = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/models/eagle3-head",
         "speculative_num_steps": 2, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 3}
 
@@ -238,9 +238,8 @@ def test_a_foreign_gpu_holder_is_refused_by_name_and_left_alone(node):
         w = node.wait(rid, timeout=20)
         assert w.rc == 1 and "halted" in w.error and "PID %d" % holder.pid in w.error
         # without --smi at startup, the run's own pre-start check refuses it: the run fails, the sequencer halts
-        r = node.seq("ensure", "--experiment-id", node.experiment_id)
+        r = node.ensure(smi=False)
         assert r.rc == 0, r.error
-        node.sessions.append(r.data["sid"])
         w = node.wait(rid, timeout=60)
         assert w.rc == 0 and w.data["status"] == "failed" and w.data["phase"] == "gpus-free-before"
         assert "PID %d" % holder.pid in w.data["error"] and "someone-elses-job" in w.data["error"]
@@ -304,14 +303,14 @@ def test_ensure_is_idempotent_replaces_another_experiment_and_reset_clears_the_q
     staging = node.node_dir / "queue" / ".staging"
     staging.mkdir(exist_ok=True)          # made by `stage`
     (staging / "000003-003-baseline.json").write_text("{}")
-    r = node.seq("reset", "--experiment-id", node.experiment_id)
+    r = node.reset()
     assert r.rc == 0, r.error
     assert r.data["sequencer"]["was_running"] and r.data["sequencer"]["pid"] == other.data["pid"]
     assert sorted(r.data["removed"]) == sorted(["000001-%s.json" % queued[0], "000002-%s.json" % queued[1],
                                                 "END-%s" % node.experiment_id, ".staging/000003-003-baseline.json"])
     assert os.listdir(node.node_dir / "queue") == [".staging"] and os.listdir(staging) == []
     assert not alive(other.data["pid"])
-    assert node.seq("reset", "--experiment-id", node.experiment_id).data["removed"] == []
+    assert node.reset().data["removed"] == []
 
 
 def test_idle_timeout_ends_a_sequencer_nobody_feeds(node):

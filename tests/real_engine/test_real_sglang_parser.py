@@ -19,6 +19,7 @@ import pytest
 from specab.driver import preflight
 from specab.driver.options import Options, prepare
 from specab.node import engines
+from tests.launch_argv import argv_of
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
 
@@ -81,7 +82,7 @@ def test_sglang_0523_parses_every_arm_as_specab_spells_it(sglang_python: Path) -
     assert engines.generation_of_flags(ef.flags) == engines.SGLANG_0_5_23
     assert preflight.unknown_flags(arms, ef) == []
     spelt = preflight.spell_arms(arms, [ef])
-    argvs = [engines.argv_of(a.node_args) for a in spelt]
+    argvs = [argv_of(a.node_args) for a in spelt]
     results = parse(sglang_python, argvs)
     for arm, argv, res in zip(spelt, argvs, results):
         assert res["rc"] == 0, (arm.name, argv, res)
@@ -105,7 +106,7 @@ def test_the_0_5_9_spelling_is_refused_by_0_5_23_as_users_meet_it(sglang_python:
     p = prepare(Options(experiment_file=str(REPO / "experiments" / "default.yml"), matrix=["cuda_graph_max_bs=16"]))
     old = preflight.spell_arms(p.arms[:1], [flags(FLAGS_059)])[0]
     assert old.node_args["cuda_graph_max_bs"] == 16
-    (res,) = parse(sglang_python, [engines.argv_of(old.node_args)])
+    (res,) = parse(sglang_python, [argv_of(old.node_args)])
     assert res["rc"] == 2 and "ambiguous option: --cuda-graph-max-bs could match" in res["error"][0], res
     # and specab refuses it before any launch when the node's --help is 0.5.23's: it spells it instead
     assert preflight.unknown_flags(p.arms[:1], flags(HELP_0523)) == []

@@ -23,6 +23,7 @@ import yaml
 
 from specab.analysis import logparse
 from specab.node import engines
+from tests.node.helpers import client_default_argv
 from tests.real_engine.conftest import VENV_BIN, RealVllm, free_port, vllm_run_env
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -66,7 +67,8 @@ def ours(sid: int) -> dict[int, str]:
 def start_benchmark(run: Path, port: int) -> subprocess.Popen:
     """loadgen against the real server; returns once its first request has finished (mid-benchmark)."""
     bench_log = run / "bench.jsonl"
-    bench = subprocess.Popen([sys.executable, str(NODE / "loadgen.py"), "--url", f"http://127.0.0.1:{port}",
+    bench = subprocess.Popen([sys.executable, str(NODE / "loadgen.py"), *client_default_argv(),
+                              "--url", f"http://127.0.0.1:{port}",
                               "--api", "completions", "--num-requests", "40", "--warmup", "0", "--input-len", "16",
                               "--output-len", "512", "--timeout", "60", "--out", str(bench_log),
                               "--summary", str(run / "bench_summary.json")],

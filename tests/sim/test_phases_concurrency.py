@@ -12,6 +12,7 @@ from pathlib import Path
 from specab.analysis import doctor, phases, stats
 from specab.analysis.model import Arm, Experiment, load_run_dir
 from specab.node import loadgen
+from tests.node.helpers import client_config
 from tests.sim.client import request_json
 from tests.sim.conftest import EAGLE_S2, TUNED, wait_for
 
@@ -28,10 +29,10 @@ def _bench(launch, run_dir: Path, concurrency: int, requests: int, input_len: in
     status, info, _ = request_json(srv.port, "GET", "/server_info")
     assert status == 200
     (run_dir / "server_info.json").write_text(json.dumps(info) if not isinstance(info, str) else info)
-    cfg = loadgen.BenchConfig(url=f"http://127.0.0.1:{srv.port}", num_requests=requests, warmup=1,
-                              input_len=input_len, output_len=output_len, concurrency=concurrency, seed=3, out=str(run_dir / "bench.jsonl"),
-                              summary=str(run_dir / "bench_summary.json"),
-                              phase_metrics=str(run_dir / "phase_metrics.json"), timeout=120)
+    cfg = client_config(f"http://127.0.0.1:{srv.port}", str(run_dir / "bench.jsonl"), str(run_dir / "bench_summary.json"),
+                        api="generate", num_requests=requests, warmup=1, input_len=input_len, output_len=output_len,
+                        concurrency=concurrency, seed=3, ignore_eos=True, timeout=120,
+                        phase_metrics=str(run_dir / "phase_metrics.json"))
     summary = loadgen.run_benchmark(cfg)
     assert summary["ok"] == requests
     wait_for(lambda: trace.is_file() and len(trace.read_text().splitlines()) >= requests + 1, 10, "trace lines")

@@ -5,6 +5,7 @@ are `lint-imports` contracts (pyproject.toml), run by `make test`."""
 from __future__ import annotations
 
 import ast
+import sys
 import re
 from pathlib import Path
 
@@ -79,10 +80,10 @@ def test_one_task_file_runs_an_arm_on_one_host_or_over_several():
 
 def test_the_sequencer_names_its_phases_after_the_contract():
     import importlib.util
-    spec = importlib.util.spec_from_file_location("sequence_under_test", REPO / "specab/node/sequence.py")
-    seq = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(seq)
-    assert seq.PHASES == contract.NODE_PHASES and seq.TASKS == contract.TASKS
+    spec = importlib.util.spec_from_file_location("runsteps_under_test", REPO / "specab/node/runsteps.py")
+    steps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(steps)
+    assert steps.PHASES == contract.NODE_PHASES and sys.modules["runqueue"].TASKS == contract.TASKS
     assert [p for p in contract.NODE_PHASES if p in {s.phase for s in contract.RUN_STEPS}] == \
         [s.phase for s in contract.RUN_STEPS]
     # every display phase the sequencer can report is one the driver knows

@@ -8,6 +8,7 @@ import pytest
 from specab.config.spec import ArmSpec
 from specab.driver import preflight
 from specab.node import engines
+from tests.launch_argv import argv_of
 
 HELP_0523 = Path(__file__).resolve().parents[2] / "specab" / "sim" / "data" / "sglang-0.5.23-help.txt"
 
@@ -32,10 +33,10 @@ def test_real_help_is_the_0523_generation(flags_0523):
 def test_logical_graph_names_get_the_0523_spelling(flags_0523):
     args = {"tp_size": 8, "cuda_graph_max_bs": 16, "disable_cuda_graph": True, "cuda_graph_bs": [1, 2, 4]}
     spelled = engines.spell_args(args, flags_0523)
-    assert engines.argv_of(spelled) == [
+    assert argv_of(spelled) == [
         "--tp-size", "8", "--cuda-graph-max-bs-decode", "16", "--cuda-graph-backend-decode", "disabled",
         "--cuda-graph-backend-prefill", "disabled", "--cuda-graph-bs-decode", "1", "2", "4"]
-    assert all(f in flags_0523 for f in engines.argv_of(spelled) if f.startswith("--"))
+    assert all(f in flags_0523 for f in argv_of(spelled) if f.startswith("--"))
 
 
 def test_logical_graph_names_keep_the_0509_spelling(flags_0523):

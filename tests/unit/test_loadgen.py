@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from specab.node import loadgen
+from tests.node.helpers import client_config, client_default_argv
 
 LOADGEN = Path(loadgen.__file__)
 
@@ -182,8 +183,7 @@ def make_server():
 
 
 def run(srv: FakeServer, tmp_path: Path, **kw: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    cfg = loadgen.BenchConfig(url=srv.url, out=str(tmp_path / "bench.jsonl"),
-                              summary=str(tmp_path / "bench_summary.json"), **kw)
+    cfg = client_config(srv.url, str(tmp_path / "bench.jsonl"), str(tmp_path / "bench_summary.json"), **kw)
     summary = loadgen.run_benchmark(cfg)
     records = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
     assert json.loads((tmp_path / "bench_summary.json").read_text()) == summary
@@ -362,8 +362,8 @@ def test_connection_refused_is_a_recorded_error(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = loadgen.BenchConfig(url="http://127.0.0.1:%d" % port, num_requests=1, warmup=0,
-                              out=str(tmp_path / "b.jsonl"), summary=None, timeout=5)
+    cfg = client_config("http://127.0.0.1:%d" % port, str(tmp_path / "b.jsonl"), None, num_requests=1, warmup=0,
+                        timeout=5)
     summary = loadgen.run_benchmark(cfg)
     rec = json.loads((tmp_path / "b.jsonl").read_text())
     assert summary["failed"] == 1 and "ConnectionRefusedError" in rec["error"]
@@ -372,7 +372,7 @@ def test_connection_refused_is_a_recorded_error(tmp_path: Path) -> None:
 def test_cli_exit_codes_and_files(make_server, tmp_path: Path) -> None:
     srv = make_server()
     out, summ = tmp_path / "b.jsonl", tmp_path / "s.json"
-    base = [sys.executable, str(LOADGEN), "--url", srv.url, "--num-requests", "2", "--warmup", "1",
+    base = [sys.executable, str(LOADGEN), *client_default_argv(), "--url", srv.url, "--num-requests", "2", "--warmup", "1",
             "--input-len", "8", "--output-len", "12", "--out", str(out), "--summary", str(summ)]
     proc = subprocess.run(base, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -407,3 +407,25 @@ def test_spec_fields_from_the_final_chunk_in_both_name_generations(names) -> Non
     loadgen._finish_record(rec, counter, 0.1)
     assert rec["spec_verify_ct"] == 4 and rec["accept_len"] == 2.0
     assert rec["spec_correct_drafts"] == 4 and rec["spec_proposed_drafts"] == 8
+
+
+def test_a_queue_entrys_bench_reaches_the_client_with_ignore_eos_and_dataset() -> None:
+    """The sequencer's typed spec: a queue entry's bench (roles/specab's values, ignore_eos and the dataset's node
+    path included) becomes the client's command line and back unchanged; a bench without ignore_eos is refused
+    (the controller resolves it, the client has no default)."""
+    from specab.config import defaults
+    bench = dict(defaults.bench({}), ignore_eos=False, dataset="/node/datasets/chat.jsonl", api="chat")
+    cfg = loadgen.BenchConfig.from_settings("http://127.0.0.1:1", bench, out="b.jsonl", summary="s.json",
+                                            phase_metrics="p.json")
+    assert cfg.ignore_eos is False and cfg.dataset == "/node/datasets/chat.jsonl"
+    argv = cfg.to_argv()
+    assert argv[argv.index("--ignore-eos") + 1] == "false" and argv[argv.index("--dataset") + 1] == cfg.dataset
+    assert loadgen.parse_args(argv) == cfg
+    synthetic = loadgen.BenchConfig.from_settings("http://127.0.0.1:1", defaults.bench({}), out="b.jsonl",
+                                                  summary="s.json", phase_metrics=None)
+    assert synthetic.ignore_eos is defaults.get("bench_ignore_eos") and "--dataset" not in synthetic.to_argv()
+    with pytest.raises(loadgen.UsageError, match="lack ignore_eos"):
+        loadgen.BenchConfig.from_settings("http://127.0.0.1:1", {k: v for k, v in bench.items() if k != "ignore_eos"},
+                                          out="b.jsonl", summary=None, phase_metrics=None)
+    with pytest.raises(SystemExit):     # the command line has no default either
+        loadgen.parse_args([w for i, w in enumerate(argv) if "--ignore-eos" not in argv[max(i - 1, 0):i + 1]])

@@ -18,6 +18,7 @@ from typing import Iterator
 import pytest
 
 from specab.analysis import logparse
+from tests.node.helpers import client_default_argv
 
 REPO = Path(__file__).resolve().parents[2]
 LOADGEN = REPO / "specab" / "node" / "loadgen.py"
@@ -85,7 +86,8 @@ def sim(tmp_path: Path) -> Iterator:
 
 def run_loadgen(url: str, tmp: Path, *extra: str) -> tuple[int, dict, list[dict]]:
     out, summ = tmp / "bench.jsonl", tmp / "bench_summary.json"
-    proc = subprocess.run([sys.executable, str(LOADGEN), "--url", url, "--input-len", "32", "--output-len", "64",
+    proc = subprocess.run([sys.executable, str(LOADGEN), *client_default_argv(), "--url", url, "--input-len", "32",
+                           "--output-len", "64",
                            "--seed", "3", "--out", str(out), "--summary", str(summ), "--timeout", "120", *extra],
                           capture_output=True, text=True, timeout=300)
     records = [json.loads(line) for line in out.read_text().splitlines()]

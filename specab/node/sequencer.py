@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""The sequencer process (``sequence.py serve``): claims the lowest-seq queue entry of its experiment and runs it
+(runsteps.RunSteps), next at once; keeps what outlives a run (GPUs verified free, version probes, the engines it
+started); halts when GPUs cannot be verified free, exits on a signal, the END marker, the hold marker, idleness or
+a controller without sign of life. stdlib only, like every node tool; imports its siblings.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import gpufree  # noqa: E402
+import gpusample  # noqa: E402
+import manifest  # noqa: E402
+import stop as stop_tool  # noqa: E402
+from common import ToolError  # noqa: E402
+from runqueue import (END_PREFIX, ENTRY_RE, HOLD_PREFIX, POLL_S, SEQUENCER_LOG, SEQUENCER_START, TASKS,  # noqa: E402
+                      Entry, lease_age, now, queue_dir, queued_names)
+from runsteps import Interrupted, PhaseLog, RunSteps, SignalGate  # noqa: E402
+
+PROBE_TIMEOUT_S = 60.0          # one engine version probe (manifest.py --probe-timeout)
+
+# ---------------------------------------------------------------------------------------------
+# The sequencer process
+# ---------------------------------------------------------------------------------------------
+
+class Sequencer(object):
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.node_dir = a.node_dir
+        self.experiment_id = a.experiment_id
+        self.gate = SignalGate()
+        self.clean = False           # our server stopped and the GPUs verified free by us, just now
+        self.versions_cache: Dict[str, Any] = {}
+        self.version_probes: Dict[str, threading.Thread] = {}   # engine python → its probe, running or done
+        self.engines: List[int] = []     # engine pids start.py launched from this process (to reap)
+        self.hostname = os.uname().nodename
+        st = common.proc_stat(os.getpid())
+        self.record: Dict[str, Any] = {
+            "pid": os.getpid(), "starttime": st.starttime if st else None, "sid": os.getsid(0),
+            "experiment_id": self.experiment_id, "started_at": round(now(), 4), "state": "running",
+            "run_id": None, "error": None, "log": os.path.join(self.node_dir, SEQUENCER_LOG),
+            "idle_timeout_s": a.idle_timeout, "startup": None, "runs_done": 0, "updated_at": None}
+
+    def save(self, **changes: Any) -> None:
+        self.record.update(changes)
+        self.record["updated_at"] = round(now(), 4)
+        common.write_json(os.path.join(self.node_dir, common.SEQUENCER_JSON), self.record)
+
+    def prefetch_versions(self, python: str) -> None:
+        """Probe the engine's versions in the background, once per engine python (manifest.versions)."""
+        if python in self.versions_cache or python in self.version_probes:
+            return
+
+        def probe() -> None:
+            try:
+                self.versions_cache[python] = manifest.versions(python, PROBE_TIMEOUT_S)
+            except Exception as exc:   # the manifest probes again itself then
+                common.log("version probe failed: %s: %s" % (type(exc).__name__, exc))
+
+        t = threading.Thread(target=probe, daemon=True)
+        self.version_probes[python] = t
+        t.start()
+
+    def wait_versions(self, python: str) -> None:
+        t = self.version_probes.get(python)
+        if t is not None:
+            t.join(timeout=PROBE_TIMEOUT_S + 5)
+
+    # -- the node tools, in-process ----------------------------------------------------------
+
+    def stop_server(self, smi: List[str], grace: float, out: Optional[str],
+                    on_gone: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+        a = stop_tool.StopSpec(node_dir=self.node_dir, smi=list(smi), grace=grace, out=out)
+        res = common.recorded(a.out, lambda: stop_tool.stop(a, stop_sequencer=False, on_gone=on_gone))
+        self.reap()
+        return res
+
+    def wait_free(self, smi: List[str], gpus: str, timeout: float, threshold_mib: float, out: Optional[str] = None,
+                  csv: Optional[str] = None) -> Dict[str, Any]:
+        a = gpufree.GpuFreeSpec(smi=list(smi), gpus=gpus, threshold_mib=threshold_mib, timeout=timeout,
+                                interval=POLL_S, node_dir=self.node_dir, out=out, csv=csv)
+        return common.recorded(a.out, lambda: gpufree.wait_free(a))
+
+    def one_sample(self, e: Entry, name: str) -> None:
+        """gpusample.py --count 1 (gpu_before.csv / gpu_after.csv); failures go to gpu_samples.log."""
+        flag = gpusample.StopFlag(install=False)
+        try:
+            gpusample.sample(gpusample.SampleSpec(smi=list(e.smi), gpus=e.gpus, count=1, interval=e.sample_interval_s,
+                                                  out=e.path(name)), flag)
+        except ToolError as exc:
+            with open(e.path("gpu_samples.log"), "a") as fh:
+                fh.write("error: %s\n" % exc.message)
+        finally:
+            flag.close()
+
+    def reap(self) -> None:
+        """Collect the exited engines start.py launched from this process (no zombies left)."""
+        for pid in list(self.engines):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done == pid:
+                self.engines.remove(pid)
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def startup(self) -> None:
+        """Stop any leftover server of ours and wait for free GPUs (needs --smi)."""
+        a = self.a
+        res: Dict[str, Any] = {"t": round(now(), 4)}
+        if a.smi:
+            try:
+                res["stop"] = self.stop_server(a.smi, a.stop_grace, None)
+                res["gpu_free"] = self.wait_free(a.smi, a.gpus, a.gpu_free_timeout, a.gpu_free_threshold_mib)
+                self.clean = True
+            except ToolError as exc:
+                res.update(ok=False, error=exc.message)
+                common.write_json(os.path.join(self.node_dir, SEQUENCER_START), res)
+                raise
+        else:
+            res["note"] = "no --smi: the first run stops leftovers and waits for free GPUs itself"
+        res["ok"] = True
+        res["elapsed_s"] = round(now() - res["t"], 4)
+        common.write_json(os.path.join(self.node_dir, SEQUENCER_START), res)
+        self.save(startup={"ok": True, "clean": self.clean, "elapsed_s": res["elapsed_s"]})
+
+    def hold_marker(self) -> str:
+        return os.path.join(queue_dir(self.node_dir), HOLD_PREFIX + self.experiment_id)
+
+    def held(self) -> bool:
+        """The driver's interrupt reached the node (its hold marker): no run is claimed or started."""
+        return os.path.exists(self.hold_marker())
+
+    def watch_hold(self) -> None:
+        """The driver's hold marker acts as its interrupt, at once: SIGTERM to ourselves (the gate cuts a
+        load or a benchmark short as for stop.py's signal, faster than the stop playbook reaches us)."""
+        def loop() -> None:
+            while not self.gate.requested:
+                if self.held():
+                    common.log("hold marker %s: the driver was interrupted" % self.hold_marker())
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+                time.sleep(0.1)
+        threading.Thread(target=loop, name="hold-watch", daemon=True).start()
+
+    def claim(self) -> Optional[Entry]:
+        qdir = queue_dir(self.node_dir)
+        for name in queued_names(self.node_dir):
+            path = os.path.join(qdir, name)
+            try:
+                data = common.read_json(path)
+            except (OSError, ValueError):
+                continue        # vanished (another claim, a reset) or a partial write: look again later
+            if not isinstance(data, dict) or str(data.get("experiment_id")) != self.experiment_id:
+                continue        # another experiment's entry: not ours to run
+            try:
+                entry = Entry(data, self.node_dir, name)
+            except (ValueError, TypeError) as exc:
+                self.refuse(path, name, str(exc))
+                continue
+            try:
+                os.replace(path, entry.path("queue_entry.json"))
+            except OSError as exc:
+                self.refuse(path, name, "cannot move it into its run directory: %s" % exc)
+                continue
+            return entry
+        return None
+
+    def refuse(self, path: str, name: str, why: str) -> None:
+        """A malformed entry: done.json in its run directory (when there is one), the entry set aside."""
+        common.log("queue entry %s refused: %s" % (name, why))
+        m = ENTRY_RE.match(name)
+        run_dir = os.path.join(self.node_dir, "runs", m.group("run_id")) if m else None
+        try:
+            os.replace(path, path + ".refused")
+        except OSError:
+            pass
+        if run_dir and os.path.isdir(run_dir):
+            t = round(now(), 4)
+            common.write_json(os.path.join(run_dir, "done.json"), {
+                "ok": False, "status": "failed", "phase": "claimed", "task": TASKS["claimed"],
+                "error": "the queue entry was refused: %s" % why, "run_id": m.group("run_id") if m else None,
+                "started_at": t, "finished_at": t, "time_to_ready_s": None, "stop_s": None, "time_to_free_s": None})
+
+    def run_entry(self, entry: Entry) -> Optional[str]:
+        for stale in ("done.json",):
+            try:
+                os.remove(entry.path(stale))
+            except OSError:
+                pass
+        phases = PhaseLog(entry.path("phases.jsonl"))
+        try:
+            phases.begin("claimed", seq=entry.seq)
+            self.save(state="running", run_id=entry.run_id)
+            steps = RunSteps(self, entry, phases)
+            result = steps.run()
+        finally:
+            phases.close()
+        self.save(runs_done=self.record["runs_done"] + 1, last_run={"run_id": entry.run_id,
+                                                                    "status": result["status"]})
+        common.log("run %s: %s" % (entry.run_id, result["status"]))
+        return steps.halt
+
+    def serve(self) -> int:
+        self.save()
+        self.watch_hold()
+        try:
+            self.startup()
+        except ToolError as exc:
+            self.save(state="halted", error="startup: " + exc.message)
+            common.log("halted at startup: " + exc.message)
+            return 1
+        except Interrupted:
+            self.save(state="exited", error=None, reason="signal during startup")
+            return 0
+        end_marker = os.path.join(queue_dir(self.node_dir), END_PREFIX + self.experiment_id)
+        last_work = time.monotonic()
+        self.save(state="idle", run_id=None)
+        while True:
+            if self.gate.requested:
+                self.save(state="exited", run_id=None, reason="signal %s" % self.gate.requested)
+                return 0
+            if self.a.lease_s > 0 and queued_names(self.node_dir):
+                age = lease_age(self.node_dir, self.record["started_at"])
+                if age > self.a.lease_s:
+                    # the driver died or lost the node: do not spend hours of GPU time on runs nobody
+                    # collects; the entries stay queued (a resume resets the queue and queues them again)
+                    self.save(state="exited", run_id=None,
+                              reason="no sign of the controller for %.0fs (--lease-s %g): queued runs left "
+                                     "unclaimed; resume the experiment to run them" % (age, self.a.lease_s))
+                    common.log(self.record["reason"])
+                    return 0
+            if self.held():
+                self.save(state="exited", run_id=None, reason="hold marker %s: the driver was interrupted"
+                          % self.hold_marker())
+                return 0
+            entry = self.claim()
+            if entry is not None:
+                halt = self.run_entry(entry)
+                if halt is not None:
+                    self.save(state="halted", run_id=None, error=halt)
+                    common.log("halted: " + halt)
+                    return 1
+                if self.gate.requested:
+                    self.save(state="exited", run_id=None, reason="signal %s" % self.gate.requested)
+                    return 0
+                self.save(state="idle", run_id=None)
+                last_work = time.monotonic()
+                continue
+            if os.path.exists(end_marker):
+                self.save(state="exited", run_id=None, reason="end marker %s and an empty queue" % end_marker)
+                return 0
+            if time.monotonic() - last_work > self.a.idle_timeout:
+                self.save(state="exited", run_id=None,
+                          reason="idle for %gs without work (--idle-timeout)" % self.a.idle_timeout)
+                return 0
+            try:
+                with self.gate.armed():
+                    time.sleep(POLL_S)
+            except Interrupted:
+                pass
+
