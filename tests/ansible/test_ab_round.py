@@ -261,3 +261,25 @@ def test_make_demo_view_is_the_readme_transcript(round_: tuple[SimNode, Result, 
     assert exp_dir == node.runs_dir / "t-round" and (exp_dir / "ab_table.json").is_file(), artefacts
     assert shown[-1] == f"full Ansible output: {log}"
     assert _shape(shown) == _shape(readme), "\n".join(shown)
+
+
+def test_a_sampler_slower_to_start_than_the_benchmark_still_samples(tmp_path: Path) -> None:
+    """The bench role starts its client only once the background GPU sampler has written its CSV header: a sampler
+    that takes 3 s to start (a loaded node importing Python; here a wrapper that waits before the interpreter)
+    against a benchmark of about a second still leaves gpu_samples.csv with samples in every run."""
+    wrapper = tmp_path / "slow-sampler-python"
+    wrapper.write_text("#!/bin/sh\n"
+                       'case "$*" in *gpusample.py*gpu_samples.csv*) sleep 3 ;; esac\n'
+                       f'exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    node = SimNode(root=tmp_path / "node-root")
+    node.write_inventory(specab_bench_python=str(wrapper))
+    try:
+        result = node.playbook("ab_test.yml", {"specab_experiment_file": str(node.write_experiment(
+            experiment(node.port))), "specab_experiment_id": "t-slow-sampler"})
+        assert result.rc == 0, str(result)
+        for run in ("001-baseline", "002-eagle3-s2"):
+            csv_text = (node.runs_dir / "t-slow-sampler" / run / "gpu_samples.csv").read_text()
+            assert csv_text.startswith("timestamp,") and len(csv_text.splitlines()) >= 2, (run, csv_text)
+    finally:
+        node.stop()
