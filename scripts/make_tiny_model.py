@@ -4,7 +4,7 @@ Run with the vLLM venv's python (it needs the `tokenizers` library):
 
     python scripts/make_tiny_model.py DIR
 
-DIR/tiny-llama        the target: Llama, hidden 512, 2 layers, 8 heads, vocab 4003 (shared/facts/real-engines-on-cpu.md)
+DIR/tiny-llama        the target: Llama, hidden 512, 2 layers, 8 heads, vocab 4003 (the facts of real engines on CPU)
 DIR/tiny-llama-weak   a weak draft: other shape (hidden 256, 1 layer), so other dummy weights -> low acceptance
 DIR/tiny-eagle3       an EAGLE-3 draft head (LlamaForCausalLMEagle3): vLLM on CPU serves /health then fails
 DIR/tiny-llama-6l     the 6-layer target of that EAGLE-3 failure

@@ -22,7 +22,7 @@ from specab.node import engines
 
 SEVERITIES = ("error", "warning", "info")
 
-# The seed's tuned NCCL variables (shared/facts/seed-measurements.md).
+# The seed's tuned NCCL variables (the seed's measurements).
 TUNED_NCCL = ("NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_NTHREADS")
 
 # Server args that must be equal across arms for a like-for-like A/B.

@@ -30,7 +30,7 @@ ARM_KEYS = {"name", "description", "server_args", "env"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
               "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos"}
 PHASE_TIMING_VALUES = ("auto", True, False)
-# what phase timing sets on an arm (shared/reference/engines-2026.md A5): the server's /metrics and, in SGLang
+# what phase timing sets on an arm (the 2026 engines reference A5): the server's /metrics and, in SGLang
 # 0.5.23, the device timer that splits forward time into eagle_draft / eagle_draft_extend / target_verify
 PHASE_TIMING_ARGS = {"enable_metrics": True}
 PHASE_TIMING_ENV = {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}

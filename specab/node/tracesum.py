@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summarise a torch-profiler trace (``*-TP-0.trace.json.gz``) with flat memory (stdlib only).
 
-Real SGLang traces of 20 steps are 50-60 MB and millions of events (shared/facts/real-sglang-0.5.17-h200.md):
+Real SGLang traces of 20 steps are 50-60 MB and millions of events (the facts of real SGLang 0.5.17 on an H200):
 never load them whole. This reads the gzip stream in chunks, decodes one ``traceEvents`` object at a time and
 keeps only per-(span, category) counts and total durations. Span names have their numbers replaced by N
 (``step[VERIFY bs=4]`` -> ``step[VERIFY bs=N]``), as in span_summary.txt. Usage:

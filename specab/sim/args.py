@@ -1,7 +1,7 @@
 """SGLang-compatible command line of the simulated server: flags, defaults and the spec rules.
 
 Flag names, dataclass field names and rule messages follow SGLang 0.5.x ``server_args.py``
-(shared/reference/sglang.md section 1). ``parse_server_args(argv)`` exits 2 on an unknown flag,
+(the SGLang reference section 1). ``parse_server_args(argv)`` exits 2 on an unknown flag,
 exactly as argparse does in SGLang; ``apply_rules`` is the ``__post_init__`` part and is pure, so
 the matrix and the timing model can apply the same rules without starting a server.
 """
@@ -195,7 +195,7 @@ _FLAGS: list[tuple[tuple[str, ...], str, Any, dict[str, Any]]] = [
 ]
 
 
-# 0.5.23 (shared/facts/sglang-0.5.23-help.txt): the legacy graph flags are gone (a prefix of the per-phase ones,
+# 0.5.23 (SGLang 0.5.23's own --help): the legacy graph flags are gone (a prefix of the per-phase ones,
 # so argparse answers "ambiguous option" and exits 2), --disable-cuda-graph is a deprecated alias.
 _REMOVED_0523 = ("--cuda-graph-max-bs", "--cuda-graph-bs", "--stream-output")
 _FLAGS_0523: list[tuple[tuple[str, ...], str, Any, dict[str, Any]]] = [

@@ -2,7 +2,7 @@
 
 SGLang writes ``[{prefix}-]{profile_id}-TP-{rank}.trace.json.gz`` (Chrome trace JSON, gzipped) into the request's
 ``output_dir`` or ``$SGLANG_TORCH_PROFILER_DIR`` (default /tmp), profile_id = ``str(time.time())``
-(shared/reference/engines-2026.md A6). Span names are the real ones: 0.5.23 ``step[DRAFT bs=N]``,
+(the 2026 engines reference A6). Span names are the real ones: 0.5.23 ``step[DRAFT bs=N]``,
 ``draft``, ``draft_extend``, ``step[VERIFY bs=N]``, ``step[DECODE bs=N]``, ``step[EXTEND bs=N toks=T]``, each
 as a ``user_annotation`` (CPU) and a ``gpu_user_annotation`` (device) event; 0.5.9 and 0.5.17 have no
 DRAFT/VERIFY spans, a speculative cycle shows as ``step[DECODE bs=N]``. Durations follow the timing model.

@@ -1,7 +1,7 @@
 """nvidia-smi for the simulated node: ``python -m specab.sim.smi``.
 
 Answers the forms the harness uses, in nvidia-smi's exact CSV format (driver 580, H200 readings in
-shared/facts/seed-measurements.md):
+the seed's measurements):
 
     --query-gpu=<fields> --format=csv[,noheader][,nounits] [-i 0,1]
     --query-compute-apps=<fields> --format=csv[,noheader][,nounits]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# nvml.h nvmlClocksEventReason* bits (shared/reference/vllm-sim-nvidia-smi-nccl.md).
+# nvml.h nvmlClocksEventReason* bits (the vLLM, nvidia-smi and NCCL reference).
 CLOCK_EVENT_REASONS: dict[str, int] = {
     "GpuIdle": 0x1, "ApplicationsClocksSetting": 0x2, "SwPowerCap": 0x4, "HwSlowdown": 0x8,
     "SyncBoost": 0x10, "SwThermalSlowdown": 0x20, "HwThermalSlowdown": 0x40,
