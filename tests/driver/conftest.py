@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.driver.simnode import SimNode, free_port
+
 EXPERIMENT = """\
 specab_experiment:
   name: t
@@ -55,3 +57,12 @@ def write(tmp_path: Path):
 @pytest.fixture
 def experiment_file(write) -> Path:
     return write("exp.yml", EXPERIMENT)
+
+
+@pytest.fixture
+def node(tmp_path: Path):
+    """A simulated node of its own (private state, node dir and port), cleaned up after the test; a module that
+    needs another profile or more clean-up defines its own."""
+    n = SimNode(root=tmp_path, port=free_port())
+    yield n
+    n.cleanup()

@@ -16,16 +16,9 @@ import yaml
 
 from specab.analysis.model import load_store
 from specab.results import store as st
-from tests.driver.simnode import SimNode, driver, free_port
+from tests.driver.simnode import SimNode, driver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-@pytest.fixture
-def node(tmp_path: Path):
-    n = SimNode(root=tmp_path, port=free_port())
-    yield n
-    n.cleanup()
 
 
 def test_a_chat_dataset_runs_through_the_queue(node: SimNode) -> None:

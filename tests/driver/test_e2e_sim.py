@@ -15,16 +15,9 @@ from specab.config.spec import load_experiment
 from specab.config.matrix import build_arms, parse_matrix
 from specab.config.plan import make_plan
 from specab.driver.render import render_arm
-from tests.driver.simnode import reap_driver, SimNode, driver, free_port, wait_for
+from tests.driver.simnode import reap_driver, SimNode, driver, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
-
-
-@pytest.fixture
-def node(tmp_path: Path):
-    n = SimNode(root=tmp_path, port=free_port())
-    yield n
-    n.cleanup()
 
 
 def _exp_dir(runs_dir: Path) -> Path:

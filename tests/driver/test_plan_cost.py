@@ -105,13 +105,30 @@ def test_plan_without_target_ci_prints_no_cost_design():
     assert "design by cost" not in out.getvalue()
 
 
-def test_plan_takes_the_noise_from_this_nodes_history_of_the_same_fingerprint(tmp_path):
+def _earlier_runs(seed: int, host: str, blocks: int, arms: list[tuple[str, float, float]], request_sd: float,
+                  request_fields: dict | None = None, **run_fields):
+    """An earlier experiment's runs, for a node's history: per block and arm (name, tok/s, instance sd) one run of
+    8 requests whose log tok/s carries the instance's offset and each request's own noise (sd ``request_sd``)."""
     import math
 
     import numpy as np
 
+    from specab.analysis.model import Request, Run
+
+    rng = np.random.default_rng(seed)
+    runs = []
+    for b in range(1, blocks + 1):
+        for arm, mu, instance_sd in arms:
+            off = rng.normal(0, instance_sd)
+            runs.append(Run(run_id=f"{b}-{arm}", arm=arm, block=b, host=host, **run_fields, requests=[
+                Request(i=k, decode_tok_s=float(mu * math.exp(off + rng.normal(0, request_sd))),
+                        **(request_fields or {})) for k in range(8)]))
+    return runs
+
+
+def test_plan_takes_the_noise_from_this_nodes_history_of_the_same_fingerprint(tmp_path):
     from specab.analysis import history
-    from specab.analysis.model import Arm, Experiment, Request, Run
+    from specab.analysis.model import Arm, Experiment
     from specab.config.fingerprint import fingerprint, fingerprint_doc
     from specab.driver.options import Options, prepare
 
@@ -119,13 +136,8 @@ def test_plan_takes_the_noise_from_this_nodes_history_of_the_same_fingerprint(tm
     host = prepared.inventory.hosts[0].name
     fp = fingerprint(fingerprint_doc(prepared.experiment, prepared.arms))
     base, spec = prepared.arms[0].name, prepared.arms[1].name
-    rng = np.random.default_rng(1)
-    runs = []
-    for b in range(1, 11):                      # an earlier experiment: instances 3 % apart, requests 0.5 %
-        for arm, mu in ((base, 80.0), (spec, 100.0)):
-            off = rng.normal(0, 0.03)
-            runs.append(Run(run_id=f"{b}-{arm}", arm=arm, block=b, host=host, requests=[
-                Request(i=k, decode_tok_s=float(mu * math.exp(off + rng.normal(0, 0.005)))) for k in range(8)]))
+    # an earlier experiment: instances 3 % apart, requests 0.5 %
+    runs = _earlier_runs(1, host, 10, [(base, 80.0, 0.03), (spec, 100.0, 0.03)], 0.005)
     history.record(tmp_path, Experiment(id="earlier", arms=[Arm(base), Arm(spec, baseline=base)], runs=runs), fp)
 
     out = io.StringIO()
@@ -146,12 +158,8 @@ def test_plan_on_a_real_node_estimates_from_the_history_it_measured_and_narrows_
     """A real node has no profile: with no history `plan` says so; once an experiment of the same fingerprint
     ended there, its measured restart and request seconds and its noise give an estimate, whose range has no
     dead-time guess in it and the history's degrees of freedom."""
-    import math
-
-    import numpy as np
-
     from specab.analysis import history
-    from specab.analysis.model import Arm, Experiment, Request, Run
+    from specab.analysis.model import Arm, Experiment
     from specab.config.fingerprint import fingerprint, fingerprint_doc
     from specab.driver.options import Options, prepare
 
@@ -168,15 +176,9 @@ def test_plan_on_a_real_node_estimates_from_the_history_it_measured_and_narrows_
     prepared = prepare(Options(inventory_file=str(inv)))
     fp = fingerprint(fingerprint_doc(prepared.experiment, prepared.arms))
     base, spec = prepared.arms[0].name, prepared.arms[1].name
-    rng = np.random.default_rng(3)
-    runs = []
-    for b in range(1, 9):          # 8 blocks: load 300 s, 8 requests of 6 s, 8 GPUs; instances 1 %, requests 4 %
-        for arm, mu in ((base, 80.0), (spec, 100.0)):
-            off = rng.normal(0, 0.01)
-            reqs = [Request(i=k, decode_tok_s=float(mu * math.exp(off + rng.normal(0, 0.04))), e2e_s=6.0)
-                    for k in range(8)]
-            runs.append(Run(run_id=f"{b}-{arm}", arm=arm, block=b, host="gpu-node-1", requests=reqs,
-                            server_args={"tp_size": 8}, gpu_seconds=8 * (300.0 + 8 * 6.0)))
+    # 8 blocks: load 300 s, 8 requests of 6 s, 8 GPUs; instances 1 %, requests 4 %
+    runs = _earlier_runs(3, "gpu-node-1", 8, [(base, 80.0, 0.01), (spec, 100.0, 0.01)], 0.04, {"e2e_s": 6.0},
+                         server_args={"tp_size": 8}, gpu_seconds=8 * (300.0 + 8 * 6.0))
     history.record(tmp_path, Experiment(id="earlier", arms=[Arm(base), Arm(spec, baseline=base)], runs=runs), fp)
     out = io.StringIO()
     assert cli.main(args, out=out) == 0
@@ -191,12 +193,8 @@ def test_a_matrix_sweeps_history_is_the_prior_of_a_later_run_of_one_of_its_arms(
     """`--matrix steps=1,2` names its arms eagle3-s1-…, eagle3-s2-… and has another fingerprint than the plain
     experiment, whose arm eagle3-s2 is the same server args: the history matches the pair by content, so the
     plain experiment's `plan --target-ci` takes the sweep's eagle3-s2 noise and run cost, and not eagle3-s1's."""
-    import math
-
-    import numpy as np
-
     from specab.analysis import history
-    from specab.analysis.model import Arm, Experiment, Request, Run
+    from specab.analysis.model import Arm, Experiment
     from specab.config.fingerprint import fingerprint, fingerprint_doc
     from specab.driver.options import Options, prepare
 
@@ -207,13 +205,9 @@ def test_a_matrix_sweeps_history_is_the_prior_of_a_later_run_of_one_of_its_arms(
     assert fingerprint(doc) != fingerprint(fingerprint_doc(plain.experiment, plain.arms))
     base, s1, s2 = (a.name for a in sweep.arms)
     assert s2.startswith("eagle3-s2") and s2 != plain.arms[1].name
-    rng = np.random.default_rng(2)
-    runs = []
-    for b in range(1, 9):           # s1's instances 20 % apart, s2's 3 %: the prior must be s2's alone
-        for arm, mu, sd in ((base, 80.0, 0.0), (s1, 90.0, 0.2), (s2, 100.0, 0.03)):
-            off = rng.normal(0, sd)
-            runs.append(Run(run_id=f"{b}-{arm}", arm=arm, block=b, host=host, gpu_seconds=60.0, requests=[
-                Request(i=k, decode_tok_s=float(mu * math.exp(off + rng.normal(0, 0.005)))) for k in range(8)]))
+    # s1's instances 20 % apart, s2's 3 %: the prior must be s2's alone
+    runs = _earlier_runs(2, host, 8, [(base, 80.0, 0.0), (s1, 90.0, 0.2), (s2, 100.0, 0.03)], 0.005,
+                         gpu_seconds=60.0)
     earlier = Experiment(id="sweep-1", arms=[Arm(base), Arm(s1, baseline=base), Arm(s2, baseline=base)], runs=runs)
     history.record(tmp_path, earlier, fingerprint(doc), doc)
 

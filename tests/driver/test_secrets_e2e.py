@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from specab.results import store as st
-from tests.driver.simnode import PYTHON, REPO, SPEC_ARMS, SimNode, driver, free_port, reap_driver
+from tests.driver.simnode import PYTHON, REPO, SPEC_ARMS, SimNode, driver, reap_driver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -32,13 +32,6 @@ PRIVATE_FILES = {"launch.sh": 0o700, "nccl.env": 0o600, "args.json": 0o600, "ser
 
 # the simulated node's EAGLE-3 A/B, the speculative arm carrying a secret server arg and secret env vars
 ARMS = SPEC_ARMS + f"      api_key: {API_KEY}\n    env:\n      TOKEN: {TOKEN}\n      HF_TOKEN: {HF_TOKEN}\n"
-
-
-@pytest.fixture
-def node(tmp_path: Path):
-    n = SimNode(root=tmp_path, port=free_port())
-    yield n
-    n.cleanup()
 
 
 def _leaks(root: Path) -> list[tuple[Path, list[str], int]]:
