@@ -6,6 +6,11 @@ filled in). Secret values are redacted before hashing (the store and the manifes
 changed secret does not change the fingerprint). The engine's build is not known before a run (each run's
 manifest records its versions; `driver.py diff` compares them).
 
+A key added to the document after stores were written hashes, while it holds the value that reproduces the
+behaviour from before it existed, as if it were absent (``LATER_KEYS``): a store written before ``bench.ignore_eos``
+existed ran with forced lengths, so it resumes under today's default and its history stays the prior of the same
+pair; another value is a change like any other.
+
 A resume whose fingerprint differs from the experiment's is refused (``changes`` says what changed, as
 ``bench.num_requests: 2 -> 6``) unless ``--force-changed``; then the store marks each run with the
 fingerprint it ran under.
@@ -32,9 +37,26 @@ def fingerprint_doc(exp: ExperimentSpec, arms: list[ArmSpec]) -> dict[str, Any]:
     })
 
 
+# (section, key) -> the value under which the documents written before the key existed ran: a fact about those
+# runs, not a default (the default may change; what those runs did does not)
+LATER_KEYS: dict[tuple[str, str], Any] = {
+    ("bench", "ignore_eos"): True,       # requests ran to output_len, past EOS
+}
+
+
+def canonical(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document as hashed and compared: each of ``LATER_KEYS`` dropped where it holds its earlier value."""
+    out = dict(doc)
+    for (section, key), value in LATER_KEYS.items():
+        part = out.get(section)
+        if isinstance(part, dict) and key in part and part[key] == value:
+            out[section] = {k: v for k, v in part.items() if k != key}
+    return out
+
+
 def fingerprint(doc: dict[str, Any]) -> str:
     """16 hex digits of the SHA-256 of the document's canonical JSON."""
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    text = json.dumps(canonical(doc), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -50,8 +72,8 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """What differs between two fingerprint documents, one line each: ``bench.num_requests: 2 -> 6``."""
     a: dict[str, Any] = {}
     b: dict[str, Any] = {}
-    _flat(old, "", a)
-    _flat(new, "", b)
+    _flat(canonical(old), "", a)
+    _flat(canonical(new), "", b)
     show = lambda v: "(absent)" if v is _ABSENT else json.dumps(v, default=str)   # noqa: E731
     return [f"{k}: {show(a.get(k, _ABSENT))} -> {show(b.get(k, _ABSENT))}"
             for k in sorted(set(a) | set(b)) if a.get(k, _ABSENT) != b.get(k, _ABSENT)]

@@ -224,3 +224,22 @@ def test_a_matrix_sweeps_history_is_the_prior_of_a_later_run_of_one_of_its_arms(
     out = io.StringIO()
     assert cli.main(["plan", "--target-ci", "2%", "--runs-dir", str(tmp_path)], out=out) == 0
     assert "history of" not in out.getvalue()
+
+
+def test_an_h200_store_written_before_ignore_eos_existed_is_the_prior_of_the_same_experiment_today(tmp_path):
+    """The H200 sweep's store (written before bench.ignore_eos) recorded into a node history: `plan --target-ci`
+    of experiments/known-truth-h200.yml (ignore_eos true by default: the same forced lengths) takes its steps-3
+    pair as the prior, as scripts/known_truth_gpu.sh's SPECAB_KT_HISTORY does on the device."""
+    from specab.analysis import history, model
+    from specab.results.store import Store
+
+    store = REPO_ROOT / "tests/fixtures/known-truth/h200/known-truth-h200-20261204-055428"
+    fp, doc = Store.open(store).fingerprint()
+    assert "ignore_eos" not in doc["bench"]
+    history.record(tmp_path, model.load_store(store, read_logs=False), fp, doc)
+    out = io.StringIO()
+    assert cli.main(["plan", "-e", str(REPO_ROOT / "experiments/known-truth-h200.yml"), "-i",
+                     str(REPO_ROOT / "inventory/gpu-real-sglang.yml"), "--target-ci", "2%", "--runs-dir", str(tmp_path)],
+                    out=out) == 0
+    assert "noise (history of gpu0: the same arm and baseline in eagle3-s3-k1-d4 of known-truth-h200-" \
+           in out.getvalue()

@@ -1,4 +1,4 @@
-"""The experiment fingerprint (specab/config/fingerprint.py; issue 20 item 2) and its store records."""
+"""The experiment fingerprint (specab/config/fingerprint.py) and its store records."""
 from __future__ import annotations
 
 import sqlite3
@@ -57,3 +57,13 @@ def test_a_store_written_before_fingerprints_stays_readable_and_resumable(tmp_pa
     s.start_run(seq=2, run_id="002-baseline", arm="baseline", block=2, host="h", run_dir="/r2", runner_ident="i")
     assert s.run_fingerprints() == {2: "c" * 16}
     s.close()
+
+
+def test_a_key_added_later_at_its_earlier_value_is_no_change_and_another_value_is():
+    """Stores written before `bench.ignore_eos` existed ran past EOS: such a document and today's with
+    ignore_eos true are the same experiment (the resume goes on, the history matches); false is a change, named."""
+    now = {**DOC, "bench": {**DOC["bench"], "ignore_eos": True}}
+    assert fingerprint(now) == fingerprint(DOC) and changes(DOC, now) == []
+    natural = {**DOC, "bench": {**DOC["bench"], "ignore_eos": False}}
+    assert fingerprint(natural) != fingerprint(DOC)
+    assert changes(DOC, natural) == ["bench.ignore_eos: (absent) -> false"]
