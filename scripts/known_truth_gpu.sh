@@ -8,7 +8,7 @@
 #       -e experiments/known-truth-h200.yml --matrix steps=1,2,3 --repeats 2
 #
 # Needs .bundle/ (scripts/real_sglang_bundle.sh) and .whl/ (scripts/device_wheels.sh) in the checkout.
-# SPECAB_KT_HISTORY: stores of earlier experiments (e.g. tests/fixtures/known-truth/h200/*) whose measured noise and
+# SPECAB_KT_HISTORY: stores of earlier experiments (e.g. tests/fixtures/known-truth/h200/*, packed or not) whose measured noise and
 # run cost go into the runs directory's node history first, as if they had ended there (`plan --target-ci`'s prior).
 # SPECAB_KT_PLAN=1: print `driver.py plan` with the same arguments first ($OUT/plan.out).
 # KT_DRIVER_S bounds the driver (default 480 s: a device call lasts at most 600 s); past it the driver gets SIGINT,
@@ -37,13 +37,16 @@ fi
 RUNS=${SPECAB_KT_RUNS:-/tmp/rd}
 for store in ${SPECAB_KT_HISTORY:-}; do
   PYTHONPATH=/tmp/site python3 -c '
-import sys
+import sys, tempfile
 from pathlib import Path
 from specab.analysis import history, model
 from specab.results.store import Store
-fp, doc = Store.open(sys.argv[1]).fingerprint()
-for p in history.record(Path(sys.argv[2]), model.load_store(sys.argv[1], read_logs=False), fp, doc):
-    print("history of", sys.argv[1], "->", p)' "$store" "$RUNS" || exit 1
+from tests.stores import copy_store
+src = Path(sys.argv[1])
+d = copy_store(src, Path(tempfile.mkdtemp()) / src.name)       # fixtures keep their store packed
+fp, doc = Store.open(d).fingerprint()
+written = history.record(Path(sys.argv[2]), model.load_store(d, read_logs=False), fp, doc)
+print("history of", src, "->", written or "nothing: no arm with two complete blocks")' "$store" "$RUNS" || exit 1
 done
 if [ "${SPECAB_KT_PLAN:-0}" = 1 ]; then
   PYTHONPATH=/tmp/site python3 driver.py plan -i inventory/gpu-real-sglang.yml --runs-dir "$RUNS" "$@" \

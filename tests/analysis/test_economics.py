@@ -10,6 +10,7 @@ import yaml
 from specab.analysis import economics
 from specab.analysis.model import Arm, Experiment, Request, Run
 from specab.config.yamlfile import REPO_ROOT
+from tests.stores import copy_store
 
 
 def _exp(rng, blocks=4, m=6, failed_seq=None):
@@ -158,7 +159,7 @@ def test_first_block_without_a_prior_keeps_the_experiments_requests_and_the_plan
     assert est.design.gpu_s_low <= est.design.gpu_s <= est.design.gpu_s_high
 
 
-def test_the_dead_time_prior_is_what_the_h200_known_truth_runs_measured():
+def test_the_dead_time_prior_is_what_the_h200_known_truth_runs_measured(tmp_path):
     """DEFAULT_DEAD_S is a measurement, not a guess: the median seconds per phase of the 21 runs of the H200
     known-truth stores, for every phase that is neither the engine's load nor the measured benchmark."""
     import sqlite3
@@ -168,12 +169,12 @@ def test_the_dead_time_prior_is_what_the_h200_known_truth_runs_measured():
     load_or_bench = {"loading", "loading weights", "capturing graphs", "benchmarking"}
     per_phase: dict[str, list[float]] = defaultdict(list)
     fixtures = REPO_ROOT / "tests" / "fixtures" / "known-truth" / "h200"
-    stores = [fixtures / name / "results.sqlite" for name in (    # the three experiments the prior was measured on
-        "known-truth-h200-20261204-055428", "known-truth-h200-causes-20261204-060246",
-        "known-truth-h200-twin-20261204-060855")]
+    stores = [copy_store(fixtures / name, tmp_path / name) / "results.sqlite" for name in (
+        "known-truth-h200-20261204-055428", "known-truth-h200-causes-20261204-060246",    # the three experiments
+        "known-truth-h200-twin-20261204-060855")]                                          # the prior came from
     runs = set()
     for path in stores:
-        with sqlite3.connect(f"file:{path}?immutable=1", uri=True) as c:     # writes no -wal/-shm beside it
+        with sqlite3.connect(path) as c:
             for seq, phase, d in c.execute("SELECT seq, phase, duration_s FROM run_phases"):
                 runs.add((path, seq))
                 if phase not in load_or_bench:

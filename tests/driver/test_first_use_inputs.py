@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from specab.driver import cli
+from tests.stores import copy_store
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT = (REPO / "experiments" / "default.yml").read_text()
@@ -103,11 +104,8 @@ def test_a_runaway_matrix_is_capped_with_one_notice_and_a_way_out(tmp_path: Path
 
 def test_export_table_is_honoured_in_json_too(tmp_path: Path) -> None:
     import json
-    import shutil
     src = REPO / "tests" / "fixtures" / "known-truth" / "h200" / "known-truth-h200-causes-20261204-060246"
-    d = tmp_path / "exp"
-    d.mkdir()
-    shutil.copy(src / "results.sqlite", d / "results.sqlite")
+    d = copy_store(src, tmp_path / "exp")
     out = io.StringIO()
     assert cli.main(["export", str(d), "--table", "arms"], out=out) == 0
     rows = json.loads(out.getvalue())

@@ -5,6 +5,7 @@ import io
 import re
 
 from specab.config.yamlfile import REPO_ROOT
+from tests.stores import copy_store
 from specab.driver import cli
 
 
@@ -233,13 +234,14 @@ def test_an_h200_store_written_before_ignore_eos_existed_is_the_prior_of_the_sam
     from specab.analysis import history, model
     from specab.results.store import Store
 
-    store = REPO_ROOT / "tests/fixtures/known-truth/h200/known-truth-h200-20261204-055428"
+    store = copy_store(REPO_ROOT / "tests/fixtures/known-truth/h200/known-truth-h200-20261204-055428",
+                       tmp_path / "sweep")
     fp, doc = Store.open(store).fingerprint()
     assert "ignore_eos" not in doc["bench"]
-    history.record(tmp_path, model.load_store(store, read_logs=False), fp, doc)
+    history.record(tmp_path / "runs", model.load_store(store, read_logs=False), fp, doc)
     out = io.StringIO()
     assert cli.main(["plan", "-e", str(REPO_ROOT / "experiments/known-truth-h200.yml"), "-i",
-                     str(REPO_ROOT / "inventory/gpu-real-sglang.yml"), "--target-ci", "2%", "--runs-dir", str(tmp_path)],
+                     str(REPO_ROOT / "inventory/gpu-real-sglang.yml"), "--target-ci", "2%", "--runs-dir", str(tmp_path / "runs")],
                     out=out) == 0
     assert "noise (history of gpu0: the same arm and baseline in eagle3-s3-k1-d4 of known-truth-h200-" \
            in out.getvalue()

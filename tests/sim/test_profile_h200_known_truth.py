@@ -4,7 +4,6 @@ the real runs' own spread (2 % either side), its accept length is the chain's at
 each cycle phase equals the engine's device timer. Pure arithmetic: no server, no wall clock."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from specab.analysis import model, phases
 from specab.node import engines
 from specab.sim.profile import load_profile
 from specab.sim.timing import TimingModel
+from tests.stores import copy_store
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "known-truth" / "h200"
 
@@ -22,9 +22,7 @@ def real(tmp_path_factory) -> dict:
     """Per arm kind (0 for the baseline, else steps; graphed p 0.9 head only): the real runs' tok/s and phases."""
     out: dict = {}
     for name in ("known-truth-h200-20261204-055428", "known-truth-h200-causes-20261204-060246"):
-        d = tmp_path_factory.mktemp("kt") / name
-        d.mkdir()
-        shutil.copy(FIX / name / "results.sqlite", d / "results.sqlite")
+        d = copy_store(FIX / name, tmp_path_factory.mktemp("kt") / name)
         e = model.load_store(d)
         for r in e.runs:
             args = r.server_args
