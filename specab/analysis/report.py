@@ -331,6 +331,34 @@ def _shade_windows(ax, exp: Experiment, t0: float) -> set[str]:
     return set(bands)
 
 
+def identical_gpus(ts: dict[int, list[float]], sm: dict[int, list[float]]) -> list[list[int]]:
+    """The GPUs grouped by identical clock series (the same sample times and MHz to 1 MHz), in index order: such
+    GPUs draw the same points, so they are drawn once and named together."""
+    groups: dict[tuple, list[int]] = {}
+    for g in sorted(ts):
+        groups.setdefault((tuple(ts[g]), tuple(round(v) for v in sm[g])), []).append(g)
+    return list(groups.values())
+
+
+def _gpu_list(gpus: list[int]) -> str:
+    """``0-3, 6``: runs of consecutive indices as ranges."""
+    runs: list[list[int]] = []
+    for g in gpus:
+        if runs and g == runs[-1][-1] + 1:
+            runs[-1].append(g)
+        else:
+            runs.append([g])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+
+
+def _gpu_colors(n: int) -> list[Any]:
+    """n distinct colours: matplotlib's ten default ones up to ten series, else n steps of viridis (by index)."""
+    import matplotlib
+    if n <= 10:
+        return [matplotlib.colormaps["tab10"](i) for i in range(n)]
+    return [matplotlib.colormaps["viridis"](i / (n - 1)) for i in range(n)]
+
+
 def plot_gpu_clocks(exp: Experiment, grid: tuple[int, int] | None = PLOT_GRID) -> bytes:
     """SM clock of every GPU sample over time (grid: see distinct_points; None draws every sample)."""
     import numpy as np
@@ -353,19 +381,23 @@ def plot_gpu_clocks(exp: Experiment, grid: tuple[int, int] | None = PLOT_GRID) -
         ys = {g: np.asarray(v, dtype=float) for g, v in sm.items()}
         bounds = (min(float(v.min()) for v in xs.values()), max(float(v.max()) for v in xs.values()),
                   min(float(v.min()) for v in ys.values()), max(float(v.max()) for v in ys.values()))
-        same = len(ts) > 1 and len({tuple(np.round(v, 0)) for v in ys.values()}) == 1
-        named = same or len(ts) <= 8          # more GPUs than that get one legend line, not one each
-        for g in sorted(ts) if not same else sorted(ts)[:1]:     # identical GPUs: one series, said in its label
+        groups = identical_gpus(ts, sm)
+        named = len(groups) <= 8          # more series than that get one legend line, not one each
+        colors = _gpu_colors(len(groups))
+        for color, gpus in zip(colors, groups):     # identical GPUs: one series, said in its label
+            g = gpus[0]
             keep = distinct_points(xs[g], ys[g], grid, bounds) if grid else slice(None)
-            label = f"all {len(ts)} GPUs (identical)" if same else f"GPU {g}" if named else None
-            ax.plot(xs[g][keep], ys[g][keep], ".", ms=3, label=label)
+            label = (f"all {len(gpus)} GPUs (identical)" if len(gpus) == len(ts) > 1 else
+                     f"GPUs {_gpu_list(gpus)} (identical)" if len(gpus) > 1 else f"GPU {g}") if named else None
+            ax.plot(xs[g][keep], ys[g][keep], ".", ms=3, color=color, label=label)
         shaded = _shade_windows(ax, exp, t0)
         from matplotlib.lines import Line2D
         from matplotlib.patches import Patch
         handles, labels = ax.get_legend_handles_labels()
         if not named:
-            handles.append(Line2D([], [], ls="", marker=".", color="#57606a"))
-            labels.append(f"{len(ts)} GPUs, one colour each")
+            handles.append(Line2D([], [], ls="", marker=".", color=colors[len(colors) // 2]))
+            labels.append(f"{len(ts)} GPUs in {len(groups)} series, coloured by index (dark: first, light: last)"
+                          if len(groups) < len(ts) else f"{len(ts)} GPUs, coloured by index (dark: first, light: last)")
         for color, what in ((BASELINE_WINDOW, f"measured window, {exp.baseline}"),
                             (OTHER_WINDOW, "measured window, other arms")):
             if color in shaded:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from matplotlib.colors import to_hex
 
 from specab.analysis import phases, report, stats
 from tests.analysis import factory as F
@@ -41,11 +42,14 @@ def test_tok_s_per_arm_is_from_zero_with_the_tables_median_and_interval(figures)
     ax = fig.axes[0]
     assert ax.get_ylim()[0] == 0                      # a 5 % gap looks like 5 %, not like a cliff
     from matplotlib.collections import PathCollection
-    from matplotlib.colors import to_hex
     medians = [c for c in ax.collections        # the blue diamonds, one per arm in arm order
                if isinstance(c, PathCollection) and to_hex(c.get_facecolor()[0]) == "#0969da"]
     assert [round(float(c.get_offsets()[0][1]), 6) for c in medians] == \
         [round(st.arms[a.name].tok_s_run.median, 6) for a in exp.arms]
+    from matplotlib.collections import LineCollection
+    intervals = [seg for c in ax.collections if isinstance(c, LineCollection) for seg in c.get_segments()]
+    assert [tuple(round(float(y), 6) for y in seg[:, 1]) for seg in intervals] == \
+        [(round(st.arms[a.name].tok_s_run.ci.lo, 6), round(st.arms[a.name].tok_s_run.ci.hi, 6)) for a in exp.arms]
     labels = _legend_beside_the_axes(fig)
     assert labels == ["one run", "median over runs", "95% interval (Arms table)"]
 
@@ -68,8 +72,25 @@ def test_gpu_clocks_explain_every_shading_and_draw_identical_gpus_as_one_line(fi
             s.sm_mhz = 1980.0 - s.index
     exp = F.experiment({"baseline": 82.2, "eagle3-s2": 60.5}, blocks=3, tweak=sixteen)
     report.plot_gpu_clocks(exp)
-    assert _legend_beside_the_axes(figures[-1]) == ["16 GPUs, one colour each", "measured window, baseline",
-                                                    "measured window, other arms", "max SM clock"]
+    assert _legend_beside_the_axes(figures[-1]) == [
+        "16 GPUs, coloured by index (dark: first, light: last)", "measured window, baseline",
+        "measured window, other arms", "max SM clock"]
+    gpu_lines = figures[-1].axes[0].lines[:-1]
+    assert len(gpu_lines) == 16 and len({to_hex(line.get_color()) for line in gpu_lines}) == 16   # none shares one
+
+
+def test_gpu_clocks_name_each_group_of_identical_gpus_and_give_every_series_its_own_colour(figures) -> None:
+    def two_differ(run, arm):                         # GPUs 0-5 alike, 6 and 7 each their own clock
+        w = run.window
+        run.gpu_samples = F.gpu_samples(w[0], w[1], n=20, gpus=8)
+        for s in run.gpu_samples:
+            s.sm_mhz = 1980.0 - 10 * max(0, s.index - 5)
+    exp = F.experiment({"baseline": 82.2, "eagle3-s2": 60.5}, blocks=3, tweak=two_differ)
+    report.plot_gpu_clocks(exp)
+    assert _legend_beside_the_axes(figures[-1])[:3] == ["GPUs 0-5 (identical)", "GPU 6", "GPU 7"]
+    lines = figures[-1].axes[0].lines[:-1]
+    assert [sorted({round(float(y)) for y in line.get_ydata()}) for line in lines] == [[1980], [1970], [1960]]
+    assert len({to_hex(line.get_color()) for line in lines}) == 3
 
 
 def test_baseline_over_time_and_cycle_phases_keep_their_legends_off_the_data(figures) -> None:
