@@ -21,18 +21,6 @@ class StreamResult:
     def final(self) -> dict[str, Any]:
         return self.chunks[-1]
 
-    def decode_tok_s(self, count_key: str = "completion_tokens") -> float:
-        """(output tokens - 1) / (t_last_token - t_first_token), the seed's tok/s."""
-        n = self.final["meta_info"][count_key]
-        return (n - 1) / (self.chunk_t[-1] - self.chunk_t[0])
-
-    def slope_tok_s(self) -> float:
-        """Least-squares tokens per second over every chunk: insensitive to a late first or last chunk."""
-        xs = self.chunk_t
-        ys = [c["meta_info"]["completion_tokens"] for c in self.chunks]
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-
 
 def request_json(port: int, method: str, path: str, body: Optional[dict] = None,
                  timeout: float = 30.0) -> tuple[int, Any, dict[str, str]]:
