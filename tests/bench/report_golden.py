@@ -1,15 +1,23 @@
-"""Golden reports: three small experiments whose report must not change unless its content is changed on purpose.
+"""Golden reports: three small experiments built from code, and the report each must get.
 
-`tests/bench/data/report_golden/<fixture>.json` and `.md` are the report these experiments get, as the report code
-last wrote it on purpose: first by the code before the faster loader, log reader and plots (commit 30644a9: every
-GPU sample loaded with its raw_json, chunk arrays decoded, the per-line log parser, one plotted point per sample),
-since then regenerated only where a commit changed the report's content and said so (`git log` of the folder). The
-test
-(`test_report_golden.py`) rebuilds the same experiments and compares today's report with them:
-same sections and text (report.md, byte for byte), same numbers (report.json: stats, spec model,
-doctor findings, summary), same plots (file names and titles).
+What they are: `tests/bench/data/report_golden/<fixture>.md` and `.json` are the `report.md` and `report.json`
+that `build_report` writes for the experiments `build` makes here. Nothing in them was measured: every experiment
+is synthesised with fixed seeds and a fixed clock (`T0`), so the same code writes the same files, byte for byte, on
+any machine. `test_report_golden.py` rebuilds the experiments and compares: report.md byte for byte (sections,
+tables, doctor text), every number of report.json to 1e-12 relative (stats, spec model, findings, summary), and the
+plots' file names. A change to the report that nobody meant (a faster loader that drops a line shape, a
+refactor that moves a number) fails there with the first differences named.
 
-The fixtures cover what the faster paths touch:
+How they are made: by this module, from the report code of the commit that writes them:
+    .venv/bin/python -m tests.bench.report_golden --write tests/bench/data/report_golden
+(a few seconds). The files are reviewed as a diff like any code change.
+
+When they may be regenerated: only in a commit that changes what the report says on purpose (a new section, a
+reworded finding, a new key), and that commit's message says so and why; never to make a failing test pass after a
+change that was meant to keep the report as it was (a speed-up, a refactor, a dependency update): there the
+difference is the defect. `git log tests/bench/data/report_golden` lists every regeneration and its reason.
+
+The fixtures cover what the report's fast paths (loader, log reader, plots) must keep:
 * ``throttled``: three arms, a throttled baseline run (GPU samples with clock-event reasons), and
   server logs of every line shape the log reader sees (0.5.2 ``Decode batch.`` with a trailing
   comma, 0.5.9 ``Decode batch [iter],``, ``cuda graph: False`` and ``cpu graph``, idle lines with
@@ -21,9 +29,6 @@ The fixtures cover what the faster paths touch:
   node at SPECAB_SIM_TIME_SCALE 20, no server logs for some runs;
 * ``scale``: bench/report_scale.py's synthetic experiment at 24 runs (4 arms, 8-GPU samples with
   UUIDs, manifests, env checks, SGLang 0.5.9 logs).
-
-Regenerate (only when the report's content changes on purpose, and say so in the commit):
-    .venv/bin/python -m tests.bench.report_golden --write tests/bench/data/report_golden
 """
 from __future__ import annotations
 

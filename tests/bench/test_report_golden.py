@@ -1,9 +1,8 @@
-"""The faster report (issue 8, benchmarks 5 and 6) writes the same report as before it was made faster.
+"""The report of three fixed experiments equals its golden files (what they are, how they are made and when they
+may be regenerated: tests/bench/report_golden.py's docstring).
 
-The golden files were written by the report code before the change (tests/bench/report_golden.py says
-how and from which commit); this rebuilds the same three experiments and compares: report.md byte for
-byte (sections, tables, doctor text), report.json's numbers (stats, spec model, findings, summary) and
-the set of plots.
+report.md byte for byte, report.json's numbers to 1e-12 relative, the plots' names: a difference is a change to
+what the report says, and is a defect unless the commit meant it (then it regenerates the goldens and says so).
 """
 from __future__ import annotations
 
@@ -46,7 +45,7 @@ def _diff(a, b, path="$") -> list[str]:
 
 
 @pytest.mark.parametrize("name", G.FIXTURES)
-def test_report_is_unchanged_by_the_faster_loader_log_reader_and_plots(built, name):
+def test_report_equals_its_golden_files(built, name):
     out = G.outputs(built[name])
     golden_json = json.loads((GOLDEN / f"{name}.json").read_text())
     new_json = json.loads(json.dumps(out["json"], default=str))
@@ -57,9 +56,9 @@ def test_report_is_unchanged_by_the_faster_loader_log_reader_and_plots(built, na
     assert len(new_json["plots"]) == 5 + (name == "throttled")
 
 
-def test_golden_fixtures_exercise_what_the_fast_paths_replace():
-    """The golden files are only a guard if they contain the cases: a quoted no-graph line, a throttled
-    run, per-host speedups, a failed run, a time-scaled node, GPU samples of 8 GPUs, measured phases."""
+def test_golden_fixtures_hold_the_cases_they_guard():
+    """The golden files guard only the cases they contain: a quoted no-graph line, a throttled run, per-host
+    speedups, a failed run, a time-scaled node, GPU samples of 8 GPUs, measured phases."""
     t = (GOLDEN / "throttled.md").read_text()
     assert "verify-without-cuda-graph" in t and "log: [2025-10-22" in t and "gpu-throttled" in t
     assert "accept-length-mismatch" in t
