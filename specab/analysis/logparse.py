@@ -123,10 +123,6 @@ _VLLM_STATS = [
 ]
 
 
-class LogParseError(Exception):
-    pass
-
-
 def _value(text: str) -> Any:
     if text == "True":
         return True

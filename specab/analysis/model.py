@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import gc
 import json
-import math
 import re
 import statistics
 from contextlib import contextmanager
@@ -539,10 +538,6 @@ def _engine_tok_s(summary: dict) -> float | None:
     `engine_decode`), or None."""
     dec = summary.get("engine_decode")
     return _num(dec.get("decode_tok_s")) if isinstance(dec, dict) else None
-
-
-def is_finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
 
 
 # =========================================================================== the results store

@@ -12,7 +12,6 @@ import os
 import shlex
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -291,13 +290,3 @@ def read_tail(host: Host, path: str, lines: int = 40) -> str | None:
         return None
     finally:
         node.close()
-
-
-def wait_until(pred: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
-    """Poll `pred` until it is true or `timeout` passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(interval)
-    return pred()

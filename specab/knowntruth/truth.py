@@ -18,7 +18,6 @@ output token (f of the prompt's last token) and is not a cycle.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -196,10 +195,6 @@ def load(path: Path) -> dict[str, Any]:
         raise KnownTruthError(f"{path}: not a JSON object")
     rule_of(doc, str(path))
     return doc
-
-
-def file_sha256(path: Path) -> str:
-    return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def run_truth(draft: DraftTruth, requests: Iterable[tuple[int, int]], steps: int) -> list[RequestTruth]:

@@ -19,7 +19,7 @@ import hashlib
 import re
 import signal
 import time
-from typing import Any, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 SGLANG_0_5_9 = "0.5.9"
 SGLANG_0_5_23 = "0.5.23"
@@ -237,10 +237,6 @@ def spec_meta(meta: Dict[str, Any]) -> Dict[str, Any]:
         if k.startswith("spec_"):
             out[SPEC_META_RENAMES.get(k, k)] = v
     return out
-
-
-def generations_known() -> FrozenSet[str]:
-    return frozenset(_TABLE)
 
 
 # --------------------------------------------------------------------------- shutdown and startup lines

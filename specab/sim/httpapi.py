@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -491,5 +490,3 @@ class Api:
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
-def new_rid() -> str:
-    return uuid.uuid4().hex

@@ -50,14 +50,6 @@ def proc_start_ticks(pid: int) -> Optional[int]:
     return int(rest[19])
 
 
-def proc_state(pid: int) -> Optional[str]:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    return raw[raw.rfind(")") + 2:].split()[0]
-
-
 def is_alive(pid: int, start_ticks: Optional[int] = None) -> bool:
     """True while ``pid`` runs (zombies count as dead) and is the same process (start time matches)."""
     try:

@@ -51,10 +51,6 @@ def nccl_factor(profile: Profile, env: Mapping[str, str], world_size: int) -> fl
     return 1.0 + (profile.nccl.untuned_factor - 1.0) * missing / len(profile.nccl.tuned)
 
 
-def nccl_tuned(profile: Profile, env: Mapping[str, str]) -> bool:
-    return all(env.get(k) == v for k, v in profile.nccl.tuned.items())
-
-
 def drift_factor(profile: Profile, t_sim_s: float) -> float:
     """Speed multiplier from the slow drift, ``t_sim_s`` simulated seconds after the node epoch:
     ``1 + drift_pct_per_hour/100 * hours``, the change capped at ``drift_max_pct``."""
