@@ -2,7 +2,7 @@
 # The interpreter of .venv: the distribution's /usr/bin/python3.11 where it has venv support, else the first
 # python3.11 on PATH (PYTHON=... overrides). On the CI machine PATH's python3.11 is pyenv's default build (no
 # profile-guided optimisation, libpython shared): the same tests took 18 % more CPU and 11 % more wall under it
-# (test_e2e_sim's matrix + test_ab_round: 121 s vs 100 s user, 172 s vs 154 s wall; README "Tests").
+# (test_e2e_sim's matrix + test_ab_round: 121 s vs 100 s user, 172 s vs 154 s wall; docs/performance.md §7).
 PYTHON ?= $(shell /usr/bin/python3.11 -c 'import ensurepip, venv' >/dev/null 2>&1 && echo /usr/bin/python3.11 || echo python3.11)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
