@@ -8,8 +8,8 @@ manifest records its versions; `driver.py diff` compares them).
 
 A key added to the document after stores were written hashes, while it holds the value that reproduces the
 behaviour from before it existed, as if it were absent (``LATER_KEYS``): a store written before ``bench.ignore_eos``
-existed ran with forced lengths, so it resumes under today's default and its history stays the prior of the same
-pair; another value is a change like any other.
+existed ran with forced lengths, so it resumes under the default (true) and its history stays the prior of the same
+pair (docs/decisions/0004-fingerprint-keys-added-later.md); another value is a change like any other.
 
 A resume whose fingerprint differs from the experiment's is refused (``changes`` says what changed, as
 ``bench.num_requests: 2 -> 6``) unless ``--force-changed``; then the store marks each run with the
