@@ -1,4 +1,4 @@
-"""Benchmark 2 (issue 8): the benchmark client's numbers against ground truth.
+"""Benchmark 2: the benchmark client's numbers against ground truth.
 
     python bench/client_fidelity.py [--concurrency 1 8 64] [--output-len 128] [--gap-ms 10]
 

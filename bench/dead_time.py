@@ -1,4 +1,4 @@
-"""Benchmark 1 (issue 8): dead time per arm transition, harness vs a naive peer-style sequence.
+"""Benchmark 1: dead time per arm transition, harness vs a naive peer-style sequence.
 
     python bench/dead_time.py [--transitions 11] [--where local ssh] [--naive-sleeps 5 10]
 

@@ -1,4 +1,4 @@
-"""Benchmark 6 (issue 8): memory footprint of the simulated node at TP 8 and of the driver.
+"""Benchmark 6: memory footprint of the simulated node at TP 8 and of the driver.
 
     python bench/footprint.py [--what node driver-real driver-1000] [--runs 1000]
 

@@ -1,4 +1,4 @@
-"""Benchmark 4 (issue 8): parse a large generated SGLang log for decode statistics.
+"""Benchmark 4: parse a large generated SGLang log for decode statistics.
 
     python bench/logparse_speed.py [--size-mb 1024] [--also-mb 128] [--dir /tmp] [--records-mb 64]
 

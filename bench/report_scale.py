@@ -1,4 +1,4 @@
-"""Benchmark 5 (issue 8): report generation for an experiment of 1,000 runs.
+"""Benchmark 5: report generation for an experiment of 1,000 runs.
 
     python bench/report_scale.py [--runs 1000] [--steps 1 2 3] [--requests 8] [--warmup 2]
 

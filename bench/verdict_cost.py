@@ -1,4 +1,4 @@
-"""Benchmark 3 (issue 8): restarts per arm that a +-2 % verdict costs, sequential vs fixed designs.
+"""Benchmark 3: restarts per arm that a +-2 % verdict costs, sequential vs fixed designs.
 
     python bench/verdict_cost.py [--seeds 200] [--target-ci 0.02] [--max-repeats 20] [--fixed 3 5 10]
 
@@ -113,7 +113,7 @@ def run(seeds: int, target: float, max_repeats: int, fixed: list[int], requests:
     }
 
 
-# ------------------------------------------------------------------------------ economics (issue 19)
+# -------------------------------------------------------------- economics: the design by cost vs the sequential design
 
 # Noise regimes (sd on the log scale, per arm): `shared` moves both arms of a block alike (the node's state:
 # the seed's 89 -> 82 restart-to-restart shift) and cancels in the paired ratio; `instance` is each server
@@ -122,7 +122,7 @@ REGIMES: dict[str, dict[str, float]] = {
     "instance-dominated": {"shared": 0.04, "instance": 0.012, "request": 0.01},
     "request-dominated": {"shared": 0.01, "instance": 0.0025, "request": 0.08},
 }
-TRUE_LOG_RATIO = math.log(0.7363)      # the seed's EAGLE-3 2-step vs baseline (section "today" above)
+TRUE_LOG_RATIO = math.log(0.7363)      # the seed's EAGLE-3 2-step vs baseline (the --mode today simulation above)
 
 
 def _medians(noise: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -175,8 +175,8 @@ def t_half_width(logs: list[float]) -> float:
 
 def run_today(draws: Draws, experiments: int, requests: int, target: float, max_repeats: int,
               cost: design.RunCost) -> dict[str, Any]:
-    """Today's sequential design: `requests` per run, a block at a time until the interval is within target
-    (at least stats.MIN_BLOCKS blocks) or max_repeats: the rule of stats.decide_more_blocks."""
+    """The sequential design (`--design sequential`): `requests` per run, a block at a time until the interval is
+    within target (at least stats.MIN_BLOCKS blocks) or max_repeats: the rule of stats.decide_more_blocks."""
     m = np.full(experiments, requests)
     logs: list[list[float]] = [[] for _ in range(experiments)]
     stop = [0] * experiments
@@ -288,7 +288,7 @@ def _public(summary: dict[str, Any]) -> dict[str, Any]:
 def economics(experiments: int, target: float, today_max_repeats: int, requests: int, load_s: float, bench_s: float,
               warmup: int, dead_s: float, gpus: int, max_requests: int, history_blocks: int, seed: int,
               log) -> dict[str, Any]:
-    """Today's sequential design against the design by cost, per noise regime, on the same simulated blocks
+    """The sequential design against the design by cost, per noise regime, on the same simulated blocks
     (common random numbers, `Draws`: experiment e's block b is the same draw in every design, request k of a run
     the same whatever its requests per run, so the designs' GPU-minutes differ only where their decisions do)."""
     per_request = bench_s / (requests + warmup)
@@ -342,11 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--mode", choices=("today", "economics"), default="today",
                     help="today: restarts per arm of the sequential design (token-level simulation, section 3); "
-                         "economics: GPU-minutes of today's design vs the design by cost in two noise regimes")
+                         "economics: GPU-minutes of the sequential design vs the design by cost in two noise regimes")
     ap.add_argument("--experiments", type=int, default=1000, help="economics: simulated experiments per regime")
     ap.add_argument("--load-s", type=float, default=360.0, help="economics: seconds from start to ready")
     ap.add_argument("--bench-s", type=float, default=60.0,
-                    help="economics: seconds of today's benchmark (warm-up + --requests measured requests)")
+                    help="economics: seconds of a run's benchmark in the sequential design "
+                         "(warm-up + --requests measured requests)")
     ap.add_argument("--warmup", type=int, default=2, help="economics: warm-up requests per run")
     ap.add_argument("--dead-s", type=float, default=20.0, help="economics: stop, GPUs free, collect, per run")
     ap.add_argument("--gpus", type=int, default=8, help="economics: GPUs a run holds")
@@ -366,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--experiments >= 1 and --history-blocks >= 2 (a between-instance variance needs 2 blocks)")
         res = economics(args.experiments, args.target_ci, args.max_repeats, args.requests, args.load_s, args.bench_s,
                         args.warmup, args.dead_s, args.gpus, args.max_requests, args.history_blocks, args.seed, log)
-        return _emit("verdict economics (GPU-minutes for a +-2% 95% CI, issue 19)", res, args.out)
+        return _emit("verdict economics (GPU-minutes for a +-2% 95% CI)", res, args.out)
     res = run(args.seeds, args.target_ci, args.max_repeats, args.fixed, args.requests, args.output_len,
               args.profile, args.steps, log)
     return _emit("verdict cost (restarts per arm for a +-2% 95% CI)", res, args.out)

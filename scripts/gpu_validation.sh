@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# specab GPU validation (issues 9 and 10): run on a GPU machine from anywhere in the checkout.
+# specab GPU validation: run on a GPU machine from anywhere in the checkout.
 #
 #   scripts/gpu_validation.sh [--tp N] [--work DIR] [--time-scale S] [--python PY] [--cpu-sim]
 #   scripts/gpu_validation.sh --engine real-sglang --real-site DIR [--no-driver] [--driver-timeout S] ...
@@ -8,7 +8,7 @@
 # simulated engine in GPU mode holding real CUDA memory and joining a real NCCL communicator), then
 # the fault cases only real hardware can show (orphaned workers, an arm missing an NCCL variable, a
 # foreign CUDA process), and prints the summary (a)-(e). Exit 0 only when every check passed.
-# --engine real-sglang (issue 21, docs/validation/sglang-real.md): the same with the REAL SGLang from the
+# --engine real-sglang (docs/validation/sglang-real.md): the same with the REAL SGLang from the
 # bundle of scripts/real_sglang_bundle.sh unpacked at --real-site (inventory/gpu-real-sglang.yml,
 # experiments/real-sglang.yml), plus (f) the real engine's readiness, accept length and shutdown, and a
 # short driver.py run of that experiment to a report, (g); --no-driver skips the driver run.

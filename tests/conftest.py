@@ -34,7 +34,7 @@ import pytest
 # the fleet last, beside the Ansible modules that compute. Every other module after them, in pytest's order.
 # With lanes, the waiting lane's modules go first instead.
 LONG_MODULES = (
-    "tests/real_engine/test_real_vllm.py",     # real vLLM servers on the CPU (issue 16): minutes, start first
+    "tests/real_engine/test_real_vllm.py",     # real vLLM servers on the CPU: minutes, start first
     "tests/reliability/test_integrity.py",     # 245 / 167
     "tests/driver/test_queue.py",              # 149 / 65: waits (the sequencer's back-to-back runs, Ctrl-C + resume)
     "tests/driver/test_e2e_sim.py",            # 174 / 79
@@ -97,7 +97,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # --------------------------------------------------------------------------- no real engine left behind
-# Suite-level check (issue 16): no `VLLM::` process (a real vLLM's EngineCore or Worker) started by this test session
+# Suite-level check: no `VLLM::` process (a real vLLM's EngineCore or Worker) started by this test session
 # may outlive it. "Started by this session": its environment carries this session's SPECAB_TEST_SESSION (set once
 # by the controlling process, inherited by xdist workers and by every engine the tests launch; the launch scripts
 # keep /proc/PID/environ readable), so a concurrent session's engines on the same machine are not counted.

@@ -157,7 +157,7 @@ def phase_timing_on(exp: ExperimentSpec, speculative: bool) -> bool:
 
 
 def _check_value(value: Any, where: str) -> None:
-    """Refuse values that cannot be passed literally (item 16): newlines, NUL, nested mappings."""
+    """Refuse values that cannot be passed literally: newlines, NUL, nested mappings."""
     if isinstance(value, dict):
         raise ConfigError(f"{where}: a mapping is not a valid value; use a scalar or a list.")
     if isinstance(value, list):

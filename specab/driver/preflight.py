@@ -1,10 +1,10 @@
 """Checks made before the first run of an experiment.
 
-- Engine flags (item 14): every server argument of every arm is checked against the flags that the
+- Engine flags: every server argument of every arm is checked against the flags that the
   node's own engine lists in `<engine> --help`, before a model that takes minutes to load is launched.
   The flag list is cached per node and engine version (the engine is not asked again while its version
   is unchanged); when the version cannot be read the engine is asked every time.
-- Bind address (item 17): servers bind 127.0.0.1 unless the experiment asks for another address;
+- Bind address: servers bind 127.0.0.1 unless the experiment asks for another address;
   then one warning per address is printed (once, however many arms use it).
 - Ports: a port an arm's server would bind that another process already holds on the
   node fails every run; it is refused before the first one, naming the holder (PID, user, command) with

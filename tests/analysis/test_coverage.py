@@ -1,4 +1,4 @@
-"""Issue 5 Must show: against the simulator's timing model (drift and jitter on), the interleaved
+"""Against the simulator's timing model (drift and jitter on), the interleaved
 design's 95% CI covers the true speedup in >= 90% of seeds; the blocked design shows the bias."""
 from specab.sim.profile import load_profile
 

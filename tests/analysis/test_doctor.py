@@ -214,7 +214,7 @@ def _flags_named(text: str) -> set:
 
 
 def test_doctor_advice_on_0523_names_only_flags_the_node_has():
-    """Issue 15: on 0.5.23 the advice names per-phase graph flags and knows overlap stays on under spec."""
+    """On 0.5.23 the advice names per-phase graph flags and knows overlap stays on under spec."""
     flags = _flags_0523()
 
     def no_graph(run, arm):
@@ -240,7 +240,7 @@ def test_doctor_advice_on_0523_names_only_flags_the_node_has():
 
 
 def test_engine_builds_are_judged_each_against_their_own_baseline_and_generation():
-    """Issue 15, engine axis: two builds' arms differ on purpose (0.5.9 vs 0.5.23 readback); like-for-like is
+    """Engine axis: two builds' arms differ on purpose (0.5.9 vs 0.5.23 readback); like-for-like is
     judged within each build's group, and each spec arm's advice is spelt for its own build."""
     from specab.analysis.model import Arm
     arm_list = [Arm("baseline-old", dict(F.BASE_ARGS), dict(F.TUNED), baseline="baseline-old"),

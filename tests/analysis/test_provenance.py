@@ -86,7 +86,7 @@ def test_unknown_run_is_an_actionable_error(tmp_path):
 
 
 def test_diff_of_two_engine_builds_shows_the_version_change(tmp_path):
-    """Issue 15: each manifest records its engine build, the version its server reported and the --help
+    """Each manifest records its engine build, the version its server reported and the --help
     fingerprint; `diff` names exactly that change, first."""
     (tmp_path / "node").mkdir()
     cmd = ["python3", "-m", "sglang.launch_server"]

@@ -109,7 +109,7 @@ def test_failed_and_unpaired_runs_are_reported_not_hidden():
     assert "<script" not in html_text and "CUDA out of memory" in html_text
 
 
-# ------------------------------------------------------------------ GPU clocks of many samples (issue 8, benchmark 5)
+# ------------------------------------------------------------------ GPU clocks of many samples (benchmark 5)
 
 def _png_pixels(png: bytes):
     from matplotlib import image as mpimg
@@ -164,7 +164,7 @@ def test_distinct_points_keeps_every_outlier_and_drops_only_repeats():
 
 
 def test_an_engine_ab_gets_one_speedup_and_one_spec_model_per_build():
-    """Issue 15: each build's arms against its own baseline, in the speedup table and the spec model."""
+    """Each build's arms against its own baseline, in the speedup table and the spec model."""
     from specab.analysis.model import Arm
     from tests.analysis import factory as F
     arm_list = [Arm(f"baseline-{b}", dict(F.BASE_ARGS), dict(F.TUNED), baseline=f"baseline-{b}") for b in ("a", "b")]

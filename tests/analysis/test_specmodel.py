@@ -1,4 +1,4 @@
-"""The spec model reproduces the seed's hand arithmetic (issue 5, Must show)."""
+"""The spec model reproduces the seed's hand arithmetic."""
 import json
 import subprocess
 import sys

@@ -54,7 +54,7 @@ def test_simulated_time_scale_is_undone(tmp_path):
     assert back.runs[0].log.gen_tok_s_median == pytest.approx(exp.runs[0].log.gen_tok_s_median / 20, rel=1e-3)
 
 
-# ------------------------------------------------------------------ the lean loader (issue 8, benchmarks 5/6)
+# ------------------------------------------------------------------ the lean loader (benchmarks 5/6)
 
 def _dict_loader(d):
     """The loader before it streamed tuples: every row as a dict, uuid decoded from raw_json."""

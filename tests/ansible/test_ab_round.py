@@ -203,7 +203,7 @@ def test_round_takes_and_releases_the_node_lease(round_: tuple[SimNode, Result, 
     assert not (node.node_dir / "experiment.lease").exists(), "the round kept the node lease"
 
 
-# --------------------------------------------------------------------------- issue 20, item 7: what `make demo` shows
+# --------------------------------------------------------------------------- what `make demo` shows
 
 DEMO_LINES_MAX = 40
 

@@ -30,7 +30,7 @@ def test_check_diff_changes_nothing_and_shows_the_rendered_files(sim_node: SimNo
     assert sim_node.server_record() is None
 
 
-# --------------------------------------------------------------------------- issue 20, item 4: the driver's checks
+# --------------------------------------------------------------------------- the driver's checks
 
 def _refused_before_any_start(node: SimNode, result) -> None:
     assert result.rc != 0, str(result)

@@ -1,4 +1,4 @@
-"""The node lease on the plain playbook path (issue 20, item 1): ab_test.yml and a hand-run stop.yml take the
+"""The node lease on the plain playbook path: ab_test.yml and a hand-run stop.yml take the
 driver's node lease (specab/node/lease.py through the node_lease role) and are refused, naming the holder,
 before any server stop or start while a driver experiment holds the node."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Small runs of the issue-8 benchmarks (dead time, verdict cost, report scale, footprint) so they cannot rot.
+"""Small runs of the benchmarks (dead time, verdict cost, report scale, footprint) so they cannot rot.
 
 Each test runs the benchmark's own entry point at a tiny size and checks what a reader of
 docs/performance.md relies on: the numbers exist, are consistent with each other, and the parts
@@ -217,7 +217,7 @@ def test_verdict_cost_economics_mode_reports_both_designs_per_regime(capsys):
         assert r["restarts_mean"] >= 3 and 0 <= r["coverage"] <= 1
         assert r["by_cost"]["within_target"] == 1.0 or r["by_cost"]["restarts_max"] >= 60
     rd, idom = res["regimes"]["request-dominated"], res["regimes"]["instance-dominated"]
-    # request noise: the design buys longer runs and fewer restarts than today's 8 requests per run
+    # request noise: the design buys longer runs and fewer restarts than the sequential design's 8 requests per run
     assert rd["by_cost"]["requests_per_run_mean"] > 8 and rd["restarts_mean"] < rd["restarts_mean_today"]
     assert rd["gpu_minutes_mean"] < rd["gpu_minutes_mean_today"]
     assert idom["within_share_at_today_requests"] < 0.5 < rd["within_share_at_today_requests"]

@@ -121,7 +121,7 @@ def _cache_flags(tmp_path: Path, monkeypatch, inv: Path, flags: set[str], versio
 
 
 def test_plan_shows_the_node_spelling_and_the_engine_build(tmp_path, write, inventory, no_processes, monkeypatch):
-    """Logical names (cuda_graph_max_bs, disable_cuda_graph) are shown in the 0.5.23 node's spelling (issue 15)."""
+    """Logical names (cuda_graph_max_bs, disable_cuda_graph) are shown in the 0.5.23 node's spelling."""
     from specab.driver import preflight
     from tests.driver.conftest import EXPERIMENT
     help_text = (Path(__file__).resolve().parents[2] / "specab/sim/data/sglang-0.5.23-help.txt").read_text()
@@ -145,7 +145,7 @@ def test_plan_refuses_a_name_without_spelling_on_the_node(tmp_path, write, inven
     err = capsys.readouterr().err
     assert code == 2 and "no spelling" in err and "--cuda-graph-backend-decode" in err
 
-# --------------------------------------------------------------------------- issue 20, item 6: CLI edges
+# --------------------------------------------------------------------------- CLI edges
 
 def test_export_to_a_missing_directory_is_exit_2_without_traceback(tmp_path, capsys):
     from specab.results import store as st
@@ -185,7 +185,7 @@ def test_top_level_help_shows_the_common_forms(capsys):
     assert "options go after the subcommand" in out
 
 
-# --------------------------------------------------------------------------- issue 20, item 5: values and A/B shape
+# --------------------------------------------------------------------------- values and A/B shape
 
 def test_known_engine_argument_values_are_type_checked(experiment_file, inventory, no_processes, capsys):
     inv, _ = inventory
@@ -228,7 +228,7 @@ TWO_ENGINES = """\
 
 
 def test_plan_renders_each_arm_with_its_engine_build(tmp_path, experiment_file, inventory, no_processes, monkeypatch):
-    """The engine axis (issue 15): a build's env is exported after the node env, `python` replaces the first word."""
+    """The engine axis: a build's env is exported after the node env, `python` replaces the first word."""
     inv, _ = inventory
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     inv.write_text(inv.read_text() + TWO_ENGINES)

@@ -1,4 +1,4 @@
-"""Issue 15 end to end on the simulated node: the originating log's experiment (experiments/default.yml) on
+"""The engine axis end to end on the simulated node: the originating log's experiment (experiments/default.yml) on
 BOTH SGLang releases the simulator plays, as one engine A/B (`--matrix engine=sglang-0.5.9,sglang-0.5.23`)."""
 from __future__ import annotations
 

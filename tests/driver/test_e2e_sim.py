@@ -1,4 +1,5 @@
-"""The driver end to end on the simulated node (local connection): Must-show items of issue 4."""
+"""The driver end to end on the simulated node (local connection): a matrix run, stored and
+tabulated to the profile's numbers; per-phase timing; a failing arm recorded; SIGINT and resume; no stored secrets."""
 from __future__ import annotations
 
 import re
@@ -145,7 +146,7 @@ def true_cycle_ms(trace: Path, run) -> float:
 
 
 def _assert_phase_breakdown(s: st.Store, exp_dir: Path, arms, profile, trace: Path) -> None:
-    """Issue 17 must-show on the steps=1,2,3 matrix: per-phase timing on by default for the speculative arms (and
+    """On the steps=1,2,3 matrix: per-phase timing on by default for the speculative arms (and
     recorded in their manifests), the report's per-phase section with intervals for each of them, in report.md
     and report.html, and the device-timer phases agreeing with the simulator's own cycle and with the cycle
     implied by tok/s and tau within 5 %."""

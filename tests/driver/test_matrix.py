@@ -132,7 +132,7 @@ def test_newline_in_value_refused(experiment_file):
 
 
 def test_engine_axis_makes_every_arm_per_engine_build_each_with_its_own_baseline(experiment_file):
-    """--matrix engine=... (issue 15): the baseline too is made per build; an arm is compared with its build's."""
+    """--matrix engine=...: the baseline too is made per build; an arm is compared with its build's."""
     s = arms_of(experiment_file, "engine=sglang-0.5.9,sglang-0.5.23", "steps=2")
     by = {a.name: a for a in s.arms}
     assert set(by) == {"baseline-sglang-0.5.9", "eagle3-s2-k1-d3-sglang-0.5.9",

@@ -1,4 +1,4 @@
-"""The queue executor end to end (issue 8 dead time; docs/architecture.md "Run queue"): the node's
+"""The queue executor end to end (dead time between runs; docs/architecture.md "Run queue"): the node's
 sequencer runs the queued runs back to back, the driver's Ansible work overlaps the benchmarks."""
 from __future__ import annotations
 

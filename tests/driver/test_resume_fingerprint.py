@@ -1,5 +1,5 @@
 """A resume's fingerprint check (specab/driver/session.py ``check_fingerprint``) on a store written before a key
-existed: the real H200 sweep's store, recorded before ``bench.ignore_eos`` was added, against today's experiment
+existed: the real H200 sweep's store, recorded before ``bench.ignore_eos`` was added, against the current experiment
 file. Nothing touches a node: the check runs on the store and the prepared experiment, as ``--resume`` does first."""
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _check(tmp_path: Path, experiment: Path, *, force: bool = False) -> tuple[bo
 def test_a_store_written_before_ignore_eos_resumes_under_its_default(tmp_path: Path) -> None:
     """Also the guard for the next key: one added to the fingerprint document without an entry in
     ``fingerprint.LATER_KEYS`` fails here, the refusal naming it."""
-    assert "ignore_eos" not in EXPERIMENT.read_text()          # today's default (true): the runs' forced lengths
+    assert "ignore_eos" not in EXPERIMENT.read_text()          # the default (true): the runs' forced lengths
     assert _check(tmp_path, EXPERIMENT) == (False, "")
 
 

@@ -1,4 +1,4 @@
-"""The systematic-failure rule (issue 20, item 5): which failures stop an experiment and which do not."""
+"""The systematic-failure rule: which failures stop an experiment and which do not."""
 from __future__ import annotations
 
 from typing import Any

@@ -83,7 +83,7 @@ def test_progress_plain_lines_and_eta():
 
 
 def test_progress_shows_gpu_minutes_spent_and_projected():
-    """Issue 19: the live progress says what the experiment has cost so far and what the rest will cost at the
+    """The live progress says what the experiment has cost so far and what the rest will cost at the
     mean per run (wall time x the GPUs the arm's server holds)."""
     out = io.StringIO()
     p = Progress(out=out, live=False)
@@ -175,7 +175,7 @@ def test_export_csv_and_json(tmp_path):
 
 
 def test_export_phase_metrics_csv_and_json(tmp_path):
-    """Issue 17: the per-phase counters a run stored (phase_metrics.json, made by the client's parser from /metrics
+    """The per-phase counters a run stored (phase_metrics.json, made by the client's parser from /metrics
     text in SGLang 0.5.23 and 0.5.17 format, or "not available") come out of `export` as one flattened row per run
     (csv --table phase_metrics, to stdout and to -o) and under the json key phase_metrics."""
     from specab.node import phasemetrics
@@ -240,7 +240,7 @@ def test_log_excerpt_keeps_the_buried_fatal_line():
     assert log_excerpt(short) == short
 
 
-# --------------------------------------------------------------------------- issue 20, item 5: what the user sees
+# --------------------------------------------------------------------------- what the user sees
 
 def test_live_failure_line_is_never_cut():
     import io as _io
@@ -303,7 +303,7 @@ LEGEND_WARNING = "No artists with labels found to put in legend"
 
 
 def test_no_library_warning_reaches_the_terminal(tmp_path):
-    """Issue 20, item 5: matplotlib's UserWarning leaked into the terminal under a report of runs without a tok/s.
+    """matplotlib's UserWarning leaked into the terminal under a report of runs without a tok/s.
     The condition is provoked for real (every run failed; every run ok but delivered in bursts: the drift plot has
     no point to label) and shown to warn without the guard; through the end-of-experiment path (summary table and
     report) and `driver.py report` in a fresh interpreter with Python's default warning filters, nothing but

@@ -1,4 +1,4 @@
-"""Dead time per arm transition of the node-side sequencer (issue 8, benchmark 1, node half).
+"""Dead time per arm transition of the node-side sequencer (benchmark 1, node half).
 
     .venv/bin/python -m tests.node.seq_deadtime [--runs 11] [--tp 8] [--workdir DIR]
 

@@ -1,5 +1,6 @@
-"""Faults of issue 6 as the node tools see them (items 1, 3, 4, 5, 6, 7, 10) and env verification
-failures of issue 3, each provoked for real on a simulated node."""
+"""Faults as the node tools see them (a start that fails or hangs, SIGTERM ignored, orphans,
+slow memory release, a foreign GPU process, nvidia-smi hanging) and env verification failures,
+each provoked for real on a simulated node."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from tests.node.helpers import HERE, PY, run_tool, session_pids, wait_for
 FAKE_SMI_HANG = json.dumps([PY, str(HERE / "fake_smi.py"), "--mode", "hang"])
 
 
-# ------------------------------------------------------------------ 1. OOM at start / bad args: fail fast
+# ------------------------------------------------------------------ OOM at start / bad args: fail fast
 
 def test_ready_fails_fast_on_oom_quoting_sglang_line(server):
     server.config["fault"] = "oom"
@@ -55,7 +56,7 @@ def test_ready_times_out_with_phase_and_tail(server):
     assert "not ready after 1.5s" in r.error and "loading weights" in r.error
 
 
-# ------------------------------------------------------------------ 3. SIGTERM ignored: escalate
+# ------------------------------------------------------------------ SIGTERM ignored: escalate
 
 def test_stop_escalates_to_sigkill_after_grace(server, sim):
     server.config["fault"] = "ignore_sigterm"
@@ -76,7 +77,7 @@ def test_stop_escalates_to_sigkill_after_grace(server, sim):
     assert server.gpufree().rc == 0
 
 
-# ------------------------------------------------------------------ 4. orphaned workers keep GPU memory
+# ------------------------------------------------------------------ orphaned workers keep GPU memory
 
 def test_stop_sweeps_orphaned_workers_outside_the_group(server, sim):
     """Workers in their own process group (renamed, so `pkill -f` would miss them) would miss the
@@ -114,7 +115,7 @@ def test_stop_finds_orphans_after_the_main_process_died(server, sim):
     assert server.gpufree().rc == 0
 
 
-# ------------------------------------------------------------------ 5. slow memory release
+# ------------------------------------------------------------------ slow memory release
 
 def test_gpufree_waits_for_slow_release_and_records_time(server, sim):
     lag = 3.0
@@ -164,7 +165,7 @@ def test_gpufree_timeout_prints_the_gpu_table(server, sim):
     assert "GPU 0: memory.used 0 MiB (threshold 64) OK, compute processes: none" in r.error
 
 
-# ------------------------------------------------------------------ 6. a foreign process on our GPU
+# ------------------------------------------------------------------ a foreign process on our GPU
 
 def test_foreign_gpu_process_refused_at_once_and_never_killed(server, sim):
     foreign = sim.hold(0, 4000, title="someone-elses-training")
@@ -190,7 +191,7 @@ def test_foreign_gpu_process_refused_at_once_and_never_killed(server, sim):
     assert foreign.wait(10) == -signal.SIGKILL
 
 
-# ------------------------------------------------------------------ 10. nvidia-smi hangs
+# ------------------------------------------------------------------ nvidia-smi hangs
 
 def test_nvidia_smi_hang_is_bounded_and_reported(server, sim):
     r = run_tool("gpufree", "--smi", FAKE_SMI_HANG, "--threshold-mib", "64", "--timeout", "30", "--smi-timeout", "1",
@@ -215,7 +216,7 @@ def test_nvidia_smi_failure_message(sim):
     assert r.rc == 1 and "nvidia-smi failed (rc 9): Failed to initialize NVML" in r.error
 
 
-# ------------------------------------------------------------------ env verification failures (issue 3)
+# ------------------------------------------------------------------ env verification failures
 
 def _envcheck(server, *extra):
     return run_tool("envcheck", "--node-dir", server.node_dir, "--env-file", server.run_dir / "nccl.env",

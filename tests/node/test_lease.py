@@ -1,4 +1,4 @@
-"""The node lease (specab/node/lease.py; issue 20 item 1): one experiment per node directory, a second
+"""The node lease (specab/node/lease.py): one experiment per node directory, a second
 controller refused naming the holder, stale leases broken with a notice, release only by the holder.
 The tool runs as the driver runs it: ``python -c <source> ...`` (no deployed node tools needed)."""
 from __future__ import annotations

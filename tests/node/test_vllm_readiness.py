@@ -1,4 +1,4 @@
-"""ready.py and envcheck.py against a stand-in that answers like a real vLLM (issue 16): /health_generate and
+"""ready.py and envcheck.py against a stand-in that answers like a real vLLM: /health_generate and
 /server_info are 404; /health 200 alone is not readiness (a real vLLM answered 200 while its engine could not
 serve), so ready.py proves one generation; envcheck reads the args back from the `non-default args` log line.
 The stand-in's answers and log lines are the real ones of tests/fixtures/vllm-0.32.0/."""

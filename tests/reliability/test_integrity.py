@@ -1,4 +1,4 @@
-"""Integrity on one simulated node (issue 20, items 1-3): one experiment per node (the node lease), a resume
+"""Integrity on one simulated node: one experiment per node (the node lease), a resume
 must be comparable (the experiment fingerprint), and an interrupt keeps what was measured."""
 from __future__ import annotations
 

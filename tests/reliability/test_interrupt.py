@@ -1,5 +1,5 @@
 """The driver is terminated (SIGTERM, as a batch system or `kill` sends it) while the model loads
-(issue 6, item 9; SIGINT mid-benchmark is tests/driver/test_e2e_sim.py)."""
+(SIGINT mid-benchmark is tests/driver/test_e2e_sim.py)."""
 from __future__ import annotations
 
 import signal

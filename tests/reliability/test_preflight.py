@@ -1,4 +1,4 @@
-"""Bad input and security defaults refused or flagged before any server starts (issue 6, items 11, 14, 15, 17)."""
+"""Bad input and security defaults refused or flagged before any server starts."""
 from __future__ import annotations
 
 import argparse
@@ -31,7 +31,7 @@ def node(tmp_path: Path, monkeypatch):
     n.cleanup()
 
 
-# --------------------------------------------------------------------------- item 14: engine flags
+# --------------------------------------------------------------------------- engine flags
 
 def _sglang_like_help() -> str:
     """argparse --help output shaped like SGLang's ServerArgs.add_cli_args (aliases, choices, nargs)."""
@@ -141,7 +141,7 @@ def test_item14_unknown_engine_flag_refused_before_launch(node: SimNode):
     assert cached and "--speculative-num-steps" in cached[0]["flags"] and cached[0]["version"]
 
 
-# --------------------------------------------------------------------------- item 17: bind address
+# --------------------------------------------------------------------------- bind address
 
 def _plan(exp: Path, inv: Path, *extra: str) -> str:
     buf = io.StringIO()
@@ -170,7 +170,7 @@ def test_item17_loopback_by_default_and_one_warning_for_another_address(node: Si
     assert "baseline" in out.split("bind the server to 0.0.0.0")[0].splitlines()[-1]
 
 
-# --------------------------------------------------------------------------- item 15: malformed files
+# --------------------------------------------------------------------------- malformed files
 
 @pytest.mark.parametrize("kind", ["experiment", "inventory"])
 def test_item15_yaml_error_names_file_line_and_column(tmp_path: Path, kind: str):
@@ -219,7 +219,7 @@ def test_item15_driver_refuses_a_malformed_file_before_touching_the_node(node: S
     assert not node.node_dir.exists()
 
 
-# --------------------------------------------------------------------------- item 11: disk full
+# --------------------------------------------------------------------------- disk full
 
 @pytest.fixture
 def tiny_fs(tmp_path: Path):
@@ -290,7 +290,7 @@ def test_item14_an_engine_that_cannot_list_its_flags_is_a_notice_not_a_refusal(n
     assert len(notices) == 1 and "no-such-engine" in notices[0] and "when it starts" in notices[0], notices
 
 
-# --------------------------------------------------------------------------- issue 20, item 5: ports
+# --------------------------------------------------------------------------- ports
 
 def test_item20_port_taken_on_the_node_is_refused_in_preflight_naming_the_holder(node: SimNode, capsys):
     """A port another process holds would fail every run at its start: refused before the first run."""

@@ -1,4 +1,4 @@
-"""Faults during an experiment, end to end through the driver on the simulated node (issue 6, items 2, 18).
+"""Faults during an experiment, end to end through the driver on the simulated node.
 
 One experiment (one interleaved block, seeded so that the crash comes first) is shared by this module:
   001-eagle3-crash  the server dies mid-benchmark (SPECAB_SIM_FAULT=crash_after=4: 1 warm-up + 3 measured)

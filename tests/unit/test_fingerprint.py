@@ -60,7 +60,7 @@ def test_a_store_written_before_fingerprints_stays_readable_and_resumable(tmp_pa
 
 
 def test_a_key_added_later_at_its_earlier_value_is_no_change_and_another_value_is():
-    """Stores written before `bench.ignore_eos` existed ran past EOS: such a document and today's with
+    """Stores written before `bench.ignore_eos` existed ran past EOS: such a document and a current one with
     ignore_eos true are the same experiment (the resume goes on, the history matches); false is a change, named."""
     now = {**DOC, "bench": {**DOC["bench"], "ignore_eos": True}}
     assert fingerprint(now) == fingerprint(DOC) and changes(DOC, now) == []

@@ -1,5 +1,5 @@
-"""What each engine flag takes, from the node's own `--help` usage (issue 20: "known engine arguments are
-type-checked ... choices from the node's --help"): held against the real SGLang 0.5.23 and vLLM 0.32.0 help texts,
+"""What each engine flag takes, from the node's own `--help` usage (known engine arguments are
+type-checked, choices taken from the node's --help): held against the real SGLang 0.5.23 and vLLM 0.32.0 help texts,
 so a value the engine's argparse would refuse is refused before a model is loaded."""
 from __future__ import annotations
 

@@ -397,7 +397,7 @@ def test_cli_exit_codes_and_files(make_server, tmp_path: Path) -> None:
     ("spec_accept_token_num", "spec_draft_token_num"),           # SGLang 0.5.9
 ])
 def test_spec_fields_from_the_final_chunk_in_both_name_generations(names) -> None:
-    """0.5.23 sends the per-request spec fields in the final chunk only, three of them renamed (issue 15)."""
+    """0.5.23 sends the per-request spec fields in the final chunk only, three of them renamed."""
     counter = loadgen.ChunkCounter("generate")
     for total in (1, 4):
         counter.feed({"meta_info": {"completion_tokens": total, "prompt_tokens": 9}})

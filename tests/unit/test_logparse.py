@@ -302,7 +302,7 @@ def test_register_adds_parse_log_subcommand(tmp_path: Path, capsys: pytest.Captu
 @pytest.mark.parametrize("content", [b"", bytes(range(256)) * 64], ids=["empty", "binary"])
 def test_parse_log_of_nothing_recognised_exits_non_zero_with_the_hint_first(
         tmp_path: Path, capsys: pytest.CaptureFixture, content: bytes) -> None:
-    """Issue 20, item 6: no summary of None values, exit 1, the hint the first line on stderr."""
+    """No summary of None values, exit 1, the hint the first line on stderr."""
     from specab.driver.cli import main
     log = tmp_path / "x.log"
     log.write_bytes(content)

@@ -1,5 +1,5 @@
 """SGLang 0.5.23 log lines, built from the format strings in shared/reference/engines-2026.md A3 and
-sglang.md (metrics_reporter.py, cuda_graph_setup.py, eagle_worker_v2.py), not from the simulator (issue 15)."""
+sglang.md (metrics_reporter.py, cuda_graph_setup.py, eagle_worker_v2.py), not from the simulator."""
 from __future__ import annotations
 
 from specab.analysis.logparse import iter_records, parse_line, summarize
