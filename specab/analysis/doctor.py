@@ -14,7 +14,7 @@ from specab.analysis import economics
 from specab.analysis import phases as phase_analysis
 from specab.analysis import specmodel
 from specab.analysis import truthcheck
-from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, bench_concurrency, reason_names
+from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, arm_concurrency, reason_names
 from specab.analysis.stats import ExperimentStats, analyse
 from specab.node import engines
 # scipy is imported in the functions that use it: importing scipy.stats takes ~1.3 s, which every start of
@@ -425,10 +425,6 @@ def baseline_drift(exp: Experiment, ctx: Context) -> list[Finding]:
     return out
 
 
-def _concurrency(exp: Experiment) -> int:
-    return bench_concurrency(exp.meta.get("config") if isinstance(exp.meta, dict) else None)
-
-
 def _server_tok_s_per_request(r: Run, concurrency: int) -> tuple[float, str] | None:
     """What the server says one request decoded at: its `gen throughput` is the whole batch's, so the
     log summary's median of `gen throughput / #running-req` over the decode lines (simulated units on a
@@ -446,8 +442,8 @@ def _server_tok_s_per_request(r: Run, concurrency: int) -> tuple[float, str] | N
 
 def client_bottleneck(exp: Experiment, ctx: Context) -> list[Finding]:
     out = []
-    conc = _concurrency(exp)
     for r in exp.runs:
+        conc = arm_concurrency(exp, r.arm)       # the run's own load (a matrix's concurrency, else the bench's)
         ev = []
         if r.client_cpu_s is not None and r.duration_s:
             share = r.client_cpu_s / r.duration_s

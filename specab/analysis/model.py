@@ -176,6 +176,9 @@ class Run:
     known_truth: dict | None = None          # bench_summary's known_truth: the served models' (specab.knowntruth)
     workload: dict | None = None             # bench_summary's dataset (kind synthetic, or file with path, sha256,
                                              # records, categories) and ignore_eos; None: not recorded
+    # bench_summary's latency percentiles over the measured requests, seconds (simulated seconds on a time-scaled
+    # node): {"ttft_s"|"tpot_s"|"e2e_s"|"itl_s": {"p50", "p90", "p99"}}; None: a client that did not record them
+    latency: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -203,6 +206,17 @@ class Run:
             return sum(r.output_tokens for r in reqs) / sum(r.spec_verify_ct for r in reqs)  # type: ignore[misc]
         v = [r.accept_len for r in self.measured if r.accept_len]
         return statistics.fmean(v) if v else self.engine_accept_len
+
+    @property
+    def throughput(self) -> float | None:
+        """Total output tok/s of the run: every measured request's output tokens over the measured window (first
+        request sent to last one finished), in the same time base as tok/s (a simulated node's scale undone). At
+        one request in flight it is about the per-request rate; with N in flight, the server's total output."""
+        w = self.window
+        tokens = sum(r.output_tokens or 0 for r in self.measured)
+        if not w or w[1] <= w[0] or not tokens:
+            return None
+        return tokens / ((w[1] - w[0]) * (self.time_scale or 1.0))
 
     @property
     def window(self) -> tuple[float, float] | None:
@@ -237,6 +251,23 @@ def bench_concurrency(config: Any) -> int:
         return max(1, int(value))
     except (TypeError, ValueError):
         return 1
+
+
+def arm_concurrency(exp: "Experiment", arm: str) -> int:
+    """Requests in flight of an arm's runs: its matrix's ``concurrency`` (a bench condition of the matrix), else the
+    experiment's ``bench.concurrency``."""
+    try:
+        value = exp.arm(arm).matrix.get("concurrency")
+    except AnalysisError:
+        value = None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    return bench_concurrency(exp.meta.get("config") if isinstance(exp.meta, dict) else None)
+
+
+def load_label(concurrency: int) -> str:
+    """How a load is named: "single-stream" only at one request in flight."""
+    return "1 in flight (single-stream)" if concurrency <= 1 else f"{concurrency} in flight"
 
 
 def tok_s_meaning(concurrency: int) -> str:
@@ -514,7 +545,7 @@ def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = Non
                run_dir=run_dir, phase_metrics=_read_json(run_dir / "phase_metrics.json") or None,
                engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary),
                buffered_requests=int(summary.get("buffered_requests") or 0), time_scale=scale,
-               workload=_workload(summary))
+               workload=_workload(summary), latency=_latency(summary, scale))
 
 
 def _workload(summary: dict) -> dict | None:
@@ -524,6 +555,15 @@ def _workload(summary: dict) -> dict | None:
     if not isinstance(data, dict):
         return None
     return dict(data, ignore_eos=summary.get("ignore_eos"))
+
+
+def _latency(summary: dict, scale: float) -> dict | None:
+    """bench_summary's latency percentiles (node/loadgen `latency`), in simulated seconds on a time-scaled node."""
+    lat = summary.get("latency")
+    if not isinstance(lat, dict):
+        return None
+    return {k: {q: (_num(x) * scale if _num(x) is not None else None) for q, x in v.items()}   # type: ignore[operator]
+            for k, v in lat.items() if isinstance(v, dict)}
 
 
 def _engine_accept_len(summary: dict) -> float | None:
@@ -743,7 +783,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary),
             buffered_requests=int(summary.get("buffered_requests") or 0),
             phase_metrics=phase_files.get(r["seq"]), known_truth=summary.get("known_truth"),
-            workload=_workload(summary)))
+            workload=_workload(summary), latency=_latency(summary, scale)))
     argv = e.get("argv") or []
     scales = sorted({r.time_scale for r in runs})
     return Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
+from specab.analysis import concurrency
 from specab.analysis import doctor
 from specab.analysis import economics
 from specab.analysis import phases
@@ -26,7 +27,8 @@ from specab.analysis import specmodel
 from specab.analysis import stats
 from specab.analysis import truthcheck
 from specab.analysis import workload
-from specab.analysis.model import Experiment, bench_concurrency, gc_paused, load_store, tok_s_meaning
+from specab.analysis.model import (Experiment, arm_concurrency, bench_concurrency, gc_paused, load_label, load_store,
+                                   tok_s_meaning)
 from specab.results.locate import NotFound, locate
 from specab.analysis.subcommand import standalone_main
 
@@ -629,9 +631,14 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
 
     # summary: what was measured, then the verdicts
     rep.summary.append(f"Workload: {workload.label(exp)}.")
+    loads = concurrency.analyse_loads(exp, per_user=st.speedups)
     for a in exp.spec_arms:
         sp = st.speedups[a.name]
-        rep.summary.append(f"{a.name} vs {sp.baseline}: {sp.verdict} over {len(sp.ratios)} paired block(s).")
+        rep.summary.append(f"{a.name} vs {sp.baseline}: {sp.verdict} over {len(sp.ratios)} paired block(s)"
+                           + (f", per user at {load_label(arm_concurrency(exp, a.name))}." if loads.several_loads
+                              or arm_concurrency(exp, a.name) > 1 else "."))
+    if loads.several_loads:     # the verdict at each load, per configuration
+        rep.summary.extend(f"Per load: {f.verdict()}" for f in loads.families if len(f.points) > 1)
     rep.summary.append(st.drift.message)
     stop = stopping_statement(exp)
     if stop:
@@ -683,7 +690,10 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                      "-" if s.cuda_graph_share is None else f"{s.cuda_graph_share:.0%}"])
     rep.add(Heading("Arms"))
     conc = bench_concurrency(exp.meta.get("config") if isinstance(exp.meta, dict) else None)
-    if conc > 1:
+    if loads.several_loads:
+        rep.add(Para("tok/s = per-request (per-user) decode speed at the arm's own load (the requests in flight its "
+                     "name ends in, c<N>): single-stream only at c1, not total throughput (see Verdict per load)."))
+    elif conc > 1:
         rep.add(Para(f"tok/s = {tok_s_meaning(conc)}."))
     rep.add(Table(["arm", "runs", "requests", "tok/s median (runs)", "tok/s mean", "95% CI",
                    "tok/s median (requests)", "TTFT ms", "TPOT ms", "e2e s", "accept length", "cuda graph share"],
@@ -704,7 +714,10 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     if st.host_speedups:
         rep.add(Heading("Speedup per host", 3), *_host_blocks(exp, st))
 
-    # spec model: one per baseline with speculative arms (e.g. per engine build of an engine A/B)
+    if loads.several_loads:
+        _load_blocks(rep, loads, plots)
+
+    # spec model: one per baseline with speculative arms (e.g. per engine build of an engine A/B, per load)
     models = {exp.baseline: model}
     for b in exp.baselines:
         if b != exp.baseline and b in st.arms:
@@ -713,7 +726,8 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     for b, m in models.items():
         if m is None and (several or b != exp.baseline):
             continue
-        rep.add(Heading(f"Speculative-decoding model vs {b}" if several else "Speculative-decoding model"))
+        at = f" ({load_label(arm_concurrency(exp, b))})" if loads.several_loads else ""
+        rep.add(Heading(f"Speculative-decoding model vs {b}{at}" if several else "Speculative-decoding model"))
         _model_blocks(rep, m)
 
     # per-phase breakdown (measured)
@@ -799,10 +813,69 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                 "models": {b: m.to_dict() if m else None for b, m in models.items()}, "phases": ph.to_dict(),
                 "findings": [f.to_dict() for f in findings], "summary": rep.summary, "cost": spent.to_dict(),
                 "known_truth": truth.to_dict() if truth is not None else None,
+                "loads": loads.to_dict(),
                 "workload": {"label": workload.label(exp), "ignore_eos": workload.ignore_eos(exp),
                              "lengths": {r.arm: r.to_dict() for r in lengths},
                              "categories": {a: [r.to_dict() for r in rows] for a, rows in cats.items()}}}
     return rep
+
+
+def _sp_cell(sp: stats.Speedup) -> str:
+    if sp.estimate is None:
+        return "-"
+    if sp.ci is None or not math.isfinite(sp.ci.lo):
+        return f"{sp.estimate:.3f} (no interval: {len(sp.ratios)} block)"
+    return f"{sp.estimate:.3f} ({sp.ci.lo:.3f}-{sp.ci.hi:.3f})"
+
+
+def _ms(lat: dict, metric: str, q: str) -> str:
+    v = (lat.get(metric) or {}).get(q)
+    return "-" if v is None else f"{v * 1000:.1f}"
+
+
+def _load_blocks(rep: Report, loads: concurrency.LoadReport, plots: bool) -> None:
+    """The verdict at each load: speedups per user and in throughput with their intervals, the break-even from the
+    runs at that load, latency percentiles, the crossover and its plot."""
+    rep.add(Heading("Verdict per load"),
+            Para("Each load ran its own arms against its own baseline at the same requests in flight. Per user: the "
+                 "paired speedup of each run's median per-request decode tok/s; in throughput: of each run's total "
+                 "output tok/s (all measured output tokens over the measured window); 95% intervals over blocks. "
+                 "tau* is the break-even accept length from the runs at that load (cycle = tau / per-user tok/s, "
+                 "step = 1 / the baseline's per-user tok/s), so the batched verify pass is costed at its own batch. "
+                 "The crossover interpolates log speedup linearly in log concurrency between the two loads that "
+                 "bracket the first crossing of 1; its range is where the curves of the intervals' lower and upper "
+                 "ends cross 1 (docs/analysis.md, Verdict per load)."))
+    rows = []
+    for f in loads.families:
+        for p in f.points:
+            margin = f"{p.tau - p.tau_star:+.2f}" if p.tau and p.tau_star else "-"
+            rows.append([f.name, p.label, _sp_cell(p.per_user), _sp_cell(p.throughput), _f(p.arm_tok_s),
+                         _f(p.baseline_tok_s), _f(p.arm_throughput), _f(p.baseline_throughput),
+                         _f(p.tau, ".2f"), _f(p.tau_star, ".2f"), margin])
+    rep.add(Table(["configuration", "load", "speedup per user (95% CI)", "speedup in throughput (95% CI)",
+                   "per-user tok/s", "baseline per-user tok/s", "throughput tok/s", "baseline throughput tok/s",
+                   "tau", "tau* at this load", "margin"], rows))
+    rep.add(Bullets([f.verdict() for f in loads.families]))
+    lat_rows = []
+    for f in loads.families:
+        for p in f.points:
+            for who, name in (("arm", p.arm), ("baseline", p.baseline)):
+                lat = p.latency.get(who) or {}
+                if not lat:
+                    continue
+                lat_rows.append([name, p.label] + [_ms(lat, m, q) for m in ("ttft_s", "tpot_s", "itl_s")
+                                                   for q in ("p50", "p90", "p99")])
+    if lat_rows:
+        seen: set[str] = set()
+        lat_rows = [r for r in lat_rows if not (r[0] in seen or seen.add(r[0]))]   # a baseline once
+        rep.add(Heading("Latency per load", 3),
+                Para("Percentiles over each run's measured requests (ITL: every gap between streamed chunks), median "
+                     "over runs, ms."),
+                Table(["arm", "load"] + [f"{m} {q}" for m in ("TTFT", "TPOT", "ITL") for q in ("p50", "p90", "p99")],
+                      lat_rows))
+    if plots:
+        rep.add(Image("speedup_vs_concurrency.png", "speedup per user and in throughput vs requests in flight",
+                      concurrency.plot_speedup_vs_concurrency(loads)))
 
 
 def _speedup_cell(row: workload.CategoryRow) -> str:

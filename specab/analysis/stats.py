@@ -239,20 +239,30 @@ def _block_key(run: Run) -> tuple[str, int]:
     return (run.host, run.block)
 
 
-def paired_speedup(exp: Experiment, arm: str, seed: int = DEFAULT_SEED) -> Speedup:
+def per_user_tok_s(run: Run) -> float | None:
+    """The paired speedup's default measure: the run's median per-request (per-user) decode tok/s."""
+    return run.tok_s
+
+
+def paired_speedup(exp: Experiment, arm: str, seed: int = DEFAULT_SEED,
+                   metric: Callable[[Run], float | None] = per_user_tok_s) -> Speedup:
     """Ratio of the arm's run to the baseline run of the same block (and host); CI over blocks.
 
     The estimate is the geometric mean of the block ratios (the mean of log ratios): a ratio and its
     inverse are treated symmetrically. With several hosts the bootstrap resamples blocks within each
-    host (host is a blocking factor)."""
+    host (host is a blocking factor). ``metric`` is the run's number compared (per-user tok/s by default; the
+    run's total output throughput for the speedup in throughput): one rule for every speedup."""
     baseline = exp.baseline_of(arm)
     base = {_block_key(r): r for r in exp.runs_of(baseline)}
     ratios, keys = [], []
     for r in sorted(exp.runs_of(arm), key=lambda r: (r.host, r.block)):
         b = base.get(_block_key(r))
-        if b is None or not b.tok_s or not r.tok_s:
+        if b is None:
             continue
-        ratios.append(r.tok_s / b.tok_s)
+        mb, mr = metric(b), metric(r)
+        if not mb or not mr:
+            continue
+        ratios.append(mr / mb)
         keys.append(_block_key(r))
     ci = None
     if len(ratios) >= 2:

@@ -1,7 +1,8 @@
 """The experiment fingerprint: a hash of what makes two runs comparable.
 
 The resolved experiment: the model, the common server args and env, every resolved arm (its server args
-and env after the experiment's are merged in), the bench settings and the timeouts (specab's defaults
+and env after the experiment's are merged in, and its bench condition when the matrix gave it one, e.g.
+``concurrency``), the bench settings and the timeouts (specab's defaults
 filled in). Secret values are redacted before hashing (the store and the manifests never hold them; a
 changed secret does not change the fingerprint). The engine's build is not known before a run (each run's
 manifest records its versions; `driver.py diff` compares them).
@@ -31,7 +32,10 @@ def fingerprint_doc(exp: ExperimentSpec, arms: list[ArmSpec]) -> dict[str, Any]:
         "model_path": exp.model_path,
         "server_args": dict(exp.server_args),
         "env": dict(exp.env),
-        "arms": {a.name: {"server_args": a.to_json()["server_args"], "env": a.to_json()["env"]} for a in arms},
+        # an arm's bench condition (the matrix's concurrency) only where it has one: the documents of arms without
+        # one hash as before it existed
+        "arms": {a.name: {"server_args": a.to_json()["server_args"], "env": a.to_json()["env"],
+                          **({"bench": dict(a.bench)} if a.bench else {})} for a in arms},
         "bench": dict(exp.bench_settings),
         "timeouts": dict(exp.timeout_settings),
     })
@@ -84,12 +88,23 @@ _ABSENT = object()
 
 def pair_fingerprint(doc: dict[str, Any], arm: str, baseline: str) -> str:
     """The fingerprint of one compared pair: an arm and its baseline as resolved (server args, env), with the
-    bench settings and timeouts, by content and not by name. The same pair under another arm name or in another
+    bench settings its runs ran under (the arm's bench condition, e.g. concurrency, over the experiment's) and timeouts, by content and not by name. The same pair under another arm name or in another
     experiment (a `--matrix steps=1,2,3` sweep and a later `--target-ci` run of its steps-3 arm alone) has the
     same pair fingerprint, so the node's history of the one is the other's prior."""
     arms = doc.get("arms") or {}
-    return fingerprint({"arm": arms.get(arm), "baseline": arms.get(baseline), "bench": doc.get("bench"),
-                        "timeouts": doc.get("timeouts")})
+    a, bench = _with_bench(arms.get(arm), doc.get("bench"))
+    b, _ = _with_bench(arms.get(baseline), doc.get("bench"))
+    return fingerprint({"arm": a, "baseline": b, "bench": bench, "timeouts": doc.get("timeouts")})
+
+
+def _with_bench(entry: Any, bench: Any) -> tuple[Any, Any]:
+    """An arm's entry without its bench condition, and the bench its runs ran under (the experiment's with the arm's
+    condition over it): a pair at concurrency 8 from a `--matrix concurrency=...` sweep and the same pair of an
+    experiment whose bench.concurrency is 8 are one pair."""
+    if not isinstance(entry, dict) or not entry.get("bench"):
+        return entry, bench
+    own = {k: v for k, v in entry.items() if k != "bench"}
+    return own, {**(bench if isinstance(bench, dict) else {}), **entry["bench"]}
 
 
 def pair_fingerprints(doc: dict[str, Any], baselines: dict[str, str]) -> dict[str, str]:

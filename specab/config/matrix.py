@@ -9,6 +9,7 @@ Grammar (one `key=values` per `--matrix` option; several options form a product)
     mem_fraction_static=0.85,0.88   any SGLang server argument by its field name
     env.NCCL_PROTO=LL,Simple        an environment variable
     engine=sglang-0.5.9,sglang-0.5.23   an engine build the inventory declares (`specab_engines`)
+    concurrency=1,8,32   requests in flight of the benchmark (bench.concurrency), a positive integer each
 
 Arms: speculative keys (`steps`, `topk`, `draft_tokens`, `speculative_*`) make one EAGLE-3 arm per
 combination, built on the experiment's first speculative arm (which supplies the algorithm and
@@ -48,6 +49,8 @@ INT_KEYS = set(TRIPLE) | {"tp_size", "pp_size", "dp_size", "ep_size", "max_runni
                           "num_continuous_decode_steps", "context_length", "random_seed"}
 EAGLE_FAMILY = {"EAGLE", "EAGLE3", "NEXTN"}
 ENGINE = "engine"       # the matrix key of the engine build (a name of the inventory's `specab_engines`)
+CONCURRENCY = "concurrency"     # the matrix key of the benchmark's requests in flight (bench.concurrency)
+BENCH_AXES = {CONCURRENCY}      # matrix keys that are bench settings, applied per arm (ArmSpec.bench)
 ENGINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")   # it ends arm names (directory names)
 
 RULE_ALL_OR_NONE = "all of steps/topk/draft_tokens or none"
@@ -75,6 +78,10 @@ class Axis:
     @property
     def is_engine(self) -> bool:
         return self.key == ENGINE
+
+    @property
+    def is_bench(self) -> bool:
+        return self.key in BENCH_AXES
 
     @property
     def is_spec(self) -> bool:
@@ -122,6 +129,12 @@ def _parse_values(key: str, label: str, text: str) -> tuple[Any, ...]:
                 raise MatrixError(f"--matrix {label}: {token!r} is not an engine build name (letters, digits, "
                                   f"'.', '_', '-', at most 40; as the inventory's specab_engines names them).")
             values.append(token)
+        elif key == CONCURRENCY:
+            try:
+                values.append(int(token))
+            except ValueError:
+                raise MatrixError(f"--matrix {label}: {token!r} is not a whole number of requests in flight; write "
+                                  f"positive integers, e.g. {label}=1,8,32.") from None
         elif key in INT_KEYS:
             values.append(_parse_int(token, label))
         else:
@@ -130,6 +143,11 @@ def _parse_values(key: str, label: str, text: str) -> tuple[Any, ...]:
             except yaml.YAMLError:
                 v = token
             values.append(token if isinstance(v, (dict, list)) or v is None else v)
+    if key == CONCURRENCY:
+        bad = [v for v in values if v < 1]
+        if bad:
+            raise MatrixError(f"--matrix {label}: {bad[0]} requests in flight cannot measure anything; every value "
+                              f"must be at least 1, e.g. {label}=1,8,32.")
     if key in TRIPLE:
         bad = [v for v in values if v < 1]
         if bad:
@@ -158,8 +176,8 @@ def parse_matrix(specs: list[str], engine: str = engines.SGLANG) -> list[Axis]:
                 errors.append(f"--matrix {label}: {name!r} is not a valid environment variable name.")
                 continue
             key = label
-        elif label == ENGINE:
-            key = ENGINE
+        elif label in (ENGINE, CONCURRENCY):
+            key = label
         elif engine == engines.VLLM:
             key = ALIASES.get(label, label)
             problem = _vllm_key_problem(label, key)
@@ -300,9 +318,12 @@ def _spec_name(args: dict[str, Any]) -> str:
 
 def _suffix(combo: dict[Axis, Any]) -> str:
     """The condition's part of an arm name: `label-value` per axis; an engine build by its name alone
-    (`eagle3-s2-k1-d3-sglang-0.5.9`), last, so the arms of one build read as a family."""
-    parts = [f"{ax.label[4:] if ax.is_env else ax.label}-{_fmt(v)}" for ax, v in combo.items() if not ax.is_engine]
+    (`eagle3-s2-k1-d3-sglang-0.5.9`), so the arms of one build read as a family; the requests in flight last as
+    `c<N>` (`eagle3-s2-k1-d3-c8`), so one configuration's loads differ only in their ending."""
+    parts = [f"{ax.label[4:] if ax.is_env else ax.label}-{_fmt(v)}" for ax, v in combo.items()
+             if not ax.is_engine and not ax.is_bench]
     parts += [_fmt(v) for ax, v in combo.items() if ax.is_engine]
+    parts += [f"c{v}" for ax, v in combo.items() if ax.key == CONCURRENCY]
     return "-".join(parts)
 
 
@@ -333,10 +354,26 @@ def _grouped(notices: list[str]) -> list[str]:
     return [n for n in notices if n not in grouped] + [one]
 
 
+def _check_bench_axes(exp: ExperimentSpec, axes: list[Axis]) -> None:
+    """A bench axis the experiment's bench settings cannot honour, refused before anything runs."""
+    requests = int(exp.bench_settings["num_requests"])
+    for ax in axes:
+        if ax.key != CONCURRENCY:
+            continue
+        over = [v for v in ax.values if v > requests]
+        if over:
+            raise MatrixError(f"--matrix {ax.label}={','.join(map(str, ax.values))}: {over[0]} requests in flight "
+                              f"need at least {over[0]} measured requests per run, but bench.num_requests is "
+                              f"{requests} in {exp.path}; at most {requests} could be in flight at once. Set "
+                              f"bench.num_requests to {max(over)} or more (a few times the largest load gives each "
+                              f"run more than one wave), or drop {', '.join(map(str, over))}.")
+
+
 def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False) -> ArmSet:
     """Arms of the experiment for this matrix (the experiment's own arms when `axes` is empty)."""
     notices: list[str] = []
     refused: list[str] = []
+    _check_bench_axes(exp, axes)
     spec_axes = [a for a in axes if a.is_spec]
     cond_axes = [a for a in axes if not a.is_spec]
 
@@ -384,7 +421,8 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
     signatures: dict[str, str] = {}
 
     def add(arm: ArmSpec) -> None:
-        sig = repr((sorted(arm.server_args.items(), key=str), sorted(arm.env.items(), key=str), arm.engine))
+        sig = repr((sorted(arm.server_args.items(), key=str), sorted(arm.env.items(), key=str), arm.engine,
+                    sorted(arm.bench.items())))
         if sig in signatures:
             notices.append(f"{arm.name}: identical to arm {signatures[sig]} after SGLang's adjustments; "
                            f"run once.")
@@ -402,7 +440,8 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
 
     for cond in conditions:
         suffix = _suffix(cond)
-        cond_args = {ax.key: v for ax, v in cond.items() if not ax.is_env and not ax.is_engine}
+        cond_args = {ax.key: v for ax, v in cond.items() if not ax.is_env and not ax.is_engine and not ax.is_bench}
+        cond_bench = {ax.key: v for ax, v in cond.items() if ax.is_bench}
         cond_env = {ax.key[4:]: v for ax, v in cond.items() if ax.is_env}
         engine = next((str(v) for ax, v in cond.items() if ax.is_engine), None)
         cond_vals = {ax.label: v for ax, v in cond.items()}
@@ -414,7 +453,7 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
                               "server_args": overlay(baseline_overlay.get("server_args") or {}, cond_args),
                               "env": overlay(baseline_overlay.get("env") or {}, cond_env)},
                         matrix=cond_vals)
-        b = dataclasses.replace(b, engine=engine)
+        b = dataclasses.replace(b, engine=engine, bench=dict(cond_bench))
         _, b_notices, b_refused = check(b.server_args, f"arm {bname}")
         notices += b_notices
         refused += b_refused
@@ -435,7 +474,8 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
                 aname = f"{aname}-{suffix}"
             aname = _fit(aname)
             add(ArmSpec(name=aname, server_args=adjusted, env=resolved.env, is_baseline=False, baseline=bname,
-                    matrix=resolved.matrix, phase_timing=resolved.phase_timing, engine=engine))
+                    matrix=resolved.matrix, phase_timing=resolved.phase_timing, engine=engine,
+                    bench=dict(cond_bench)))
     notices = _grouped(notices)
     timed = [a.name for a in arms if a.phase_timing]
     if timed and len(timed) < len(arms):

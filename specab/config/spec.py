@@ -62,10 +62,15 @@ class ArmSpec:
     # the `--help` flag-set fingerprint of that build (specab/node/engines.py), set by the driver's
     # preflight once the node's engine listed its flags; recorded in each run's manifest
     engine_flags_fingerprint: str | None = None
+    # bench settings of this arm's runs over the experiment's `bench:` (a bench condition of the matrix, e.g.
+    # {"concurrency": 8}); empty: the experiment's bench as it is
+    bench: dict[str, Any] = field(default_factory=dict)
 
     def to_extravar(self) -> dict[str, Any]:
         args = self.server_args if self.node_args is None else self.node_args
         out: dict[str, Any] = {"name": self.name, "server_args": dict(args), "env": dict(self.env)}
+        if self.bench:
+            out["bench"] = dict(self.bench)
         if self.engine is not None:
             out["engine"] = self.engine
         if self.engine_flags_fingerprint is not None:
@@ -78,7 +83,8 @@ class ArmSpec:
                 "env": redact_env(self.env) if redact else dict(self.env),
                 "is_baseline": self.is_baseline, "baseline": self.baseline, "matrix": dict(self.matrix),
                 "phase_timing": self.phase_timing,
-                **({"engine": self.engine} if self.engine is not None else {})}
+                **({"engine": self.engine} if self.engine is not None else {}),
+                **({"bench": dict(self.bench)} if self.bench else {})}
 
 
 @dataclass(frozen=True)

@@ -186,9 +186,12 @@ class RunContext:
 
     def stamp_manifests(self, run_dir: Path, pr: PlannedRun | None = None) -> None:
         """Every collected manifest.json of the run gets the experiment's fingerprint, the run's bench settings
-        (its measured requests: the design's for its block) and the timeouts (what `driver.py diff` compares next to
+        (its arm's bench condition, e.g. concurrency, and its measured requests: the design's for its block) and the
+        timeouts (what `driver.py diff` compares next to
         the node's provenance)."""
-        bench = {**self.fingerprint_doc["bench"], "num_requests": self.num_requests(pr)}
+        arm = self.arms.get(pr.arm) if pr is not None else None
+        bench = {**self.fingerprint_doc["bench"], **(arm.bench if arm is not None else {}),
+                 "num_requests": self.num_requests(pr)}
         for path in sorted(run_dir.rglob("manifest.json")):
             try:
                 data = json.loads(path.read_text())

@@ -384,16 +384,22 @@ def record_history(store: st.Store, exp_dir: Path, out: TextIO) -> None:
 
 
 def print_verdict_caveats(exp_dir: Path, store: st.Store, out: TextIO) -> None:
-    """Beside the table's verdict: every error-level finding of the report's doctor (a verdict it invalidates),
+    """Beside the table's verdict: the verdict at each load when the experiment ran at several (speedups per user
+    and in throughput, the crossover), every error-level finding of the report's doctor (a verdict it invalidates),
     the first warning, and a word when there is nothing to compare."""
     arms = store.arms()
     if arms and all(a["name"] == a["baseline"] for a in arms):
         print("nothing to compare: every arm is a baseline (no speculative arm), so there is no speedup to report.",
               file=out)
     try:
-        findings = json.loads((exp_dir / "report.json").read_text()).get("findings") or []
+        data = json.loads((exp_dir / "report.json").read_text())
     except (OSError, ValueError):
         return
+    findings = data.get("findings") or []
+    loads = data.get("loads") or {}
+    if len(loads.get("loads") or []) > 1:      # the verdict at each load, per configuration
+        for fam in loads.get("families") or []:
+            print(f"per load: {fam['verdict']}", file=out)
     errors = [f for f in findings if f.get("severity") == "error"]
     warnings = [f for f in findings if f.get("severity") == "warning"]
     for f in errors:

@@ -711,12 +711,47 @@ def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: boo
         t.join()
 
 
+def _span(ok: List[Dict[str, Any]]) -> Optional[float]:
+    ends = [(r["start_ts"], r["start_ts"] + r["e2e_s"]) for r in ok
+            if r.get("start_ts") is not None and r.get("e2e_s") is not None]
+    return max(e for _, e in ends) - min(s for s, _ in ends) if ends else None
+
+
 def _median(values: List[float]) -> Optional[float]:
     return statistics.median(values) if values else None
 
 
 def _mean(values: List[float]) -> Optional[float]:
     return statistics.fmean(values) if values else None
+
+
+LATENCY_PERCENTILES = (50, 90, 99)
+
+
+def percentile(values: List[float], q: float) -> Optional[float]:
+    """The q-th percentile (0-100) by linear interpolation between the closest ranks (numpy's default), or None."""
+    if not values:
+        return None
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def inter_token_latencies(rec: Dict[str, Any]) -> List[float]:
+    """A request's inter-token latencies: the gaps between its consecutive streamed chunks (seconds). A chunk that
+    carries several tokens (a speculative cycle's accepted drafts) is one gap, as a user sees it arrive."""
+    t = rec.get("chunk_t_s") or []
+    return [b - a for a, b in zip(t, t[1:])]
+
+
+def latency_percentiles(ok: List[Dict[str, Any]]) -> Dict[str, Dict[str, Optional[float]]]:
+    """p50/p90/p99 of the measured requests' TTFT, TPOT and end-to-end latency (one value per request) and of their
+    inter-token latencies (every gap of every request), seconds."""
+    cols = {k: [r[k] for r in ok if r.get(k) is not None] for k in ("ttft_s", "tpot_s", "e2e_s")}
+    cols["itl_s"] = [g for r in ok for g in inter_token_latencies(r)]
+    return {k: {"p%d" % q: percentile(v, q) for q in LATENCY_PERCENTILES} for k, v in cols.items()}
 
 
 def summarize(cfg: BenchConfig, records: List[Dict[str, Any]], duration_s: float,
@@ -740,6 +775,9 @@ def summarize(cfg: BenchConfig, records: List[Dict[str, Any]], duration_s: float
         "e2e_s_median": _median(col("e2e_s")),
         "accept_len_mean": _mean(col("accept_len")),
         "output_tok_s": out_tok_s,
+        # the measured requests' window, first sent to last finished (their span: the run's throughput window)
+        "measured_span_s": _span(ok),
+        "latency": latency_percentiles(ok),
         "duration_s": duration_s,
         "client_cpu_s": cpu_s,
         "client_cpu_s_per_1k_tok_s": (cpu_s / duration_s) / (out_tok_s / 1000.0)

@@ -8,8 +8,8 @@ Model (docs/simulator.md "Timing model"):
 - decode forward (baseline) at batch size ``bs``:
   ``step_ms * (1 + bs_slope*(bs-1)) * graph * nccl / speed``, ``graph`` = ``no_graph_factor`` when the step
   cannot use a CUDA graph (``--disable-cuda-graph`` or ``bs > cuda_graph_max_bs``), else 1.
-- speculative cycle: ``(steps * draft_step_ms * graph + verify_ms * vgraph + overhead_ms) * (1 + spec.bs_slope*(bs-1))
-  * nccl / speed`` with ``verify_ms = verify_base_ms + verify_per_token_ms * num_draft_tokens``; ``vgraph`` =
+- speculative cycle: ``(steps * draft_step_ms * graph + verify_ms * vgraph + overhead_ms) * (1 + spec.bs_slope*(bs-1)
+  + spec.bs_log2_slope*log2(bs)) * nccl / speed`` with ``verify_ms = verify_base_ms + verify_per_token_ms * num_draft_tokens``; ``vgraph`` =
   ``verify_graph_factor`` only when the profile's verify runs with a CUDA graph. ``draft_extend_ms`` is the
   GPU part of ``overhead_ms`` (``nominal_spec_phases_ms`` splits a cycle into the device-timer categories).
 - tokens per verify step = 1 (bonus) + accepted drafts, accepted drafts drawn from the per-position
@@ -189,6 +189,13 @@ class TimingModel:
         graph = 1.0 if self.graph_used(bs) else d.no_graph_factor
         return d.step_ms * (1.0 + d.bs_slope * (max(1, bs) - 1)) * graph * self.nccl / 1000.0
 
+    def spec_batch_factor(self, bs: int = 1) -> float:
+        """How much longer a speculative cycle of ``bs`` running requests takes than one of a single request:
+        ``1 + bs_slope*(bs-1) + bs_log2_slope*log2(bs)`` (every phase alike)."""
+        s = self.profile.spec
+        n = max(1, bs)
+        return 1.0 + s.bs_slope * (n - 1) + s.bs_log2_slope * math.log2(n)
+
     def nominal_spec_phases_ms(self, bs: int = 1) -> "CyclePhases":
         """One speculative cycle split into its phases (nominal ms, no jitter or speed): what SGLang 0.5.23's
         device timer reports per category (eagle_draft, eagle_draft_extend, target_verify) and the CPU rest."""
@@ -199,7 +206,7 @@ class TimingModel:
         if self.graph_used(bs):
             verify *= s.verify_graph_factor
         extend = min(s.draft_extend_ms, s.overhead_ms)
-        k = (1.0 + s.bs_slope * (max(1, bs) - 1)) * self.nccl
+        k = self.spec_batch_factor(bs) * self.nccl
         passes = max(0, self.steps - s.draft_passes_offset)
         return CyclePhases(draft_ms=passes * s.draft_step_ms * draft_graph * k, draft_extend_ms=extend * k,
                            verify_ms=verify * k, other_ms=(s.overhead_ms - extend) * k)

@@ -134,3 +134,20 @@ def test_a_dataset_is_read_relative_to_the_experiment_and_recorded_absolute(tmp_
     spec = load_experiment(f)
     assert spec.bench["dataset"] == str(tmp_path / "data.jsonl")
     assert spec.as_extravar()["bench"]["dataset"] == str(tmp_path / "data.jsonl")
+
+
+@pytest.mark.parametrize("value,message", [
+    ("0", r"--matrix concurrency: 0 requests in flight cannot measure anything; every value must be at least 1"),
+    ("1,2.5", r"--matrix concurrency: '2.5' is not a whole number of requests in flight; write positive integers"),
+    ("1,4,64", r"--matrix concurrency=1,4,64: 64 requests in flight need at least 64 measured requests per run, but "
+               r"bench.num_requests is 6 in .*default.yml; .* Set bench.num_requests to 64 or more"),
+], ids=["zero", "not an integer", "above num_requests"])
+def test_a_bad_concurrency_axis_is_refused_before_any_node_is_touched(tmp_path: Path, value: str, message: str) -> None:
+    """A run (not a plan) with a bad load: refused with the value, the rule and what to write, and nothing made
+    under --runs-dir (no experiment, no store, no node contact)."""
+    err = io.StringIO()
+    with redirect_stderr(err):
+        rc = cli.main(["--matrix", "steps=1,2", "--matrix", f"concurrency={value}", "--runs-dir", str(tmp_path)],
+                      out=io.StringIO())
+    assert rc == 2 and re.search(message, err.getvalue()), err.getvalue()
+    assert "Nothing was started." in err.getvalue() and not list(tmp_path.iterdir())

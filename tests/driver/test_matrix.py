@@ -157,3 +157,32 @@ def test_engine_axis_combines_with_other_conditions(experiment_file):
 def test_engine_axis_refuses_a_value_that_is_no_build_name(spec):
     with pytest.raises(MatrixError, match="not an engine build name"):
         parse_matrix([spec])
+
+
+def test_concurrency_is_a_bench_condition_of_every_arm_with_its_own_baseline(write):
+    from specab.config.fingerprint import fingerprint_doc, pair_fingerprints
+    from tests.driver.conftest import EXPERIMENT
+    f = write("exp32.yml", EXPERIMENT.replace("num_requests: 3", "num_requests: 32"))
+    exp = load_experiment(f)
+    s = build_arms(exp, parse_matrix(["steps=1,2", "concurrency=1,8,32"]))
+    by = {a.name: a for a in s.arms}
+    assert list(by) == [f"{n}-c{c}" for c in (1, 8, 32) for n in ("baseline", "eagle3-s1-k1-d2", "eagle3-s2-k1-d3")]
+    for c in (1, 8, 32):
+        base = by[f"baseline-c{c}"]
+        assert base.is_baseline and base.bench == {"concurrency": c} and base.matrix == {"concurrency": c}
+        spec = by[f"eagle3-s2-k1-d3-c{c}"]
+        assert spec.baseline == f"baseline-c{c}" and spec.bench == {"concurrency": c}
+        assert spec.matrix == {"steps": 2, "concurrency": c}
+        # what reaches the node: the arm's bench over the experiment's (enqueue.yml and run_arm.yml combine them)
+        assert spec.to_extravar()["bench"] == {"concurrency": c} and "concurrency" not in spec.server_args
+    # baselines at different loads launch the same server: not deduplicated as identical
+    assert not any("identical" in n for n in s.notices)
+    # each pair has its own fingerprint, and a load of the sweep is the same pair as an experiment run at that load
+    doc = fingerprint_doc(exp, s.arms)
+    fps = pair_fingerprints(doc, {a.name: a.baseline for a in s.arms})
+    assert len(set(fps.values())) == 6
+    at8 = load_experiment(write("exp8.yml", EXPERIMENT.replace("num_requests: 3", "num_requests: 32")
+                                .replace("concurrency: 1", "concurrency: 8")))
+    plain = build_arms(at8, parse_matrix(["steps=2"])).arms
+    assert pair_fingerprints(fingerprint_doc(at8, plain), {a.name: a.baseline for a in plain}) == {
+        "eagle3-s2-k1-d3": fps["eagle3-s2-k1-d3-c8"]}

@@ -66,3 +66,33 @@ def test_the_profile_s_accept_length_is_the_chain_at_the_realized_acceptance() -
     # the p 0.9 head's true tau on the measured prompts: 1.9128, 2.7380, 3.4439, 4.1853, 4.7554
     for k, true_tau in ((1, 1.9128), (2, 2.7380), (3, 3.4439), (4, 4.1853), (5, 4.7554)):
         assert sim(k).expected_accept_length() == pytest.approx(true_tau, rel=0.012), k
+
+
+# the known-truth facts, concurrency on the H200 (kt_conc.sh, h200-concurrency.jsonl): per arm and load the median
+# per-user tok/s and the accept length (EAGLE-3 s3, p 0.9 head; both servers --max-running-requests 48)
+CONCURRENCY_FACTS = {"baseline": {1: (402.9, None), 8: (365.9, None), 32: (293.6, None)},
+                     "eagle3-s3": {1: (815.6, 3.631), 8: (339.2, 3.448), 32: (247.2, 3.442)}}
+
+
+@pytest.mark.parametrize("bs", [8, 32])
+def test_the_batched_cycle_and_step_grow_as_on_the_h200(bs: int) -> None:
+    """The cycle per request at a batch of bs over the single-stream one (tau / per-user tok/s: the facts' accept
+    length held ~3.5 at every load, so the cycle alone moved) and the baseline step likewise, within 2 %."""
+    spec, base = CONCURRENCY_FACTS["eagle3-s3"], CONCURRENCY_FACTS["baseline"]
+    real_cycle = (spec[bs][1] / spec[bs][0]) / (spec[1][1] / spec[1][0])
+    real_step = base[1][0] / base[bs][0]
+    s3, b = sim(3), sim(0)
+    assert s3.nominal_spec_cycle_s(bs) / s3.nominal_spec_cycle_s(1) == pytest.approx(real_cycle, rel=0.02)
+    assert b.nominal_decode_step_s(bs) / b.nominal_decode_step_s(1) == pytest.approx(real_step, rel=0.02)
+
+
+def test_speculation_wins_single_stream_and_loses_at_8_and_32_as_on_the_h200() -> None:
+    """The true per-user speedup of s3 at each load within 8 % of the real one (2.03x, 0.93x, 0.84x: the profile keeps
+    one accept length at every load while the real one fell from 3.63 to 3.44): the verdict
+    changes side between 1 and 8 in flight, as the real engine's did."""
+    s3, b = sim(3), sim(0)
+    for bs in (1, 8, 32):
+        real = CONCURRENCY_FACTS["eagle3-s3"][bs][0] / CONCURRENCY_FACTS["baseline"][bs][0]
+        got = s3.true_decode_tok_s(bs=bs) / b.true_decode_tok_s(bs=bs)
+        assert got == pytest.approx(real, rel=0.08), (bs, got, real)
+        assert (got > 1) == (real > 1)
