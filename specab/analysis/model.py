@@ -177,6 +177,8 @@ class Run:
     known_truth: dict | None = None          # bench_summary's known_truth: the served models' (specab.knowntruth)
     workload: dict | None = None             # bench_summary's dataset (kind synthetic, or file with path, sha256,
                                              # records, categories) and ignore_eos; None: not recorded
+    spec_positions: dict | None = None       # bench_summary's spec_positions: cycles and the cycles that accepted
+                                             # each draft position (analysis/positions.py); None: not measured
 
     @property
     def ok(self) -> bool:
@@ -515,7 +517,7 @@ def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = Non
                run_dir=run_dir, phase_metrics=_read_json(run_dir / "phase_metrics.json") or None,
                engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary),
                buffered_requests=int(summary.get("buffered_requests") or 0), time_scale=scale,
-               workload=_workload(summary))
+               workload=_workload(summary), spec_positions=_spec_positions(summary))
 
 
 def _workload(summary: dict) -> dict | None:
@@ -525,6 +527,13 @@ def _workload(summary: dict) -> dict | None:
     if not isinstance(data, dict):
         return None
     return dict(data, ignore_eos=summary.get("ignore_eos"))
+
+
+def _spec_positions(summary: dict) -> dict | None:
+    """The run's per-position acceptance counts as the benchmark client recorded them (node/loadgen spec_positions:
+    from the requests' own counts or the engine's counters over the measured window), or None."""
+    pos = summary.get("spec_positions")
+    return pos if isinstance(pos, dict) else None
 
 
 def _engine_accept_len(summary: dict) -> float | None:
@@ -748,7 +757,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary),
             buffered_requests=int(summary.get("buffered_requests") or 0),
             phase_metrics=phase_files.get(r["seq"]), known_truth=summary.get("known_truth"),
-            workload=_workload(summary)))
+            workload=_workload(summary), spec_positions=_spec_positions(summary)))
     argv = e.get("argv") or []
     scales = sorted({r.time_scale for r in runs})
     return Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",
