@@ -915,6 +915,9 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
         prompts = dataset.sample(records, cfg.seed, "measure", cfg.num_requests)  # type: List[Any]
         data = {"kind": "file", "path": os.path.abspath(cfg.dataset), "sha256": dataset.sha256_of(cfg.dataset),
                 "records": len(records), "categories": dataset.categories(records)}
+        builtin = dataset.builtin_of(cfg.dataset)
+        if builtin is not None:         # bench.dataset: <name>, made by the controller from its package
+            data["builtin"] = builtin
         log("dataset %s: %d record(s)" % (cfg.dataset, len(records)))
     elif kt is None:
         warm_prompts = make_prompts(cfg.seed, "warmup", cfg.warmup, cfg.input_len)
