@@ -14,6 +14,7 @@ from specab.analysis import economics
 from specab.analysis import phases as phase_analysis
 from specab.analysis import specmodel
 from specab.analysis import truthcheck
+from specab.analysis import workload
 from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, bench_concurrency, reason_names
 from specab.analysis.stats import ExperimentStats, analyse
 from specab.node import engines
@@ -691,8 +692,8 @@ def forced_continuation(exp: Experiment, ctx: Context) -> list[Finding]:
             f"per-position acceptance were measured on continuations past the answers' natural ends, where draft and "
             f"target agree differently from real answers. Set bench.ignore_eos: false to measure the answers "
             f"themselves (output_len then caps them); keep it true only to hold output lengths equal across arms.",
-            [f"{r.run_id}: workload {r.workload.get('kind')} {r.workload.get('path') or r.workload.get('name') or ''}"
-             f"".rstrip() + ", ignore_eos true (bench_summary.json)" for r in runs][:3]
+            [f"{r.run_id}: workload {workload.describe(r.workload)}, ignore_eos true (bench_summary.json)"
+             for r in runs][:3]
             + [f"finish reason length on {length} of {len(reqs)} measured requests (the engine's own), "
                f"output tokens {min(toks)}-{max(toks)}" if toks else
                f"finish reason length on {length} of {len(reqs)} measured requests (the engine's own)"],
