@@ -14,6 +14,7 @@ from specab.analysis import economics
 from specab.analysis import phases as phase_analysis
 from specab.analysis import specmodel
 from specab.analysis import truthcheck
+from specab.analysis import workload
 from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, arm_concurrency, reason_names
 from specab.analysis.stats import ExperimentStats, analyse
 from specab.node import engines
@@ -665,6 +666,37 @@ def known_truth_mismatch(exp: Experiment, ctx: Context) -> list[Finding]:
     return out
 
 
+def forced_continuation(exp: Experiment, ctx: Context) -> list[Finding]:
+    """Most of a speculative arm's measured requests of a dataset (real prompts, whose answers end) ran to output_len
+    with bench.ignore_eos true: the engine skipped every end-of-sequence token, so its acceptance was measured on
+    continuations past the answers' natural ends. The evidence is the client's own record of each run (its
+    bench_summary: the workload and ignore_eos) and the engine's finish reason per request (length: output_len
+    reached). Seeded word prompts (kind synthetic) have no answer to end: the report's length note covers them."""
+    out = []
+    for arm in exp.spec_arms:
+        runs = [r for r in exp.runs_of(arm.name)
+                if r.workload and r.workload.get("ignore_eos") is True and r.workload.get("kind") != "synthetic"]
+        reqs = [q for r in runs for q in r.measured]
+        length = sum(1 for q in reqs if q.finish_reason == "length")
+        if not reqs or 2 * length <= len(reqs):
+            continue
+        toks = [q.output_tokens for q in reqs if q.output_tokens]
+        out.append(Finding(
+            "forced-continuation", "warning",
+            f"{arm.name}: {length} of {len(reqs)} measured requests on real prompts ran to output_len with "
+            f"bench.ignore_eos true: the engine skipped the end-of-sequence token, so the accept length and the "
+            f"per-position acceptance were measured on continuations past the answers' natural ends, where draft and "
+            f"target agree differently from real answers. Set bench.ignore_eos: false to measure the answers "
+            f"themselves (output_len then caps them); keep it true only to hold output lengths equal across arms.",
+            [f"{r.run_id}: workload {workload.describe(r.workload)}, ignore_eos true (bench_summary.json)"
+             for r in runs][:3]
+            + [f"finish reason length on {length} of {len(reqs)} measured requests (the engine's own), "
+               f"output tokens {min(toks)}-{max(toks)}" if toks else
+               f"finish reason length on {length} of {len(reqs)} measured requests (the engine's own)"],
+            arm.name, [r.run_id for r in runs]))
+    return out
+
+
 RULES: dict[str, Rule] = {
     "known-truth-mismatch": known_truth_mismatch,
     "verify-without-cuda-graph": verify_without_cuda_graph,
@@ -681,6 +713,7 @@ RULES: dict[str, Rule] = {
     "cycle-time-unstable": cycle_time_unstable,
     "dominant-phase": dominant_phase,
     "phase-accounting": phase_accounting,
+    "forced-continuation": forced_continuation,
 }
 
 

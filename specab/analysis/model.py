@@ -179,6 +179,8 @@ class Run:
     # bench_summary's latency percentiles over the measured requests, seconds (simulated seconds on a time-scaled
     # node): {"ttft_s"|"tpot_s"|"e2e_s"|"itl_s": {"p50", "p90", "p99"}}; None: a client that did not record them
     latency: dict | None = None
+    spec_positions: dict | None = None       # bench_summary's spec_positions: cycles and the cycles that accepted
+                                             # each draft position (analysis/positions.py); None: not measured
 
     @property
     def ok(self) -> bool:
@@ -545,7 +547,8 @@ def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = Non
                run_dir=run_dir, phase_metrics=_read_json(run_dir / "phase_metrics.json") or None,
                engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary),
                buffered_requests=int(summary.get("buffered_requests") or 0), time_scale=scale,
-               workload=_workload(summary), latency=_latency(summary, scale))
+               workload=_workload(summary), latency=_latency(summary, scale),
+               spec_positions=_spec_positions(summary))
 
 
 def _workload(summary: dict) -> dict | None:
@@ -564,6 +567,13 @@ def _latency(summary: dict, scale: float) -> dict | None:
         return None
     return {k: {q: (_num(x) * scale if _num(x) is not None else None) for q, x in v.items()}   # type: ignore[operator]
             for k, v in lat.items() if isinstance(v, dict)}
+
+
+def _spec_positions(summary: dict) -> dict | None:
+    """The run's per-position acceptance counts as the benchmark client recorded them (node/loadgen spec_positions:
+    from the requests' own counts or the engine's counters over the measured window), or None."""
+    pos = summary.get("spec_positions")
+    return pos if isinstance(pos, dict) else None
 
 
 def _engine_accept_len(summary: dict) -> float | None:
@@ -783,7 +793,8 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary),
             buffered_requests=int(summary.get("buffered_requests") or 0),
             phase_metrics=phase_files.get(r["seq"]), known_truth=summary.get("known_truth"),
-            workload=_workload(summary), latency=_latency(summary, scale)))
+            workload=_workload(summary), latency=_latency(summary, scale),
+            spec_positions=_spec_positions(summary)))
     argv = e.get("argv") or []
     scales = sorted({r.time_scale for r in runs})
     return Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",

@@ -23,6 +23,7 @@ from specab.analysis import concurrency
 from specab.analysis import doctor
 from specab.analysis import economics
 from specab.analysis import phases
+from specab.analysis import positions
 from specab.analysis import specmodel
 from specab.analysis import stats
 from specab.analysis import truthcheck
@@ -194,10 +195,12 @@ def _model_for(exp: Experiment, st: stats.ExperimentStats, baseline: str,
                target_tok_s: float | None = None) -> specmodel.ModelResult | None:
     base = st.arms[baseline].tok_s_run.median
     arms = []
+    measured = {p.arm: p for p in positions.table(exp) if not p.runs_without}
     for a in exp.spec_arms:
         s = st.arms[a.name]
         if exp.baseline_of(a.name) == baseline and a.steps and s.tok_s_run.median and s.accept_len.mean:
-            arms.append(specmodel.SpecArm(a.steps, s.tok_s_run.median, s.accept_len.mean, a.name))
+            rates = tuple(measured[a.name].pooled.chain_rates()[:a.steps]) if a.name in measured else ()
+            arms.append(specmodel.SpecArm(a.steps, s.tok_s_run.median, s.accept_len.mean, a.name, rates))
     if not base or not arms:
         return None
     try:
@@ -713,6 +716,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
             Table(["arm", "baseline", "blocks", "speedup", "95% CI", "half-width", "verdict"], rows))
     if st.host_speedups:
         rep.add(Heading("Speedup per host", 3), *_host_blocks(exp, st))
+    per_pos = _position_blocks(rep, exp)
 
     if loads.several_loads:
         _load_blocks(rep, loads, plots)
@@ -817,6 +821,8 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                 "workload": {"label": workload.label(exp), "ignore_eos": workload.ignore_eos(exp),
                              "lengths": {r.arm: r.to_dict() for r in lengths},
                              "categories": {a: [r.to_dict() for r in rows] for a, rows in cats.items()}}}
+    if per_pos:           # only where measured: reports of engines without per-position counts keep their shape
+        rep.data["positions"] = {p.arm: p.to_dict() for p in per_pos}
     return rep
 
 
@@ -876,6 +882,36 @@ def _load_blocks(rep: Report, loads: concurrency.LoadReport, plots: bool) -> Non
     if plots:
         rep.add(Image("speedup_vs_concurrency.png", "speedup per user and in throughput vs requests in flight",
                       concurrency.plot_speedup_vs_concurrency(loads)))
+
+
+def _position_blocks(rep: Report, exp: Experiment) -> list[positions.ArmPositions]:
+    """The section "Acceptance per draft position": per speculative arm that measured it, the conditional acceptance
+    at each position pooled over its runs (the lowest-highest run in brackets)."""
+    rows = positions.table(exp)
+    if not rows:
+        return rows
+    k = max(len(p.pooled.accepted) for p in rows)
+    body = []
+    for p in rows:
+        cells = []
+        for i in range(k):
+            c = p.conditional[i] if i < len(p.conditional) else None
+            sp = p.spread(i)
+            cells.append("-" if c is None else f"{c:.3f}" + (f" ({sp[0]:.3f}-{sp[1]:.3f})" if sp else ""))
+        runs = str(p.runs) + (f" (+{p.runs_without} without)" if p.runs_without else "")
+        body.append([p.arm, _f(p.steps, "d"), runs, str(p.pooled.cycles), *cells, f"{p.pooled.tokens_per_cycle:.3f}",
+                     {"requests": "each request's counts", "metrics": "engine counters over the window"}.get(
+                         p.pooled.source, p.pooled.source)])
+    rep.add(Heading("Acceptance per draft position"),
+            Para("Conditional acceptance at each draft position: of the verify cycles that accepted position i-1 (all "
+                 "cycles for position 1), the share that accepted position i, pooled over the arm's runs (lowest-"
+                 "highest run in brackets). The chain model's alpha is one number for all positions; these are its "
+                 "per-position values, and the spec model uses them where every run of an arm measured them. Tokens "
+                 "per cycle = 1 + accepted drafts / cycles (the engine counts a last cycle's drafts also past the "
+                 "request's end)."),
+            Table(["arm", "steps", "runs", "cycles", *[f"position {i + 1}" for i in range(k)], "tokens per cycle",
+                   "from"], body))
+    return rows
 
 
 def _speedup_cell(row: workload.CategoryRow) -> str:

@@ -10,6 +10,10 @@ Definitions (single-stream decode, topk = 1):
       tau = sum_{i=0..k} alpha^i = (1 - alpha^(k+1)) / (1 - alpha)        (the 1 is the bonus token)
   so tau lies in [1, k+1]; alpha is solved from tau numerically (Brent's method, tau is monotone in alpha).
 - with infinitely many steps tau -> 1 / (1 - alpha): the limit a given alpha can never beat.
+- chain with per-position rates (alpha_i measured per draft position, analysis/positions.py):
+      tau = 1 + sum_{i=1..k} prod_{j=1..i} alpha_j
+  Where the engine reports per-position acceptance, predictions use these rates (position i's rate pooled over the
+  arms that drafted it; past the deepest measured position the last rate carries on) instead of one alpha.
 
 Example from the seed: verify 30 ms vs a 12.2 ms CUDA-graph decode step gives tau* = 2.46; the
 retest (baseline 82.2 tok/s, EAGLE-3 2-step 60.5 tok/s at tau 2.1) gives tau* = 2.85, margin -0.75.
@@ -41,6 +45,33 @@ def chain_tau(alpha: float, steps: int) -> float:
     return (1.0 - alpha ** (steps + 1)) / (1.0 - alpha)
 
 
+def chain_tau_rates(rates: Sequence[float], steps: int) -> float:
+    """Expected tokens per cycle for k = steps draft tokens where position i is accepted with conditional probability
+    rates[i-1] (positions past the list take its last rate)."""
+    if steps < 0:
+        raise SpecModelError(f"steps must be >= 0, got {steps}")
+    if steps and not rates:
+        raise SpecModelError("per-position rates are empty: give one conditional acceptance per draft position")
+    if any(not 0.0 <= a <= 1.0 for a in rates):
+        raise SpecModelError(f"per-position rates must lie in [0, 1], got {list(rates)}")
+    tau, reach = 1.0, 1.0
+    for i in range(steps):
+        reach *= rates[min(i, len(rates) - 1)]
+        tau += reach
+    return tau
+
+
+def conditional_rates(cycles: int, accepted_per_pos: Sequence[int]) -> list[float | None]:
+    """The chain's alpha_i from counts: of the cycles that accepted position i-1 (all ``cycles`` for position 1), the
+    share that accepted position i; None where position i-1 was never accepted."""
+    out: list[float | None] = []
+    prev = cycles
+    for n in accepted_per_pos:
+        out.append(n / prev if prev else None)
+        prev = n
+    return out
+
+
 def chain_alpha(tau: float, steps: int | None) -> float:
     """Conditional acceptance alpha for which chain_tau(alpha, steps) == tau (steps None: the 1/(1-alpha) limit).
 
@@ -69,6 +100,7 @@ class SpecArm:
     tok_s: float
     accept_len: float
     name: str = ""
+    position_rates: tuple[float, ...] = ()   # measured conditional acceptance per draft position (empty: not measured)
 
     @property
     def cycle_ms(self) -> float:
@@ -97,6 +129,7 @@ class ArmAnalysis:
     margin: float
     alpha: float
     speedup: float | None
+    position_rates: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -151,7 +184,7 @@ def analyse_arm(arm: SpecArm, baseline_tok_s: float) -> ArmAnalysis:
     return ArmAnalysis(name=arm.name or f"steps={arm.steps}", steps=arm.steps, tok_s=arm.tok_s,
                        accept_len=arm.accept_len, cycle_ms=arm.cycle_ms, tau_star=tau_star,
                        margin=arm.accept_len - tau_star, alpha=chain_alpha(arm.accept_len, arm.steps),
-                       speedup=arm.tok_s / baseline_tok_s)
+                       speedup=arm.tok_s / baseline_tok_s, position_rates=list(arm.position_rates))
 
 
 def fit_cycle(arms: Sequence[SpecArm], draft_step_ms: float | None = None) -> CycleFit:
@@ -173,12 +206,14 @@ def fit_cycle(arms: Sequence[SpecArm], draft_step_ms: float | None = None) -> Cy
     return CycleFit(intercept_ms=a.cycle_ms - slope * a.steps, slope_ms=slope, source=why)
 
 
-def predict(fit: CycleFit, alpha: float, steps: int, baseline_tok_s: float | None) -> Prediction:
+def predict(fit: CycleFit, alpha: float, steps: int, baseline_tok_s: float | None,
+            rates: Sequence[float] = ()) -> Prediction:
+    """tok/s at ``steps`` from the cycle fit and the chain: per-position ``rates`` where given, else one alpha."""
     cycle = fit.cycle_ms(steps)
     if cycle <= 0:
         raise SpecModelError(f"the cycle fit gives a non-positive cycle ({cycle:.2f} ms) at steps={steps}; "
                              "the fit does not extrapolate that far")
-    tau = chain_tau(alpha, steps)
+    tau = chain_tau_rates(rates, steps) if rates else chain_tau(alpha, steps)
     tok_s = 1000.0 * tau / cycle
     return Prediction(steps=steps, cycle_ms=cycle, tau=tau, tok_s=tok_s,
                       speedup=tok_s / baseline_tok_s if baseline_tok_s else None,
@@ -201,6 +236,16 @@ def target_need(target_tok_s: float, cycle_ms: float, steps: int | None) -> Targ
         alpha, note = chain_alpha(tau, steps), ""
     return TargetNeed(target_tok_s=target_tok_s, steps=steps, cycle_ms=cycle_ms, tau_needed=tau,
                       alpha_needed=alpha, alpha_limit=limit, note=note)
+
+
+def pooled_rates(arms: Sequence[SpecArm]) -> list[float]:
+    """Per draft position the mean conditional acceptance over the arms that drafted it; empty unless every arm
+    measured its positions (one arm without them: the chain falls back to one alpha for all)."""
+    if not arms or not all(a.position_rates for a in arms):
+        return []
+    k = max(len(a.position_rates) for a in arms)
+    return [sum(a.position_rates[i] for a in arms if i < len(a.position_rates)) /
+            sum(1 for a in arms if i < len(a.position_rates)) for i in range(k)]
 
 
 def build(baseline_tok_s: float | None = None, arms: Sequence[SpecArm] = (), *,
@@ -227,10 +272,18 @@ def build(baseline_tok_s: float | None = None, arms: Sequence[SpecArm] = (), *,
             res.assumptions.append(res.cycle_fit.source)
         # alpha: a property of the draft head; take the mean over arms
         alpha = sum(a.alpha for a in res.arms) / len(res.arms)
-        res.assumptions.append(f"predictions use alpha = {alpha:.3f} (mean over measured arms) for every steps value")
+        rates = pooled_rates(arms)
+        if rates:
+            res.assumptions.append(
+                "predictions use the measured conditional acceptance per draft position "
+                f"({', '.join(f'{r:.3f}' for r in rates)}: mean over the arms that drafted each position; past "
+                f"position {len(rates)} the last rate) instead of one alpha")
+        else:
+            res.assumptions.append(f"predictions use alpha = {alpha:.3f} (mean over measured arms) for every steps "
+                                   f"value")
         for k in predict_steps:
             try:
-                res.predictions.append(predict(res.cycle_fit, alpha, k, baseline_tok_s))
+                res.predictions.append(predict(res.cycle_fit, alpha, k, baseline_tok_s, rates))
             except SpecModelError as e:
                 res.assumptions.append(str(e))
     if target_tok_s is not None:

@@ -6,8 +6,10 @@ agreement set (the chain rule, :mod:`specab.knowntruth.truth`). This module comp
 the engine's cycle count (SGLang's ``spec_verify_ct``, vLLM's ``spec_decode_num_drafts`` delta) with the true one,
 the run's accept length with the true one (same definition: output tokens / cycles), vLLM's own
 ``1 + accepted / drafts`` with the truth counted as vLLM counts (every draft the last cycle accepted, also those past
-max_tokens), the greedy output with the rule on every token, and the fitted alpha with the acceptance realized along
-the requests' trajectories. For steps that were not run it gives the true accept length on the same prompts, to hold
+max_tokens), the cycles that accepted each draft position (SGLang's per-request histogram, vLLM's per-position
+counter around each request) with the true ones (each cycle's right proposals, the last cycle's also past the
+request's end: both engines count them so), the greedy output with the rule on every token, and the fitted alpha with
+the acceptance realized along the requests' trajectories. For steps that were not run it gives the true accept length on the same prompts, to hold
 the spec model's predictions against.
 """
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specab.analysis.model import Experiment, Run
-from specab.analysis.specmodel import SpecModelError, chain_alpha
+from specab.analysis.specmodel import SpecModelError, chain_alpha, conditional_rates
 from specab.knowntruth import truth as kt
 from specab.node.engines import speculative_view
 
@@ -32,6 +34,8 @@ class RequestCheck:
     follows_rule: int                 # output tokens that are the rule's next token
     measured_accepted: int | None     # vLLM: accepted drafts (its per-request delta)
     true_accepted_engine: int         # accepted drafts counted as vLLM counts (the last cycle uncapped)
+    measured_per_pos: list[int] | None = None   # cycles that accepted draft position i (i = 1..steps), as recorded
+    true_per_pos: list[int] = field(default_factory=list)
 
     @property
     def cycles_exact(self) -> bool:
@@ -57,6 +61,8 @@ class RunCheck:
     true_engine_tau: float | None = None
     realized_alpha: float | None = None   # right proposals / proposals checked, along the true trajectories
     fitted_alpha: float | None = None     # chain_alpha(measured tau per cycle, steps)
+    measured_conditional: list[float | None] | None = None   # per position, over the run's requests (positions.py)
+    true_conditional: list[float | None] | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -123,7 +129,9 @@ def _check_run(run: Run, summary: dict[str, Any], rows: list[dict[str, Any]]) ->
         if draft is not None and steps:
             t = draft.request(int(last), int(n), steps)
             q = RequestCheck(row["line"], int(last), int(n), row.get("spec_verify_ct"), t.cycles, follows,
-                             extra.get("spec_accepted_drafts"), t.engine_accepted)
+                             extra.get("spec_accepted_drafts"), t.engine_accepted,
+                             _padded(extra.get("spec_accepted_per_pos"), steps),
+                             [sum(1 for h in t.hits if h >= i) for i in range(1, steps + 1)])
             right, checked = right + t.drafted_accepted, checked + t.proposals_checked(steps)
         else:
             q = RequestCheck(row["line"], int(last), int(n), None, 0, follows, None, 0)
@@ -135,6 +143,9 @@ def _check_run(run: Run, summary: dict[str, Any], rows: list[dict[str, Any]]) ->
             rc.problems.append(f"request line {q.line}: the engine reported no cycle count")
         elif draft is not None and steps and not q.cycles_exact:
             rc.problems.append(f"request line {q.line}: {q.measured_cycles} cycles measured, {q.true_cycles} true")
+        if q.measured_per_pos is not None and q.measured_per_pos != q.true_per_pos:
+            rc.problems.append(f"request line {q.line}: cycles that accepted each draft position {q.measured_per_pos} "
+                               f"measured, {q.true_per_pos} true")
     counted = [q for q in rc.requests if q.measured_cycles]
     if draft is not None and steps and counted and len(counted) == len(rc.requests):
         tokens = sum(q.tokens for q in counted)
@@ -147,6 +158,11 @@ def _check_run(run: Run, summary: dict[str, Any], rows: list[dict[str, Any]]) ->
                 rc.problems.append("accepted drafts per request differ from the truth counted as vLLM counts: "
                                    + ", ".join(f"line {q.line}: {q.measured_accepted} vs {q.true_accepted_engine}"
                                                for q in counted if q.measured_accepted != q.true_accepted_engine))
+        if all(q.measured_per_pos is not None for q in counted):
+            rc.measured_conditional = conditional_rates(sum(q.measured_cycles or 0 for q in counted),
+                                                   [sum(x) for x in zip(*(q.measured_per_pos or [] for q in counted))])
+            rc.true_conditional = conditional_rates(sum(q.true_cycles for q in counted),
+                                               [sum(x) for x in zip(*(q.true_per_pos for q in counted))])
         per_cycle = (tokens - len(counted)) / sum(q.measured_cycles or 0 for q in counted)
         try:
             rc.fitted_alpha = chain_alpha(per_cycle, steps)
@@ -154,6 +170,14 @@ def _check_run(run: Run, summary: dict[str, Any], rows: list[dict[str, Any]]) ->
             rc.fitted_alpha = None
         rc.realized_alpha = right / checked if checked else None
     return rc, draft
+
+
+def _padded(recorded: Any, steps: int) -> list[int] | None:
+    """A request's recorded per-position counts up to ``steps`` (SGLang's histogram stops at the largest count seen:
+    the positions after it accepted nothing); None when not recorded, and as recorded when longer than steps."""
+    if not isinstance(recorded, list):
+        return None
+    return [int(x) for x in recorded] + [0] * (steps - len(recorded))
 
 
 def check(exp: Experiment) -> TruthReport | None:

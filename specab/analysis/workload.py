@@ -29,7 +29,10 @@ def describe(workload: dict) -> str:
     """One run's workload in words: the file with its hash and size, or the synthetic word list."""
     if workload.get("kind") == "file":
         n = workload.get("records")
-        return f"{workload.get('path')} ({workload.get('sha256')}, {n} record{'' if n == 1 else 's'})"
+        b = workload.get("builtin")
+        what = (f"built-in {b.get('name')} ({b.get('package')} {b.get('version')}, " if isinstance(b, dict)
+                else f"{workload.get('path')} (")
+        return f"{what}{workload.get('sha256')}, {n} record{'' if n == 1 else 's'})"
     if workload.get("kind") == "synthetic":
         return SYNTHETIC_LABEL
     return f"unknown kind {workload.get('kind')!r}"

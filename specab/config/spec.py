@@ -19,6 +19,7 @@ import yaml
 
 from specab.config import defaults, engine_args
 from specab.config.yamlfile import REPO_ROOT, ConfigError, check_unknown, key_line, load_yaml
+from specab.config import builtin_data
 from specab.node import dataset, engines
 from specab.node.contract import REDACTED, is_secret_name, redact_env
 
@@ -184,8 +185,15 @@ def _check_dataset(bench: dict[str, Any], exp_path: Path, where: str, root: yaml
     value = bench["dataset"]
     at = f"{where}{key_line(root, base + ('bench', 'dataset'))}"
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{at}: bench.dataset must be the path of a JSONL file, got {value!r}.")
-    path = Path(value).expanduser()
+        raise ConfigError(f"{at}: bench.dataset must be the path of a JSONL file or a built-in name "
+                          f"({', '.join(builtin_data.BUILTINS)}), got {value!r}.")
+    if builtin_data.is_builtin(value):          # the package's dataset as a JSONL file on the controller
+        try:
+            path = builtin_data.materialize(value)
+        except builtin_data.BuiltinError as exc:
+            raise ConfigError(f"{at}: {exc}") from None
+    else:
+        path = Path(value).expanduser()
     if not path.is_absolute():
         path = exp_path.resolve().parent / path
     try:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import re
 from typing import Any, Dict, List, Optional
 
 ROLES = ("system", "user", "assistant")
@@ -85,6 +87,16 @@ def load(path: str) -> List[Dict[str, Any]]:
         raise DatasetError("%s: the dataset has no records. Add one JSON object per line: {\"prompt\": \"...\"} or "
                            "{\"messages\": [...]}." % path)
     return records
+
+
+# a built-in dataset's file as the controller writes it (specab/config/builtin_data.py): <name>@<package>-<version>.jsonl
+_BUILTIN_FILE = re.compile(r"^(?P<name>[a-z0-9_]+)@(?P<package>[A-Za-z0-9_.-]+?)-(?P<version>\d[A-Za-z0-9_.+]*)\.jsonl$")
+
+
+def builtin_of(path: str) -> Optional[Dict[str, str]]:
+    """The built-in dataset a file was made from, by its name: {name, package, version}; None for any other file."""
+    m = _BUILTIN_FILE.match(os.path.basename(path))
+    return m.groupdict() if m else None
 
 
 def needs_chat(records: List[Dict[str, Any]]) -> bool:

@@ -239,6 +239,25 @@ def spec_meta(meta: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def accepted_per_position(histogram: Any) -> Optional[List[int]]:
+    """SGLang's per-request acceptance histogram (``spec_correct_drafts_histogram``, 0.5.9 ``spec_accept_histogram``:
+    entry j = the verify cycles whose draft had j correct proposals, j = 0..steps, summing to ``spec_verify_ct``) as
+    the cycles that accepted draft position i (i = 1..steps): the sum of entries j >= i. That is the count vLLM's
+    ``spec_decode_num_accepted_tokens_per_pos`` keeps (position i-1 there). Both engines count the last cycle's correct
+    proposals also past the request's last token: the known-truth runs show it (SGLang's correct drafts = the truth's
+    right proposals on 150 of 150 real H200 requests; vLLM's accepted drafts likewise). SGLang sends the histogram
+    only up to the largest count it saw (a draft that never hit: ``[199]``, no position accepted, ``[]`` here):
+    positions past the list's end accepted nothing. None for anything else."""
+    if not isinstance(histogram, list) or not histogram or \
+            not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in histogram):
+        return None
+    out, reached = [], 0
+    for count in reversed(histogram[1:]):
+        reached += count
+        out.append(reached)
+    return out[::-1]
+
+
 # --------------------------------------------------------------------------- shutdown and startup lines
 # How the engine ends itself after SIGTERM (stop.json's ``shutdown.style``; engines-2026.md A7, sglang.md):
 SHUTDOWN_TREE_KILL = "tree-kill"      # the watchdog drains, then kill_process_tree(include_parent=True): every
@@ -628,7 +647,8 @@ def vllm_decode_rate(before: Dict[str, float], after: Dict[str, float]) -> Dict[
 def vllm_acceptance(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
     """Acceptance over one benchmark from two counter scrapes: mean acceptance length = 1 + accepted/drafts
     (tau, the bonus token included), acceptance rate = accepted/draft tokens, per-position rate = accepted at
-    position p / drafts. None values when nothing was drafted (a baseline, or ngram with nothing to match)."""
+    position p / drafts (per_position: the counts). None values when nothing was drafted (a baseline, or ngram with
+    nothing to match)."""
     d = {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted")}
     positions = sorted(set(after["per_position"]) | set(before["per_position"]))
     per_pos = {p: after["per_position"].get(p, 0.0) - before["per_position"].get(p, 0.0) for p in positions}
@@ -638,4 +658,5 @@ def vllm_acceptance(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, 
         "accept_len": (1.0 + d["accepted"] / drafts) if drafts > 0 else None,
         "accept_rate": (d["accepted"] / d["draft_tokens"]) if d["draft_tokens"] > 0 else None,
         "per_position_rate": [per_pos[p] / drafts for p in positions] if drafts > 0 else [],
+        "per_position": [int(per_pos[p]) for p in positions],     # accepted at position p (0-based), counts
     }

@@ -548,6 +548,10 @@ def _finish_record(rec: Dict[str, Any], counter: ChunkCounter, e2e: float) -> No
                      ("spec_num_proposed_drafts", "spec_proposed_drafts")):
         if isinstance(spec.get(src), int):
             rec[dst] = spec[src]
+    per_pos = engines.accepted_per_position(spec.get("spec_correct_drafts_histogram"))
+    if per_pos is not None:     # the engine's histogram as it came, and the cycles that accepted each position
+        rec["spec_accept_hist"] = spec["spec_correct_drafts_histogram"]
+        rec["spec_accepted_per_pos"] = per_pos
 
 
 # ----------------------------------------------------------------------------------------------
@@ -666,8 +670,11 @@ def _vllm_request_counts(target: Target, before: Dict[str, Any], out_tokens: Opt
         if (out_tokens is not None and grown >= out_tokens) or time.monotonic() > deadline:
             break
         time.sleep(0.01)
+    positions = sorted(set(after["per_position"]) | set(before["per_position"]))
     return {"spec_verify_ct": int(after["drafts"] - before["drafts"]),
             "spec_accepted_drafts": int(after["accepted"] - before["accepted"]),
+            "spec_accepted_per_pos": [int(after["per_position"].get(p, 0.0) - before["per_position"].get(p, 0.0))
+                                      for p in positions],
             "spec_draft_tokens": int(after["draft_tokens"] - before["draft_tokens"]),
             "verify_ct_from": "vllm /metrics delta around the request",
             "verify_ct_settled": bool(out_tokens is not None and grown >= out_tokens)}
@@ -754,6 +761,21 @@ def latency_percentiles(ok: List[Dict[str, Any]]) -> Dict[str, Dict[str, Optiona
     return {k: {"p%d" % q: percentile(v, q) for q in LATENCY_PERCENTILES} for k, v in cols.items()}
 
 
+def spec_positions(records: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """Per-position acceptance over measured ok requests that carry it (SGLang's per-request histogram, or vLLM's
+    counters around each request): cycles, and the cycles that accepted draft position i (i = 1..steps); None
+    unless every request with a cycle count has it."""
+    counted = [r for r in records if r.get("spec_verify_ct")]
+    have = [r for r in counted if isinstance(r.get("spec_accepted_per_pos"), list)]
+    if not have or len(have) != len(counted):
+        return None
+    k = max(len(r["spec_accepted_per_pos"]) for r in have)
+    accepted = [sum(r["spec_accepted_per_pos"][i] for r in have if i < len(r["spec_accepted_per_pos"]))
+                for i in range(k)]
+    return {"cycles": sum(int(r["spec_verify_ct"]) for r in have), "accepted_per_pos": accepted,
+            "requests": len(have), "from": "requests"}
+
+
 def summarize(cfg: BenchConfig, records: List[Dict[str, Any]], duration_s: float,
               cpu_s: float, data_hash: str, data: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     measured = [r for r in records if not r.get("warmup")]
@@ -795,6 +817,7 @@ def summarize(cfg: BenchConfig, records: List[Dict[str, Any]], duration_s: float
         "dataset": data or {"kind": "synthetic"},
         "ignore_eos": cfg.ignore_eos,
         "tokens_from": sorted({str(r.get("tokens_from")) for r in ok}),
+        "spec_positions": spec_positions(ok),
     }
 
 
@@ -897,6 +920,10 @@ def add_engine_acceptance(summary: Dict[str, Any], before: Optional[Dict[str, An
     # `SpecDecoding metrics:` log lines add up to at most (a cross-check; the last interval may be unlogged)
     acc["totals_after"] = {k: int(after[k]) for k in ("drafts", "draft_tokens", "accepted")}
     summary["spec_metrics"] = acc
+    if summary.get("spec_positions") is None and acc["drafts"] > 0 and acc["per_position"]:
+        # over the measured window (concurrent requests included): the counters' delta, not per request
+        summary["spec_positions"] = {"cycles": acc["drafts"], "accepted_per_pos": acc["per_position"],
+                                     "requests": summary.get("ok"), "from": "metrics"}
     if summary.get("accept_len_mean") is None and acc["accept_len"] is not None:
         summary["accept_len_mean"] = acc["accept_len"]
         summary["accept_len_from"] = "metrics"
@@ -926,6 +953,9 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
         prompts = dataset.sample(records, cfg.seed, "measure", cfg.num_requests)  # type: List[Any]
         data = {"kind": "file", "path": os.path.abspath(cfg.dataset), "sha256": dataset.sha256_of(cfg.dataset),
                 "records": len(records), "categories": dataset.categories(records)}
+        builtin = dataset.builtin_of(cfg.dataset)
+        if builtin is not None:         # bench.dataset: <name>, made by the controller from its package
+            data["builtin"] = builtin
         log("dataset %s: %d record(s)" % (cfg.dataset, len(records)))
     elif kt is None:
         warm_prompts = make_prompts(cfg.seed, "warmup", cfg.warmup, cfg.input_len)

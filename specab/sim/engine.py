@@ -55,6 +55,9 @@ class GenRequest:
     queue: "asyncio.Queue[Emission]" = field(default_factory=asyncio.Queue)
     output_ids: list[int] = field(default_factory=list)
     verify_ct: int = 0
+    # per verify cycle the draft's correct proposals (the draw, before the request's length cut it), counted by
+    # how many: SGLang's per-request spec_correct_drafts_histogram (entry j = cycles with j correct, j = 0..steps)
+    accept_hist: list[int] = field(default_factory=list)
     cached_tokens: int = 0
     finished_reason: Optional[dict] = None
     finished_at: Optional[float] = None
@@ -271,7 +274,7 @@ class Engine:
         span = req.emit_mono[-1] - req.emit_mono[0] if len(req.emit_mono) > 1 else 0.0
         rec = {"rid": req.rid, "prompt_tokens": req.prompt_tokens, "completion_tokens": n,
                "arrival_mono": req.arrival_mono, "arrival_wall": req.created, "emit_mono": req.emit_mono,
-               "emit_tokens": req.emit_tokens, "spec_verify_ct": req.verify_ct,
+               "emit_tokens": req.emit_tokens, "spec_verify_ct": req.verify_ct, "accept_hist": req.accept_hist,
                "pass_forward_s": req.pass_forward_s, "pass_batch_sum": req.pass_batch_sum,
                "ttft_s": req.emit_mono[0] - req.arrival_mono if req.emit_mono else None,
                "decode_tok_s": (n - 1) / span if span > 0 else None, "time_scale": self.scale}
@@ -379,7 +382,11 @@ class Engine:
             r.pass_batch_sum += bs
             remaining = r.stop_at - r.completion_tokens
             if spec:
-                n = min(self.timing.tokens_per_verify(r.rng), remaining)
+                drawn = self.timing.tokens_per_verify(r.rng)
+                n = min(drawn, remaining)
+                if not r.accept_hist:
+                    r.accept_hist = [0] * (self.timing.steps + 1)
+                r.accept_hist[min(drawn - 1, self.timing.steps)] += 1
                 r.verify_ct += 1
                 self.stats.spec_verify_calls_total += 1
                 self.stats.cum_accept_tokens += n

@@ -259,10 +259,16 @@ class Api:
             meta["spec_verify_ct"] = req.verify_ct
             meta["spec_accept_length"] = count / req.verify_ct if req.verify_ct else 0.0
             k = max(1, (self.s.args.speculative_num_draft_tokens or 1) - 1)
-            correct, proposed = max(0, count - req.verify_ct), req.verify_ct * k
+            # as SGLang counts: every cycle's correct proposals, the last cycle's also past the request's end
+            # (the histogram's weighted sum; the known-truth facts), so they can exceed count - verify_ct by a few
+            hist = list(req.accept_hist) if finished else []
+            correct = sum(j * c for j, c in enumerate(hist)) if hist else max(0, count - req.verify_ct)
+            proposed = req.verify_ct * k
             old = versions.current().name == "0.5.9"
             meta["spec_accept_token_num" if old else "spec_num_correct_drafts"] = correct
             meta["spec_draft_token_num" if old else "spec_num_proposed_drafts"] = proposed
+            if hist:
+                meta["spec_accept_histogram" if old else "spec_correct_drafts_histogram"] = hist
             if not old:
                 meta["spec_accept_rate"] = correct / proposed if proposed else 0.0
         if finished:

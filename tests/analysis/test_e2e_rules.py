@@ -401,6 +401,10 @@ COVERAGE = {
                             "test_the_doctor_names_the_host_side_cycle_instability_and_is_silent_on_steady_arms",
                             "tests.unit.test_knowntruth::"
                             "test_the_doctor_names_the_host_side_cycle_instability_and_is_silent_on_steady_arms"),
+    # a dataset of real prompts through the driver on the simulated node: ignore_eos true (every answer forced to
+    # output_len) fires it, ignore_eos false (answers that end) leaves it silent
+    "forced-continuation": ("tests.driver.test_e2e_dataset::test_per_category_accept_and_speedup_on_the_generate_api",
+                            "tests.driver.test_e2e_dataset::test_a_chat_dataset_runs_through_the_queue"),
     "bursty-delivery": ("test_e2e_rules::test_a_starved_front_end_delivers_in_bursts",
                         "test_e2e_rules::test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else"),
 }

@@ -80,7 +80,10 @@ def test_generate_streaming_sse_one_chunk_per_verify_step(spec_server):
     assert res.chunks[0]["meta_info"]["finish_reason"] is None
     # spec fields in the final chunk only, under 0.5.23's names (engines-2026.md A4)
     assert not any(k.startswith("spec_") for c in res.chunks[:-1] for k in c["meta_info"])
-    assert final["spec_num_correct_drafts"] == 64 - final["spec_verify_ct"]
+    # as SGLang counts: every cycle's correct proposals (the histogram's), the last cycle's also past the 64th token
+    hist = final["spec_correct_drafts_histogram"]
+    assert sum(hist) == final["spec_verify_ct"] and len(hist) == 3
+    assert final["spec_num_correct_drafts"] == sum(j * c for j, c in enumerate(hist)) >= 64 - final["spec_verify_ct"] - 1
     assert final["spec_num_proposed_drafts"] == final["spec_verify_ct"] * 2
 
 
