@@ -458,11 +458,12 @@ def run_playbook(ctx: Ctx, label: str, playbook: str, extra: Dict[str, Any]) -> 
 
 
 def node_tool(ctx: Ctx, tool: str, args: Sequence[str], timeout: float = 120.0) -> Tuple[int, Dict[str, Any], str]:
-    """Run a deployed node tool (bin/<tool>.py under the node dir, as the roles do); (rc, JSON, stderr)."""
-    path = ctx.node_dir / "bin" / ("%s.py" % tool)
-    if not path.exists():
-        path = REPO / "specab" / "node" / ("%s.py" % tool)
-    rc, out, err = run_cmd([ctx.python, str(path)] + list(args), timeout, ctx.tool_env())
+    """Run a node tool as the roles do (the package deployed under the node dir's bin/, else the checkout's):
+    `python <bin>/specab/node TOOL ARGS`; (rc, JSON, stderr)."""
+    path = ctx.node_dir / "bin" / "specab" / "node"
+    if not (path / ("%s.py" % tool)).exists():
+        path = REPO / "specab" / "node"
+    rc, out, err = run_cmd([ctx.python, str(path), tool] + list(args), timeout, ctx.tool_env())
     try:
         data = json.loads(out) if out.strip() else {}
     except ValueError:

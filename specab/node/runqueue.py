@@ -7,15 +7,10 @@ stdlib only, like every node tool; imports its siblings.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any, Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import contract  # noqa: E402
-import loadgen  # noqa: E402
-import staging  # noqa: E402
+from specab.node import common, contract, loadgen, staging
 
 POLL_S = 0.05
 QUEUE_DIR = "queue"

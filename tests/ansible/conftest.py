@@ -192,8 +192,9 @@ class SimNode:
 
     def stop(self) -> None:
         """Stop whatever server of ours the node recorded (used by fixture finalizers)."""
-        if (self.node_dir / "bin" / "stop.py").exists():
-            subprocess.run([sys.executable, str(self.node_dir / "bin" / "stop.py"), "--node-dir", str(self.node_dir),
+        tools = self.node_dir / "bin" / "specab" / "node"
+        if (tools / "stop.py").exists():
+            subprocess.run([sys.executable, str(tools), "stop", "--node-dir", str(self.node_dir),
                             "--smi", json.dumps([sys.executable, "-m", "specab.sim.smi"]), "--grace", "5"],
                            env={**self.env(), **self.node_env()}, capture_output=True, timeout=60)
 

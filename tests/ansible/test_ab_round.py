@@ -269,7 +269,7 @@ def test_a_sampler_slower_to_start_than_the_benchmark_still_samples(tmp_path: Pa
     against a benchmark of about a second still leaves gpu_samples.csv with samples in every run."""
     wrapper = tmp_path / "slow-sampler-python"
     wrapper.write_text("#!/bin/sh\n"
-                       'case "$*" in *gpusample.py*gpu_samples.csv*) sleep 3 ;; esac\n'
+                       'case "$*" in *"specab/node gpusample"*gpu_samples.csv*) sleep 3 ;; esac\n'
                        f'exec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     node = SimNode(root=tmp_path / "node-root")

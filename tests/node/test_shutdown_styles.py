@@ -4,17 +4,12 @@ The real 0.5.17's shutdown, replayed from its recorded log and timeline, is reco
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
+from specab.node import start, stop
 from tests.node.helpers import (HERE, NODE_DIR_SRC, PY, REPO, run_tool, server, session_pids,  # noqa: F401
                                 sim, wait_for)
-
-sys.path.insert(0, str(NODE_DIR_SRC))
-import start  # noqa: E402
-import stop  # noqa: E402
-
 
 @pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
 def test_stop_records_the_engine_shutdown_style_and_leaves_nothing(server, sim, version, monkeypatch):  # noqa: F811

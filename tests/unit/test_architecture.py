@@ -79,15 +79,37 @@ def test_one_task_file_runs_an_arm_on_one_host_or_over_several():
 
 
 def test_the_sequencer_names_its_phases_after_the_contract():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("runsteps_under_test", REPO / "specab/node/runsteps.py")
-    steps = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(steps)
-    assert steps.PHASES == contract.NODE_PHASES and sys.modules["runqueue"].TASKS == contract.TASKS
+    from specab.node import runqueue, runsteps
+    assert runsteps.PHASES == contract.NODE_PHASES and runqueue.TASKS == contract.TASKS
     assert [p for p in contract.NODE_PHASES if p in {s.phase for s in contract.RUN_STEPS}] == \
         [s.phase for s in contract.RUN_STEPS]
     # every display phase the sequencer can report is one the driver knows
     assert set(contract.NODE_PHASES) == set(contract.DISPLAY_PHASES)
+
+
+def _imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import statement of a file, wherever it is (a function's lazy import too)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            out.append((node.lineno, "." * node.level + (node.module or "")))
+    return out
+
+
+def test_the_node_tools_import_the_stdlib_and_specab_packages_only():
+    """What is shipped to a node imports, besides the standard library, only specab's own packages by their full
+    name: an import of a sibling as a top-level module (after a sys.path change) would be invisible to the
+    lint-imports contracts, and would not import where the package is shipped."""
+    shipped = sorted((REPO / "specab" / "node").glob("*.py"))
+    bad = [f"{p.relative_to(REPO)}:{line}: {mod}" for p in shipped for line, mod in _imported_modules(p)
+           if mod.split(".")[0] not in sys.stdlib_module_names and not mod.startswith("specab.node")]
+    assert not bad, "imports that are neither the standard library nor specab.node: " + ", ".join(bad)
+    touch_path = [p.name for p in shipped if p.name != "__main__.py" and any(
+        isinstance(n, ast.Attribute) and n.attr == "path" and isinstance(n.value, ast.Name) and n.value.id == "sys"
+        for n in ast.walk(ast.parse(p.read_text())))]
+    assert not touch_path, f"node tools that use sys.path (only the launcher, __main__.py, may): {touch_path}"
 
 
 def _stray_docstrings(path: Path) -> list[str]:
