@@ -26,7 +26,7 @@ accept length and recorded shutdown, and 7. a short ``driver.py`` run of the sam
 then prints the summary (a)-(e) [(f), (g)] and exits 0 only when every check passed. ``--cpu-sim`` runs the
 same steps on a machine without GPUs (simulated nvidia-smi, simulated foreign process): a dry run
 of this script's logic. Only the Python standard library (plus PyYAML, which Ansible needs, and specab's own
-stdlib-only engine knowledge, specab/node/engines.py) is used.
+stdlib-only engine knowledge, specab/vocab/engines.py) is used.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from typing import Any
 from specab.analysis.model import Experiment, Run
 from specab.analysis.specmodel import SpecModelError, chain_alpha
 from specab.knowntruth import truth as kt
-from specab.node.engines import speculative_view
+from specab.vocab.engines import speculative_view
 
 
 @dataclass

@@ -7,7 +7,7 @@ Pitfalls handled (the ansible-runner, testinfra and fabric reference §0-§1):
 - `artifacts/<ident>/command` stores the child's full environment: secret-named variables are
   removed from the child environment before it starts, and after the run every artifact file
   is scrubbed of known secret values; what `-v` streams and what a failure quotes are scrubbed as
-  each event arrives (the secret rule: specab.node.contract);
+  each event arrives (the secret rule: specab.vocab.contract);
 - the cancel callback is polled every `pexpect_timeout` seconds (0.25 s here, not the default 5 s).
 """
 from __future__ import annotations
@@ -26,8 +26,8 @@ import ansible_runner
 from ansible_runner.interface import init_runner
 
 import specab
-from specab.node import contract
-from specab.node.contract import is_secret_name, scrub_bytes, scrub_text, scrub_values
+from specab.vocab import contract
+from specab.vocab.contract import is_secret_name, scrub_bytes, scrub_text, scrub_values
 
 PHASES = contract.TASK_PREFIX_PHASES
 phase_of = contract.phase_of_task

@@ -32,12 +32,13 @@ from specab.config.inventory import EngineBuild, Host
 from specab.config.spec import ArmSpec
 from specab.config.yamlfile import ConfigError
 from specab.driver.remote import RemoteError, open_node
-from specab.node import engines
+from specab.vocab import engines
 
 # The folder that holds the specab package, and the modules the port probe sends, in the order they import
 # each other (a package before its modules).
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-PORT_PROBE_MODULES = ("specab", "specab.node", "specab.node.contract", "specab.node.common", "specab.node.start")
+PORT_PROBE_MODULES = ("specab", "specab.vocab", "specab.vocab.contract", "specab.node", "specab.node.common",
+                      "specab.node.start")
 PORT_PROBE_TIMEOUT_S = 60.0
 HELP_TIMEOUT_S = 180.0          # SGLang's --help imports torch: tens of seconds on a cold node
 VERSION_TIMEOUT_S = 60.0

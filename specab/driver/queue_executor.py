@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specab.results import store as st
 from specab.config.plan import PlannedRun
-from specab.driver.remote import LogTail, open_node, read_tail, shell_path
 from specab.driver.context import MoreBlocks, RunContext
 from specab.driver.playbook import Failure, PlaybookResult
 from specab.driver.record import PhaseClock, UnpackError, check_writable, fetch_missing, unpack_fetched
-from specab.node.contract import LOAD_SUBPHASES, REPEATED_PHASES, display_phase
+from specab.driver.remote import LogTail, open_node, read_tail, shell_path
+from specab.results import store as st
+from specab.vocab.contract import LOAD_SUBPHASES, REPEATED_PHASES, display_phase
 
 
 ENQUEUE_PLAYBOOK = "playbooks/enqueue.yml"

@@ -1,6 +1,6 @@
 """Shared helpers of the node tools (stdlib only, Python >= 3.8).
 
-The node tools are shipped as the package ``specab.node`` (with the shared vocabulary) into
+The node tools are shipped as the package ``specab.node`` (with the shared vocabulary ``specab.vocab``) into
 ``{{ specab_node_dir }}/bin/`` on a GPU node that has Python but not specab, so this module imports nothing
 outside the standard library and that package.
 
@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from specab.node import contract
+from specab.vocab import contract
 
 # This package's folder: ``<node_dir>/bin/specab/node`` on a node (node_prepare ships the package under bin/), the
 # checkout's specab/node on the controller. ``python3 <NODE_PACKAGE> TOOL ARGS`` runs a tool (__main__.py).
@@ -153,7 +153,7 @@ def now_iso(t: Optional[float] = None) -> str:
 # Secret redaction
 # ---------------------------------------------------------------------------------------------
 
-# The one secret rule (specab/node/contract.py), re-exported for the node tools.
+# The one secret rule (specab/vocab/contract.py), re-exported for the node tools.
 REDACTED = contract.REDACTED
 is_secret_name = contract.is_secret_name
 redact_mapping = contract.redact_mapping

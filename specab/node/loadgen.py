@@ -54,7 +54,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-from specab.node import dataset, engines, phasemetrics
+from specab.node import phasemetrics
+from specab.vocab import dataset, engines
 
 APIS = ("generate", "completions", "chat")
 # the experiment's bench: keys the client reads (a queue entry's bench mapping, resolved on the controller)

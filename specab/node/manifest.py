@@ -28,7 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from specab.node import common, engines
+from specab.node import common
+from specab.vocab import engines
 
 GPU_FIELDS = ("index", "uuid", "name", "driver_version", "pci.bus_id", "memory.total", "clocks.sm",
               "clocks.mem", "clocks.max.sm", "clocks.max.mem", "power.limit", "pstate", "persistence_mode")

@@ -10,7 +10,8 @@ import os
 import time
 from typing import Any, Dict, List
 
-from specab.node import common, contract, loadgen, staging
+from specab.node import common, loadgen, staging
+from specab.vocab import contract
 
 POLL_S = 0.05
 QUEUE_DIR = "queue"

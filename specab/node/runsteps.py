@@ -18,10 +18,11 @@ import time
 import traceback
 from typing import Any, Dict, Iterator, List, Optional, Protocol
 
-from specab.node import common, contract, envcheck, gpusample, loadgen, manifest, ready
+from specab.node import common, envcheck, gpusample, loadgen, manifest, ready
 from specab.node import start as start_tool
 from specab.node.common import ToolError
 from specab.node.runqueue import POLL_S, Entry, now
+from specab.vocab import contract
 
 PHASES = contract.NODE_PHASES
 

@@ -27,8 +27,9 @@ import shutil
 import subprocess
 from typing import Any, Callable, Dict, List, Sequence
 
-from specab.node import common, contract
+from specab.node import common
 from specab.node.common import ToolError
+from specab.vocab import contract
 
 VERSION = 1
 FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

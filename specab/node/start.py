@@ -17,8 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from specab.node import common, contract
+from specab.node import common
 from specab.node.common import ToolError
+from specab.vocab import contract
 
 LOG_MODE = contract.PRIVATE_RUN_FILES["server.log"]
 

@@ -37,8 +37,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from specab.node import common, engines
+from specab.node import common
 from specab.node.common import ToolError
+from specab.vocab import engines
 
 
 @dataclass

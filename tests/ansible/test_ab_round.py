@@ -178,7 +178,7 @@ def test_ansible_and_plain_jinja_render_the_same_files(round_: tuple[SimNode, Re
     byte for byte (the order of the flags included)."""
     from specab.config.spec import load_experiment, resolve_arm
     from specab.driver.preflight import parse_help_flags
-    from specab.node import engines
+    from specab.vocab import engines
 
     node, result, exp = round_
     assert result.rc == 0, str(result)

@@ -12,9 +12,9 @@ import pytest
 
 from specab.driver.cli import main
 from specab.driver.options import ExperimentError
-from specab.driver.record import UnpackError, check_writable, unpack_fetched
-from specab.driver.progress import Progress
 from specab.driver.playbook import failure_message, phase_of, scrub_tree
+from specab.driver.progress import Progress
+from specab.driver.record import UnpackError, check_writable, unpack_fetched
 from tests.driver.test_store import _store
 
 
@@ -427,7 +427,7 @@ def test_the_ansible_child_imports_the_drivers_specab_without_an_install(tmp_pat
     from specab.driver.playbook import PlaybookRunner
 
     env = PlaybookRunner(tmp_path, tmp_path / "inv.yml", tmp_path / "private").child_env()
-    out = subprocess.run([sys.executable, "-S", "-c", "import specab.node.contract, specab; print(specab.__file__)"],
+    out = subprocess.run([sys.executable, "-S", "-c", "import specab.vocab.contract, specab; print(specab.__file__)"],
                          env={"PATH": env["PATH"], "PYTHONPATH": env["PYTHONPATH"]}, cwd=tmp_path,
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == specab.__file__

@@ -43,9 +43,10 @@ class ToolResult:
 
 
 def ship_node_package(bin_dir: Path) -> Path:
-    """What the node_prepare role ships into ``<node_dir>/bin``: specab/__init__.py and specab/node/*.py, under
-    their package paths. Returns the tools' folder (``python <it> TOOL ARGS`` runs a tool)."""
-    for rel in ["specab/__init__.py"] + ["specab/node/" + f.name for f in NODE_DIR_SRC.glob("*.py")]:
+    """What the node_prepare role ships into ``<node_dir>/bin``: specab/__init__.py, specab/vocab/*.py and
+    specab/node/*.py, under their package paths. Returns the tools' folder (``python <it> TOOL ARGS`` runs a tool)."""
+    shipped = [f for part in ("vocab", "node") for f in sorted((REPO / "specab" / part).glob("*.py"))]
+    for rel in ["specab/__init__.py"] + [f.relative_to(REPO).as_posix() for f in shipped]:
         (bin_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, bin_dir / rel)
     return bin_dir / "specab" / "node"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from specab.node import contract
+from specab.vocab import contract
 from tests.node.seqnode import PY, SeqNode, proc_session, session_pids, wait_for
 
 # Files the per-run path (playbooks/tasks/run_arm.yml) leaves in a run directory

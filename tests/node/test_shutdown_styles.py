@@ -15,7 +15,7 @@ from tests.node.helpers import (HERE, NODE_DIR_SRC, PY, REPO, run_tool, server, 
 def test_stop_records_the_engine_shutdown_style_and_leaves_nothing(server, sim, version, monkeypatch):  # noqa: F811
     for k, v in sim.env.items():
         monkeypatch.setenv(k, v)
-    # the node's spelling of cuda_graph_max_bs: 16 (specab/node/engines.py spell_args)
+    # the node's spelling of cuda_graph_max_bs: 16 (specab/vocab/engines.py spell_args)
     graph = {"cuda_graph_max_bs_decode": 16} if version == "0.5.23" else {"cuda_graph_max_bs": 16}
     script = server.write_sim_launch(env_lines=f"SPECAB_SIM_SGLANG_VERSION={version}\n", scale=20, args=graph)
     # started in-process, as the run queue's sequencer does: this process is the server's parent, so stop.py

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from specab.analysis import logparse
-from specab.node import engines
+from specab.vocab import engines
 from tests.node.helpers import client_default_argv
 from tests.real_engine.conftest import VENV_BIN, RealVllm, free_port, vllm_run_env
 

@@ -1,5 +1,5 @@
 """The architecture holds: no import circle anywhere in specab, no module imports another's private name,
-and the run order on a node exists once (specab.node.contract.RUN_STEPS), which the per-run playbooks
+and the run order on a node exists once (specab.vocab.contract.RUN_STEPS), which the per-run playbooks
 follow (the sequencer's own phase order is asserted in tests/node/test_sequence.py). The layers themselves
 are `lint-imports` contracts (pyproject.toml), run by `make test`."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ import yaml
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
-from specab.node import contract
+from specab.vocab import contract
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,14 +98,14 @@ def _imported_modules(path: Path) -> list[tuple[int, str]]:
     return out
 
 
-def test_the_node_tools_import_the_stdlib_and_specab_packages_only():
-    """What is shipped to a node imports, besides the standard library, only specab's own packages by their full
-    name: an import of a sibling as a top-level module (after a sys.path change) would be invisible to the
-    lint-imports contracts, and would not import where the package is shipped."""
-    shipped = sorted((REPO / "specab" / "node").glob("*.py"))
+def test_what_is_shipped_to_a_node_imports_the_stdlib_and_itself_only():
+    """What node_prepare ships (specab.node, specab.vocab) imports, besides the standard library, only those two
+    packages by their full name: an import of a sibling as a top-level module (after a sys.path change) would be
+    invisible to the lint-imports contracts, and would not import where the package is shipped."""
+    shipped = sorted([*(REPO / "specab" / "node").glob("*.py"), *(REPO / "specab" / "vocab").glob("*.py")])
     bad = [f"{p.relative_to(REPO)}:{line}: {mod}" for p in shipped for line, mod in _imported_modules(p)
-           if mod.split(".")[0] not in sys.stdlib_module_names and not mod.startswith("specab.node")]
-    assert not bad, "imports that are neither the standard library nor specab.node: " + ", ".join(bad)
+           if mod.split(".")[0] not in sys.stdlib_module_names and not mod.startswith(("specab.node", "specab.vocab"))]
+    assert not bad, "imports that are neither the standard library nor specab.node/vocab: " + ", ".join(bad)
     touch_path = [p.name for p in shipped if p.name != "__main__.py" and any(
         isinstance(n, ast.Attribute) and n.attr == "path" and isinstance(n.value, ast.Name) and n.value.id == "sys"
         for n in ast.walk(ast.parse(p.read_text())))]

@@ -13,7 +13,8 @@ import pytest
 
 from specab.analysis import logparse
 from specab.driver.preflight import parse_help_flags
-from specab.node import common, engines, envcheck, loadgen, ready, stop
+from specab.node import common, envcheck, loadgen, ready, stop
+from specab.vocab import engines
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.17"
 NODE = Path(__file__).resolve().parents[2] / "specab" / "node"

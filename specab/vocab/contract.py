@@ -1,7 +1,7 @@
 """The node contract: the names the node tools, the roles and the controller exchange, in one place.
 
-stdlib only, no sibling imports: node tools import it as ``contract`` (a sibling in ``<node_dir>/bin``),
-the controller as ``specab.node.contract``. What lives here:
+stdlib only, no sibling imports: part of the shared vocabulary (``specab.vocab``), shipped to the node with the
+node tools and imported by every layer of the controller alike. What lives here:
 
 * the run order on a node (``RUN_STEPS``): the per-run playbook (``playbooks/tasks/run_arm.yml``) and the
   run queue's sequencer (``sequence.py``) both execute exactly these steps in this order
