@@ -11,7 +11,7 @@ import time
 from typing import Any, Dict, List
 
 from specab.node import common, loadgen, staging
-from specab.vocab import contract
+from specab.vocab import contract, phases
 
 POLL_S = 0.05
 QUEUE_DIR = "queue"
@@ -26,7 +26,7 @@ STAGING_DIR = ".staging"     # queue/.staging: entries being written (`stage`), 
 ENTRY_RE = contract.QUEUE_ENTRY_RE
 ID_RE = contract.ID_RE
 # What failed, in the words of the per-run path's task names (playbooks/tasks/run_arm.yml).
-TASKS = contract.TASKS
+TASKS = phases.TASKS
 
 
 def now() -> float:

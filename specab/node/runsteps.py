@@ -22,9 +22,9 @@ from specab.node import common, envcheck, gpusample, loadgen, manifest, ready
 from specab.node import start as start_tool
 from specab.node.common import ToolError
 from specab.node.runqueue import POLL_S, Entry, now
-from specab.vocab import contract
+from specab.vocab import phases
 
-PHASES = contract.NODE_PHASES
+PHASES = phases.NODE_PHASES
 
 # A client or sampler process started ahead (while the engine loads) and released by one line on its stdin: the
 # tool then runs exactly as `python <node package> TOOL ARGV` would, in the same process (its module executed

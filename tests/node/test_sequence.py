@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from specab.vocab import contract
+from specab.vocab import phases as vocab_phases
 from tests.node.seqnode import PY, SeqNode, proc_session, session_pids, wait_for
 
 # Files the per-run path (playbooks/tasks/run_arm.yml) leaves in a run directory
@@ -27,7 +27,7 @@ PER_RUN_FILES = {"launch.sh", "nccl.env", "args.json", "server.log", "ready.json
                  "env_check.json", "server_info.json", "gpu_before.csv", "gpu_samples.csv", "gpu_samples.json",
                  "gpu_samples.log", "gpu_after.csv", "bench.jsonl", "bench_summary.json", "stop.json",
                  "gpu_free.json", "gpu_free.csv", "manifest.json", "phase_metrics.json"}
-STEP_PHASES = {s.phase for s in contract.RUN_STEPS}
+STEP_PHASES = {s.phase for s in vocab_phases.RUN_STEPS}
 QUEUE_FILES = {"phases.jsonl", "done.json", "queue_entry.json"}
 SAMPLE_HEADER = ["timestamp", "index", "uuid", "clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw",
                  "temperature.gpu", "utilization.gpu", "clocks_event_reasons.active", "memory.used"]
@@ -83,8 +83,8 @@ def test_queued_runs_all_done_with_the_per_run_files(node):
         phases = [p["phase"] for p in node.phases(rid)]
         assert phases == ["claimed", "stopping-leftover", "gpus-free-before", "starting", "loading", "ready", "env",
                           "warming up", "benchmarking", "stopping", "gpus free", "manifest", "done"]
-        # the run order of the node contract, the one the per-run playbook follows too (test_architecture.py)
-        assert [p for p in phases if p in STEP_PHASES] == [s.phase for s in contract.RUN_STEPS]
+        # the run order of the shared vocabulary, the one the per-run playbook follows too (test_architecture.py)
+        assert [p for p in phases if p in STEP_PHASES] == [s.phase for s in vocab_phases.RUN_STEPS]
         times = [p["t"] for p in node.phases(rid)]
         assert times == sorted(times)
         # the formats of the per-run path: the node tools' own outputs

@@ -1,5 +1,5 @@
 """The architecture holds: no import circle anywhere in specab, no module imports another's private name,
-and the run order on a node exists once (specab.vocab.contract.RUN_STEPS), which the per-run playbooks
+and the run order on a node exists once (specab.vocab.phases.RUN_STEPS), which the per-run playbooks
 follow (the sequencer's own phase order is asserted in tests/node/test_sequence.py). The layers themselves
 are `lint-imports` contracts (pyproject.toml), run by `make test`."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ import yaml
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
-from specab.vocab import contract
+from specab.vocab import phases
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,22 +49,21 @@ def test_no_module_imports_another_modules_private_name():
     assert not bad, "\n".join(bad)
 
 
-def _main_block_roles(playbook: Path) -> list[tuple[str, str]]:
-    """(task-name prefix, role) of every include_role of the run's main block, in order (the block's
-    rescue, which cleans up a failed run, is not the run order)."""
+def _main_block_roles(playbook: Path) -> list[str]:
+    """The role of every include_role of the run's main block, in order (the block's rescue, which cleans up a
+    failed run, is not the run order)."""
     tasks = yaml.safe_load(playbook.read_text())
     block = next(t for t in tasks if "block" in t and str(t.get("name", "")).startswith("Run | One run"))
     out = []
     for t in block["block"]:
         role = (t.get("ansible.builtin.include_role") or {}).get("name")
         if role and role != "node_prepare":          # deploys the tools; no step of the run
-            out.append((t["name"].split(" | ", 1)[0], role))
+            out.append(role)
     return out
 
 
-def test_the_per_run_playbooks_follow_the_contracts_run_order():
-    assert _main_block_roles(REPO / "playbooks/tasks/run_arm.yml") == [
-        (s.task.split(" | ", 1)[0], s.role) for s in contract.RUN_STEPS]
+def test_the_per_run_playbooks_follow_the_run_order():
+    assert _main_block_roles(REPO / "playbooks/tasks/run_arm.yml") == [s.role for s in phases.RUN_STEPS]
 
 
 def test_one_task_file_runs_an_arm_on_one_host_or_over_several():
@@ -78,13 +77,26 @@ def test_one_task_file_runs_an_arm_on_one_host_or_over_several():
     assert not [p for p in (REPO / "playbooks").rglob("*run_arm*.yml") if p.name != "run_arm.yml"]
 
 
-def test_the_sequencer_names_its_phases_after_the_contract():
+def test_the_sequencer_names_its_phases_after_the_vocabulary():
     from specab.node import runqueue, runsteps
-    assert runsteps.PHASES == contract.NODE_PHASES and runqueue.TASKS == contract.TASKS
-    assert [p for p in contract.NODE_PHASES if p in {s.phase for s in contract.RUN_STEPS}] == \
-        [s.phase for s in contract.RUN_STEPS]
+    assert runsteps.PHASES == phases.NODE_PHASES and runqueue.TASKS == phases.TASKS
+    assert [p for p in phases.NODE_PHASES if p in {s.phase for s in phases.RUN_STEPS}] == \
+        [s.phase for s in phases.RUN_STEPS]
     # every display phase the sequencer can report is one the driver knows
-    assert set(contract.NODE_PHASES) == set(contract.DISPLAY_PHASES)
+    assert set(phases.NODE_PHASES) == set(phases.DISPLAY_PHASES)
+
+
+def test_each_role_of_a_run_step_is_one_phase():
+    """On the per-run path a task's phase is its role's (specab.vocab.phases.phase_of_event): every step's role has
+    one display phase, the one the sequencer reports for that step (the collect role, which writes the manifest
+    and fetches the run, is collecting)."""
+    for p in phases.PHASES:
+        if p.role is not None:
+            assert phases.ROLE_PHASES[p.role] == p.display, p
+    for step in phases.RUN_STEPS:
+        expected = "collecting" if step.role == "collect" else phases.display_phase(step.phase)
+        assert phases.phase_of_event({"role": step.role, "task": "free text"}) == expected, step
+    assert phases.phase_of_event({"task": "Stop | a task outside every role"}) is None
 
 
 def _imported_modules(path: Path) -> list[tuple[int, str]]:
