@@ -49,7 +49,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from specab.node import engines  # noqa: E402  (stdlib only: the engine knowledge, e.g. shutdown styles)
+from specab.vocab import engines  # noqa: E402  (stdlib only: the engine knowledge, e.g. shutdown styles)
 # engine -> (inventory, experiment): the simulated engine in GPU mode, or the REAL SGLang from the bundle of
 # scripts/real_sglang_bundle.sh (docs/validation/sglang-real.md)
 ENGINES = {
