@@ -31,7 +31,6 @@ from specab.vocab.contract import is_secret_name, scrub_bytes, scrub_text, scrub
 from specab.vocab.phases import phase_of_event
 
 
-
 class RunnerSetupError(Exception):
     """ansible-runner could not be set up (bad paths, missing ansible-playbook)."""
 
