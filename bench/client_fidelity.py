@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-LOADGEN = REPO / "specab" / "node" / "loadgen.py"
+NODE = REPO / "specab" / "node"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -172,7 +172,7 @@ def run_level(concurrency: int, ns: argparse.Namespace, tmp: Path) -> dict:
         port = int(port_file.read_text())
         n = ns.requests_per_slot * concurrency
         out, summ = tmp / f"bench-{concurrency}.jsonl", tmp / f"summary-{concurrency}.json"
-        subprocess.run([sys.executable, str(LOADGEN), "--url", f"http://127.0.0.1:{port}", "--api", "generate",
+        subprocess.run([sys.executable, str(NODE), "loadgen", "--url", f"http://127.0.0.1:{port}", "--api", "generate",
                         "--num-requests", str(n), "--warmup", str(min(concurrency, 4)), "--input-len",
                         str(ns.input_len), "--output-len", str(ns.output_len), "--ignore-eos", "true", "--concurrency", str(concurrency),
                         "--seed", "1", "--timeout", "600", "--out", str(out), "--summary", str(summ)], check=True)

@@ -440,7 +440,7 @@ until curl -sf -o /dev/null "http://127.0.0.1:$PORT/health"; do
   n=$((n+1)); if [ "$n" -gt 600 ]; then echo "server did not come up" >&2; exit 1; fi
   sleep "$POLL"
 done
-"$PY" "$REPO/specab/node/loadgen.py" --url "http://127.0.0.1:$PORT" --api generate --num-requests 1 --warmup 1 \
+"$PY" "$REPO/specab/node" loadgen --url "http://127.0.0.1:$PORT" --api generate --num-requests 1 --warmup 1 \
     --input-len 16 --output-len "$OUTLEN" --ignore-eos true --concurrency 1 --seed 1 --timeout 600 --out "$OUT/bench.jsonl" \
     --summary "$OUT/bench_summary.json" >/dev/null 2>"$OUT/loadgen.err" || exit 1
 echo "{\"t_stop\": $t_stop, \"t_spawn\": $t_spawn}" > "$OUT/times.json"
@@ -500,8 +500,8 @@ OUT="$1"; NODE="$2"; PORT="$3"; PY="$4"; REPO="$5"; OUTLEN="$6"; SMI="$7"
 T="$REPO/specab/node"
 mkdir -p "$OUT"
 t_stop=$(date +%s.%N)
-"$PY" "$T/stop.py" --node-dir "$NODE" --smi "$SMI" --grace 15 --out "$OUT/stop.json" >/dev/null 2>>"$OUT/tools.err"
-"$PY" "$T/gpufree.py" --smi "$SMI" --gpus all --threshold-mib 64 --timeout 60 --node-dir "$NODE" \
+"$PY" "$T" stop --node-dir "$NODE" --smi "$SMI" --grace 15 --out "$OUT/stop.json" >/dev/null 2>>"$OUT/tools.err"
+"$PY" "$T" gpufree --smi "$SMI" --gpus all --threshold-mib 64 --timeout 60 --node-dir "$NODE" \
     --out "$OUT/gpu_free.json" >/dev/null 2>>"$OUT/tools.err"
 printf 'NCCL_PROTO=LL\nNCCL_ALGO=Ring\nNCCL_P2P_LEVEL=SYS\nNCCL_MAX_NCHANNELS=16\nNCCL_BUFFSIZE=16777216\nNCCL_NTHREADS=512\n' \
     > "$OUT/nccl.env"
@@ -515,12 +515,12 @@ exec "$PY" -m specab.sim.launch_server --tp-size 8 --mem-fraction-static 0.88 --
     --trust-remote-code --host 127.0.0.1 --port "$PORT" --model-path /models/Kimi-K2.5-INT4
 EOS
 chmod 755 "$OUT/launch.sh"
-"$PY" "$T/start.py" --node-dir "$NODE" --run-dir "$OUT" --script "$OUT/launch.sh" --host 127.0.0.1 \
+"$PY" "$T" start --node-dir "$NODE" --run-dir "$OUT" --script "$OUT/launch.sh" --host 127.0.0.1 \
     --port "$PORT" > "$OUT/start.json" 2>>"$OUT/tools.err"
 pid=$(sed -n 's/^{"pid": \([0-9]*\),.*/\1/p' "$OUT/start.json")
-"$PY" "$T/ready.py" --url "http://127.0.0.1:$PORT" --pid "$pid" --log "$OUT/server.log" --timeout 300 \
+"$PY" "$T" ready --url "http://127.0.0.1:$PORT" --pid "$pid" --log "$OUT/server.log" --timeout 300 \
     > "$OUT/ready.json" 2>>"$OUT/tools.err"
-"$PY" "$REPO/specab/node/loadgen.py" --url "http://127.0.0.1:$PORT" --api generate --num-requests 1 --warmup 1 \
+"$PY" "$REPO/specab/node" loadgen --url "http://127.0.0.1:$PORT" --api generate --num-requests 1 --warmup 1 \
     --input-len 16 --output-len "$OUTLEN" --ignore-eos true --concurrency 1 --seed 1 --timeout 600 --out "$OUT/bench.jsonl" \
     --summary "$OUT/bench_summary.json" >/dev/null 2>"$OUT/loadgen.err"
 echo "{\"t_stop\": $t_stop}" > "$OUT/times.json"

@@ -26,7 +26,7 @@ accept length and recorded shutdown, and 7. a short ``driver.py`` run of the sam
 then prints the summary (a)-(e) [(f), (g)] and exits 0 only when every check passed. ``--cpu-sim`` runs the
 same steps on a machine without GPUs (simulated nvidia-smi, simulated foreign process): a dry run
 of this script's logic. Only the Python standard library (plus PyYAML, which Ansible needs, and specab's own
-stdlib-only engine knowledge, specab/node/engines.py) is used.
+stdlib-only engine knowledge, specab/vocab/engines.py) is used.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from specab.node import engines  # noqa: E402  (stdlib only: the engine knowledge, e.g. shutdown styles)
+from specab.vocab import engines  # noqa: E402  (stdlib only: the engine knowledge, e.g. shutdown styles)
 # engine -> (inventory, experiment): the simulated engine in GPU mode, or the REAL SGLang from the bundle of
 # scripts/real_sglang_bundle.sh (docs/validation/sglang-real.md)
 ENGINES = {
@@ -458,11 +458,12 @@ def run_playbook(ctx: Ctx, label: str, playbook: str, extra: Dict[str, Any]) -> 
 
 
 def node_tool(ctx: Ctx, tool: str, args: Sequence[str], timeout: float = 120.0) -> Tuple[int, Dict[str, Any], str]:
-    """Run a deployed node tool (bin/<tool>.py under the node dir, as the roles do); (rc, JSON, stderr)."""
-    path = ctx.node_dir / "bin" / ("%s.py" % tool)
-    if not path.exists():
-        path = REPO / "specab" / "node" / ("%s.py" % tool)
-    rc, out, err = run_cmd([ctx.python, str(path)] + list(args), timeout, ctx.tool_env())
+    """Run a node tool as the roles do (the package deployed under the node dir's bin/, else the checkout's):
+    `python <bin>/specab/node TOOL ARGS`; (rc, JSON, stderr)."""
+    path = ctx.node_dir / "bin" / "specab" / "node"
+    if not (path / ("%s.py" % tool)).exists():
+        path = REPO / "specab" / "node"
+    rc, out, err = run_cmd([ctx.python, str(path), tool] + list(args), timeout, ctx.tool_env())
     try:
         data = json.loads(out) if out.strip() else {}
     except ValueError:

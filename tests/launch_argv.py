@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from specab.node.engines import flag_of
+from specab.vocab.engines import flag_of
 
 
 def argv_of(server_args: Dict[str, Any]) -> List[str]:

@@ -11,7 +11,7 @@ through one redaction:
   (read before the default callback formats that result; a JSON string in a result is read too);
 * ``SECRET_NAME=value`` assignments and ``--secret-flag value`` pairs whose value it never saw.
 
-Which names are secret is THE secret rule of ``specab/node/contract.py`` (``is_secret_name``), loaded from this
+Which names are secret is THE secret rule of ``specab/vocab/contract.py`` (``is_secret_name``), loaded from this
 checkout by path: the plugin runs inside ansible-playbook, whose Python may have another specab installed or none.
 The redaction is installed on Ansible's one ``Display`` object, so warnings, errors and what the worker processes
 send to it are redacted as well as the callback's own lines.
@@ -33,7 +33,7 @@ type: stdout
 short_description: Ansible's default output with every secret value redacted
 description:
   - The default stdout callback, each printed line redacted with specab's secret rule
-    (specab/node/contract.py is_secret_name); values are learned from the controller's environment, the
+    (specab/vocab/contract.py is_secret_name); values are learned from the controller's environment, the
     inventory, the extra vars and every task result before it is printed.
 extends_documentation_fragment:
   - default_callback
@@ -42,13 +42,13 @@ requirements:
   - set as stdout_callback in ansible.cfg
 """
 
-CONTRACT = Path(__file__).resolve().parents[2] / "specab" / "node" / "contract.py"
+CONTRACT = Path(__file__).resolve().parents[2] / "specab" / "vocab" / "contract.py"
 # The name roles/collect/action_plugins/collect_scrub.py loads it under too: one module object per process.
 CONTRACT_MODULE = "specab_redact_contract"
 
 
 def load_contract() -> ModuleType:
-    """specab/node/contract.py of this checkout (stdlib only), imported once under a private name.
+    """specab/vocab/contract.py of this checkout (stdlib only), imported once under a private name.
 
     collect_scrub.py has the same eight lines, by necessity: a controller-side plugin can import no shared file of
     ours. Ansible's module_utils paths feed only the payloads of modules sent to a node (ansible.module_utils.X
@@ -68,7 +68,7 @@ def load_contract() -> ModuleType:
         except (OSError, SyntaxError, ImportError) as exc:    # no half-loaded rule is left for the next call
             del sys.modules[CONTRACT_MODULE]
             raise ImportError(f"specab_redact: cannot load the secret rule from {CONTRACT} ({exc}); the plugin runs "
-                        f"from a specab checkout and needs its specab/node/contract.py") from exc
+                        f"from a specab checkout and needs its specab/vocab/contract.py") from exc
     return mod
 
 

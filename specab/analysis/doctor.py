@@ -17,7 +17,7 @@ from specab.analysis import truthcheck
 from specab.analysis import workload
 from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, arm_concurrency, reason_names
 from specab.analysis.stats import ExperimentStats, analyse
-from specab.node import engines
+from specab.vocab import engines
 # scipy is imported in the functions that use it: importing scipy.stats takes ~1.3 s, which every start of
 # driver.py paid (status, --help, a run before its first report: 1.8 s -> 0.55 s for --help).
 

@@ -29,8 +29,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator, Sequence
 
-from specab.node import engines
-from specab.node.contract import READY_LINE
+from specab.vocab import engines
+from specab.vocab.contract import READY_LINE
 
 # --------------------------------------------------------------------------------------------------
 # SGLang
@@ -60,7 +60,7 @@ _BATCH_KEYS = {
     "#pending-token": "pending_token",
 }
 
-_READY = READY_LINE          # the node contract's ready line (specab/node/contract.py)
+_READY = READY_LINE          # the node contract's ready line (specab/vocab/contract.py)
 
 _NUM = r"(-?[0-9.]+)"
 # (marker substring, phase name)

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from specab.analysis import logparse
-from specab.node import engines
 from specab.results.store import FILENAME, Store
+from specab.vocab import engines
 
 # Throttle / clock-event reason bits (nvml.h nvmlClocksEventReason*).
 CLOCK_REASONS = {

@@ -4,7 +4,7 @@ Evidence per run (``Run.spec_positions``, from bench_summary.json's ``spec_posit
 cycles and, per draft position i = 1..k, the cycles that accepted position i. It comes from each request's own counts
 (SGLang's per-request ``spec_correct_drafts_histogram``; vLLM's ``spec_decode_num_accepted_tokens_per_pos`` around each
 request, known-truth runs) or from vLLM's counters over the measured window (``from: metrics``). Both engines count a
-cycle's correct proposals also past the request's last token (node/engines.py ``accepted_per_position``).
+cycle's correct proposals also past the request's last token (vocab/engines.py ``accepted_per_position``).
 
 With a_0 = cycles and a_i = the cycles that accepted position i, the conditional acceptance at position i is
 a_i / a_{i-1} (specmodel.conditional_rates): the chain model's alpha_i (specmodel.chain_tau_rates). The tokens per cycle they imply,

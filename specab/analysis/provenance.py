@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
-from specab.node.contract import REDACTED, is_secret_name, redact_mapping, redact_text
+from specab.analysis.subcommand import standalone_main
 from specab.results.locate import default_runs_dir
 from specab.results.store import FILENAME, Store
-from specab.analysis.subcommand import standalone_main
+from specab.vocab.contract import REDACTED, is_secret_name, redact_mapping, redact_text
 
 CATEGORY_ORDER = ("engine", "engine args", "env", "versions", "gpu", "models", "dataset", "seed", "host", "bench",
                   "timeouts", "experiment", "other", "volatile")

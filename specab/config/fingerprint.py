@@ -23,7 +23,7 @@ import json
 from typing import Any
 
 from specab.config.spec import ArmSpec, ExperimentSpec
-from specab.node.contract import redact_mapping
+from specab.vocab.contract import redact_mapping
 
 
 def fingerprint_doc(exp: ExperimentSpec, arms: list[ArmSpec]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ import yaml
 
 from specab.config import engine_args
 from specab.config.spec import ENV_NAME, ArmSpec, ExperimentSpec, overlay, resolve_arm
-from specab.node import engines
+from specab.vocab import engines
 
 ALIASES = {"steps": "speculative_num_steps", "topk": "speculative_eagle_topk",
            "draft_tokens": "speculative_num_draft_tokens"}

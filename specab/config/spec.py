@@ -20,8 +20,8 @@ import yaml
 from specab.config import defaults, engine_args
 from specab.config.yamlfile import REPO_ROOT, ConfigError, check_unknown, key_line, load_yaml
 from specab.config import builtin_data
-from specab.node import dataset, engines
-from specab.node.contract import REDACTED, is_secret_name, redact_env
+from specab.vocab import dataset, engines
+from specab.vocab.contract import REDACTED, is_secret_name, redact_env
 
 DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "default.yml"
 
@@ -53,14 +53,14 @@ class ArmSpec:
     is_baseline: bool
     baseline: str                       # name of the baseline arm this arm is compared with
     matrix: dict[str, Any] = field(default_factory=dict)   # matrix values that made it, if any
-    # server_args in the node engine's spelling (specab/node/engines.py spell_args), set by the driver once
+    # server_args in the node engine's spelling (specab/vocab/engines.py spell_args), set by the driver once
     # the node's `--help` is known; None: launch with the experiment's names
     node_args: dict[str, Any] | None = None
     phase_timing: bool = False          # bench.phase_timing put --enable-metrics and the device timer on it
     # the engine build the arm runs on: a name of the inventory's `specab_engines` (the `engine` matrix
     # axis); None: the node's `specab_engine_cmd`
     engine: str | None = None
-    # the `--help` flag-set fingerprint of that build (specab/node/engines.py), set by the driver's
+    # the `--help` flag-set fingerprint of that build (specab/vocab/engines.py), set by the driver's
     # preflight once the node's engine listed its flags; recorded in each run's manifest
     engine_flags_fingerprint: str | None = None
     # bench settings of this arm's runs over the experiment's `bench:` (a bench condition of the matrix, e.g.

@@ -18,19 +18,19 @@ from typing import Any, TextIO
 
 from specab.analysis import design, economics, history, logparse, provenance, report, specmodel
 from specab.config.fingerprint import fingerprint, fingerprint_doc
-from specab.config.plan import make_plan
 from specab.config.inventory import load_inventory
 from specab.config.matrix import MatrixError
+from specab.config.plan import make_plan
 from specab.config.yamlfile import ConfigError
 from specab.driver import design_inputs, fleet, preflight, session
-from specab.driver.options import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, ExperimentError, Options, prepare
 from specab.driver.lease import lease_states
+from specab.driver.options import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, ExperimentError, Options, prepare
 from specab.driver.remote import status_all
 from specab.driver.render import render_arm
 from specab.knowntruth import build as kt_build
-from specab.node.contract import redact_env
 from specab.results import store as st
 from specab.results.locate import NotFound, default_runs_dir, locate
+from specab.vocab.contract import redact_env
 
 SUBCOMMANDS = ("run", "plan", "status", "export")
 COMMON_FORMS = """common forms (options go after the subcommand; `driver.py COMMAND --help` lists them):

@@ -14,17 +14,17 @@ from specab.analysis.history import HistoryError
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.plan import PlannedRun, make_plan
 from specab.config.yamlfile import REPO_ROOT, ConfigError
-from specab.driver.lease import active_holder
-from specab.driver.options import ExperimentError, Options, Prepared, choose_executor, is_multinode
 from specab.driver import record
 from specab.driver.design_inputs import DesignInputs, design_inputs
+from specab.driver.lease import active_holder
+from specab.driver.options import ExperimentError, Options, Prepared, choose_executor, is_multinode
 from specab.driver.playbook import PlaybookResult, PlaybookRunner, scrub_tree
 from specab.driver.progress import Progress
 from specab.driver.record import (PhaseClock, ingest_run_dir, log_excerpt, node_run_dir,
                                   tail_file)
 from specab.driver.remote import read_tail
-from specab.node.contract import load_phase, scrub_text, scrub_values, secret_values
 from specab.results import store as st
+from specab.vocab.contract import load_phase, scrub_text, scrub_values, secret_values
 
 ARM_PLAYBOOK = "playbooks/arm.yml"
 MULTINODE_PLAYBOOK = "playbooks/multinode_arm.yml"   # one server over every host (docs/scale.md)
@@ -33,7 +33,7 @@ STOP_PLAYBOOK = "playbooks/stop.yml"
 
 def secrets_of(prepared: Prepared) -> list[str]:
     """Every secret value an experiment carries (env, server args, the nodes' env): scrubbed from the
-    ansible-runner artifacts (the one secret rule: specab.node.contract)."""
+    ansible-runner artifacts (the one secret rule: specab.vocab.contract)."""
     vals: list[str] = []
     for arm in prepared.arms:
         vals += secret_values(arm.env, arm.server_args)

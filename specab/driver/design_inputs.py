@@ -25,7 +25,7 @@ from specab.config.fingerprint import fingerprint_doc, pair_fingerprints
 from specab.config.inventory import Host
 from specab.config.spec import ArmSpec, ExperimentSpec
 from specab.config.yamlfile import REPO_ROOT, ConfigError
-from specab.node import engines
+from specab.vocab import engines
 
 SIM_ENGINE = "specab.sim.launch_server"
 

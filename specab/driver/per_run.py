@@ -64,8 +64,6 @@ class PerRunExecutor:
         warmups = int(self.ctx.p.experiment.bench_settings["warmup_requests"])
 
         def on_phase(phase: str) -> None:
-            if phase == "starting" and clock.current in (None, "preparing"):
-                phase = "preparing"             # arm.yml checks its variables before the first stop
             if phase == "benchmarking" and warmups > 0 and clock.current not in ("warming up", "benchmarking"):
                 phase = "warming up"            # the client sends the warm-up requests first
             if phase == "loading":

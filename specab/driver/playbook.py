@@ -1,4 +1,5 @@
-"""ansible-runner wrapper: one playbook run with a unique ident, events mapped to phases.
+"""ansible-runner wrapper: one playbook run with a unique ident, events mapped to phases (the role that each
+task belongs to, in the event data: specab.vocab.phases).
 
 Pitfalls handled (the ansible-runner, testinfra and fabric reference §0-§1):
 - ansible-playbook is found through the child's PATH: the venv's bin dir is put first;
@@ -7,7 +8,7 @@ Pitfalls handled (the ansible-runner, testinfra and fabric reference §0-§1):
 - `artifacts/<ident>/command` stores the child's full environment: secret-named variables are
   removed from the child environment before it starts, and after the run every artifact file
   is scrubbed of known secret values; what `-v` streams and what a failure quotes are scrubbed as
-  each event arrives (the secret rule: specab.node.contract);
+  each event arrives (the secret rule: specab.vocab.contract);
 - the cancel callback is polled every `pexpect_timeout` seconds (0.25 s here, not the default 5 s).
 """
 from __future__ import annotations
@@ -26,11 +27,8 @@ import ansible_runner
 from ansible_runner.interface import init_runner
 
 import specab
-from specab.node import contract
-from specab.node.contract import is_secret_name, scrub_bytes, scrub_text, scrub_values
-
-PHASES = contract.TASK_PREFIX_PHASES
-phase_of = contract.phase_of_task
+from specab.vocab.contract import is_secret_name, scrub_bytes, scrub_text, scrub_values
+from specab.vocab.phases import phase_of_event
 
 
 class RunnerSetupError(Exception):
@@ -155,14 +153,14 @@ class PlaybookRunner:
         current: dict[str, Any] = {"phase": None, "seen": set()}
 
         def set_phase(phase: str) -> None:
+            if phase == "stopping" and "stopping" in current["seen"] and current["phase"] != "stopping":
+                phase = "final stop"            # the run's second stop (its every task: one phase)
             if phase == current["phase"]:
                 return
             now = time.time()
             if phase_times and phase_times[-1][2] is None:
                 name, start, _ = phase_times[-1]
                 phase_times[-1] = (name, start, now)
-            if phase == "stopping" and "stopping" in current["seen"]:
-                phase = "final stop"
             current["phase"] = phase
             current["seen"].add(phase)
             phase_times.append((phase, now, None))
@@ -184,13 +182,13 @@ class PlaybookRunner:
                 if self.verbose:
                     self.stream(text)
             if kind == "playbook_on_task_start":
-                phase = phase_of(data.get("task") or data.get("name"))
+                phase = phase_of_event(data)
                 if phase:
                     set_phase(phase)
             elif kind in ("runner_on_failed", "runner_item_on_failed") and not data.get("ignore_errors"):
                 res = data.get("res") or {}
                 task = str(data.get("task") or "")
-                failures.append(Failure(phase=phase_of(task) or current["phase"], task=task,
+                failures.append(Failure(phase=phase_of_event(data) or current["phase"], task=task,
                                         host=data.get("host"), message=scrub_text(failure_message(res), secret_values)))
             elif kind == "runner_on_unreachable":
                 res = data.get("res") or {}
@@ -250,4 +248,4 @@ class PlaybookRunner:
                               stdout_tail="\n".join(stdout_lines[-40:]), hosts=hosts, facts=facts)
 
 
-__all__ = ["PlaybookRunner", "PlaybookResult", "Failure", "phase_of", "PHASES", "scrub_tree", "ansible_runner"]
+__all__ = ["PlaybookRunner", "PlaybookResult", "Failure", "phase_of_event", "scrub_tree", "ansible_runner"]

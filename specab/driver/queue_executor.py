@@ -1,7 +1,7 @@
 """The queue executor: runs of one host go through the node's sequencer, not one playbook each.
 
 `playbooks/enqueue.yml` renders each run's files and queues it on the node; the sequencer
-(`bin/sequence.py`, node side) runs the queued runs back to back with no Ansible task between two runs;
+(`bin/specab/node sequence`, node side) runs the queued runs back to back with no Ansible task between two runs;
 `playbooks/collect_run.yml` waits for one run (`sequence.py wait`) and fetches its directory, with those of the
 runs queued after it that the node finished meanwhile (one play for all of them; each is then recorded as if
 collected on its own: runs shorter than a collect no longer leave the driver a play behind per run). The driver
@@ -25,13 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specab.results import store as st
 from specab.config.plan import PlannedRun
-from specab.driver.remote import LogTail, open_node, read_tail, shell_path
 from specab.driver.context import MoreBlocks, RunContext
 from specab.driver.playbook import Failure, PlaybookResult
 from specab.driver.record import PhaseClock, UnpackError, check_writable, fetch_missing, unpack_fetched
-from specab.node.contract import LOAD_SUBPHASES, REPEATED_PHASES, display_phase
+from specab.driver.remote import LogTail, open_node, read_tail, shell_path
+from specab.results import store as st
+from specab.vocab.contract import LOAD_SUBPHASES
+from specab.vocab.phases import REPEATED_PHASES, display_phase
 
 
 ENQUEUE_PLAYBOOK = "playbooks/enqueue.yml"
@@ -199,7 +200,7 @@ class QueueExecutor:
                  LogTail(self.host, node_dir + "/bench.jsonl", on_bench).start()]
         collect_started: list[float] = []
 
-        def on_phase(phase: str) -> None:          # only the Collect tasks map to a phase (Wait tasks: none)
+        def on_phase(phase: str) -> None:          # only the collect role's tasks count (the node tells the rest)
             if phase == "collecting":
                 if not collect_started:
                     collect_started.append(time.time())

@@ -20,8 +20,9 @@ from specab.config.inventory import Host
 from specab.driver.options import ExperimentError
 from specab.driver.progress import Progress
 from specab.driver.remote import open_node, shell_path
-from specab.node.contract import FIRST_ERROR_RE, PRIVATE_RUN_FILES, REPEATED_PHASES
 from specab.results import store as st
+from specab.vocab.contract import FIRST_ERROR_RE, PRIVATE_RUN_FILES
+from specab.vocab.phases import REPEATED_PHASES
 
 MIN_FREE_MB = 50
 

@@ -42,9 +42,9 @@ from specab.driver.queue_executor import QueueExecutor
 from specab.driver.record import check_writable
 from specab.driver.signals import Interrupt
 from specab.driver.systematic import STOPPED, FailFast, SystematicFailure
-from specab.node.contract import REDACTED, redact_env, redact_mapping
 from specab.results import store as st
 from specab.results.locate import NotFound, default_runs_dir, locate
+from specab.vocab.contract import REDACTED, redact_env, redact_mapping
 
 
 class Executor(Protocol):

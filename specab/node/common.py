@@ -1,8 +1,8 @@
 """Shared helpers of the node tools (stdlib only, Python >= 3.8).
 
-The node tools are copied side by side into ``{{ specab_node_dir }}/bin/`` on a GPU node that has
-Python but not specab, so this module imports nothing outside the standard library and each tool
-imports it as a sibling module (``import common``).
+The node tools are shipped as the package ``specab.node`` (with the shared vocabulary ``specab.vocab``) into
+``{{ specab_node_dir }}/bin/`` on a GPU node that has Python but not specab, so this module imports nothing
+outside the standard library and that package.
 
 Contents, one concern per section: tool entry point and errors, secret redaction, nvidia-smi
 (always under a timeout), /proc process inspection, listening-port lookup, server.json records,
@@ -25,10 +25,18 @@ import sys
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-if __package__:                 # imported as specab.node.common (the controller)
-    from specab.node import contract
-else:                           # a sibling script in <node_dir>/bin
-    import contract  # type: ignore[no-redef]
+from specab.vocab import contract
+
+# This package's folder: ``<node_dir>/bin/specab/node`` on a node (node_prepare ships the package under bin/), the
+# checkout's specab/node on the controller. ``python3 <NODE_PACKAGE> TOOL ARGS`` runs a tool (__main__.py).
+NODE_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+# The folder that holds the specab package (what ``sys.path`` needs for ``import specab.node``).
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(NODE_PACKAGE))
+
+
+def tool_argv(python: str, tool: str) -> List[str]:
+    """The argv prefix that runs the node tool ``tool`` of this package with ``python``."""
+    return [python, NODE_PACKAGE, tool]
 
 # ---------------------------------------------------------------------------------------------
 # Tool entry point and errors
@@ -145,7 +153,7 @@ def now_iso(t: Optional[float] = None) -> str:
 # Secret redaction
 # ---------------------------------------------------------------------------------------------
 
-# The one secret rule (specab/node/contract.py), re-exported for the node tools.
+# The one secret rule (specab/vocab/contract.py), re-exported for the node tools.
 REDACTED = contract.REDACTED
 is_secret_name = contract.is_secret_name
 redact_mapping = contract.redact_mapping

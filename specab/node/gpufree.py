@@ -21,9 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-from common import ToolError  # noqa: E402
+from specab.node import common
+from specab.node.common import ToolError
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total")
 # A compute-app PID that /proc cannot show (another PID namespace, or a process that just exited)

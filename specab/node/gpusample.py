@@ -22,9 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-from common import ToolError  # noqa: E402
+from specab.node import common
+from specab.node.common import ToolError
 
 SAMPLE_FIELDS = ("index", "uuid", "clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw", "temperature.gpu",
                  "utilization.gpu", "clocks_event_reasons.active", "memory.used")

@@ -54,12 +54,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-if __package__:                 # imported as specab.node.loadgen (the controller, tests)
-    from specab.node import dataset, engines, phasemetrics
-else:                           # a sibling script in <node_dir>/bin
-    import dataset  # type: ignore[no-redef]
-    import engines  # type: ignore[no-redef]
-    import phasemetrics  # type: ignore[no-redef]
+from specab.node import phasemetrics
+from specab.vocab import dataset, engines
 
 APIS = ("generate", "completions", "chat")
 # the experiment's bench: keys the client reads (a queue entry's bench mapping, resolved on the controller)

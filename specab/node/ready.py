@@ -25,11 +25,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import contract  # noqa: E402
-import engines  # noqa: E402
-from common import ToolError  # noqa: E402
+from specab.node import common
+from specab.node.common import ToolError
+from specab.vocab import contract, engines
 
 # SGLang's log prefix: "[2025-10-22 10:27:57 TP0] message" (the rank part is optional).
 LINE_RE = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)?(?P<rank>[^\]]*)\]\s?(?P<msg>.*)$")

@@ -7,15 +7,11 @@ stdlib only, like every node tool; imports its siblings.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any, Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import contract  # noqa: E402
-import loadgen  # noqa: E402
-import staging  # noqa: E402
+from specab.node import common, loadgen, staging
+from specab.vocab import contract, phases
 
 POLL_S = 0.05
 QUEUE_DIR = "queue"
@@ -30,7 +26,7 @@ STAGING_DIR = ".staging"     # queue/.staging: entries being written (`stage`), 
 ENTRY_RE = contract.QUEUE_ENTRY_RE
 ID_RE = contract.ID_RE
 # What failed, in the words of the per-run path's task names (playbooks/tasks/run_arm.yml).
-TASKS = contract.TASKS
+TASKS = phases.TASKS
 
 
 def now() -> float:

@@ -16,32 +16,24 @@ import sys
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Protocol
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import contract  # noqa: E402
-import envcheck  # noqa: E402
-import gpusample  # noqa: E402
-import loadgen  # noqa: E402
-import manifest  # noqa: E402
-import ready  # noqa: E402
-import start as start_tool  # noqa: E402
-from common import ToolError  # noqa: E402
-from runqueue import POLL_S, Entry, now  # noqa: E402
+from specab.node import common, envcheck, gpusample, loadgen, manifest, ready
+from specab.node import start as start_tool
+from specab.node.common import ToolError
+from specab.node.runqueue import POLL_S, Entry, now
+from specab.vocab import phases
 
-if TYPE_CHECKING:
-    from sequencer import Sequencer
+PHASES = phases.NODE_PHASES
 
-BIN_DIR = os.path.dirname(os.path.abspath(__file__))
-PHASES = contract.NODE_PHASES
-
-# A client or sampler process started ahead (while the engine loads) and released by one line on
-# its stdin: the tool then runs exactly as `python <tool>.py ARGV` would, in the same process.
+# A client or sampler process started ahead (while the engine loads) and released by one line on its stdin: the
+# tool then runs exactly as `python <node package> TOOL ARGV` would, in the same process (its module executed
+# afresh as __main__, everything it imports already loaded).
 DEFERRED = r"""
 import importlib, json, os, runpy, sys
 sys.path.insert(0, sys.argv[1])
-importlib.import_module(sys.argv[2])
+name = "specab.node." + sys.argv[2]
+importlib.import_module(name)
 line = sys.stdin.readline()
 if not line.strip():
     sys.exit(0)
@@ -52,8 +44,9 @@ for fd, key, flags in ((1, "stdout", os.O_TRUNC), (2, "stderr", os.O_APPEND)):
         f = os.open(job[key], os.O_WRONLY | os.O_CREAT | flags, 0o644)
         os.dup2(f, fd)
         os.close(f)
-sys.argv = [job["script"]] + job["argv"]
-runpy.run_path(job["script"], run_name="__main__")
+sys.argv = [name] + job["argv"]
+del sys.modules[name]
+runpy.run_module(name, run_name="__main__", alter_sys=True)
 """
 
 
@@ -109,19 +102,17 @@ class SignalGate(object):
 # ---------------------------------------------------------------------------------------------
 
 class Deferred(object):
-    """``python -c DEFERRED BIN MODULE``: imports the tool's module, then waits for its job."""
+    """``python -c DEFERRED ROOT TOOL``: imports the tool's module, then waits for its job."""
 
     def __init__(self, python: str, module: str, env: Dict[str, str]) -> None:
         self.module = module
-        self.proc = subprocess.Popen([python, "-c", DEFERRED, BIN_DIR, module], stdin=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, stderr=None, env=env, close_fds=True,
-                                     cwd=BIN_DIR)
+        self.proc = subprocess.Popen([python, "-c", DEFERRED, common.PACKAGE_ROOT, module],
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None, env=env,
+                                     close_fds=True, cwd=common.PACKAGE_ROOT)
         self.released = False
 
-    def release(self, script: str, argv: List[str], cwd: str, stdout: Optional[str] = None,
-                stderr: Optional[str] = None) -> None:
-        job = {"script": os.path.join(BIN_DIR, script), "argv": argv, "cwd": cwd, "stdout": stdout,
-               "stderr": stderr}
+    def release(self, argv: List[str], cwd: str, stdout: Optional[str] = None, stderr: Optional[str] = None) -> None:
+        job = {"argv": argv, "cwd": cwd, "stdout": stdout, "stderr": stderr}
         assert self.proc.stdin is not None
         try:
             self.proc.stdin.write((json.dumps(job) + "\n").encode())
@@ -177,11 +168,30 @@ class PhaseLog(object):
         self.fh.close()
 
 
+class QueueState(Protocol):
+    """What outlives one run, kept by the sequencer (sequencer.py ``Sequencer``): what a run reads and updates."""
+
+    node_dir: str
+    hostname: str
+    gate: SignalGate
+    clean: bool                      # our server stopped and the GPUs verified free by us, just now
+    engines: List[int]               # engine pids started from this process (to reap)
+    versions_cache: Dict[str, Any]
+
+    def held(self) -> bool: ...
+
+    def prefetch_versions(self, python: str) -> None: ...
+
+    def wait_versions(self, python: str) -> None: ...
+
+    def one_sample(self, e: Entry, name: str) -> None: ...
+
+
 class RunSteps(object):
     """The steps of one queued run (start, ready, env, bench, stop, GPUs free, manifest, done.json);
-    the Sequencer owns the state that outlives a run (clean GPUs, caches)."""
+    the sequencer owns the state that outlives a run (clean GPUs, caches)."""
 
-    def __init__(self, seq: "Sequencer", entry: Entry, phases: PhaseLog) -> None:
+    def __init__(self, seq: QueueState, entry: Entry, phases: PhaseLog) -> None:
         self.seq = seq
         self.e = entry
         self.phases = phases
@@ -316,10 +326,10 @@ class RunSteps(object):
         client = loadgen.BenchConfig.from_settings(e.url, b, out=e.path("bench.jsonl"),
                                                    summary=e.path("bench_summary.json"),
                                                    phase_metrics=e.path("phase_metrics.json"))
-        self.sampler.release("gpusample.py", ["--smi", json.dumps(e.smi), "--gpus", e.gpus,
-                                              "--interval", str(e.sample_interval_s), "--out", "gpu_samples.csv"],
+        self.sampler.release(["--smi", json.dumps(e.smi), "--gpus", e.gpus,
+                              "--interval", str(e.sample_interval_s), "--out", "gpu_samples.csv"],
                              e.run_dir, stdout=e.path("gpu_samples.json"), stderr=e.path("gpu_samples.log"))
-        self.client.release("loadgen.py", client.to_argv(), e.run_dir)
+        self.client.release(client.to_argv(), e.run_dir)
         # the manifest's slow parts (versions, nvidia-smi, checksums) while the benchmark runs
         self.parts_thread = threading.Thread(target=self.slow_parts, daemon=True)
         self.parts_thread.start()

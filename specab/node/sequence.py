@@ -35,14 +35,12 @@ import time
 import traceback
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import staging  # noqa: E402
-from common import ToolError, UsageError  # noqa: E402
-from runqueue import (END_PREFIX, ENSURE_LOCK, ENTRY_RE, HOLD_PREFIX, ID_RE, POLL_S, SEQUENCER_LOG,  # noqa: E402
-                      SERVE_LOCK, STAGING_DIR, Entry, atomic_write_text, log_tail, make_queue_dir, queue_dir,
-                      queued_names, touch_lease)
-from sequencer import Sequencer  # noqa: E402
+from specab.node import common, staging
+from specab.node.common import ToolError, UsageError
+from specab.node.runqueue import (END_PREFIX, ENSURE_LOCK, ENTRY_RE, HOLD_PREFIX, ID_RE, POLL_S,
+                                  SEQUENCER_LOG, SERVE_LOCK, STAGING_DIR, Entry, atomic_write_text, log_tail,
+                                  make_queue_dir, queue_dir, queued_names, touch_lease)
+from specab.node.sequencer import Sequencer
 
 # ---------------------------------------------------------------------------------------------
 # The controller's commands
@@ -69,7 +67,7 @@ def stop_live(node_dir: str, grace: float) -> Optional[Dict[str, Any]]:
 
 
 def spawn(a: argparse.Namespace) -> Dict[str, Any]:
-    argv = [sys.executable, os.path.abspath(__file__), "--node-dir", a.node_dir, "serve",
+    argv = common.tool_argv(sys.executable, "sequence") + ["--node-dir", a.node_dir, "serve",
             "--experiment-id", a.experiment_id, "--idle-timeout", str(a.idle_timeout),
             "--lease-s", str(a.lease_s),
             "--gpus", a.gpus, "--gpu-free-timeout", str(a.gpu_free_timeout),

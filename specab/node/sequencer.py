@@ -10,21 +10,16 @@ import argparse
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import gpufree  # noqa: E402
-import gpusample  # noqa: E402
-import manifest  # noqa: E402
-import stop as stop_tool  # noqa: E402
-from common import ToolError  # noqa: E402
-from runqueue import (END_PREFIX, ENTRY_RE, HOLD_PREFIX, POLL_S, SEQUENCER_LOG, SEQUENCER_START, TASKS,  # noqa: E402
-                      Entry, lease_age, now, queue_dir, queued_names)
-from runsteps import Interrupted, PhaseLog, RunSteps, SignalGate  # noqa: E402
+from specab.node import common, gpufree, gpusample, manifest
+from specab.node import stop as stop_tool
+from specab.node.common import ToolError
+from specab.node.runqueue import (END_PREFIX, ENTRY_RE, HOLD_PREFIX, POLL_S, SEQUENCER_LOG, SEQUENCER_START, TASKS,
+                                  Entry, lease_age, now, queue_dir, queued_names)
+from specab.node.runsteps import Interrupted, PhaseLog, RunSteps, SignalGate
 
 PROBE_TIMEOUT_S = 60.0          # one engine version probe (manifest.py --probe-timeout)
 

@@ -25,13 +25,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from typing import Any, Callable, Dict, List, Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import contract  # noqa: E402
-from common import ToolError  # noqa: E402
+from specab.node import common
+from specab.node.common import ToolError
+from specab.vocab import contract
 
 VERSION = 1
 FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

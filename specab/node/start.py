@@ -17,10 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import contract  # noqa: E402
-from common import ToolError  # noqa: E402
+from specab.node import common
+from specab.node.common import ToolError
+from specab.vocab import contract
 
 LOG_MODE = contract.PRIVATE_RUN_FILES["server.log"]
 

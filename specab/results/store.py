@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from specab.node import engines
+from specab.vocab import engines
 
 SCHEMA_VERSION = 2
 # Versions this specab reads and resumes. 1 had runs.timings_json (a node timings.json that nothing wrote any

@@ -1,6 +1,6 @@
 """Which SGLang release the simulated server plays: ``SPECAB_SIM_SGLANG_VERSION`` (0.5.23 default, 0.5.9 kept).
 
-The simulator keeps its own per-version table (it does not import specab/node/engines.py): it plays the real
+The simulator keeps its own per-version table (it does not import specab/vocab/engines.py): it plays the real
 engine, and tests hold the harness's engine knowledge against it. Sources: the 2026 engines reference.
 """
 from __future__ import annotations

@@ -156,11 +156,11 @@ sys.exit(child.wait())
 def quota_client_python(tmp: Path, share: float) -> Path:
     """An executable to use as the node's bench Python: loadgen runs under the quota, the sampler does not.
 
-    The per-run path runs `python <bin>/loadgen.py ...`; the run queue's sequencer starts the client
-    ahead as `python -c <loader> <bin> loadgen` (released when the benchmark starts): both are matched."""
+    The per-run path runs `python <bin>/specab/node loadgen ...`; the run queue's sequencer starts the client
+    ahead as `python -c <loader> <bin> loadgen` (released when the benchmark starts): both pass the word loadgen."""
     (tmp / "quota.py").write_text(QUOTA)
     wrapper = tmp / "python-quota-client"
-    wrapper.write_text(f'#!/bin/sh\nfor a in "$@"; do\n  case "$a" in\n    */loadgen.py|loadgen) '
+    wrapper.write_text(f'#!/bin/sh\nfor a in "$@"; do\n  case "$a" in\n    loadgen) '
                        f'exec "{PY}" "{tmp}/quota.py" {share} "{PY}" "$@" ;;\n  esac\ndone\n'
                        f'exec "{PY}" "$@"\n')
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)

@@ -25,7 +25,7 @@ def make_run(tmp: Path, name: str, args: dict, env: dict, engine: dict | None = 
     (rd / "nccl.env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in args.items())
     (rd / "launch.sh").write_text(f"set -a; . {rd}/nccl.env; exec python3 -m sglang.launch_server {flags}\n")
-    r = subprocess.run([sys.executable, str(ROOT / "specab/node/manifest.py"), "--run-dir", str(rd),
+    r = subprocess.run([sys.executable, str(ROOT / "specab/node"), "manifest", "--run-dir", str(rd),
                         "--node-dir", str(tmp / "node"), "--smi", SMI, "--seed", "1", "--probe-timeout", "20",
                         "--out", str(rd / "manifest.json")],
                        cwd=ROOT, capture_output=True, text=True, timeout=120,

@@ -72,7 +72,7 @@ def resolved_arm(exp: dict[str, Any], index: int, sglang_version: str = "") -> d
     """The contract's resolution (common | arm, null removes, model_path added), for arm.yml and enqueue.yml, in the
     spelling of the simulated node's SGLang (its --help; `sglang_version` for another build), as the driver hands
     the arms over (cuda_graph_max_bs is --cuda-graph-max-bs-decode on 0.5.23)."""
-    from specab.node import engines
+    from specab.vocab import engines
     arm = exp["arms"][index]
     args = {"model_path": exp["model_path"], **exp["server_args"], **(arm.get("server_args") or {})}
     env = {**exp["env"], **(arm.get("env") or {})}
@@ -192,8 +192,9 @@ class SimNode:
 
     def stop(self) -> None:
         """Stop whatever server of ours the node recorded (used by fixture finalizers)."""
-        if (self.node_dir / "bin" / "stop.py").exists():
-            subprocess.run([sys.executable, str(self.node_dir / "bin" / "stop.py"), "--node-dir", str(self.node_dir),
+        tools = self.node_dir / "bin" / "specab" / "node"
+        if (tools / "stop.py").exists():
+            subprocess.run([sys.executable, str(tools), "stop", "--node-dir", str(self.node_dir),
                             "--smi", json.dumps([sys.executable, "-m", "specab.sim.smi"]), "--grace", "5"],
                            env={**self.env(), **self.node_env()}, capture_output=True, timeout=60)
 

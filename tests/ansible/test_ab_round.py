@@ -178,7 +178,7 @@ def test_ansible_and_plain_jinja_render_the_same_files(round_: tuple[SimNode, Re
     byte for byte (the order of the flags included)."""
     from specab.config.spec import load_experiment, resolve_arm
     from specab.driver.preflight import parse_help_flags
-    from specab.node import engines
+    from specab.vocab import engines
 
     node, result, exp = round_
     assert result.rc == 0, str(result)
@@ -269,7 +269,7 @@ def test_a_sampler_slower_to_start_than_the_benchmark_still_samples(tmp_path: Pa
     against a benchmark of about a second still leaves gpu_samples.csv with samples in every run."""
     wrapper = tmp_path / "slow-sampler-python"
     wrapper.write_text("#!/bin/sh\n"
-                       'case "$*" in *gpusample.py*gpu_samples.csv*) sleep 3 ;; esac\n'
+                       'case "$*" in *"specab/node gpusample"*gpu_samples.csv*) sleep 3 ;; esac\n'
                        f'exec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     node = SimNode(root=tmp_path / "node-root")

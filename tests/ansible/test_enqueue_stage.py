@@ -70,8 +70,8 @@ def test_enqueue_stages_the_per_run_paths_bytes_in_one_call(sim_node: SimNode) -
 
     node_dir = sim_node.node_dir
     for run in runs:
-        done = subprocess.run([sys.executable, str(node_dir / "bin" / "sequence.py"), "--node-dir", str(node_dir),
-                               "wait", "--run-id", run["run_id"], "--timeout", "240"],
+        done = subprocess.run([sys.executable, str(node_dir / "bin" / "specab" / "node"), "sequence",
+                               "--node-dir", str(node_dir), "wait", "--run-id", run["run_id"], "--timeout", "240"],
                               capture_output=True, text=True, timeout=300)
         record = json.loads(done.stdout.strip().splitlines()[-1])
         # ok: the engine started from the staged launch.sh and env verification found every arg and variable

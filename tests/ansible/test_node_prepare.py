@@ -15,7 +15,7 @@ from tests.ansible.conftest import REPO, VENV_BIN, SimNode
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-UNPACK = "Stop | Prepare | Unpack the node tools into "
+UNPACK = "Prepare | Unpack the node tools into "
 
 
 def _stop_playbook(node: SimNode) -> str:

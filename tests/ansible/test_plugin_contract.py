@@ -1,5 +1,5 @@
 """The two controller-side plugins that apply the secret rule (the stdout callback specab_redact and the collect
-role's collect_scrub action) load specab/node/contract.py of this checkout under ONE module name, so a process that
+role's collect_scrub action) load specab/vocab/contract.py of this checkout under ONE module name, so a process that
 runs both has one secret rule; each says what failed when the file cannot be loaded."""
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_both_plugins_share_one_contract_module_from_this_checkout(plugins, firs
     callback, action = plugins
     a, b = (callback, action) if first == "callback" else (action, callback)
     mod = a.load_contract()
-    assert Path(mod.__file__).resolve() == REPO / "specab" / "node" / "contract.py"
+    assert Path(mod.__file__).resolve() == REPO / "specab" / "vocab" / "contract.py"
     assert b.load_contract() is mod and sys.modules[callback.CONTRACT_MODULE] is mod
     assert mod.is_secret_name("HF_TOKEN") and not mod.is_secret_name("NCCL_PROTO")
 

@@ -6,7 +6,7 @@ import pytest
 from specab.config.inventory import load_inventory
 from specab.config.spec import load_experiment
 from specab.config.yamlfile import ConfigError
-from specab.node.contract import redact_env
+from specab.vocab.contract import redact_env
 from tests.driver.conftest import EXPERIMENT
 
 

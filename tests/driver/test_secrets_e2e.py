@@ -5,7 +5,7 @@ not passed on at all. On the node, each file holding a secret is its owner's alo
 
 The controller once used a narrower secret rule than the node (``*_TOKEN``/``*_KEY`` but not ``api_key`` or
 ``TOKEN``), so these two were redacted in the node's manifest yet left verbatim in the ansible-runner artifacts
-and the stored config. Now one rule (specab.node.contract.is_secret_name) serves everything; this test runs the
+and the stored config. Now one rule (specab.vocab.contract.is_secret_name) serves everything; this test runs the
 real driver on the simulated node and greps every byte under the experiment directory: the runner artifacts
 (``.runner/**``), results.sqlite with its WAL, each run's files and manifest.json, and the report."""
 from __future__ import annotations

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from specab.driver.cli import main
 from specab.config.inventory import load_inventory
+from specab.driver.cli import main
 from specab.driver.remote import LogTail
-from specab.node.contract import load_phase
+from specab.vocab.contract import load_phase
 from tests.driver.simnode import PYTHON, SimNode, free_port, wait_for
 from tests.netns import netns_host  # noqa: F401  (fixture)
 

@@ -12,27 +12,28 @@ import pytest
 
 from specab.driver.cli import main
 from specab.driver.options import ExperimentError
-from specab.driver.record import UnpackError, check_writable, unpack_fetched
+from specab.driver.playbook import failure_message, phase_of_event, scrub_tree
 from specab.driver.progress import Progress
-from specab.driver.playbook import failure_message, phase_of, scrub_tree
+from specab.driver.record import UnpackError, check_writable, unpack_fetched
 from tests.driver.test_store import _store
 
 
-@pytest.mark.parametrize("task, phase", [
-    ("Stop | Stop any server of ours left on the node", "stopping"),
-    ("GPUs free | Wait until the GPUs are free before starting", "waiting for GPUs"),
-    ("Start | Launch detached in its own session, arm x", "starting"),
-    ("Ready | Loading weights and capturing graphs until the server answers", "loading"),
-    ("Env | Compare every engine process's environment", "verifying env"),
-    ("Bench | Run the benchmark client", "benchmarking"),
-    ("Collect | Fetch the run's files", "collecting"),
-    ("server_stop : Stop | Read the stop result", "stopping"),
-    ("Validating arguments against arg spec 'main'", None),
-    ("Run | Remember why the run failed", None),
-    (None, None),
+@pytest.mark.parametrize("event_data, phase", [
+    ({"role": "node_prepare", "task": "Prepare | Find the node tools on the controller"}, "preparing"),
+    ({"role": "server_stop", "task": "Stop any server of ours left on the node"}, "stopping"),
+    ({"role": "gpu_free", "task": "Wait until the GPUs are free before starting"}, "waiting for GPUs"),
+    ({"role": "server_start", "task": "Launch detached in its own session, arm x"}, "starting"),
+    ({"role": "server_ready", "task": "Loading weights and capturing graphs until the server answers"}, "loading"),
+    ({"role": "env_verify", "task": "Compare every engine process's environment"}, "verifying env"),
+    ({"role": "bench", "task": "Run the benchmark client"}, "benchmarking"),
+    ({"role": "collect", "task": "Fetch the run's files"}, "collecting"),
+    ({"role": "server_stop", "task": "Validating arguments against arg spec 'main'"}, "stopping"),
+    ({"task": "Stop | a task of the playbook itself, outside every role"}, None),
+    ({"role": "specab", "task": "a role of no run step"}, None),
+    ({}, None),
 ])
-def test_task_names_map_to_phases(task, phase):
-    assert phase_of(task) == phase
+def test_the_role_of_an_event_names_its_phase(event_data, phase):
+    assert phase_of_event(event_data) == phase
 
 
 def test_failure_message_prefers_the_node_tools_error():
@@ -427,7 +428,7 @@ def test_the_ansible_child_imports_the_drivers_specab_without_an_install(tmp_pat
     from specab.driver.playbook import PlaybookRunner
 
     env = PlaybookRunner(tmp_path, tmp_path / "inv.yml", tmp_path / "private").child_env()
-    out = subprocess.run([sys.executable, "-S", "-c", "import specab.node.contract, specab; print(specab.__file__)"],
+    out = subprocess.run([sys.executable, "-S", "-c", "import specab.vocab.contract, specab; print(specab.__file__)"],
                          env={"PATH": env["PATH"], "PYTHONPATH": env["PYTHONPATH"]}, cwd=tmp_path,
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == specab.__file__

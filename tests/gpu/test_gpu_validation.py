@@ -287,9 +287,7 @@ REAL_RUN = REPO / "tests" / "fixtures" / "sglang-0.5.17" / "specab-run"   # spec
 def real_stop_json(arm: str, with_record: bool = True, log_filter=None) -> Dict[str, Any]:
     """The real stop.json of that run (written before stop.py recorded the shutdown), plus the record
     stop.py makes of the log the real engine wrote during that stop (the per-run stop: exit not observable)."""
-    sys.path.insert(0, str(REPO / "specab" / "node"))
-    import common
-    import stop
+    from specab.node import common, stop
     rec = json.loads((REAL_RUN / f"{arm}.stop.json").read_text())
     if with_record:
         text = (REAL_RUN / f"{arm}.stop.log").read_text()

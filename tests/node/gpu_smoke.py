@@ -53,7 +53,7 @@ while True:
 
 def tool(name: str, *args: str, timeout: float = 120) -> dict:
     t0 = time.monotonic()
-    p = subprocess.run([PY, str(NODE / (name + ".py"))] + [str(a) for a in args], capture_output=True, text=True,
+    p = subprocess.run([PY, str(NODE), name] + [str(a) for a in args], capture_output=True, text=True,
                        timeout=timeout)
     out = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {}
     out["_rc"], out["_wall_s"] = p.returncode, round(time.monotonic() - t0, 3)
@@ -142,7 +142,7 @@ def main() -> int:
                                "--format=csv,noheader,nounits"], capture_output=True, text=True).stdout.strip()
         res["orphans_memory_used_mib_1s_after_parent_kill"] = held
         # gpufree polls (every 50 ms) while stop runs: SIGTERM → GPU free, as the node sees it
-        watcher = subprocess.Popen([PY, str(NODE / "gpufree.py"), "--smi", smi, "--gpus", str(a.gpu),
+        watcher = subprocess.Popen([PY, str(NODE), "gpufree", "--smi", smi, "--gpus", str(a.gpu),
                                     "--threshold-mib", "64", "--timeout", "60", "--node-dir", str(node_dir),
                                     "--interval", "0.05"], stdout=subprocess.PIPE, text=True)
         time.sleep(0.5)  # let it take its first polls while the orphans still hold the GPU

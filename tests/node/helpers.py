@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,7 +25,7 @@ import pytest
 from specab.config import defaults
 
 REPO = Path(__file__).resolve().parents[2]
-NODE_DIR_SRC = REPO / "specab" / "node"
+NODE_DIR_SRC = REPO / "specab" / "node"        # the node tools' package: `python NODE_DIR_SRC TOOL ARGS` runs one
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 
@@ -41,10 +42,21 @@ class ToolResult:
         return self.data.get("error", "")
 
 
+def ship_node_package(bin_dir: Path) -> Path:
+    """What the node_prepare role ships into ``<node_dir>/bin``: specab/__init__.py, specab/vocab/*.py and
+    specab/node/*.py, under their package paths. Returns the tools' folder (``python <it> TOOL ARGS`` runs a tool)."""
+    shipped = [f for part in ("vocab", "node") for f in sorted((REPO / "specab" / part).glob("*.py"))]
+    for rel in ["specab/__init__.py"] + [f.relative_to(REPO).as_posix() for f in shipped]:
+        (bin_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, bin_dir / rel)
+    return bin_dir / "specab" / "node"
+
+
 def run_tool(tool: str, *args: str, env: Optional[Dict[str, str]] = None, timeout: float = 90,
-             bin_dir: Path = NODE_DIR_SRC) -> ToolResult:
+             tools: Path = NODE_DIR_SRC) -> ToolResult:
+    """``python <tools> TOOL ARGS`` (``tools``: the package folder, the checkout's or a shipped copy)."""
     t0 = time.monotonic()
-    p = subprocess.run([PY, str(bin_dir / (tool + ".py"))] + [str(a) for a in args], env=env,
+    p = subprocess.run([PY, str(tools), tool] + [str(a) for a in args], env=env,
                        capture_output=True, text=True, timeout=timeout)
     wall = time.monotonic() - t0
     try:

@@ -1,8 +1,8 @@
 """A simulated node laid out as the controller's enqueue playbook leaves it, for the sequencer's tests
 and its dead-time measurement (``python -m tests.node.seq_deadtime``).
 
-The node tools are deployed into ``<node>/bin/`` (as node_prepare does: every ``specab/node/*.py``,
-the benchmark client ``loadgen.py`` among them); each run directory gets launch.sh / nccl.env / args.json rendered from the
+The node tools are shipped into ``<node>/bin/specab/node/`` (as node_prepare does: the package, the benchmark
+client ``loadgen.py`` among its tools); each run directory gets launch.sh / nccl.env / args.json rendered from the
 same templates with the same Jinja settings as the server_start role (``specab.driver.render``) and
 handed, with its queue entry (docs/architecture.md), to ``sequence.py stage`` as enqueue.yml does.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +21,7 @@ from typing import Any, Dict, List, Optional
 
 from specab.config import defaults
 from specab.driver import render
+from tests.node.helpers import ship_node_package
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -82,9 +82,7 @@ class SeqNode:
     def __post_init__(self) -> None:
         self.node_dir = self.root / "node"
         self.bin = self.node_dir / "bin"
-        self.bin.mkdir(parents=True, exist_ok=True)
-        for f in (REPO / "specab" / "node").glob("*.py"):
-            shutil.copy2(f, self.bin / f.name)
+        self.tools = ship_node_package(self.bin)      # <bin>/specab/node: `python <tools> TOOL ARGS`
         self.state = self.root / "gpus"
 
     # -- the node's environment (specab_node_env) -------------------------------------------
@@ -160,7 +158,7 @@ class SeqNode:
     # -- the sequencer's CLI -------------------------------------------------------------------
 
     def seq(self, *args: str, timeout: float = 120, stdin: Optional[str] = None) -> Result:
-        p = subprocess.run([PY, str(self.bin / "sequence.py"), "--node-dir", str(self.node_dir)] + list(args),
+        p = subprocess.run([PY, str(self.tools), "sequence", "--node-dir", str(self.node_dir)] + list(args),
                            env=self.env, capture_output=True, text=True, timeout=timeout,
                            input=stdin if stdin is not None else "")
         try:

@@ -137,8 +137,7 @@ def test_gpufree_waits_for_slow_release_and_records_time(server, sim):
 
 def test_gpufree_needs_both_conditions():
     import sys
-    sys.path.insert(0, str(HERE.parents[1] / "specab" / "node"))
-    import gpufree
+    from specab.node import gpufree
 
     def snap(mem, procs):
         return {"gpus": [{"index": 0, "memory_used_mib": 0, "compute_processes": []},
@@ -300,8 +299,7 @@ def test_gpu_sweep_kills_compute_processes_of_our_session_only(sim, monkeypatch)
     """The orphan rule itself: a GPU compute process whose session id is our recorded session is
     killed by the sweep; one in another session is only reported."""
     import sys
-    sys.path.insert(0, str(HERE.parents[1] / "specab" / "node"))
-    import stop as stop_tool
+    from specab.node import stop as stop_tool
 
     ours = sim.hold(0, 500, title="renamed-by-prctl")      # its own session: sid == its pid
     other = sim.hold(1, 700, title="someone-else")

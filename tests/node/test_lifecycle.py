@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 
-from tests.node.helpers import NODE_DIR_SRC, PY, run_tool, session_pids, wait_for
+from tests.node.helpers import PY, run_tool, session_pids, ship_node_package, wait_for
 
 
 def test_full_cycle_start_ready_envcheck_stop_gpufree(server, sim):
@@ -133,21 +132,18 @@ def test_start_refuses_a_non_executable_script(server, sim):
     assert r.rc == 1 and "not executable" in r.error
 
 
-def test_tools_run_as_side_by_side_copies_in_a_bin_dir(tmp_path, server, sim):
-    """The roles copy specab/node/*.py into {{ specab_node_dir }}/bin and run them there."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for f in NODE_DIR_SRC.glob("*.py"):
-        if f.name != "__init__.py":
-            shutil.copy(f, bin_dir / f.name)
+def test_tools_run_from_the_package_shipped_to_a_bin_dir(tmp_path, server, sim):
+    """The roles ship the package (specab/__init__.py, specab/node/*.py) into {{ specab_node_dir }}/bin and run
+    `python <bin>/specab/node TOOL` there."""
+    tools = ship_node_package(tmp_path / "bin")
     env = {"PATH": os.environ["PATH"], "SPECAB_SIM_STATE": sim.env["SPECAB_SIM_STATE"],
            "PYTHONPATH": sim.env["PYTHONPATH"]}  # PYTHONPATH only for the simulated smi
     r = run_tool("gpufree", "--smi", sim.smi_json, "--gpus", "0,1", "--threshold-mib", "64", "--timeout", "10", env=env,
-                 bin_dir=bin_dir)
+                 tools=tools)
     assert r.rc == 0, r.error
     assert r.data["gpus"] == [0, 1]
     r = run_tool("stop", "--node-dir", server.node_dir, "--smi", sim.smi_json, "--grace", "15", env=env,
-                 bin_dir=bin_dir)
+                 tools=tools)
     assert r.rc == 0 and r.data["was_running"] is False
 
 

@@ -3,17 +3,13 @@ from __future__ import annotations
 
 import ast
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-NODE = Path(__file__).resolve().parents[2] / "specab" / "node"
-sys.path.insert(0, str(NODE))
+from specab.node import common, envcheck, ready
 
-import common  # noqa: E402
-import envcheck  # noqa: E402
-import ready  # noqa: E402
+NODE = Path(__file__).resolve().parents[2] / "specab" / "node"
 
 # shared/reference/vllm-sim-nvidia-smi-nccl.md C1 (H200, driver 580.159.04)
 H200_QUERY = "0, GPU-2592755b-9f24-f5f7-a815-34d27fe0aa35, NVIDIA H200, 0, 143771, 0, 37, 375, 3201, 117.18, 0x0000000000000001\n"

@@ -17,7 +17,7 @@ SAMPLE_HEADER = ["timestamp", "index", "uuid", "clocks.sm", "clocks.mem", "clock
 
 def test_gpusample_writes_rows_until_sigterm(tmp_path, sim):
     out = tmp_path / "gpu_samples.csv"
-    p = subprocess.Popen([PY, str(NODE_DIR_SRC / "gpusample.py"), "--smi", sim.smi_json, "--interval", "0.1",
+    p = subprocess.Popen([PY, str(NODE_DIR_SRC), "gpusample", "--smi", sim.smi_json, "--interval", "0.1",
                           "--gpus", "0,1", "--out", str(out)], env=sim.env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     try:
@@ -115,9 +115,9 @@ def test_gpusample_stops_when_its_parent_exits(tmp_path, sim):
     sampler, which then ran nvidia-smi forever. The sampler notices its parent's exit and stops."""
     out = tmp_path / "s.csv"
     pidfile = tmp_path / "pid"
-    script = ('sampler() { %s %s --smi %s --interval 0.1 --out %s "$@"; }\n'
+    script = ('sampler() { %s %s gpusample --smi %s --interval 0.1 --out %s "$@"; }\n'
               'sampler > %s 2>/dev/null &\necho $! > %s\nwait\n') % (
-        PY, NODE_DIR_SRC / "gpusample.py", "'" + sim.smi_json + "'", out, tmp_path / "json", pidfile)
+        PY, NODE_DIR_SRC, "'" + sim.smi_json + "'", out, tmp_path / "json", pidfile)
     shell = subprocess.Popen(["bash", "-c", script], env=sim.env)
     try:
         assert wait_for(lambda: out.exists() and len(out.read_text().splitlines()) >= 3, 60)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from specab.node import contract
+from specab.vocab import phases as vocab_phases
 from tests.node.seqnode import PY, SeqNode, proc_session, session_pids, wait_for
 
 # Files the per-run path (playbooks/tasks/run_arm.yml) leaves in a run directory
@@ -27,7 +27,7 @@ PER_RUN_FILES = {"launch.sh", "nccl.env", "args.json", "server.log", "ready.json
                  "env_check.json", "server_info.json", "gpu_before.csv", "gpu_samples.csv", "gpu_samples.json",
                  "gpu_samples.log", "gpu_after.csv", "bench.jsonl", "bench_summary.json", "stop.json",
                  "gpu_free.json", "gpu_free.csv", "manifest.json", "phase_metrics.json"}
-STEP_PHASES = {s.phase for s in contract.RUN_STEPS}
+STEP_PHASES = {s.phase for s in vocab_phases.RUN_STEPS}
 QUEUE_FILES = {"phases.jsonl", "done.json", "queue_entry.json"}
 SAMPLE_HEADER = ["timestamp", "index", "uuid", "clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw",
                  "temperature.gpu", "utilization.gpu", "clocks_event_reasons.active", "memory.used"]
@@ -83,8 +83,8 @@ def test_queued_runs_all_done_with_the_per_run_files(node):
         phases = [p["phase"] for p in node.phases(rid)]
         assert phases == ["claimed", "stopping-leftover", "gpus-free-before", "starting", "loading", "ready", "env",
                           "warming up", "benchmarking", "stopping", "gpus free", "manifest", "done"]
-        # the run order of the node contract, the one the per-run playbook follows too (test_architecture.py)
-        assert [p for p in phases if p in STEP_PHASES] == [s.phase for s in contract.RUN_STEPS]
+        # the run order of the shared vocabulary, the one the per-run playbook follows too (test_architecture.py)
+        assert [p for p in phases if p in STEP_PHASES] == [s.phase for s in vocab_phases.RUN_STEPS]
         times = [p["t"] for p in node.phases(rid)]
         assert times == sorted(times)
         # the formats of the per-run path: the node tools' own outputs
@@ -180,7 +180,7 @@ def test_wait_reports_a_sequencer_killed_without_done_json(node):
     assert "gone" in err and str(r.data["pid"]) in err and "sequencer.log" in err and "stop.py" in err
     assert not node.run_file(rid, "done.json").exists()
     # what the error says to do: stop.py stops the server the dead sequencer left
-    s = subprocess.run([PY, str(node.bin / "stop.py"), "--node-dir", str(node.node_dir), "--smi",
+    s = subprocess.run([PY, str(node.tools), "stop", "--node-dir", str(node.node_dir), "--smi",
                         json.dumps(node.smi), "--grace", "15"], env=node.env, capture_output=True, text=True,
                        timeout=120)
     out = json.loads(s.stdout)
@@ -199,7 +199,7 @@ def test_interrupt_during_a_benchmark_stops_the_server_and_marks_the_run(node, h
     server = json.loads((node.node_dir / "server.json").read_text())
     assert session_pids(server["sid"]) and len(session_pids(seq_pid)) >= 3, "sequencer + client + sampler"
     if how == "stop.py":
-        s = subprocess.run([PY, str(node.bin / "stop.py"), "--node-dir", str(node.node_dir), "--smi",
+        s = subprocess.run([PY, str(node.tools), "stop", "--node-dir", str(node.node_dir), "--smi",
                             json.dumps(node.smi), "--grace", "15"], env=node.env, capture_output=True, text=True,
                            timeout=120)
         assert s.returncode == 0, s.stdout + s.stderr
@@ -349,7 +349,7 @@ def _fake_sequencer(node: SeqNode, ignore_term: bool) -> subprocess.Popen:
 
 def test_stop_escalates_to_sigkill_for_a_sequencer_that_ignores_sigterm(node):
     p = _fake_sequencer(node, ignore_term=True)
-    s = subprocess.run([PY, str(node.bin / "stop.py"), "--node-dir", str(node.node_dir), "--smi",
+    s = subprocess.run([PY, str(node.tools), "stop", "--node-dir", str(node.node_dir), "--smi",
                         json.dumps(node.smi), "--grace", "5", "--sequencer-grace", "0.5"], env=node.env,
                        capture_output=True, text=True, timeout=60)
     assert s.returncode == 0, s.stdout + s.stderr
@@ -364,7 +364,7 @@ def test_stop_never_signals_a_process_that_only_reuses_the_recorded_pid(node):
     rec = json.loads((node.node_dir / "sequencer.json").read_text())
     rec["starttime"] -= 1          # the recorded sequencer is gone; this pid is someone else's now
     (node.node_dir / "sequencer.json").write_text(json.dumps(rec))
-    s = subprocess.run([PY, str(node.bin / "stop.py"), "--node-dir", str(node.node_dir), "--smi",
+    s = subprocess.run([PY, str(node.tools), "stop", "--node-dir", str(node.node_dir), "--smi",
                         json.dumps(node.smi), "--grace", "5"], env=node.env, capture_output=True, text=True,
                        timeout=60)
     assert s.returncode == 0, s.stdout + s.stderr

@@ -4,23 +4,18 @@ The real 0.5.17's shutdown, replayed from its recorded log and timeline, is reco
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
+from specab.node import start, stop
 from tests.node.helpers import (HERE, NODE_DIR_SRC, PY, REPO, run_tool, server, session_pids,  # noqa: F401
                                 sim, wait_for)
-
-sys.path.insert(0, str(NODE_DIR_SRC))
-import start  # noqa: E402
-import stop  # noqa: E402
-
 
 @pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
 def test_stop_records_the_engine_shutdown_style_and_leaves_nothing(server, sim, version, monkeypatch):  # noqa: F811
     for k, v in sim.env.items():
         monkeypatch.setenv(k, v)
-    # the node's spelling of cuda_graph_max_bs: 16 (specab/node/engines.py spell_args)
+    # the node's spelling of cuda_graph_max_bs: 16 (specab/vocab/engines.py spell_args)
     graph = {"cuda_graph_max_bs_decode": 16} if version == "0.5.23" else {"cuda_graph_max_bs": 16}
     script = server.write_sim_launch(env_lines=f"SPECAB_SIM_SGLANG_VERSION={version}\n", scale=20, args=graph)
     # started in-process, as the run queue's sequencer does: this process is the server's parent, so stop.py

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from specab.config import builtin_data
-from specab.node import dataset
+from specab.vocab import dataset
 from tests.real_engine.conftest import RealVllm, free_port, vllm_run_env
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(900),

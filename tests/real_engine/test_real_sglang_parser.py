@@ -18,7 +18,7 @@ import pytest
 
 from specab.driver import preflight
 from specab.driver.options import Options, prepare
-from specab.node import engines
+from specab.vocab import engines
 from tests.launch_argv import argv_of
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow]

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from specab.analysis import logparse
-from specab.node import engines
+from specab.vocab import engines
 from tests.node.helpers import client_default_argv
 from tests.real_engine.conftest import VENV_BIN, RealVllm, free_port, vllm_run_env
 
@@ -67,7 +67,7 @@ def ours(sid: int) -> dict[int, str]:
 def start_benchmark(run: Path, port: int) -> subprocess.Popen:
     """loadgen against the real server; returns once its first request has finished (mid-benchmark)."""
     bench_log = run / "bench.jsonl"
-    bench = subprocess.Popen([sys.executable, str(NODE / "loadgen.py"), *client_default_argv(),
+    bench = subprocess.Popen([sys.executable, str(NODE), "loadgen", *client_default_argv(),
                               "--url", f"http://127.0.0.1:{port}",
                               "--api", "completions", "--num-requests", "40", "--warmup", "0", "--input-len", "16",
                               "--output-len", "512", "--timeout", "60", "--out", str(bench_log),
@@ -81,7 +81,7 @@ def start_benchmark(run: Path, port: int) -> subprocess.Popen:
 
 
 def node_tool(name: str, *args: str, timeout: float = 600) -> tuple[int, dict[str, Any], str]:
-    proc = subprocess.run([sys.executable, str(NODE / name), *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(NODE), name, *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "SPECAB_SIM_STATE": os.environ.get("SPECAB_SIM_STATE", "")})
     try:
         data = json.loads(proc.stdout or "{}")
@@ -102,7 +102,7 @@ def launch(real_vllm: RealVllm, tmp: Path, port: int, model: str, *extra: str,
     script.write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + exports + "export SPT_NOENV=1\nexec "
                       + " ".join(shlex.quote(w) for w in words) + "\n")
     script.chmod(0o755)
-    rc, rec, err = node_tool("start.py", "--node-dir", str(node), "--run-dir", str(run), "--script", str(script),
+    rc, rec, err = node_tool("start", "--node-dir", str(node), "--run-dir", str(run), "--script", str(script),
                              "--host", "127.0.0.1", "--port", str(port))
     assert rc == 0, (rec, err)
     return node, run, rec
@@ -110,13 +110,13 @@ def launch(real_vllm: RealVllm, tmp: Path, port: int, model: str, *extra: str,
 
 def stop(node: Path, grace: float = 20, out_file: Path | None = None) -> dict[str, Any]:
     extra = ("--out", str(out_file)) if out_file is not None else ()
-    rc, out, err = node_tool("stop.py", "--node-dir", str(node), "--smi", SMI, "--grace", str(grace), *extra)
+    rc, out, err = node_tool("stop", "--node-dir", str(node), "--smi", SMI, "--grace", str(grace), *extra)
     assert rc == 0, (out, err)
     return out
 
 
 def wait_ready(run: Path, port: int, pid: int, timeout: float = 600) -> tuple[int, dict[str, Any], str]:
-    return node_tool("ready.py", "--url", f"http://127.0.0.1:{port}", "--pid", str(pid), "--log",
+    return node_tool("ready", "--url", f"http://127.0.0.1:{port}", "--pid", str(pid), "--log",
                      str(run / "server.log"), "--timeout", str(timeout), timeout=timeout + 60)
 
 

@@ -87,8 +87,9 @@ def _sshd_sessions(ns: NetnsHost) -> list[int]:
 
 
 def _waiting_for(ns: NetnsHost, run_id: str) -> bool:
-    """The controller's `sequence.py ... wait --run-id <run_id>` runs on the node (over SSH)."""
-    return any(any(a.endswith(b"sequence.py") for a in argv) and b"wait" in argv and run_id.encode() in argv
+    """The controller's `<bin>/specab/node sequence ... wait --run-id <run_id>` runs on the node (over SSH)."""
+    return any(any(a.endswith(b"specab/node") for a in argv) and b"sequence" in argv and b"wait" in argv
+               and run_id.encode() in argv
                for argv in ns.argvs().values())
 
 

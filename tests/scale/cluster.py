@@ -67,8 +67,9 @@ class Node:
 
     def stop(self) -> None:
         """Stop whatever server of ours the node recorded (fixture finalizers)."""
-        if (self.node_dir / "bin" / "stop.py").exists():
-            subprocess.run([PYTHON, str(self.node_dir / "bin" / "stop.py"), "--node-dir", str(self.node_dir),
+        tools = self.node_dir / "bin" / "specab" / "node"
+        if (tools / "stop.py").exists():
+            subprocess.run([PYTHON, str(tools), "stop", "--node-dir", str(self.node_dir),
                             "--smi", json.dumps(SMI), "--grace", "5"],
                            env={**os.environ, **self.node_env()}, capture_output=True, timeout=60)
 

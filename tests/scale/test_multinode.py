@@ -51,8 +51,8 @@ def _measured(bench: Path) -> int:
 
 
 def _samplers(node: Node) -> list[int]:
-    """GPU samplers (gpusample.py) alive in the node's namespace."""
-    return [pid for pid, argv in node.ns.argvs().items() if any(a.endswith(b"gpusample.py") for a in argv)]
+    """GPU samplers (`<bin>/specab/node gpusample`) alive in the node's namespace."""
+    return [pid for pid, argv in node.ns.argvs().items() if b"gpusample" in argv]
 
 
 def _clean(nodes: list[Node]) -> None:

@@ -150,7 +150,7 @@ def test_059_help_is_the_real_059_flag_set_and_refuses_0523_flags(tmp_path):
     so the driver's preflight reads the 0.5.9 generation; an unmodelled 0.5.9 flag is accepted, a 0.5.23-only
     flag is not."""
     from specab.driver.preflight import parse_help_flags
-    from specab.node import engines
+    from specab.vocab import engines
     from specab.sim.versions import FLAGS_059
     real = {l.strip() for l in FLAGS_059.read_text().splitlines() if l.startswith("--")}
     env = {**base_env(tmp_path, 1), "SPECAB_SIM_SGLANG_VERSION": "0.5.9"}

@@ -12,7 +12,8 @@ import pytest
 
 from specab.analysis import positions, specmodel
 from specab.analysis.model import load_run_dir
-from specab.node import engines, loadgen
+from specab.node import loadgen
+from specab.vocab import engines
 from specab.sim.profile import load_profile
 from tests.node.helpers import client_config
 from tests.sim.client import request_json

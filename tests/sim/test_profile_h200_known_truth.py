@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from specab.analysis import model, phases
-from specab.node import engines
 from specab.sim.profile import load_profile
 from specab.sim.timing import TimingModel
+from specab.vocab import engines
 from tests.stores import copy_store
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "known-truth" / "h200"

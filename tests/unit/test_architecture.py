@@ -1,5 +1,5 @@
 """The architecture holds: no import circle anywhere in specab, no module imports another's private name,
-and the run order on a node exists once (specab.node.contract.RUN_STEPS), which the per-run playbooks
+and the run order on a node exists once (specab.vocab.phases.RUN_STEPS), which the per-run playbooks
 follow (the sequencer's own phase order is asserted in tests/node/test_sequence.py). The layers themselves
 are `lint-imports` contracts (pyproject.toml), run by `make test`."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ import yaml
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
-from specab.node import contract
+from specab.vocab import phases
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,22 +49,21 @@ def test_no_module_imports_another_modules_private_name():
     assert not bad, "\n".join(bad)
 
 
-def _main_block_roles(playbook: Path) -> list[tuple[str, str]]:
-    """(task-name prefix, role) of every include_role of the run's main block, in order (the block's
-    rescue, which cleans up a failed run, is not the run order)."""
+def _main_block_roles(playbook: Path) -> list[str]:
+    """The role of every include_role of the run's main block, in order (the block's rescue, which cleans up a
+    failed run, is not the run order)."""
     tasks = yaml.safe_load(playbook.read_text())
     block = next(t for t in tasks if "block" in t and str(t.get("name", "")).startswith("Run | One run"))
     out = []
     for t in block["block"]:
         role = (t.get("ansible.builtin.include_role") or {}).get("name")
         if role and role != "node_prepare":          # deploys the tools; no step of the run
-            out.append((t["name"].split(" | ", 1)[0], role))
+            out.append(role)
     return out
 
 
-def test_the_per_run_playbooks_follow_the_contracts_run_order():
-    assert _main_block_roles(REPO / "playbooks/tasks/run_arm.yml") == [
-        (s.task.split(" | ", 1)[0], s.role) for s in contract.RUN_STEPS]
+def test_the_per_run_playbooks_follow_the_run_order():
+    assert _main_block_roles(REPO / "playbooks/tasks/run_arm.yml") == [s.role for s in phases.RUN_STEPS]
 
 
 def test_one_task_file_runs_an_arm_on_one_host_or_over_several():
@@ -78,16 +77,51 @@ def test_one_task_file_runs_an_arm_on_one_host_or_over_several():
     assert not [p for p in (REPO / "playbooks").rglob("*run_arm*.yml") if p.name != "run_arm.yml"]
 
 
-def test_the_sequencer_names_its_phases_after_the_contract():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("runsteps_under_test", REPO / "specab/node/runsteps.py")
-    steps = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(steps)
-    assert steps.PHASES == contract.NODE_PHASES and sys.modules["runqueue"].TASKS == contract.TASKS
-    assert [p for p in contract.NODE_PHASES if p in {s.phase for s in contract.RUN_STEPS}] == \
-        [s.phase for s in contract.RUN_STEPS]
+def test_the_sequencer_names_its_phases_after_the_vocabulary():
+    from specab.node import runqueue, runsteps
+    assert runsteps.PHASES == phases.NODE_PHASES and runqueue.TASKS == phases.TASKS
+    assert [p for p in phases.NODE_PHASES if p in {s.phase for s in phases.RUN_STEPS}] == \
+        [s.phase for s in phases.RUN_STEPS]
     # every display phase the sequencer can report is one the driver knows
-    assert set(contract.NODE_PHASES) == set(contract.DISPLAY_PHASES)
+    assert set(phases.NODE_PHASES) == set(phases.DISPLAY_PHASES)
+
+
+def test_each_role_of_a_run_step_is_one_phase():
+    """On the per-run path a task's phase is its role's (specab.vocab.phases.phase_of_event): every step's role has
+    one display phase, the one the sequencer reports for that step (the collect role, which writes the manifest
+    and fetches the run, is collecting)."""
+    for p in phases.PHASES:
+        if p.role is not None:
+            assert phases.ROLE_PHASES[p.role] == p.display, p
+    for step in phases.RUN_STEPS:
+        expected = "collecting" if step.role == "collect" else phases.display_phase(step.phase)
+        assert phases.phase_of_event({"role": step.role, "task": "free text"}) == expected, step
+    assert phases.phase_of_event({"task": "Stop | a task outside every role"}) is None
+
+
+def _imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import statement of a file, wherever it is (a function's lazy import too)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            out.append((node.lineno, "." * node.level + (node.module or "")))
+    return out
+
+
+def test_what_is_shipped_to_a_node_imports_the_stdlib_and_itself_only():
+    """What node_prepare ships (specab.node, specab.vocab) imports, besides the standard library, only those two
+    packages by their full name: an import of a sibling as a top-level module (after a sys.path change) would be
+    invisible to the lint-imports contracts, and would not import where the package is shipped."""
+    shipped = sorted([*(REPO / "specab" / "node").glob("*.py"), *(REPO / "specab" / "vocab").glob("*.py")])
+    bad = [f"{p.relative_to(REPO)}:{line}: {mod}" for p in shipped for line, mod in _imported_modules(p)
+           if mod.split(".")[0] not in sys.stdlib_module_names and not mod.startswith(("specab.node", "specab.vocab"))]
+    assert not bad, "imports that are neither the standard library nor specab.node/vocab: " + ", ".join(bad)
+    touch_path = [p.name for p in shipped if p.name != "__main__.py" and any(
+        isinstance(n, ast.Attribute) and n.attr == "path" and isinstance(n.value, ast.Name) and n.value.id == "sys"
+        for n in ast.walk(ast.parse(p.read_text())))]
+    assert not touch_path, f"node tools that use sys.path (only the launcher, __main__.py, may): {touch_path}"
 
 
 def _stray_docstrings(path: Path) -> list[str]:

@@ -13,7 +13,7 @@ import yaml
 from specab.analysis import workload
 from specab.config import builtin_data
 from specab.config.spec import ConfigError, load_experiment
-from specab.node import dataset
+from specab.vocab import dataset
 from tests.unit.test_loadgen_sim import run_loadgen, sim  # noqa: F401  (the simulated server fixture)
 
 REPO = Path(__file__).resolve().parents[2]

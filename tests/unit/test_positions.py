@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from specab.analysis import positions, specmodel
-from specab.node import engines, loadgen
+from specab.node import loadgen
+from specab.vocab import engines
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -13,17 +13,11 @@ import pytest
 
 from specab.analysis import logparse
 from specab.driver.preflight import parse_help_flags
-from specab.node import engines
-from specab.node import loadgen
+from specab.node import common, envcheck, loadgen, ready, stop
+from specab.vocab import engines
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.17"
 NODE = Path(__file__).resolve().parents[2] / "specab" / "node"
-sys.path.insert(0, str(NODE))
-
-import common  # noqa: E402
-import envcheck  # noqa: E402
-import ready  # noqa: E402
-import stop  # noqa: E402
 
 
 def _stream_events(name: str) -> list[dict]:

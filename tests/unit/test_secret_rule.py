@@ -1,4 +1,4 @@
-"""THE secret rule (specab.node.contract): which names are secrets, and how text, argv and mappings are redacted.
+"""THE secret rule (specab.vocab.contract): which names are secrets, and how text, argv and mappings are redacted.
 
 The controller once used a narrower rule than the node: ``--api-key X`` (server arg ``api_key``) and a bare
 ``TOKEN`` were redacted on the node but not in the runner scrub or the stored config. These cases pin the one
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from specab.node import contract as c
+from specab.vocab import contract as c
 
 R = c.REDACTED
 

@@ -8,7 +8,7 @@ scrubs with the same rule: specab/driver/playbook.py ``scrub_tree``).
 
 The values are those of the secret-named keys in ``sources`` (the experiment, the arm, the node env: any JSON-like
 value) and of the secret-named variables of the controller's environment (on a local node, the engine inherits
-them). Which names are secret is THE secret rule of ``specab/node/contract.py``, loaded from this checkout by path
+them). Which names are secret is THE secret rule of ``specab/vocab/contract.py``, loaded from this checkout by path
 (stdlib only; ansible-playbook's Python may have another specab installed, or none).
 
 Runs on the controller only, in the controller's own process: nothing is sent to a node.
@@ -25,12 +25,12 @@ from typing import Any
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
-CONTRACT = Path(__file__).resolve().parents[3] / "specab" / "node" / "contract.py"
+CONTRACT = Path(__file__).resolve().parents[3] / "specab" / "vocab" / "contract.py"
 CONTRACT_MODULE = "specab_redact_contract"      # the name plugins/callback/specab_redact.py loads it under
 
 
 def load_contract() -> ModuleType:
-    """specab/node/contract.py of this checkout under the callback's module name; the same loader as
+    """specab/vocab/contract.py of this checkout under the callback's module name; the same loader as
     plugins/callback/specab_redact.py's ``load_contract`` (its docstring says why there are two)."""
     mod = sys.modules.get(CONTRACT_MODULE)
     if mod is None:
@@ -44,7 +44,7 @@ def load_contract() -> ModuleType:
         except (OSError, SyntaxError, ImportError) as exc:    # no half-loaded rule is left for the next call
             del sys.modules[CONTRACT_MODULE]
             raise AnsibleActionFail(f"collect_scrub: cannot load the secret rule from {CONTRACT} ({exc}); the plugin runs "
-                        f"from a specab checkout and needs its specab/node/contract.py") from exc
+                        f"from a specab checkout and needs its specab/vocab/contract.py") from exc
     return mod
 
 

@@ -1,12 +1,9 @@
 """The node contract: the names the node tools, the roles and the controller exchange, in one place.
 
-stdlib only, no sibling imports: node tools import it as ``contract`` (a sibling in ``<node_dir>/bin``),
-the controller as ``specab.node.contract``. What lives here:
+stdlib only, no sibling imports: part of the shared vocabulary (``specab.vocab``), shipped to the node with the
+node tools and imported by every layer of the controller alike (the run's phases and order are its ``phases``).
+What lives here:
 
-* the run order on a node (``RUN_STEPS``): the per-run playbook (``playbooks/tasks/run_arm.yml``) and the
-  run queue's sequencer (``sequence.py``) both execute exactly these steps in this order
-  (``tests/unit/test_contract.py`` holds the playbook to it);
-* phases: the sequencer's node phases, the driver's display phases, the Ansible task-name prefixes;
 * the server-log lines of the engine's load phases (live progress, ready.json) and its fatal lines;
 * run and experiment id rules;
 * THE secret rule: which names are secrets, and how values, mappings, argv and free text are redacted;
@@ -156,96 +153,6 @@ def scrub_text(text: str, values: Sequence[str]) -> str:
         for enc in {v, json.dumps(v)[1:-1]}:
             text = text.replace(enc, REDACTED)
     return redact_text(text)
-
-
-# ---------------------------------------------------------------------------------------------
-# The run order on a node
-# ---------------------------------------------------------------------------------------------
-
-class RunStep(NamedTuple):
-    phase: str        # the sequencer's node phase (phases.jsonl) that begins the step
-    task: str         # the per-run playbook's task name (run_arm.yml), ``{arm}`` = the arm's name
-    role: str         # the role the per-run playbook includes for it
-
-
-RUN_STEPS: Tuple[RunStep, ...] = (
-    RunStep("stopping-leftover", "Stop | Stop any server of ours left on the node", "server_stop"),
-    RunStep("gpus-free-before", "GPUs free | Wait until the GPUs are free before starting", "gpu_free"),
-    RunStep("starting", "Start | Start arm {arm}", "server_start"),
-    RunStep("loading", "Ready | Wait until the server is ready", "server_ready"),
-    RunStep("env", "Env | Verify env and server args", "env_verify"),
-    RunStep("benchmarking", "Bench | Benchmark arm {arm}", "bench"),
-    RunStep("stopping", "Stop | Stop the server and record how", "server_stop"),
-    RunStep("gpus free", "GPUs free | Wait until the GPUs are free again and record the time to free", "gpu_free"),
-    RunStep("manifest", "Collect | Write manifest.json on the node", "collect"),
-)
-
-# The sequencer's node phases, in the order they begin (phases.jsonl): the run steps, the queue's own
-# bookends (claimed, done) and the sub-phases it marks inside a step (ready inside loading, warming up
-# before benchmarking).
-NODE_PHASES: Tuple[str, ...] = ("claimed", "stopping-leftover", "gpus-free-before", "starting", "loading", "ready",
-                                "env", "warming up", "benchmarking", "stopping", "gpus free", "manifest", "done")
-
-# What failed, in the words of the per-run path's task names.
-TASKS: Dict[str, str] = dict({s.phase: s.task for s in RUN_STEPS}, **{
-    "claimed": "Queue | Claim the queued run",
-    "ready": "Ready | Wait until the server is ready",
-    "warming up": "Bench | Benchmark arm {arm}",
-    "done": "Queue | Write done.json",
-})
-
-# Ansible task-name prefix (before " | ") -> the driver's display phase.
-TASK_PREFIX_PHASES: Dict[str, str] = {
-    "Stop": "stopping",
-    "GPUs free": "waiting for GPUs",
-    "Start": "starting",
-    "Ready": "loading",
-    "Env": "verifying env",
-    "Bench": "benchmarking",
-    "Collect": "collecting",
-}
-
-# node phase -> display phase (the per-run path's names, so the store, progress and tests read the same);
-# None ends the last phase
-DISPLAY_PHASES: Dict[str, Optional[str]] = {
-    "claimed": "preparing",
-    "stopping-leftover": "stopping",
-    "gpus-free-before": "waiting for GPUs",
-    "starting": "starting",
-    "loading": "loading",
-    "ready": "ready",
-    "env": "verifying env",
-    "warming up": "warming up",
-    "benchmarking": "benchmarking",
-    "stopping": "stopping",
-    "gpus free": "waiting for GPUs",
-    "manifest": "writing manifest",
-    "done": None,
-}
-
-# a phase that a run enters twice is stored under its second name
-REPEATED_PHASES: Dict[str, str] = {"stopping": "final stop", "waiting for GPUs": "waiting for GPUs after stop"}
-
-
-def phase_of_task(task_name: Optional[str]) -> Optional[str]:
-    """The display phase of an Ansible task name (``Stop | Stop the server`` -> ``stopping``)."""
-    if not task_name:
-        return None
-    head = task_name.split(" | ", 1)[0].strip()
-    if head == task_name.strip() and "|" in task_name:
-        head = task_name.split("|", 1)[0].strip()
-    if head not in TASK_PREFIX_PHASES:
-        if " : " in task_name:       # role-prefixed names: "server_stop : Stop | ..."
-            return phase_of_task(task_name.split(" : ", 1)[1])
-        return None
-    return TASK_PREFIX_PHASES[head]
-
-
-def display_phase(node_phase: Optional[str]) -> Optional[str]:
-    """The display name of a node phase (unknown names are shown as they are)."""
-    if node_phase is None:
-        return None
-    return DISPLAY_PHASES.get(node_phase, node_phase)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Engine knowledge in one place: what differs between SGLang generations.
 
-Stdlib only. The node tools import it as a sibling (``import engines``: node_prepare copies every
-``specab/node/*.py``); the controller imports ``specab.node.engines``. The simulator does NOT import it:
+Stdlib only, part of the shared vocabulary (``specab.vocab``): node_prepare ships it to the node with the node
+tools, and the controller's layers import it alike. The simulator does NOT import it:
 it plays the real engine, whose behaviour these tables describe, so tests can hold one against the other.
 
 Everything here is keyed by what the node's own engine reports, never by a guess:
