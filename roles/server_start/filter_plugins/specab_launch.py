@@ -3,6 +3,7 @@ renders the same templates with (specab/driver/render.py).
 
     {{ arm | specab_launch_context(engine_cmd=..., node_env=..., engine=..., run_id=...) }}
     {{ experiment_engine | specab_engine_kind(host_engine) }}
+    {{ arm | specab_holds_secret(node_env) }}
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 from typing import Any, Callable
 
 from specab.config import launch
+from specab.vocab import contract
 
 
 def _plain(value: Any) -> Any:
@@ -27,6 +29,13 @@ def engine_kind(experiment_engine: Any, host_engine: Any = None) -> str:
                               str(host_engine) if host_engine else None)
 
 
+def holds_secret(*values: Any) -> bool:
+    """Whether any value (the arm, the node env) holds a secret-named key with a value (specab.vocab.contract's
+    rule): the files rendered from it are then shown by no --diff, whatever stdout callback prints the run."""
+    return any(contract.redact_mapping(v) != v for v in map(_plain, values))
+
+
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {"specab_launch_context": launch_context, "specab_engine_kind": engine_kind}
+        return {"specab_launch_context": launch_context, "specab_engine_kind": engine_kind,
+                "specab_holds_secret": holds_secret}
