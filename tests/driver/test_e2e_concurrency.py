@@ -26,10 +26,10 @@ SCALE = 1           # real time: at a faster scale the baseline's chunks at 8 in
 # how far the per-user speedup at one request in flight may lie from the simulator's own. With several in flight the
 # client (one Python thread per request) reads a stream of small chunks later than one of fewer, fuller chunks when
 # the box is busy: at 32 in flight ~6 % on an idle 2-core box, at 8 up to 6 % beside another test module. That is the
-# client's reading, not the analysis: there the test holds the analysis to the client's own numbers exactly, the
-# client to causality (never faster than the server emitted), and the shape to the facts.
+# client's reading, not the analysis: there the test holds the analysis to the client's own numbers exactly and the
+# shape to the facts. (A late read can also make a request look faster: a first chunk read late shortens its decode
+# span, so no bound in either direction holds for the client's rate under load.)
 TRUTH_TOL_SINGLE_STREAM = 0.05
-NEVER_FASTER = 0.01       # the client's rate over the server's, at most: one monotonic clock, reads after emission
 LOADS = (1, 8, 32)
 
 
@@ -120,14 +120,12 @@ def test_matrix_steps_and_concurrency_to_a_verdict_per_load(node: SimNode):
             for measure in ("per_user", "throughput"):
                 ci = p[measure]["ci"]
                 assert ci and math.isfinite(ci["lo"]) and ci["lo"] <= p[measure]["estimate"] <= ci["hi"], (name, p)
-            # the per-user speedup is the runs' paired ratio of the client's per-user rates, exactly; the client read
-            # no faster than the simulator emitted; at one in flight the ratio is the simulator's own
+            # the per-user speedup is the runs' paired ratio of the client's per-user rates, exactly; at one in flight
+            # the ratio is the simulator's own
             arm_runs = {r.block: r for r in exp.runs_of(p["arm"])}
             base_runs = {r.block: r for r in exp.runs_of(p["baseline"])}
             got = p["per_user"]["ratios"]
             assert got == pytest.approx([arm_runs[b].tok_s / base_runs[b].tok_s for b in sorted(arm_runs)], rel=1e-9)
-            for r in [*arm_runs.values(), *base_runs.values()]:
-                assert r.tok_s <= _true_per_user(trace, r) * (1 + NEVER_FASTER), (r.run_id, r.tok_s)
             if p["concurrency"] == 1:
                 truth = [_true_per_user(trace, arm_runs[b]) / _true_per_user(trace, base_runs[b])
                          for b in sorted(arm_runs)]
