@@ -1,8 +1,9 @@
 """The verdict per load: paired speedups per user and in throughput at each concurrency, and the crossover.
 
 A speculative verdict depends on how many requests share the batch: a batched verify pass checks every request's
-drafts at once and grows much faster with the batch than a decode step does (the known-truth facts, concurrency
-on the H200: EAGLE-3 s3 2.03x at 1 in flight, 0.93x per user and 0.73x in throughput at 8). An experiment that ran
+drafts at once and grows much faster with the batch than a decode step does (known-truth models on the H200,
+docs/validation/known-truth.md: EAGLE-3 s3 2.02x per user at 1 in flight, 0.76x at 32; in throughput 0.91x from 16
+in flight, at an unchanged accept length). An experiment that ran
 at several loads (`--matrix ... concurrency=1,8,32`: each load its own arms and its own baseline) is read here
 per configuration ("family": the arms that differ only in their load) and per load.
 
