@@ -275,14 +275,14 @@ class FirstBlock:
 
 
 def first_block(prior: design.Components | None, cost: design.RunCost | None, target_rel: float, *, arms: int,
-                requests: int, max_blocks: int, max_requests: int = 400) -> FirstBlock:
+                requests: int, max_blocks: int, max_requests: int = 400, min_requests: int = 2) -> FirstBlock:
     """The first block of the design by cost: `first_design` where both the prior and the run cost are known, else
     the experiment's `requests` per run. One function for `run` and `plan`, so the plan shows what the run does."""
     if prior is None or cost is None:
         return FirstBlock(requests, None, "no prior noise or run cost for this node yet: the experiment's requests "
                                           "per run")
     d = first_design(prior, cost, target_rel, arms=arms, requests=requests, max_blocks=max_blocks,
-                     max_requests=max_requests, range_sd=0.0)
+                     min_requests=min_requests, max_requests=max_requests, range_sd=0.0)
     return FirstBlock(d.requests, d, f"from {prior.source} and the run cost of {cost.source}: plan {d.blocks} "
                                      f"restarts per arm x {d.requests} requests per run, expected "
                                      f"{d.gpu_s / 60:.1f} GPU-minutes ({d.reason})")
@@ -348,7 +348,8 @@ class PlanEstimate:
 
 def plan_estimate(cost: design.RunCost, comps: design.Components, target_rel: float, *, arms: int, requests: int,
                   max_blocks: int, chosen: str = "cost", measured_cost: bool = False,
-                  max_requests: int = 400, first: FirstBlock | None = None, repeats: int = 1) -> PlanEstimate:
+                  max_requests: int = 400, first: FirstBlock | None = None, repeats: int = 1,
+                  min_requests: int = 2) -> PlanEstimate:
     """The plan before anything runs: the design by cost from the prior components (`first_design`; where `first`
     has no design, its requests per run are kept: the run's first block has no prior to move them), and the sequential
     fixed-requests design (at least `repeats` blocks at `requests` per run), both within `max_blocks`
@@ -367,7 +368,7 @@ def plan_estimate(cost: design.RunCost, comps: design.Components, target_rel: fl
             return design.plan_design(comps, c, target_rel, arms=arms, max_blocks=cap, min_requests=requests,
                                       max_requests=requests, min_blocks=min_b)
         return first_design(comps, c, target_rel, arms=arms, requests=requests, max_blocks=max_blocks,
-                            max_requests=max_requests)
+                            min_requests=min_requests, max_requests=max_requests)
     d = by_cost(cost)
     today = sequential(cost)
     lo, hi = today.gpu_s_low, today.gpu_s_high

@@ -315,7 +315,8 @@ def _cost_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs,
                                               source="the default between-instance variance")
     est = economics.plan_estimate(inputs.cost, comps, target, arms=len(prepared.arms), requests=requests,
                                   max_blocks=cap, chosen=opts.design, measured_cost=inputs.cost_measured,
-                                  max_requests=opts.max_requests, first=first, repeats=opts.repeats)
+                                  max_requests=opts.max_requests, first=first, repeats=opts.repeats,
+                                  min_requests=max(2, prepared.largest_load))
     return est.lines(target), est
 
 

@@ -60,6 +60,13 @@ class Prepared:
     notices: list[str]
     plan: list[PlannedRun]
 
+    @property
+    def largest_load(self) -> int:
+        """The most requests in flight any arm's runs keep (bench.concurrency, per arm under a concurrency axis). The
+        design by cost measures at least this many requests per run: a run with fewer never reaches its load."""
+        base = int(self.experiment.bench_settings["concurrency"])
+        return max([int(a.bench.get("concurrency", base)) for a in self.arms] or [base])
+
 
 def prepare(opts: Options) -> Prepared:
     """Validate the experiment, inventory and matrix and make the plan. Touches nothing."""

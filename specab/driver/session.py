@@ -236,7 +236,8 @@ def first_block(prepared: Prepared, opts: Options, inputs: DesignInputs) -> econ
     node's history or the simulator profile (`inputs`); `run` starts with it and `plan --target-ci` shows it."""
     return economics.first_block(inputs.prior, inputs.cost, float(opts.target_ci or 0), arms=len(prepared.arms),
                                  requests=int(prepared.experiment.bench_settings["num_requests"]),
-                                 max_blocks=opts.max_repeats or opts.repeats, max_requests=opts.max_requests)
+                                 max_blocks=opts.max_repeats or opts.repeats, max_requests=opts.max_requests,
+                                 min_requests=max(2, prepared.largest_load))
 
 
 def first_runs(prepared: Prepared, opts: Options, first: economics.FirstBlock | None) -> list[PlannedRun]:

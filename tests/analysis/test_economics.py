@@ -103,6 +103,10 @@ def test_decide_block_buys_longer_runs_for_request_noise_and_keeps_them_for_inst
     inst = economics.decide_block(_noisy(rng, [4, 4], instance=0.012, request=0.002), 0.02, max_blocks=20,
                                   keep_requests=4)
     assert inst.more and inst.requests == 4
+    # under a load of 16 in flight a run measures at least 16 (the experiment has 24), whatever the noise says
+    loaded = economics.decide_block(_noisy(rng, [16, 16], instance=0.012, request=0.002), 0.02, max_blocks=20,
+                                    keep_requests=24, min_requests=16)
+    assert loaded.more and loaded.requests >= 16
     # every compared arm is served: the block runs them all with the most requests any asks for
     two = economics.decide_block(_noisy(rng, [4], specs=("a", "b")), 0.02, max_blocks=10, keep_requests=4)
     assert two.more and set(two.arms) == {"a", "b"} and two.requests >= 8

@@ -245,3 +245,20 @@ def test_an_h200_store_written_before_ignore_eos_existed_is_the_prior_of_the_sam
                     out=out) == 0
     assert "noise (history of gpu0: the same arm and baseline in eagle3-s3-k1-d4 of known-truth-h200-" \
            in out.getvalue()
+
+
+def test_the_design_by_cost_measures_at_least_the_largest_load_per_run(tmp_path):
+    """A run that measures fewer requests than it keeps in flight never reaches its load: under a concurrency axis the
+    design's first block (and every later one) measures at least the largest load's requests per run. On the
+    simulator's default noise the design alone picks 5 per run here."""
+    exp = tmp_path / "c.yml"
+    exp.write_text((REPO_ROOT / "experiments" / "default.yml").read_text()
+                   .replace("num_requests: 6", "num_requests: 24"))
+    for matrix, floor in (("concurrency=1,16", 16), ("concurrency=1,2", 2)):
+        out = io.StringIO()
+        assert cli.main(["plan", "-e", str(exp), "--target-ci", "2%", "--max-repeats", "10",
+                         "--matrix", matrix], out=out) == 0
+        first = int(re.search(r"the first block with (\d+) measured requests per run", out.getvalue()).group(1))
+        assert first >= floor
+        if floor == 2:
+            assert first < 16, "the floor follows the load: without a large one the design keeps its own choice"
