@@ -31,9 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specab.analysis import stats
-from specab.analysis.model import Experiment, Run, arm_concurrency, load_label
+from specab.analysis.model import Experiment, Run, arm_concurrency, arm_rate, load_label
 
 _LOAD_SUFFIX = re.compile(r"-c(\d+)$")
+_RATE_SUFFIX = re.compile(r"-r([0-9.]+)$")
+IN_FLIGHT, PER_SECOND = "in flight", "req/s"        # the two kinds of load: requests in flight, arrivals per second
 
 
 def run_throughput(run: Run) -> float | None:
@@ -55,6 +57,16 @@ class LoadPoint:
     baseline_throughput: float | None
     tau: float | None                  # the arm's accept length at this load (mean over runs)
     latency: dict[str, dict[str, dict[str, float | None]]] = field(default_factory=dict)  # arm|baseline -> metric -> pXX
+    rate: float = 0.0                  # measured requests per second at arrival times; 0: a closed loop
+
+    @property
+    def load(self) -> float:
+        """What the family sweeps: the arrival rate where there is one, else the requests in flight."""
+        return self.rate if self.rate > 0 else self.concurrency
+
+    @property
+    def unit(self) -> str:
+        return PER_SECOND if self.rate > 0 else IN_FLIGHT
 
     @property
     def tau_star(self) -> float | None:
@@ -65,10 +77,11 @@ class LoadPoint:
 
     @property
     def label(self) -> str:
-        return load_label(self.concurrency)
+        return load_label(self.concurrency, self.rate)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"arm": self.arm, "baseline": self.baseline, "concurrency": self.concurrency, "label": self.label,
+        return {"arm": self.arm, "baseline": self.baseline, "concurrency": self.concurrency, "rate": self.rate,
+                "label": self.label,
                 "per_user": self.per_user.to_dict(), "throughput": self.throughput.to_dict(),
                 "arm_tok_s": self.arm_tok_s, "baseline_tok_s": self.baseline_tok_s,
                 "arm_throughput": self.arm_throughput, "baseline_throughput": self.baseline_throughput,
@@ -87,25 +100,26 @@ class Crossover:
     hi_open: bool = False
     direction: str = "stops"            # "stops": pays below, loses above; "starts": the other way round
     pays: str | None = None             # without a crossing: "everywhere" | "nowhere" | None (too few loads)
-    loads: tuple[int, ...] = ()
+    loads: tuple[float, ...] = ()
+    unit: str = IN_FLIGHT               # of the loads: requests in flight, or arrivals per second
 
     def text(self) -> str:
-        lo_c, hi_c = (min(self.loads), max(self.loads)) if self.loads else (0, 0)
+        lo_c, hi_c = (f"{min(self.loads):g}", f"{max(self.loads):g}") if self.loads else ("0", "0")
         if self.estimate is None:
             if self.pays == "everywhere":
-                return f"pays {self.measure} at every measured load (up to {hi_c} in flight)"
+                return f"pays {self.measure} at every measured load (up to {hi_c} {self.unit})"
             if self.pays == "nowhere":
-                return f"pays {self.measure} at none of the measured loads (from {lo_c} in flight)"
+                return f"pays {self.measure} at none of the measured loads (from {lo_c} {self.unit})"
             return f"no crossover {self.measure}: fewer than two loads with a speedup"
         lo = f"below {lo_c}" if self.lo_open or self.lo is None else f"{self.lo:.1f}"
         hi = f"above {hi_c}" if self.hi_open or self.hi is None else f"{self.hi:.1f}"
         verb = "stops paying" if self.direction == "stops" else "starts paying"
-        return f"{verb} {self.measure} at ~{self.estimate:.1f} in flight (95% range {lo} to {hi})"
+        return f"{verb} {self.measure} at ~{self.estimate:.1f} {self.unit} (95% range {lo} to {hi})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"measure": self.measure, "estimate": self.estimate, "lo": self.lo, "hi": self.hi,
                 "lo_open": self.lo_open, "hi_open": self.hi_open, "direction": self.direction, "pays": self.pays,
-                "loads": list(self.loads), "text": self.text()}
+                "loads": list(self.loads), "unit": self.unit, "text": self.text()}
 
 
 @dataclass
@@ -122,7 +136,7 @@ class Family:
             parts = []
             for i, p in enumerate(self.points):
                 est = getattr(p, measure).estimate
-                where = p.label if i == 0 else f"{p.concurrency}"
+                where = p.label if i == 0 else f"{p.load:g}" + (f" {PER_SECOND}" if p.rate > 0 else "")
                 parts.append(f"{_x(est)} at {where}")
             return ", ".join(parts)
         return (f"{self.name}: {series('per_user')} per user; {series('throughput')} in throughput; "
@@ -138,8 +152,13 @@ class LoadReport:
     families: list[Family] = field(default_factory=list)
 
     @property
-    def loads(self) -> list[int]:
-        return sorted({p.concurrency for f in self.families for p in f.points})
+    def loads(self) -> list[float]:
+        return sorted({p.load for f in self.families for p in f.points})
+
+    @property
+    def unit(self) -> str:
+        """The loads' kind when every family sweeps the same kind (rates win the axis when any family has them)."""
+        return PER_SECOND if any(p.rate > 0 for f in self.families for p in f.points) else IN_FLIGHT
 
     @property
     def several_loads(self) -> bool:
@@ -154,8 +173,12 @@ def _x(v: float | None) -> str:
 
 
 def family_name(arm: str, concurrency: int, matrix: dict[str, Any]) -> str:
-    """The arm's configuration without its load: the matrix's `-c<N>` ending removed (the arm's own name when it
-    did not come from a concurrency axis)."""
+    """The arm's configuration without its load: the matrix's `-r<R>` ending removed where it swept arrival rates
+    (its requests in flight then stay in the name), else its `-c<N>` ending (the arm's own name when it did not come
+    from a load axis)."""
+    if "request_rate" in matrix:
+        m = _RATE_SUFFIX.search(arm)
+        return arm[:m.start()] if m else arm
     if "concurrency" in matrix:
         m = _LOAD_SUFFIX.search(arm)
         if m and int(m.group(1)) == concurrency:
@@ -163,7 +186,7 @@ def family_name(arm: str, concurrency: int, matrix: dict[str, Any]) -> str:
     return arm
 
 
-def crossing(loads: list[int], speedups: list[float | None]) -> tuple[float | None, str]:
+def crossing(loads: list[float], speedups: list[float | None]) -> tuple[float | None, str]:
     """The load where a speedup curve first crosses 1, interpolating log speedup linearly in log load between the
     bracketing measured loads; (None, "") when it does not cross. Loads without a value are skipped."""
     pts = [(c, s) for c, s in zip(loads, speedups) if s is not None and s > 0 and math.isfinite(s)]
@@ -176,16 +199,17 @@ def crossing(loads: list[int], speedups: list[float | None]) -> tuple[float | No
 
 
 def crossover(measure: str, points: list[LoadPoint], attr: str) -> Crossover:
-    loads = [p.concurrency for p in points]
+    loads = [p.load for p in points]
+    unit = points[0].unit if points else IN_FLIGHT
     sps = [getattr(p, attr) for p in points]
     est = [s.estimate for s in sps]
     have = [e for e in est if e is not None]
     if len(have) < 2:
-        return Crossover(measure, None, None, None, pays=None, loads=tuple(loads))
+        return Crossover(measure, None, None, None, pays=None, loads=tuple(loads), unit=unit)
     c, direction = crossing(loads, est)
     if c is None:
         return Crossover(measure, None, None, None, pays="everywhere" if have[0] >= 1.0 else "nowhere",
-                         loads=tuple(loads))
+                         loads=tuple(loads), unit=unit)
 
     def end(values: list[float | None]) -> tuple[float | None, bool]:
         """The crossing of one curve of interval ends, or (None, True) where the loads cannot place it."""
@@ -210,7 +234,7 @@ def crossover(measure: str, points: list[LoadPoint], attr: str) -> Crossover:
         lo, lo_open = None, True
     if hi is not None and hi < c:
         hi, hi_open = None, True
-    return Crossover(measure, c, lo, hi, lo_open, hi_open, direction, None, tuple(loads))
+    return Crossover(measure, c, lo, hi, lo_open, hi_open, direction, None, tuple(loads), unit)
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -247,11 +271,11 @@ def analyse_loads(exp: Experiment, seed: int = stats.DEFAULT_SEED,
             arm_throughput=_median([r.throughput for r in arm_runs]),
             baseline_throughput=_median([r.throughput for r in base_runs]),
             tau=statistics.fmean(taus) if taus else None,
-            latency={"arm": _latency(arm_runs), "baseline": _latency(base_runs)})
+            latency={"arm": _latency(arm_runs), "baseline": _latency(base_runs)}, rate=arm_rate(exp, a.name))
         groups.setdefault(family_name(a.name, c, a.matrix), []).append(point)
     rep = LoadReport()
     for name, pts in groups.items():
-        pts.sort(key=lambda p: p.concurrency)
+        pts.sort(key=lambda p: p.load)
         rep.families.append(Family(name, pts, crossover("per user", pts, "per_user"),
                                    crossover("in throughput", pts, "throughput")))
     return rep
@@ -275,7 +299,7 @@ def plot_speedup_vs_concurrency(rep: LoadReport) -> bytes:
                 sp = getattr(p, attr)
                 if sp.estimate is None:
                     continue
-                xs.append(p.concurrency)
+                xs.append(p.load)
                 ys.append(sp.estimate)
                 ok = sp.ci is not None and math.isfinite(sp.ci.lo)
                 lo.append(sp.estimate - (sp.ci.lo if ok else sp.estimate))   # type: ignore[union-attr]
@@ -292,10 +316,11 @@ def plot_speedup_vs_concurrency(rep: LoadReport) -> bytes:
     ax.axhline(1.0, color="#57606a", lw=1)
     ax.set_xscale("log", base=2)
     loads = rep.loads
-    ax.set_xticks(loads, [str(c) for c in loads])
-    ax.set_xlabel("requests in flight (concurrency)")
+    ax.set_xticks(loads, [f"{c:g}" for c in loads])
+    ax.set_xlabel("requests per second (arrival rate)" if rep.unit == PER_SECOND else "requests in flight (concurrency)")
     ax.set_ylabel("speedup vs the baseline at the same load")
-    ax.set_title("speedup vs concurrency (95% intervals; dotted: per-user crossover, shaded: its range)")
+    ax.set_title(f"speedup vs {'arrival rate' if rep.unit == PER_SECOND else 'concurrency'} (95% intervals; "
+                 "dotted: per-user crossover, shaded: its range)")
     ax.grid(alpha=.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=7)

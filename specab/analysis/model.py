@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import gc
 import json
+import math
 import re
 import statistics
 from contextlib import contextmanager
@@ -267,8 +268,29 @@ def arm_concurrency(exp: "Experiment", arm: str) -> int:
     return bench_concurrency(exp.meta.get("config") if isinstance(exp.meta, dict) else None)
 
 
-def load_label(concurrency: int) -> str:
-    """How a load is named: "single-stream" only at one request in flight."""
+def arm_rate(exp: "Experiment", arm: str) -> float:
+    """Measured requests per second of an arm's runs at seeded arrival times: its matrix's ``request_rate``, else
+    the experiment's ``bench.request_rate``; 0 for a closed loop (each request as soon as one in flight ends)."""
+    try:
+        value = exp.arm(arm).matrix.get("request_rate")
+    except AnalysisError:
+        value = None
+    if value is None:
+        config = exp.meta.get("config") if isinstance(exp.meta, dict) else None
+        bench = config.get("bench") if isinstance(config, dict) else None
+        value = bench.get("request_rate") if isinstance(bench, dict) else None
+    try:
+        rate = float(value) if value is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+    return rate if rate > 0 and math.isfinite(rate) else 0.0
+
+
+def load_label(concurrency: int, rate: float = 0.0) -> str:
+    """How a load is named: "single-stream" only at one request in flight and no arrival schedule; a rate with the
+    cap of requests in flight it ran under."""
+    if rate > 0:
+        return f"{rate:g} req/s (at most {concurrency} in flight)"
     return "1 in flight (single-stream)" if concurrency <= 1 else f"{concurrency} in flight"
 
 

@@ -28,8 +28,8 @@ from specab.analysis import specmodel
 from specab.analysis import stats
 from specab.analysis import truthcheck
 from specab.analysis import workload
-from specab.analysis.model import (Experiment, arm_concurrency, bench_concurrency, gc_paused, load_label, load_store,
-                                   tok_s_meaning)
+from specab.analysis.model import (Experiment, arm_concurrency, arm_rate, bench_concurrency, gc_paused, load_label,
+                                   load_store, tok_s_meaning)
 from specab.results.locate import NotFound, locate
 from specab.analysis.subcommand import standalone_main
 
@@ -638,8 +638,9 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     for a in exp.spec_arms:
         sp = st.speedups[a.name]
         rep.summary.append(f"{a.name} vs {sp.baseline}: {sp.verdict} over {len(sp.ratios)} paired block(s)"
-                           + (f", per user at {load_label(arm_concurrency(exp, a.name))}." if loads.several_loads
-                              or arm_concurrency(exp, a.name) > 1 else "."))
+                           + (f", per user at {load_label(arm_concurrency(exp, a.name), arm_rate(exp, a.name))}."
+                              if loads.several_loads or arm_concurrency(exp, a.name) > 1 or arm_rate(exp, a.name)
+                              else "."))
     if loads.several_loads:     # the verdict at each load, per configuration
         rep.summary.extend(f"Per load: {f.verdict()}" for f in loads.families if len(f.points) > 1)
     rep.summary.append(st.drift.message)
@@ -695,7 +696,8 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     conc = bench_concurrency(exp.meta.get("config") if isinstance(exp.meta, dict) else None)
     if loads.several_loads:
         rep.add(Para("tok/s = per-request (per-user) decode speed at the arm's own load (the requests in flight its "
-                     "name ends in, c<N>): single-stream only at c1, not total throughput (see Verdict per load)."))
+                     "name ends in, c<N>, or the arrival rate, r<R> requests per second): single-stream only at c1, "
+                     "not total throughput (see Verdict per load)."))
     elif conc > 1:
         rep.add(Para(f"tok/s = {tok_s_meaning(conc)}."))
     rep.add(Table(["arm", "runs", "requests", "tok/s median (runs)", "tok/s mean", "95% CI",
@@ -730,7 +732,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     for b, m in models.items():
         if m is None and (several or b != exp.baseline):
             continue
-        at = f" ({load_label(arm_concurrency(exp, b))})" if loads.several_loads else ""
+        at = f" ({load_label(arm_concurrency(exp, b), arm_rate(exp, b))})" if loads.several_loads else ""
         rep.add(Heading(f"Speculative-decoding model vs {b}{at}" if several else "Speculative-decoding model"))
         _model_blocks(rep, m)
 
@@ -848,7 +850,8 @@ def _load_blocks(rep: Report, loads: concurrency.LoadReport, plots: bool) -> Non
                  "output tok/s (all measured output tokens over the measured window); 95% intervals over blocks. "
                  "tau* is the break-even accept length from the runs at that load (cycle = tau / per-user tok/s, "
                  "step = 1 / the baseline's per-user tok/s), so the batched verify pass is costed at its own batch. "
-                 "The crossover interpolates log speedup linearly in log concurrency between the two loads that "
+                 "The crossover interpolates log speedup linearly in the log of the load (requests in flight, or "
+                 "arrivals per second for a rate axis) between the two loads that "
                  "bracket the first crossing of 1; its range is where the curves of the intervals' lower and upper "
                  "ends cross 1 (docs/analysis.md, Verdict per load)."))
     rows = []
@@ -880,7 +883,8 @@ def _load_blocks(rep: Report, loads: concurrency.LoadReport, plots: bool) -> Non
                 Table(["arm", "load"] + [f"{m} {q}" for m in ("TTFT", "TPOT", "ITL") for q in ("p50", "p90", "p99")],
                       lat_rows))
     if plots:
-        rep.add(Image("speedup_vs_concurrency.png", "speedup per user and in throughput vs requests in flight",
+        rep.add(Image("speedup_vs_concurrency.png", "speedup per user and in throughput vs "
+                      + ("arrival rate" if loads.unit == concurrency.PER_SECOND else "requests in flight"),
                       concurrency.plot_speedup_vs_concurrency(loads)))
 
 

@@ -18,7 +18,8 @@ PREFIX = "specab_"
 
 # experiment key -> the defaults file's variable
 BENCH_DEFAULTS = {k: f"specab_bench_{k}" for k in ("api", "num_requests", "warmup_requests", "input_len",
-                                                      "output_len", "concurrency", "seed", "timeout_s", "ignore_eos")}
+                                                      "output_len", "concurrency", "seed", "timeout_s", "ignore_eos",
+                                                      "request_rate")}
 TIMEOUT_DEFAULTS = {"ready_s": "specab_ready_timeout_s", "stop_grace_s": "specab_stop_grace_s",
                     "gpu_free_s": "specab_gpu_free_timeout_s"}
 

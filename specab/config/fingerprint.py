@@ -45,6 +45,7 @@ def fingerprint_doc(exp: ExperimentSpec, arms: list[ArmSpec]) -> dict[str, Any]:
 # runs, not a default (the default may change; what those runs did does not)
 LATER_KEYS: dict[tuple[str, str], Any] = {
     ("bench", "ignore_eos"): True,       # requests ran to output_len, past EOS
+    ("bench", "request_rate"): 0,        # each request went as soon as one in flight ended
 }
 
 

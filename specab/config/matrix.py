@@ -10,6 +10,7 @@ Grammar (one `key=values` per `--matrix` option; several options form a product)
     env.NCCL_PROTO=LL,Simple        an environment variable
     engine=sglang-0.5.9,sglang-0.5.23   an engine build the inventory declares (`specab_engines`)
     concurrency=1,8,32   requests in flight of the benchmark (bench.concurrency), a positive integer each
+    request_rate=2,4,8   measured requests per second at seeded arrival times (bench.request_rate), positive
 
 Arms: speculative keys (`steps`, `topk`, `draft_tokens`, `speculative_*`) make one EAGLE-3 arm per
 combination, built on the experiment's first speculative arm (which supplies the algorithm and
@@ -50,7 +51,8 @@ INT_KEYS = set(TRIPLE) | {"tp_size", "pp_size", "dp_size", "ep_size", "max_runni
 EAGLE_FAMILY = {"EAGLE", "EAGLE3", "NEXTN"}
 ENGINE = "engine"       # the matrix key of the engine build (a name of the inventory's `specab_engines`)
 CONCURRENCY = "concurrency"     # the matrix key of the benchmark's requests in flight (bench.concurrency)
-BENCH_AXES = {CONCURRENCY}      # matrix keys that are bench settings, applied per arm (ArmSpec.bench)
+RATE = "request_rate"           # the matrix key of the benchmark's arrival rate (bench.request_rate)
+BENCH_AXES = {CONCURRENCY, RATE}    # matrix keys that are bench settings, applied per arm (ArmSpec.bench)
 ENGINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")   # it ends arm names (directory names)
 
 RULE_ALL_OR_NONE = "all of steps/topk/draft_tokens or none"
@@ -135,6 +137,16 @@ def _parse_values(key: str, label: str, text: str) -> tuple[Any, ...]:
             except ValueError:
                 raise MatrixError(f"--matrix {label}: {token!r} is not a whole number of requests in flight; write "
                                   f"positive integers, e.g. {label}=1,8,32.") from None
+        elif key == RATE:
+            try:
+                rate = float(token)
+            except ValueError:
+                rate = float("nan")
+            if not 0 < rate < 1e6:
+                raise MatrixError(f"--matrix {label}: {token!r} is not a rate of requests per second above 0; write "
+                                  f"positive numbers, e.g. {label}=2,4,8 (a closed loop is bench.request_rate 0, "
+                                  f"without this axis).")
+            values.append(int(rate) if rate.is_integer() else rate)
         elif key in INT_KEYS:
             values.append(_parse_int(token, label))
         else:
@@ -176,7 +188,7 @@ def parse_matrix(specs: list[str], engine: str = engines.SGLANG) -> list[Axis]:
                 errors.append(f"--matrix {label}: {name!r} is not a valid environment variable name.")
                 continue
             key = label
-        elif label in (ENGINE, CONCURRENCY):
+        elif label in (ENGINE, CONCURRENCY, RATE):
             key = label
         elif engine == engines.VLLM:
             key = ALIASES.get(label, label)
@@ -324,6 +336,7 @@ def _suffix(combo: dict[Axis, Any]) -> str:
              if not ax.is_engine and not ax.is_bench]
     parts += [_fmt(v) for ax, v in combo.items() if ax.is_engine]
     parts += [f"c{v}" for ax, v in combo.items() if ax.key == CONCURRENCY]
+    parts += [f"r{v}" for ax, v in combo.items() if ax.key == RATE]
     return "-".join(parts)
 
 

@@ -29,7 +29,7 @@ EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args",
 ENGINE_KINDS = ("sglang", "vllm")
 ARM_KEYS = {"name", "description", "server_args", "env"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
-              "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos"}
+              "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos", "request_rate"}
 PHASE_TIMING_VALUES = ("auto", True, False)
 # what phase timing sets on an arm (the 2026 engines reference A5): the server's /metrics and, in SGLang
 # 0.5.23, the device timer that splits forward time into eagle_draft / eagle_draft_extend / target_verify
@@ -329,6 +329,10 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
         raise ConfigError(f"{where}{key_line(root, base + ('bench', 'ignore_eos'))}: bench.ignore_eos must be true "
                           f"(every answer runs to output_len) or false (answers end where the model ends them), "
                           f"got {bench['ignore_eos']!r}.")
+    rate = bench.get("request_rate")
+    if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate < 1e6):
+        raise ConfigError(f"{where}{key_line(root, base + ('bench', 'request_rate'))}: bench.request_rate must be a "
+                          f"number of requests per second (0: each as soon as one in flight ends), got {rate!r}.")
     if bench.get("dataset") is not None:
         bench = exp["bench"] = dict(bench, dataset=_check_dataset(bench, p, where, root, base))
     for k in ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed"):

@@ -276,9 +276,10 @@ def print_summary(store, out: TextIO) -> int:
         concurrency = model.bench_concurrency(store.experiment().get("config"))
     except StoreError:          # a store without its experiment row still gets its table
         concurrency = 1
-    loads = {a["matrix"].get("concurrency") for a in store.arms() if isinstance(a.get("matrix"), dict)} - {None}
+    loads = {(a["matrix"].get("concurrency"), a["matrix"].get("request_rate")) for a in store.arms()
+             if isinstance(a.get("matrix"), dict)} - {(None, None)}
     meaning = (model.tok_s_meaning(concurrency) if len(loads) < 2 else
-               "per-user decode speed at the arm's own load, its c<N>: single-stream only at c1")
+               "per-user decode speed at the arm's own load, its c<N> or r<R>: single-stream only at c1")
     t = Table(title=f"per-arm summary (tok/s = {meaning}, median over runs)")
     for col in ("arm", "runs ok", "failed", "interrupted", "tok/s", "95% interval", "accept len", "speedup vs baseline"):
         t.add_column(col)

@@ -60,7 +60,7 @@ from specab.vocab import dataset, engines
 APIS = ("generate", "completions", "chat")
 # the experiment's bench: keys the client reads (a queue entry's bench mapping, resolved on the controller)
 BENCH_KEYS = ("api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed", "timeout_s",
-              "ignore_eos")
+              "ignore_eos", "request_rate")
 # A request was delivered in bursts (`buffered`) when more than BUFFERED_SHARE of its tokens after the first came
 # in chunks that followed the previous one within 1/BUFFERED_RATE_RATIO of the request's own time per token, with
 # at least BUFFERED_MIN_TOKENS of them: a CPU-starved API server forwarding what the engine made long before (seen
@@ -577,6 +577,9 @@ class BenchConfig:
     seed: int
     timeout: float
     ignore_eos: bool                        # every answer runs to output_len (False: to the model's own end)
+    # measured requests per second at seeded Poisson arrival times, at most `concurrency` in flight (an open load);
+    # 0: the next request goes as soon as one in flight ends (a closed loop of `concurrency` users)
+    request_rate: float
     out: str = "bench.jsonl"
     summary: Optional[str] = "bench_summary.json"
     model: Optional[str] = None
@@ -595,7 +598,8 @@ class BenchConfig:
                    warmup=int(bench["warmup_requests"]), input_len=int(bench["input_len"]),
                    output_len=int(bench["output_len"]), concurrency=int(bench["concurrency"]),
                    seed=int(bench["seed"]), timeout=float(bench["timeout_s"]),
-                   ignore_eos=_flag(bench["ignore_eos"], "ignore_eos"), out=out, summary=summary,
+                   ignore_eos=_flag(bench["ignore_eos"], "ignore_eos"), request_rate=float(bench["request_rate"]),
+                   out=out, summary=summary,
                    model=None if bench.get("model") is None else str(bench["model"]), phase_metrics=phase_metrics,
                    dataset=None if bench.get("dataset") is None else str(bench["dataset"]))
 
@@ -604,7 +608,8 @@ class BenchConfig:
         argv = ["--url", self.url, "--api", self.api, "--num-requests", str(self.num_requests),
                 "--warmup", str(self.warmup), "--input-len", str(self.input_len), "--output-len", str(self.output_len),
                 "--ignore-eos", "true" if self.ignore_eos else "false",
-                "--concurrency", str(self.concurrency), "--seed", str(self.seed), "--timeout", repr(self.timeout),
+                "--concurrency", str(self.concurrency), "--request-rate", repr(self.request_rate),
+                "--seed", str(self.seed), "--timeout", repr(self.timeout),
                 "--out", self.out]
         if self.summary is not None:
             argv += ["--summary", self.summary]
@@ -624,6 +629,9 @@ class BenchConfig:
                 raise UsageError("--%s must be >= 1 (got %r)" % (name.replace("_", "-"), getattr(self, name)))
         if self.warmup < 0:
             raise UsageError("--warmup must be >= 0 (got %r)" % self.warmup)
+        if not self.request_rate >= 0 or self.request_rate == float("inf"):
+            raise UsageError("--request-rate must be a number of requests per second >= 0 (0: as soon as one in "
+                             "flight ends), got %r" % self.request_rate)
         if self.timeout <= 0:
             raise UsageError("--timeout must be > 0 (got %r)" % self.timeout)
         Target.from_url(self.url)
@@ -676,11 +684,27 @@ def _vllm_request_counts(target: Target, before: Dict[str, Any], out_tokens: Opt
             "verify_ct_settled": bool(out_tokens is not None and grown >= out_tokens)}
 
 
+def arrival_offsets(rate: float, n: int, seed: int) -> List[float]:
+    """Seconds from the measurement's start at which each of `n` requests is due: a Poisson process of `rate` per
+    second (exponential gaps, seeded, the first at 0), the same for every arm of one seed; all 0 at rate 0."""
+    if rate <= 0:
+        return [0.0] * n
+    rng = random.Random("arrivals:%d" % seed)
+    out, t = [], 0.0
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
 def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: bool,
                recorder: _Recorder, kt: Optional[Dict[str, Any]] = None, per_request_vllm: bool = False) -> None:
     jobs = queue.Queue()  # type: queue.Queue
+    # warm-ups go back to back: the arrival schedule is the measured load's
+    due = arrival_offsets(0.0 if warmup else cfg.request_rate, len(prompts), cfg.seed)
     for i, p in enumerate(prompts):
         jobs.put((i, p))
+    t0 = time.monotonic()
 
     def worker() -> None:
         while True:
@@ -688,6 +712,9 @@ def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: boo
                 i, prompt = jobs.get_nowait()
             except queue.Empty:
                 return
+            wait = t0 + due[i] - time.monotonic()
+            if wait > 0:            # a scheduled arrival: nothing to poll for before it
+                time.sleep(wait)
             body = build_body(cfg.api, prompt, cfg.output_len, cfg.model, cfg.ignore_eos)
             try:
                 before = vllm_spec_metrics(target, cfg.timeout) if per_request_vllm else None
@@ -807,6 +834,7 @@ def summarize(cfg: BenchConfig, records: List[Dict[str, Any]], duration_s: float
         # delivered in a burst: no decode pace (BUFFERED_RATE_RATIO); decode_tok_s_* are over the others
         "buffered_requests": sum(1 for r in ok if r.get("buffered")),
         "api": cfg.api, "url": cfg.url, "model": cfg.model, "concurrency": cfg.concurrency,
+        "request_rate": cfg.request_rate,
         "input_len": cfg.input_len, "output_len": cfg.output_len, "seed": cfg.seed,
         "dataset_hash": data_hash,
         # where the prompts came from: the seeded word list (synthetic) or a file with its sha256
@@ -971,7 +999,8 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
         if warm_prompts:
             log("warm-up: %d request(s)" % len(warm_prompts))
             _run_phase(cfg, target, warm_prompts, True, recorder, kt)
-        log("measuring: %d request(s) at concurrency %d" % (len(prompts), cfg.concurrency))
+        log("measuring: %d request(s) at concurrency %d%s" % (len(prompts), cfg.concurrency, (
+            ", %g per second at seeded arrival times" % cfg.request_rate) if cfg.request_rate else ""))
         window = _PhaseWindow(target, cfg.phase_metrics) if cfg.phase_metrics else None
         if window is not None:
             window.start()
@@ -1014,6 +1043,9 @@ def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
                     help="JSONL prompts ({\"prompt\"} or {\"messages\"}, optional \"category\"), drawn with --seed "
                          "(default: the seeded word list)")
     ap.add_argument("--concurrency", type=int, required=True)
+    ap.add_argument("--request-rate", type=float, required=True,
+                    help="measured requests per second at seeded Poisson arrival times, at most --concurrency in "
+                         "flight; 0: each as soon as one in flight ends")
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--out", default="bench.jsonl")
     ap.add_argument("--summary", default="bench_summary.json")
@@ -1024,6 +1056,7 @@ def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
     ns = ap.parse_args(argv)
     return BenchConfig(url=ns.url, api=ns.api, num_requests=ns.num_requests, warmup=ns.warmup,
                        input_len=ns.input_len, output_len=ns.output_len, concurrency=ns.concurrency,
+                       request_rate=ns.request_rate,
                        seed=ns.seed, out=ns.out, summary=ns.summary, timeout=ns.timeout, model=ns.model,
                        phase_metrics=ns.phase_metrics, dataset=ns.dataset, ignore_eos=ns.ignore_eos == "true")
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -102,3 +103,37 @@ def test_report_states_the_verdict_per_load():
     assert [p["concurrency"] for p in fams[0]["points"]] == [1, 8, 32]
     md = report.to_markdown(rep)
     assert "## Verdict per load" in md and "Speculative-decoding model vs baseline-c8 (8 in flight)" in md
+
+
+def _rate_exp(speedups: dict[float, float], cap: int = 16):
+    """A request-rate sweep at a cap of `cap` in flight: arms `<name>-c<cap>-r<R>` as `--matrix concurrency=<cap>
+    request_rate=...` names them."""
+    arms, tok = [], {}
+    for r, sp in speedups.items():
+        b, s = f"baseline-c{cap}-r{r:g}", f"eagle3-s2-k1-d3-c{cap}-r{r:g}"
+        arms += [Arm(b, dict(BASE_ARGS), dict(TUNED), baseline=b, matrix={"concurrency": cap, "request_rate": r}),
+                 Arm(s, spec_args(2), dict(TUNED), baseline=b,
+                     matrix={"steps": 2, "concurrency": cap, "request_rate": r})]
+        tok[b] = 400.0 / (1 + 0.05 * r)
+        tok[s] = tok[b] * sp
+    exp = experiment(tok, blocks=4, arm_list=arms, run_cv=0.01)
+    exp.baseline = arms[0].name
+    return exp
+
+
+def test_a_request_rate_sweep_is_one_family_over_arrival_rates():
+    """`--matrix concurrency=16 request_rate=2,8,32`: the loads are the arrival rates (requests per second, the cap of
+    16 in flight stays in the family's name), the crossover is a rate, and every label says which."""
+    rep = concurrency.analyse_loads(_rate_exp({2: 1.6, 8: 1.2, 32: 0.7}))
+    [fam] = rep.families
+    assert fam.name == "eagle3-s2-k1-d3-c16" and [p.load for p in fam.points] == [2, 8, 32]
+    assert rep.loads == [2, 8, 32] and rep.unit == "req/s"
+    assert fam.points[0].label == "2 req/s (at most 16 in flight)"
+    c = fam.per_user
+    assert c.unit == "req/s" and c.direction == "stops" and 8 < c.estimate < 32
+    assert math.isclose(c.estimate, concurrency.crossing([8, 32], [1.2, 0.7])[0], rel_tol=0.02)
+    assert f"stops paying per user at ~{c.estimate:.1f} req/s" in fam.verdict()
+    assert re.search(r"1\.6\dx at 2 req/s \(at most 16 in flight\), 1\.2\dx at 8 req/s, 0\.7\dx at 32 req/s per user",
+                     fam.verdict()), fam.verdict()
+    md = report.to_markdown(report.build_report(_rate_exp({2: 1.6, 8: 1.2, 32: 0.7}), plots=False))
+    assert "per user at 8 req/s (at most 16 in flight)" in md and "in flight (single-stream)" not in md

@@ -51,6 +51,11 @@ CASES = [
      r"holds chat records \(\"messages\", the first is record 2\) but bench.api is generate: .* Set bench.api: chat"),
     ("ignore_eos not a bool", lambda t: ["plan", "-e", experiment(t, r"output_len: \d+", "output_len: 64\n    ignore_eos: maybe")],
      r"bench.ignore_eos must be true \(every answer runs to output_len\) or false"),
+    ("request_rate negative", lambda t: ["plan", "-e", experiment(t, r"output_len: \d+", "output_len: 64\n    request_rate: -2")],
+     r"exp.yml:\d+:\d+: bench.request_rate must be a number of requests per second \(0: each as soon as one in flight "
+     r"ends\), got -2."),
+    ("request_rate 0 in the matrix", lambda t: ["plan", "--matrix", "request_rate=0,4"],
+     r"--matrix request_rate: '0' is not a rate of requests per second above 0"),
     ("--repeats 5 --max-repeats 2", lambda t: ["plan", "--repeats", "5", "--max-repeats", "2", "--target-ci", "2%"],
      r"--max-repeats 2 is below --repeats 5: --repeats blocks always run .* Give --max-repeats >= 5"),
     ("-e and -i swapped", lambda t: ["plan", "-e", str(REPO / "inventory" / "local.yml"),

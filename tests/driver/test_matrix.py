@@ -186,3 +186,21 @@ def test_concurrency_is_a_bench_condition_of_every_arm_with_its_own_baseline(wri
     plain = build_arms(at8, parse_matrix(["steps=2"])).arms
     assert pair_fingerprints(fingerprint_doc(at8, plain), {a.name: a.baseline for a in plain}) == {
         "eagle3-s2-k1-d3": fps["eagle3-s2-k1-d3-c8"]}
+
+
+def test_request_rate_is_a_bench_condition_under_the_cap_of_requests_in_flight(write):
+    """`--matrix concurrency=16 request_rate=2,8`: arms end in `-c16-r2`, each with its own baseline, the rate reaching
+    the node as a bench setting; a rate that is no positive number is refused with the closed loop named."""
+    from specab.config.fingerprint import fingerprint_doc, pair_fingerprints
+    from tests.driver.conftest import EXPERIMENT
+    exp = load_experiment(write("exp16.yml", EXPERIMENT.replace("num_requests: 3", "num_requests: 32")))
+    s = build_arms(exp, parse_matrix(["steps=2", "concurrency=16", "request_rate=2,0.5"]))
+    by = {a.name: a for a in s.arms}
+    assert set(by) == {f"{n}-c16-r{r}" for n in ("baseline", "eagle3-s2-k1-d3") for r in ("2", "0.5")}
+    spec = by["eagle3-s2-k1-d3-c16-r0.5"]
+    assert spec.baseline == "baseline-c16-r0.5" and spec.to_extravar()["bench"] == {"concurrency": 16,
+                                                                                  "request_rate": 0.5}
+    assert len(set(pair_fingerprints(fingerprint_doc(exp, s.arms), {a.name: a.baseline for a in s.arms}).values())) == 2
+    for bad in ("request_rate=0", "request_rate=-1", "request_rate=fast"):
+        with pytest.raises(MatrixError, match="not a rate of requests per second above 0.*closed loop"):
+            parse_matrix([bad])

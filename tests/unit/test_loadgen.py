@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import statistics
 import subprocess
 import sys
 import threading
@@ -343,6 +344,29 @@ def test_concurrency_overlaps_requests(make_server, tmp_path: Path) -> None:
         assert rec["chunk_tokens"] == [1, 3, 2, 3, 1, 2]
 
 
+def test_arrivals_are_a_seeded_poisson_process_the_same_for_every_arm() -> None:
+    due = loadgen.arrival_offsets(4.0, 4000, seed=1)
+    assert due == loadgen.arrival_offsets(4.0, 4000, seed=1) != loadgen.arrival_offsets(4.0, 4000, seed=2)
+    gaps = [b - a for a, b in zip(due, due[1:])]
+    assert due[0] == 0.0 and all(g > 0 for g in gaps)
+    assert abs(sum(gaps) / len(gaps) - 0.25) < 0.25 * 0.05          # mean gap 1/rate
+    assert abs(statistics.pstdev(gaps) / 0.25 - 1) < 0.05             # exponential: sd = mean
+    assert loadgen.arrival_offsets(0.0, 3, seed=1) == [0.0, 0.0, 0.0]  # a closed loop has no schedule
+
+
+def test_an_open_load_sends_each_request_at_its_arrival_time(make_server, tmp_path: Path) -> None:
+    """At a rate of 20 per second with every request's slot free (concurrency 6), request i goes no earlier than its
+    seeded arrival; the warm-up is not scheduled; the summary records the rate."""
+    srv = make_server(first_delay_s=0.01, gap_s=0.005)
+    summary, records = run(srv, tmp_path, num_requests=6, warmup=1, concurrency=6, request_rate=20.0)
+    due = loadgen.arrival_offsets(20.0, 6, seed=summary["seed"])
+    measured = sorted((r for r in records if not r["warmup"]), key=lambda r: r["i"])
+    t0 = measured[0]["start_ts"]
+    for r in measured:
+        assert r["start_ts"] - t0 >= due[r["i"]] - 0.005, (r["i"], r["start_ts"] - t0, due[r["i"]])
+    assert due[-1] > 0.05 and summary["request_rate"] == 20.0 and summary["ok"] == 6
+
+
 @pytest.mark.parametrize("fail,needle", [("http500", "HTTP 500"), ("cut", "before 'data: [DONE]'"),
                                          ("error_event", "scheduler died"), ("hang", "timeout")])
 def test_failures_are_recorded_not_fatal(make_server, tmp_path: Path, fail: str, needle: str) -> None:
@@ -387,6 +411,8 @@ def test_cli_exit_codes_and_files(make_server, tmp_path: Path) -> None:
 
     proc = subprocess.run(base + ["--concurrency", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--concurrency must be >= 1" in proc.stderr
+    proc = subprocess.run(base + ["--request-rate", "-1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--request-rate must be a number of requests per second >= 0" in proc.stderr
 
 
 @pytest.mark.parametrize("names", [
