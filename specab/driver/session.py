@@ -69,7 +69,8 @@ def execute(ctx: RunContext, todo: list[PlannedRun]) -> int:
     """Run ``todo`` (and, with --target-ci, the blocks the statistics ask for) on one host set."""
     total = len(ctx.store.plan())
     done_before = total - len(todo)
-    ctx.progress.start(ctx.exp_id, total, done=done_before)
+    ctx.progress.start(ctx.exp_id, total, done=done_before,
+                       spent=ctx.store.spent_gpu_seconds(rerun={pr.seq for pr in todo}))
     interrupted = False
     stopped: SystematicFailure | None = None
     # every arm failed at start-up for one cause: stop rather than play the rest into it
