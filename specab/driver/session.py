@@ -39,7 +39,7 @@ from specab.driver.options import (EXIT_FAILED_RUNS, EXIT_INTERRUPTED, EXIT_OK, 
 from specab.driver.per_run import PerRunExecutor
 from specab.driver.progress import Progress, print_summary
 from specab.driver.queue_executor import QueueExecutor
-from specab.driver.record import check_writable
+from specab.driver.record import PRIVATE_DIR_MODE, check_writable
 from specab.driver.signals import Interrupt
 from specab.driver.systematic import STOPPED, FailFast, SystematicFailure
 from specab.results import store as st
@@ -194,7 +194,7 @@ def start(opts: Options, out: TextIO, progress: Progress | None = None) -> tuple
     exp_id = _new_experiment_id(runs_dir, prepared.experiment.name)
     with node_leases(prepared, exp_id, out):
         exp_dir = runs_dir / exp_id
-        exp_dir.mkdir(parents=True)
+        exp_dir.mkdir(parents=True, mode=PRIVATE_DIR_MODE)   # its runs' files may hold what a secret left
         code, store = _start(prepared, opts, exp_id, exp_dir, out, progress, checked)
     try:
         return conclude(code, store, exp_dir, out), exp_dir
