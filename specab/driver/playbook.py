@@ -28,8 +28,8 @@ import ansible_runner
 from ansible_runner.interface import init_runner
 
 import specab
-from specab.vocab.contract import (ASSIGN_RE, FLAG_RE, REDACTED, is_secret_name, nested_secret_values, scrub_bytes,
-                                   scrub_text, scrub_values)
+from specab.vocab.contract import (ASSIGN_RE, FLAG_RE, PRIVATE_RUN_FILES, REDACTED, is_secret_name,
+                                   nested_secret_values, scrub_bytes, scrub_text, scrub_values)
 from specab.vocab.phases import phase_of_event
 
 
@@ -91,11 +91,21 @@ def failure_message(res: dict[str, Any]) -> str:
 
 
 NOT_SECRET_WORDS = frozenset({"None", "null", "true", "false", "True", "False"})
+# The run files that hold secrets by design and name them (launch.sh, nccl.env, args.json, queue_entry.json): not
+# the engine's log, whose every `*_token=` line would count
+SECRET_CARRIERS = frozenset(PRIVATE_RUN_FILES) - {"server.log"}
+
+
+def learnable(values: list[str]) -> list[str]:
+    """Of the values found under a secret name, those worth scrubbing everywhere: no redaction placeholder, no
+    logged default (api_key=None), no bare number (a tokenizer's eos_token id: scrubbing it would corrupt every
+    number that holds its digits, and a secret is not a bare number)."""
+    return [v for v in values if REDACTED not in v and v not in NOT_SECRET_WORDS and not v.strip().isdigit()]
 
 
 def named_secret_values(text: str) -> list[str]:
-    """The values a file itself names as secret: the secret-named keys of a JSON document (a queue entry, an
-    artifact's event) and the secret-named assignments and flags of a text (launch.sh, nccl.env, a log)."""
+    """The values a run file itself names as secret: the secret-named keys of a JSON document (a queue entry,
+    args.json) and the secret-named assignments and flags of a text (launch.sh, nccl.env)."""
     words: list[str] = []
     for m in ASSIGN_RE.finditer(text):
         if is_secret_name(m.group("name")):
@@ -110,15 +120,15 @@ def named_secret_values(text: str) -> list[str]:
         else:                                   # an unquoted one ends where a JSON string or a list would go on
             w = re.split(r"[\"'\\,;)\]}]", w, maxsplit=1)[0]
         out.append(w)
-    # what is already redacted is nothing to learn, and a logged default (api_key=None) no secret
-    return [v for v in out if REDACTED not in v and v not in NOT_SECRET_WORDS]
+    return learnable(out)
 
 
 def scrub_tree(root: Path, secrets: list[str]) -> int:
     """Replace every occurrence of a secret value in the files under `root`; returns files changed. The values are
-    `secrets` and those the files name themselves (`named_secret_values`): a node env value only Ansible rendered
-    (a file lookup, a vault) is known to the driver only as its template, but the queue entry and launch.sh hold
-    it under its secret name. A file that held one loses its group and other permissions (on the node it was
+    `secrets` and those the run files that carry secrets by design name themselves (`named_secret_values` of
+    SECRET_CARRIERS and *.env): a node
+    env value only Ansible rendered (a file lookup, a vault) is known to the driver only as its template, but the
+    queue entry and launch.sh hold it under its secret name. A file that held one loses its group and other permissions (on the node it was
     private: launch.sh, nccl.env, args.json, server.log), as the collect role's scrub does
     (roles/collect/action_plugins/collect_scrub.py)."""
     if not root.exists():
@@ -126,6 +136,8 @@ def scrub_tree(root: Path, secrets: list[str]) -> int:
     files = [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
     named: list[str] = []
     for path in files:
+        if path.name not in SECRET_CARRIERS and not path.name.endswith(".env"):
+            continue
         try:
             named += named_secret_values(path.read_bytes().decode("utf-8", errors="replace"))
         except OSError:
@@ -216,7 +228,7 @@ class PlaybookRunner:
             """A secret-named key's value in `value` (a task result: a node env read on the node, a rendered value
             that the controller saw only as a template) is scrubbed from this event on."""
             nonlocal secret_values
-            found = set(scrub_values(nested_secret_values(value))) - known
+            found = set(scrub_values(learnable(nested_secret_values(value)))) - known
             if found:
                 known.update(found)
                 secret_values = scrub_values(known)
