@@ -122,7 +122,7 @@ REGIMES: dict[str, dict[str, float]] = {
     "instance-dominated": {"shared": 0.04, "instance": 0.012, "request": 0.01},
     "request-dominated": {"shared": 0.01, "instance": 0.0025, "request": 0.08},
 }
-TRUE_LOG_RATIO = math.log(0.7363)      # the seed's EAGLE-3 2-step vs baseline (the --mode today simulation above)
+TRUE_LOG_RATIO = math.log(0.7363)      # the seed's EAGLE-3 2-step vs baseline (the --mode restarts simulation above)
 
 
 def _medians(noise: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -173,7 +173,7 @@ def t_half_width(logs: list[float]) -> float:
     return math.sinh(h)
 
 
-def run_today(draws: Draws, experiments: int, requests: int, target: float, max_repeats: int,
+def run_sequential(draws: Draws, experiments: int, requests: int, target: float, max_repeats: int,
               cost: design.RunCost) -> dict[str, Any]:
     """The sequential design (`--design sequential`): `requests` per run, a block at a time until the interval is
     within target (at least stats.MIN_BLOCKS blocks) or max_repeats: the rule of stats.decide_more_blocks."""
@@ -300,7 +300,7 @@ def economics(experiments: int, target: float, today_max_repeats: int, requests:
     for k, (name, regime) in enumerate(REGIMES.items()):
         s = seed + 10 * k
         draws = Draws(s, regime, experiments, max(max_requests, requests))
-        today = run_today(draws, experiments, requests, target, today_max_repeats, cost)
+        today = run_sequential(draws, experiments, requests, target, today_max_repeats, cost)
         priors = history_priors(Draws(s + 1, regime, experiments, requests), experiments, history_blocks, requests)
         new = run_economics(draws, experiments, requests, target, max_blocks, cost,
                             priors, max_requests)
@@ -340,9 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="default", help="simulator profile (name or YAML path)")
     ap.add_argument("--steps", type=int, default=2, help="EAGLE-3 steps of the arm compared with the baseline")
     ap.add_argument("--out", help="also write the JSON here")
-    ap.add_argument("--mode", choices=("today", "economics"), default="today",
-                    help="today: restarts per arm of the sequential design (token-level simulation, section 3); "
-                         "economics: GPU-minutes of the sequential design vs the design by cost in two noise regimes")
+    ap.add_argument("--mode", choices=("restarts", "economics", "today"), default="restarts",
+                    metavar="{restarts,economics}",
+                    help="restarts: restarts per arm of the sequential design against fixed designs (token-level "
+                         "simulation, section 3); economics: GPU-minutes of the sequential design vs the design by "
+                         "cost in two noise regimes")
     ap.add_argument("--experiments", type=int, default=1000, help="economics: simulated experiments per regime")
     ap.add_argument("--load-s", type=float, default=360.0, help="economics: seconds from start to ready")
     ap.add_argument("--bench-s", type=float, default=60.0,
@@ -356,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="economics: blocks of the earlier experiment in the node's history (the prior)")
     ap.add_argument("--seed", type=int, default=19, help="economics: seed of the simulation")
     args = ap.parse_args(argv)
+    if args.mode == "today":        # the old name of "restarts": refused so that a script that used it is told
+        ap.error("--mode today is now --mode restarts (restarts per arm of the sequential design against fixed "
+                 "designs; the default)")
     if args.seeds < 1 or args.max_repeats < 2 or min(args.fixed) < 2:
         ap.error("--seeds >= 1, --max-repeats >= 2 and every --fixed >= 2 (an interval needs 2 blocks)")
 

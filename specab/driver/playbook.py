@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -27,7 +28,8 @@ import ansible_runner
 from ansible_runner.interface import init_runner
 
 import specab
-from specab.vocab.contract import is_secret_name, scrub_bytes, scrub_text, scrub_values
+from specab.vocab.contract import (ASSIGN_RE, FLAG_RE, PRIVATE_RUN_FILES, REDACTED, is_secret_name,
+                                   nested_secret_values, scrub_bytes, scrub_text, scrub_values)
 from specab.vocab.phases import phase_of_event
 
 
@@ -88,17 +90,63 @@ def failure_message(res: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in res.items() if not k.startswith("_")})[:2000]
 
 
+NOT_SECRET_WORDS = frozenset({"None", "null", "true", "false", "True", "False"})
+# The run files that hold secrets by design and name them (launch.sh, nccl.env, args.json, queue_entry.json): not
+# the engine's log, whose every `*_token=` line would count
+SECRET_CARRIERS = frozenset(PRIVATE_RUN_FILES) - {"server.log"}
+
+
+def learnable(values: list[str]) -> list[str]:
+    """Of the values found under a secret name, those worth scrubbing everywhere: no redaction placeholder, no
+    logged default (api_key=None), no bare number (a tokenizer's eos_token id: scrubbing it would corrupt every
+    number that holds its digits, and a secret is not a bare number)."""
+    return [v for v in values if REDACTED not in v and v not in NOT_SECRET_WORDS and not v.strip().isdigit()]
+
+
+def named_secret_values(text: str) -> list[str]:
+    """The values a run file itself names as secret: the secret-named keys of a JSON document (a queue entry,
+    args.json) and the secret-named assignments and flags of a text (launch.sh, nccl.env)."""
+    words: list[str] = []
+    for m in ASSIGN_RE.finditer(text):
+        if is_secret_name(m.group("name")):
+            words.append(m.group("value"))
+    for m in FLAG_RE.finditer(text):
+        if is_secret_name(m.group("flag")):
+            words.append(m.group("value"))
+    out = nested_secret_values(text) if text.lstrip()[:1] in ("{", "[") else []
+    for w in words:
+        if len(w) >= 2 and w[0] == w[-1] and w[0] in "'\"":
+            w = w[1:-1]                         # a quoted value is scrubbed without its quotes
+        else:                                   # an unquoted one ends where a JSON string or a list would go on
+            w = re.split(r"[\"'\\,;)\]}]", w, maxsplit=1)[0]
+        out.append(w)
+    return learnable(out)
+
+
 def scrub_tree(root: Path, secrets: list[str]) -> int:
-    """Replace every occurrence of a secret value in the files under `root`; returns files changed. A file that
-    held one loses its group and other permissions (on the node it was private: launch.sh, nccl.env, args.json,
-    server.log), as the collect role's scrub does (roles/collect/action_plugins/collect_scrub.py)."""
-    values = scrub_values(secrets)
-    if not values or not root.exists():
+    """Replace every occurrence of a secret value in the files under `root`; returns files changed. The values are
+    `secrets` and those the run files that carry secrets by design name themselves (`named_secret_values` of
+    SECRET_CARRIERS and *.env): a node
+    env value only Ansible rendered (a file lookup, a vault) is known to the driver only as its template, but the
+    queue entry and launch.sh hold it under its secret name. A file that held one loses its group and other permissions (on the node it was
+    private: launch.sh, nccl.env, args.json, server.log), as the collect role's scrub does
+    (roles/collect/action_plugins/collect_scrub.py)."""
+    if not root.exists():
+        return 0
+    files = [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+    named: list[str] = []
+    for path in files:
+        if path.name not in SECRET_CARRIERS and not path.name.endswith(".env"):
+            continue
+        try:
+            named += named_secret_values(path.read_bytes().decode("utf-8", errors="replace"))
+        except OSError:
+            continue
+    values = scrub_values(list(secrets) + named)
+    if not values:
         return 0
     changed = 0
-    for path in root.rglob("*"):
-        if not path.is_file() or path.is_symlink():
-            continue
+    for path in files:
         try:
             data = path.read_bytes()
         except OSError:
@@ -167,13 +215,28 @@ class PlaybookRunner:
             if on_phase:
                 on_phase(phase)
 
-        # every secret the run may print: the experiment's, and those of the driver's own environment (the child
-        # does not get them, but a node reached over a local connection may have them from elsewhere)
-        secret_values = scrub_values(list(secrets or []) + [v for k, v in os.environ.items() if is_secret_name(k) and v])
+        # every secret the run may print: the experiment's, those of the driver's own environment (the child
+        # does not get them, but a node reached over a local connection may have them from elsewhere), any
+        # secret-named key of the extra vars at any depth, and, as the run goes, those of each task result. The
+        # stdout callback formats the events but is not relied on: ansible-runner prints through its own, which
+        # wraps Ansible's default callback or whichever ANSIBLE_STDOUT_CALLBACK names, not the redacting one.
+        known = set(scrub_values(list(secrets or []) + [v for k, v in os.environ.items() if is_secret_name(k) and v]
+                                 + nested_secret_values(extravars)))
+        secret_values = scrub_values(known)
+
+        def learn(value: Any) -> None:
+            """A secret-named key's value in `value` (a task result: a node env read on the node, a rendered value
+            that the controller saw only as a template) is scrubbed from this event on."""
+            nonlocal secret_values
+            found = set(scrub_values(learnable(nested_secret_values(value)))) - known
+            if found:
+                known.update(found)
+                secret_values = scrub_values(known)
 
         def on_event(ev: dict[str, Any]) -> bool:
             kind = ev.get("event", "")
             data = ev.get("event_data") or {}
+            learn(data.get("res"))
             # what -v streams and what a failure quotes never hold a secret (the artifacts are scrubbed after the run)
             text = scrub_text(ev.get("stdout") or "", secret_values)
             if text:

@@ -44,7 +44,7 @@ class _State:
     run_started: float | None = None
     phase_started: float | None = None
     durations: list[float] = field(default_factory=list)
-    gpu_seconds: float = 0.0            # spent so far in this session: run wall time x the GPUs its server held
+    gpu_seconds: float = 0.0            # spent so far by the experiment: each run's span x the GPUs its server held
     gpu_runs: int = 0
     projected_s: float | None = None    # the design by cost's expected GPU-seconds still to spend, when it planned
     projected_at: float = 0.0           # gpu_seconds when the design said so
@@ -65,11 +65,14 @@ class Progress:
         self._live: Live | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, experiment_id: str, total: int, done: int = 0) -> None:
+    def start(self, experiment_id: str, total: int, done: int = 0, spent: tuple[float, int] = (0.0, 0)) -> None:
+        """`spent`: the (GPU-seconds, runs) the store already holds (a resume), so that the GPU-minutes spent are
+        the experiment's since its start, as the report's verdict cost, and the per-run mean counts those runs."""
         with self._lock:
             self.state.experiment_id = experiment_id
             self.state.total = total
             self.state.done = done
+            self.state.gpu_seconds, self.state.gpu_runs = float(spent[0]), int(spent[1])
         if self.live_mode:
             self._live = Live(self._render(), console=self.console, refresh_per_second=4,
                               get_renderable=self._render, transient=False)

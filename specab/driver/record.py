@@ -25,6 +25,10 @@ from specab.vocab.contract import FIRST_ERROR_RE, PRIVATE_RUN_FILES
 from specab.vocab.phases import REPEATED_PHASES
 
 MIN_FREE_MB = 50
+# The experiment directory and each run's on the controller: their owner's alone, as the node's run directories
+# (the files in them, launch.sh, args.json, server.log, may have held a secret, and their names and the logs tell
+# what ran)
+PRIVATE_DIR_MODE = 0o700
 
 
 def node_run_dir(host: Host, run_id: str) -> str:
@@ -153,8 +157,10 @@ def unpack_fetched(archive: Path, dest: Path, run_ids: Collection[str]) -> list[
                 m.uid, m.gid, m.uname, m.gname = os.getuid(), os.getgid(), "", ""   # --no-same-owner
                 if run_id not in held:
                     held.append(run_id)
-            root.mkdir(parents=True, exist_ok=True)
+            root.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
             tar.extractall(root, members=members)
+            for run_id in held:         # a directory takes the mode the node's had (an older node's: 0755)
+                os.chmod(root / run_id, PRIVATE_DIR_MODE)
     except (OSError, tarfile.TarError) as exc:
         raise UnpackError(f"{archive}: the fetched run directory could not be unpacked: {exc}") from exc
     finally:
@@ -172,7 +178,8 @@ def fetch_missing(host: Host, node_run_dir: str, dest: Path) -> None:
         rc, out, _ = node.sh(f"cd {shell_path(node_run_dir)} 2>/dev/null && ls -1A")
         if rc != 0:
             return
-        dest.mkdir(parents=True, exist_ok=True)
+        dest.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+        os.chmod(dest, PRIVATE_DIR_MODE)
         for name in out.split():
             if "/" in name or (dest / name).exists():
                 continue

@@ -39,7 +39,7 @@ from specab.driver.options import (EXIT_FAILED_RUNS, EXIT_INTERRUPTED, EXIT_OK, 
 from specab.driver.per_run import PerRunExecutor
 from specab.driver.progress import Progress, print_summary
 from specab.driver.queue_executor import QueueExecutor
-from specab.driver.record import check_writable
+from specab.driver.record import PRIVATE_DIR_MODE, check_writable
 from specab.driver.signals import Interrupt
 from specab.driver.systematic import STOPPED, FailFast, SystematicFailure
 from specab.results import store as st
@@ -69,7 +69,8 @@ def execute(ctx: RunContext, todo: list[PlannedRun]) -> int:
     """Run ``todo`` (and, with --target-ci, the blocks the statistics ask for) on one host set."""
     total = len(ctx.store.plan())
     done_before = total - len(todo)
-    ctx.progress.start(ctx.exp_id, total, done=done_before)
+    ctx.progress.start(ctx.exp_id, total, done=done_before,
+                       spent=ctx.store.spent_gpu_seconds(rerun={pr.seq for pr in todo}))
     interrupted = False
     stopped: SystematicFailure | None = None
     # every arm failed at start-up for one cause: stop rather than play the rest into it
@@ -193,7 +194,7 @@ def start(opts: Options, out: TextIO, progress: Progress | None = None) -> tuple
     exp_id = _new_experiment_id(runs_dir, prepared.experiment.name)
     with node_leases(prepared, exp_id, out):
         exp_dir = runs_dir / exp_id
-        exp_dir.mkdir(parents=True)
+        exp_dir.mkdir(parents=True, mode=PRIVATE_DIR_MODE)   # its runs' files may hold what a secret left
         code, store = _start(prepared, opts, exp_id, exp_dir, out, progress, checked)
     try:
         return conclude(code, store, exp_dir, out), exp_dir

@@ -34,7 +34,7 @@ from specab.vocab import contract
 VERSION = 1
 FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MODE_RE = re.compile(r"^0?[0-7]{3}$")
-RUN_DIR_MODE = 0o755
+RUN_DIR_MODE = 0o700     # a run directory holds the engine's argv, env and log, which may carry a secret
 QUEUE_MODE = 0o700
 ENTRY_MODE = 0o600
 CHECKS = {"bash": ["bash", "-n"]}      # "check" value -> the command that reads the file on stdin

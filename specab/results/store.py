@@ -11,7 +11,7 @@ import io
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -442,6 +442,16 @@ class Store:
                        _dumps(load_phases), _dumps(server_info), _dumps(stop), _dumps(gpu_free), seq))
             row = c.execute("SELECT gpu_seconds FROM runs WHERE seq=?", (seq,)).fetchone()
         return None if row is None or row["gpu_seconds"] is None else float(row["gpu_seconds"])
+
+    def spent_gpu_seconds(self, rerun: Collection[int] = ()) -> tuple[float, int]:
+        """(GPU-seconds, runs) recorded so far, the runs of the seqs in `rerun` left out: a run started again
+        replaces its row (start_run), so what it spent before is no longer part of the experiment's verdict cost."""
+        with self._tx() as c:
+            self._ensure_cost_columns(c)        # a store written before the columns: nothing recorded, (0, 0)
+            rows = c.execute("SELECT seq, gpu_seconds FROM runs WHERE gpu_seconds IS NOT NULL").fetchall()
+        skip = set(rerun)
+        kept = [float(r["gpu_seconds"]) for r in rows if r["seq"] not in skip]
+        return sum(kept), len(kept)
 
     def add_requests(self, seq: int, host: str, records: Iterable[dict[str, Any]]) -> int:
         n = 0

@@ -63,6 +63,7 @@ def test_ab_test_playbook_prints_and_collects_no_secret_and_keeps_the_node_files
     for name, mode in PRIVATE_FILES.items():
         got = (node_runs[0] / name).stat().st_mode & 0o777
         assert got == mode, f"node {name}: mode {oct(got)}, expected {oct(mode)}"
+    assert node_runs[0].stat().st_mode & 0o777 == 0o700, f"node run directory: {oct(node_runs[0].stat().st_mode)}"
     exposed = [(str(f.relative_to(sim_node.node_dir)), _found(f.read_bytes()), oct(f.stat().st_mode & 0o777))
                for f in _files(sim_node.node_dir)
                if _found(f.read_bytes()) and f.stat().st_mode & 0o077]
@@ -73,6 +74,9 @@ def test_ab_test_playbook_prints_and_collects_no_secret_and_keeps_the_node_files
     assert len(exp_dirs) == 1, exp_dirs
     run_dirs = [d for d in exp_dirs[0].iterdir() if d.is_dir()]
     assert len(run_dirs) == 1 and (run_dirs[0] / "launch.sh").exists(), run_dirs
+    # the experiment's directory and its run's: their owner's alone, as on the node
+    modes = {str(d.relative_to(sim_node.runs_dir)): oct(d.stat().st_mode & 0o777) for d in (exp_dirs[0], run_dirs[0])}
+    assert set(modes.values()) == {oct(0o700)}, modes
     leaks = [(str(f.relative_to(sim_node.runs_dir)), _found(f.read_bytes())) for f in _files(sim_node.runs_dir)
              if _found(f.read_bytes())]
     assert not leaks, f"secret values in runs/: {leaks}"

@@ -127,7 +127,8 @@ def _alive(pid: int) -> bool:
 
 def test_verdict_cost_sequential_stops_within_target_or_at_the_cap(capsys):
     vc = _load("verdict_cost")
-    res = _run(vc, ["--seeds", "12", "--max-repeats", "8", "--fixed", "3", "5"], capsys)
+    res = _run(vc, ["--mode", "restarts", "--seeds", "12", "--max-repeats", "8", "--fixed", "3", "5"], capsys)
+    assert res["benchmark"] == "verdict cost (restarts per arm for a +-2% 95% CI)"
     seq = res["sequential"]
     assert sum(seq["distribution"].values()) == 12
     assert min(int(k) for k in seq["distribution"]) >= 3          # specab.analysis.stats.MIN_BLOCKS
@@ -205,6 +206,15 @@ def test_footprint_driver_with_stand_in_runner_runs_the_whole_experiment(tmp_pat
     exp_dir = next(d for d in (tmp_path / "driver-1000" / "runs").iterdir() if (d / "results.sqlite").exists())
     assert (exp_dir / "report.md").is_file()                     # the driver's own end-of-experiment report
     assert d["report_written"].endswith("report.md")
+
+
+def test_verdict_cost_refuses_the_old_mode_name_and_names_the_new_one(capsys):
+    vc = _load("verdict_cost")
+    with pytest.raises(SystemExit) as exc:
+        vc.main(["--mode", "today", "--seeds", "2"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--mode today is now --mode restarts" in err, err
 
 
 def test_verdict_cost_economics_mode_reports_both_designs_per_regime(capsys):

@@ -3,12 +3,14 @@ beside the store and said), unless the store redacted a secret of it, which only
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.driver.simnode import SimNode, driver, free_port
+from specab.results import store as st
+from tests.driver.simnode import SimNode, driver, free_port, reap_driver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -63,3 +65,42 @@ def test_resume_refuses_a_stored_configuration_whose_secrets_were_redacted(node:
     out = run("--resume", exp_id, *common)
     assert out.startswith("rc=2") and "has its secret values redacted (env.HF_TOKEN): restore the file" in out, out
     assert "SECRETVALUE" not in out
+
+
+def test_resume_counts_the_gpu_minutes_spent_before_it(node: SimNode) -> None:
+    """The console's "X GPU-min spent" after a resume is the experiment's since its start: the runs the store held
+    before the resume are counted (a run started again replaces its row, so what it spent before is not), and
+    after the last run it equals the report's verdict cost."""
+    exp = node.write_experiment("spent", output_len=16)
+    common = ["-i", str(node.write_inventory()), "--runs-dir", str(node.runs_dir)]
+    # the per-run executor: one run at a time (the run queue would have run ahead on the node)
+    proc = driver("-e", str(exp), "--repeats", "2", "--executor", "per-run", *common)
+    head: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:                # interrupted once its first run is recorded
+            head.append(line)
+            if re.match(r"\s+ok in [\d.]+ s", line):
+                proc.send_signal(signal.SIGINT)
+                break
+        out = "".join(head) + proc.communicate(timeout=300)[0]
+    finally:
+        reap_driver(proc, 60)
+    assert proc.returncode == 130, out[-3000:]
+    exp_id = re.search(r"experiment directory: .*/(spent-\d{8}-\d{6})", out).group(1)
+    with st.Store.open(node.runs_dir / exp_id) as s:
+        kept = [r for r in s.runs() if r["status"] == "ok"]
+        todo = len(s.plan()) - len(kept)
+    assert len(kept) >= 1 and todo >= 1, (kept, todo)
+    before = sum(r["gpu_seconds"] for r in kept) / 60
+    assert before >= 0.2, f"a run's GPU-minutes ({before:.2f}) must show at the console's precision"
+    out = run("--resume", exp_id, *common)
+    assert out.startswith("rc=0"), out[-3000:]
+    assert f"resuming {exp_id}: {todo} of " in out, out[-3000:]
+    spent = [float(x) for x in re.findall(r"; ([\d.]+) GPU-min spent", out)]
+    assert len(spent) == todo, out[-3000:]
+    # printed to 0.1: what the store held and the first resumed run's own, rounded, is never below the former rounded
+    assert spent[0] >= round(before, 1), f"the first run after the resume shows {spent[0]} GPU-min spent, the " \
+                                         f"store held {before:.2f}"
+    report = re.search(r"Verdict cost: ([\d.]+) GPU-minutes", (node.runs_dir / exp_id / "report.md").read_text())
+    assert f"{spent[-1]:.1f}" == report.group(1), (spent, report.group(0))

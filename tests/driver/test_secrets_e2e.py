@@ -1,7 +1,9 @@
 """Secrets end to end: an arm's secret server arg (``api_key``, flag ``--api-key``) and secret env vars (a bare
-``TOKEN``, ``HF_TOKEN``) and a secret of the node env (``HF_HUB_TOKEN``, inventory) reach the engine, and appear in
-no stored file of the experiment nor in what ``driver.py -v`` prints; a secret of the controller's environment is
-not passed on at all. On the node, each file holding a secret is its owner's alone (0600, launch.sh 0700).
+``TOKEN``, ``HF_TOKEN``) and secrets of the node env (``HF_HUB_TOKEN``, inventory; ``HUB_API_KEY`` from a file
+lookup, which only Ansible renders) reach the engine, and appear in no stored file of the experiment nor in what
+``driver.py -v`` prints, whatever stdout callback formats Ansible's events; a secret of the controller's environment
+is not passed on at all. On the node, each file holding a secret is its owner's alone (0600, launch.sh 0700), and
+the run directories on the node and the experiment's and its runs' on the controller are 0700.
 
 The controller once used a narrower secret rule than the node (``*_TOKEN``/``*_KEY`` but not ``api_key`` or
 ``TOKEN``), so these two were redacted in the node's manifest yet left verbatim in the ansible-runner artifacts
@@ -26,7 +28,10 @@ TOKEN = "SECRETTOKENVALUE456"
 HF_TOKEN = "SECRETHFTOKEN789"
 NODE_TOKEN = "SECRETNODETOKEN012"       # specab_node_env (inventory)
 CTRL_TOKEN = "SECRETCTRLTOKEN345"       # the controller's environment, where driver.py runs
-SECRETS = (API_KEY.encode(), TOKEN.encode(), HF_TOKEN.encode(), NODE_TOKEN.encode(), CTRL_TOKEN.encode())
+# specab_node_env from a file lookup: only Ansible renders it, so the driver learns the value from the task results
+FILE_KEY = "SECRETFILEKEY678"
+SECRETS = (API_KEY.encode(), TOKEN.encode(), HF_TOKEN.encode(), NODE_TOKEN.encode(), CTRL_TOKEN.encode(),
+           FILE_KEY.encode())
 # the files of a node run directory that carry a secret by design or may (the engine's log), and their modes
 PRIVATE_FILES = {"launch.sh": 0o700, "nccl.env": 0o600, "args.json": 0o600, "server.log": 0o600}
 
@@ -45,23 +50,33 @@ def _leaks(root: Path) -> list[tuple[Path, list[str], int]]:
     return out
 
 
-@pytest.mark.parametrize("executor", ["queue", "per-run"])
-def test_secret_server_arg_and_env_reach_the_engine_and_no_stored_file(node: SimNode, executor: str):
-    """The run queue and the per-run path (whose runner artifacts hold the arm as an extravar) alike."""
+@pytest.mark.parametrize("executor,callback", [("queue", None), ("per-run", None), ("per-run", "default"),
+                                               ("per-run", "minimal")])
+def test_secret_server_arg_and_env_reach_the_engine_and_no_stored_file(node: SimNode, executor: str,
+                                                                       callback: str | None):
+    """The run queue and the per-run path (whose runner artifacts hold the arm as an extravar) alike, and under a
+    stdout callback of the user's choosing (ANSIBLE_STDOUT_CALLBACK: ansible-runner formats the events with it): the
+    driver scrubs what -v streams itself, whatever formatted it."""
     node.profile = "instant"
     exp_file = node.write_experiment("sec", arms=ARMS, num_requests=2, output_len=16)
-    inv = node.write_inventory({**node.host_vars(), "specab_node_env": {**node.node_env(), "HF_HUB_TOKEN": NODE_TOKEN}})
+    key_file = node.root / "hub.key"
+    key_file.write_text(FILE_KEY)
+    inv = node.write_inventory({**node.host_vars(), "specab_node_env": {
+        **node.node_env(), "HF_HUB_TOKEN": NODE_TOKEN,
+        "HUB_API_KEY": "{{ lookup('ansible.builtin.file', '%s') }}" % key_file}})
+    foreign = {"ANSIBLE_STDOUT_CALLBACK": callback} if callback else {}
     proc = driver("-v", "--executor", executor, "--repeats", "1", "--seed", "1", "-e", str(exp_file), "-i", str(inv),
                   "--runs-dir", str(node.runs_dir),
                   # ANSIBLE_VERBOSITY reaches ansible-playbook: -v then streams every task result (the arm, the node
                   # env), not only the task names and failures
-                  env={"SPECAB_TEST_CTRL_TOKEN": CTRL_TOKEN, "ANSIBLE_VERBOSITY": "1"})
+                  env={"SPECAB_TEST_CTRL_TOKEN": CTRL_TOKEN, "ANSIBLE_VERBOSITY": "1", **foreign})
     try:
         out, _ = proc.communicate(timeout=600)
     finally:
         reap_driver(proc, 60)
     assert proc.returncode == 0, out[-4000:]
-    assert "TASK [" in out, "-v streams the Ansible events"
+    # -v streams the Ansible events (the minimal callback prints each result, without task headers)
+    assert (" | SUCCESS => " if callback == "minimal" else "TASK [") in out, out[-3000:]
     if executor == "per-run":       # its task results carry the arm and the node env: printed, each secret redacted
         assert "<redacted>" in out
     printed = [s.decode() for s in SECRETS if s.decode() in out]
@@ -84,7 +99,7 @@ def test_secret_server_arg_and_env_reach_the_engine_and_no_stored_file(node: Sim
     spec_run = node.node_dir / "runs" / next(r["run_id"] for r in runs if r["arm"] == "eagle3-s2")
     launch = (spec_run / "launch.sh").read_text()
     assert "--api-key" in launch and API_KEY in launch, launch
-    assert f"HF_HUB_TOKEN={NODE_TOKEN}" in launch, launch
+    assert f"HF_HUB_TOKEN={NODE_TOKEN}" in launch and f"HUB_API_KEY={FILE_KEY}" in launch, launch
     assert f"TOKEN={TOKEN}" in (spec_run / "nccl.env").read_text()
     assert f"HF_TOKEN={HF_TOKEN}" in (spec_run / "nccl.env").read_text()
 
@@ -92,6 +107,8 @@ def test_secret_server_arg_and_env_reach_the_engine_and_no_stored_file(node: Sim
     for name, mode in PRIVATE_FILES.items():
         got = (spec_run / name).stat().st_mode & 0o777
         assert got == mode, f"node {name}: mode {oct(got)}, expected {oct(mode)}"
+    node_modes = {d.name: oct(d.stat().st_mode & 0o777) for d in (node.node_dir / "runs").iterdir() if d.is_dir()}
+    assert len(node_modes) == 2 and set(node_modes.values()) == {oct(0o700)}, f"node run directories: {node_modes}"
     exposed = [(str(f.relative_to(node.node_dir)), found, oct(mode)) for f, found, mode in _leaks(node.node_dir)
                if mode & 0o077]
     assert not exposed, f"node files holding a secret that others can read: {exposed}"
@@ -116,6 +133,10 @@ def test_secret_server_arg_and_env_reach_the_engine_and_no_stored_file(node: Sim
     # (the store is closed by now, its WAL checkpointed into results.sqlite: grepping the file covers its free
     # pages too, which keep the bytes of rows written before)
     assert (exp_dir / spec_run.name / "launch.sh").exists()
+    # the experiment directory and its run directories: their owner's alone, as the node's
+    dirs = [exp_dir] + [exp_dir / r["run_id"] for r in runs]
+    modes = {str(d.relative_to(node.runs_dir)): oct(d.stat().st_mode & 0o777) for d in dirs}
+    assert set(modes.values()) == {oct(0o700)}, f"controller directories: {modes}"
     leaks = [(str(f.relative_to(exp_dir)), found, oct(mode)) for f, found, mode in _leaks(exp_dir)]
     assert not leaks, f"secret values in stored files: {leaks}"
     # ... and the controller's copies of the node's private files keep their modes

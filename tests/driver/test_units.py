@@ -67,6 +67,24 @@ def test_scrub_tree_leaves_each_file_that_held_a_secret_private(tmp_path):
     assert [f.stat().st_mode & 0o777 for f in (held, script, clean)] == [0o600, 0o700, 0o644]
 
 
+def test_scrub_tree_learns_the_values_the_files_name_as_secret(tmp_path):
+    """A node env value that only Ansible rendered (a file lookup) reaches the controller's copy under its secret
+    name (launch.sh's export, the queue entry's JSON); scrub_tree finds it there and scrubs it from every file,
+    the server log included, though the driver was given none of it. Learned only from the files that carry
+    secrets by design: the log's own `*_token=` lines teach nothing (a token id is no secret), nor does a logged
+    default (api_key=None) or a bare number."""
+    (tmp_path / "launch.sh").write_text("export HUB_API_KEY=file-secret-1\nexec engine --api-key 'flag secret 2'\n")
+    (tmp_path / "queue_entry.json").write_text('{"node_env": {"OTHER_TOKEN": "json-secret-3", "EOS_TOKEN": 151643}}')
+    log = tmp_path / "server.log"
+    log.write_text("env: file-secret-1 flag secret 2 json-secret-3; ServerArgs(api_key=None) pad_token=<pad>0 "
+                   "eos 151643\n")
+    assert scrub_tree(tmp_path, []) == 3
+    text = "".join(f.read_text() for f in tmp_path.iterdir())
+    assert not [v for v in ("file-secret-1", "flag secret 2", "json-secret-3") if v in text], text
+    assert log.read_text() == "env: <redacted> <redacted> <redacted>; ServerArgs(api_key=None) pad_token=<pad>0 " \
+                              "eos 151643\n"
+
+
 def test_progress_plain_lines_and_eta():
     out = io.StringIO()
     p = Progress(out=out, live=False)

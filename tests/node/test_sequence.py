@@ -433,7 +433,7 @@ def test_stage_writes_every_run_directory_then_queues_the_batch_in_run_order(nod
     assert os.listdir(queue / ".staging") == [] and _mode(queue) == 0o700 and _mode(queue / ".staging") == 0o700
     for run in runs:
         d = node.node_dir / "runs" / run["run_id"]
-        assert sorted(os.listdir(d)) == ["args.json", "launch.sh", "nccl.env"] and _mode(d) == 0o755
+        assert sorted(os.listdir(d)) == ["args.json", "launch.sh", "nccl.env"] and _mode(d) == 0o700
         assert (_mode(d / "launch.sh"), _mode(d / "nccl.env"), _mode(d / "args.json")) == (0o755, 0o600, 0o644)
         for f in run["files"]:
             assert (d / f["name"]).read_text() == f["content"]
