@@ -1,14 +1,7 @@
 #!/usr/bin/python
-"""Ansible module ``specab_node``: one node tool run with its typed spec, its structured result returned.
-
-Every per-run role is one task of this module. The spec travels as one JSON object on the tool's stdin
-(``<node_dir>/bin/specab/node TOOL --spec-json -``), where the tool builds the same dataclass the run queue
-(specab/node/runsteps.py) builds, so argv exists only at the tool's command-line boundary. The tool's JSON keys
-come back as the task's own keys (``register:`` gives ``result.total_s``, not ``stdout | from_json``); a tool that
-exits non-zero fails the task with its own ``error`` after the role's headline. The module runs on the node with
-Ansible's interpreter and imports nothing of specab: the tool runs under ``python`` (the node's Python for the
-tools), with the task's ``environment:``.
-"""
+# One node tool run with its typed spec (the one shape of every per-run role's node step). It runs on the node under
+# Ansible's interpreter and imports nothing of specab: the tool runs under the given python, with the task's
+# environment, and builds from the JSON the same spec dataclass the run queue (specab/node/runsteps.py) builds.
 from __future__ import annotations
 
 import datetime
@@ -27,6 +20,7 @@ description:
     builds its spec dataclass from it (the keys are the dataclass's field names, an unknown or missing key is
     refused) and prints one JSON object, which becomes the task's result.
   - A non-zero exit fails the task with O(fail_msg), a colon and the tool's own C(error).
+  - The tool's JSON keys are the task's result (C(ok), C(error), ... besides C(rc), C(start), C(end)).
   - In check mode nothing runs; the task is reported skipped.
 options:
   tool:
@@ -51,25 +45,6 @@ options:
     type: str
     required: true
 author: specab
-"""
-
-RETURN = r"""
-ok:
-  description: The tool's verdict; every other key of the tool's JSON is returned as is.
-  type: bool
-  returned: when the tool ran
-rc:
-  description: The tool's exit status (0 success, 1 a failure to act on, 2 bad usage).
-  type: int
-  returned: when the tool ran
-start:
-  description: When the tool started (local time, C(YYYY-mm-dd HH:MM:SS.ffffff)).
-  type: str
-  returned: when the tool ran
-end:
-  description: When the tool ended.
-  type: str
-  returned: when the tool ran
 """
 
 # What a successful run changed on the node: a stop changed something only when a server was running; a start
