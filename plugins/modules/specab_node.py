@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 from typing import Any, Dict, List
 
 from ansible.module_utils.basic import AnsibleModule
@@ -21,6 +22,8 @@ description:
     refused) and prints one JSON object, which becomes the task's result.
   - A non-zero exit fails the task with O(fail_msg), a colon and the tool's own C(error).
   - The tool's JSON keys are the task's result (C(ok), C(error), ... besides C(rc), C(start), C(end)).
+  - The values of the spec's secret-named keys (the secret rule of C(specab/vocab/contract.py)) are masked in the
+    result and in the invocation.
   - In check mode nothing runs; the task is reported skipped.
 options:
   tool:
@@ -59,6 +62,14 @@ def tool_argv(python: str, node_dir: str, tool: str) -> List[str]:
     return [python, os.path.join(node_dir, "bin", "specab", "node"), tool, "--spec-json", "-"]
 
 
+def secret_values(node_dir: str, spec: Dict[str, Any]) -> List[str]:
+    """The values of the spec's secret-named keys, by the one secret rule (specab/vocab/contract.py, shipped by
+    node_prepare beside the tools): Ansible masks them in the task's result and its invocation."""
+    sys.path.insert(0, os.path.join(node_dir, "bin"))
+    from specab.vocab import contract  # pylint: disable=import-outside-toplevel
+    return contract.scrub_values(contract.nested_secret_values(spec))
+
+
 def parse_output(stdout: str) -> Dict[str, Any]:
     """The tool's one JSON object (its last stdout line), or {} when it printed none (a crash before emit)."""
     lines = [ln for ln in stdout.splitlines() if ln.strip()]
@@ -83,6 +94,11 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
+    try:
+        module.no_log_values.update(secret_values(p["node_dir"], p["spec"]))
+    except ImportError as exc:
+        module.fail_json(msg="%s: the node tools are not in %s/bin (the node_prepare role ships them): %s"
+                         % (p["fail_msg"], p["node_dir"], exc))
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, msg="check mode: %s not run" % p["tool"])
     argv = tool_argv(p["python"], p["node_dir"], p["tool"])

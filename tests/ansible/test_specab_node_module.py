@@ -17,9 +17,11 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.timeout(180)]
 
 FAILING_SMI = ["false"]         # an nvidia-smi that fails at once: gpufree's own error names it
+SECRET = "sk-module-test-0123456789"
 
 
-def _playbook(tmp_path: Path, node_dir: Path, results: Path, *flags: str) -> subprocess.CompletedProcess:
+def _playbook(tmp_path: Path, node_dir: Path, results: Path, *flags: str,
+              env: Dict[str, str] | None = None) -> subprocess.CompletedProcess:
     tasks: List[Dict[str, Any]] = [
         {"name": "Stop | nothing recorded", "register": "stop_r",
          "specab_node": {"tool": "stop", "node_dir": str(node_dir), "python": sys.executable,
@@ -35,15 +37,20 @@ def _playbook(tmp_path: Path, node_dir: Path, results: Path, *flags: str) -> sub
                          "fail_msg": "The GPUs of here are not free",
                          "spec": {"smi": FAILING_SMI, "gpus": "all", "threshold_mib": 64, "timeout": 1,
                                   "treshold": 1}}},
+        {"name": "GPUs free | a secret in the spec", "register": "secret_r", "ignore_errors": True,
+         "specab_node": {"tool": "gpufree", "node_dir": str(node_dir), "python": sys.executable,
+                         "fail_msg": "The GPUs of here are not free",
+                         "spec": {"smi": FAILING_SMI, "gpus": "all", "threshold_mib": 64, "timeout": 1,
+                                  "api_key": SECRET}}},
         {"name": "Write the results", "delegate_to": "localhost", "check_mode": False,
          "ansible.builtin.copy": {"dest": str(results), "mode": "0600",
-                                  "content": "{{ {'stop': stop_r, 'free': free_r, 'bad': bad_r} | to_json }}"}},
+                                  "content": "{{ {'stop': stop_r, 'free': free_r, 'bad': bad_r, 'secret': secret_r} | to_json }}"}},
     ]
     book = tmp_path / "module.yml"
     book.write_text(json.dumps([{"name": "specab_node", "hosts": "localhost", "gather_facts": False,
                                  "tasks": tasks}]))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
-               ANSIBLE_NOCOLOR="1")
+               ANSIBLE_NOCOLOR="1", **(env or {}))
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
                            "-e", f"ansible_python_interpreter={sys.executable}", str(book), *flags],
@@ -90,6 +97,19 @@ def test_the_tool_result_is_the_task_result_and_its_error_the_task_failure(tmp_p
     assert bad["failed"] is True and bad["rc"] == 2, bad
     assert "unknown: treshold" in bad["msg"] and bad["msg"].startswith("The GPUs of here are not free: usage:")
 
+    assert r["secret"]["failed"] is True and "unknown: api_key" in r["secret"]["msg"], r["secret"]
+    assert SECRET not in results.read_text()
+
+
+def test_a_secret_in_the_spec_is_masked_in_the_invocation(tmp_path: Path) -> None:
+    # Ansible's own stdout callback at -vvv prints every task's invocation and redacts nothing by itself
+    results = tmp_path / "results.json"
+    proc = _playbook(tmp_path, _node_dir(tmp_path), results, "-vvv",
+                     env={"ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default"})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "api_key: VALUE_SPECIFIED_IN_NO_LOG_PARAMETER" in proc.stdout, proc.stdout[-4000:]  # yaml (ansible.cfg)
+    assert SECRET not in proc.stdout + proc.stderr + results.read_text()
+
 
 def test_check_mode_runs_no_tool(tmp_path: Path) -> None:
     node_dir = _node_dir(tmp_path)
@@ -97,6 +117,6 @@ def test_check_mode_runs_no_tool(tmp_path: Path) -> None:
     proc = _playbook(tmp_path, node_dir, results, "--check")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     r = json.loads(results.read_text())
-    for key in ("stop", "free", "bad"):
+    for key in ("stop", "free", "bad", "secret"):
         assert r[key]["skipped"] is True and r[key]["changed"] is False and "rc" not in r[key], r[key]
     assert not (node_dir / "stop.json").exists(), "check mode ran the stop tool"
