@@ -315,18 +315,26 @@ def junit_tasks(junit_dir: Path) -> List[Dict[str, Any]]:
     return tasks
 
 
+# the keys of a task result that are Ansible's, not the node tool's (module specab_node returns the tool's keys)
+TASK_KEYS = frozenset({"changed", "failed", "msg", "rc", "start", "end", "invocation", "skipped", "stdout", "stderr",
+                       "stdout_lines", "stderr_lines", "cmd", "delta"})
+
+
 def tool_outputs(tasks: List[Dict[str, Any]], marker: str) -> List[Dict[str, Any]]:
-    """The node tool's JSON (stdout) of every run of the task whose name holds ``marker``, in order,
-    with the command's start/end times (epoch s) and rc."""
+    """The node tool's JSON of every run of the task whose name holds ``marker``, in order, with the tool's
+    start/end times (epoch s) and rc: the task's own keys (module specab_node), or its stdout (a command task)."""
     out = []
     for t in tasks:
         r = t["result"]
-        if marker not in t["name"] or "stdout" not in r:
+        if marker not in t["name"] or "rc" not in r:
             continue
-        try:
-            data = json.loads(r.get("stdout") or "{}")
-        except ValueError:
-            data = {"unparsed_stdout": r.get("stdout")}
+        if "stdout" in r:
+            try:
+                data = json.loads(r.get("stdout") or "{}")
+            except ValueError:
+                data = {"unparsed_stdout": r.get("stdout")}
+        else:
+            data = {k: v for k, v in r.items() if k not in TASK_KEYS}
         out.append({"rc": r.get("rc"), "start": iso_to_epoch(r.get("start", "")),
                     "end": iso_to_epoch(r.get("end", "")), "data": data})
     return out

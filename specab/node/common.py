@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -23,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type, TypeVar
 
 from specab.vocab import contract
 
@@ -130,6 +131,41 @@ def run_tool(main: Callable[[Optional[Sequence[str]]], Dict[str, Any]],
     result.setdefault("ok", True)
     emit(result)
     return 0 if result.get("ok") else 1
+
+
+SPEC_FLAG = "--spec-json"
+S = TypeVar("S")
+
+
+def spec_from_argv(cls: Type[S], argv: Optional[Sequence[str]]) -> Optional[S]:
+    """The tool's typed spec given whole as one JSON object (``TOOL --spec-json TEXT``, or ``--spec-json -`` to read
+    it from stdin, where no other process can see it), or None when ``argv`` holds the tool's flags instead.
+
+    The object's keys are the dataclass's field names, so the Ansible module (plugins/modules/specab_node.py) and
+    the run queue build the same spec: an unknown key or a missing required field is a usage error (exit 2)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] != SPEC_FLAG:
+        return None
+    if len(args) != 2:
+        raise UsageError("%s takes one argument, the spec as a JSON object (or - to read it from stdin), and no "
+                         "other flag" % SPEC_FLAG)
+    text = sys.stdin.read() if args[1] == "-" else args[1]
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise UsageError("%s: the spec is not JSON (%s)" % (SPEC_FLAG, exc))
+    if not isinstance(obj, dict):
+        raise UsageError("%s: the spec must be a JSON object, got %s" % (SPEC_FLAG, type(obj).__name__))
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    unknown = sorted(set(obj) - {f.name for f in fields})
+    missing = [f.name for f in fields if f.name not in obj and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if unknown or missing:
+        raise UsageError("%s: a %s takes the keys %s; %s" % (
+            SPEC_FLAG, cls.__name__, ", ".join(f.name for f in fields),
+            "; ".join(["unknown: " + ", ".join(unknown)] * bool(unknown)
+                      + ["missing: " + ", ".join(missing)] * bool(missing))))
+    return cls(**obj)
 
 
 def json_list_arg(text: str, what: str = "--smi") -> List[str]:

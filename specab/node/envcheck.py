@@ -60,6 +60,9 @@ class EnvCheckSpec:
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> EnvCheckSpec:
+    spec = common.spec_from_argv(EnvCheckSpec, argv)
+    if spec is not None:
+        return spec
     p = argparse.ArgumentParser(prog="envcheck.py", description=__doc__.split("\n")[0])
     p.add_argument("--node-dir", required=True)
     p.add_argument("--env-file", required=True)

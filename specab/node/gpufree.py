@@ -45,6 +45,9 @@ class GpuFreeSpec:
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> GpuFreeSpec:
+    spec = common.spec_from_argv(GpuFreeSpec, argv)
+    if spec is not None:
+        return spec
     p = argparse.ArgumentParser(prog="gpufree.py", description=__doc__.split("\n")[0])
     p.add_argument("--smi", required=True, type=lambda s: common.json_list_arg(s, "--smi"))
     p.add_argument("--gpus", default="all", help="'all' or a comma list such as 0,1")

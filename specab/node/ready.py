@@ -58,6 +58,9 @@ class ReadySpec:
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> ReadySpec:
+    spec = common.spec_from_argv(ReadySpec, argv)
+    if spec is not None:
+        return spec
     p = argparse.ArgumentParser(prog="ready.py", description=__doc__.split("\n")[0])
     p.add_argument("--url", required=True)
     p.add_argument("--pid", required=True, type=int)

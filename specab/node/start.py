@@ -38,6 +38,9 @@ class StartSpec:
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> StartSpec:
+    spec = common.spec_from_argv(StartSpec, argv)
+    if spec is not None:
+        return spec
     p = argparse.ArgumentParser(prog="start.py", description=__doc__.split("\n")[0])
     p.add_argument("--node-dir", required=True)
     p.add_argument("--run-dir", required=True)

@@ -56,6 +56,9 @@ class StopSpec:
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> StopSpec:
+    spec = common.spec_from_argv(StopSpec, argv)
+    if spec is not None:
+        return spec
     p = argparse.ArgumentParser(prog="stop.py", description=__doc__.split("\n")[0])
     p.add_argument("--node-dir", required=True)
     p.add_argument("--smi", required=True, type=lambda s: common.json_list_arg(s, "--smi"),

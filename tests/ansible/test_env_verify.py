@@ -29,7 +29,7 @@ def test_workers_without_the_nccl_env_fail_the_run(sim_node: SimNode) -> None:
     exp = experiment(sim_node.port)
     result = _run(sim_node, exp, 0, "001-baseline", server_start_source_env_file=False)
     assert result.rc != 0, str(result)
-    assert "Env | Fail when the engine does not run with the arm's env and args" in result.flat
+    assert "Env verification failed on sim0: " in result.flat
     # names the variable, the process and the expected value
     assert re.search(r"NCCL_PROTO: expected ''?LL''? in every engine process, but sglang::scheduler_TP\d \(pid \d+\) "
                      r"does not have it", result.flat), str(result)

@@ -1,0 +1,119 @@
+#!/usr/bin/python
+# One node tool run with its typed spec (the one shape of every per-run role's node step). It runs on the node under
+# Ansible's interpreter and imports nothing of specab: the tool runs under the given python, with the task's
+# environment, and builds from the JSON the same spec dataclass the run queue (specab/node/runsteps.py) builds.
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+from typing import Any, Dict, List
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+---
+module: specab_node
+short_description: Run one specab node tool with its typed spec and return its structured result
+description:
+  - Runs C(<node_dir>/bin/specab/node TOOL --spec-json -) with the spec as one JSON object on stdin; the tool
+    builds its spec dataclass from it (the keys are the dataclass's field names, an unknown or missing key is
+    refused) and prints one JSON object, which becomes the task's result.
+  - A non-zero exit fails the task with O(fail_msg), a colon and the tool's own C(error).
+  - The tool's JSON keys are the task's result (C(ok), C(error), ... besides C(rc), C(start), C(end)).
+  - The values of the spec's secret-named keys (the secret rule of C(specab/vocab/contract.py)) are masked in the
+    result and in the invocation.
+  - In check mode nothing runs; the task is reported skipped.
+options:
+  tool:
+    description: The node tool.
+    type: str
+    required: true
+    choices: [stop, gpufree, start, ready, envcheck]
+  spec:
+    description: The tool's spec (the fields of its dataclass, e.g. C(StopSpec) in C(specab/node/stop.py)).
+    type: dict
+    required: true
+  node_dir:
+    description: The node directory; the tools live in C(<node_dir>/bin/specab/).
+    type: str
+    required: true
+  python:
+    description: The Python that runs the tool.
+    type: str
+    default: python3
+  fail_msg:
+    description: The headline of a failure, before the tool's error.
+    type: str
+    required: true
+author: specab
+"""
+
+# What a successful run changed on the node: a stop changed something only when a server was running; a start
+# always starts one; the other tools only observe.
+CHANGED = {
+    "stop": lambda out: bool(out.get("was_running")),
+    "start": lambda out: True,
+}
+
+
+def tool_argv(python: str, node_dir: str, tool: str) -> List[str]:
+    return [python, os.path.join(node_dir, "bin", "specab", "node"), tool, "--spec-json", "-"]
+
+
+def secret_values(node_dir: str, spec: Dict[str, Any]) -> List[str]:
+    """The values of the spec's secret-named keys, by the one secret rule (specab/vocab/contract.py, shipped by
+    node_prepare beside the tools): Ansible masks them in the task's result and its invocation."""
+    sys.path.insert(0, os.path.join(node_dir, "bin"))
+    from specab.vocab import contract  # pylint: disable=import-outside-toplevel
+    return contract.scrub_values(contract.nested_secret_values(spec))
+
+
+def parse_output(stdout: str) -> Dict[str, Any]:
+    """The tool's one JSON object (its last stdout line), or {} when it printed none (a crash before emit)."""
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    if not lines:
+        return {}
+    try:
+        out = json.loads(lines[-1])
+    except ValueError:
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            tool=dict(type="str", required=True, choices=["stop", "gpufree", "start", "ready", "envcheck"]),
+            spec=dict(type="dict", required=True),
+            node_dir=dict(type="str", required=True),
+            python=dict(type="str", default="python3"),
+            fail_msg=dict(type="str", required=True),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        module.no_log_values.update(secret_values(p["node_dir"], p["spec"]))
+    except ImportError as exc:
+        module.fail_json(msg="%s: the node tools are not in %s/bin (the node_prepare role ships them): %s"
+                         % (p["fail_msg"], p["node_dir"], exc))
+    if module.check_mode:
+        module.exit_json(changed=False, skipped=True, msg="check mode: %s not run" % p["tool"])
+    argv = tool_argv(p["python"], p["node_dir"], p["tool"])
+    start = datetime.datetime.now()
+    rc, stdout, stderr = module.run_command(argv, data=json.dumps(p["spec"]), binary_data=True,
+                                            expand_user_and_vars=False)
+    out = parse_output(stdout)
+    # the tool's keys are the task's; Ansible's own result keys are the module's to set
+    mine = {k: v for k, v in out.items() if k not in ("msg", "rc", "changed", "failed", "skipped", "start", "end")}
+    # when the tool ran, as ansible.builtin.command reports it (scripts/gpu_validation.py times the tools by it)
+    mine.update(start=str(start), end=str(datetime.datetime.now()))
+    if rc != 0 or not out:
+        error = out.get("error") or "%s exited with %d: %s" % (p["tool"], rc, stderr.strip())
+        module.fail_json(**dict(mine, msg="%s: %s" % (p["fail_msg"], error), rc=rc, error=error))
+    module.exit_json(**dict(mine, changed=CHANGED.get(p["tool"], lambda o: False)(out), rc=rc))
+
+if __name__ == "__main__":
+    main()
