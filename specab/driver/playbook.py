@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -28,7 +27,7 @@ import ansible_runner
 from ansible_runner.interface import init_runner
 
 import specab
-from specab.vocab.contract import (ASSIGN_RE, FLAG_RE, PRIVATE_RUN_FILES, REDACTED, is_secret_name,
+from specab.vocab.contract import (PRIVATE_RUN_FILES, is_secret_name, learnable, named_secret_values,
                                    nested_secret_values, scrub_bytes, scrub_text, scrub_values)
 from specab.vocab.phases import phase_of_event
 
@@ -90,47 +89,18 @@ def failure_message(res: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in res.items() if not k.startswith("_")})[:2000]
 
 
-NOT_SECRET_WORDS = frozenset({"None", "null", "true", "false", "True", "False"})
 # The run files that hold secrets by design and name them (launch.sh, nccl.env, args.json, queue_entry.json): not
 # the engine's log, whose every `*_token=` line would count
 SECRET_CARRIERS = frozenset(PRIVATE_RUN_FILES) - {"server.log"}
 
 
-def learnable(values: list[str]) -> list[str]:
-    """Of the values found under a secret name, those worth scrubbing everywhere: no redaction placeholder, no
-    logged default (api_key=None), no bare number (a tokenizer's eos_token id: scrubbing it would corrupt every
-    number that holds its digits, and a secret is not a bare number)."""
-    return [v for v in values if REDACTED not in v and v not in NOT_SECRET_WORDS and not v.strip().isdigit()]
-
-
-def named_secret_values(text: str) -> list[str]:
-    """The values a run file itself names as secret: the secret-named keys of a JSON document (a queue entry,
-    args.json) and the secret-named assignments and flags of a text (launch.sh, nccl.env)."""
-    words: list[str] = []
-    for m in ASSIGN_RE.finditer(text):
-        if is_secret_name(m.group("name")):
-            words.append(m.group("value"))
-    for m in FLAG_RE.finditer(text):
-        if is_secret_name(m.group("flag")):
-            words.append(m.group("value"))
-    out = nested_secret_values(text) if text.lstrip()[:1] in ("{", "[") else []
-    for w in words:
-        if len(w) >= 2 and w[0] == w[-1] and w[0] in "'\"":
-            w = w[1:-1]                         # a quoted value is scrubbed without its quotes
-        else:                                   # an unquoted one ends where a JSON string or a list would go on
-            w = re.split(r"[\"'\\,;)\]}]", w, maxsplit=1)[0]
-        out.append(w)
-    return learnable(out)
-
-
 def scrub_tree(root: Path, secrets: list[str]) -> int:
     """Replace every occurrence of a secret value in the files under `root`; returns files changed. The values are
     `secrets` and those the run files that carry secrets by design name themselves (`named_secret_values` of
-    SECRET_CARRIERS and *.env): a node
-    env value only Ansible rendered (a file lookup, a vault) is known to the driver only as its template, but the
-    queue entry and launch.sh hold it under its secret name. A file that held one loses its group and other permissions (on the node it was
-    private: launch.sh, nccl.env, args.json, server.log), as the collect role's scrub does
-    (roles/collect/action_plugins/collect_scrub.py)."""
+    SECRET_CARRIERS and *.env): a node env value only Ansible rendered (a file lookup, a vault) is known to the
+    driver only as its template, but the queue entry and launch.sh hold it under its secret name. A file that held
+    one loses its group and other permissions (on the node it was private: launch.sh, nccl.env, args.json,
+    server.log), as the collect role's scrub does (roles/collect/action_plugins/collect_scrub.py)."""
     if not root.exists():
         return 0
     files = [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]

@@ -73,6 +73,36 @@ def redact_text(text: str) -> str:
     return FLAG_RE.sub(flag, ASSIGN_RE.sub(assign, text))
 
 
+NOT_SECRET_WORDS = frozenset({"None", "null", "true", "false", "True", "False"})
+
+
+def learnable(values: List[str]) -> List[str]:
+    """Of the values found under a secret name, those worth scrubbing everywhere: no redaction placeholder, no
+    logged default (api_key=None), no bare number (a tokenizer's eos_token id: scrubbing it would corrupt every
+    number that holds its digits, and a secret is not a bare number)."""
+    return [v for v in values if REDACTED not in v and v not in NOT_SECRET_WORDS and not v.strip().isdigit()]
+
+
+def named_secret_values(text: str) -> List[str]:
+    """The values a run file itself names as secret: the secret-named keys of a JSON document (a queue entry,
+    args.json) and the secret-named assignments and flags of a text (launch.sh, nccl.env)."""
+    words: List[str] = []
+    for m in ASSIGN_RE.finditer(text):
+        if is_secret_name(m.group("name")):
+            words.append(m.group("value"))
+    for m in FLAG_RE.finditer(text):
+        if is_secret_name(m.group("flag")):
+            words.append(m.group("value"))
+    out = nested_secret_values(text) if text.lstrip()[:1] in ("{", "[") else []
+    for w in words:
+        if len(w) >= 2 and w[0] == w[-1] and w[0] in "'\"":
+            w = w[1:-1]                         # a quoted value is scrubbed without its quotes
+        else:                                   # an unquoted one ends where a JSON string or a list would go on
+            w = re.split(r"[\"'\\,;)\]}]", w, maxsplit=1)[0]
+        out.append(w)
+    return learnable(out)
+
+
 def redact_argv(argv: Sequence[str]) -> List[str]:
     out: List[str] = []
     hide_next = False
