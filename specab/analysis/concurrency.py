@@ -136,7 +136,7 @@ class Family:
             parts = []
             for i, p in enumerate(self.points):
                 est = getattr(p, measure).estimate
-                where = p.label if i == 0 else f"{p.load:g}" + (f" {PER_SECOND}" if p.rate > 0 else "")
+                where = p.label if i == 0 else f"{p.load:g}" + ("" if p.unit == IN_FLIGHT else f" {p.unit}")
                 parts.append(f"{_x(est)} at {where}")
             return ", ".join(parts)
         return (f"{self.name}: {series('per_user')} per user; {series('throughput')} in throughput; "

@@ -244,13 +244,19 @@ class Run:
         return None
 
 
+def _bench_of(config: Any) -> dict[str, Any] | None:
+    """The ``bench`` section of a stored experiment config, None where it has none readable."""
+    bench = config.get("bench") if isinstance(config, dict) else None
+    return bench if isinstance(bench, dict) else None
+
+
 def bench_concurrency(config: Any) -> int:
     """Requests in flight of an experiment's benchmark (``bench.concurrency`` of its config; the roles' default
     when unset, 1 when the config says nothing readable)."""
     from specab.config import defaults
-    bench = config.get("bench") if isinstance(config, dict) else None
+    bench = _bench_of(config)
     try:
-        value = bench.get("concurrency", defaults.get("bench_concurrency")) if isinstance(bench, dict) else 1
+        value = bench.get("concurrency", defaults.get("bench_concurrency")) if bench is not None else 1
         return max(1, int(value))
     except (TypeError, ValueError):
         return 1
@@ -276,9 +282,8 @@ def arm_rate(exp: "Experiment", arm: str) -> float:
     except AnalysisError:
         value = None
     if value is None:
-        config = exp.meta.get("config") if isinstance(exp.meta, dict) else None
-        bench = config.get("bench") if isinstance(config, dict) else None
-        value = bench.get("request_rate") if isinstance(bench, dict) else None
+        bench = _bench_of(exp.meta.get("config") if isinstance(exp.meta, dict) else None)
+        value = bench.get("request_rate") if bench is not None else None
     try:
         rate = float(value) if value is not None else 0.0
     except (TypeError, ValueError):

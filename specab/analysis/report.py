@@ -637,9 +637,9 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     loads = concurrency.analyse_loads(exp, per_user=st.speedups)
     for a in exp.spec_arms:
         sp = st.speedups[a.name]
+        conc, rate = arm_concurrency(exp, a.name), arm_rate(exp, a.name)
         rep.summary.append(f"{a.name} vs {sp.baseline}: {sp.verdict} over {len(sp.ratios)} paired block(s)"
-                           + (f", per user at {load_label(arm_concurrency(exp, a.name), arm_rate(exp, a.name))}."
-                              if loads.several_loads or arm_concurrency(exp, a.name) > 1 or arm_rate(exp, a.name)
+                           + (f", per user at {load_label(conc, rate)}." if loads.several_loads or conc > 1 or rate
                               else "."))
     if loads.several_loads:     # the verdict at each load, per configuration
         rep.summary.extend(f"Per load: {f.verdict()}" for f in loads.families if len(f.points) > 1)

@@ -316,7 +316,7 @@ def _cost_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs,
     est = economics.plan_estimate(inputs.cost, comps, target, arms=len(prepared.arms), requests=requests,
                                   max_blocks=cap, chosen=opts.design, measured_cost=inputs.cost_measured,
                                   max_requests=opts.max_requests, first=first, repeats=opts.repeats,
-                                  min_requests=max(2, prepared.largest_load))
+                                  min_requests=prepared.min_requests_per_run)
     return est.lines(target), est
 
 

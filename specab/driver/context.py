@@ -283,7 +283,7 @@ class RunContext:
         return economics.decide_block(exp, float(self.opts.target_ci or 0), max_blocks=limit,
                                       keep_requests=int(self.p.experiment.bench_settings["num_requests"]),
                                       prior=inputs.prior, cost=inputs.cost, max_requests=self.opts.max_requests,
-                                      min_requests=max(2, self.p.largest_load))
+                                      min_requests=self.p.min_requests_per_run)
 
 
 def decide_more_blocks(store: st.Store, target_ci: float, max_repeats: int) -> tuple[bool, str]:

@@ -61,11 +61,12 @@ class Prepared:
     plan: list[PlannedRun]
 
     @property
-    def largest_load(self) -> int:
-        """The most requests in flight any arm's runs keep (bench.concurrency, per arm under a concurrency axis). The
-        design by cost measures at least this many requests per run: a run with fewer never reaches its load."""
+    def min_requests_per_run(self) -> int:
+        """The fewest measured requests per run the design by cost may choose: the most requests in flight any arm's
+        runs keep (bench.concurrency, per arm under a concurrency axis), since a run with fewer never reaches its
+        load, and never below the design's own floor of 2."""
         base = int(self.experiment.bench_settings["concurrency"])
-        return max([int(a.bench.get("concurrency", base)) for a in self.arms] or [base])
+        return max([2, base] + [int(a.bench.get("concurrency", base)) for a in self.arms])
 
 
 def prepare(opts: Options) -> Prepared:

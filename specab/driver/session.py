@@ -238,7 +238,7 @@ def first_block(prepared: Prepared, opts: Options, inputs: DesignInputs) -> econ
     return economics.first_block(inputs.prior, inputs.cost, float(opts.target_ci or 0), arms=len(prepared.arms),
                                  requests=int(prepared.experiment.bench_settings["num_requests"]),
                                  max_blocks=opts.max_repeats or opts.repeats, max_requests=opts.max_requests,
-                                 min_requests=max(2, prepared.largest_load))
+                                 min_requests=prepared.min_requests_per_run)
 
 
 def first_runs(prepared: Prepared, opts: Options, first: economics.FirstBlock | None) -> list[PlannedRun]:
