@@ -11,6 +11,7 @@ while loading: a failed start), `cut` (the driver gets SIGINT while it benchmark
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 from pathlib import Path
@@ -67,12 +68,14 @@ def node(tmp_path: Path):
 
 
 def _kill_sequencer(node: SimNode) -> None:
-    """A failed test must not leave the sequencer it started (its session is its own)."""
-    import os
+    """A failed test must not leave the sequencer it started (its session is its own): the process sequencer.json
+    names, when it still runs (its pid and start time, not a reused pid)."""
     try:
         rec = json.loads((node.node_dir / "sequencer.json").read_text())
-        os.killpg(int(rec["pid"]), signal.SIGKILL)
-    except (OSError, ValueError, KeyError):
+        stat = Path(f"/proc/{int(rec['pid'])}/stat").read_text().rsplit(")", 1)[1].split()
+        if stat[0] not in ("Z", "X") and int(stat[19]) == int(rec["starttime"]):
+            os.killpg(int(rec["pid"]), signal.SIGKILL)
+    except (OSError, ValueError, KeyError, IndexError):
         pass
 
 
@@ -87,13 +90,25 @@ def _masked(text: str | None) -> str | None:
     return None if text is None else re.sub(r"\d+(\.\d+)?", "N", text.splitlines()[0])
 
 
+def _first_line(text: str | None) -> str | None:
+    """The manifest's failure up to its first line break: the collect role passes a string `extra` as JSON text
+    without its quotes, so a line break reads as the two characters \\n in the per-run path's manifest."""
+    return None if text is None else text.split("\\n", 1)[0]
+
+
 def _files(run_dir: Path) -> set[str]:
     return {p.name for p in run_dir.iterdir() if p.is_file()}
 
 
 def _keys(path: Path) -> dict[str, list[str]]:
-    """The keys of a JSON record (and of its `extra`, for a manifest)."""
-    data = json.loads(path.read_text())
+    """The keys of a JSON record (and of its `extra`, for a manifest); a file cut short (a helper killed by the
+    interrupt) has none."""
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        return {"": ["(not JSON)"]}
+    if not isinstance(data, dict):
+        return {"": [type(data).__name__]}
     out = {"": sorted(data)}
     if isinstance(data.get("extra"), dict):
         out["extra"] = sorted(data["extra"])
@@ -132,7 +147,10 @@ def _experiment(node: SimNode, executor: str) -> dict:
     for rid in RUNS:
         d = exp_dir / rid
         got["files"][rid] = _files(d) if d.is_dir() else set()
-        got["keys"][rid] = {f: _keys(d / f) for f in ("manifest.json",) if (d / f).exists()}
+        got["keys"][rid] = {f.name: _keys(f) for f in d.glob("*.json") if f.name not in QUEUE_ONLY}
+        extra = json.loads((d / "manifest.json").read_text())["extra"] if (d / "manifest.json").exists() else {}
+        got["manifest_failure"] = {**got.get("manifest_failure", {}),
+                                   rid: (extra.get("failed_task"), _masked(_first_line(extra.get("failure"))))}
     got["out"] = out
     resumed = driver("--resume", exp_dir.name, *common)
     out2, _ = resumed.communicate(timeout=300)
@@ -144,7 +162,7 @@ def _experiment(node: SimNode, executor: str) -> dict:
         assert s.experiment()["status"] == "finished"
         got["resumed_phases"] = [p["phase"] for p in s.phases(rows[RUNS[1]]["seq"])]
     got["resumed_files"] = _files(exp_dir / RUNS[1])
-    got["resumed_keys"] = {f: _keys(exp_dir / RUNS[1] / f) for f in ("manifest.json",)}
+    got["resumed_keys"] = {f.name: _keys(f) for f in (exp_dir / RUNS[1]).glob("*.json") if f.name not in QUEUE_ONLY}
     assert not node.server_alive() and node.gpus_busy() == []
     return got
 
@@ -176,7 +194,10 @@ def test_per_run_and_queue_leave_the_same_record(node: SimNode):
         assert p_files == q_files - QUEUE_ONLY, p_files ^ (q_files - QUEUE_ONLY)
     p_files, q_files = per_run["files"][RUNS[1]], queue["files"][RUNS[1]] - QUEUE_ONLY
     assert p_files == q_files - QUEUE_TEARDOWN and QUEUE_TEARDOWN <= q_files, p_files ^ q_files
-    # the same keys in the JSON records both write
+    # the same keys in every JSON record both write (the manifest's `extra` too), the same failure in the manifest
     for p_keys, q_keys in ((per_run["keys"][RUNS[0]], queue["keys"][RUNS[0]]),
                            (per_run["resumed_keys"], queue["resumed_keys"])):
-        assert p_keys == q_keys, (p_keys, q_keys)
+        assert p_keys == q_keys, [(n, p_keys.get(n), q_keys.get(n)) for n in p_keys.keys() | q_keys.keys()
+                                  if p_keys.get(n) != q_keys.get(n)]
+    assert per_run["manifest_failure"][RUNS[0]] == queue["manifest_failure"][RUNS[0]] == \
+        ("Ready | Wait until the server is ready", oom[2]), (per_run["manifest_failure"], queue["manifest_failure"])
