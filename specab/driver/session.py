@@ -62,7 +62,7 @@ def make_executor(ctx: RunContext, signal_time: Callable[[], float | None]) -> E
     """The executor ``ctx`` was configured for (``RunContext.executor``: "queue" or "per-run")."""
     if ctx.executor == "queue":
         return QueueExecutor(ctx, signal_time=signal_time)
-    return PerRunExecutor(ctx)
+    return PerRunExecutor(ctx, signal_time=signal_time)
 
 
 def execute(ctx: RunContext, todo: list[PlannedRun]) -> int:
