@@ -2,7 +2,7 @@
 
 On a node the root is ``<node_dir>/bin``, where the node_prepare role ships the package; on the controller it is
 the checkout (``python -m specab.node TOOL ARGS...`` runs the same where specab is importable). TOOL is a module of
-this package with a command line (``TOOLS``); it runs as ``__main__`` with ARGS, as ``python -m
+this package with a command line (``TOOLS``; ``MODULES`` names a module called otherwise); it runs as ``__main__`` with ARGS, as ``python -m
 specab.node.TOOL ARGS...`` would. Running the folder puts the root, not the folder, on ``sys.path``, so every
 tool imports its siblings as ``specab.node.X`` and nothing of the folder shadows a top-level module. stdlib only.
 """
@@ -10,8 +10,10 @@ import os
 import runpy
 import sys
 
-TOOLS = ("envcheck", "gpufree", "gpusample", "lease", "loadgen", "manifest", "ready", "sequence", "start", "stop",
-         "tracesum")
+TOOLS = ("bench", "envcheck", "gpufree", "gpusample", "lease", "loadgen", "manifest", "ready", "sequence", "start",
+         "stop", "tracesum")
+# a tool whose module is named otherwise (the bench tool is the bench step, which RunSteps also imports)
+MODULES = {"bench": "benchstep"}
 
 
 def main() -> None:
@@ -21,7 +23,7 @@ def main() -> None:
         sys.stderr.write("usage: python3 <root>/specab/node TOOL [ARGS...] with TOOL one of: %s\n" % ", ".join(TOOLS))
         sys.exit(2)
     tool = sys.argv.pop(1)
-    runpy.run_module("specab.node." + tool, run_name="__main__", alter_sys=True)
+    runpy.run_module("specab.node." + MODULES.get(tool, tool), run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The steps of one queued run, in the sequencer's process: start -> ready (polled every 50 ms) -> env verify ->
-bench (client and GPU sampler as processes, started ahead and released at once) -> stop -> GPUs free -> manifest ->
+bench (benchstep.py: client and GPU sampler as processes, started ahead and released at once) -> stop -> GPUs free -> manifest ->
 done.json. A failure in any phase is recorded and the run is still stopped, its GPUs verified free, its manifest
 and done.json written. Phases are appended to ``runs/<run_id>/phases.jsonl`` as they begin. The node tools are
 called in-process through their typed specs. stdlib only, like every node tool; imports its siblings.
@@ -11,44 +11,17 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
-import time
 import traceback
 from typing import Any, Dict, Iterator, List, Optional, Protocol
 
-from specab.node import common, envcheck, gpusample, loadgen, manifest, ready
+from specab.node import benchstep, common, envcheck, manifest, ready
 from specab.node import start as start_tool
 from specab.node.common import ToolError
 from specab.node.runqueue import POLL_S, Entry, now
 from specab.vocab import phases
 
 PHASES = phases.NODE_PHASES
-
-# A client or sampler process started ahead (while the engine loads) and released by one line on its stdin: the
-# tool then runs exactly as `python <node package> TOOL ARGV` would, in the same process (its module executed
-# afresh as __main__, everything it imports already loaded).
-DEFERRED = r"""
-import importlib, json, os, runpy, sys
-sys.path.insert(0, sys.argv[1])
-name = "specab.node." + sys.argv[2]
-importlib.import_module(name)
-line = sys.stdin.readline()
-if not line.strip():
-    sys.exit(0)
-job = json.loads(line)
-os.chdir(job["cwd"])
-for fd, key, flags in ((1, "stdout", os.O_TRUNC), (2, "stderr", os.O_APPEND)):
-    if job.get(key):
-        f = os.open(job[key], os.O_WRONLY | os.O_CREAT | flags, 0o644)
-        os.dup2(f, fd)
-        os.close(f)
-sys.argv = [name] + job["argv"]
-del sys.modules[name]
-runpy.run_module(name, run_name="__main__", alter_sys=True)
-"""
-
 
 class Interrupted(Exception):
     """SIGTERM/SIGINT reached the sequencer while a run was in a phase that can be cut short."""
@@ -98,56 +71,6 @@ class SignalGate(object):
 
 
 # ---------------------------------------------------------------------------------------------
-# Helper processes: the client and the sampler, started ahead, released by one line
-# ---------------------------------------------------------------------------------------------
-
-class Deferred(object):
-    """``python -c DEFERRED ROOT TOOL``: imports the tool's module, then waits for its job."""
-
-    def __init__(self, python: str, module: str, env: Dict[str, str]) -> None:
-        self.module = module
-        self.proc = subprocess.Popen([python, "-c", DEFERRED, common.PACKAGE_ROOT, module],
-                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None, env=env,
-                                     close_fds=True, cwd=common.PACKAGE_ROOT)
-        self.released = False
-
-    def release(self, argv: List[str], cwd: str, stdout: Optional[str] = None, stderr: Optional[str] = None) -> None:
-        job = {"argv": argv, "cwd": cwd, "stdout": stdout, "stderr": stderr}
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write((json.dumps(job) + "\n").encode())
-            self.proc.stdin.close()
-        except OSError as exc:
-            raise ToolError("the %s process (pid %d) died before it was given its job (%s); see sequencer.log"
-                            % (self.module, self.proc.pid, exc))
-        self.released = True
-
-    def discard(self) -> None:
-        """Never released: close its stdin (it exits at once); kill it if it does not."""
-        if self.proc.poll() is None and not self.released:
-            try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.close()
-            except OSError:
-                pass
-        self.finish(term_after=2.0)
-
-    def finish(self, term_after: float) -> Optional[int]:
-        """Wait up to ``term_after`` s, then SIGTERM, then SIGKILL; return the exit status."""
-        for sig, wait in ((None, term_after), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-            if sig is not None and self.proc.poll() is None:
-                try:
-                    self.proc.send_signal(sig)
-                except OSError:
-                    pass
-            try:
-                return self.proc.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue
-        return self.proc.poll()
-
-
-# ---------------------------------------------------------------------------------------------
 # One run
 # ---------------------------------------------------------------------------------------------
 
@@ -184,8 +107,6 @@ class QueueState(Protocol):
 
     def wait_versions(self, python: str) -> None: ...
 
-    def one_sample(self, e: Entry, name: str) -> None: ...
-
 
 class RunSteps(object):
     """The steps of one queued run (start, ready, env, bench, stop, GPUs free, manifest, done.json);
@@ -196,13 +117,9 @@ class RunSteps(object):
         self.e = entry
         self.phases = phases
         self.started_server = False
-        self.client_grace = 0.0          # seconds the released client may take to exit on its own
-        self.client: Optional[Deferred] = None
-        self.sampler: Optional[Deferred] = None
+        self.bench: Optional[benchstep.BenchStep] = None
         self.parts_thread: Optional[threading.Thread] = None
         self.parts: Dict[str, Any] = {}
-        self.before: Optional[threading.Thread] = None
-        self.after: Optional[threading.Thread] = None
         self.result: Dict[str, Any] = {"ok": True, "status": "ok", "phase": None, "task": None, "error": None,
                                        "run_id": entry.run_id, "started_at": round(now(), 4),
                                        "finished_at": None, "time_to_ready_s": None, "stop_s": None,
@@ -226,7 +143,7 @@ class RunSteps(object):
                     common.log("run %s: %s after its last measured request: kept as ok"
                                % (self.e.run_id, exc))
                     self.result["note"] = "signal %s after the benchmark's last measured request" % exc
-                    self.client_grace = 10.0      # it only writes its summary now: let it finish
+                    self.bench_grace(10.0)        # it only writes its summary now: let it finish
                 else:
                     self.fail(self.phases.current or "claimed",
                               "interrupted by %s (stop.py or the driver's interrupt) during phase %r; the server was "
@@ -295,8 +212,10 @@ class RunSteps(object):
         # the client and the sampler start while the engine loads: released, they run at once
         env = dict(os.environ)
         env.update(e.bench_env)
-        self.client = Deferred(e.python, "loadgen", env)
-        self.sampler = Deferred(e.python, "gpusample", env)
+        self.bench = benchstep.BenchStep(benchstep.BenchSpec(
+            run_dir=e.run_dir, url=e.url, python=e.python, smi=list(e.smi), gpus=e.gpus,
+            sample_interval_s=e.sample_interval_s, bench=e.bench), env, client_log="sequencer.log")
+        self.bench.start_ahead()
         # the engine's version probes (two interpreter starts that import torch/sglang: ~5 s on the H200)
         # run once per engine python, while the first engine loads: not in the benchmark, not in the
         # transition window (seen on the H200: the first run's manifest waited 5.1 s for them)
@@ -318,8 +237,8 @@ class RunSteps(object):
         e = self.e
         self.phases.begin("env")
         # gpu_before.csv (one nvidia-smi call) while the environment is checked
-        self.before = threading.Thread(target=self.seq.one_sample, args=(e, "gpu_before.csv"), daemon=True)
-        self.before.start()
+        assert self.bench is not None
+        self.bench.sample_before()
         a = envcheck.EnvCheckSpec(
             node_dir=self.seq.node_dir, env_file=e.path("nccl.env"), expected_args=e.path("args.json"),
             url=e.url if e.server_info else None, no_server_info=not e.server_info, log=[e.path("server.log")],
@@ -330,123 +249,35 @@ class RunSteps(object):
             raise RunFailed("env", exc.message)
 
     def benchmark(self) -> None:
-        e, b = self.e, self.e.bench
-        self.phases.begin("warming up")
-        assert self.client is not None and self.sampler is not None
-        if self.before is not None:      # gpu_before.csv is taken before the client starts
-            self.before.join(timeout=60)
-        client = loadgen.BenchConfig.from_settings(e.url, b, out=e.path("bench.jsonl"),
-                                                   summary=e.path("bench_summary.json"),
-                                                   phase_metrics=e.path("phase_metrics.json"))
-        self.sampler.release(["--smi", json.dumps(e.smi), "--gpus", e.gpus,
-                              "--interval", str(e.sample_interval_s), "--out", "gpu_samples.csv"],
-                             e.run_dir, stdout=e.path("gpu_samples.json"), stderr=e.path("gpu_samples.log"))
-        self.client.release(client.to_argv(), e.run_dir)
-        # the manifest's slow parts (versions, nvidia-smi, checksums) while the benchmark runs
-        self.parts_thread = threading.Thread(target=self.slow_parts, daemon=True)
-        self.parts_thread.start()
+        assert self.bench is not None
+
+        def parts() -> None:
+            # the manifest's slow parts (versions, nvidia-smi, checksums) while the benchmark runs
+            self.parts_thread = threading.Thread(target=self.slow_parts, daemon=True)
+            self.parts_thread.start()
+
         try:
-            with self.seq.gate.armed():
-                rc = self.wait_client(client.warmup, client.warmup + client.num_requests)
-        finally:
-            self.signal_sampler()         # it exits on its own; waited for before done.json
-        if self.after is None:
-            self.take_after()
-        self.after.join(timeout=60)
-        if rc != 0:
-            summary = {}
-            try:
-                summary = common.read_json(e.path("bench_summary.json"))
-            except (OSError, ValueError):
-                pass
-            errors = summary.get("errors") or []
-            raise RunFailed("benchmarking", "The benchmark on %s failed (loadgen exit %s): %s of %s measured "
-                            "requests failed; first errors: %s. Client log: sequencer.log"
-                            % (self.seq.hostname, rc, summary.get("failed", "?"), summary.get("requests", "?"),
-                               errors[0] if errors else ""))
+            self.bench.run(on_phase=self.phases.begin, guard=self.seq.gate.armed, on_released=parts)
+        except ToolError as exc:
+            raise RunFailed("benchmarking", "The benchmark on %s failed: %s" % (self.seq.hostname, exc.message))
+
+    def bench_grace(self, seconds: float) -> None:
+        if self.bench is not None:
+            self.bench.client_grace = seconds
 
     def bench_complete(self) -> bool:
         """Whether bench.jsonl holds an answered (ok) record for every measured request."""
-        want = int(self.e.bench["num_requests"])
-        ok = set()
-        try:
-            with open(self.e.path("bench.jsonl"), "rb") as fh:
-                for line in fh:
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue            # a line cut short
-                    if isinstance(rec, dict) and not rec.get("warmup") and rec.get("ok"):
-                        ok.add(rec.get("i"))
-        except OSError:
-            return False
-        return want > 0 and len(ok) >= want
-
-    def take_after(self) -> None:
-        """gpu_after.csv: the GPUs after the last request, the server still up (one nvidia-smi call)."""
-        self.after = threading.Thread(target=self.seq.one_sample, args=(self.e, "gpu_after.csv"), daemon=True)
-        self.after.start()
-
-    def wait_client(self, warmup: int, total: int) -> int:
-        """Poll the client every 50 ms; from its bench.jsonl lines: the end of the warm-up (phase
-        "benchmarking") and the end of the last request (gpu_after.csv starts while it exits)."""
-        assert self.client is not None
-        path = self.e.path("bench.jsonl")
-        warm_seen = lines = offset = 0
-        measuring = warmup <= 0
-        if measuring:
-            self.phases.begin("benchmarking")
-        while True:
-            rc = self.client.proc.poll()
-            try:
-                with open(path, "rb") as fh:
-                    fh.seek(offset)
-                    data = fh.read()
-                cut = data.rfind(b"\n") + 1
-                offset += cut
-                for line in data[:cut].splitlines():
-                    if not line.strip():
-                        continue
-                    lines += 1
-                    if b'"warmup":true' in line.replace(b" ", b""):
-                        warm_seen += 1
-                    else:
-                        warm_seen = warmup
-            except OSError:
-                pass
-            if not measuring and (warm_seen >= warmup or rc is not None):
-                measuring = True
-                self.phases.begin("benchmarking")
-            if lines >= total and self.after is None:
-                self.take_after()
-            if rc is not None:
-                return rc
-            time.sleep(POLL_S)
-
-    def signal_sampler(self) -> None:
-        if self.sampler is not None and self.sampler.released and self.sampler.proc.poll() is None:
-            try:
-                self.sampler.proc.send_signal(signal.SIGTERM)
-            except OSError:
-                pass
+        return self.bench is not None and self.bench.complete()
 
     def drop_helpers(self) -> None:
         """After the benchmark (or a failure): the client must be gone before the server stops;
         the sampler is told to stop and waited for in the teardown (before done.json)."""
-        if self.client is not None:
-            if self.client.released:
-                self.client.finish(term_after=self.client_grace)
-            else:
-                self.client.discard()
-        if self.sampler is not None:
-            if self.sampler.released:
-                self.signal_sampler()
-            else:
-                self.sampler.discard()
+        if self.bench is not None:
+            self.bench.drop()
 
     def wait_sampler(self) -> None:
-        if self.sampler is not None and self.sampler.released:
-            self.sampler.finish(term_after=10.0)
+        if self.bench is not None:
+            self.bench.wait_sampler()
 
     def slow_parts(self) -> None:
         try:

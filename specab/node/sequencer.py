@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from specab.node import common, gpufree, gpusample, manifest
+from specab.node import common, gpufree, manifest
 from specab.node import stop as stop_tool
 from specab.node.common import ToolError
 from specab.node.runqueue import (END_PREFIX, ENTRY_RE, HOLD_PREFIX, POLL_S, SEQUENCER_LOG, SEQUENCER_START, TASKS,
@@ -85,18 +85,6 @@ class Sequencer(object):
         a = gpufree.GpuFreeSpec(smi=list(smi), gpus=gpus, threshold_mib=threshold_mib, timeout=timeout,
                                 interval=POLL_S, node_dir=self.node_dir, out=out, csv=csv)
         return common.recorded(a.out, lambda: gpufree.wait_free(a))
-
-    def one_sample(self, e: Entry, name: str) -> None:
-        """gpusample.py --count 1 (gpu_before.csv / gpu_after.csv); failures go to gpu_samples.log."""
-        flag = gpusample.StopFlag(install=False)
-        try:
-            gpusample.sample(gpusample.SampleSpec(smi=list(e.smi), gpus=e.gpus, count=1, interval=e.sample_interval_s,
-                                                  out=e.path(name)), flag)
-        except ToolError as exc:
-            with open(e.path("gpu_samples.log"), "a") as fh:
-                fh.write("error: %s\n" % exc.message)
-        finally:
-            flag.close()
 
     def reap(self) -> None:
         """Collect the exited engines start.py launched from this process (no zombies left)."""
