@@ -89,9 +89,13 @@ class BenchSpec:
         return os.path.join(self.run_dir, name)
 
     def client_config(self) -> loadgen.BenchConfig:
-        return loadgen.BenchConfig.from_settings(self.url, self.bench, out=self.path("bench.jsonl"),
-                                                 summary=self.path("bench_summary.json"),
-                                                 phase_metrics=self.path("phase_metrics.json"))
+        """The client's settings; settings it would refuse are a usage error here, before anything runs."""
+        try:
+            return loadgen.BenchConfig.from_settings(self.url, self.bench, out=self.path("bench.jsonl"),
+                                                     summary=self.path("bench_summary.json"),
+                                                     phase_metrics=self.path("phase_metrics.json"))
+        except loadgen.UsageError as exc:
+            raise UsageError(str(exc))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,6 +390,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     spec = common.spec_from_argv(BenchSpec, argv)
     if spec is None:
         raise UsageError("bench takes its spec as JSON: bench --spec-json TEXT|- (the keys of BenchSpec)")
+    try:
+        spec.client_config().validate()
+    except loadgen.UsageError as exc:
+        raise UsageError(str(exc))
     return bench(spec)
 
 

@@ -1,0 +1,86 @@
+"""The bench tool (specab/node/benchstep.py, what the bench role runs through specab_node and RunSteps runs in the
+queue): its artefacts, its failure headline and exit status, and the sampler stopped in every case."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+from specab.config import defaults
+from tests.node.helpers import NODE_DIR_SRC, PY, ServerSetup, SimNode, ToolResult, free_port
+
+ARTEFACTS = {"gpu_before.csv", "gpu_samples.csv", "gpu_samples.json", "gpu_samples.log", "gpu_after.csv",
+             "bench.jsonl", "bench_summary.json", "phase_metrics.json"}
+
+
+def spec(run_dir: Path, url: str, smi: List[str], **bench: Any) -> Dict[str, Any]:
+    return {"run_dir": str(run_dir), "url": url, "python": PY, "smi": smi, "gpus": [0, 1],
+            "sample_interval_s": 0.05,
+            "bench": defaults.bench(dict({"num_requests": 3, "warmup_requests": 1, "input_len": 16, "output_len": 8,
+                                          "timeout_s": 30}, **bench))}
+
+
+def bench_tool(spec_obj: Dict[str, Any], env: Dict[str, str]) -> ToolResult:
+    """``bench --spec-json -`` with the spec on stdin, as the module specab_node runs it."""
+    t0 = time.monotonic()
+    p = subprocess.run([PY, str(NODE_DIR_SRC), "bench", "--spec-json", "-"], input=json.dumps(spec_obj), env=env,
+                       capture_output=True, text=True, timeout=120)
+    lines = p.stdout.strip().splitlines()
+    return ToolResult(p.returncode, json.loads(lines[-1]) if lines else {}, p.stderr, time.monotonic() - t0)
+
+
+def sampler_summary(run_dir: Path) -> Dict[str, Any]:
+    """What the sampler printed as it ended (gpu_samples.json): present once the tool returned, so the tool waited
+    for its exit; stopped_by SIGTERM: stopped by the tool, not by a limit or its parent's exit."""
+    return json.loads((run_dir / "gpu_samples.json").read_text())
+
+
+def test_a_benchmark_writes_every_artefact_and_returns_the_summary(server: ServerSetup, sim: SimNode) -> None:
+    server.write_sim_launch(scale=20)
+    assert server.start().rc == 0 and server.ready(120).rc == 0
+    r = bench_tool(spec(server.run_dir, server.url, sim.smi), sim.env)
+    assert r.rc == 0, (r.data, r.stderr)
+    summary = json.loads((server.run_dir / "bench_summary.json").read_text())
+    assert r.data["summary"] == summary and summary["ok"] == summary["requests"] == 3
+    assert ARTEFACTS <= {p.name for p in server.run_dir.iterdir()}
+    assert sampler_summary(server.run_dir)["stopped_by"] == "SIGTERM"
+    for name in ("gpu_before.csv", "gpu_after.csv", "gpu_samples.csv"):
+        rows = list(csv.reader((server.run_dir / name).open()))
+        assert rows[0][0] == "timestamp" and {row[1] for row in rows[1:]} == {"0", "1"}, (name, rows)
+    records = [json.loads(x) for x in (server.run_dir / "bench.jsonl").read_text().splitlines()]
+    assert [rec["warmup"] for rec in records] == [True, False, False, False]
+
+
+def test_a_failing_client_gives_the_headline_and_exit_1_and_the_sampler_is_stopped(tmp_path: Path,
+                                                                                  sim: SimNode) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    r = bench_tool(spec(run_dir, "http://127.0.0.1:%d" % free_port(), sim.smi), sim.env)   # nothing listens
+    assert r.rc == 1 and r.data["ok"] is False, r.data
+    assert r.error.startswith("loadgen exit 1: 3 of 3 measured requests failed; first errors: "
+                              "ConnectionRefusedError"), r.error
+    # the client's last log line, quoted in the headline
+    assert r.error.endswith("Client log: loadgen: 3 measured request(s) failed, first errors: "
+                            "['ConnectionRefusedError talking to 127.0.0.1:%s/generate: [Errno 111] Connection "
+                            "refused']" % r.data["summary"]["url"].rsplit(":", 1)[1]), r.error
+    assert r.data["summary"]["failed"] == 3
+    # told to stop as the client ended: a sampler left to the last resort (SIGTERM after 10 s) would show here
+    assert sampler_summary(run_dir)["stopped_by"] == "SIGTERM" and r.wall_s < 8, r.wall_s
+    assert ARTEFACTS <= {p.name for p in run_dir.iterdir()}
+
+
+def test_a_spec_with_an_unknown_key_is_a_usage_error(tmp_path: Path, sim: SimNode) -> None:
+    bad = dict(spec(tmp_path, "http://127.0.0.1:1", sim.smi), num_requests=3)
+    r = bench_tool(bad, sim.env)
+    assert r.rc == 2 and "unknown: num_requests" in r.error, r.data
+    assert not list(tmp_path.iterdir())            # nothing ran
+
+
+def test_bench_settings_the_controller_did_not_resolve_are_refused(tmp_path: Path, sim: SimNode) -> None:
+    partial = spec(tmp_path, "http://127.0.0.1:1", sim.smi)
+    del partial["bench"]["seed"]
+    r = bench_tool(partial, sim.env)
+    assert r.rc == 2 and "the bench settings lack seed" in r.error, r.data
