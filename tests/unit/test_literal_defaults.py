@@ -163,9 +163,8 @@ def test_the_scanners_find_a_planted_copy() -> None:
     planted = loadgen.replace('_flag(bench["ignore_eos"], "ignore_eos")',
                               '_flag(bench.get("ignore_eos", True), "ignore_eos")')
     assert planted != loadgen and any(".get('ignore_eos', True)" in f for f in python_copies(planted, "loadgen.py"))
-    runsteps = (NODE / "runsteps.py").read_text()
-    planted = runsteps.replace('int(self.e.bench["num_requests"])', 'int(self.e.bench.get("num_requests", 8))')
-    assert planted != runsteps and any(".get('num_requests', 8)" in f for f in python_copies(planted, "runsteps.py"))
+    planted = loadgen.replace('num_requests=int(bench["num_requests"])', 'num_requests=int(bench.get("num_requests", 8))')
+    assert planted != loadgen and any(".get('num_requests', 8)" in f for f in python_copies(planted, "loadgen.py"))
     assert python_copies("class C:\n    stale_s: float = 600.0\n", "x.py")
     assert python_copies("def show(node_dir, stale_s=600.0):\n    pass\n", "x.py")
     assert python_copies("DEFAULT_STALE_S = 600.0\n", "x.py")
