@@ -32,7 +32,7 @@ options:
     description: The node tool.
     type: str
     required: true
-    choices: [stop, gpufree, start, ready, envcheck, bench]
+    choices: [stop, gpufree, start, ready, envcheck, bench, ranksampler]
   spec:
     description: The tool's spec (the fields of its dataclass, e.g. C(StopSpec) in C(specab/node/stop.py)).
     type: dict
@@ -61,11 +61,13 @@ author: specab
 """
 
 # What a successful run changed on the node: a stop changed something only when a server was running; a start
-# always starts one, a bench writes its run's measurements; the other tools only observe.
+# always starts one, a bench writes its run's measurements, a rank's sampler changed something when it was started or
+# stopped; the other tools only observe.
 CHANGED = {
     "stop": lambda out: bool(out.get("was_running")),
     "start": lambda out: True,
     "bench": lambda out: True,
+    "ranksampler": lambda out: bool(out.get("started") or out.get("stopped")),
 }
 
 
@@ -104,7 +106,7 @@ def parse_output(stdout: str) -> Dict[str, Any]:
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            tool=dict(type="str", required=True, choices=["stop", "gpufree", "start", "ready", "envcheck", "bench"]),
+            tool=dict(type="str", required=True, choices=["stop", "gpufree", "start", "ready", "envcheck", "bench", "ranksampler"]),
             spec=dict(type="dict", required=True),
             node_dir=dict(type="str", required=True),
             python=dict(type="str", default="python3"),

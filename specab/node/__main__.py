@@ -2,16 +2,17 @@
 
 On a node the root is ``<node_dir>/bin``, where the node_prepare role ships the package; on the controller it is
 the checkout (``python -m specab.node TOOL ARGS...`` runs the same where specab is importable). TOOL is a module of
-this package with a command line (``TOOLS``; ``MODULES`` names a module called otherwise); it runs as ``__main__`` with ARGS, as ``python -m
-specab.node.TOOL ARGS...`` would. Running the folder puts the root, not the folder, on ``sys.path``, so every
-tool imports its siblings as ``specab.node.X`` and nothing of the folder shadows a top-level module. stdlib only.
+this package with a command line (``TOOLS``; ``MODULES`` names a module called otherwise); it runs as ``__main__``
+with ARGS, as ``python -m specab.node.TOOL ARGS...`` would. Running the folder puts the root, not the folder, on
+``sys.path``, so every tool imports its siblings as ``specab.node.X`` and nothing of the folder shadows a top-level
+module. stdlib only.
 """
 import os
 import runpy
 import sys
 
-TOOLS = ("bench", "envcheck", "gpufree", "gpusample", "lease", "loadgen", "manifest", "ready", "sequence", "start",
-         "stop", "tracesum")
+TOOLS = ("bench", "envcheck", "gpufree", "gpusample", "lease", "loadgen", "manifest", "ranksampler", "ready",
+         "sequence", "start", "stop", "tracesum")
 # a tool whose module is named otherwise (the bench tool is the bench step, which RunSteps also imports)
 MODULES = {"bench": "benchstep"}
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The steps of one queued run, in the sequencer's process: start -> ready (polled every 50 ms) -> env verify ->
-bench (benchstep.py: client and GPU sampler as processes, started ahead and released at once) -> stop -> GPUs free -> manifest ->
-done.json. A failure in any phase is recorded and the run is still stopped, its GPUs verified free, its manifest
-and done.json written. Phases are appended to ``runs/<run_id>/phases.jsonl`` as they begin. The node tools are
-called in-process through their typed specs. stdlib only, like every node tool; imports its siblings.
+bench (benchstep.py: client and GPU sampler as processes, started ahead and released at once) -> stop -> GPUs free
+-> manifest -> done.json. A failure in any phase is recorded and the run is still stopped, its GPUs verified free,
+its manifest and done.json written. Phases are appended to ``runs/<run_id>/phases.jsonl`` as they begin. The node
+tools are called in-process through their typed specs. stdlib only, like every node tool; imports its siblings.
 """
 from __future__ import annotations
 

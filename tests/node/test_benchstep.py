@@ -1,8 +1,10 @@
 """The bench tool (specab/node/benchstep.py, what the bench role runs through specab_node and RunSteps runs in the
-queue): its artefacts, its failure headline and exit status, and the sampler stopped in every case."""
+queue): its artefacts, its failure headline and exit status, and the sampler stopped in every case; and the sampler
+of a non-head rank of a multi-node server (ranksampler)."""
 from __future__ import annotations
 
 import csv
+import os
 import json
 import subprocess
 import time
@@ -10,7 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from specab.config import defaults
-from tests.node.helpers import NODE_DIR_SRC, PY, ServerSetup, SimNode, ToolResult, free_port
+from tests.node.helpers import NODE_DIR_SRC, PY, ServerSetup, SimNode, ToolResult, free_port, wait_for
 
 ARTEFACTS = {"gpu_before.csv", "gpu_samples.csv", "gpu_samples.json", "gpu_samples.log", "gpu_after.csv",
              "bench.jsonl", "bench_summary.json", "phase_metrics.json"}
@@ -84,3 +86,43 @@ def test_bench_settings_the_controller_did_not_resolve_are_refused(tmp_path: Pat
     del partial["bench"]["seed"]
     r = bench_tool(partial, sim.env)
     assert r.rc == 2 and "the bench settings lack seed" in r.error, r.data
+
+
+def ranksampler(spec_obj: Dict[str, Any], env: Dict[str, str]) -> ToolResult:
+    p = subprocess.run([PY, str(NODE_DIR_SRC), "ranksampler", "--spec-json", "-"], input=json.dumps(spec_obj),
+                       env=env, capture_output=True, text=True, timeout=60)
+    lines = p.stdout.strip().splitlines()
+    return ToolResult(p.returncode, json.loads(lines[-1]) if lines else {}, p.stderr, 0.0)
+
+
+def test_a_ranks_sampler_runs_detached_until_stopped(tmp_path: Path, sim: SimNode) -> None:
+    """A non-head rank's sampler (multi-node): started, it outlives the tool in a session of its own; stopped, it
+    ends by SIGTERM and its pid file is gone; a second stop finds none."""
+    start = ranksampler({"action": "start", "run_dir": str(tmp_path), "python": PY, "smi": sim.smi, "gpus": [0, 1],
+                         "sample_interval_s": 0.05, "duration_s": 600}, sim.env)
+    assert start.rc == 0 and start.data["started"] is True, start.data
+    pid = start.data["pid"]
+    try:
+        assert int((tmp_path / "gpu_sampler.pid").read_text()) == pid
+        assert os.getsid(pid) == pid                                     # its own session, none of our pipes
+        csv_file = tmp_path / "gpu_samples.csv"
+        assert wait_for(lambda: csv_file.exists() and len(csv_file.read_text().splitlines()) >= 3, 30)
+    finally:
+        stop = ranksampler({"action": "stop", "run_dir": str(tmp_path)}, sim.env)
+    assert stop.rc == 0 and stop.data == {"stopped": True, "pid": pid, "ok": True}, stop.data
+    assert not (tmp_path / "gpu_sampler.pid").exists()
+    assert sampler_summary(tmp_path)["stopped_by"] == "SIGTERM"
+    again = ranksampler({"action": "stop", "run_dir": str(tmp_path)}, sim.env)
+    assert again.rc == 0 and again.data["stopped"] is False and again.data["note"] == "no sampler"
+
+
+def test_stopping_a_ranks_sampler_leaves_a_reused_pid_alone(tmp_path: Path, sim: SimNode) -> None:
+    other = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "gpu_sampler.pid").write_text("%d\n" % other.pid)
+        r = ranksampler({"action": "stop", "run_dir": str(tmp_path)}, sim.env)
+        assert r.rc == 0 and r.data["stopped"] is False and r.data["note"] == "sampler already ended", r.data
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
