@@ -106,7 +106,8 @@ def parse_output(stdout: str) -> Dict[str, Any]:
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            tool=dict(type="str", required=True, choices=["stop", "gpufree", "start", "ready", "envcheck", "bench", "ranksampler"]),
+            tool=dict(type="str", required=True,
+                      choices=["stop", "gpufree", "start", "ready", "envcheck", "bench", "ranksampler"]),
             spec=dict(type="dict", required=True),
             node_dir=dict(type="str", required=True),
             python=dict(type="str", default="python3"),

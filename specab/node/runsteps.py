@@ -259,7 +259,7 @@ class RunSteps(object):
         try:
             self.bench.run(on_phase=self.phases.begin, guard=self.seq.gate.armed, on_released=parts)
         except ToolError as exc:
-            raise RunFailed("benchmarking", "The benchmark on %s failed: %s" % (self.seq.hostname, exc.message))
+            raise RunFailed("benchmarking", exc.message)
 
     def bench_grace(self, seconds: float) -> None:
         if self.bench is not None:
