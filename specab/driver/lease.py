@@ -2,10 +2,11 @@
 
 Before anything on a node is touched (the first enqueue or stop), the session takes the lease of every host
 it will use (``specab/node/lease.py``, run over the driver's node access with ``python -c``, so it needs
-no deployed tool), refreshes them from a background thread while the experiment runs, and releases them on
-every exit path (``NodeLeases`` is a context manager). A lease held by another live controller refuses the
-experiment (``LeaseHeld``: the CLI's exit 2, naming the holder); a stale one (no sign of life for
-``stale_s``, the sequencer's ``--lease-s`` rule) is broken with a notice.
+no deployed tool), touches them from one heartbeat thread every ``specab_lease_heartbeat_s`` while the experiment
+runs (the lease file's mtime is the controller's one sign of life, read by the next experiment and by the run
+queue's sequencer), and releases them on every exit path (``NodeLeases`` is a context manager). A lease held by
+another live controller refuses the experiment (``LeaseHeld``: the CLI's exit 2, naming the holder); a stale one
+(no sign of life for ``stale_s``, the sequencer's ``--lease-s`` rule) is broken with a notice.
 """
 from __future__ import annotations
 
@@ -91,6 +92,11 @@ def stale_s_of(host: Host) -> float:
     return float(host.vars.get("specab_lease_stale_s", defaults.get("lease_stale_s")))
 
 
+def heartbeat_s_of(host: Host) -> float:
+    """Seconds between two touches of ``host``'s lease: the host's ``specab_lease_heartbeat_s``, else roles/specab's."""
+    return float(host.vars.get("specab_lease_heartbeat_s", defaults.get("lease_heartbeat_s")))
+
+
 def lease_state(host: Host) -> LeaseState:
     """Read one host's node lease (read-only)."""
     try:
@@ -122,13 +128,14 @@ class NodeLeases:
     active: "NodeLeases | None" = None     # the leases this process holds (one experiment per driver process)
 
     def __init__(self, hosts: list[Host], experiment_id: str, notice: Callable[[str], None],
-                 stale_s: float | None = None, refresh_s: float | None = None):
+                 stale_s: float | None = None, heartbeat_s: float | None = None):
         self.hosts = hosts
         self.notice = notice
         # one value for the experiment (the holder record is one): the shortest of its hosts'
         self.stale_s = stale_s if stale_s is not None else min((stale_s_of(h) for h in hosts),
                                                                default=float(defaults.get("lease_stale_s")))
-        self.refresh_s = refresh_s if refresh_s is not None else max(1.0, self.stale_s / 4)
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else min(
+            (heartbeat_s_of(h) for h in hosts), default=float(defaults.get("lease_heartbeat_s")))
         started = time.time()
         self.holder = {"experiment_id": experiment_id, "controller_host": socket.gethostname(),
                        "controller_pid": os.getpid(), "started_at": round(started, 3),
@@ -144,13 +151,17 @@ class NodeLeases:
         leases already held is a no-op (``with NodeLeases(...).take()`` or ``with NodeLeases(...)``)."""
         if self._thread is not None:
             return
+        if not 0 < self.heartbeat_s < self.stale_s:
+            raise LeaseError(f"the lease's heartbeat ({self.heartbeat_s:g} s, specab_lease_heartbeat_s) must be "
+                             f"positive and shorter than its stale age ({self.stale_s:g} s, specab_lease_stale_s): "
+                             f"set them so in the inventory or roles/specab/defaults/main.yml")
         try:
             for h in self.hosts:
                 self._take_one(h)
         except BaseException:
             self.release()
             raise
-        self._thread = threading.Thread(target=self._refresh_loop, name="node-lease", daemon=True)
+        self._thread = threading.Thread(target=self._heartbeat, name="node-lease-heartbeat", daemon=True)
         self._thread.start()
         NodeLeases.active = self
 
@@ -188,9 +199,10 @@ class NodeLeases:
             self.taken.remove(h)
 
     # ------------------------------------------------------------------ sign of life
-    def _refresh_loop(self) -> None:
+    def _heartbeat(self) -> None:
+        """Touch every lease taken, every ``heartbeat_s``: the controller's one sign of life on its nodes."""
         warned: set[str] = set()
-        while not self._stop.wait(self.refresh_s):
+        while not self._stop.wait(self.heartbeat_s):
             for h in list(self.taken):
                 try:
                     rc, data = call(h, ["touch", "--token", self.holder["token"]])

@@ -13,10 +13,10 @@ exit path. The lease is ``<node dir>/experiment.lease``, a JSON holder record
 exclusive create (O_EXCL) under an flock of ``experiment.lease.lock``, so two controllers can never both
 hold it. A second controller is refused (exit 1, ``"held": true`` and the holder in the JSON).
 
-A stale lease is broken with a notice: the holder gave no sign of life for ``--stale-s`` seconds (the
-sequencer's rule, ``sequence.py --lease-s``: the lease file's mtime, refreshed by ``touch``, and
-``sequencer.lease``, touched by the sequencer's ``ensure``/``wait``), or its controller ran on this very
-host and its pid is gone.
+The lease file's modification time is the controller's one sign of life: its heartbeat (``touch``, every
+``specab_lease_heartbeat_s``) refreshes it. A stale lease is broken with a notice: the holder gave no sign of life
+for ``--stale-s`` seconds, or its controller ran on this very host and its pid is gone. The run queue's sequencer
+reads the same file (``controller_gone``): it claims no further run once its experiment's controller is gone.
 
 Self-contained (stdlib only, no sibling import): the driver runs it with ``python -c`` before the node tools
 are deployed. Prints one JSON object on stdout; exit 0 success, 1 refused or failed (``error``), 2 usage.
@@ -35,7 +35,6 @@ from typing import Any, Dict, Iterator, Optional, Sequence
 
 LEASE_FILE = "experiment.lease"
 LOCK_FILE = "experiment.lease.lock"
-SEQUENCER_LEASE = "sequencer.lease"     # sequence.py's LEASE_FILE: touched by its ensure/wait
 HOLDER_KEYS = ("experiment_id", "controller_host", "controller_pid", "started_at", "token")
 
 
@@ -77,14 +76,11 @@ def read_holder(node_dir: str) -> Optional[Dict[str, Any]]:
 
 
 def last_sign_of_life(node_dir: str) -> float:
-    """The newest of the lease's and the sequencer lease's modification times."""
-    times = []
-    for name in (LEASE_FILE, SEQUENCER_LEASE):
-        try:
-            times.append(os.stat(os.path.join(node_dir, name)).st_mtime)
-        except OSError:
-            pass
-    return max(times) if times else 0.0
+    """When the holder last gave a sign of life: the lease file's modification time (0.0 without a lease)."""
+    try:
+        return os.stat(lease_path(node_dir)).st_mtime
+    except OSError:
+        return 0.0
 
 
 def pid_alive(pid: int) -> bool:
@@ -107,6 +103,21 @@ def stale_reason(node_dir: str, holder: Dict[str, Any], stale_s: float) -> Optio
     pid = holder.get("controller_pid")
     if holder.get("controller_host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid):
         return "its controller (pid %d on this host) is gone" % pid
+    return None
+
+
+def controller_gone(node_dir: str, experiment_id: str, since: float, stale_s: float) -> Optional[str]:
+    """Why the controller of ``experiment_id`` is gone from this node (the sequencer claims no further run), or None.
+
+    Gone: the lease names another experiment, or no sign of life came for ``stale_s`` seconds (0: never stale) from
+    the lease's holder or, without a lease, since ``since`` (the sequencer's start)."""
+    holder = read_holder(node_dir)
+    if holder is not None and "unreadable" not in holder and holder.get("experiment_id") != experiment_id:
+        return "the node lease is held by %s" % describe(holder)
+    last = last_sign_of_life(node_dir) if holder is not None else since
+    age = time.time() - last
+    if stale_s > 0 and age > stale_s:
+        return "no sign of the controller for %.0fs (more than %g s)" % (age, stale_s)
     return None
 
 

@@ -39,7 +39,7 @@ from specab.node import common, staging
 from specab.node.common import ToolError, UsageError
 from specab.node.runqueue import (END_PREFIX, ENSURE_LOCK, ENTRY_RE, HOLD_PREFIX, ID_RE, POLL_S,
                                   SEQUENCER_LOG, SERVE_LOCK, STAGING_DIR, Entry, atomic_write_text, log_tail,
-                                  make_queue_dir, queue_dir, queued_names, touch_lease)
+                                  make_queue_dir, queue_dir, queued_names)
 from specab.node.sequencer import Sequencer
 
 # ---------------------------------------------------------------------------------------------
@@ -104,7 +104,6 @@ def spawn(a: argparse.Namespace) -> Dict[str, Any]:
 
 def cmd_ensure(a: argparse.Namespace) -> Dict[str, Any]:
     make_queue_dir(a.node_dir)
-    touch_lease(a.node_dir)
     with ensure_lock(a.node_dir):
         # runs will come: an END marker of an earlier session of this experiment no longer holds
         for prefix in (END_PREFIX, HOLD_PREFIX):
@@ -165,7 +164,7 @@ def cmd_stage(a: argparse.Namespace) -> Dict[str, Any]:
     entries renamed into queue/ in run order."""
     runs = staging.parse(sys.stdin.read(), a.node_dir, a.experiment_id,
                          lambda data, name: Entry(data, a.node_dir, name))
-    qdir = make_queue_dir(a.node_dir)    # (no lease touch: ensure, just before, and every wait give that sign)
+    qdir = make_queue_dir(a.node_dir)
     out = dict(staging.stage(runs, qdir, os.path.join(qdir, STAGING_DIR)), experiment_id=a.experiment_id)
     if a.finish:                         # the last runs: no more will come (what `finish` does, after them)
         out["end_marker"] = write_end_marker(a.node_dir, a.experiment_id)
@@ -222,7 +221,6 @@ def wait_done(a: argparse.Namespace) -> Dict[str, Any]:
         raise UsageError("--run-id %r is not a run id (<seq>-<arm>)" % a.run_id)
     run_dir = os.path.join(a.node_dir, "runs", a.run_id)
     done = os.path.join(run_dir, "done.json")
-    touch_lease(a.node_dir)              # the controller is alive, even when the run is long done
     log_path = os.path.join(a.node_dir, SEQUENCER_LOG)
     deadline = time.monotonic() + a.timeout
     missing_entry = 0
@@ -248,7 +246,6 @@ def wait_done(a: argparse.Namespace) -> Dict[str, Any]:
             return common.Verbatim(res)
         if time.monotonic() >= next_check:
             next_check = time.monotonic() + 0.5
-            touch_lease(a.node_dir)
             rec = None
             try:
                 rec = common.load_sequencer(a.node_dir)
@@ -345,9 +342,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="exit after this many seconds without work (a dead driver never leaves it forever; "
                              "specab_queue_idle_timeout_s)")
         sp.add_argument("--lease-s", type=float, required=True,
-                        help="claim no new run when the controller (ensure, wait) gave no sign of life for this "
-                             "many seconds: a killed driver never leaves its queued runs burning GPU time "
-                             "(0: never; specab_lease_stale_s)")
+                        help="claim no new run when the controller gave no sign of life (its node lease's heartbeat, "
+                             "lease.py) for this many seconds, or the lease names another experiment: a killed "
+                             "driver never leaves its queued runs burning GPU time (0: never stale; "
+                             "specab_lease_stale_s)")
         sp.add_argument("--smi", default=None, type=lambda s: common.json_list_arg(s, "--smi"),
                         help="nvidia-smi argv (JSON list): at startup, stop leftovers and wait for free GPUs")
         sp.add_argument("--gpus", required=True)

@@ -14,11 +14,11 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from specab.node import common, gpufree, gpusample, manifest
+from specab.node import common, gpufree, gpusample, lease, manifest
 from specab.node import stop as stop_tool
 from specab.node.common import ToolError
 from specab.node.runqueue import (END_PREFIX, ENTRY_RE, HOLD_PREFIX, POLL_S, SEQUENCER_LOG, SEQUENCER_START, TASKS,
-                                  Entry, lease_age, now, queue_dir, queued_names)
+                                  Entry, now, queue_dir, queued_names)
 from specab.node.runsteps import Interrupted, PhaseLog, RunSteps, SignalGate
 
 PROBE_TIMEOUT_S = 60.0          # one engine version probe (manifest.py --probe-timeout)
@@ -225,14 +225,15 @@ class Sequencer(object):
             if self.gate.requested:
                 self.save(state="exited", run_id=None, reason="signal %s" % self.gate.requested)
                 return 0
-            if self.a.lease_s > 0 and queued_names(self.node_dir):
-                age = lease_age(self.node_dir, self.record["started_at"])
-                if age > self.a.lease_s:
+            if queued_names(self.node_dir):
+                gone = lease.controller_gone(self.node_dir, self.experiment_id, self.record["started_at"],
+                                             self.a.lease_s)
+                if gone is not None:
                     # the driver died or lost the node: do not spend hours of GPU time on runs nobody
                     # collects; the entries stay queued (a resume resets the queue and queues them again)
                     self.save(state="exited", run_id=None,
-                              reason="no sign of the controller for %.0fs (--lease-s %g): queued runs left "
-                                     "unclaimed; resume the experiment to run them" % (age, self.a.lease_s))
+                              reason="%s (--lease-s %g): queued runs left unclaimed; resume the experiment to run "
+                                     "them" % (gone, self.a.lease_s))
                     common.log(self.record["reason"])
                     return 0
             if self.held():

@@ -394,21 +394,36 @@ def test_a_malformed_entry_is_refused_and_the_next_runs(node):
 
 
 def test_a_sequencer_without_its_controller_claims_no_new_run(node):
-    """A killed driver must not leave its queued runs burning GPU time for hours: once neither `ensure`
-    nor `wait` touched the lease for --lease-s, the sequencer claims nothing more and exits, leaving the
-    entries queued for a resume (which resets the queue)."""
+    """A killed driver must not leave its queued runs burning GPU time for hours: once its node lease (the lease
+    file's mtime, the driver's heartbeat) gave no sign of life for --lease-s, the sequencer claims nothing more and
+    exits, leaving the entries queued for a resume (which resets the queue)."""
+    from specab.node import lease
+    lease.take(str(node.node_dir), {"experiment_id": node.experiment_id, "controller_host": "ctl", "controller_pid": 1,
+                                    "started_at": 1.0, "token": "t"}, 600)
     r = node.ensure("--lease-s", "30")
     assert r.rc == 0, r
-    lease = node.node_dir / "sequencer.lease"
-    assert lease.exists()
     old = time.time() - 120
-    os.utime(lease, (old, old))                 # the controller's last sign of life: 2 minutes ago
+    os.utime(node.node_dir / "experiment.lease", (old, old))    # the controller's last heartbeat: 2 minutes ago
     node.enqueue(1, node.arm("baseline"))
     assert wait_for(lambda: not alive(r.data["pid"]), 30)
     rec = node.record()
     assert rec["state"] == "exited" and "no sign of the controller" in rec["reason"], rec
     assert "resume" in rec["reason"]
     assert (node.node_dir / "queue" / "000001-001-baseline.json").exists()     # still queued, never run
+    assert not (node.node_dir / "runs" / "001-baseline" / "done.json").exists()
+
+
+def test_a_sequencer_claims_no_run_once_another_experiment_holds_the_node_lease(node):
+    """The lease broken and taken by another experiment: this experiment's controller is gone from the node."""
+    from specab.node import lease
+    r = node.ensure()
+    assert r.rc == 0, r
+    lease.take(str(node.node_dir), {"experiment_id": "someone-else", "controller_host": "ctl", "controller_pid": 1,
+                                    "started_at": 1.0, "token": "t"}, 600)
+    node.enqueue(1, node.arm("baseline"))
+    assert wait_for(lambda: not alive(r.data["pid"]), 30)
+    rec = node.record()
+    assert rec["state"] == "exited" and "held by experiment someone-else" in rec["reason"], rec
     assert not (node.node_dir / "runs" / "001-baseline" / "done.json").exists()
 
 
