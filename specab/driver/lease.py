@@ -116,6 +116,14 @@ def lease_states(hosts: list[Host]) -> list[LeaseState]:
         return list(pool.map(lease_state, hosts))
 
 
+def hold(host: Host) -> None:
+    """Put ``host``'s lease, held by this process, on hold (``NodeLeases.hold``)."""
+    leases = NodeLeases.active
+    if leases is None:
+        raise LeaseError(f"{host.name}: this process holds no node lease to put on hold")
+    leases.hold(host)
+
+
 def active_holder() -> dict[str, Any] | None:
     """The holder record of the leases this process holds now (the driver's stop.yml runs under it)."""
     leases = NodeLeases.active
@@ -179,6 +187,18 @@ class NodeLeases:
         broken = data.get("broken")
         if isinstance(broken, dict):
             self.notice(f"{host.name}: {broken.get('notice')}")
+
+    def hold(self, host: Host) -> None:
+        """The experiment was interrupted: put ``host``'s lease on hold, so that its sequencer claims and starts no
+        further run at once (it reads the lease; the stop playbook that follows takes seconds to start)."""
+        if host not in self.taken:
+            raise LeaseError(f"{host.name}: this experiment holds no node lease there to put on hold")
+        try:
+            rc, data = call(host, ["hold", "--token", self.holder["token"]])
+        except RemoteError as exc:
+            raise LeaseError(f"{host.name}: could not put the node lease on hold: {exc}") from None
+        if rc != 0:
+            raise LeaseError(f"{host.name}: could not put the node lease on hold: {data.get('error')}")
 
     def release(self) -> None:
         """Release every lease taken (never raises: an exit path must not fail on it)."""

@@ -3,6 +3,7 @@
 
     lease.py --node-dir D take --holder JSON --stale-s S
     lease.py --node-dir D touch --token T
+    lease.py --node-dir D hold --token T      (the holder was interrupted: its sequencer claims and starts nothing)
     lease.py --node-dir D release --token T
     lease.py --node-dir D show --stale-s S   (the holder, or null: the node is free; creates nothing)
 
@@ -16,7 +17,8 @@ hold it. A second controller is refused (exit 1, ``"held": true`` and the holder
 The lease file's modification time is the controller's one sign of life: its heartbeat (``touch``, every
 ``specab_lease_heartbeat_s``) refreshes it. A stale lease is broken with a notice: the holder gave no sign of life
 for ``--stale-s`` seconds, or its controller ran on this very host and its pid is gone. The run queue's sequencer
-reads the same file (``controller_gone``): it claims no further run once its experiment's controller is gone.
+reads the same file (``controller_gone``): it claims no further run once its experiment's controller is gone, and
+stops at once when its controller puts the lease on hold (``hold``: ``hold_at`` in the record, ``on_hold``).
 
 Self-contained (stdlib only, no sibling import): the driver runs it with ``python -c`` before the node tools
 are deployed. Prints one JSON object on stdout; exit 0 success, 1 refused or failed (``error``), 2 usage.
@@ -170,6 +172,28 @@ def touch(node_dir: str, token: str) -> Dict[str, Any]:
     return {"node_dir": node_dir, "touched": True}
 
 
+def hold(node_dir: str, token: str) -> Dict[str, Any]:
+    """The holder was interrupted: ``hold_at`` goes into its record (rewritten aside and renamed in, under the lock)."""
+    with locked(node_dir):
+        cur = read_holder(node_dir)
+        if cur is None or cur.get("token") != token:
+            raise LeaseError("the lease of %s is no longer ours: %s" % (
+                node_dir, "held by " + describe(cur) if cur else "it was removed"), {"holder": cur, "lost": True})
+        rec = dict(cur, hold_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        tmp = lease_path(node_dir) + ".tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        create_exclusive(tmp, rec)
+        os.replace(tmp, lease_path(node_dir))
+    return {"node_dir": node_dir, "held": True, "holder": rec}
+
+
+def on_hold(node_dir: str, experiment_id: str) -> bool:
+    """Whether the controller of ``experiment_id`` put its node lease on hold (``hold``)."""
+    holder = read_holder(node_dir)
+    return bool(holder and holder.get("experiment_id") == experiment_id and holder.get("hold_at"))
+
+
 def release(node_dir: str, token: str) -> Dict[str, Any]:
     with locked(node_dir):
         cur = read_holder(node_dir)
@@ -197,7 +221,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     sp = sub.add_parser("take")
     sp.add_argument("--holder", required=True, help="JSON: {%s, started_at_iso}" % ", ".join(HOLDER_KEYS))
     sp.add_argument("--stale-s", type=float, required=True, help="specab_lease_stale_s")
-    for name in ("touch", "release"):
+    for name in ("touch", "hold", "release"):
         sub.add_parser(name).add_argument("--token", required=True)
     sub.add_parser("show").add_argument("--stale-s", type=float, required=True, help="specab_lease_stale_s")
     a = p.parse_args(argv)
@@ -221,6 +245,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out = take(a.node_dir, a.holder, a.stale_s)
         elif a.command == "touch":
             out = touch(a.node_dir, a.token)
+        elif a.command == "hold":
+            out = hold(a.node_dir, a.token)
         elif a.command == "release":
             out = release(a.node_dir, a.token)
         else:

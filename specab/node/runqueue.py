@@ -19,7 +19,6 @@ SEQUENCER_START = "sequencer_start.json"
 SERVE_LOCK = "sequencer.lock"
 ENSURE_LOCK = "sequencer.ensure.lock"
 END_PREFIX = "END-"
-HOLD_PREFIX = "HOLD-"        # queue/HOLD-<experiment_id>: the driver was interrupted, claim and start nothing
 STAGING_DIR = ".staging"     # queue/.staging: entries being written (`stage`), not yet queued
 ENTRY_RE = contract.QUEUE_ENTRY_RE
 ID_RE = contract.ID_RE

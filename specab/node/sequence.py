@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from specab.node import common, staging
 from specab.node.common import ToolError, UsageError
-from specab.node.runqueue import (END_PREFIX, ENSURE_LOCK, ENTRY_RE, HOLD_PREFIX, ID_RE, POLL_S,
+from specab.node.runqueue import (END_PREFIX, ENSURE_LOCK, ENTRY_RE, ID_RE, POLL_S,
                                   SEQUENCER_LOG, SERVE_LOCK, STAGING_DIR, Entry, atomic_write_text, log_tail,
                                   make_queue_dir, queue_dir, queued_names)
 from specab.node.sequencer import Sequencer
@@ -106,11 +106,8 @@ def cmd_ensure(a: argparse.Namespace) -> Dict[str, Any]:
     make_queue_dir(a.node_dir)
     with ensure_lock(a.node_dir):
         # runs will come: an END marker of an earlier session of this experiment no longer holds
-        for prefix in (END_PREFIX, HOLD_PREFIX):
-            try:
-                os.remove(os.path.join(queue_dir(a.node_dir), prefix + a.experiment_id))
-            except OSError:
-                pass
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(queue_dir(a.node_dir), END_PREFIX + a.experiment_id))
         rec = live_record(a.node_dir)
         replaced = None
         if rec is not None and rec.get("experiment_id") == a.experiment_id and rec.get("state") in ("running", "idle"):
@@ -138,7 +135,7 @@ def cmd_reset(a: argparse.Namespace) -> Dict[str, Any]:
             except OSError:
                 continue
             for name in names:
-                if ENTRY_RE.match(name) or name.startswith((END_PREFIX, HOLD_PREFIX)) or name.endswith(".refused"):
+                if ENTRY_RE.match(name) or name.startswith(END_PREFIX) or name.endswith(".refused"):
                     try:
                         os.remove(os.path.join(d, name))
                         removed.append(prefix + name)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 from specab.node import common, gpufree, gpusample, lease, manifest
 from specab.node import stop as stop_tool
 from specab.node.common import ToolError
-from specab.node.runqueue import (END_PREFIX, ENTRY_RE, HOLD_PREFIX, POLL_S, SEQUENCER_LOG, SEQUENCER_START, TASKS,
+from specab.node.runqueue import (END_PREFIX, ENTRY_RE, POLL_S, SEQUENCER_LOG, SEQUENCER_START, TASKS,
                                   Entry, now, queue_dir, queued_names)
 from specab.node.runsteps import Interrupted, PhaseLog, RunSteps, SignalGate
 
@@ -129,20 +129,17 @@ class Sequencer(object):
         common.write_json(os.path.join(self.node_dir, SEQUENCER_START), res)
         self.save(startup={"ok": True, "clean": self.clean, "elapsed_s": res["elapsed_s"]})
 
-    def hold_marker(self) -> str:
-        return os.path.join(queue_dir(self.node_dir), HOLD_PREFIX + self.experiment_id)
-
     def held(self) -> bool:
-        """The driver's interrupt reached the node (its hold marker): no run is claimed or started."""
-        return os.path.exists(self.hold_marker())
+        """The driver's interrupt reached the node (its node lease on hold): no run is claimed or started."""
+        return lease.on_hold(self.node_dir, self.experiment_id)
 
     def watch_hold(self) -> None:
-        """The driver's hold marker acts as its interrupt, at once: SIGTERM to ourselves (the gate cuts a
+        """The driver's hold acts as its interrupt, at once: SIGTERM to ourselves (the gate cuts a
         load or a benchmark short as for stop.py's signal, faster than the stop playbook reaches us)."""
         def loop() -> None:
             while not self.gate.requested:
                 if self.held():
-                    common.log("hold marker %s: the driver was interrupted" % self.hold_marker())
+                    common.log("the node lease %s is on hold: the driver was interrupted" % lease.lease_path(self.node_dir))
                     os.kill(os.getpid(), signal.SIGTERM)
                     return
                 time.sleep(0.1)
@@ -237,8 +234,8 @@ class Sequencer(object):
                     common.log(self.record["reason"])
                     return 0
             if self.held():
-                self.save(state="exited", run_id=None, reason="hold marker %s: the driver was interrupted"
-                          % self.hold_marker())
+                self.save(state="exited", run_id=None, reason="the node lease %s is on hold: the driver was "
+                                                              "interrupted" % lease.lease_path(self.node_dir))
                 return 0
             entry = self.claim()
             if entry is not None:

@@ -427,6 +427,25 @@ def test_a_sequencer_claims_no_run_once_another_experiment_holds_the_node_lease(
     assert not (node.node_dir / "runs" / "001-baseline" / "done.json").exists()
 
 
+def test_the_controllers_hold_on_the_node_lease_stops_the_sequencer_before_its_next_run(node):
+    """An interrupted driver puts its node lease on hold (lease.py hold): the sequencer claims nothing more."""
+    from specab.node import lease
+    lease.take(str(node.node_dir), {"experiment_id": node.experiment_id, "controller_host": "ctl",
+                                    "controller_pid": 1, "started_at": 1.0, "token": "t"}, 600)
+    r = node.ensure()
+    assert r.rc == 0, r
+    with pytest.raises(lease.LeaseError, match="no longer ours"):
+        lease.hold(str(node.node_dir), "not-the-token")
+    assert not lease.on_hold(str(node.node_dir), node.experiment_id)
+    assert lease.hold(str(node.node_dir), "t")["holder"]["hold_at"]
+    assert lease.on_hold(str(node.node_dir), node.experiment_id)
+    assert wait_for(lambda: not alive(r.data["pid"]), 30)
+    node.enqueue(1, node.arm("baseline"))
+    rec = node.record()
+    assert rec["state"] == "exited" and "is on hold" in rec["reason"], rec
+    assert not (node.node_dir / "runs" / "001-baseline" / "queue_entry.json").exists()
+
+
 def _mode(p: Path) -> int:
     return p.stat().st_mode & 0o777
 
