@@ -30,9 +30,12 @@ options:
     description: The node tool.
     type: str
     required: true
-    choices: [stop, gpufree, start, ready, envcheck]
+    choices: [stop, gpufree, start, ready, envcheck, lease, manifest, sequence]
   spec:
-    description: The tool's spec (the fields of its dataclass, e.g. C(StopSpec) in C(specab/node/stop.py)).
+    description:
+      - The tool's spec (the fields of its dataclass, e.g. C(StopSpec) in C(specab/node/stop.py)).
+      - C(lease) and C(sequence) take a C(command) key too (C(LeaseSpec); C(sequence.SPECS) names the dataclass of
+        each of its commands).
     type: dict
     required: true
   node_dir:
@@ -47,14 +50,24 @@ options:
     description: The headline of a failure, before the tool's error.
     type: str
     required: true
+  fail_hint:
+    description: Words after the tool's error in a failure (what was not done, what to do).
+    type: str
+    default: ""
 author: specab
 """
 
 # What a successful run changed on the node: a stop changed something only when a server was running; a start
-# always starts one; the other tools only observe.
+# always starts one; a lease taken anew, put on hold or released, a manifest written, a sequencer started, a queue
+# reset, staged or finished; the other tools and commands only observe.
 CHANGED = {
-    "stop": lambda out: bool(out.get("was_running")),
-    "start": lambda out: True,
+    "stop": lambda spec, out: bool(out.get("was_running")),
+    "start": lambda spec, out: True,
+    "lease": lambda spec, out: spec.get("command") in ("take", "hold", "release") and not out.get("already")
+    and out.get("released") is not False,
+    "manifest": lambda spec, out: True,
+    "sequence": lambda spec, out: spec.get("command") in ("reset", "stage", "finish")
+    or out.get("ensured") == "started",
 }
 
 
@@ -85,11 +98,13 @@ def parse_output(stdout: str) -> Dict[str, Any]:
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            tool=dict(type="str", required=True, choices=["stop", "gpufree", "start", "ready", "envcheck"]),
+            tool=dict(type="str", required=True, choices=["stop", "gpufree", "start", "ready", "envcheck", "lease",
+                                                          "manifest", "sequence"]),
             spec=dict(type="dict", required=True),
             node_dir=dict(type="str", required=True),
             python=dict(type="str", default="python3"),
             fail_msg=dict(type="str", required=True),
+            fail_hint=dict(type="str", default=""),
         ),
         supports_check_mode=True,
     )
@@ -112,8 +127,9 @@ def main() -> None:
     mine.update(start=str(start), end=str(datetime.datetime.now()))
     if rc != 0 or not out:
         error = out.get("error") or "%s exited with %d: %s" % (p["tool"], rc, stderr.strip())
-        module.fail_json(**dict(mine, msg="%s: %s" % (p["fail_msg"], error), rc=rc, error=error))
-    module.exit_json(**dict(mine, changed=CHANGED.get(p["tool"], lambda o: False)(out), rc=rc))
+        msg = "%s: %s" % (p["fail_msg"], error) + (" " + p["fail_hint"] if p["fail_hint"] else "")
+        module.fail_json(**dict(mine, msg=msg, rc=rc, error=error))
+    module.exit_json(**dict(mine, changed=CHANGED.get(p["tool"], lambda spec, o: False)(p["spec"], out), rc=rc))
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,8 @@
 """The experiment's node leases: one experiment per node directory at a time.
 
 Before anything on a node is touched (the first enqueue or stop), the session takes the lease of every host
-it will use (``specab/node/lease.py``, run over the driver's node access with ``python -c``, so it needs
-no deployed tool), touches them from one heartbeat thread every ``specab_lease_heartbeat_s`` while the experiment
+it will use (``specab/node/lease.py`` with its ``LeaseSpec``, run over the driver's node access as a ``python -c``
+program, ``nodeprogram``, so it needs no deployed tool: docs/decisions/0007), touches them from one heartbeat thread every ``specab_lease_heartbeat_s`` while the experiment
 runs (the lease file's mtime is the controller's one sign of life, read by the next experiment and by the run
 queue's sequencer), and releases them on every exit path (``NodeLeases`` is a context manager). A lease held by
 another live controller refuses the experiment (``LeaseHeld``: the CLI's exit 2, naming the holder); a stale one
@@ -10,6 +10,7 @@ another live controller refuses the experiment (``LeaseHeld``: the CLI's exit 2,
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -19,15 +20,17 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from specab.config import defaults
 from specab.config.inventory import Host
+from specab.driver import nodeprogram
 from specab.driver.remote import RemoteError, open_node
 from specab.node import lease as node_lease
 
-LEASE_TOOL = Path(node_lease.__file__)
+# the lease tool and what it imports, packages first
+LEASE_MODULES = ("specab", "specab.vocab", "specab.vocab.contract", "specab.node", "specab.node.common",
+                 "specab.node.lease")
 CALL_TIMEOUT_S = 60.0
 
 
@@ -43,9 +46,16 @@ def _python(host: Host) -> str:
     return str(host.vars.get("specab_python") or "python3")
 
 
-def call(host: Host, args: list[str], timeout: float = CALL_TIMEOUT_S) -> tuple[int, dict[str, Any]]:
-    """Run the lease tool on ``host``: (exit status, its JSON output)."""
-    argv = [_python(host), "-c", LEASE_TOOL.read_text(), "--node-dir", host.node_dir, *args]
+def lease_argv(python: str, spec: node_lease.LeaseSpec) -> list[str]:
+    """The argv that runs the lease tool with ``spec`` where no node tool is deployed."""
+    return [python, "-c", nodeprogram.tool_program(LEASE_MODULES, "lease"), "--spec-json",
+            json.dumps(dataclasses.asdict(spec))]
+
+
+def call(host: Host, command: str, timeout: float = CALL_TIMEOUT_S, **fields: Any) -> tuple[int, dict[str, Any]]:
+    """Run the lease tool's ``command`` on ``host`` (``fields``: the rest of its ``LeaseSpec``): (exit status, its
+    JSON output)."""
+    argv = lease_argv(_python(host), node_lease.LeaseSpec(node_dir=host.node_dir, command=command, **fields))
     node = open_node(host)
     try:
         rc, out, err = node.run(argv, timeout=timeout)
@@ -100,7 +110,7 @@ def heartbeat_s_of(host: Host) -> float:
 def lease_state(host: Host) -> LeaseState:
     """Read one host's node lease (read-only)."""
     try:
-        rc, data = call(host, ["show", "--stale-s", f"{stale_s_of(host):g}"])
+        rc, data = call(host, "show", stale_s=stale_s_of(host))
     except RemoteError as exc:
         return LeaseState(host=host.name, error=str(exc))
     if rc != 0:
@@ -176,7 +186,7 @@ class NodeLeases:
     def _take_one(self, host: Host) -> None:
         where = f"{host.name}:{host.node_dir}"
         try:
-            rc, data = call(host, ["take", "--holder", json.dumps(self.holder), "--stale-s", f"{self.stale_s:g}"])
+            rc, data = call(host, "take", holder=self.holder, stale_s=self.stale_s)
         except RemoteError as exc:
             raise LeaseError(f"cannot take the node lease of {where}: {exc}") from None
         if rc == 1 and data.get("held"):
@@ -194,7 +204,7 @@ class NodeLeases:
         if host not in self.taken:
             raise LeaseError(f"{host.name}: this experiment holds no node lease there to put on hold")
         try:
-            rc, data = call(host, ["hold", "--token", self.holder["token"]])
+            rc, data = call(host, "hold", token=self.holder["token"])
         except RemoteError as exc:
             raise LeaseError(f"{host.name}: could not put the node lease on hold: {exc}") from None
         if rc != 0:
@@ -209,7 +219,7 @@ class NodeLeases:
             self._thread.join(timeout=CALL_TIMEOUT_S)
         for h in list(self.taken):
             try:
-                rc, data = call(h, ["release", "--token", self.holder["token"]])
+                rc, data = call(h, "release", token=self.holder["token"])
                 if rc == 0 and data.get("released") is False and data.get("holder"):
                     self.notice(f"{h.name}: the node lease was no longer ours at the end (held by "
                                 f"{node_lease.describe(data['holder'])})")
@@ -225,7 +235,7 @@ class NodeLeases:
         while not self._stop.wait(self.heartbeat_s):
             for h in list(self.taken):
                 try:
-                    rc, data = call(h, ["touch", "--token", self.holder["token"]])
+                    rc, data = call(h, "touch", token=self.holder["token"])
                 except Exception as exc:
                     rc, data = 1, {"error": str(exc)}
                 if rc != 0 and h.name not in warned:

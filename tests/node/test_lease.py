@@ -1,6 +1,7 @@
 """The node lease (specab/node/lease.py): one experiment per node directory, a second
 controller refused naming the holder, stale leases broken with a notice, release only by the holder.
-The tool runs as the driver runs it: ``python -c <source> ...`` (no deployed node tools needed)."""
+The tool runs as the driver runs it: a ``python -c`` program carrying it, with its ``LeaseSpec`` as ``--spec-json``
+(no deployed node tools needed)."""
 from __future__ import annotations
 
 import json
@@ -13,19 +14,39 @@ from pathlib import Path
 
 from specab.config import defaults
 from specab.config.inventory import Host
-from specab.driver.lease import LeaseError, LeaseHeld, NodeLeases
-from specab.node import lease
+from specab.driver.lease import LeaseError, LeaseHeld, NodeLeases, lease_argv
+from specab.node.lease import LeaseSpec
 
-SOURCE = Path(lease.__file__).read_text()
+FIELDS = {"--holder": ("holder", json.loads), "--stale-s": ("stale_s", float), "--token": ("token", str)}
 
 
-def tool(node_dir: Path, *args: str) -> tuple[int, dict]:
-    """The lease tool as the driver calls it: ``take`` and ``show`` get roles/specab's stale age unless given."""
-    if args[0] in ("take", "show") and "--stale-s" not in args:
-        args = (*args, "--stale-s", str(defaults.get("lease_stale_s")))
-    p = subprocess.run([sys.executable, "-c", SOURCE, "--node-dir", str(node_dir), *args], capture_output=True,
-                       text=True, timeout=60)
+def tool(node_dir: Path, command: str, *flags: str) -> tuple[int, dict]:
+    """The lease tool as the driver calls it, its spec's fields given as the tool's flags; ``take`` and ``show`` get
+    roles/specab's stale age unless given."""
+    fields = {FIELDS[k][0]: FIELDS[k][1](v) for k, v in zip(flags[::2], flags[1::2])}
+    if command in ("take", "show"):
+        fields.setdefault("stale_s", float(defaults.get("lease_stale_s")))
+    p = subprocess.run(lease_argv(sys.executable, LeaseSpec(node_dir=str(node_dir), command=command, **fields)),
+                       capture_output=True, text=True, timeout=60)
     return p.returncode, json.loads(p.stdout)
+
+
+def test_the_flags_and_the_spec_are_one_call_and_a_bad_spec_is_a_usage_error(tmp_path: Path):
+    d = tmp_path / "node"
+    by_flags = subprocess.run([sys.executable, "-m", "specab.node", "lease", "--node-dir", str(d), "take",
+                               "--holder", holder("exp-a", "t1"), "--stale-s", "600"],
+                              capture_output=True, text=True, timeout=60)
+    assert by_flags.returncode == 0 and json.loads(by_flags.stdout)["taken"], by_flags.stderr
+    rc, out = tool(d, "take", "--holder", holder("exp-a", "t1"))
+    assert rc == 0 and out["already"]
+    spec = json.dumps({"node_dir": str(d), "command": "touch"})
+    p = subprocess.run([sys.executable, "-m", "specab.node", "lease", "--spec-json", spec], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "touch needs token" in json.loads(p.stdout)["error"]
+    p = subprocess.run([sys.executable, "-m", "specab.node", "lease", "--spec-json",
+                        json.dumps({"node_dir": str(d), "command": "show", "stale": 1})],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "unknown: stale" in json.loads(p.stdout)["error"]
 
 
 def holder(exp: str, token: str, pid: int | None = None, host: str = "ctl-a") -> str:
