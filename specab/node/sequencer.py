@@ -6,12 +6,12 @@ a controller without sign of life. stdlib only, like every node tool; imports it
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 from specab.node import common, gpufree, gpusample, lease, manifest
@@ -27,8 +27,23 @@ PROBE_TIMEOUT_S = 60.0          # one engine version probe (manifest.py --probe-
 # The sequencer process
 # ---------------------------------------------------------------------------------------------
 
+@dataclass
+class ServeSpec:
+    """One sequencer of one experiment on one node directory (``sequence.py ensure`` makes sure it runs; ``serve``
+    is the process itself): every setting from the controller, none from a literal here."""
+    node_dir: str
+    experiment_id: str
+    idle_timeout: float                 # exit after this many seconds without work (specab_queue_idle_timeout_s)
+    lease_s: float                      # claim no run once the controller is gone this long (specab_lease_stale_s)
+    gpus: str
+    gpu_free_timeout: float
+    gpu_free_threshold_mib: float       # the startup GPU check's; each run's own checks use its entry's
+    stop_grace: float
+    smi: Optional[List[str]] = None     # at startup, stop leftovers and wait for free GPUs
+
+
 class Sequencer(object):
-    def __init__(self, a: argparse.Namespace) -> None:
+    def __init__(self, a: ServeSpec) -> None:
         self.a = a
         self.node_dir = a.node_dir
         self.experiment_id = a.experiment_id

@@ -446,6 +446,25 @@ def test_the_controllers_hold_on_the_node_lease_stops_the_sequencer_before_its_n
     assert not (node.node_dir / "runs" / "001-baseline" / "queue_entry.json").exists()
 
 
+def test_the_commands_take_their_typed_spec_and_a_bad_spec_is_a_usage_error(node):
+    """`sequence --spec-json -` (enqueue.yml and collect_run.yml through the specab_node module): the object's
+    "command" picks the dataclass; its keys are that dataclass's fields."""
+    def by_spec(spec: dict) -> tuple[int, dict]:
+        p = subprocess.run([PY, str(node.tools), "sequence", "--spec-json", "-"], env=node.env, capture_output=True,
+                           text=True, timeout=60, input=json.dumps(spec))
+        return p.returncode, json.loads(p.stdout.strip().splitlines()[-1])
+
+    rc, out = by_spec({"command": "finish", "node_dir": str(node.node_dir), "experiment_id": node.experiment_id})
+    assert rc == 0 and out["end_marker"] == str(node.node_dir / "queue" / ("END-" + node.experiment_id)), out
+    assert Path(out["end_marker"]).exists()
+    rc, out = by_spec({"command": "wait", "node_dir": str(node.node_dir), "run_id": "001-baseline"})
+    assert rc == 2 and "a WaitSpec takes the keys" in out["error"] and "missing: timeout" in out["error"], out
+    rc, out = by_spec({"command": "launch", "node_dir": str(node.node_dir)})
+    assert rc == 2 and "must be one of ensure, serve, reset, wait, finish, stage" in out["error"], out
+    rc, out = by_spec({"command": "finish", "node_dir": str(node.node_dir), "experiment_id": "../x"})
+    assert rc == 2 and "experiment_id must match" in out["error"], out
+
+
 def _mode(p: Path) -> int:
     return p.stat().st_mode & 0o777
 
