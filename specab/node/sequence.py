@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import fcntl
 import json
 import os
@@ -36,7 +35,7 @@ import sys
 import tarfile
 import time
 import traceback
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 
 from specab.node import common, staging
@@ -113,7 +112,7 @@ def stop_live(node_dir: str, grace: float) -> Optional[Dict[str, Any]]:
 
 def spawn(a: ServeSpec) -> Dict[str, Any]:
     argv = common.tool_argv(sys.executable, "sequence") + [
-        common.SPEC_FLAG, json.dumps(dict(dataclasses.asdict(a), command="serve"))]
+        common.SPEC_FLAG, json.dumps(dict(asdict(a), command="serve"))]
     log_path = os.path.join(a.node_dir, SEQUENCER_LOG)
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(argv, cwd=a.node_dir, stdin=subprocess.DEVNULL, stdout=logf,
