@@ -154,7 +154,8 @@ class Sequencer(object):
         def loop() -> None:
             while not self.gate.requested:
                 if self.held():
-                    common.log("the node lease %s is on hold: the driver was interrupted" % lease.lease_path(self.node_dir))
+                    common.log("the node lease %s is on hold: the driver was interrupted"
+                               % lease.lease_path(self.node_dir))
                     os.kill(os.getpid(), signal.SIGTERM)
                     return
                 time.sleep(0.1)
