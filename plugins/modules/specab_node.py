@@ -8,7 +8,7 @@ import datetime
 import json
 import os
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -54,6 +54,13 @@ options:
     description: Words after the tool's error in a failure (what was not done, what to do).
     type: str
     default: ""
+  program:
+    description:
+      - The tool as a C(python -c) program that carries it (the lookup C(specab_node_program)), for a tool run
+        before node_prepare ships anything (the node lease); C(node_dir) then needs no C(bin/).
+      - Without the shipped vocabulary the module masks no spec value itself (the stdout callback
+        C(specab_redact) still redacts every secret-named value of the result).
+    type: str
 author: specab
 """
 
@@ -71,7 +78,9 @@ CHANGED = {
 }
 
 
-def tool_argv(python: str, node_dir: str, tool: str) -> List[str]:
+def tool_argv(python: str, node_dir: str, tool: str, program: Optional[str] = None) -> List[str]:
+    if program:
+        return [python, "-c", program, "--spec-json", "-"]
     return [python, os.path.join(node_dir, "bin", "specab", "node"), tool, "--spec-json", "-"]
 
 
@@ -105,18 +114,20 @@ def main() -> None:
             python=dict(type="str", default="python3"),
             fail_msg=dict(type="str", required=True),
             fail_hint=dict(type="str", default=""),
+            program=dict(type="str", default=None, no_log=True),
         ),
         supports_check_mode=True,
     )
     p = module.params
     try:
-        module.no_log_values.update(secret_values(p["node_dir"], p["spec"]))
+        if not p["program"]:
+            module.no_log_values.update(secret_values(p["node_dir"], p["spec"]))
     except ImportError as exc:
         module.fail_json(msg="%s: the node tools are not in %s/bin (the node_prepare role ships them): %s"
                          % (p["fail_msg"], p["node_dir"], exc))
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, msg="check mode: %s not run" % p["tool"])
-    argv = tool_argv(p["python"], p["node_dir"], p["tool"])
+    argv = tool_argv(p["python"], p["node_dir"], p["tool"], p["program"])
     start = datetime.datetime.now()
     rc, stdout, stderr = module.run_command(argv, data=json.dumps(p["spec"]), binary_data=True,
                                             expand_user_and_vars=False)

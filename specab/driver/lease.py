@@ -29,9 +29,6 @@ from specab.driver import nodeprogram
 from specab.driver.remote import RemoteError, open_node
 from specab.node import lease as node_lease
 
-# the lease tool and what it imports, packages first
-LEASE_MODULES = ("specab", "specab.vocab", "specab.vocab.contract", "specab.node", "specab.node.common",
-                 "specab.node.lease")
 CALL_TIMEOUT_S = 60.0
 
 
@@ -49,7 +46,7 @@ def _python(host: Host) -> str:
 
 def lease_argv(python: str, spec: node_lease.LeaseSpec) -> list[str]:
     """The argv that runs the lease tool with ``spec`` where no node tool is deployed."""
-    return [python, "-c", nodeprogram.tool_program(LEASE_MODULES, "lease"), "--spec-json",
+    return [python, "-c", nodeprogram.tool_program("lease"), "--spec-json",
             json.dumps(dataclasses.asdict(spec))]
 
 

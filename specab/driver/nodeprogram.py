@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+# the tools that run before anything is shipped (the node lease), and what each imports, packages first
+TOOL_MODULES = {"lease": ("specab", "specab.vocab", "specab.vocab.contract", "specab.node", "specab.node.common",
+                          "specab.node.lease")}
 
 
 def module_source(name: str) -> tuple[str, bool, str]:
@@ -41,8 +44,9 @@ def program(modules: Sequence[str], entry: str) -> str:
             f"{entry}\n")
 
 
-def tool_program(modules: Sequence[str], tool: str) -> str:
-    """``program`` that runs node tool ``tool`` (the last of ``modules``) with the program's arguments, as
-    ``bin/specab/node TOOL ARGS`` would: its JSON on stdout, its exit status."""
-    return program(modules, f"sys.exit(sys.modules['specab.node.common'].run_tool("
-                            f"sys.modules['specab.node.{tool}'].main, sys.argv[1:]))")
+def tool_program(tool: str) -> str:
+    """``program`` that runs node tool ``tool`` (of ``TOOL_MODULES``) with the program's arguments, as
+    ``bin/specab/node TOOL ARGS`` would: its JSON on stdout, its exit status. The driver and the node_lease role
+    (its lookup ``specab_node_program``) run the lease so."""
+    return program(TOOL_MODULES[tool], f"sys.exit(sys.modules['specab.node.common'].run_tool("
+                                       f"sys.modules['specab.node.{tool}'].main, sys.argv[1:]))")
