@@ -20,7 +20,11 @@ description:
   - Runs C(<node_dir>/bin/specab/node TOOL --spec-json -) with the spec as one JSON object on stdin; the tool
     builds its spec dataclass from it (the keys are the dataclass's field names, an unknown or missing key is
     refused) and prints one JSON object, which becomes the task's result.
-  - A non-zero exit fails the task with O(fail_msg), a colon and the tool's own C(error).
+  - A non-zero exit fails the task with the headline of a failure in O(phase) (the vocabulary's words,
+    C(specab/vocab/phases.py), for O(host)), a colon and the tool's own C(error); the result also holds C(phase),
+    C(headline), C(task) (what the run was doing) and C(error) apart, as the run queue's C(done.json) does. A call
+    outside a run's phases (the node lease, the run queue's commands) fails with O(fail_msg) instead; O(fail_hint)
+    follows the error in either.
   - The tool's JSON keys are the task's result (C(ok), C(error), ... besides C(rc), C(start), C(end)).
   - The values of the spec's secret-named keys (the secret rule of C(specab/vocab/contract.py)) are masked in the
     result and in the invocation.
@@ -46,10 +50,21 @@ options:
     description: The Python that runs the tool.
     type: str
     default: python3
-  fail_msg:
-    description: The headline of a failure, before the tool's error.
+  phase:
+    description:
+      - The run's phase this step is (a node phase of C(specab/vocab/phases.py), e.g. C(loading)); with O(host).
+      - A call outside a run's phases (the node lease, the run queue's commands) gives O(fail_msg) instead.
     type: str
-    required: true
+  host:
+    description: The host as the inventory names it (the headline's words name it); with O(phase).
+    type: str
+  arm:
+    description: The arm's name, where the phase's words name it.
+    type: str
+    default: ""
+  fail_msg:
+    description: Without O(phase), the headline of a failure, before the tool's error.
+    type: str
   fail_hint:
     description: Words after the tool's error in a failure (what was not done, what to do).
     type: str
@@ -92,6 +107,14 @@ def secret_values(node_dir: str, spec: Dict[str, Any]) -> List[str]:
     return contract.scrub_values(contract.nested_secret_values(spec))
 
 
+def failure_words(phase: str, host: str, arm: str) -> Dict[str, str]:
+    """The failure's headline and task, in the vocabulary's words (specab/vocab/phases.py, shipped beside the
+    tools; imported after secret_values put it on the path)."""
+    from specab.vocab import phases  # pylint: disable=import-outside-toplevel
+    return {"phase": phase, "headline": phases.failure_headline(phase, host, arm),
+            "task": phases.failure_task(phase, arm)}
+
+
 def parse_output(stdout: str) -> Dict[str, Any]:
     """The tool's one JSON object (its last stdout line), or {} when it printed none (a crash before emit)."""
     lines = [ln for ln in stdout.splitlines() if ln.strip()]
@@ -112,19 +135,25 @@ def main() -> None:
             spec=dict(type="dict", required=True),
             node_dir=dict(type="str", required=True),
             python=dict(type="str", default="python3"),
-            fail_msg=dict(type="str", required=True),
+            phase=dict(type="str", default=None),
+            host=dict(type="str", default=None),
+            arm=dict(type="str", default=""),
+            fail_msg=dict(type="str", default=None),
             fail_hint=dict(type="str", default=""),
             program=dict(type="str", default=None, no_log=True),
         ),
         supports_check_mode=True,
+        required_one_of=[("phase", "fail_msg")],
+        mutually_exclusive=[("phase", "fail_msg")],
+        required_by={"phase": ("host",)},
     )
     p = module.params
     try:
         if not p["program"]:
             module.no_log_values.update(secret_values(p["node_dir"], p["spec"]))
     except ImportError as exc:
-        module.fail_json(msg="%s: the node tools are not in %s/bin (the node_prepare role ships them): %s"
-                         % (p["fail_msg"], p["node_dir"], exc))
+        module.fail_json(msg="the node tools are not in %s/bin (the node_prepare role ships them): %s"
+                         % (p["node_dir"], exc))
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, msg="check mode: %s not run" % p["tool"])
     argv = tool_argv(p["python"], p["node_dir"], p["tool"], p["program"])
@@ -138,8 +167,14 @@ def main() -> None:
     mine.update(start=str(start), end=str(datetime.datetime.now()))
     if rc != 0 or not out:
         error = out.get("error") or "%s exited with %d: %s" % (p["tool"], rc, stderr.strip())
-        msg = "%s: %s" % (p["fail_msg"], error) + (" " + p["fail_hint"] if p["fail_hint"] else "")
-        module.fail_json(**dict(mine, msg=msg, rc=rc, error=error))
+        if p["phase"]:
+            words = failure_words(p["phase"], p["host"], p["arm"])
+            fail = dict(msg="%s: %s" % (words["headline"], error), **words)
+        else:
+            fail = dict(msg="%s: %s" % (p["fail_msg"], error))
+        if p["fail_hint"]:
+            fail["msg"] += " " + p["fail_hint"]
+        module.fail_json(**dict(mine, rc=rc, error=error, **fail))
     module.exit_json(**dict(mine, changed=CHANGED.get(p["tool"], lambda spec, o: False)(p["spec"], out), rc=rc))
 
 if __name__ == "__main__":

@@ -370,8 +370,8 @@ def plan_estimate(cost: design.RunCost, comps: design.Components, target_rel: fl
         return first_design(comps, c, target_rel, arms=arms, requests=requests, max_blocks=max_blocks,
                             min_requests=min_requests, max_requests=max_requests)
     d = by_cost(cost)
-    today = sequential(cost)
-    lo, hi = today.gpu_s_low, today.gpu_s_high
+    seq = sequential(cost)
+    lo, hi = seq.gpu_s_low, seq.gpu_s_high
     d_lo, d_hi = d.gpu_s_low, d.gpu_s_high
     for f in (() if measured_cost else (0.5, 2.0)):
         c = replace(cost, dead_s=cost.dead_s * f)
@@ -379,5 +379,5 @@ def plan_estimate(cost: design.RunCost, comps: design.Components, target_rel: fl
         lo, hi = min(lo, t.gpu_s_low), max(hi, t.gpu_s_high)
         dd = by_cost(c)
         d_lo, d_hi = min(d_lo, dd.gpu_s_low), max(d_hi, dd.gpu_s_high)
-    return PlanEstimate(replace(d, gpu_s_low=d_lo, gpu_s_high=d_hi), replace(today, gpu_s_low=lo, gpu_s_high=hi),
+    return PlanEstimate(replace(d, gpu_s_low=d_lo, gpu_s_high=d_hi), replace(seq, gpu_s_low=lo, gpu_s_high=hi),
                         cost, comps, requests, max_blocks, chosen, first, repeats)

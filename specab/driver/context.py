@@ -108,12 +108,11 @@ class RunContext:
             ph = load_phase(line)
             if ph not in ("loading weights", "capturing graphs", "ready"):
                 return
-            if not enter_phases:
-                # the node's phases lead; the log only refines a load in progress, forward only (with TP > 1
-                # the ranks' lines interleave)
-                cur = clock.current
-                if cur not in load_order or load_order.index(ph) <= load_order.index(cur):
-                    return
+            # the log only refines a load in progress (the roles' or the node's phases lead), forward only: with
+            # TP > 1 the ranks' lines interleave
+            cur = clock.current
+            if cur not in load_order or load_order.index(ph) <= load_order.index(cur):
+                return
             clock.enter(ph)
 
         def on_bench(line: str) -> None:

@@ -101,7 +101,6 @@ def run_fleet(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, tod
     by_name = {h.name: h for h in hosts}
     assignment = assign_blocks(todo, [h.name for h in hosts])
     counter = RunCounter(total - len(todo), total)
-    progress.start(exp_id, total, done=total - len(todo))
     for h, runs in assignment.items():
         blocks = sorted({r.block for r in runs})
         progress.notice(f"fleet: {h} runs block(s) {', '.join(map(str, blocks)) or '-'} ({len(runs)} runs)")

@@ -6,12 +6,13 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from specab.config.plan import PlannedRun
 from specab.driver.context import MoreBlocks, RunContext
 from specab.driver.playbook import Failure, PlaybookResult
-from specab.driver.record import PhaseClock, check_writable
+from specab.driver.record import INTERRUPTED_REASON, PhaseClock, check_writable
 from specab.driver.remote import LogTail
 from specab.results import store as st
 
@@ -21,8 +22,9 @@ class PerRunExecutor:
 
     stops_node_on_interrupt = False
 
-    def __init__(self, ctx: RunContext):
+    def __init__(self, ctx: RunContext, signal_time: Callable[[], float | None] | None = None):
         self.ctx = ctx
+        self.signal_time = signal_time            # when the user's SIGINT/SIGTERM came
 
     def loop(self, todo: list[PlannedRun], cancel: threading.Event, index: int, *,
              more: MoreBlocks | None = None, on_status=None) -> bool:
@@ -70,7 +72,8 @@ class PerRunExecutor:
                 if clock.current in ("loading weights", "capturing graphs", "ready"):
                     return
                 phase = "loading"
-            if phase in ("starting", "loading") and not tails:
+            # from the load on: the server_start role empties the run directory of an earlier attempt first
+            if phase == "loading" and not tails:
                 node_dir = self.ctx.node_run_dir(head, pr.run_id)
                 tails.append(LogTail(head, node_dir + "/server.log", on_log).start())
                 tails.append(LogTail(head, node_dir + "/bench.jsonl", on_bench).start())
@@ -105,16 +108,18 @@ class PerRunExecutor:
     def _finish(self, pr: PlannedRun, result: PlaybookResult, run_dir: Path, clock: PhaseClock,
                 started: float, canceled: bool) -> str:
         if canceled:
-            outcome = (st.INTERRUPTED, clock.current, "interrupted by the user (SIGINT/SIGTERM)")
+            # the phase the run was in when the user interrupted it (the playbook is stopped after that)
+            t_signal = self.signal_time() if self.signal_time else None
+            phase = clock.phase_at(t_signal) if t_signal is not None else clock.current
+            outcome = (st.INTERRUPTED, phase, INTERRUPTED_REASON)
         elif result.ok:
             outcome = (st.OK, None, None)
         else:
             f = result.failures[0] if result.failures else None
-            reason = (f"{f.task}: {f.message}" if f else f"ansible-runner status {result.status} rc {result.rc}")
+            reason = f.reason if f else f"ansible-runner status {result.status} rc {result.rc}"
             if f and f.host and len(self.ctx.result_hosts) > 1:
                 reason = f"[{f.host}] {reason}"
-            phase = clock.phase_at(f.time) if f else clock.current
-            if f and f.phase and f.phase != "loading" and phase not in (f.phase,):
-                phase = f.phase
+            # the phase of the failed task's role (a run step's, as the run queue records it)
+            phase = (f.phase or clock.phase_at(f.time)) if f else clock.current
             outcome = (st.FAILED, phase, reason)
         return self.ctx.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=clock.load_phases())

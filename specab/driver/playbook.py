@@ -43,6 +43,14 @@ class Failure:
     host: str | None
     message: str
     time: float = field(default_factory=time.time)
+    # a node tool's failure (module specab_node): its message is "<headline>: <error>", the headline the
+    # vocabulary's (specab.vocab.phases), as the run queue's done.json states it
+    headline: str | None = None
+
+    @property
+    def reason(self) -> str:
+        """The failure as a run records it: a node tool's headline and error, another task's name and message."""
+        return self.message if self.headline else f"{self.task}: {self.message}"
 
 
 @dataclass
@@ -221,8 +229,10 @@ class PlaybookRunner:
             elif kind in ("runner_on_failed", "runner_item_on_failed") and not data.get("ignore_errors"):
                 res = data.get("res") or {}
                 task = str(data.get("task") or "")
+                headline = res.get("headline") if isinstance(res.get("headline"), str) else None
                 failures.append(Failure(phase=phase_of_event(data) or current["phase"], task=task,
-                                        host=data.get("host"), message=scrub_text(failure_message(res), secret_values)))
+                                        host=data.get("host"), message=scrub_text(failure_message(res), secret_values),
+                                        headline=headline))
             elif kind == "runner_on_unreachable":
                 res = data.get("res") or {}
                 failures.append(Failure(phase=current["phase"], task=str(data.get("task") or ""),

@@ -29,7 +29,8 @@ from specab.config.plan import PlannedRun
 from specab.driver import lease
 from specab.driver.context import MoreBlocks, RunContext
 from specab.driver.playbook import Failure, PlaybookResult
-from specab.driver.record import PhaseClock, UnpackError, check_writable, fetch_missing, unpack_fetched
+from specab.driver.record import (INTERRUPTED_REASON, PhaseClock, UnpackError, check_writable, fetch_missing,
+                                  phase_at, unpack_fetched)
 from specab.driver.remote import LogTail, read_tail
 from specab.results import store as st
 from specab.vocab.contract import LOAD_SUBPHASES
@@ -289,10 +290,10 @@ class QueueExecutor:
         if after_stop is not None and not (done and done.get("ok")) and (
                 not done or not isinstance(ended, (int, float)) or ended > after_stop):
             # Ctrl-C at time T: what had not ended by T is interrupted (and resumed), however long the stop
-            # took to reach the node
-            phase = display_phase((done or {}).get("phase")) or current
-            why = "" if not done else f" (it ended {float(ended or 0) - after_stop:.1f} s after the signal)"
-            outcome = (st.INTERRUPTED, phase, f"interrupted by the user (SIGINT/SIGTERM){why}")
+            # took to reach the node; its phase is the one it was in at T (the node's phases, or the phase it
+            # was stopped in)
+            phase = phase_at(rows, after_stop) or display_phase((done or {}).get("phase")) or current
+            outcome = (st.INTERRUPTED, phase, INTERRUPTED_REASON)
         else:
             outcome = self._outcome(done, result, current)
             if done and done.get("status") == "interrupted" and not self._signalled():
@@ -311,8 +312,7 @@ class QueueExecutor:
         """(status, failure phase, failure reason) of a run from done.json and the collect playbook; `current`:
         the phase the driver saw last."""
         if done and done.get("status") == "interrupted":
-            return st.INTERRUPTED, display_phase(done.get("phase")) or current, \
-                "interrupted by the user (SIGINT/SIGTERM)"
+            return st.INTERRUPTED, display_phase(done.get("phase")) or current, INTERRUPTED_REASON
         if not result.ok:
             f = result.failures[0] if result.failures else None
             reason = f"{f.task}: {f.message}" if f else f"ansible-runner status {result.status} rc {result.rc}"
@@ -323,9 +323,10 @@ class QueueExecutor:
                                         "sequencer.log in the node directory")
         if done.get("ok"):
             return st.OK, None, None
-        task = done.get("task") or "sequencer"
         error = done.get("error") or f"the run ended with status {done.get('status')!r}"
-        return st.FAILED, display_phase(done.get("phase")) or current, f"{task}: {error}"
+        # the headline of a failure in its phase and the tool's own error, as the per-run path's module states it
+        headline = done.get("headline") or done.get("task") or "sequencer"
+        return st.FAILED, display_phase(done.get("phase")) or current, f"{headline}: {error}"
 
     def hold_node(self) -> None:
         """Interrupted: the node's sequencer claims and starts no further run (its node lease on hold, at once,

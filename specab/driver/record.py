@@ -25,6 +25,8 @@ from specab.vocab.contract import FIRST_ERROR_RE, PRIVATE_RUN_FILES
 from specab.vocab.phases import REPEATED_PHASES
 
 MIN_FREE_MB = 50
+# the failure reason of a run the user interrupted (SIGINT/SIGTERM to the driver), on every executor
+INTERRUPTED_REASON = "interrupted by the user (SIGINT/SIGTERM)"
 # The experiment directory and each run's on the controller: their owner's alone, as the node's run directories
 # (the files in them, launch.sh, args.json, server.log, may have held a secret, and their names and the logs tell
 # what ran)
@@ -90,10 +92,7 @@ class PhaseClock:
     def phase_at(self, t: float) -> str | None:
         """The phase (display name) that was current at time `t`."""
         with self._lock:
-            for name, t0, t1 in reversed(self.times):
-                if t0 <= t:
-                    return re.sub(r" \(\d+\)$", "", name)
-        return self.current
+            return phase_at(self.times, t) or self.current
 
     def load_phases(self) -> dict[str, float]:
         """Seconds from the start of `starting` to each load phase reached."""
@@ -105,6 +104,14 @@ class PhaseClock:
             if name in ("loading weights", "capturing graphs", "ready"):
                 out[name.replace(" ", "_") + "_s"] = round(t0 - start, 3)
         return out
+
+
+def phase_at(rows: list[tuple[str, float, float | None]], t: float) -> str | None:
+    """The phase of stored phase rows (name, start, end) that was current at time `t` (None before the first)."""
+    for name, t0, _ in sorted(rows, key=lambda r: r[1], reverse=True):
+        if t0 <= t:
+            return re.sub(r" \(\d+\)$", "", name)
+    return None
 
 
 def log_excerpt(text: str, lines: int = 40, context: int = 6) -> str:

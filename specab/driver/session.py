@@ -62,15 +62,12 @@ def make_executor(ctx: RunContext, signal_time: Callable[[], float | None]) -> E
     """The executor ``ctx`` was configured for (``RunContext.executor``: "queue" or "per-run")."""
     if ctx.executor == "queue":
         return QueueExecutor(ctx, signal_time=signal_time)
-    return PerRunExecutor(ctx)
+    return PerRunExecutor(ctx, signal_time=signal_time)
 
 
 def execute(ctx: RunContext, todo: list[PlannedRun]) -> int:
     """Run ``todo`` (and, with --target-ci, the blocks the statistics ask for) on one host set."""
-    total = len(ctx.store.plan())
-    done_before = total - len(todo)
-    ctx.progress.start(ctx.exp_id, total, done=done_before,
-                       spent=ctx.store.spent_gpu_seconds(rerun={pr.seq for pr in todo}))
+    done_before = len(ctx.store.plan()) - len(todo)
     interrupted = False
     stopped: SystematicFailure | None = None
     # every arm failed at start-up for one cause: stop rather than play the rest into it
@@ -119,6 +116,9 @@ def resume_command(exp_id: str, opts: Options, *extra: str) -> str:
 
 def _run(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, store: st.Store, todo: list[PlannedRun],
          out: TextIO, progress: Progress, total: int) -> int:
+    # a resume counts what the store's runs spent already (a run started again replaces its row, so not its own)
+    progress.start(exp_id, total, done=total - len(todo),
+                   spent=store.spent_gpu_seconds(rerun={pr.seq for pr in todo}))
     if opts.fleet:     # every host of gpu_nodes runs its own blocks at once (docs/scale.md)
         return run_fleet(prepared, opts, exp_id, exp_dir, todo, out, progress, total=total,
                          make_context=RunContext, make_executor=make_executor)

@@ -115,7 +115,12 @@ class Entry(object):
         return os.path.join(self.run_dir, name)
 
     def task(self, phase: str) -> str:
-        return TASKS.get(phase, phase).format(arm=self.arm)
+        return phases.failure_task(phase, self.arm)
+
+    def headline(self, phase: str, hostname: str) -> str:
+        """A failure's headline in ``phase``, naming the host as the inventory does (the per-run path's words);
+        ``hostname`` (the node's own name) where the entry does not say it."""
+        return phases.failure_headline(phase, str(self.extra.get("inventory_hostname") or hostname), self.arm)
 
 
 def queue_dir(node_dir: str) -> str:

@@ -244,12 +244,24 @@ class RunSteps(object):
             self.drop_helpers()
         return self.teardown()
 
+    def headline(self, phase: str, status: str = "failed") -> str:
+        """The headline of a failure in ``phase`` (specab.vocab.phases, as the per-run roles word it)."""
+        if status == "interrupted":
+            return phases.INTERRUPTED.format(host=self.e.extra.get("inventory_hostname") or self.seq.hostname)
+        return self.e.headline(phase, self.seq.hostname)
+
     def fail(self, phase: str, message: str, status: str = "failed") -> None:
+        """Record the run's first failure: its phase, the headline of a failure there and ``message``, the node
+        tool's own error (done.json's ``phase``, ``headline``, ``error``)."""
         if not self.result["ok"]:
             return
         self.result.update(ok=False, status=status, phase=phase, task=self.e.task(phase),
-                           error=common.redact_text(message))
+                           headline=self.headline(phase, status), error=common.redact_text(message))
         common.log("run %s %s in phase %r: %s" % (self.e.run_id, status, phase, message.splitlines()[0]))
+
+    def failure(self) -> str:
+        """The failure as one text, ``"<headline>: <error>"`` (the per-run path's message)."""
+        return "%s: %s" % (self.result["headline"], self.result["error"])
 
     def prepare(self) -> None:
         s, e = self.seq, self.e
@@ -298,7 +310,7 @@ class RunSteps(object):
         try:
             out = common.recorded(a.phases_out, lambda: ready.wait_ready(a))
         except ToolError as exc:
-            raise RunFailed("loading", "The server on %s did not become ready: %s" % (self.seq.hostname, exc.message))
+            raise RunFailed("loading", exc.message)
         self.result["time_to_ready_s"] = out.get("elapsed_s")
         self.phases.begin("ready")
 
@@ -315,7 +327,7 @@ class RunSteps(object):
         try:
             common.recorded(a.out, lambda: envcheck.check(a))
         except ToolError as exc:
-            raise RunFailed("env", "Env verification failed on %s: %s" % (self.seq.hostname, exc.message))
+            raise RunFailed("env", exc.message)
 
     def benchmark(self) -> None:
         e, b = self.e, self.e.bench
@@ -449,7 +461,7 @@ class RunSteps(object):
         extra.update(time_to_ready_s=self.result["time_to_ready_s"], time_to_free_s=self.result["time_to_free_s"],
                      stop_s=self.result["stop_s"])
         if not self.result["ok"]:
-            extra.update(failed_task=self.result["task"], failure=self.result["error"])
+            extra.update(failed_task=self.result["task"], failure=self.failure())
         # as the collect role passes them: KEY=VALUE, a value as JSON text, a string as it is
         pairs = ["%s=%s" % (k, v if isinstance(v, str) else json.dumps(v)) for k, v in extra.items()]
         return manifest.ManifestSpec(run_dir=e.run_dir, node_dir=self.seq.node_dir, smi=list(e.smi),
@@ -488,8 +500,8 @@ class RunSteps(object):
                                     on_gone=start_free)
                 self.result["stop_s"] = out.get("total_s")
             except ToolError as exc:
-                halt = "Stopping the server on %s failed: %s" % (s.hostname, exc.message)
-                self.fail("stopping", halt)
+                halt = "%s: %s" % (self.headline("stopping"), exc.message)
+                self.fail("stopping", exc.message)
         if halt is None:
             start_free()
         if "thread" in free:
@@ -498,8 +510,8 @@ class RunSteps(object):
             self.phases.begin("gpus free")
         if halt is None:
             if "error" in free:
-                halt = "The GPUs of %s are not free: %s" % (s.hostname, free["error"])
-                self.fail("gpus free", halt)
+                halt = "%s: %s" % (self.headline("gpus free"), free["error"])
+                self.fail("gpus free", free["error"])
             else:
                 self.result["time_to_free_s"] = free["out"].get("time_to_free_s")
                 s.clean = True
@@ -519,7 +531,7 @@ class RunSteps(object):
             self.fail("manifest", "cannot write the manifest: %s: %s" % (type(exc).__name__, exc))
         self.wait_sampler()
         self.phases.begin("done")
-        if halt is not None and self.result["error"] != halt:
+        if halt is not None and self.failure() != halt:
             self.result["teardown_error"] = halt
         self.result["finished_at"] = round(now(), 4)
         common.write_json(e.path("done.json"), self.result)

@@ -20,6 +20,7 @@ from specab.node.common import ToolError
 from specab.node.runqueue import (END_PREFIX, ENTRY_RE, POLL_S, SEQUENCER_LOG, SEQUENCER_START, TASKS,
                                   Entry, now, queue_dir, queued_names)
 from specab.node.runsteps import Interrupted, PhaseLog, RunSteps, SignalGate
+from specab.vocab.phases import failure_headline
 
 PROBE_TIMEOUT_S = 60.0          # one engine version probe (manifest.py --probe-timeout)
 
@@ -197,6 +198,7 @@ class Sequencer(object):
             t = round(now(), 4)
             common.write_json(os.path.join(run_dir, "done.json"), {
                 "ok": False, "status": "failed", "phase": "claimed", "task": TASKS["claimed"],
+                "headline": failure_headline("claimed", self.hostname),
                 "error": "the queue entry was refused: %s" % why, "run_id": m.group("run_id") if m else None,
                 "started_at": t, "finished_at": t, "time_to_ready_s": None, "stop_s": None, "time_to_free_s": None})
 

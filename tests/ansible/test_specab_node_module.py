@@ -1,6 +1,7 @@
 """Module specab_node (plugins/modules/specab_node.py) runs one node tool with its spec as JSON: the tool's keys
-come back as the task's, a failure carries the tool's own error after the role's headline, check mode runs
-nothing. Against the checkout's node tools, on localhost, through the repository's ansible.cfg."""
+come back as the task's, a failure carries the tool's own error after the headline of a failure in the step's
+phase (specab.vocab.phases), check mode runs nothing. Against the checkout's node tools, on localhost, through the
+repository's ansible.cfg."""
 from __future__ import annotations
 
 import json
@@ -33,21 +34,21 @@ def _playbook(tmp_path: Path, node_dir: Path, results: Path, *flags: str,
     tasks: List[Dict[str, Any]] = [
         {"name": "Stop | nothing recorded", "register": "stop_r",
          "specab_node": {"tool": "stop", "node_dir": str(node_dir), "python": sys.executable,
-                         "fail_msg": "Stopping the server failed",
+                         "phase": "stopping", "host": "here",
                          "spec": {"node_dir": str(node_dir), "smi": FAILING_SMI, "grace": 1.0,
                                   "out": str(node_dir / "stop.json")}}},
         {"name": "GPUs free | nvidia-smi fails", "register": "free_r", "ignore_errors": True,
          "specab_node": {"tool": "gpufree", "node_dir": str(node_dir), "python": sys.executable,
-                         "fail_msg": "The GPUs of here are not free",
+                         "phase": "gpus free", "host": "here",
                          "spec": {"smi": FAILING_SMI, "gpus": "all", "threshold_mib": 64, "timeout": 1}}},
         {"name": "GPUs free | a key the spec does not have", "register": "bad_r", "ignore_errors": True,
          "specab_node": {"tool": "gpufree", "node_dir": str(node_dir), "python": sys.executable,
-                         "fail_msg": "The GPUs of here are not free",
+                         "phase": "gpus free", "host": "here",
                          "spec": {"smi": FAILING_SMI, "gpus": "all", "threshold_mib": 64, "timeout": 1,
                                   "treshold": 1}}},
         {"name": "GPUs free | a secret in the spec", "register": "secret_r", "ignore_errors": True,
          "specab_node": {"tool": "gpufree", "node_dir": str(node_dir), "python": sys.executable,
-                         "fail_msg": "The GPUs of here are not free",
+                         "phase": "gpus free", "host": "here",
                          "spec": {"smi": FAILING_SMI, "gpus": "all", "threshold_mib": 64, "timeout": 1,
                                   "api_key": SECRET}}},
         {"name": "Lease | take", "register": "lease_r", "specab_node": _lease(node_dir, "exp-m", "tm")},
@@ -111,6 +112,9 @@ def test_the_tool_result_is_the_task_result_and_its_error_the_task_failure(tmp_p
     assert free["failed"] is True and free["rc"] == 1, free
     assert free["msg"] == "The GPUs of here are not free: " + flags["error"], free
     assert free["error"] == flags["error"] and free["ok"] is False
+    # the failure record, as the run queue's done.json holds it: phase, headline, what the run was doing, error
+    assert (free["phase"], free["headline"]) == ("gpus free", "The GPUs of here are not free"), free
+    assert free["task"] == "GPUs free | Wait until the GPUs are free again and record the time to free", free
 
     bad = r["bad"]
     assert bad["failed"] is True and bad["rc"] == 2, bad

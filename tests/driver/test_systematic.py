@@ -6,10 +6,10 @@ from typing import Any
 from specab.driver.systematic import FailFast, startup_cause
 from specab.results import store as st
 
-OOM = ("Ready | Wait until the server is ready: The server on vm did not become ready: the server failed to start "
+OOM = ("The server on vm did not become ready: the server failed to start "
        "(out of memory) after {t}s: 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB'. "
        "Log tail of /tmp/n/runs/{run}/server.log:\n[{ts} TP0] Scheduler hit an exception")
-PORT = ("Start | Start arm {arm}: port {port} is already taken (LISTEN) by PID {pid} at {ts}: "
+PORT = ("Starting arm {arm} on vm failed: port {port} is already taken (LISTEN) by PID {pid} at {ts}: "
         "ERROR: [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): address already in use")
 
 

@@ -129,6 +129,7 @@ def test_a_failing_run_is_recorded_with_its_phase_and_the_next_run_still_runs(no
     assert w.rc == 0, "wait succeeds: the run's outcome is in the JSON"
     assert (w.data["ok"], w.data["status"], w.data["phase"]) == (False, "failed", "loading")
     assert w.data["task"] == "Ready | Wait until the server is ready"
+    assert w.data["headline"] == "The server on simnode did not become ready", w.data
     assert "unrecognized arguments" in w.data["error"] and "--no-such-flag" in w.data["error"]
     assert json.loads(node.run_file(bad_arg, "ready.json").read_text())["ok"] is False
     assert json.loads(node.run_file(bad_arg, "gpu_free.json").read_text())["ok"], "GPUs verified free after a failure"
@@ -277,7 +278,7 @@ def test_the_gpu_checks_use_the_inventorys_threshold_from_the_entry_not_a_litera
     default = node.enqueue(2, node.arm("baseline"), gpu_free_s=1)      # the default threshold, 64 MiB
     w = node.wait(default)
     assert (w.data["ok"], w.data["phase"]) == (False, "gpus free"), w.data
-    assert "are not free" in w.data["error"] and "threshold 64" in w.data["error"], w.data["error"]
+    assert w.data["headline"] == "The GPUs of simnode are not free" and "threshold 64" in w.data["error"], w.data
     assert json.loads(node.run_file(default, "gpu_free.json").read_text())["threshold_mib"] == 64
     assert wait_for(lambda: node.record()["state"] == "halted", 30)
 

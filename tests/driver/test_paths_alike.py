@@ -1,0 +1,203 @@
+"""The two run paths give a user the same record of a run: the per-run playbooks (`--executor per-run`,
+playbooks/tasks/run_arm.yml) and the node's run queue (`--executor queue`, specab/node/runsteps.py) run one
+experiment on one simulated node, and what each leaves is compared: the phases stored per run, the files of each
+run directory (and the keys of its JSON records), the failure record of a failed start (phase, headline, the
+tool's own error), and after Ctrl-C mid-benchmark the node (no server, GPUs free), the interrupted run's record
+and a resume that completes it.
+
+The experiment, in this order (--order blocked, one block): `oom` (its engine dies with CUDA's out-of-memory error
+while loading: a failed start), `cut` (the driver gets SIGINT while it benchmarks its measured requests); then
+--resume runs `cut` again, a run that succeeds."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from specab.results import store as st
+from tests.driver.simnode import SimNode, driver, free_port, reap_driver, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+ARMS = """\
+arms:
+  - name: oom
+    env:
+      SPECAB_SIM_FAULT: oom_at_start
+  - name: cut
+    server_args:
+      speculative_algorithm: EAGLE3
+      speculative_draft_model_path: /models/Kimi-K2.5-EAGLE3
+      speculative_num_steps: 2
+      speculative_eagle_topk: 1
+      speculative_num_draft_tokens: 3
+"""
+RUNS = ("001-oom", "002-cut")
+
+# Files only one path writes, and why they may differ:
+# - the run queue's own records of a run: its queue entry (what enqueue.yml queued: the run's settings for the
+#   sequencer), phases.jsonl (the phases as the sequencer began them; the per-run path's come from the Ansible
+#   events) and done.json (the sequencer's outcome, which the driver reads; the per-run path's outcome is the
+#   playbook's).
+QUEUE_ONLY = {"queue_entry.json", "phases.jsonl", "done.json"}
+# The phase only the run queue shows: the sequencer writes the manifest as a step of its own before the driver
+# collects the run; the per-run path's collect role writes it in the task that packs the run (one node round
+# trip), so its time is inside "collecting" (specab.vocab.phases.PHASES).
+QUEUE_ONLY_PHASES = frozenset({"writing manifest"})
+# The load sub-phases refine "loading" from the engine's log (the per-run path tails it live, the queue reads
+# ready.json's marks): with the instant profile's zero-second load they tie with the start of loading, where either
+# path may drop one; the phases are compared without them.
+LOAD_SUBPHASES = {"loading weights", "capturing graphs"}
+# After Ctrl-C the sequencer tears the interrupted run down as it does every run (stop, GPUs free, manifest) and
+# the driver collects it; the per-run path's playbook is stopped with the run (the driver then stops the node
+# through stop.yml, which keeps no record in the run directory), so its run directory holds what the node had
+# written by then, and its phases end with the interrupted one.
+QUEUE_TEARDOWN = {"stop.json", "gpu_free.json", "gpu_free.csv", "manifest.json"}
+
+
+@pytest.fixture
+def node(tmp_path: Path):
+    n = SimNode(root=tmp_path, port=free_port(), profile="instant")
+    yield n
+    n.cleanup()
+    _kill_sequencer(n)
+
+
+def _kill_sequencer(node: SimNode) -> None:
+    """A failed test must not leave the sequencer it started (its session is its own): the process sequencer.json
+    names, when it still runs (its pid and start time, not a reused pid)."""
+    try:
+        rec = json.loads((node.node_dir / "sequencer.json").read_text())
+        stat = Path(f"/proc/{int(rec['pid'])}/stat").read_text().rsplit(")", 1)[1].split()
+        if stat[0] not in ("Z", "X") and int(stat[19]) == int(rec["starttime"]):
+            os.killpg(int(rec["pid"]), signal.SIGKILL)
+    except (OSError, ValueError, KeyError, IndexError):
+        pass
+
+
+def _exp_dir(runs_dir: Path) -> Path:
+    [d] = [d for d in runs_dir.iterdir() if (d / st.FILENAME).exists()]
+    return d
+
+
+def _masked(text: str | None) -> str | None:
+    """A failure text's first line (the log tail after it is what the engine had written by then) with its numbers
+    (pids, durations, exit codes) masked: they differ from run to run."""
+    return None if text is None else re.sub(r"\d+(\.\d+)?", "N", text.splitlines()[0])
+
+
+def _first_line(text: str | None) -> str | None:
+    """The manifest's failure up to its first line break: the collect role passes a string `extra` as JSON text
+    without its quotes, so a line break reads as the two characters \\n in the per-run path's manifest."""
+    return None if text is None else text.split("\\n", 1)[0]
+
+
+def _files(run_dir: Path) -> set[str]:
+    return {p.name for p in run_dir.iterdir() if p.is_file()}
+
+
+def _keys(path: Path) -> dict[str, list[str]]:
+    """The keys of a JSON record (and of its `extra`, for a manifest); a file cut short (a helper killed by the
+    interrupt) has none."""
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        return {"": ["(not JSON)"]}
+    if not isinstance(data, dict):
+        return {"": [type(data).__name__]}
+    out = {"": sorted(data)}
+    if isinstance(data.get("extra"), dict):
+        out["extra"] = sorted(data["extra"])
+    return out
+
+
+def _experiment(node: SimNode, executor: str) -> dict:
+    """Run the experiment on `executor`, SIGINT while `cut` benchmarks, check the node, resume; what it left."""
+    runs_dir = node.root / f"runs-{executor}"
+    # ten measured requests (~0.5 s each): the signal comes at the first, and the per-run path's client is stopped
+    # only with the server (stop.yml), seconds later: a run whose every measured request was answered is kept ok
+    exp = node.write_experiment("alike", arms=ARMS, num_requests=10, output_len=32)
+    common = ["--executor", executor, "-i", str(node.write_inventory()), "--runs-dir", str(runs_dir)]
+    proc = driver("--order", "blocked", "--repeats", "1", "-e", str(exp), *common)
+    try:
+        def cut_benchmarking() -> bool:
+            s = node.server()
+            bench = node.node_dir / "runs" / RUNS[1] / "bench.jsonl"
+            return bool(s and s.get("run_id") == RUNS[1] and node.server_alive() and bench.exists()
+                        and '"warmup":false' in bench.read_text())
+        wait_for(cut_benchmarking, timeout=300, interval=0.05, what=f"{RUNS[1]} benchmarking", proc=proc)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        reap_driver(proc, 120)
+    assert proc.returncode == 130, out[-4000:]
+    # the interrupt stopped the server and the GPUs are free
+    assert not node.server_alive() and node.gpus_busy() == [], out[-4000:]
+    exp_dir = _exp_dir(runs_dir)
+    got: dict = {"files": {}, "keys": {}}
+    with st.Store.open(exp_dir) as s:
+        rows = {r["run_id"]: r for r in s.runs()}
+        got["record"] = {rid: (r["status"], r["failure_phase"], _masked(r["failure_reason"]))
+                         for rid, r in rows.items()}
+        got["phases"] = {r["run_id"]: [p["phase"] for p in s.phases(r["seq"])] for r in rows.values()}
+    for rid in RUNS:
+        d = exp_dir / rid
+        got["files"][rid] = _files(d) if d.is_dir() else set()
+        got["keys"][rid] = {f.name: _keys(f) for f in d.glob("*.json") if f.name not in QUEUE_ONLY}
+        extra = json.loads((d / "manifest.json").read_text())["extra"] if (d / "manifest.json").exists() else {}
+        got["manifest_failure"] = {**got.get("manifest_failure", {}),
+                                   rid: (extra.get("failed_task"), _masked(_first_line(extra.get("failure"))))}
+    got["out"] = out
+    resumed = driver("--resume", exp_dir.name, *common)
+    out2, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 1, out2[-4000:]       # the failed start keeps the exit status non-zero
+    assert "1 of 2 runs to do" in out2, out2[-4000:]
+    with st.Store.open(exp_dir) as s:
+        rows = {r["run_id"]: r for r in s.runs()}
+        assert rows[RUNS[1]]["status"] == "ok" and rows[RUNS[1]]["attempt"] == 2, rows[RUNS[1]]
+        assert s.experiment()["status"] == "finished"
+        got["resumed_phases"] = [p["phase"] for p in s.phases(rows[RUNS[1]]["seq"])]
+    got["resumed_files"] = _files(exp_dir / RUNS[1])
+    got["resumed_keys"] = {f.name: _keys(f) for f in (exp_dir / RUNS[1]).glob("*.json") if f.name not in QUEUE_ONLY}
+    assert not node.server_alive() and node.gpus_busy() == []
+    return got
+
+
+def test_per_run_and_queue_leave_the_same_record(node: SimNode):
+    per_run = _experiment(node, "per-run")
+    queue = _experiment(node, "queue")
+    # the outcome of each run, and the failure record: phase, headline and the tool's own error
+    assert per_run["record"] == queue["record"], (per_run["record"], queue["record"])
+    oom, cut = (queue["record"][r] for r in RUNS)
+    assert oom[:2] == ("failed", "loading") and oom[2].startswith("The server on simT did not become ready: "), oom
+    assert "CUDA out of memory" in oom[2], oom
+    assert cut == ("interrupted", "benchmarking", "interrupted by the user (SIGINT/SIGTERM)"), cut
+
+    # the same phases, in the same order: the failed start's (torn down alike) and the resumed run's
+    def steps(names: list[str], hide: frozenset[str] = frozenset()) -> list[str]:
+        return [n for n in names if n not in LOAD_SUBPHASES | hide]
+    p_oom, q_oom = steps(per_run["phases"][RUNS[0]]), steps(queue["phases"][RUNS[0]], QUEUE_ONLY_PHASES)
+    assert p_oom == q_oom and p_oom[-3:] == ["final stop", "waiting for GPUs after stop", "collecting"], (p_oom, q_oom)
+    p_ok, q_ok = steps(per_run["resumed_phases"]), steps(queue["resumed_phases"], QUEUE_ONLY_PHASES)
+    assert p_ok == q_ok, (p_ok, q_ok)
+    # the interrupted run: the same phases up to the one it was interrupted in
+    p_cut, q_cut = steps(per_run["phases"][RUNS[1]]), steps(queue["phases"][RUNS[1]])
+    assert p_cut[-1] == "benchmarking" and q_cut[:len(p_cut)] == p_cut, (p_cut, q_cut)
+
+    # the same files in every run directory, but for the queue's own records
+    for p_files, q_files in ((per_run["files"][RUNS[0]], queue["files"][RUNS[0]]),
+                             (per_run["resumed_files"], queue["resumed_files"])):
+        assert p_files == q_files - QUEUE_ONLY, p_files ^ (q_files - QUEUE_ONLY)
+    p_files, q_files = per_run["files"][RUNS[1]], queue["files"][RUNS[1]] - QUEUE_ONLY
+    assert p_files == q_files - QUEUE_TEARDOWN and QUEUE_TEARDOWN <= q_files, p_files ^ q_files
+    # the same keys in every JSON record both write (the manifest's `extra` too), the same failure in the manifest
+    for p_keys, q_keys in ((per_run["keys"][RUNS[0]], queue["keys"][RUNS[0]]),
+                           (per_run["resumed_keys"], queue["resumed_keys"])):
+        assert p_keys == q_keys, [(n, p_keys.get(n), q_keys.get(n)) for n in p_keys.keys() | q_keys.keys()
+                                  if p_keys.get(n) != q_keys.get(n)]
+    assert per_run["manifest_failure"][RUNS[0]] == queue["manifest_failure"][RUNS[0]] == \
+        ("Ready | Wait until the server is ready", oom[2]), (per_run["manifest_failure"], queue["manifest_failure"])
