@@ -8,7 +8,7 @@ import datetime
 import json
 import os
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -22,7 +22,9 @@ description:
     refused) and prints one JSON object, which becomes the task's result.
   - A non-zero exit fails the task with the headline of a failure in O(phase) (the vocabulary's words,
     C(specab/vocab/phases.py), for O(host)), a colon and the tool's own C(error); the result also holds C(phase),
-    C(headline), C(task) (what the run was doing) and C(error) apart, as the run queue's C(done.json) does.
+    C(headline), C(task) (what the run was doing) and C(error) apart, as the run queue's C(done.json) does. A call
+    outside a run's phases (the node lease, the run queue's commands) fails with O(fail_msg) instead; O(fail_hint)
+    follows the error in either.
   - The tool's JSON keys are the task's result (C(ok), C(error), ... besides C(rc), C(start), C(end)).
   - The values of the spec's secret-named keys (the secret rule of C(specab/vocab/contract.py)) are masked in the
     result and in the invocation.
@@ -32,9 +34,12 @@ options:
     description: The node tool.
     type: str
     required: true
-    choices: [stop, gpufree, start, ready, envcheck, bench, ranksampler]
+    choices: [stop, gpufree, start, ready, envcheck, bench, ranksampler, lease, manifest, sequence]
   spec:
-    description: The tool's spec (the fields of its dataclass, e.g. C(StopSpec) in C(specab/node/stop.py)).
+    description:
+      - The tool's spec (the fields of its dataclass, e.g. C(StopSpec) in C(specab/node/stop.py)).
+      - C(lease) and C(sequence) take a C(command) key too (C(LeaseSpec); C(sequence.SPECS) names the dataclass of
+        each of its commands).
     type: dict
     required: true
   node_dir:
@@ -46,32 +51,54 @@ options:
     type: str
     default: python3
   phase:
-    description: The run's phase this step is (a node phase of C(specab/vocab/phases.py), e.g. C(loading)).
+    description:
+      - The run's phase this step is (a node phase of C(specab/vocab/phases.py), e.g. C(loading)); with O(host).
+      - A call outside a run's phases (the node lease, the run queue's commands) gives O(fail_msg) instead.
     type: str
-    required: true
   host:
-    description: The host as the inventory names it (the headline's words name it).
+    description: The host as the inventory names it (the headline's words name it); with O(phase).
     type: str
-    required: true
   arm:
     description: The arm's name, where the phase's words name it.
     type: str
     default: ""
+  fail_msg:
+    description: Without O(phase), the headline of a failure, before the tool's error.
+    type: str
+  fail_hint:
+    description: Words after the tool's error in a failure (what was not done, what to do).
+    type: str
+    default: ""
+  program:
+    description:
+      - The tool as a C(python -c) program that carries it (the lookup C(specab_node_program)), for a tool run
+        before node_prepare ships anything (the node lease); C(node_dir) then needs no C(bin/).
+      - Without the shipped vocabulary the module masks no spec value itself (the stdout callback
+        C(specab_redact) still redacts every secret-named value of the result).
+    type: str
 author: specab
 """
 
 # What a successful run changed on the node: a stop changed something only when a server was running; a start
 # always starts one, a bench writes its run's measurements, a rank's sampler changed something when it was started or
-# stopped; the other tools only observe.
+# stopped; a lease taken anew, put on hold or released, a manifest written, a sequencer started, a queue reset, staged
+# or finished; the other tools and commands only observe.
 CHANGED = {
-    "stop": lambda out: bool(out.get("was_running")),
-    "start": lambda out: True,
-    "bench": lambda out: True,
-    "ranksampler": lambda out: bool(out.get("started") or out.get("stopped")),
+    "stop": lambda spec, out: bool(out.get("was_running")),
+    "start": lambda spec, out: True,
+    "bench": lambda spec, out: True,
+    "ranksampler": lambda spec, out: bool(out.get("started") or out.get("stopped")),
+    "lease": lambda spec, out: spec.get("command") in ("take", "hold", "release") and not out.get("already")
+    and out.get("released") is not False,
+    "manifest": lambda spec, out: True,
+    "sequence": lambda spec, out: spec.get("command") in ("reset", "stage", "finish")
+    or out.get("ensured") == "started",
 }
 
 
-def tool_argv(python: str, node_dir: str, tool: str) -> List[str]:
+def tool_argv(python: str, node_dir: str, tool: str, program: Optional[str] = None) -> List[str]:
+    if program:
+        return [python, "-c", program, "--spec-json", "-"]
     return [python, os.path.join(node_dir, "bin", "specab", "node"), tool, "--spec-json", "-"]
 
 
@@ -107,25 +134,33 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             tool=dict(type="str", required=True,
-                      choices=["stop", "gpufree", "start", "ready", "envcheck", "bench", "ranksampler"]),
+                      choices=["stop", "gpufree", "start", "ready", "envcheck", "bench", "ranksampler", "lease",
+                               "manifest", "sequence"]),
             spec=dict(type="dict", required=True),
             node_dir=dict(type="str", required=True),
             python=dict(type="str", default="python3"),
-            phase=dict(type="str", required=True),
-            host=dict(type="str", required=True),
+            phase=dict(type="str", default=None),
+            host=dict(type="str", default=None),
             arm=dict(type="str", default=""),
+            fail_msg=dict(type="str", default=None),
+            fail_hint=dict(type="str", default=""),
+            program=dict(type="str", default=None, no_log=True),
         ),
         supports_check_mode=True,
+        required_one_of=[("phase", "fail_msg")],
+        mutually_exclusive=[("phase", "fail_msg")],
+        required_by={"phase": ("host",)},
     )
     p = module.params
     try:
-        module.no_log_values.update(secret_values(p["node_dir"], p["spec"]))
+        if not p["program"]:
+            module.no_log_values.update(secret_values(p["node_dir"], p["spec"]))
     except ImportError as exc:
         module.fail_json(msg="the node tools are not in %s/bin (the node_prepare role ships them): %s"
                          % (p["node_dir"], exc))
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, msg="check mode: %s not run" % p["tool"])
-    argv = tool_argv(p["python"], p["node_dir"], p["tool"])
+    argv = tool_argv(p["python"], p["node_dir"], p["tool"], p["program"])
     start = datetime.datetime.now()
     rc, stdout, stderr = module.run_command(argv, data=json.dumps(p["spec"]), binary_data=True,
                                             expand_user_and_vars=False)
@@ -136,9 +171,15 @@ def main() -> None:
     mine.update(start=str(start), end=str(datetime.datetime.now()))
     if rc != 0 or not out:
         error = out.get("error") or "%s exited with %d: %s" % (p["tool"], rc, stderr.strip())
-        words = failure_words(p["phase"], p["host"], p["arm"])
-        module.fail_json(**dict(mine, msg="%s: %s" % (words["headline"], error), rc=rc, error=error, **words))
-    module.exit_json(**dict(mine, changed=CHANGED.get(p["tool"], lambda o: False)(out), rc=rc))
+        if p["phase"]:
+            words = failure_words(p["phase"], p["host"], p["arm"])
+            fail = dict(msg="%s: %s" % (words["headline"], error), **words)
+        else:
+            fail = dict(msg="%s: %s" % (p["fail_msg"], error))
+        if p["fail_hint"]:
+            fail["msg"] += " " + p["fail_hint"]
+        module.fail_json(**dict(mine, rc=rc, error=error, **fail))
+    module.exit_json(**dict(mine, changed=CHANGED.get(p["tool"], lambda spec, o: False)(p["spec"], out), rc=rc))
 
 if __name__ == "__main__":
     main()

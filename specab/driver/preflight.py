@@ -14,7 +14,6 @@ All only read: `--help` and the port probe start no server and write nothing on 
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
 import difflib
 import hashlib
@@ -22,7 +21,6 @@ import ipaddress
 import json
 import os
 import re
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -31,12 +29,12 @@ from specab.config import defaults
 from specab.config.inventory import EngineBuild, Host
 from specab.config.spec import ArmSpec
 from specab.config.yamlfile import ConfigError
+from specab.driver import nodeprogram
 from specab.driver.remote import RemoteError, open_node
 from specab.vocab import engines
 
 # The folder that holds the specab package, and the modules the port probe sends, in the order they import
 # each other (a package before its modules).
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 PORT_PROBE_MODULES = ("specab", "specab.vocab", "specab.vocab.contract", "specab.node", "specab.node.common",
                       "specab.node.start")
 PORT_PROBE_TIMEOUT_S = 60.0
@@ -397,33 +395,11 @@ def endpoints(arms: Iterable[ArmSpec]) -> list[tuple[str, int]]:
     return out
 
 
-def _module_source(name: str) -> tuple[str, bool, str]:
-    """(name, is a package, source) of one module of this checkout's specab package."""
-    path = PACKAGE_ROOT.joinpath(*name.split("."))
-    if path.is_dir():
-        return name, True, (path / "__init__.py").read_text()
-    return name, False, path.with_suffix(".py").read_text()
-
-
 def _port_probe(node_dir: str, pairs: Sequence[tuple[str, int]]) -> str:
     """A `python -c` program that runs the node tools' own port check (start.ports_refused) on the node,
-    without needing them installed there yet (the first run installs them): the modules it needs travel in the
-    program and are made under their package names, so they import each other as they do on the node."""
-    sources = [_module_source(name) for name in PORT_PROBE_MODULES]
-    payload = base64.b64encode(zlib.compress(json.dumps(sources).encode(), 9)).decode()
-    return ("import base64, json, sys, types, zlib\n"
-            f"src = json.loads(zlib.decompress(base64.b64decode('{payload}')))\n"
-            "for name, package, text in src:\n"
-            "    m = types.ModuleType(name); m.__file__ = '<specab-preflight>/' + name.replace('.', '/') + '.py'\n"
-            "    if package:\n"
-            "        m.__path__ = []\n"
-            "    sys.modules[name] = m\n"
-            "    parent, _, leaf = name.rpartition('.')\n"
-            "    if parent:\n"
-            "        setattr(sys.modules[parent], leaf, m)\n"
-            "    exec(compile(text, m.__file__, 'exec'), m.__dict__)\n"
-            f"print(json.dumps(sys.modules['specab.node.start'].ports_refused({node_dir!r}, "
-            f"{[list(p) for p in pairs]!r})))\n")
+    without needing them installed there yet (the first run installs them)."""
+    return nodeprogram.program(PORT_PROBE_MODULES, f"print(json.dumps(sys.modules['specab.node.start'].ports_refused("
+                                                   f"{node_dir!r}, {[list(p) for p in pairs]!r})))")
 
 
 def ports_refused(host: Host, pairs: Sequence[tuple[str, int]], node: Any | None = None) -> list[str]:

@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from specab.config.plan import PlannedRun
+from specab.driver import lease
 from specab.driver.context import MoreBlocks, RunContext
 from specab.driver.playbook import Failure, PlaybookResult
 from specab.driver.record import (INTERRUPTED_REASON, PhaseClock, UnpackError, check_writable, fetch_missing,
                                   phase_at, unpack_fetched)
-from specab.driver.remote import LogTail, open_node, read_tail, shell_path
+from specab.driver.remote import LogTail, read_tail
 from specab.results import store as st
 from specab.vocab.contract import LOAD_SUBPHASES
 from specab.vocab.phases import REPEATED_PHASES, display_phase
@@ -328,21 +329,12 @@ class QueueExecutor:
         return st.FAILED, display_phase(done.get("phase")) or current, f"{headline}: {error}"
 
     def hold_node(self) -> None:
-        """Interrupted: the node's sequencer claims and starts no further run (queue/HOLD-<experiment id>,
-        one remote command, written before stop.yml's Ansible start-up: the next arm's server never starts)."""
-        qdir = shell_path((self.node_path or self.host.node_dir).rstrip("/") + "/queue")
-        marker = shell_path(f"{(self.node_path or self.host.node_dir).rstrip('/')}/queue/HOLD-{self.ctx.exp_id}")
-        node = None
+        """Interrupted: the node's sequencer claims and starts no further run (its node lease on hold, at once,
+        before stop.yml's Ansible start-up: the next arm's server never starts)."""
         try:
-            node = open_node(self.host)
-            rc, _, err = node.run(["sh", "-c", f"mkdir -p {qdir} && : > {marker}"])
-            if rc != 0:
-                self.ctx.progress.notice(f"WARNING: could not hold the queue on {self.host.name}: {err.strip()}")
+            lease.hold(self.host)
         except Exception as exc:      # the stop role still stops the sequencer
             self.ctx.progress.notice(f"WARNING: could not hold the queue on {self.host.name}: {exc}")
-        finally:
-            if node is not None:
-                node.close()
 
     def _watch_cancel(self, cancel: threading.Event, over: threading.Event) -> None:
         while not over.is_set():

@@ -1,6 +1,8 @@
-"""Read-only live access to the nodes: `status` across hosts in parallel, server-log tail during load.
+"""The driver's own access to the nodes: `status` across hosts in parallel, server-log tail during load, the
+preflight's probes, and the node lease's calls (driver/lease.py).
 
-Ansible changes node state; this module only reads. Hosts with `ansible_connection: local` are read
+Ansible changes node state; through this module the driver writes only its node lease (the lease tool's take,
+touch, hold, release: docs/decisions/0008-the-node-lease-is-the-one-write-outside-ansible.md), and otherwise reads. Hosts with `ansible_connection: local` are read
 with local commands (fabric's Connection('localhost') would need an sshd); the others over SSH
 with fabric, host keys checked (RejectPolicy) against the inventory's UserKnownHostsFile (or
 ~/.ssh/known_hosts) unless the inventory says StrictHostKeyChecking=no.

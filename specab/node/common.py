@@ -137,12 +137,9 @@ SPEC_FLAG = "--spec-json"
 S = TypeVar("S")
 
 
-def spec_from_argv(cls: Type[S], argv: Optional[Sequence[str]]) -> Optional[S]:
-    """The tool's typed spec given whole as one JSON object (``TOOL --spec-json TEXT``, or ``--spec-json -`` to read
-    it from stdin, where no other process can see it), or None when ``argv`` holds the tool's flags instead.
-
-    The object's keys are the dataclass's field names, so the Ansible module (plugins/modules/specab_node.py) and
-    the run queue build the same spec: an unknown key or a missing required field is a usage error (exit 2)."""
+def spec_json(argv: Optional[Sequence[str]]) -> Optional[Dict[str, Any]]:
+    """The JSON object of ``TOOL --spec-json TEXT`` (``--spec-json -``: read from stdin, where no other process can
+    see it), or None when ``argv`` holds the tool's flags instead."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] != SPEC_FLAG:
         return None
@@ -156,6 +153,13 @@ def spec_from_argv(cls: Type[S], argv: Optional[Sequence[str]]) -> Optional[S]:
         raise UsageError("%s: the spec is not JSON (%s)" % (SPEC_FLAG, exc))
     if not isinstance(obj, dict):
         raise UsageError("%s: the spec must be a JSON object, got %s" % (SPEC_FLAG, type(obj).__name__))
+    return obj
+
+
+def spec_of(cls: Type[S], obj: Dict[str, Any]) -> S:
+    """The spec dataclass ``cls`` from a JSON object whose keys are its field names: an unknown key or a missing
+    required field is a usage error (exit 2), so the Ansible module (plugins/modules/specab_node.py), the driver and
+    the run queue build the same spec."""
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     unknown = sorted(set(obj) - {f.name for f in fields})
     missing = [f.name for f in fields if f.name not in obj and f.default is dataclasses.MISSING
@@ -166,6 +170,13 @@ def spec_from_argv(cls: Type[S], argv: Optional[Sequence[str]]) -> Optional[S]:
             "; ".join(["unknown: " + ", ".join(unknown)] * bool(unknown)
                       + ["missing: " + ", ".join(missing)] * bool(missing))))
     return cls(**obj)
+
+
+def spec_from_argv(cls: Type[S], argv: Optional[Sequence[str]]) -> Optional[S]:
+    """The tool's typed spec given whole as one JSON object (``spec_json``, ``spec_of``), or None when ``argv`` holds
+    the tool's flags instead."""
+    obj = spec_json(argv)
+    return None if obj is None else spec_of(cls, obj)
 
 
 def json_list_arg(text: str, what: str = "--smi") -> List[str]:

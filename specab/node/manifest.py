@@ -97,6 +97,9 @@ class ManifestSpec:
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> ManifestSpec:
+    spec = common.spec_from_argv(ManifestSpec, argv)
+    if spec is not None:
+        return spec
     p = argparse.ArgumentParser(prog="manifest.py", description=__doc__.split("\n")[0])
     p.add_argument("--run-dir", required=True)
     p.add_argument("--node-dir", required=True)

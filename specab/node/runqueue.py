@@ -1,7 +1,6 @@
 #!/usr/bin/env python3
 """The run queue's layout on a node and its entries: the files under ``<node_dir>/queue/``, the queue entry the
-controller writes (``Entry``, checked as the sequencer reads it), the controller's sign of life
-(``sequencer.lease``). Shared by the sequencer (runsteps.py, sequencer.py) and its commands (sequence.py).
+controller writes (``Entry``, checked as the sequencer reads it). Shared by the sequencer (runsteps.py, sequencer.py) and its commands (sequence.py).
 stdlib only, like every node tool; imports its siblings.
 """
 from __future__ import annotations
@@ -17,11 +16,9 @@ POLL_S = 0.05
 QUEUE_DIR = "queue"
 SEQUENCER_LOG = "sequencer.log"
 SEQUENCER_START = "sequencer_start.json"
-LEASE_FILE = "sequencer.lease"  # touched by the controller's ensure/wait: its sign of life
 SERVE_LOCK = "sequencer.lock"
 ENSURE_LOCK = "sequencer.ensure.lock"
 END_PREFIX = "END-"
-HOLD_PREFIX = "HOLD-"        # queue/HOLD-<experiment_id>: the driver was interrupted, claim and start nothing
 STAGING_DIR = ".staging"     # queue/.staging: entries being written (`stage`), not yet queued
 ENTRY_RE = contract.QUEUE_ENTRY_RE
 ID_RE = contract.ID_RE
@@ -124,26 +121,6 @@ class Entry(object):
         """A failure's headline in ``phase``, naming the host as the inventory does (the per-run path's words);
         ``hostname`` (the node's own name) where the entry does not say it."""
         return phases.failure_headline(phase, str(self.extra.get("inventory_hostname") or hostname), self.arm)
-
-
-def touch_lease(node_dir: str) -> None:
-    """The controller is alive: `ensure` and every `wait` (each collect) touch the lease file."""
-    path = os.path.join(node_dir, LEASE_FILE)
-    try:
-        with open(path, "a"):
-            pass
-        os.utime(path, None)
-    except OSError as exc:
-        common.log("cannot touch %s: %s" % (path, exc))
-
-
-def lease_age(node_dir: str, since: float) -> float:
-    """Seconds since the controller's last sign of life (or since `since`, when it never gave one)."""
-    try:
-        last = os.stat(os.path.join(node_dir, LEASE_FILE)).st_mtime
-    except OSError:
-        last = since
-    return now() - last
 
 
 def queue_dir(node_dir: str) -> str:

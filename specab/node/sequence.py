@@ -2,12 +2,14 @@
 """The node-side run queue's command line: the controller's commands (ensure, reset, wait, finish, stage) and
 ``serve``, the sequencer process itself (sequencer.py), which runs queued runs back to back in one process.
 
+    sequence.py --spec-json TEXT|-   ({"command": C, ...the fields of SPECS[C]}: how enqueue.yml and collect_run.yml
+                                      run it, through the specab_node module)
     sequence.py --node-dir D ensure --experiment-id X --idle-timeout S --lease-s S [--smi JSON]
                 --gpus G --gpu-free-timeout S --gpu-free-threshold-mib M --stop-grace S
     sequence.py --node-dir D reset --experiment-id X --stop-grace S --gpu-free-timeout S
     sequence.py --node-dir D wait --run-id R --timeout S [--pack TAR [--also R2 ...]]
     sequence.py --node-dir D finish --experiment-id X
-    sequence.py --node-dir D stage --experiment-id X [--finish] < batch.json   (enqueue.yml: a batch of runs)
+    sequence.py --node-dir D stage --experiment-id X [--finish] < batch.json   (a batch of runs)
     sequence.py --node-dir D serve --experiment-id X ...     (what ensure spawns)
 
 The controller writes each run's directory (launch.sh, nccl.env, args.json), then its queue entry
@@ -33,14 +35,56 @@ import sys
 import tarfile
 import time
 import traceback
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 
 from specab.node import common, staging
 from specab.node.common import ToolError, UsageError
-from specab.node.runqueue import (END_PREFIX, ENSURE_LOCK, ENTRY_RE, HOLD_PREFIX, ID_RE, POLL_S,
+from specab.node.runqueue import (END_PREFIX, ENSURE_LOCK, ENTRY_RE, ID_RE, POLL_S,
                                   SEQUENCER_LOG, SERVE_LOCK, STAGING_DIR, Entry, atomic_write_text, log_tail,
-                                  make_queue_dir, queue_dir, queued_names, touch_lease)
-from specab.node.sequencer import Sequencer
+                                  make_queue_dir, queue_dir, queued_names)
+from specab.node.sequencer import Sequencer, ServeSpec
+
+
+@dataclass
+class ResetSpec:
+    """Stop the sequencer of ours and empty the queue (a new driver session or a resume)."""
+    node_dir: str
+    experiment_id: str
+    stop_grace: float
+    gpu_free_timeout: float
+
+
+@dataclass
+class WaitSpec:
+    """Until one run has its done.json; then, with ``pack``, its directory (and the done ``also`` runs) packed."""
+    node_dir: str
+    run_id: str
+    timeout: float
+    pack: Optional[str] = None
+    also: List[str] = field(default_factory=list)
+
+
+@dataclass
+class FinishSpec:
+    """No more runs will come for this experiment (the END marker)."""
+    node_dir: str
+    experiment_id: str
+
+
+@dataclass
+class StageSpec:
+    """A batch of runs (staging.py's document: the JSON object, or its text read from stdin by the flags)."""
+    node_dir: str
+    experiment_id: str
+    batch: Any
+    finish: bool = False
+
+
+Spec = Any      # one of SPECS' dataclasses
+# each command's spec; ensure takes the sequencer's own (it spawns `serve` with it)
+SPECS: Dict[str, Type[Any]] = {"ensure": ServeSpec, "serve": ServeSpec, "reset": ResetSpec, "wait": WaitSpec,
+                               "finish": FinishSpec, "stage": StageSpec}
 
 # ---------------------------------------------------------------------------------------------
 # The controller's commands
@@ -66,14 +110,9 @@ def stop_live(node_dir: str, grace: float) -> Optional[Dict[str, Any]]:
     return common.stop_sequencer(node_dir, grace)
 
 
-def spawn(a: argparse.Namespace) -> Dict[str, Any]:
-    argv = common.tool_argv(sys.executable, "sequence") + ["--node-dir", a.node_dir, "serve",
-            "--experiment-id", a.experiment_id, "--idle-timeout", str(a.idle_timeout),
-            "--lease-s", str(a.lease_s),
-            "--gpus", a.gpus, "--gpu-free-timeout", str(a.gpu_free_timeout),
-            "--gpu-free-threshold-mib", str(a.gpu_free_threshold_mib), "--stop-grace", str(a.stop_grace)]
-    if a.smi:
-        argv += ["--smi", json.dumps(a.smi)]
+def spawn(a: ServeSpec) -> Dict[str, Any]:
+    argv = common.tool_argv(sys.executable, "sequence") + [
+        common.SPEC_FLAG, json.dumps(dict(asdict(a), command="serve"))]
     log_path = os.path.join(a.node_dir, SEQUENCER_LOG)
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(argv, cwd=a.node_dir, stdin=subprocess.DEVNULL, stdout=logf,
@@ -102,16 +141,12 @@ def spawn(a: argparse.Namespace) -> Dict[str, Any]:
         time.sleep(POLL_S / 2)
 
 
-def cmd_ensure(a: argparse.Namespace) -> Dict[str, Any]:
+def cmd_ensure(a: ServeSpec) -> Dict[str, Any]:
     make_queue_dir(a.node_dir)
-    touch_lease(a.node_dir)
     with ensure_lock(a.node_dir):
         # runs will come: an END marker of an earlier session of this experiment no longer holds
-        for prefix in (END_PREFIX, HOLD_PREFIX):
-            try:
-                os.remove(os.path.join(queue_dir(a.node_dir), prefix + a.experiment_id))
-            except OSError:
-                pass
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(queue_dir(a.node_dir), END_PREFIX + a.experiment_id))
         rec = live_record(a.node_dir)
         replaced = None
         if rec is not None and rec.get("experiment_id") == a.experiment_id and rec.get("state") in ("running", "idle"):
@@ -126,7 +161,7 @@ def cmd_ensure(a: argparse.Namespace) -> Dict[str, Any]:
         return out
 
 
-def cmd_reset(a: argparse.Namespace) -> Dict[str, Any]:
+def cmd_reset(a: ResetSpec) -> Dict[str, Any]:
     make_queue_dir(a.node_dir)
     with ensure_lock(a.node_dir):
         stopped = stop_live(a.node_dir, a.stop_grace + a.gpu_free_timeout + 30)
@@ -139,7 +174,7 @@ def cmd_reset(a: argparse.Namespace) -> Dict[str, Any]:
             except OSError:
                 continue
             for name in names:
-                if ENTRY_RE.match(name) or name.startswith((END_PREFIX, HOLD_PREFIX)) or name.endswith(".refused"):
+                if ENTRY_RE.match(name) or name.startswith(END_PREFIX) or name.endswith(".refused"):
                     try:
                         os.remove(os.path.join(d, name))
                         removed.append(prefix + name)
@@ -154,18 +189,19 @@ def write_end_marker(node_dir: str, experiment_id: str) -> str:
     return path
 
 
-def cmd_finish(a: argparse.Namespace) -> Dict[str, Any]:
+def cmd_finish(a: FinishSpec) -> Dict[str, Any]:
     path = write_end_marker(a.node_dir, a.experiment_id)
     rec = common.load_sequencer(a.node_dir)
     return {"end_marker": path, "sequencer": rec if common.sequencer_alive(rec) else None}
 
 
-def cmd_stage(a: argparse.Namespace) -> Dict[str, Any]:
+def cmd_stage(a: StageSpec) -> Dict[str, Any]:
     """A batch of runs from one JSON document on stdin (staging.py): their run directories, then their
     entries renamed into queue/ in run order."""
-    runs = staging.parse(sys.stdin.read(), a.node_dir, a.experiment_id,
+    text = a.batch if isinstance(a.batch, str) else json.dumps(a.batch)
+    runs = staging.parse(text, a.node_dir, a.experiment_id,
                          lambda data, name: Entry(data, a.node_dir, name))
-    qdir = make_queue_dir(a.node_dir)    # (no lease touch: ensure, just before, and every wait give that sign)
+    qdir = make_queue_dir(a.node_dir)
     out = dict(staging.stage(runs, qdir, os.path.join(qdir, STAGING_DIR)), experiment_id=a.experiment_id)
     if a.finish:                         # the last runs: no more will come (what `finish` does, after them)
         out["end_marker"] = write_end_marker(a.node_dir, a.experiment_id)
@@ -200,7 +236,7 @@ def finished_after(node_dir: str, run_ids: Sequence[str]) -> List[str]:
     return out
 
 
-def cmd_wait(a: argparse.Namespace) -> Dict[str, Any]:
+def cmd_wait(a: WaitSpec) -> Dict[str, Any]:
     for run_id in a.also:
         if not ENTRY_RE.match("000000-%s.json" % run_id):
             raise UsageError("--also %r is not a run id (<seq>-<arm>)" % run_id)
@@ -215,14 +251,13 @@ def cmd_wait(a: argparse.Namespace) -> Dict[str, Any]:
     return result
 
 
-def wait_done(a: argparse.Namespace) -> Dict[str, Any]:
+def wait_done(a: WaitSpec) -> Dict[str, Any]:
     """Until run a.run_id has its done.json (returned verbatim); a ToolError naming the cause when the sequencer
     is gone or halted without it, the entry was refused or never queued, or a.timeout passes."""
     if not ENTRY_RE.match("000000-%s.json" % a.run_id):
         raise UsageError("--run-id %r is not a run id (<seq>-<arm>)" % a.run_id)
     run_dir = os.path.join(a.node_dir, "runs", a.run_id)
     done = os.path.join(run_dir, "done.json")
-    touch_lease(a.node_dir)              # the controller is alive, even when the run is long done
     log_path = os.path.join(a.node_dir, SEQUENCER_LOG)
     deadline = time.monotonic() + a.timeout
     missing_entry = 0
@@ -248,7 +283,6 @@ def wait_done(a: argparse.Namespace) -> Dict[str, Any]:
             return common.Verbatim(res)
         if time.monotonic() >= next_check:
             next_check = time.monotonic() + 0.5
-            touch_lease(a.node_dir)
             rec = None
             try:
                 rec = common.load_sequencer(a.node_dir)
@@ -296,7 +330,7 @@ def wait_done(a: argparse.Namespace) -> Dict[str, Any]:
         time.sleep(POLL_S)
 
 
-def cmd_serve(a: argparse.Namespace) -> Dict[str, Any]:
+def cmd_serve(a: ServeSpec) -> Dict[str, Any]:
     make_queue_dir(a.node_dir)
     fd = os.open(os.path.join(a.node_dir, SERVE_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -332,7 +366,15 @@ def cmd_serve(a: argparse.Namespace) -> Dict[str, Any]:
 # CLI
 # ---------------------------------------------------------------------------------------------
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def parse_args(argv: Optional[Sequence[str]]) -> Tuple[str, Spec]:
+    """(command, its spec): from ``--spec-json`` (the object's ``command`` picks the dataclass) or the flags."""
+    obj = common.spec_json(argv)
+    if obj is not None:
+        command = obj.pop("command", None)
+        if command not in SPECS:
+            raise UsageError("%s: the spec's \"command\" must be one of %s, got %r"
+                             % (common.SPEC_FLAG, ", ".join(SPECS), command))
+        return command, checked(common.spec_of(SPECS[command], obj))
     p = argparse.ArgumentParser(prog="sequence.py", description=__doc__.split("\n")[0])
     p.add_argument("--node-dir", required=True)
     sub = p.add_subparsers(dest="command", required=True)
@@ -345,9 +387,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="exit after this many seconds without work (a dead driver never leaves it forever; "
                              "specab_queue_idle_timeout_s)")
         sp.add_argument("--lease-s", type=float, required=True,
-                        help="claim no new run when the controller (ensure, wait) gave no sign of life for this "
-                             "many seconds: a killed driver never leaves its queued runs burning GPU time "
-                             "(0: never; specab_lease_stale_s)")
+                        help="claim no new run when the controller gave no sign of life (its node lease's heartbeat, "
+                             "lease.py) for this many seconds, or the lease names another experiment: a killed "
+                             "driver never leaves its queued runs burning GPU time (0: never stale; "
+                             "specab_lease_stale_s)")
         sp.add_argument("--smi", default=None, type=lambda s: common.json_list_arg(s, "--smi"),
                         help="nvidia-smi argv (JSON list): at startup, stop leftovers and wait for free GPUs")
         sp.add_argument("--gpus", required=True)
@@ -382,19 +425,28 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     sp.add_argument("--finish", action="store_true",
                     help="then write the END marker, as `finish` does: these are the experiment's last runs")
     a = p.parse_args(argv)
-    a.node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
-    if getattr(a, "experiment_id", None) is not None and not ID_RE.match(a.experiment_id):
-        p.error("--experiment-id must match [A-Za-z0-9][A-Za-z0-9._-]*, got %r" % a.experiment_id)
-    return a
+    if a.command == "stage":
+        a.batch = sys.stdin.read()
+    cls = SPECS[a.command]
+    return a.command, checked(cls(**{f.name: getattr(a, f.name) for f in fields(cls)}))
+
+
+def checked(spec: Spec) -> Spec:
+    """The spec with its node directory absolute; a malformed experiment id is a usage error."""
+    spec.node_dir = os.path.abspath(os.path.expanduser(spec.node_dir))
+    experiment_id = getattr(spec, "experiment_id", None)
+    if experiment_id is not None and not ID_RE.match(str(experiment_id)):
+        raise UsageError("experiment_id must match [A-Za-z0-9][A-Za-z0-9._-]*, got %r" % experiment_id)
+    return spec
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    a = parse_args(argv)
+    command, a = parse_args(argv)
     os.makedirs(a.node_dir, exist_ok=True)
-    commands: Dict[str, Callable[[argparse.Namespace], Dict[str, Any]]] = {
+    commands: Dict[str, Callable[[Any], Dict[str, Any]]] = {
         "ensure": cmd_ensure, "reset": cmd_reset, "wait": cmd_wait, "finish": cmd_finish, "serve": cmd_serve,
         "stage": cmd_stage}
-    return commands[a.command](a)
+    return commands[command](a)
 
 
 if __name__ == "__main__":

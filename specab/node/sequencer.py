@@ -6,19 +6,18 @@ a controller without sign of life. stdlib only, like every node tool; imports it
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
-from specab.node import common, gpufree, manifest
+from specab.node import common, gpufree, lease, manifest
 from specab.node import stop as stop_tool
 from specab.node.common import ToolError
-from specab.node.runqueue import (END_PREFIX, ENTRY_RE, HOLD_PREFIX, POLL_S, SEQUENCER_LOG, SEQUENCER_START, TASKS,
-                                  Entry, lease_age, now, queue_dir, queued_names)
+from specab.node.runqueue import (END_PREFIX, ENTRY_RE, POLL_S, SEQUENCER_LOG, SEQUENCER_START, TASKS,
+                                  Entry, now, queue_dir, queued_names)
 from specab.node.runsteps import Interrupted, PhaseLog, RunSteps, SignalGate
 from specab.vocab.phases import failure_headline
 
@@ -28,8 +27,23 @@ PROBE_TIMEOUT_S = 60.0          # one engine version probe (manifest.py --probe-
 # The sequencer process
 # ---------------------------------------------------------------------------------------------
 
+@dataclass
+class ServeSpec:
+    """One sequencer of one experiment on one node directory (``sequence.py ensure`` makes sure it runs; ``serve``
+    is the process itself): every setting from the controller, none from a literal here."""
+    node_dir: str
+    experiment_id: str
+    idle_timeout: float                 # exit after this many seconds without work (specab_queue_idle_timeout_s)
+    lease_s: float                      # claim no run once the controller is gone this long (specab_lease_stale_s)
+    gpus: str
+    gpu_free_timeout: float
+    gpu_free_threshold_mib: float       # the startup GPU check's; each run's own checks use its entry's
+    stop_grace: float
+    smi: Optional[List[str]] = None     # at startup, stop leftovers and wait for free GPUs
+
+
 class Sequencer(object):
-    def __init__(self, a: argparse.Namespace) -> None:
+    def __init__(self, a: ServeSpec) -> None:
         self.a = a
         self.node_dir = a.node_dir
         self.experiment_id = a.experiment_id
@@ -118,20 +132,18 @@ class Sequencer(object):
         common.write_json(os.path.join(self.node_dir, SEQUENCER_START), res)
         self.save(startup={"ok": True, "clean": self.clean, "elapsed_s": res["elapsed_s"]})
 
-    def hold_marker(self) -> str:
-        return os.path.join(queue_dir(self.node_dir), HOLD_PREFIX + self.experiment_id)
-
     def held(self) -> bool:
-        """The driver's interrupt reached the node (its hold marker): no run is claimed or started."""
-        return os.path.exists(self.hold_marker())
+        """The driver's interrupt reached the node (its node lease on hold): no run is claimed or started."""
+        return lease.on_hold(self.node_dir, self.experiment_id)
 
     def watch_hold(self) -> None:
-        """The driver's hold marker acts as its interrupt, at once: SIGTERM to ourselves (the gate cuts a
+        """The driver's hold acts as its interrupt, at once: SIGTERM to ourselves (the gate cuts a
         load or a benchmark short as for stop.py's signal, faster than the stop playbook reaches us)."""
         def loop() -> None:
             while not self.gate.requested:
                 if self.held():
-                    common.log("hold marker %s: the driver was interrupted" % self.hold_marker())
+                    common.log("the node lease %s is on hold: the driver was interrupted"
+                               % lease.lease_path(self.node_dir))
                     os.kill(os.getpid(), signal.SIGTERM)
                     return
                 time.sleep(0.1)
@@ -215,19 +227,20 @@ class Sequencer(object):
             if self.gate.requested:
                 self.save(state="exited", run_id=None, reason="signal %s" % self.gate.requested)
                 return 0
-            if self.a.lease_s > 0 and queued_names(self.node_dir):
-                age = lease_age(self.node_dir, self.record["started_at"])
-                if age > self.a.lease_s:
+            if queued_names(self.node_dir):
+                gone = lease.controller_gone(self.node_dir, self.experiment_id, self.record["started_at"],
+                                             self.a.lease_s)
+                if gone is not None:
                     # the driver died or lost the node: do not spend hours of GPU time on runs nobody
                     # collects; the entries stay queued (a resume resets the queue and queues them again)
                     self.save(state="exited", run_id=None,
-                              reason="no sign of the controller for %.0fs (--lease-s %g): queued runs left "
-                                     "unclaimed; resume the experiment to run them" % (age, self.a.lease_s))
+                              reason="%s (--lease-s %g): queued runs left unclaimed; resume the experiment to run "
+                                     "them" % (gone, self.a.lease_s))
                     common.log(self.record["reason"])
                     return 0
             if self.held():
-                self.save(state="exited", run_id=None, reason="hold marker %s: the driver was interrupted"
-                          % self.hold_marker())
+                self.save(state="exited", run_id=None, reason="the node lease %s is on hold: the driver was "
+                                                              "interrupted" % lease.lease_path(self.node_dir))
                 return 0
             entry = self.claim()
             if entry is not None:

@@ -30,7 +30,9 @@ def test_lease_held_by_a_driver_refuses_ab_test_and_stop_before_anything_is_stop
         assert "experiment drv-lease-1" in flat and f"controller {socket.gethostname()} pid {os.getpid()}" in flat \
             and driver_lease.holder["started_at_iso"] in flat, flat[-3000:]
         assert "Nothing was stopped or started" in flat, flat[-3000:]
-        # nothing was stopped or started: no server ever recorded, no run directory, no start task reached
+        # nothing was shipped, stopped or started: no node tools, no server ever recorded, no run directory, no
+        # start task reached
+        assert not (sim_node.node_dir / "bin").exists(), "ab_test.yml shipped its tools to a node another holds"
         assert sim_node.server_record() is None
         assert not (sim_node.node_dir / "runs").exists() and not (sim_node.runs_dir / "t-lease").exists()
         assert "Start | Start arm" not in flat and "Stop | Stop any server of ours" not in flat
@@ -40,6 +42,7 @@ def test_lease_held_by_a_driver_refuses_ab_test_and_stop_before_anything_is_stop
         # a hand-run stop.yml is refused the same way
         stop = sim_node.playbook("stop.yml", {"specab_experiment_file": str(exp_file)})
         assert stop.rc != 0 and "experiment drv-lease-1" in stop.flat, str(stop)
+        assert not (sim_node.node_dir / "bin").exists(), "stop.yml shipped its tools to a node another holds"
         assert "Stop | Stop the server recorded in server.json" not in stop.flat
         assert json.loads(lease_file.read_text())["token"] == token
 

@@ -21,6 +21,14 @@ FAILING_SMI = ["false"]         # an nvidia-smi that fails at once: gpufree's ow
 SECRET = "sk-module-test-0123456789"
 
 
+def _lease(node_dir: Path, experiment_id: str, token: str) -> Dict[str, Any]:
+    holder = {"experiment_id": experiment_id, "controller_host": "ctl", "controller_pid": 4242, "started_at": 1.0,
+              "started_at_iso": "2026-12-01T10:00:00+0000", "token": token}
+    return {"tool": "lease", "node_dir": str(node_dir), "python": sys.executable, "fail_msg": "ctl-node",
+            "fail_hint": "Nothing was stopped or started.",
+            "spec": {"node_dir": str(node_dir), "command": "take", "holder": holder, "stale_s": 600.0}}
+
+
 def _playbook(tmp_path: Path, node_dir: Path, results: Path, *flags: str,
               env: Dict[str, str] | None = None) -> subprocess.CompletedProcess:
     tasks: List[Dict[str, Any]] = [
@@ -43,9 +51,20 @@ def _playbook(tmp_path: Path, node_dir: Path, results: Path, *flags: str,
                          "phase": "gpus free", "host": "here",
                          "spec": {"smi": FAILING_SMI, "gpus": "all", "threshold_mib": 64, "timeout": 1,
                                   "api_key": SECRET}}},
+        {"name": "Lease | take", "register": "lease_r", "specab_node": _lease(node_dir, "exp-m", "tm")},
+        {"name": "Lease | take again by its holder", "register": "again_r",
+         "specab_node": _lease(node_dir, "exp-m", "tm")},
+        {"name": "Lease | another experiment", "register": "other_r", "ignore_errors": True,
+         "specab_node": _lease(node_dir, "exp-other", "to")},
+        {"name": "Queue | no more runs", "register": "finish_r",
+         "specab_node": {"tool": "sequence", "node_dir": str(node_dir), "python": sys.executable,
+                         "fail_msg": "Ending the run queue failed",
+                         "spec": {"command": "finish", "node_dir": str(node_dir), "experiment_id": "exp-m"}}},
         {"name": "Write the results", "delegate_to": "localhost", "check_mode": False,
          "ansible.builtin.copy": {"dest": str(results), "mode": "0600",
-                                  "content": "{{ {'stop': stop_r, 'free': free_r, 'bad': bad_r, 'secret': secret_r} | to_json }}"}},
+                                  "content": "{{ {'stop': stop_r, 'free': free_r, 'bad': bad_r, 'secret': secret_r, "
+                                             "'lease': lease_r, 'again': again_r, 'other': other_r, "
+                                             "'finish': finish_r} | to_json }}"}},
     ]
     book = tmp_path / "module.yml"
     book.write_text(json.dumps([{"name": "specab_node", "hosts": "localhost", "gather_facts": False,
@@ -104,6 +123,18 @@ def test_the_tool_result_is_the_task_result_and_its_error_the_task_failure(tmp_p
     assert r["secret"]["failed"] is True and "unknown: api_key" in r["secret"]["msg"], r["secret"]
     assert SECRET not in results.read_text()
 
+    # the lease tool with its LeaseSpec: taken (changed), taken again by its holder (unchanged), refused for another
+    # experiment with the tool's words between the headline and the hint
+    assert r["lease"]["changed"] is True and r["lease"]["taken"] and not r["lease"].get("already"), r["lease"]
+    assert r["again"]["changed"] is False and r["again"]["already"] is True, r["again"]
+    other = r["other"]
+    assert other["failed"] is True and other["held"] is True and other["rc"] == 1, other
+    assert other["msg"].startswith(f"ctl-node: node directory {node_dir} is in use by experiment exp-m (controller "
+                                   "ctl pid 4242") and other["msg"].endswith(". Nothing was stopped or started."), other
+    assert json.loads((node_dir / "experiment.lease").read_text())["experiment_id"] == "exp-m"
+    # a sequence command with its spec
+    assert r["finish"]["changed"] is True and (node_dir / "queue" / "END-exp-m").exists(), r["finish"]
+
 
 def test_a_secret_in_the_spec_is_masked_in_the_invocation(tmp_path: Path) -> None:
     # Ansible's own stdout callback at -vvv prints every task's invocation and redacts nothing by itself
@@ -121,6 +152,6 @@ def test_check_mode_runs_no_tool(tmp_path: Path) -> None:
     proc = _playbook(tmp_path, node_dir, results, "--check")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     r = json.loads(results.read_text())
-    for key in ("stop", "free", "bad", "secret"):
+    for key in ("stop", "free", "bad", "secret", "lease", "again", "other", "finish"):
         assert r[key]["skipped"] is True and r[key]["changed"] is False and "rc" not in r[key], r[key]
     assert not (node_dir / "stop.json").exists(), "check mode ran the stop tool"

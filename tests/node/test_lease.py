@@ -1,6 +1,7 @@
 """The node lease (specab/node/lease.py): one experiment per node directory, a second
 controller refused naming the holder, stale leases broken with a notice, release only by the holder.
-The tool runs as the driver runs it: ``python -c <source> ...`` (no deployed node tools needed)."""
+The tool runs as the driver runs it: a ``python -c`` program carrying it, with its ``LeaseSpec`` as ``--spec-json``
+(no deployed node tools needed)."""
 from __future__ import annotations
 
 import json
@@ -13,19 +14,39 @@ from pathlib import Path
 
 from specab.config import defaults
 from specab.config.inventory import Host
-from specab.driver.lease import NodeLeases, LeaseHeld
-from specab.node import lease
+from specab.driver.lease import LeaseError, LeaseHeld, NodeLeases, lease_argv
+from specab.node.lease import LeaseSpec
 
-SOURCE = Path(lease.__file__).read_text()
+FIELDS = {"--holder": ("holder", json.loads), "--stale-s": ("stale_s", float), "--token": ("token", str)}
 
 
-def tool(node_dir: Path, *args: str) -> tuple[int, dict]:
-    """The lease tool as the driver calls it: ``take`` and ``show`` get roles/specab's stale age unless given."""
-    if args[0] in ("take", "show") and "--stale-s" not in args:
-        args = (*args, "--stale-s", str(defaults.get("lease_stale_s")))
-    p = subprocess.run([sys.executable, "-c", SOURCE, "--node-dir", str(node_dir), *args], capture_output=True,
-                       text=True, timeout=60)
+def tool(node_dir: Path, command: str, *flags: str) -> tuple[int, dict]:
+    """The lease tool as the driver calls it, its spec's fields given as the tool's flags; ``take`` and ``show`` get
+    roles/specab's stale age unless given."""
+    fields = {FIELDS[k][0]: FIELDS[k][1](v) for k, v in zip(flags[::2], flags[1::2])}
+    if command in ("take", "show"):
+        fields.setdefault("stale_s", float(defaults.get("lease_stale_s")))
+    p = subprocess.run(lease_argv(sys.executable, LeaseSpec(node_dir=str(node_dir), command=command, **fields)),
+                       capture_output=True, text=True, timeout=60)
     return p.returncode, json.loads(p.stdout)
+
+
+def test_the_flags_and_the_spec_are_one_call_and_a_bad_spec_is_a_usage_error(tmp_path: Path):
+    d = tmp_path / "node"
+    by_flags = subprocess.run([sys.executable, "-m", "specab.node", "lease", "--node-dir", str(d), "take",
+                               "--holder", holder("exp-a", "t1"), "--stale-s", "600"],
+                              capture_output=True, text=True, timeout=60)
+    assert by_flags.returncode == 0 and json.loads(by_flags.stdout)["taken"], by_flags.stderr
+    rc, out = tool(d, "take", "--holder", holder("exp-a", "t1"))
+    assert rc == 0 and out["already"]
+    spec = json.dumps({"node_dir": str(d), "command": "touch"})
+    p = subprocess.run([sys.executable, "-m", "specab.node", "lease", "--spec-json", spec], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "touch needs token" in json.loads(p.stdout)["error"]
+    p = subprocess.run([sys.executable, "-m", "specab.node", "lease", "--spec-json",
+                        json.dumps({"node_dir": str(d), "command": "show", "stale": 1})],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "unknown: stale" in json.loads(p.stdout)["error"]
 
 
 def holder(exp: str, token: str, pid: int | None = None, host: str = "ctl-a") -> str:
@@ -56,12 +77,10 @@ def test_second_holder_refused_naming_the_first_then_released(tmp_path: Path):
 def test_stale_lease_broken_with_a_notice(tmp_path: Path):
     d = tmp_path / "node"
     assert tool(d, "take", "--holder", holder("exp-a", "t1"))[0] == 0
-    old = time.time() - 700
-    os.utime(d / "experiment.lease", (old, old))
-    (d / "sequencer.lease").touch()                 # the sequencer's sign of life counts too
     rc, out = tool(d, "take", "--holder", holder("exp-b", "t2"), "--stale-s", "600")
-    assert rc == 1 and out["held"]
-    os.utime(d / "sequencer.lease", (old, old))
+    assert rc == 1 and out["held"]                  # touched just now: alive
+    old = time.time() - 700
+    os.utime(d / "experiment.lease", (old, old))    # the lease file's mtime is the one sign of life
     rc, out = tool(d, "take", "--holder", holder("exp-b", "t2"), "--stale-s", "600")
     assert rc == 0 and out["holder"]["experiment_id"] == "exp-b"
     assert "exp-a" in out["broken"]["notice"] and "no sign of life" in out["broken"]["reason"]
@@ -90,7 +109,7 @@ def test_driver_leases_all_or_none_and_released_on_exit(tmp_path: Path):
         assert "h2" in str(exc) and "other" in str(exc)
     assert not (tmp_path / "h1" / "experiment.lease").exists()
     assert tool(tmp_path / "h2", "release", "--token", "tx")[1]["released"]
-    with NodeLeases(hosts, "mine", notice=notices.append, refresh_s=0.2) as held:
+    with NodeLeases(hosts, "mine", notice=notices.append, heartbeat_s=0.2) as held:
         rec = json.loads((tmp_path / "h1" / "experiment.lease").read_text())
         assert rec["experiment_id"] == "mine" and rec["controller_pid"] == os.getpid()
         m0 = (tmp_path / "h1" / "experiment.lease").stat().st_mtime
@@ -101,6 +120,40 @@ def test_driver_leases_all_or_none_and_released_on_exit(tmp_path: Path):
         assert held.taken == hosts
     assert not (tmp_path / "h1" / "experiment.lease").exists() and not (tmp_path / "h2" / "experiment.lease").exists()
     assert notices == []
+
+
+def test_the_heartbeat_keeps_the_lease_fresh_over_a_run_longer_than_its_stale_age(tmp_path: Path):
+    """Over three stale ages the lease file's mtime never lags the clock by a stale age (polled: every gap between two
+    of its timestamps is shorter than one), and another experiment is still refused, with the holder's words."""
+    host = Host(name="h1", vars={"ansible_connection": "local", "specab_python": sys.executable,
+                                 "specab_node_dir": str(tmp_path / "h1")})
+    path = tmp_path / "h1" / "experiment.lease"
+    stale_s = 1.5
+    with NodeLeases([host], "long-run", notice=print, stale_s=stale_s, heartbeat_s=0.3):
+        stamps = [path.stat().st_mtime]
+        end = stamps[0] + 3 * stale_s
+        while stamps[-1] < end:
+            m = path.stat().st_mtime
+            assert time.time() - m < stale_s, f"no heartbeat for {time.time() - m:.1f} s"
+            if m != stamps[-1]:
+                stamps.append(m)
+            time.sleep(0.05)                        # the poll's period, not what is measured
+        gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+        assert len(stamps) >= 6 and max(gaps) < stale_s, gaps
+        rc, out = tool(tmp_path / "h1", "take", "--holder", holder("exp-b", "t2"), "--stale-s", str(stale_s))
+        assert rc == 1 and out["held"] and "is in use by experiment long-run" in out["error"], out
+    assert not path.exists()
+
+
+def test_a_heartbeat_not_shorter_than_the_stale_age_is_refused_before_any_node_is_touched(tmp_path: Path):
+    host = Host(name="h1", vars={"ansible_connection": "local", "specab_python": sys.executable,
+                                 "specab_node_dir": str(tmp_path / "h1")})
+    try:
+        NodeLeases([host], "x", notice=print, stale_s=10, heartbeat_s=10).take()
+        raise AssertionError("a heartbeat as long as the stale age was accepted")
+    except LeaseError as exc:
+        assert "specab_lease_heartbeat_s" in str(exc) and "shorter than its stale age" in str(exc)
+    assert not (tmp_path / "h1").exists()
 
 
 def test_driver_status_names_the_lease_holder_or_says_the_node_is_free(tmp_path: Path):

@@ -395,15 +395,16 @@ def test_a_malformed_entry_is_refused_and_the_next_runs(node):
 
 
 def test_a_sequencer_without_its_controller_claims_no_new_run(node):
-    """A killed driver must not leave its queued runs burning GPU time for hours: once neither `ensure`
-    nor `wait` touched the lease for --lease-s, the sequencer claims nothing more and exits, leaving the
-    entries queued for a resume (which resets the queue)."""
+    """A killed driver must not leave its queued runs burning GPU time for hours: once its node lease (the lease
+    file's mtime, the driver's heartbeat) gave no sign of life for --lease-s, the sequencer claims nothing more and
+    exits, leaving the entries queued for a resume (which resets the queue)."""
+    from specab.node import lease
+    lease.take(str(node.node_dir), {"experiment_id": node.experiment_id, "controller_host": "ctl", "controller_pid": 1,
+                                    "started_at": 1.0, "token": "t"}, 600)
     r = node.ensure("--lease-s", "30")
     assert r.rc == 0, r
-    lease = node.node_dir / "sequencer.lease"
-    assert lease.exists()
     old = time.time() - 120
-    os.utime(lease, (old, old))                 # the controller's last sign of life: 2 minutes ago
+    os.utime(node.node_dir / "experiment.lease", (old, old))    # the controller's last heartbeat: 2 minutes ago
     node.enqueue(1, node.arm("baseline"))
     assert wait_for(lambda: not alive(r.data["pid"]), 30)
     rec = node.record()
@@ -411,6 +412,61 @@ def test_a_sequencer_without_its_controller_claims_no_new_run(node):
     assert "resume" in rec["reason"]
     assert (node.node_dir / "queue" / "000001-001-baseline.json").exists()     # still queued, never run
     assert not (node.node_dir / "runs" / "001-baseline" / "done.json").exists()
+
+
+def test_a_sequencer_claims_no_run_once_another_experiment_holds_the_node_lease(node):
+    """The lease broken and taken by another experiment: this experiment's controller is gone from the node."""
+    from specab.node import lease
+    r = node.ensure()
+    assert r.rc == 0, r
+    lease.take(str(node.node_dir), {"experiment_id": "someone-else", "controller_host": "ctl", "controller_pid": 1,
+                                    "started_at": 1.0, "token": "t"}, 600)
+    node.enqueue(1, node.arm("baseline"))
+    assert wait_for(lambda: not alive(r.data["pid"]), 30)
+    rec = node.record()
+    assert rec["state"] == "exited" and "held by experiment someone-else" in rec["reason"], rec
+    assert not (node.node_dir / "runs" / "001-baseline" / "done.json").exists()
+
+
+def test_the_controllers_hold_on_the_node_lease_stops_the_sequencer_before_its_next_run(node):
+    """An interrupted driver puts its node lease on hold (lease.py hold): the sequencer claims nothing more."""
+    from specab.node import lease
+    lease.take(str(node.node_dir), {"experiment_id": node.experiment_id, "controller_host": "ctl",
+                                    "controller_pid": 1, "started_at": 1.0, "token": "t"}, 600)
+    r = node.ensure()
+    assert r.rc == 0, r
+    with pytest.raises(lease.LeaseError, match="no longer ours"):
+        lease.hold(str(node.node_dir), "not-the-token")
+    assert not lease.on_hold(str(node.node_dir), node.experiment_id)
+    assert lease.hold(str(node.node_dir), "t")["holder"]["hold_at"]
+    assert lease.on_hold(str(node.node_dir), node.experiment_id)
+    assert wait_for(lambda: not alive(r.data["pid"]), 30)
+    node.enqueue(1, node.arm("baseline"))
+    rec = node.record()
+    # the idle loop or the hold watcher (its own SIGTERM) saw it first: either says so in the log
+    assert rec["state"] == "exited" and rec["reason"] in ("signal SIGTERM", "the node lease %s is on hold: the driver "
+                                                          "was interrupted" % lease.lease_path(str(node.node_dir))), rec
+    assert "is on hold: the driver was interrupted" in (node.node_dir / "sequencer.log").read_text()
+    assert not (node.node_dir / "runs" / "001-baseline" / "queue_entry.json").exists()
+
+
+def test_the_commands_take_their_typed_spec_and_a_bad_spec_is_a_usage_error(node):
+    """`sequence --spec-json -` (enqueue.yml and collect_run.yml through the specab_node module): the object's
+    "command" picks the dataclass; its keys are that dataclass's fields."""
+    def by_spec(spec: dict) -> tuple[int, dict]:
+        p = subprocess.run([PY, str(node.tools), "sequence", "--spec-json", "-"], env=node.env, capture_output=True,
+                           text=True, timeout=60, input=json.dumps(spec))
+        return p.returncode, json.loads(p.stdout.strip().splitlines()[-1])
+
+    rc, out = by_spec({"command": "finish", "node_dir": str(node.node_dir), "experiment_id": node.experiment_id})
+    assert rc == 0 and out["end_marker"] == str(node.node_dir / "queue" / ("END-" + node.experiment_id)), out
+    assert Path(out["end_marker"]).exists()
+    rc, out = by_spec({"command": "wait", "node_dir": str(node.node_dir), "run_id": "001-baseline"})
+    assert rc == 2 and "a WaitSpec takes the keys" in out["error"] and "missing: timeout" in out["error"], out
+    rc, out = by_spec({"command": "launch", "node_dir": str(node.node_dir)})
+    assert rc == 2 and "must be one of ensure, serve, reset, wait, finish, stage" in out["error"], out
+    rc, out = by_spec({"command": "finish", "node_dir": str(node.node_dir), "experiment_id": "../x"})
+    assert rc == 2 and "experiment_id must match" in out["error"], out
 
 
 def _mode(p: Path) -> int:

@@ -86,11 +86,15 @@ def _sshd_sessions(ns: NetnsHost) -> list[int]:
     return out
 
 
-def _waiting_for(ns: NetnsHost, run_id: str) -> bool:
-    """The controller's `<bin>/specab/node sequence ... wait --run-id <run_id>` runs on the node (over SSH)."""
-    return any(any(a.endswith(b"specab/node") for a in argv) and b"sequence" in argv and b"wait" in argv
-               and run_id.encode() in argv
-               for argv in ns.argvs().values())
+def _waiting(ns: NetnsHost) -> bool:
+    """The controller's `<bin>/specab/node sequence --spec-json -` runs on the node (over SSH): while a run is
+    benchmarking, that is collect_run.yml's wait for it (its spec, run id included, is on the tool's stdin; the
+    queue's other commands, ensure and stage, ended before the run started)."""
+    def is_wait(argv: list[bytes]) -> bool:
+        words = [a for a in argv if a]           # /proc/PID/cmdline ends with a NUL
+        return len(words) >= 4 and words[-4].endswith(b"specab/node") and words[-3:] == [b"sequence", b"--spec-json",
+                                                                                           b"-"]
+    return any(is_wait(argv) for argv in ns.argvs().values())
 
 
 def test_item08_ssh_drop_mid_run_is_a_failed_run_and_the_next_starts_clean(tmp_path: Path, netns_host):  # noqa: F811
@@ -107,7 +111,7 @@ def test_item08_ssh_drop_mid_run_is_a_failed_run_and_the_next_starts_clean(tmp_p
         # the controller's `sequence.py wait` for run 001, which a loaded controller may start late. (A drop
         # between the controller's commands is invisible to it: the node runs the run unattended, the data
         # is complete, and the next command opens a new connection; docs/reliability.md, Notes.)
-        wait_for(lambda: _waiting_for(ns, "001-baseline"), timeout=120, interval=0.02,
+        wait_for(lambda: _waiting(ns), timeout=120, interval=0.02,
                  what="the controller's wait for run 001 over SSH", proc=proc)
         first_server = node.server()
         # the link drops: every SSH connection to the node is cut at once (the node and its server live on)
