@@ -2,7 +2,7 @@
 
 Before anything on a node is touched (the first enqueue or stop), the session takes the lease of every host
 it will use (``specab/node/lease.py`` with its ``LeaseSpec``, run over the driver's node access as a ``python -c``
-program, ``nodeprogram``, so it needs no deployed tool: docs/decisions/0008), touches them from one heartbeat
+program, ``nodeprogram``, so it needs no deployed tool: docs/decisions/0009), touches them from one heartbeat
 thread every ``specab_lease_heartbeat_s`` while the experiment runs (the lease file's mtime is the controller's
 one sign of life, read by the next experiment and by the run queue's sequencer), and releases them on every exit
 path (``NodeLeases`` is a context manager). A lease held by another live controller refuses the experiment

@@ -1,6 +1,6 @@
 """Node tools run where none is deployed yet: a ``python -c`` program that carries their modules.
 
-The lease is taken and the preflight's port check runs before node_prepare ships anything (docs/decisions/0008):
+The lease is taken and the preflight's port check runs before node_prepare ships anything (docs/decisions/0009):
 the modules a tool needs travel in the program, compressed, and are made there under their package names, so they
 import each other as they do on the node.
 """

@@ -2,7 +2,7 @@
 preflight's probes, and the node lease's calls (driver/lease.py).
 
 Ansible changes node state; through this module the driver writes only its node lease (the lease tool's take,
-touch, hold, release: docs/decisions/0008-the-node-lease-is-the-one-write-outside-ansible.md), and otherwise reads. Hosts with `ansible_connection: local` are read
+touch, hold, release: docs/decisions/0009-the-node-lease-is-the-one-write-outside-ansible.md), and otherwise reads. Hosts with `ansible_connection: local` are read
 with local commands (fabric's Connection('localhost') would need an sshd); the others over SSH
 with fabric, host keys checked (RejectPolicy) against the inventory's UserKnownHostsFile (or
 ~/.ssh/known_hosts) unless the inventory says StrictHostKeyChecking=no.
