@@ -44,6 +44,9 @@ _raw:
 
 INTS = ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed")
 FLOATS = ("request_rate", "timeout_s")
+# what the client takes: the settings with a specab_bench_* default, and the two without one. Other keys of an
+# experiment's bench (e.g. phase_timing, which decides the server's flags) are not bench settings of the run.
+SETTINGS = (*defaults.BENCH_DEFAULTS, "model", "dataset")
 
 
 def _flag(value: Any) -> bool:
@@ -63,7 +66,7 @@ def resolve(base: Mapping[str, Any], experiment_bench: Optional[Mapping[str, Any
     for layer in (experiment_bench, arm_bench):
         given.update({k: v for k, v in dict(layer or {}).items() if v is not None})
     try:
-        out = defaults.bench(given)
+        out = {k: v for k, v in defaults.bench(given).items() if k in SETTINGS}
         for key in INTS:
             out[key] = int(out[key])
         for key in FLOATS:

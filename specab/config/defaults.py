@@ -17,9 +17,12 @@ DEFAULTS_FILE = REPO_ROOT / "roles" / "specab" / "defaults" / "main.yml"
 PREFIX = "specab_"
 
 # experiment key -> the defaults file's variable
-BENCH_DEFAULTS = {k: f"specab_bench_{k}" for k in ("api", "num_requests", "warmup_requests", "input_len",
-                                                      "output_len", "concurrency", "seed", "timeout_s", "ignore_eos",
-                                                      "request_rate")}
+# each variable spelled out: a reader of the defaults file names what it reads (tests/unit/test_architecture.py)
+BENCH_DEFAULTS = {"api": "specab_bench_api", "num_requests": "specab_bench_num_requests",
+                  "warmup_requests": "specab_bench_warmup_requests", "input_len": "specab_bench_input_len",
+                  "output_len": "specab_bench_output_len", "concurrency": "specab_bench_concurrency",
+                  "seed": "specab_bench_seed", "timeout_s": "specab_bench_timeout_s",
+                  "ignore_eos": "specab_bench_ignore_eos", "request_rate": "specab_bench_request_rate"}
 TIMEOUT_DEFAULTS = {"ready_s": "specab_ready_timeout_s", "stop_grace_s": "specab_stop_grace_s",
                     "gpu_free_s": "specab_gpu_free_timeout_s"}
 

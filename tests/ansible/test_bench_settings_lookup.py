@@ -58,3 +58,12 @@ def test_a_play_resolves_an_inventory_value_the_experiment_and_the_arm(tmp_path:
     out = json.loads((tmp_path / "out.json").read_text())
     assert (out["num_requests"], out["warmup_requests"], out["concurrency"]) == (5, 1, 4), out
     assert out["api"] == defaults.get("bench_api") and isinstance(out["timeout_s"], float)
+
+
+def test_no_playbook_or_role_resolves_a_bench_setting_in_jinja() -> None:
+    """Every path takes the bench settings from the lookup: a `default(specab_bench_*)` outside roles/specab would
+    resolve one again, and could differ from what the bench role runs."""
+    found = [f"{path.relative_to(REPO)}:{n}" for top in ("playbooks", "roles") for path in (REPO / top).rglob("*.yml")
+             if not path.is_relative_to(REPO / "roles" / "specab")
+             for n, line in enumerate(path.read_text().splitlines(), 1) if "default(specab_bench_" in line]
+    assert found == [], found

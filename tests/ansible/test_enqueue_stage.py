@@ -85,3 +85,56 @@ def test_enqueue_stages_the_per_run_paths_bytes_in_one_call(sim_node: SimNode) -
     assert "SPECAB_SIM_SGLANG_VERSION=0.5.9" in (alt_run / "launch.sh").read_text()
     assert json.loads((alt_run / "engine.json").read_text())["build"] == "alt"
     assert QUOTED_NAME in json.loads((node_dir / "runs" / "001-baseline" / "args.json").read_text()).values()
+
+
+def _per_run_bench_playbook(path: Path, out: Path) -> Path:
+    """The bench settings the per-run path's bench role gets (playbooks/tasks/run_arm.yml, its bench task's
+    bench_settings, the expression read from the file), written as JSON."""
+    def walk(tasks: list[dict]) -> list[dict]:
+        return [t for task in tasks for t in [task, *walk(task.get("block", []) + task.get("rescue", [])
+                                                          + task.get("always", []))]]
+    found = [t for t in walk(yaml.safe_load((REPO / "playbooks" / "tasks" / "run_arm.yml").read_text()))
+             if "bench_settings" in (t.get("vars") or {})]
+    assert len(found) == 1, "run_arm.yml hands the bench role its settings in one task"
+    play = [{"name": "The per-run path's bench settings", "hosts": "gpu_nodes", "gather_facts": False,
+             "roles": [{"role": "specab"}],
+             "tasks": [{"name": "Bench | Write them", "vars": {"bench_settings": found[0]["vars"]["bench_settings"]},
+                        "ansible.builtin.copy": {"content": "{{ bench_settings | to_json }}", "dest": str(out),
+                                                 "mode": "0644"}}]}]
+    path.write_text(yaml.safe_dump(play, sort_keys=False))
+    return path
+
+
+def test_the_queue_entrys_bench_is_what_the_per_run_path_bench_role_gets(sim_node: SimNode, tmp_path: Path) -> None:
+    """A matrix arm with its own bench condition (concurrency) and a dataset, an inventory specab_bench_* value
+    (ab_test.yml honours it): the queued run's bench settings equal the per-run path's, value for value, type for
+    type, and carry no experiment key that is not a bench setting (phase_timing)."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {i} words."}) + "\n" for i in range(4)))
+    exp = experiment(sim_node.port, arms=[{"name": "baseline"}])
+    exp["bench"] = {**exp["bench"], "dataset": str(data), "phase_timing": False}
+    sim_node.write_inventory(specab_bench_request_rate=50)
+    arm = dict(resolved_arm(exp, 0), bench={"concurrency": 2})
+    runs = [{"seq": 1, "run_id": "001-baseline", "arm": arm}]
+    result = sim_node.playbook("enqueue.yml", {"specab_experiment": exp, "specab_experiment_id": EXPERIMENT_ID,
+                                               "specab_runs": runs, "specab_queue_reset": True,
+                                               "specab_queue_finish": True})
+    assert result.rc == 0, str(result)
+    node_dir = sim_node.node_dir
+    subprocess.run([sys.executable, str(node_dir / "bin" / "specab" / "node"), "sequence", "--node-dir",
+                    str(node_dir), "wait", "--run-id", "001-baseline", "--timeout", "240"],
+                   capture_output=True, text=True, timeout=300)
+    entry = json.loads((node_dir / "runs" / "001-baseline" / "queue_entry.json").read_text())
+
+    out = tmp_path / "per_run_bench.json"
+    node_path = entry["run_dir"].rsplit("/runs/", 1)[0]
+    per_run = sim_node.playbook(str(_per_run_bench_playbook(tmp_path / "per_run_bench.yml", out)),
+                                {"specab_experiment": exp, "specab_arm": arm, "node_prepare_node_path": node_path},
+                                cwd=sim_node.root)
+    assert per_run.rc == 0, str(per_run)
+    expected = json.loads(out.read_text())
+    assert entry["bench"] == expected
+    assert {k: type(v) for k, v in entry["bench"].items()} == {k: type(v) for k, v in expected.items()}
+    assert (entry["bench"]["concurrency"], entry["bench"]["request_rate"]) == (2, 50.0)
+    assert entry["bench"]["dataset"] == f"{node_path}/datasets/prompts.jsonl"
+    assert "phase_timing" not in entry["bench"]
