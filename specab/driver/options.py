@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specab.config import defaults
 from specab.config.inventory import Host, Inventory, default_inventory, load_inventory
 from specab.config.matrix import build_arms, parse_matrix
 from specab.config.plan import Order, PlannedRun, make_plan
@@ -91,6 +92,7 @@ def prepare(opts: Options) -> Prepared:
         raise ConfigError(f"--max-requests must be at least 1, got {opts.max_requests}.")
     check_executor(opts.executor, inv, opts.fleet)
     check_engines(armset.arms, inv)
+    check_bench_vars(inv)
     plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order)
     if opts.max_runs is not None and len(plan) > opts.max_runs:
         raise ConfigError(f"{len(armset.arms)} arms x {opts.repeats} blocks = {len(plan)} runs, above --max-runs "
@@ -99,6 +101,26 @@ def prepare(opts: Options) -> Prepared:
                           f"shows the plan and its expected GPU-minutes first).")
     return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
                     notices=exp.warnings + armset.notices + preflight.bind_warnings(armset.arms), plan=plan)
+
+
+# The specab_bench_* variables that are an experiment's bench.<key> defaults (roles/specab). The driver's design,
+# its stored config and its fingerprint (resume, history matching) read the experiment and specab's defaults
+# file, never the inventory: one set in the inventory would make the node run values none of them knows.
+# specab_bench_python and specab_bench_sample_interval_s say how the node runs the client and samples the GPUs,
+# not what is measured: the inventory sets them.
+BENCH_KEY_VARS = {**{var: key for key, var in defaults.BENCH_DEFAULTS.items()},
+                  "specab_bench_phase_timing": "phase_timing"}
+
+
+def check_bench_vars(inventory: Inventory) -> None:
+    """No host of the inventory (its host vars or the vars of a group it is in) sets a bench setting."""
+    problems = [f"host {host.name} sets {var} (set bench.{BENCH_KEY_VARS[var]} in the experiment file instead)"
+                for host in inventory.hosts for var in sorted(host.vars) if var in BENCH_KEY_VARS]
+    if problems:
+        raise ConfigError(f"{inventory.path}: " + "; ".join(problems) + ". The driver's design, its stored config "
+                          f"and its fingerprint read the experiment, so a bench setting in the inventory would run "
+                          f"values they do not know. Remove it from the inventory and set bench.<key> in the "
+                          f"experiment file (ansible-playbook playbooks/ab_test.yml, without the driver, honours it).")
 
 
 def check_engines(arms: list[ArmSpec], inventory: Inventory) -> None:

@@ -138,3 +138,56 @@ def test_phase_timing_auto_turns_on_metrics_and_the_device_timer_for_speculative
     for a in base:
         assert not a.phase_timing and "enable_metrics" not in a.server_args
         assert "SGLANG_ENABLE_METRICS_DEVICE_TIMER" not in a.env
+
+
+def test_the_driver_refuses_a_bench_setting_in_the_inventory_naming_host_variable_and_fix(write):
+    """A specab_bench_* that is a bench.<key> default, in a host's vars or a group's: refused with the host, the
+    variable and the experiment key to set; the node-side ones (the client's python, the sampling interval) pass."""
+    from specab.driver.options import check_bench_vars
+    inv = load_inventory(write("inv.yml", """\
+        all:
+          vars:
+            specab_bench_python: /opt/client/bin/python3
+            specab_bench_sample_interval_s: 0.5
+          children:
+            gpu_nodes:
+              vars:
+                specab_bench_seed: 7
+              hosts:
+                n1: {ansible_host: 10.0.0.1}
+                n2: {ansible_host: 10.0.0.2, specab_bench_concurrency: 4}
+        """))
+    with pytest.raises(ConfigError) as e:
+        check_bench_vars(inv)
+    msg = str(e.value)
+    assert msg.startswith(f"{inv.path}: ")
+    for host, var, key in (("n1", "specab_bench_seed", "seed"), ("n2", "specab_bench_seed", "seed"),
+                           ("n2", "specab_bench_concurrency", "concurrency")):
+        assert f"host {host} sets {var} (set bench.{key} in the experiment file instead)" in msg, msg
+    assert "n1 sets specab_bench_concurrency" not in msg and "specab_bench_python" not in msg
+    assert "fingerprint" in msg and "stored config" in msg
+    check_bench_vars(load_inventory(write("inv2.yml", """\
+        all:
+          children:
+            gpu_nodes:
+              vars: {specab_bench_python: /opt/client/bin/python3, specab_bench_sample_interval_s: 0.5}
+              hosts: {n1: {}}
+        """)))
+
+
+def test_a_driver_run_with_a_bench_setting_in_the_inventory_touches_no_node(tmp_path):
+    """The refusal comes from the options checks: the driver exits with its usage code, prints the host, the
+    variable and the fix, and neither the node directory nor the runs directory exists afterwards."""
+    from tests.driver.simnode import SimNode, driver, free_port, reap_driver
+    node = SimNode(root=tmp_path, port=free_port())
+    inv = node.write_inventory({**node.host_vars(), "specab_bench_num_requests": 50})
+    proc = driver("-e", str(node.write_experiment("refused")), "-i", str(inv), "--runs-dir", str(node.runs_dir),
+                  "--repeats", "1")
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        reap_driver(proc, 30)
+    assert proc.returncode == 2, out
+    assert f"host {node.host} sets specab_bench_num_requests (set bench.num_requests in the experiment file" in out
+    assert "Nothing was started." in out
+    assert not node.node_dir.exists() and not node.runs_dir.exists(), "the refused run touched the node"
