@@ -6,12 +6,14 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from specab.analysis import economics, model, stats
 from specab.analysis.history import HistoryError
 from specab.config.fingerprint import fingerprint, fingerprint_doc
+from specab.config.inventory import Host
 from specab.config.plan import PlannedRun, make_plan
 from specab.config.yamlfile import REPO_ROOT, ConfigError
 from specab.driver import record
@@ -20,15 +22,25 @@ from specab.driver.lease import active_holder
 from specab.driver.options import ExperimentError, Options, Prepared, choose_executor, is_multinode
 from specab.driver.playbook import PlaybookResult, PlaybookRunner, scrub_tree
 from specab.driver.progress import Progress
-from specab.driver.record import (PhaseClock, ingest_run_dir, log_excerpt, node_run_dir,
-                                  tail_file)
+from specab.driver.record import (INTERRUPTED_REASON, PhaseClock, ingest_run_dir, log_excerpt, node_run_dir,
+                                  read_json, tail_file)
 from specab.driver.remote import read_tail
 from specab.results import store as st
+from specab.vocab import phases
 from specab.vocab.contract import load_phase, scrub_text, scrub_values, secret_values
 
 ARM_PLAYBOOK = "playbooks/arm.yml"
 MULTINODE_PLAYBOOK = "playbooks/multinode_arm.yml"   # one server over every host (docs/scale.md)
 STOP_PLAYBOOK = "playbooks/stop.yml"
+
+
+@dataclass(frozen=True)
+class InterruptedRun:
+    """A per-run run the user interrupted after its server had started: the stop after the interrupt is its
+    teardown, recorded in its run directory as the run queue records it (RunContext.stop_servers)."""
+    pr: PlannedRun
+    run_dir: Path           # its controller directory
+    phase: str | None       # the phase it was stored interrupted in (a display name); None: kept ok
 
 
 def secrets_of(prepared: Prepared) -> list[str]:
@@ -210,18 +222,61 @@ class RunContext:
         return scrub_text(text, scrub_values(self.secrets))
 
     # ------------------------------------------------------------------ interruption
-    def stop_servers(self) -> str | None:
-        """Stop our server on every node through the stop role; returns an error text or None."""
+    def stop_servers(self, interrupted: InterruptedRun | None = None) -> str | None:
+        """Stop our server on every node through the stop role; returns an error text or None. With
+        ``interrupted`` the stop is that run's teardown: stop.yml records its stop, GPUs free and manifest in the
+        node's run directory and they are fetched into its controller directory, as the run queue's are."""
         ident = f"stop-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
         extravars: dict[str, Any] = {"specab_experiment": self.experiment_extravar()}
         holder = active_holder()
         if holder is not None:          # stop.yml stops under our node lease (else it takes the lease itself)
             extravars["specab_lease_holder"] = holder
+        if interrupted is not None:
+            extravars["specab_interrupted_run"] = self.interrupted_extravar(interrupted)
         res = self.runner.run(STOP_PLAYBOOK, extravars, ident, secrets=self.secrets, limit=self.limit)
+        # what the stop recorded, on every host it reached (the rest is what the node had written by the
+        # interrupt, fetched before the stop: a bench client the playbook left goes on writing until its server is
+        # stopped)
+        if interrupted is not None:
+            for host, dest in self.run_dests(interrupted.run_dir):
+                record.fetch_missing(host, self.node_run_dir(host, interrupted.pr.run_id), dest,
+                                     only=record.TEARDOWN_FILES)
+            scrub_tree(interrupted.run_dir, self.secrets)
+            self.stamp_manifests(interrupted.run_dir, interrupted.pr)
         if not res.ok:
             f = res.failures[0] if res.failures else None
             return f"stopping failed: {f.message if f else res.status}"
         return None
+
+    def run_dests(self, run_dir: Path) -> list[tuple[Host, Path]]:
+        """(host, controller directory) of a run's files on every host, as run_arm.yml lays them out
+        (run_arm_dest): a single host's and a multi-node head's in the run directory, a multi-node rank r's in
+        node<r>-<host>/, each host's of several own servers in <host>/."""
+        hosts = self.p.inventory.hosts
+        if self.playbook == MULTINODE_PLAYBOOK:
+            return [(h, run_dir if r == 0 else run_dir / f"node{r}-{h.name}") for r, h in enumerate(hosts)]
+        return [(h, run_dir if len(hosts) == 1 else run_dir / h.name) for h in hosts]
+
+    def interrupted_extravar(self, run: InterruptedRun) -> dict[str, Any]:
+        """stop.yml's ``specab_interrupted_run``: the run's id and, per host, the engine's Python (the manifest's
+        probes) and the manifest's extra keys, those of a failed run's manifest (run_arm.yml's rescue): the
+        interrupted phase's task and ``"<headline>: <reason>"``; the stop adds its own timings."""
+        arm = self.arms[run.pr.arm]
+        multinode = self.playbook == MULTINODE_PLAYBOOK
+        dests = self.run_dests(run.run_dir)
+        hosts: dict[str, Any] = {}
+        for rank, (h, dest) in enumerate(dests):
+            ready = read_json(dest / "ready.json")
+            extra: dict[str, Any] = {
+                "experiment_id": self.exp_id, "run_id": run.pr.run_id, "arm": run.pr.arm,
+                "time_to_ready_s": ready.get("elapsed_s") if isinstance(ready, dict) and ready.get("ready") else None}
+            if run.phase is not None:
+                extra.update(failed_task=phases.display_task(run.phase, run.pr.arm),
+                             failure=f"{phases.INTERRUPTED.format(host=h.name)}: {INTERRUPTED_REASON}")
+            if multinode:
+                extra.update(node_rank=rank, nnodes=len(dests))
+            hosts[h.name] = {"engine_python": h.engine_build(arm.engine).cmd[0], "extra": extra}
+        return {"run_id": run.pr.run_id, "hosts": hosts}
 
     # ------------------------------------------------------------------ more blocks
     def more_blocks(self) -> list[PlannedRun]:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specab.config.plan import PlannedRun
-from specab.driver.context import MoreBlocks, RunContext
+from specab.driver.context import InterruptedRun, MoreBlocks, RunContext
 from specab.driver.playbook import Failure, PlaybookResult
 from specab.driver.record import INTERRUPTED_REASON, PhaseClock, check_writable
 from specab.driver.remote import LogTail
@@ -25,6 +25,8 @@ class PerRunExecutor:
     def __init__(self, ctx: RunContext, signal_time: Callable[[], float | None] | None = None):
         self.ctx = ctx
         self.signal_time = signal_time            # when the user's SIGINT/SIGTERM came
+        # the run the user interrupted after its server started: the caller's stop is its teardown
+        self.interrupted: InterruptedRun | None = None
 
     def loop(self, todo: list[PlannedRun], cancel: threading.Event, index: int, *,
              more: MoreBlocks | None = None, on_status=None) -> bool:
@@ -122,4 +124,11 @@ class PerRunExecutor:
             # the phase of the failed task's role (a run step's, as the run queue records it)
             phase = (f.phase or clock.phase_at(f.time)) if f else clock.current
             outcome = (st.FAILED, phase, reason)
-        return self.ctx.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=clock.load_phases())
+        status = self.ctx.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=clock.load_phases())
+        # an interrupted run whose playbook was stopped after its server's start (the load follows the start: its
+        # node run directory is this attempt's) is torn down by the caller's stop; one kept ok (its benchmark had
+        # finished) has no failure
+        if canceled and not result.ok and any(name == "loading" for name, _, _ in clock.times):
+            self.interrupted = InterruptedRun(pr=pr, run_dir=run_dir,
+                                              phase=outcome[1] if status == st.INTERRUPTED else None)
+        return status

@@ -27,6 +27,9 @@ from specab.vocab.phases import REPEATED_PHASES
 MIN_FREE_MB = 50
 # the failure reason of a run the user interrupted (SIGINT/SIGTERM to the driver), on every executor
 INTERRUPTED_REASON = "interrupted by the user (SIGINT/SIGTERM)"
+# What a run's teardown records in its run directory (the run queue's RunSteps.teardown, run_arm.yml's stop and
+# rescue, stop.yml for an interrupted per-run run): its stop, its GPUs verified free and its manifest.
+TEARDOWN_FILES = ("stop.json", "gpu_free.json", "gpu_free.csv", "manifest.json")
 # The experiment directory and each run's on the controller: their owner's alone, as the node's run directories
 # (the files in them, launch.sh, args.json, server.log, may have held a secret, and their names and the logs tell
 # what ran)
@@ -175,8 +178,9 @@ def unpack_fetched(archive: Path, dest: Path, run_ids: Collection[str]) -> list[
     return held
 
 
-def fetch_missing(host: Host, node_run_dir: str, dest: Path) -> None:
-    """Copy the node's run files that the controller run dir lacks (after a failed run; read-only)."""
+def fetch_missing(host: Host, node_run_dir: str, dest: Path, only: Collection[str] = ()) -> None:
+    """Copy the node's run files that the controller run dir lacks (after a failed run; read-only); ``only``: just
+    these files, over the controller's copy (an interrupted run's TEARDOWN_FILES, written by the stop after it)."""
     try:
         node = open_node(host)
     except Exception:
@@ -188,10 +192,11 @@ def fetch_missing(host: Host, node_run_dir: str, dest: Path) -> None:
         dest.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
         os.chmod(dest, PRIVATE_DIR_MODE)
         for name in out.split():
-            if "/" in name or (dest / name).exists():
+            if "/" in name or (name not in only if only else (dest / name).exists()) or (dest / name).is_dir():
                 continue
             data = node.read_from(f"{node_run_dir}/{name}", 0, max_bytes=64 << 20)
             if data is not None:
+                (dest / name).unlink(missing_ok=True)      # a copy kept read-only is replaced, not written into
                 (dest / name).write_bytes(data)
                 if name in PRIVATE_RUN_FILES or name.endswith(".env"):
                     os.chmod(dest / name, PRIVATE_RUN_FILES.get(name, 0o600))

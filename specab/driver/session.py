@@ -30,7 +30,7 @@ from specab.config.plan import PlannedRun, make_plan
 from specab.config.spec import ExperimentSpec
 from specab.config.yamlfile import REPO_ROOT
 from specab.driver import preflight
-from specab.driver.context import MoreBlocks, RunContext
+from specab.driver.context import InterruptedRun, MoreBlocks, RunContext
 from specab.driver.design_inputs import DesignInputs, design_inputs
 from specab.driver.fleet import run_fleet
 from specab.driver.lease import LeaseError, NodeLeases
@@ -51,6 +51,8 @@ class Executor(Protocol):
     """Runs planned runs of one RunContext; ``loop`` returns True when interrupted."""
 
     stops_node_on_interrupt: bool
+    # the run to record the stop in when the caller stops the node (stops_node_on_interrupt False)
+    interrupted: InterruptedRun | None
 
     def loop(self, todo: list[PlannedRun], cancel: Any, index: int, *, more: MoreBlocks | None = None,
              on_status: Callable[[str], None] | None = None) -> bool: ...
@@ -90,7 +92,7 @@ def execute(ctx: RunContext, todo: list[PlannedRun]) -> int:
         finally:
             if interrupted and not executor.stops_node_on_interrupt:
                 ctx.progress.notice("interrupted: stopping the server of the current run (stop role) ...")
-                err = ctx.stop_servers()
+                err = ctx.stop_servers(executor.interrupted)
                 if err:
                     ctx.progress.notice(f"WARNING: {err} Check the node with `python driver.py status`.")
             if interrupted:

@@ -117,3 +117,10 @@ def failure_headline(node_phase: str, host: str, arm: str = "") -> str:
 def failure_task(node_phase: str, arm: str = "") -> str:
     """What the run was doing when it failed in ``node_phase``: the failure record's ``task``."""
     return TASKS.get(node_phase, node_phase).format(arm=arm)
+
+
+def display_task(display: str, arm: str = "") -> str:
+    """What the run was doing in the phase the driver shows as ``display`` (the first node phase shown so: the
+    driver stores an interrupted per-run run's phase by its display name)."""
+    node = next((p.node for p in PHASES if p.display == display and p.node is not None), display)
+    return failure_task(node, arm)

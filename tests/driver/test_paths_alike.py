@@ -2,8 +2,8 @@
 playbooks/tasks/run_arm.yml) and the node's run queue (`--executor queue`, specab/node/runsteps.py) run one
 experiment on one simulated node, and what each leaves is compared: the phases stored per run, the files of each
 run directory (and the keys of its JSON records), the failure record of a failed start (phase, headline, the
-tool's own error), and after Ctrl-C mid-benchmark the node (no server, GPUs free), the interrupted run's record
-and a resume that completes it.
+tool's own error), and after Ctrl-C mid-benchmark the node (no server, GPUs free), the interrupted run's record and
+files (torn down alike: stopped, its GPUs verified free, its manifest written) and a resume that completes it.
 
 The experiment, in this order (--order blocked, one block): `oom` (its engine dies with CUDA's out-of-memory error
 while loading: a failed start), `cut` (the driver gets SIGINT while it benchmarks its measured requests); then
@@ -52,11 +52,6 @@ QUEUE_ONLY_PHASES = frozenset({"writing manifest"})
 # ready.json's marks): with the instant profile's zero-second load they tie with the start of loading, where either
 # path may drop one; the phases are compared without them.
 LOAD_SUBPHASES = {"loading weights", "capturing graphs"}
-# After Ctrl-C the sequencer tears the interrupted run down as it does every run (stop, GPUs free, manifest) and
-# the driver collects it; the per-run path's playbook is stopped with the run (the driver then stops the node
-# through stop.yml, which keeps no record in the run directory), so its run directory holds what the node had
-# written by then, and its phases end with the interrupted one.
-QUEUE_TEARDOWN = {"stop.json", "gpu_free.json", "gpu_free.csv", "manifest.json"}
 
 
 @pytest.fixture
@@ -188,16 +183,31 @@ def test_per_run_and_queue_leave_the_same_record(node: SimNode):
     p_cut, q_cut = steps(per_run["phases"][RUNS[1]]), steps(queue["phases"][RUNS[1]])
     assert p_cut[-1] == "benchmarking" and q_cut[:len(p_cut)] == p_cut, (p_cut, q_cut)
 
-    # the same files in every run directory, but for the queue's own records
+    # the same files in every run directory (the interrupted run's too: torn down alike), but for the queue's own
+    # records
     for p_files, q_files in ((per_run["files"][RUNS[0]], queue["files"][RUNS[0]]),
+                             (per_run["files"][RUNS[1]], queue["files"][RUNS[1]]),
                              (per_run["resumed_files"], queue["resumed_files"])):
         assert p_files == q_files - QUEUE_ONLY, p_files ^ (q_files - QUEUE_ONLY)
-    p_files, q_files = per_run["files"][RUNS[1]], queue["files"][RUNS[1]] - QUEUE_ONLY
-    assert p_files == q_files - QUEUE_TEARDOWN and QUEUE_TEARDOWN <= q_files, p_files ^ q_files
-    # the same keys in every JSON record both write (the manifest's `extra` too), the same failure in the manifest
-    for p_keys, q_keys in ((per_run["keys"][RUNS[0]], queue["keys"][RUNS[0]]),
+    assert {"stop.json", "gpu_free.json", "gpu_free.csv", "manifest.json"} <= per_run["files"][RUNS[1]], \
+        per_run["files"][RUNS[1]]
+    # the same keys in every JSON record both write (the manifest's `extra` too), the same failure in the manifest;
+    # of the interrupted run, the records of its teardown: the bench's own records are what each path had by the
+    # interrupt (the sequencer stops its bench helpers at the signal; the per-run path's go on until stop.yml stops
+    # the server, after the driver fetched the run, so a sampler's summary may be cut short)
+    teardown = ("manifest.json", "stop.json", "gpu_free.json")
+    p_cut_keys, q_cut_keys = ({n: k for n, k in got["keys"][RUNS[1]].items() if n in teardown}
+                              for got in (per_run, queue))
+    assert sorted(p_cut_keys) == sorted(q_cut_keys) == sorted(teardown), (p_cut_keys, q_cut_keys)
+    for p_keys, q_keys in ((per_run["keys"][RUNS[0]], queue["keys"][RUNS[0]]), (p_cut_keys, q_cut_keys),
                            (per_run["resumed_keys"], queue["resumed_keys"])):
         assert p_keys == q_keys, [(n, p_keys.get(n), q_keys.get(n)) for n in p_keys.keys() | q_keys.keys()
                                   if p_keys.get(n) != q_keys.get(n)]
     assert per_run["manifest_failure"][RUNS[0]] == queue["manifest_failure"][RUNS[0]] == \
         ("Ready | Wait until the server is ready", oom[2]), (per_run["manifest_failure"], queue["manifest_failure"])
+    # the interrupted run's manifest: the phase's task and the headline alike (the error is each path's own words)
+    p_task, p_failure = per_run["manifest_failure"][RUNS[1]]
+    q_task, q_failure = queue["manifest_failure"][RUNS[1]]
+    assert p_task == q_task == "Bench | Benchmark arm cut", (p_task, q_task)
+    assert p_failure.split(": ", 1)[0] == q_failure.split(": ", 1)[0] == "The run on simT was interrupted", \
+        (p_failure, q_failure)
