@@ -179,12 +179,18 @@ def take(node_dir: str, holder: Dict[str, Any], stale_s: float) -> Dict[str, Any
     return dict(out, holder=holder)
 
 
+def ours(node_dir: str, token: str) -> Dict[str, Any]:
+    """The lease record, while it still holds ``token`` (call under the lock); else LeaseError, ``lost``."""
+    cur = read_holder(node_dir)
+    if cur is None or cur.get("token") != token:
+        raise LeaseError("the lease of %s is no longer ours: %s" % (
+            node_dir, "held by " + describe(cur) if cur else "it was removed"), {"holder": cur, "lost": True})
+    return cur
+
+
 def touch(node_dir: str, token: str) -> Dict[str, Any]:
     with locked(node_dir):
-        cur = read_holder(node_dir)
-        if cur is None or cur.get("token") != token:
-            raise LeaseError("the lease of %s is no longer ours: %s" % (
-                node_dir, "held by " + describe(cur) if cur else "it was removed"), {"holder": cur, "lost": True})
+        ours(node_dir, token)
         os.utime(lease_path(node_dir), None)
     return {"node_dir": node_dir, "touched": True}
 
@@ -192,10 +198,7 @@ def touch(node_dir: str, token: str) -> Dict[str, Any]:
 def hold(node_dir: str, token: str) -> Dict[str, Any]:
     """The holder was interrupted: ``hold_at`` goes into its record (rewritten aside and renamed in, under the lock)."""
     with locked(node_dir):
-        cur = read_holder(node_dir)
-        if cur is None or cur.get("token") != token:
-            raise LeaseError("the lease of %s is no longer ours: %s" % (
-                node_dir, "held by " + describe(cur) if cur else "it was removed"), {"holder": cur, "lost": True})
+        cur = ours(node_dir, token)
         rec = dict(cur, hold_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         tmp = lease_path(node_dir) + ".tmp"
         with contextlib.suppress(FileNotFoundError):
