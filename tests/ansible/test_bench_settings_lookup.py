@@ -90,3 +90,18 @@ def test_collect_runs_default_wait_for_a_call_by_hand_is_the_same_function(tmp_p
     assert out == bench.queue_wait_s(bench.resolve({}, {"num_requests": 3, "warmup_requests": 1},
                                                    {"num_requests": 40}), run_timeouts)
     assert out == 60 + 2 * defaults.get("stop_grace_s") + 2 * 7 + defaults.get("bench_timeout_s") * 41 + 300
+
+
+def test_the_bench_and_collect_roles_defaults_take_the_arms_own_settings(tmp_path: Path) -> None:
+    """The bench role's bench_settings and the collect role's collect_seed, as a caller that passes neither gets
+    them (the expressions read from the roles' defaults): the arm's own bench settings over the experiment's."""
+    import yaml
+    bench_default = yaml.safe_load((REPO / "roles" / "bench" / "defaults" / "main.yml").read_text())["bench_settings"]
+    seed_default = yaml.safe_load((REPO / "roles" / "collect" / "defaults" / "main.yml").read_text())["collect_seed"]
+    extra = json.dumps({"specab_experiment": {"bench": {"seed": 1, "num_requests": 3}},
+                        "specab_arm": {"name": "a", "bench": {"seed": 7, "concurrency": 2}},
+                        "bench_node_dir": "/node", "bench_default": bench_default, "seed_default": seed_default})
+    out = _play(tmp_path, "[bench_default, seed_default]", extra)
+    assert isinstance(out, list)
+    settings, seed = out
+    assert (settings["seed"], settings["num_requests"], settings["concurrency"], int(seed)) == (7, 3, 2, 7), out
