@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 from specab.analysis import economics, model, stats
 from specab.analysis.history import HistoryError
+from specab.config import bench
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.inventory import Host
 from specab.config.plan import PlannedRun, make_plan
@@ -88,11 +89,19 @@ class RunContext:
         self._design_inputs: DesignInputs | None = None
 
     # ------------------------------------------------------------------ a run's settings
-    def num_requests(self, pr: PlannedRun | None) -> int:
-        """The run's measured requests: the design's choice for its block, else the experiment's."""
+    def bench_settings(self, pr: PlannedRun | None) -> dict[str, Any]:
+        """The run's bench settings as its queue entry gives them to the node (specab.config.bench.resolve): its
+        arm's own (``ArmSpec.bench``) over the experiment's over specab's defaults, and the measured requests the
+        design chose for its block; without a run, the experiment's."""
+        arm = self.arms.get(pr.arm) if pr is not None else None
+        out = bench.resolve({}, self.p.experiment.bench, arm.bench if arm is not None else None)
         if pr is not None and pr.num_requests is not None:
-            return int(pr.num_requests)
-        return int(self.p.experiment.bench_settings["num_requests"])
+            out["num_requests"] = int(pr.num_requests)
+        return out
+
+    def num_requests(self, pr: PlannedRun | None) -> int:
+        """The run's measured requests: the design's choice for its block, else its arm's, else the experiment's."""
+        return int(self.bench_settings(pr)["num_requests"])
 
     def experiment_extravar(self, pr: PlannedRun | None = None) -> dict[str, Any]:
         """`specab_experiment` for the run's playbook: the experiment, its bench with the run's measured requests
@@ -111,7 +120,7 @@ class RunContext:
         """Callbacks for the live tails of server.log (load phases) and bench.jsonl (request lines) of run `pr`.
         `enter_phases=False`: the phases come from elsewhere (the sequencer's phases.jsonl)."""
         bench_state = {"warm": 0, "measured": 0}
-        warmups = int(self.p.experiment.bench_settings["warmup_requests"])
+        warmups = int(self.bench_settings(pr)["warmup_requests"])
 
         load_order = ("loading", "loading weights", "capturing graphs", "ready")
 

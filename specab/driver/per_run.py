@@ -65,7 +65,7 @@ class PerRunExecutor:
         tails: list[LogTail] = []
 
         on_log, on_bench = self.ctx.tail_handlers(clock, pr=pr)
-        warmups = int(self.ctx.p.experiment.bench_settings["warmup_requests"])
+        warmups = int(self.ctx.bench_settings(pr)["warmup_requests"])
 
         def on_phase(phase: str) -> None:
             if phase == "benchmarking" and warmups > 0 and clock.current not in ("warming up", "benchmarking"):

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specab.config import bench, defaults
 from specab.config.plan import PlannedRun
 from specab.driver import lease
 from specab.driver.context import MoreBlocks, RunContext
@@ -166,6 +167,14 @@ class QueueExecutor:
         base = self.node_path or self.host.node_dir.rstrip("/")
         return f"{base}/runs/{run_id}"
 
+    def wait_s(self, pr: PlannedRun) -> float:
+        """Seconds the collect of run `pr` waits for it (specab.config.bench.queue_wait_s): from the bench settings
+        its queue entry runs (the arm's own over the experiment's, its measured requests) and the timeouts of the
+        experiment over its host's."""
+        r = self.ctx
+        run_timeouts = bench.timeouts(bench.given(self.host.vars, defaults.TIMEOUT_DEFAULTS), r.p.experiment.timeouts)
+        return bench.queue_wait_s(r.bench_settings(pr), run_timeouts)
+
     # ------------------------------------------------------------------ one run (and those done after it)
     def collect(self, pr: PlannedRun, cancel: threading.Event, *, new_row: bool = True,
                 wait_s: float | None = None, after_stop: float | None = None,
@@ -210,7 +219,7 @@ class QueueExecutor:
                 clock.enter(phase)
 
         extravars: dict[str, Any] = {
-            "specab_experiment": r.experiment_extravar(pr),      # its wait allows for the run's requests
+            "specab_experiment": r.experiment_extravar(pr),
             "specab_experiment_id": r.exp_id,
             "specab_run_id": pr.run_id,
             "specab_run_dir": str(run_dir),
@@ -223,6 +232,8 @@ class QueueExecutor:
             extravars["specab_queue_wait_s"] = wait_s
         elif r.opts.run_timeout_s:
             extravars["specab_queue_wait_s"] = int(r.opts.run_timeout_s)
+        else:
+            extravars["specab_queue_wait_s"] = self.wait_s(pr)
         started = time.time()
         try:
             result = r.runner.run(COLLECT_PLAYBOOK, extravars, ident, cancel=cancel, on_phase=on_phase,

@@ -88,17 +88,19 @@ def test_enqueue_stages_the_per_run_paths_bytes_in_one_call(sim_node: SimNode) -
 
 
 def _per_run_bench_playbook(path: Path, out: Path) -> Path:
-    """The bench settings the per-run path's bench role gets (playbooks/tasks/run_arm.yml, its bench task's
-    bench_settings, the expression read from the file), written as JSON."""
+    """The bench settings the per-run path's bench role gets (playbooks/tasks/run_arm.yml: its bench task's
+    bench_settings are the run's block's run_arm_bench, the expression read from the file), written as JSON."""
     def walk(tasks: list[dict]) -> list[dict]:
         return [t for task in tasks for t in [task, *walk(task.get("block", []) + task.get("rescue", [])
                                                           + task.get("always", []))]]
-    found = [t for t in walk(yaml.safe_load((REPO / "playbooks" / "tasks" / "run_arm.yml").read_text()))
-             if "bench_settings" in (t.get("vars") or {})]
+    tasks = walk(yaml.safe_load((REPO / "playbooks" / "tasks" / "run_arm.yml").read_text()))
+    found = [t for t in tasks if "bench_settings" in (t.get("vars") or {})]
     assert len(found) == 1, "run_arm.yml hands the bench role its settings in one task"
+    assert found[0]["vars"]["bench_settings"] == "{{ run_arm_bench }}"
+    [resolved] = [t["vars"]["run_arm_bench"] for t in tasks if "run_arm_bench" in (t.get("vars") or {})]
     play = [{"name": "The per-run path's bench settings", "hosts": "gpu_nodes", "gather_facts": False,
              "roles": [{"role": "specab"}],
-             "tasks": [{"name": "Bench | Write them", "vars": {"bench_settings": found[0]["vars"]["bench_settings"]},
+             "tasks": [{"name": "Bench | Write them", "vars": {"bench_settings": resolved},
                         "ansible.builtin.copy": {"content": "{{ bench_settings | to_json }}", "dest": str(out),
                                                  "mode": "0644"}}]}]
     path.write_text(yaml.safe_dump(play, sort_keys=False))

@@ -1,0 +1,91 @@
+"""One run's bench settings, resolved once on the controller, and the time the run queue's collect waits for it.
+
+The layers, lowest first: specab's defaults (roles/specab, ``defaults.bench``), the ``specab_bench_*`` values as
+Ansible resolves them (an inventory or an extra var may set them; the driver refuses an inventory that does,
+``specab.driver.options.check_bench_vars``), the experiment's ``bench:``, and the arm's own bench settings
+(``ArmSpec.bench``, e.g. a bench condition of the matrix such as concurrency). The lookup ``specab_bench_settings``
+(plugins/lookup) is this resolution for the playbooks; the driver calls it here, so a value the driver derives
+from a run's settings is the one the node runs.
+"""
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+from specab.config import defaults
+from specab.config.yamlfile import ConfigError
+
+INTS = ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed")
+FLOATS = ("request_rate", "timeout_s")
+# what the client takes: the settings with a specab_bench_* default, and the two without one. Other keys of an
+# experiment's bench (e.g. phase_timing, which decides the server's flags) are not bench settings of the run.
+SETTINGS = (*defaults.BENCH_DEFAULTS, "model", "dataset")
+# seconds the run queue's collect waits beyond the run's own bound (the sequencer's bookkeeping, the manifest's
+# probes, packing the run directory)
+QUEUE_WAIT_MARGIN_S = 300.0
+
+
+def given(variables: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    """The values ``variables`` (Ansible's variables, an inventory host's) gives for ``names`` (setting ->
+    ``specab_*`` variable, ``defaults.BENCH_DEFAULTS`` or ``defaults.TIMEOUT_DEFAULTS``), by setting name."""
+    return {key: variables[var] for key, var in names.items() if var in variables}
+
+
+def flag(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).strip().lower() in ("true", "yes", "on", "1"):
+        return True
+    if str(value).strip().lower() in ("false", "no", "off", "0"):
+        return False
+    raise ConfigError(f"bench.ignore_eos must be true or false, got {value!r}")
+
+
+def resolve(base: Mapping[str, Any], experiment_bench: Mapping[str, Any] | None,
+            arm_bench: Mapping[str, Any] | None, dataset_dir: str | None = None) -> dict[str, Any]:
+    """``base`` (the specab_bench_* values by setting name) < the experiment's bench < the arm's; typed as the
+    client takes them (counts int, the request rate and the timeout float, ignore_eos bool). ``dataset_dir``: the
+    node directory the dataset is copied to; ``dataset`` then becomes the node path of the file there."""
+    merged = dict(base)
+    for layer in (experiment_bench, arm_bench):
+        merged.update({k: v for k, v in dict(layer or {}).items() if v is not None})
+    try:
+        out = {k: v for k, v in defaults.bench(merged).items() if k in SETTINGS}
+        for key in INTS:
+            out[key] = int(out[key])
+        for key in FLOATS:
+            out[key] = float(out[key])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"a bench setting has no usable value ({type(exc).__name__}: {exc}); counts must be "
+                          f"integers, bench.request_rate and bench.timeout_s numbers") from exc
+    out["api"] = str(out["api"])
+    out["ignore_eos"] = flag(out["ignore_eos"])
+    if out.get("model") is not None:
+        out["model"] = str(out["model"])
+    if out.get("dataset") is not None and dataset_dir:
+        out["dataset"] = posixpath.join(str(dataset_dir), posixpath.basename(str(out["dataset"])))
+    return out
+
+
+def timeouts(base: Mapping[str, Any], experiment_timeouts: Mapping[str, Any] | None) -> dict[str, float]:
+    """specab's timeouts < ``base`` (the specab_* timeout values by setting name) < the experiment's
+    ``timeouts:``, in seconds."""
+    merged = {**defaults.timeouts(None), **base,
+              **{k: v for k, v in dict(experiment_timeouts or {}).items() if v is not None}}
+    try:
+        return {k: float(merged[k]) for k in defaults.TIMEOUT_DEFAULTS}
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"a timeout has no usable value ({type(exc).__name__}: {exc}); timeouts are seconds") \
+            from exc
+
+
+def queue_wait_s(bench: Mapping[str, Any], run_timeouts: Mapping[str, Any]) -> float:
+    """Seconds the run queue's collect (playbooks/collect_run.yml) waits for one queued run before it gives up:
+    the server's ready timeout, two stops and two waits for free GPUs (a leftover's before the run, the run's own
+    after it), each of the run's requests, warm-up included, at its timeout, and QUEUE_WAIT_MARGIN_S. ``bench``:
+    the run's resolved settings (``resolve``, with the arm's own), ``run_timeouts``: ``timeouts``."""
+    return (float(run_timeouts["ready_s"]) + 2 * float(run_timeouts["stop_grace_s"])
+            + 2 * float(run_timeouts["gpu_free_s"])
+            + float(bench["timeout_s"]) * (int(bench["num_requests"]) + int(bench["warmup_requests"]))
+            + QUEUE_WAIT_MARGIN_S)
