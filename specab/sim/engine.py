@@ -164,7 +164,6 @@ class Engine:
         self._win_accept_steps = 0
         self._win_start = time.monotonic()
         self._last_prefill = time.monotonic()
-        self._last_graph = True
         self.profiler: Optional[Profiler] = None
 
     # ----- requests
@@ -370,7 +369,6 @@ class Engine:
         next_t += wall
         await self._sleep_until(next_t)
         graph = self.timing.graph_used(bs)
-        self._last_graph = graph
         spec = self.timing.speculative
         per_category = self._account_forward(bs, wall, graph)
         done: list[GenRequest] = []

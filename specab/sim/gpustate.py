@@ -232,9 +232,6 @@ class GpuNode:
             return d
         return {}
 
-    def busy_gpus(self, now: Optional[float] = None) -> set[int]:
-        return set(self._activity(now).get("gpus", []))
-
     def busy_look(self, now: Optional[float] = None) -> tuple[set[int], float, int]:
         """(busy GPUs, SM clock ratio, clock event reasons while busy) in one read of activity.json."""
         d = self._activity(now)
