@@ -417,9 +417,9 @@ def implausibly_narrow(comps: Components, requests_per_block: Sequence[float], c
 # degrees of freedom). A design that kept the experiment's requests in every block is the sequential design
 # decision for decision and keeps the sequential stop (docs/statistics.md, "When to stop").
 MODEL_GATE_BELOW = 4
-# Refusing every early stop the model does not expect (the gate of the first version) cost 4.5-5 % more GPU-minutes
-# than the sequential design in the instance-dominated regime, where 3 blocks are never expected to suffice; refusing
-# only the implausibly lucky ones (5 %) keeps the coverage (docs/performance.md 3b).
+# Refusing every early stop the model does not expect costs 4.5-5 % more GPU-minutes than the sequential design in
+# the instance-dominated regime, where 3 blocks are never expected to suffice; refusing only the implausibly lucky
+# ones (5 %) keeps the coverage (docs/performance.md 3b).
 GATE_ALPHA = 0.05
 
 
