@@ -77,10 +77,9 @@ class ArmSpec:
             out["engine_flags_fingerprint"] = self.engine_flags_fingerprint
         return out
 
-    def to_json(self, redact: bool = True) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """The arm as stored and printed: secret-named env vars and server args (``api_key``) redacted."""
-        return {"name": self.name, "server_args": redact_env(self.server_args) if redact else dict(self.server_args),
-                "env": redact_env(self.env) if redact else dict(self.env),
+        return {"name": self.name, "server_args": redact_env(self.server_args), "env": redact_env(self.env),
                 "is_baseline": self.is_baseline, "baseline": self.baseline, "matrix": dict(self.matrix),
                 "phase_timing": self.phase_timing,
                 **({"engine": self.engine} if self.engine is not None else {}),
