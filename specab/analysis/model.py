@@ -300,10 +300,6 @@ def tok_s_meaning(concurrency: int) -> str:
     return f"per-request (per-user) decode speed with {concurrency} requests in flight, not total throughput"
 
 
-def _truthy(v: Any) -> bool:
-    return v is True or (isinstance(v, str) and v.lower() in ("true", "1", "yes"))
-
-
 @dataclass
 class Arm:
     name: str

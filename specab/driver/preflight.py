@@ -140,10 +140,6 @@ def shape_problem(key: str, value: Any, flag: str, shape: Any) -> str | None:
     return None
 
 
-def flag_of(key: str) -> str:
-    return "--" + key.replace("_", "-")
-
-
 @dataclass(frozen=True)
 class EngineFlags:
     host: str
