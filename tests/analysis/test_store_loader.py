@@ -114,7 +114,7 @@ def test_lean_loader_gives_what_the_dict_loader_gave(tmp_path):
 
 
 def test_store_of_before_the_uuid_column_reads_and_resumes(tmp_path):
-    """A results store written before gpu_samples.uuid existed (session 1's runs/) still reports, and a
+    """A results store written before gpu_samples.uuid existed still reports, and a
     resumed experiment adds the column on its first write; uuids come from raw_json for the old rows."""
     import sqlite3
 
