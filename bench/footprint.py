@@ -265,7 +265,7 @@ def _node_files(root: Path, port: int, profile: str = "instant") -> tuple[Path, 
     return inv, ef
 
 
-def measure_driver_real(root: Path, time_scale_bench: bool = True) -> dict[str, Any]:
+def measure_driver_real(root: Path) -> dict[str, Any]:
     root.mkdir(parents=True)
     inv, ef = _node_files(root, free_port())
     cmd = [PYTHON, str(REPO / "driver.py"), "run", "-e", str(ef), "-i", str(inv), "--repeats", "1",

@@ -340,8 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="default", help="simulator profile (name or YAML path)")
     ap.add_argument("--steps", type=int, default=2, help="EAGLE-3 steps of the arm compared with the baseline")
     ap.add_argument("--out", help="also write the JSON here")
-    ap.add_argument("--mode", choices=("restarts", "economics", "today"), default="restarts",
-                    metavar="{restarts,economics}",
+    ap.add_argument("--mode", choices=("restarts", "economics"), default="restarts",
                     help="restarts: restarts per arm of the sequential design against fixed designs (token-level "
                          "simulation, section 3); economics: GPU-minutes of the sequential design vs the design by "
                          "cost in two noise regimes")
@@ -358,9 +357,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="economics: blocks of the earlier experiment in the node's history (the prior)")
     ap.add_argument("--seed", type=int, default=19, help="economics: seed of the simulation")
     args = ap.parse_args(argv)
-    if args.mode == "today":        # the old name of "restarts": refused so that a script that used it is told
-        ap.error("--mode today is now --mode restarts (restarts per arm of the sequential design against fixed "
-                 "designs; the default)")
     if args.seeds < 1 or args.max_repeats < 2 or min(args.fixed) < 2:
         ap.error("--seeds >= 1, --max-repeats >= 2 and every --fixed >= 2 (an interval needs 2 blocks)")
 

@@ -19,7 +19,7 @@ interval is always over instances, never over requests pooled as if independent.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -192,7 +192,6 @@ class Design:
     cost: RunCost | None = None
     done_blocks: int = 0
     done_gpu_s: float = 0.0
-    alternatives: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("blocks", "requests", "gpu_s", "gpu_s_low", "gpu_s_high", "half_width",
@@ -242,14 +241,12 @@ def plan_design(comps: Components, cost: RunCost, target_rel: float, *, arms: in
     done = len(done_var)
     dvar = float(sum(done_var))
     best: tuple[float, int, int, float] | None = None
-    alts = []
     for n in range(max(min_blocks, done + 1), max_blocks + 1):
         m = _requests_needed(n, dvar, done, comps, target_log, level)
         if m is None or m > max_requests:
             continue
         m_int = max(min_requests, math.ceil(m - 1e-9))
         g = done_gpu_s + (n - done) * arms * cost.gpu_s(m_int)
-        alts.append({"blocks": n, "requests": m_int, "gpu_s": g})
         if best is None or g < best[0] - 1e-9:
             best = (g, n, m_int, m)
     if best is None:
@@ -268,7 +265,7 @@ def plan_design(comps: Components, cost: RunCost, target_rel: float, *, arms: in
         return Design(n, m_int, g, g, g, hw, False,
                       f"+-{target_rel:.1%} is out of reach within {max_blocks} blocks: {short}; "
                       f"{m_int} requests per run narrow it most per GPU-second",
-                      arms, comps, cost, done, done_gpu_s, alts)
+                      arms, comps, cost, done, done_gpu_s)
     g, n, m_int, _ = best
     if keep_requests is not None and m_int != keep_requests and min_requests <= keep_requests <= max_requests:
         kept = _best_blocks(keep_requests, dvar, done, comps, target_rel, level, min_blocks, max_blocks)
@@ -298,7 +295,7 @@ def plan_design(comps: Components, cost: RunCost, target_rel: float, *, arms: in
         why = f"the between-instance noise dominates: short runs ({m_int} requests) and {n} restarts per arm"
     else:
         why = f"{n} restarts per arm x {m_int} requests per run balance restart cost against request noise"
-    return Design(n, m_int, g, lo, hi, hw, True, why, arms, comps, cost, done, done_gpu_s, alts)
+    return Design(n, m_int, g, lo, hi, hw, True, why, arms, comps, cost, done, done_gpu_s)
 
 
 def _narrowest_per_cost(comps: Components, cost: RunCost, min_requests: int, max_requests: int) -> int:
@@ -409,13 +406,6 @@ def implausibly_narrow(comps: Components, requests_per_block: Sequence[float], c
     return data_var < model_var * float(scipy_stats.chi2.ppf(alpha, n - 1)) / (n - 1)
 
 
-def expected_half_width(comps: Components, blocks: int, requests: float, level: float = 0.95) -> float:
-    """Relative half-width a design of `blocks` blocks of `requests` requests per run is expected to give."""
-    if blocks < 2:
-        return math.inf
-    return _half_width(blocks, 0.0, 0, comps, requests, level)
-
-
 # ------------------------------------------------------------------------------------------ when to stop
 
 # Below this many blocks the interval's own variance estimate has at most 3 degrees of freedom (and the report's
@@ -427,9 +417,9 @@ def expected_half_width(comps: Components, blocks: int, requests: float, level: 
 # degrees of freedom). A design that kept the experiment's requests in every block is the sequential design
 # decision for decision and keeps the sequential stop (docs/statistics.md, "When to stop").
 MODEL_GATE_BELOW = 4
-# Refusing every early stop the model does not expect (the gate of the first version) cost 4.5-5 % more GPU-minutes
-# than the sequential design in the instance-dominated regime, where 3 blocks are never expected to suffice; refusing
-# only the implausibly lucky ones (5 %) keeps the coverage (docs/performance.md 3b).
+# Refusing every early stop the model does not expect costs 4.5-5 % more GPU-minutes than the sequential design in
+# the instance-dominated regime, where 3 blocks are never expected to suffice; refusing only the implausibly lucky
+# ones (5 %) keeps the coverage (docs/performance.md 3b).
 GATE_ALPHA = 0.05
 
 

@@ -40,8 +40,7 @@ def path_for(runs_dir: Path, host: str) -> Path:
     return Path(runs_dir) / DIRNAME / (re.sub(r"[^A-Za-z0-9._-]", "_", host) + ".jsonl")
 
 
-def entries_of(exp: Experiment, fingerprint: str, ended_at: float | None = None,
-               pairs: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+def entries_of(exp: Experiment, fingerprint: str, pairs: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """One history line per host of the experiment: per compared arm its components, mean GPU-seconds and (from
     ``pairs``, arm -> pair fingerprint) its pair fingerprint.
 
@@ -73,7 +72,7 @@ def entries_of(exp: Experiment, fingerprint: str, ended_at: float | None = None,
                 arms[arm.name]["pair"] = pairs[arm.name]
         if arms:
             out[host] = {"fingerprint": fingerprint, "experiment": exp.id, "host": host,
-                         "ended_at": time.time() if ended_at is None else ended_at, "arms": arms}
+                         "ended_at": time.time(), "arms": arms}
     return out
 
 

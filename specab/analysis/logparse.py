@@ -466,12 +466,6 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return s.to_dict()
 
 
-def parse_file(path: str) -> dict[str, Any]:
-    """Summary of a whole log file (streams; constant memory)."""
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        return summarize(iter_records(fh))
-
-
 # --------------------------------------------------------------------------------------------------
 # fast path: decode statistics of large logs
 
@@ -626,14 +620,14 @@ def cmd_parse_log(ns: argparse.Namespace, out: IO[str] | None = None) -> int:
                 summary = decode_stats(fb)
             recognised = bool(summary.get("decode_lines"))
         else:
-            s = Summary()
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                for rec in iter_records(fh):
-                    s.add(rec)
+            def shown(records: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+                for rec in records:
                     if not ns.summary_only:
                         out.write((json.dumps(rec) if ns.format == "json" else _text_record(rec)) + "\n")
-            summary = s.to_dict()
-            recognised = bool(s.counts)
+                    yield rec
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                summary = summarize(shown(iter_records(fh)))
+            recognised = bool(summary["counts"])
     except BrokenPipeError:     # the reader of `out` went away (`parse-log LOG | head`): not the log's fault
         raise
     except OSError as exc:

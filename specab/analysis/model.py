@@ -75,7 +75,6 @@ class Request:
 @dataclass
 class LogStats:
     """What the analysis needs from a run's server log (filled from specab.analysis.logparse)."""
-    decode_lines: int = 0
     cuda_graph_true: int = 0
     cuda_graph_false: int = 0
     accept_len_mean: float | None = None      # mean of the decode lines' `accept len`
@@ -105,10 +104,7 @@ class EnvVarCheck:
 
 @dataclass
 class EnvCheck:
-    ok: bool
     variables: list[EnvVarCheck] = field(default_factory=list)
-    arg_mismatches: list[str] = field(default_factory=list)
-    raw: dict = field(default_factory=dict)
 
     def unconfirmed(self) -> list[EnvVarCheck]:
         return [v for v in self.variables if not v.confirmed]
@@ -123,10 +119,7 @@ class GpuSample:
     uuid: str | None = None
     sm_mhz: float | None = None
     max_sm_mhz: float | None = None
-    mem_mhz: float | None = None
     util_pct: float | None = None
-    power_w: float | None = None
-    temp_c: float | None = None
     reasons: int | None = None          # clocks_event_reasons.active bitmask
     host: str | None = None             # the host that sampled it (a multi-node server's ranks); None: the run's
 
@@ -307,10 +300,6 @@ def tok_s_meaning(concurrency: int) -> str:
     return f"per-request (per-user) decode speed with {concurrency} requests in flight, not total throughput"
 
 
-def _truthy(v: Any) -> bool:
-    return v is True or (isinstance(v, str) and v.lower() in ("true", "1", "yes"))
-
-
 @dataclass
 class Arm:
     name: str
@@ -340,7 +329,6 @@ class Experiment:
     root: Path | None = None
     target_ci: float | None = None         # relative half-width, 0.02 = 2 %
     max_repeats: int | None = None
-    stop_reason: str | None = None
     meta: dict = field(default_factory=dict)
 
     def arm(self, name: str) -> Arm:
@@ -407,10 +395,7 @@ _SAMPLE_COLS = {
     "uuid": ("uuid", "gpu_uuid"),
     "sm_mhz": ("clocks.sm", "clocks.current.sm", "sm_mhz", "clocks_sm"),
     "max_sm_mhz": ("clocks.max.sm", "clocks.max.sm_mhz", "max_sm_mhz", "clocks_max_sm"),
-    "mem_mhz": ("clocks.mem", "clocks.current.memory", "mem_mhz"),
     "util_pct": ("utilization.gpu", "util", "util_pct"),
-    "power_w": ("power.draw", "power_w"),
-    "temp_c": ("temperature.gpu", "temp_c"),
     "reasons": ("clocks_event_reasons.active", "clocks_throttle_reasons.active", "reasons", "throttle_reasons"),
 }
 
@@ -446,8 +431,7 @@ def read_gpu_samples(path: Path) -> list[GpuSample]:
                 reasons = None
         out.append(GpuSample(ts=ts, index=int(_num(cell["index"]) or 0), uuid=cell.get("uuid"),
                              sm_mhz=_num(cell.get("sm_mhz")), max_sm_mhz=_num(cell.get("max_sm_mhz")),
-                             mem_mhz=_num(cell.get("mem_mhz")), util_pct=_num(cell.get("util_pct")),
-                             power_w=_num(cell.get("power_w")), temp_c=_num(cell.get("temp_c")), reasons=reasons))
+                             util_pct=_num(cell.get("util_pct")), reasons=reasons))
     return out
 
 
@@ -471,11 +455,7 @@ def env_check_from_json(d: dict) -> EnvCheck:
             confirmed = bool(evidence) and not problems
         checks.append(EnvVarCheck(name=name, expected=v.get("expected"), confirmed=bool(confirmed),
                                   evidence=evidence, mismatches=problems))
-    args = d.get("args") or {}
-    am = [f"{k}: expected {v.get('expected')!r}, server reports {v.get('actual')!r}"
-          for k, v in args.items() if isinstance(v, dict) and not v.get("ok", True)] if isinstance(args, dict) else []
-    return EnvCheck(ok=bool(d.get("ok", all(c.confirmed for c in checks))), variables=checks,
-                    arg_mismatches=am, raw=d)
+    return EnvCheck(variables=checks)
 
 
 def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None = None) -> LogStats:
@@ -486,7 +466,6 @@ def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None 
     for r in records:
         if r.get("kind") != "decode":
             continue
-        st.decode_lines += 1
         cg = r.get("cuda_graph")
         if cg is True:
             st.cuda_graph_true += 1
@@ -701,7 +680,7 @@ def _store_gpu_samples(store: Any) -> dict[int, list[GpuSample]]:
     cur_seq, cur = None, None
     unsorted: set[int] = set()
     last_ts = 0.0
-    for seq, ts, gpu, sm, max_sm, mem, util, power, temp, thr, host, uuid in store.gpu_sample_rows():
+    for seq, ts, gpu, sm, max_sm, _mem, util, _power, _temp, thr, host, uuid in store.gpu_sample_rows():
         if seq != cur_seq:
             cur_seq, cur = seq, out.setdefault(seq, [])
         elif ts < last_ts:
@@ -711,8 +690,8 @@ def _store_gpu_samples(store: Any) -> dict[int, list[GpuSample]]:
             r = reasons[thr]
         except KeyError:
             r = reasons[thr] = _reasons(thr)
-        cur.append(GpuSample(ts, int(gpu or 0), uuid and same.setdefault(uuid, uuid), sm, max_sm, mem, util, power,
-                             temp, r, host and same.setdefault(host, host)))
+        cur.append(GpuSample(ts, int(gpu or 0), uuid and same.setdefault(uuid, uuid), sm, max_sm, util, r,
+                             host and same.setdefault(host, host)))
     for seq in unsorted:       # by time; a stable sort keeps the insertion order of equal times
         out[seq].sort(key=lambda s: s.ts)
     return out

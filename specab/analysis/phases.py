@@ -29,7 +29,6 @@ from specab.analysis.model import Experiment, Run
 # scipy is imported in the functions that use it: importing scipy.stats takes ~1.3 s, which every start of
 # driver.py paid (status, --help, a run before its first report: 1.8 s -> 0.55 s for --help).
 
-SPEC_CATEGORIES = ("eagle_draft", "eagle_draft_extend", "target_verify")
 # measured phases above the implied cycle by more than this are impossible (the window or τ is off); an "other"
 # share above OTHER_SHARE_FINDING is engine overhead outside the forward passes worth naming
 CONSISTENCY_TOL = 0.05

@@ -51,11 +51,6 @@ class Counts:
         return specmodel.conditional_rates(self.cycles, self.accepted)
 
     @property
-    def unconditional(self) -> list[float]:
-        """P(position i accepted) = a_i / cycles (vLLM's `Per-position acceptance rate`)."""
-        return [n / self.cycles for n in self.accepted]
-
-    @property
     def tokens_per_cycle(self) -> float:
         """1 + accepted drafts / cycles: what the conditional rates imply through the chain."""
         return 1.0 + sum(self.accepted) / self.cycles

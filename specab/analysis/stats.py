@@ -77,7 +77,7 @@ def _expanded_alpha(n: int, level: float) -> float:
 
 def bootstrap_ci(values: Sequence[float], stat: Callable[[np.ndarray], np.ndarray] | None = None, *,
                  level: float = 0.95, n_boot: int = DEFAULT_BOOT, seed: int = DEFAULT_SEED,
-                 strata: Sequence[object] | None = None, expanded: bool = True) -> Interval:
+                 strata: Sequence[object] | None = None) -> Interval:
     """Seeded bootstrap CI of stat (default: mean) over the given values (one per run or block).
 
     strata: resample within each stratum (e.g. host), keeping the design's composition."""
@@ -107,10 +107,8 @@ def bootstrap_ci(values: Sequence[float], stat: Callable[[np.ndarray], np.ndarra
             cols.append(m[rng.integers(0, len(m), size=(n_boot, len(m)))])
         idx = np.concatenate(cols, axis=1)
     boots = f(x[idx])
-    a = _expanded_alpha(n, level) if expanded else 1.0 - level
+    a = _expanded_alpha(n, level)
     lo, hi = (float(q) for q in np.quantile(boots, [a / 2.0, 1.0 - a / 2.0]))
-    if not expanded:
-        return Interval(est, lo, hi, n, "percentile bootstrap")
     if stat is None:
         # never narrower than the t interval of the mean: the bootstrap keeps its asymmetry, the t
         # interval guards nominal coverage with few blocks (docs/statistics.md, coverage study)

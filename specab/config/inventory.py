@@ -21,6 +21,7 @@ def default_inventory(engine: str) -> Path:
     """The inventory an experiment of engine kind `engine` uses when none is given."""
     return DEFAULT_INVENTORIES.get(engine, DEFAULT_INVENTORY)
 INVENTORY_GROUP_KEYS = {"hosts", "vars", "children"}
+NODE_GROUP = "gpu_nodes"     # the group whose hosts are the GPU nodes
 DEFAULT_ENGINE_CMD = ["python3", "-m", "sglang.launch_server"]
 ENGINE_BUILD_KEYS = {"python", "cmd", "env"}
 
@@ -224,9 +225,8 @@ def _check_engines(host: Host, where: str) -> None:
             raise ConfigError(f"{what}.{name}.env must map environment variable names to values.")
 
 
-def load_inventory(path: str | os.PathLike[str] | None = None, group: str = "gpu_nodes",
-                   controller_python: str | None = None) -> Inventory:
-    """Load a YAML inventory; hosts of `group` (and its children) with merged, rendered variables."""
+def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
+    """Load a YAML inventory; hosts of group `gpu_nodes` (and its children) with merged, rendered variables."""
     p = Path(path) if path else DEFAULT_INVENTORY
     if p.is_dir() or p.suffix not in (".yml", ".yaml"):
         raise ConfigError(f"{p}: specab reads YAML inventories (a .yml file with groups, hosts, vars).")
@@ -261,8 +261,8 @@ def load_inventory(path: str | os.PathLike[str] | None = None, group: str = "gpu
 
     for gname, gbody in data.items():
         walk(str(gname), gbody, (gname,))
-    if group not in groups:
-        raise ConfigError(f"{where}: no group '{group}'. Put the GPU nodes in a group named '{group}'.")
+    if NODE_GROUP not in groups:
+        raise ConfigError(f"{where}: no group '{NODE_GROUP}'. Put the GPU nodes in a group named '{NODE_GROUP}'.")
 
     parents: dict[str, list[str]] = {}
     for gname, g in groups.items():
@@ -288,9 +288,8 @@ def load_inventory(path: str | os.PathLike[str] | None = None, group: str = "gpu
             out += [x for x in ancestry(parent, seen) if x not in out]
         return out + [gname]
 
-    python = controller_python or sys.executable
     hosts: list[Host] = []
-    for hname in members(group, set()):
+    for hname in members(NODE_GROUP, set()):
         merged: dict[str, Any] = {}
         if "all" in groups:
             merged.update(groups["all"]["vars"])
@@ -302,9 +301,9 @@ def load_inventory(path: str | os.PathLike[str] | None = None, group: str = "gpu
             merged.update(groups[g]["vars"])
         for g in host_groups:
             merged.update(groups[g]["hosts"][hname])
-        host = Host(name=hname, vars=_render_vars(hname, merged, python, p))
+        host = Host(name=hname, vars=_render_vars(hname, merged, sys.executable, p))
         _check_engines(host, where)
         hosts.append(host)
     if not hosts:
-        raise ConfigError(f"{where}: group '{group}' has no hosts.")
+        raise ConfigError(f"{where}: group '{NODE_GROUP}' has no hosts.")
     return Inventory(path=p.resolve(), hosts=hosts)

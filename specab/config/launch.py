@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-ENGINE_KINDS = ("sglang", "vllm")
 DEFAULT_ENGINE_KIND = "sglang"
 
 

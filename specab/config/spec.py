@@ -26,7 +26,6 @@ from specab.vocab.contract import REDACTED, is_secret_name, redact_env
 DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "default.yml"
 
 EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args", "env", "arms", "bench", "timeouts"}
-ENGINE_KINDS = ("sglang", "vllm")
 ARM_KEYS = {"name", "description", "server_args", "env"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
               "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos", "request_rate"}
@@ -78,10 +77,9 @@ class ArmSpec:
             out["engine_flags_fingerprint"] = self.engine_flags_fingerprint
         return out
 
-    def to_json(self, redact: bool = True) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """The arm as stored and printed: secret-named env vars and server args (``api_key``) redacted."""
-        return {"name": self.name, "server_args": redact_env(self.server_args) if redact else dict(self.server_args),
-                "env": redact_env(self.env) if redact else dict(self.env),
+        return {"name": self.name, "server_args": redact_env(self.server_args), "env": redact_env(self.env),
                 "is_baseline": self.is_baseline, "baseline": self.baseline, "matrix": dict(self.matrix),
                 "phase_timing": self.phase_timing,
                 **({"engine": self.engine} if self.engine is not None else {}),
@@ -274,9 +272,9 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
         raise ConfigError(f"{where}{key_line(root, base)}: specab_experiment must be a mapping.")
     check_unknown(exp.keys(), EXPERIMENT_KEYS, where, root, base, "specab_experiment")
     engine = exp.get("engine", "sglang")
-    if engine not in ENGINE_KINDS:
+    if engine not in engines.ENGINES:
         raise ConfigError(f"{where}{key_line(root, base + ('engine',))}: engine {engine!r} is not one of "
-                          f"{', '.join(ENGINE_KINDS)}.")
+                          f"{', '.join(engines.ENGINES)}.")
     for req in ("name", "model_path", "arms"):
         if req not in exp or exp[req] in (None, "", []):
             raise ConfigError(f"{where}{key_line(root, base)}: specab_experiment.{req} is required.")

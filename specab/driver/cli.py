@@ -32,7 +32,6 @@ from specab.results import store as st
 from specab.results.locate import NotFound, default_runs_dir, locate
 from specab.vocab.contract import redact_env
 
-SUBCOMMANDS = ("run", "plan", "status", "export")
 COMMON_FORMS = """common forms (options go after the subcommand; `driver.py COMMAND --help` lists them):
   driver.py                                        run experiments/default.yml on the simulated node
   driver.py --matrix steps=1,2,3 --repeats 3       a matrix of EAGLE-3 arms, 3 interleaved blocks

@@ -60,7 +60,6 @@ class PlaybookResult:
     ident: str
     artifact_dir: Path
     failures: list[Failure] = field(default_factory=list)
-    phase_times: list[tuple[str, float, float | None]] = field(default_factory=list)
     stdout_tail: str = ""
     hosts: list[str] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
@@ -172,7 +171,6 @@ class PlaybookRunner:
         """Run `playbook` once; blocks until it ends or `cancel` is set."""
         self.private_root.mkdir(parents=True, exist_ok=True, mode=0o700)
         failures: list[Failure] = []
-        phase_times: list[tuple[str, float, float | None]] = []
         stdout_lines: list[str] = []
         hosts: list[str] = []
         facts: dict[str, Any] = {}
@@ -183,13 +181,8 @@ class PlaybookRunner:
                 phase = "final stop"            # the run's second stop (its every task: one phase)
             if phase == current["phase"]:
                 return
-            now = time.time()
-            if phase_times and phase_times[-1][2] is None:
-                name, start, _ = phase_times[-1]
-                phase_times[-1] = (name, start, now)
             current["phase"] = phase
             current["seen"].add(phase)
-            phase_times.append((phase, now, None))
             if on_phase:
                 on_phase(phase)
 
@@ -271,9 +264,6 @@ class PlaybookRunner:
         try:
             runner.run()
         finally:
-            if phase_times and phase_times[-1][2] is None:
-                name, start, _ = phase_times[-1]
-                phase_times[-1] = (name, start, time.time())
             scrub_tree(Path(runner.config.artifact_dir), secret_values)
         status = runner.status
         if runner.rc == 127 and not failures:
@@ -287,7 +277,7 @@ class PlaybookRunner:
             failures.append(Failure(phase=current["phase"], task="ansible-playbook", host=None,
                                     message=f"the playbook ran past its timeout of {timeout} s"))
         return PlaybookResult(status=status, rc=runner.rc, ident=ident, artifact_dir=Path(runner.config.artifact_dir),
-                              failures=failures, phase_times=phase_times,
+                              failures=failures,
                               stdout_tail="\n".join(stdout_lines[-40:]), hosts=hosts, facts=facts)
 
 

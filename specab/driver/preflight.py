@@ -140,17 +140,12 @@ def shape_problem(key: str, value: Any, flag: str, shape: Any) -> str | None:
     return None
 
 
-def flag_of(key: str) -> str:
-    return "--" + key.replace("_", "-")
-
-
 @dataclass(frozen=True)
 class EngineFlags:
     host: str
     engine_cmd: tuple[str, ...]
     version: str | None
     flags: frozenset[str]
-    cached: bool
     build: str | None = None        # the inventory's engine build name (`specab_engines`); None: specab_engine_cmd
     shapes: Mapping[str, Any] = field(default_factory=dict)    # flag -> parse_help_shapes (empty: not known)
 
@@ -225,7 +220,7 @@ def engine_flags(host: Host, node: Any | None = None, build: EngineBuild | None 
         if cache is not None and cache.exists():
             try:
                 data = json.loads(cache.read_text())
-                return EngineFlags(host.name, tuple(cmd), version, frozenset(data["flags"]), cached=True,
+                return EngineFlags(host.name, tuple(cmd), version, frozenset(data["flags"]),
                                    build=build.name, shapes=data.get("shapes") or {})
             except (OSError, ValueError, KeyError):
                 pass        # a broken cache file is rebuilt below
@@ -249,7 +244,7 @@ def engine_flags(host: Host, node: Any | None = None, build: EngineBuild | None 
             tmp.replace(cache)
         except OSError:
             pass        # an unwritable cache costs the next run a `--help`, not this run its flag check
-    return EngineFlags(host.name, tuple(cmd), version, frozenset(flags), cached=False, build=build.name,
+    return EngineFlags(host.name, tuple(cmd), version, frozenset(flags), build=build.name,
                        shapes=shapes)
 
 
@@ -266,7 +261,7 @@ def cached_engine_flags(host: Host, build: EngineBuild | None = None) -> EngineF
             if data.get("host") != host.name or data.get("engine_cmd") != cmd or data.get("env", env) != env \
                     or data.get("build") != build.name:
                 continue        # another build (a cache without "build" is the unnamed one's, as before)
-            ef = EngineFlags(host.name, tuple(cmd), data.get("version"), frozenset(data["flags"]), cached=True,
+            ef = EngineFlags(host.name, tuple(cmd), data.get("version"), frozenset(data["flags"]),
                              shapes=data.get("shapes") or {},
                              build=build.name)
             mtime = path.stat().st_mtime

@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 FILE = "known_truth.json"
 RULE = "t+1"
-_WORD = re.compile(r"(?<![^\s])w(\d+)(?![^\s])")
 
 
 class KnownTruthError(Exception):
@@ -51,17 +49,6 @@ class Rule:
             prev = t
         return n
 
-    def ids_from_text(self, text: str) -> list[int]:
-        """The token ids of a known-truth tokenizer's decoded text (words ``w<i>`` joined by spaces)."""
-        return [int(m) + self.first for m in _WORD.findall(text)]
-
-    def trajectory(self, prompt_last: int, n: int) -> list[int]:
-        out, t = [], prompt_last
-        for _ in range(n):
-            t = self.next(t)
-            out.append(t)
-        return out
-
 
 @dataclass(frozen=True)
 class RequestTruth:
@@ -74,12 +61,6 @@ class RequestTruth:
     def accept_len(self) -> float:
         """SGLang's per-request accept length, completion_tokens / spec_verify_ct (the prefill token counted)."""
         return self.tokens / self.cycles if self.cycles else 0.0
-
-    @property
-    def accept_len_per_cycle(self) -> float:
-        """1 + accepted drafts / cycles = (tokens - 1) / cycles: vLLM's definition, where vLLM counts every draft
-        the last cycle accepted, also those past max_tokens (so its figure can exceed this one there)."""
-        return (self.tokens - 1) / self.cycles if self.cycles else 0.0
 
     @property
     def drafted_accepted(self) -> int:
@@ -137,25 +118,6 @@ class DraftTruth:
             acc.append(gained - 1)
             all_hits.append(hits)
         return RequestTruth(made, len(acc), tuple(acc), tuple(all_hits))
-
-    def chain_rate(self, steps: int) -> float:
-        """The expected accept length (tokens per cycle, bonus included) of a cycle whose start is uniform
-        over the cycle of non-special tokens: what the chain model's tau means for this draft exactly."""
-        n = self.rule.vocab_size - self.rule.first
-        inside = [self.rule.first + i in self.agree for i in range(n)]
-        total = 0
-        for s in range(n):
-            hits = 0
-            while hits < steps and inside[(s + hits) % n]:
-                hits += 1
-            total += hits + 1
-        return total / n
-
-    def bitmap_b64(self) -> str:
-        bits = bytearray((self.rule.vocab_size + 7) // 8)
-        for t in self.agree:
-            bits[t >> 3] |= 1 << (t & 7)
-        return base64.b64encode(bytes(bits)).decode("ascii")
 
 
 def rule_of(doc: dict[str, Any], where: str = FILE) -> Rule:

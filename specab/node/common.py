@@ -11,8 +11,10 @@ env files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
+import fcntl
 import io
 import json
 import os
@@ -24,7 +26,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type, TypeVar
 
 from specab.vocab import contract
 
@@ -88,6 +90,17 @@ def write_json(path: str, obj: Dict[str, Any], mode: int = 0o644) -> None:
 def read_json(path: str) -> Any:
     with open(path) as fh:
         return json.load(fh)
+
+
+@contextlib.contextmanager
+def flocked(path: str) -> Iterator[None]:
+    """An exclusive flock of ``path`` (created 0600) held for the block: one process at a time."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def recorded(path: Optional[str], work: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:

@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Optional, Sequence, cast
+from typing import Any, ContextManager, Dict, Optional, Sequence, cast
 
 from specab.node import common
 
@@ -70,14 +69,8 @@ def lease_path(node_dir: str) -> str:
     return os.path.join(node_dir, LEASE_FILE)
 
 
-@contextlib.contextmanager
-def locked(node_dir: str) -> Iterator[None]:
-    fd = os.open(os.path.join(node_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+def locked(node_dir: str) -> ContextManager[None]:
+    return common.flocked(os.path.join(node_dir, LOCK_FILE))
 
 
 def read_holder(node_dir: str) -> Optional[Dict[str, Any]]:

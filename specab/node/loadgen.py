@@ -128,6 +128,15 @@ def dataset_hash(prompts: List[Any]) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def _write_json(path: str, obj: Dict[str, Any]) -> None:
+    """``obj`` to ``path`` whole or not at all (a temp file renamed over it)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
 KNOWN_TRUTH_FILE = "known_truth.json"
 _KT_WORD = re.compile(r"(?<![^\s])w(\d+)(?![^\s])")
 
@@ -906,11 +915,7 @@ class _PhaseWindow(object):
                 self.error = "unreadable /metrics: %s" % exc
         if res is None:
             res = phasemetrics.unavailable(self.error or "not scraped")
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(res, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-        os.replace(tmp, self.path)
+        _write_json(self.path, res)
         return res
 
 
@@ -1021,11 +1026,7 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
     if kt is not None:
         summary["known_truth"] = kt
     if cfg.summary:
-        tmp = cfg.summary + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(summary, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-        os.replace(tmp, cfg.summary)
+        _write_json(cfg.summary, summary)
     return summary
 
 

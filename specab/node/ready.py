@@ -98,7 +98,6 @@ class LogWatcher(object):
         self.exception_lines: List[str] = []
         self.tail: List[str] = []
         self.startup_timings: Optional[Dict[str, Any]] = None
-        self.lines_read = 0
         self.last_line_at = time.monotonic()
         self.polls = 0
 
@@ -127,7 +126,6 @@ class LogWatcher(object):
             self.partial = b""
 
     def feed(self, line: str) -> None:
-        self.lines_read += 1
         self.last_line_at = time.monotonic()
         self.tail.append(line)
         if len(self.tail) > 40:

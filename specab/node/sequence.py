@@ -36,7 +36,7 @@ import tarfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Type
 
 from specab.node import common, staging
 from specab.node.common import ToolError, UsageError
@@ -90,15 +90,9 @@ SPECS: Dict[str, Type[Any]] = {"ensure": ServeSpec, "serve": ServeSpec, "reset":
 # The controller's commands
 # ---------------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def ensure_lock(node_dir: str) -> Iterator[None]:
+def ensure_lock(node_dir: str) -> ContextManager[None]:
     """ensure/reset of one node directory, one at a time."""
-    fd = os.open(os.path.join(node_dir, ENSURE_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return common.flocked(os.path.join(node_dir, ENSURE_LOCK))
 
 
 def live_record(node_dir: str) -> Optional[Dict[str, Any]]:

@@ -25,7 +25,7 @@ READABLE_SCHEMA_VERSIONS = (1, 2)
 FILENAME = "results.sqlite"
 
 # Run status values.
-PENDING, RUNNING, OK, FAILED, INTERRUPTED = "pending", "running", "ok", "failed", "interrupted"
+RUNNING, OK, FAILED, INTERRUPTED = "running", "ok", "failed", "interrupted"
 DONE_STATUSES = (OK, FAILED)
 
 # Experiment fingerprints (additive, schema version unchanged: a store without these tables is read

@@ -37,7 +37,6 @@ def count_prompt_tokens(text: str) -> list[str]:
 @dataclass
 class Emission:
     count: int          # total output tokens after this emission
-    new: int            # tokens this emission carries
     finished: bool
 
 
@@ -100,7 +99,7 @@ class GenRequest:
                 self.finished_reason = {"type": "length", "length": self.max_new_tokens}
             else:
                 self.finished_reason = {"type": "stop", "matched": EOS_TOKEN_ID}
-        em = Emission(len(self.output_ids), n, done)
+        em = Emission(len(self.output_ids), done)
         self.queue.put_nowait(em)
         return em
 
@@ -164,7 +163,6 @@ class Engine:
         self._win_accept_steps = 0
         self._win_start = time.monotonic()
         self._last_prefill = time.monotonic()
-        self._last_graph = True
         self.profiler: Optional[Profiler] = None
 
     # ----- requests
@@ -350,7 +348,7 @@ class Engine:
             if r.max_new_tokens == 0 or r.stop_at == 0:
                 r.finished_at = time.time()
                 r.finished_reason = {"type": "length", "length": 0}
-                r.queue.put_nowait(Emission(0, 0, True))
+                r.queue.put_nowait(Emission(0, True))
                 self._finish(r)
                 continue
             em = r._emit(1)
@@ -370,7 +368,6 @@ class Engine:
         next_t += wall
         await self._sleep_until(next_t)
         graph = self.timing.graph_used(bs)
-        self._last_graph = graph
         spec = self.timing.speculative
         per_category = self._account_forward(bs, wall, graph)
         done: list[GenRequest] = []

@@ -67,7 +67,6 @@ class Allocation:
     process_name: str
     kind: str
     release_lag_s: float
-    created_at: float
     dead_at: Optional[float]
     app_exit_lag_s: float = 0.0
 
@@ -150,7 +149,7 @@ class GpuNode:
         path = self.allocs_dir / f"{pid}-{ticks}.json"
         data = {"pid": pid, "start_ticks": ticks, "gpu": gpu, "mib": int(mib),
                 "process_name": process_name or sys.executable, "kind": kind,
-                "release_lag_s": float(release_lag_s), "created_at": time.time(), "dead_at": None,
+                "release_lag_s": float(release_lag_s), "dead_at": None,
                 "app_exit_lag_s": float(min(app_exit_lag_s, release_lag_s))}
         self.allocs_dir.mkdir(parents=True, exist_ok=True)
         _atomic_write(path, data)
@@ -165,7 +164,7 @@ class GpuNode:
             return None
         return Allocation(path=path, pid=d["pid"], start_ticks=d.get("start_ticks"), gpu=d["gpu"],
                           mib=d["mib"], process_name=d["process_name"], kind=d.get("kind", ""),
-                          release_lag_s=d.get("release_lag_s", 0.15), created_at=d.get("created_at", 0.0),
+                          release_lag_s=d.get("release_lag_s", 0.15),
                           dead_at=d.get("dead_at"), app_exit_lag_s=d.get("app_exit_lag_s", 0.0))
 
     def allocations(self) -> list[Allocation]:
@@ -231,9 +230,6 @@ class GpuNode:
         if now < d.get("busy_until", 0) and is_alive(d.get("pid", -1)):
             return d
         return {}
-
-    def busy_gpus(self, now: Optional[float] = None) -> set[int]:
-        return set(self._activity(now).get("gpus", []))
 
     def busy_look(self, now: Optional[float] = None) -> tuple[set[int], float, int]:
         """(busy GPUs, SM clock ratio, clock event reasons while busy) in one read of activity.json."""

@@ -44,7 +44,6 @@ class Launch:
         self.schedulers: dict[int, asyncio.subprocess.Process] = {}
         self.reports: dict[int, dict[str, Any]] = {}
         self.exit_event = asyncio.Event()
-        self.exit_reason = ""
         self.crash_sent = False
         self.state: Any = None
         self._link_task: Optional[asyncio.Task] = None

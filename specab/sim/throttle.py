@@ -21,7 +21,6 @@ CLOCK_EVENT_REASONS: dict[str, int] = {
     "HwPowerBrakeSlowdown": 0x80, "DisplayClockSetting": 0x100,
 }
 REASON_IDLE = 0x1
-REASON_NONE = 0x0
 
 
 class FaultSpecError(ValueError):

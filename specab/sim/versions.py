@@ -20,17 +20,13 @@ FLAGS_059 = Path(__file__).resolve().parent / "data" / "sglang-0.5.9-flags.txt" 
 class SimVersion:
     name: str
     graph_flags_per_phase: bool     # --cuda-graph-{backend,max-bs,bs}-{decode,prefill}; legacy max-bs/bs gone
-    overlap_kept_under_spec: bool   # 0.5.9 turns the overlap scheduler off under EAGLE
-    mixed_chunk_kept_under_spec: bool
     cuda_module_loading: bool       # 0.5.9 also sets CUDA_MODULE_LOADING=AUTO
     shutdown_req: bool              # drain, ShutdownReq, children killed, main exits 0 (0.5.9: SIGKILL tree + self)
 
 
 VERSIONS = {
-    "0.5.9": SimVersion("0.5.9", graph_flags_per_phase=False, overlap_kept_under_spec=False,
-                        mixed_chunk_kept_under_spec=False, cuda_module_loading=True, shutdown_req=False),
-    "0.5.23": SimVersion("0.5.23", graph_flags_per_phase=True, overlap_kept_under_spec=True,
-                         mixed_chunk_kept_under_spec=True, cuda_module_loading=False, shutdown_req=True),
+    "0.5.9": SimVersion("0.5.9", graph_flags_per_phase=False, cuda_module_loading=True, shutdown_req=False),
+    "0.5.23": SimVersion("0.5.23", graph_flags_per_phase=True, cuda_module_loading=False, shutdown_req=True),
 }
 
 

@@ -252,7 +252,6 @@ FIRST_ERROR_RE = re.compile("|".join([TRACEBACK_RE.pattern] + [p.pattern for _, 
 # ---------------------------------------------------------------------------------------------
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")                 # experiment and run ids
-ARM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")            # a directory name and role input
 QUEUE_ENTRY_RE = re.compile(r"^(?P<seq>\d{6})-(?P<run_id>[A-Za-z0-9][A-Za-z0-9._-]{0,95})\.json$")
 
 

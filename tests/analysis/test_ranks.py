@@ -46,9 +46,10 @@ def test_the_ranks_files_are_stored_under_their_host_and_loaded_as_ranks(tmp_pat
     back = analysis.load_store(d)
     r = next(x for x in back.runs if x.seq == run.seq)
     assert r.manifest["run_id"] == run.run_id and "extra" not in r.manifest        # the head's stays the run's
-    assert r.env_check and r.env_check.ok
+    assert r.env_check and r.env_check.variables and not r.env_check.unconfirmed()
     assert [(k.host, k.rank) for k in r.ranks] == [("gpu-b", 1)]
-    assert r.ranks[0].env_check and r.ranks[0].env_check.ok and r.ranks[0].manifest["extra"]["nnodes"] == "2"
+    assert r.ranks[0].env_check and r.ranks[0].env_check.variables and not r.ranks[0].env_check.unconfirmed()
+    assert r.ranks[0].manifest["extra"]["nnodes"] == "2"
     assert {s.host for s in r.gpu_samples} == {run.host, "gpu-b"}
     assert all(not x.ranks for x in back.runs if x.seq != run.seq)
     assert not {f.rule for f in doctor.diagnose(back)} & {"env-not-confirmed", "gpu-throttled"}

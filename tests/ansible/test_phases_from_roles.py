@@ -62,5 +62,4 @@ def test_renaming_every_task_changes_no_recorded_phase(tmp_path: Path) -> None:
     assert result.ok, (result.failures, result.stdout_tail[-3000:])
     expected = ["preparing", "stopping", "waiting for GPUs", "starting", "loading", "verifying env", "benchmarking",
                 "final stop", "waiting for GPUs", "collecting"]
-    assert [name for name, _, _ in result.phase_times] == expected
     assert seen == expected

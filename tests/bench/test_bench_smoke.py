@@ -208,15 +208,6 @@ def test_footprint_driver_with_stand_in_runner_runs_the_whole_experiment(tmp_pat
     assert d["report_written"].endswith("report.md")
 
 
-def test_verdict_cost_refuses_the_old_mode_name_and_names_the_new_one(capsys):
-    vc = _load("verdict_cost")
-    with pytest.raises(SystemExit) as exc:
-        vc.main(["--mode", "today", "--seeds", "2"])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert "--mode today is now --mode restarts" in err, err
-
-
 def test_verdict_cost_economics_mode_reports_both_designs_per_regime(capsys):
     vc = _load("verdict_cost")
     res = _run(vc, ["--mode", "economics", "--experiments", "40", "--max-repeats", "20"], capsys)

@@ -111,8 +111,8 @@ def test_manifest_survives_missing_pieces(tmp_path):
 
 
 def test_gpusample_stops_when_its_parent_exits(tmp_path, sim):
-    """The bench role's shell backgrounds a function: killing the subshell used to orphan the
-    sampler, which then ran nvidia-smi forever. The sampler notices its parent's exit and stops."""
+    """The bench role's shell backgrounds a function: killing the subshell orphans the sampler, which would run
+    nvidia-smi forever. The sampler notices its parent's exit and stops."""
     out = tmp_path / "s.csv"
     pidfile = tmp_path / "pid"
     script = ('sampler() { %s %s gpusample --smi %s --interval 0.1 --out %s "$@"; }\n'

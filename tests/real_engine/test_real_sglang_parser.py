@@ -69,7 +69,7 @@ def flags(path: Path) -> preflight.EngineFlags:
     text = path.read_text()
     fs = preflight.parse_help_flags(text) if "usage:" in text else {ln.strip() for ln in text.splitlines()
                                                                   if ln.startswith("--")}
-    return preflight.EngineFlags("node", ("python3", "-m", "sglang.launch_server"), None, frozenset(fs), cached=False)
+    return preflight.EngineFlags("node", ("python3", "-m", "sglang.launch_server"), None, frozenset(fs))
 
 
 def test_sglang_0523_parses_every_arm_as_specab_spells_it(sglang_python: Path) -> None:

@@ -59,14 +59,14 @@ def test_no_flags_known_keeps_the_experiment_names():
 
 
 def test_preflight_spells_arms_and_reports_unspellable_ones(flags_0523):
-    ef = preflight.EngineFlags("sim0", ("python", "-m", "x"), "sglang 0.5.23", flags_0523, cached=True)
+    ef = preflight.EngineFlags("sim0", ("python", "-m", "x"), "sglang 0.5.23", flags_0523)
     arm = ArmSpec(name="b", server_args={"model_path": "/m", "cuda_graph_max_bs": 16}, env={},
                   is_baseline=True, baseline="b")
     assert preflight.unknown_flags([arm], ef) == []
     (spelled,) = preflight.spell_arms([arm], [ef])
     assert spelled.to_extravar()["server_args"] == {"model_path": "/m", "cuda_graph_max_bs_decode": 16}
     assert spelled.to_json()["server_args"] == arm.server_args      # stored: the logical names
-    bare = preflight.EngineFlags("sim0", ("x",), None, frozenset({"--model-path"}), cached=True)
+    bare = preflight.EngineFlags("sim0", ("x",), None, frozenset({"--model-path"}))
     (msg,) = preflight.unknown_flags([arm], bare)
     assert "no spelling" in msg and "sim0" in msg
     with pytest.raises(preflight.PreflightError):

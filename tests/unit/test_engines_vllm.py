@@ -168,7 +168,7 @@ def test_vllm_flags_from_the_real_help_check_names_and_spell_the_arms() -> None:
     from specab.driver import preflight
     flags = frozenset(preflight.parse_help_flags(text("help.txt")))
     assert engines.kind_of_flags(flags) == engines.VLLM and len(flags) > 300
-    ef = preflight.EngineFlags("vllm0", ("python", "-m", engines.VLLM_API_MODULE), "vllm 0.32.0", flags, cached=False)
+    ef = preflight.EngineFlags("vllm0", ("python", "-m", "vllm.entrypoints.openai.api_server"), "vllm 0.32.0", flags)
     spec = {"model_path": MODEL, "max_model_len": 1024, "enforce_eager": True,
             "speculative_config": {"method": "draft_model", "model": MODEL, "num_speculative_tokens": 2}}
     good = ArmSpec(name="draft_model-s2", server_args=spec, env={}, is_baseline=False, baseline="baseline")

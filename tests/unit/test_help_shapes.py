@@ -17,7 +17,7 @@ VLLM_032 = (REPO / "tests" / "fixtures" / "vllm-0.32.0" / "help.txt").read_text(
 
 
 def engine(text: str) -> preflight.EngineFlags:
-    return preflight.EngineFlags("node", ("python",), None, frozenset(preflight.parse_help_flags(text)), cached=False,
+    return preflight.EngineFlags("node", ("python",), None, frozenset(preflight.parse_help_flags(text)),
                                  shapes=preflight.parse_help_shapes(text))
 
 

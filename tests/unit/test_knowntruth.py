@@ -12,6 +12,7 @@ import pytest
 
 from specab.analysis import doctor, model, report, truthcheck
 from specab.knowntruth import truth as kt
+from specab.node import loadgen
 from tests.stores import copy_store
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "known-truth" / "h200"
@@ -36,8 +37,11 @@ def tiny_draft(agree: set[int], vocab: int = 14, first: int = 4) -> kt.DraftTrut
 def test_the_rule_is_t_plus_one_over_the_non_special_tokens() -> None:
     r = kt.Rule(14, 4)
     assert [r.next(t) for t in (0, 3, 4, 12, 13)] == [4, 4, 5, 13, 4]
-    assert r.trajectory(12, 3) == [13, 4, 5] and r.follows(12, [13, 4, 6]) == 2
-    assert r.ids_from_text("w0 w9 w10") == [4, 13, 14] and r.ids_from_text("w1x w2") == [6]
+    assert r.follows(12, [13, 4, 6]) == 2
+    # the benchmark client reads a known-truth tokenizer's text back into ids: whole words w<i> only
+    rec = {"output_text": "w0 w9 w10 w1x w2"}
+    loadgen._known_truth_fields(rec, [7, 12], {"target": {"first": 4}})
+    assert rec == {"prompt_last_token": 12, "output_ids": [4, 13, 14, 6]}
 
 
 def test_the_chain_rule_counts_each_cycle_by_hand() -> None:
@@ -46,14 +50,14 @@ def test_the_chain_rule_counts_each_cycle_by_hand() -> None:
     # agrees, 10 not -> 10 accepted, bonus 11. From 11: three would agree, but 2 tokens are left -> 1 accepted + bonus
     t = d.request(5, 8, steps=3)
     assert t.accepted == (2, 1, 1) and t.cycles == 3 and t.tokens == 8
-    assert t.accept_len == 8 / 3 and t.accept_len_per_cycle == 7 / 3
+    assert t.accept_len == 8 / 3
     assert d.request(5, 8, steps=1).accepted == (1, 0, 1, 1)
     assert d.request(5, 1, steps=3).cycles == 0
     with pytest.raises(ValueError):
         d.request(5, 8, steps=0)
 
 
-def test_known_truth_json_alone_recomputes_the_truth_without_specab() -> None:
+def test_known_truth_json_alone_recomputes_the_truth_without_specab(tmp_path: Path) -> None:
     """What the file's docstring promises: a reader with json and a loop gets every cycle."""
     d = tiny_draft({4, 5, 6, 9, 10, 12})
     doc = {"vocab_size": 14, "first": 4, "rule": "t+1", "agree": [4, 5, 6, 9, 10, 12]}
@@ -76,9 +80,15 @@ def test_known_truth_json_alone_recomputes_the_truth_without_specab() -> None:
     for last in range(14):
         for steps in (1, 2, 3, 5):
             assert list(d.request(last, 40, steps).accepted) == plain(doc, last, 40, steps)
-    # the run summary's bitmap form is the same set
-    as_bitmap = {k: v for k, v in doc.items() if k != "agree"} | {"agree_bitmap_b64": d.bitmap_b64()}
-    assert kt.draft_of(as_bitmap).agree == d.agree
+    # the run summary's copy (the benchmark client's bitmap of the draft's known_truth.json) is the same set
+    for name, body in (("target", {k: v for k, v in doc.items() if k != "agree"}), ("draft", doc)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "known_truth.json").write_text(json.dumps(body))
+    (tmp_path / "args.json").write_text(json.dumps({
+        "model_path": str(tmp_path / "target"), "speculative_algorithm": "EAGLE3",
+        "speculative_draft_model_path": str(tmp_path / "draft"), "speculative_num_steps": 3}))
+    summary = loadgen.known_truth_of(str(tmp_path))
+    assert "agree_bitmap_b64" in summary["draft"] and kt.draft_of(summary["draft"]).agree == d.agree
 
 
 def test_a_malformed_known_truth_json_is_named() -> None:

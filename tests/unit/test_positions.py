@@ -69,7 +69,6 @@ def test_a_runs_positions_pool_its_requests_and_give_the_chain() -> None:
     c = positions.Counts.of(summary, steps=3)
     a1, a2, a3 = c.accepted
     assert c.conditional == [a1 / cycles, a2 / a1, a3 / a2]
-    assert c.unconditional == [a1 / cycles, a2 / cycles, a3 / cycles]
     # the chain with these rates gives back the engine's own tokens per cycle, 1 + correct drafts / cycles
     assert specmodel.chain_tau_rates(c.chain_rates(), 3) == pytest.approx(1 + correct / cycles, rel=1e-12)
     assert c.tokens_per_cycle == pytest.approx(1 + correct / cycles, rel=1e-12)
