@@ -242,20 +242,27 @@ class RunContext:
             extravars["specab_lease_holder"] = holder
         if interrupted is not None:
             extravars["specab_interrupted_run"] = self.interrupted_extravar(interrupted)
-        res = self.runner.run(STOP_PLAYBOOK, extravars, ident, secrets=self.secrets, limit=self.limit)
-        # what the stop recorded, on every host it reached (the rest is what the node had written by the
-        # interrupt, fetched before the stop: a bench client the playbook left goes on writing until its server is
-        # stopped)
-        if interrupted is not None:
-            for host, dest in self.run_dests(interrupted.run_dir):
-                record.fetch_missing(host, self.node_run_dir(host, interrupted.pr.run_id), dest,
-                                     only=record.TEARDOWN_FILES)
-            scrub_tree(interrupted.run_dir, self.secrets)
-            self.stamp_manifests(interrupted.run_dir, interrupted.pr)
+        try:
+            res = self.runner.run(STOP_PLAYBOOK, extravars, ident, secrets=self.secrets, limit=self.limit)
+        finally:
+            # what the stop recorded, on every host it reached, even when it failed (the rest is what the node had
+            # written by the interrupt, fetched before the stop), into the run's controller directory and onto its
+            # row: the row was written before the stop, so it exists whatever becomes of the stop
+            if interrupted is not None:
+                self.record_teardown(interrupted)
         if not res.ok:
             f = res.failures[0] if res.failures else None
             return f"stopping failed: {f.message if f else res.status}"
         return None
+
+    def record_teardown(self, run: InterruptedRun) -> None:
+        """Fetch the interrupted run's TEARDOWN_FILES that stop.yml wrote on each host and add them to its stored
+        row (its stop and GPUs-free records, its manifest), as the run queue's row has them."""
+        for host, dest in self.run_dests(run.run_dir):
+            record.fetch_missing(host, self.node_run_dir(host, run.pr.run_id), dest, only=record.TEARDOWN_FILES)
+        scrub_tree(run.run_dir, self.secrets)
+        self.stamp_manifests(run.run_dir, run.pr)
+        record.ingest_teardown(self.store, run.pr.seq, run.run_dir, [h.name for h in self.result_hosts])
 
     def run_dests(self, run_dir: Path) -> list[tuple[Host, Path]]:
         """(host, controller directory) of a run's files on every host, as run_arm.yml lays them out

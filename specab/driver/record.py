@@ -228,12 +228,37 @@ def rank_dirs(run_dir: Path) -> list[tuple[str, Path]]:
     return [(host, d) for _, host, d in sorted(found)]
 
 
+def host_dirs(run_dir: Path, hosts: list[str]) -> list[tuple[str, Path]]:
+    """(host, directory) of a collected run's files: a single host's (a multi-node head's) in the run directory and
+    a multi-node run's other ranks' in theirs (rank_dirs); each host's of several own servers in <run dir>/<host>/."""
+    return [(hosts[0], run_dir), *rank_dirs(run_dir)] if len(hosts) == 1 else [(h, run_dir / h) for h in hosts]
+
+
+def ingest_teardown(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -> None:
+    """Add the records of a stop that came after the run's row was written (an interrupted per-run run's, stop.yml's
+    TEARDOWN_FILES fetched into its directory) to that row: its stop and GPUs-free records, as ingest_run_dir stores
+    them (the row's stop_json/gpu_free_json, the first host's that has one, each host's files), and its manifest."""
+    stop = gpu_free = None
+    for host, d in host_dirs(run_dir, hosts):
+        if not d.is_dir():
+            continue
+        manifest = read_json(d / "manifest.json")
+        if isinstance(manifest, dict):
+            store.add_manifest(seq, host, manifest)
+        for name in ("stop.json", "gpu_free.json", "gpu_free.csv"):
+            f = d / name
+            if f.is_file() and f.stat().st_size <= 256 * 1024:
+                store.add_file(seq, host, name, f.read_text(errors="replace"))
+        stop = stop if stop is not None else read_json(d / "stop.json")
+        gpu_free = gpu_free if gpu_free is not None else read_json(d / "gpu_free.json")
+    store.record_teardown(seq, stop=stop, gpu_free=gpu_free)
+
+
 def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -> dict[str, Any]:
     """Read a collected run directory into the store (immediately after the run). A multi-node run's
     other ranks (their manifest, env check, GPU samples and small files) are stored under their hosts."""
     out: dict[str, Any] = {"measured": 0, "measured_ok": 0}
-    dirs = [(hosts[0], run_dir), *rank_dirs(run_dir)] if len(hosts) == 1 else [(h, run_dir / h) for h in hosts]
-    for host, d in dirs:
+    for host, d in host_dirs(run_dir, hosts):
         if not d.is_dir():
             continue
         bench = d / "bench.jsonl"

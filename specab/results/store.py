@@ -443,6 +443,13 @@ class Store:
             row = c.execute("SELECT gpu_seconds FROM runs WHERE seq=?", (seq,)).fetchone()
         return None if row is None or row["gpu_seconds"] is None else float(row["gpu_seconds"])
 
+    def record_teardown(self, seq: int, *, stop: Any = None, gpu_free: Any = None) -> None:
+        """The stop and GPUs-free records of a run whose teardown ended after its row was finished (a per-run run
+        interrupted by the user: the driver's stop is its teardown); a record not given keeps the row's."""
+        with self._tx() as c:
+            c.execute("UPDATE runs SET stop_json=COALESCE(?, stop_json), gpu_free_json=COALESCE(?, gpu_free_json)"
+                      " WHERE seq=?", (_dumps(stop), _dumps(gpu_free), seq))
+
     def spent_gpu_seconds(self, rerun: Collection[int] = ()) -> tuple[float, int]:
         """(GPU-seconds, runs) recorded so far, the runs of the seqs in `rerun` left out: a run started again
         replaces its row (start_run), so what it spent before is no longer part of the experiment's verdict cost."""

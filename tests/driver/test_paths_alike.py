@@ -139,6 +139,14 @@ def _experiment(node: SimNode, executor: str) -> dict:
         got["record"] = {rid: (r["status"], r["failure_phase"], _masked(r["failure_reason"]))
                          for rid, r in rows.items()}
         got["phases"] = {r["run_id"]: [p["phase"] for p in s.phases(r["seq"])] for r in rows.values()}
+        # the interrupted run's teardown as its stored row and manifest hold it (the per-run path's stop comes after
+        # the row is written)
+        cut = rows[RUNS[1]]
+        [manifest] = [m["manifest"] for m in s.manifests() if m["seq"] == cut["seq"]]
+        got["teardown"] = {"stop_s": (cut["stop"] or {}).get("total_s"),
+                           "time_to_free_s": (cut["gpu_free"] or {}).get("time_to_free_s"),
+                           "manifest": {k: manifest["extra"].get(k) for k in ("stop_s", "time_to_free_s")},
+                           "files": {n for n in s.files(cut["seq"]) if n in ("stop.json", "gpu_free.json")}}
     for rid in RUNS:
         d = exp_dir / rid
         got["files"][rid] = _files(d) if d.is_dir() else set()
@@ -172,6 +180,14 @@ def test_per_run_and_queue_leave_the_same_record(node: SimNode):
     assert "CUDA out of memory" in oom[2], oom
     assert cut == ("interrupted", "benchmarking", "interrupted by the user (SIGINT/SIGTERM)"), cut
 
+    # the interrupted run's stored row carries its teardown's stop and GPUs-free records, the values its manifest
+    # holds (stop.json's total_s, gpu_free.json's time_to_free_s; the manifest's extra keeps each value as the text
+    # it was given), on both paths
+    for got in (per_run, queue):
+        t = got["teardown"]
+        assert isinstance(t["stop_s"], float) and isinstance(t["time_to_free_s"], float), t
+        assert t["manifest"] == {"stop_s": str(t["stop_s"]), "time_to_free_s": str(t["time_to_free_s"])}, t
+        assert t["files"] == {"stop.json", "gpu_free.json"}, t
     # the same phases, in the same order: the failed start's (torn down alike) and the resumed run's
     def steps(names: list[str], hide: frozenset[str] = frozenset()) -> list[str]:
         return [n for n in names if n not in LOAD_SUBPHASES | hide]

@@ -61,6 +61,33 @@ def test_rerun_of_a_seq_replaces_the_unfinished_attempt(tmp_path):
     assert s.requests(2) == [] and s.runs()[0]["attempt"] == 2
 
 
+def test_a_teardown_recorded_after_the_row_is_added_to_it(tmp_path):
+    """An interrupted per-run run's row is written before the driver's stop (nothing is lost if the stop fails);
+    the stop's records fetched afterwards are added to it: the head's stop and GPUs-free records on the row, every
+    rank's files and manifest under its host. A stop that recorded nothing leaves the row as it was."""
+    from specab.driver.record import ingest_teardown
+    s = _store(tmp_path)
+    s.start_run(seq=1, run_id="001-baseline", arm="baseline", block=1, host="a", run_dir="/r", runner_ident="x")
+    s.finish_run(1, status=st.INTERRUPTED, failure_phase="benchmarking", stop={"total_s": 9.0})
+    run_dir = tmp_path / "001-baseline"
+    ingest_teardown(s, 1, run_dir, ["a"])             # the stop failed before it wrote anything
+    assert s.runs()[0]["stop"] == {"total_s": 9.0} and s.runs()[0]["gpu_free"] is None and s.manifests() == []
+    rank1 = run_dir / "node1-b"
+    rank1.mkdir(parents=True)
+    for d, stop_s, free_s in ((run_dir, 0.5, 0.25), (rank1, 0.75, 0.125)):
+        (d / "stop.json").write_text(json.dumps({"total_s": stop_s}))
+        (d / "gpu_free.json").write_text(json.dumps({"time_to_free_s": free_s}))
+        (d / "gpu_free.csv").write_text("index,memory.used [MiB]\n0,0\n")
+        (d / "manifest.json").write_text(json.dumps({"extra": {"stop_s": str(stop_s)}}))
+    ingest_teardown(s, 1, run_dir, ["a"])
+    run = s.runs()[0]
+    assert (run["status"], run["stop"], run["gpu_free"]) == (st.INTERRUPTED, {"total_s": 0.5}, {"time_to_free_s": 0.25})
+    assert {(m["host"], m["manifest"]["extra"]["stop_s"]) for m in s.manifests()} == {("a", "0.5"), ("b", "0.75")}
+    files = {(r["host"], r["name"]): r["content"] for r in s.conn.execute("SELECT * FROM run_files WHERE seq=1")}
+    assert sorted(files) == [(h, n) for h in "ab" for n in ("gpu_free.csv", "gpu_free.json", "stop.json")], files
+    assert json.loads(files["b", "stop.json"]) == {"total_s": 0.75}
+
+
 def test_open_refuses_other_files(tmp_path):
     with pytest.raises(st.StoreError, match="no results store"):
         st.Store.open(tmp_path / "nope")
