@@ -21,7 +21,7 @@ from specab.driver.options import ExperimentError
 from specab.driver.progress import Progress
 from specab.driver.remote import open_node, shell_path
 from specab.results import store as st
-from specab.vocab.contract import FIRST_ERROR_RE, PRIVATE_RUN_FILES
+from specab.vocab.contract import FIRST_ERROR_RE, HELPERS_JSON, PRIVATE_RUN_FILES
 from specab.vocab.phases import REPEATED_PHASES
 
 MIN_FREE_MB = 50
@@ -180,7 +180,8 @@ def unpack_fetched(archive: Path, dest: Path, run_ids: Collection[str]) -> list[
 
 def fetch_missing(host: Host, node_run_dir: str, dest: Path, only: Collection[str] = ()) -> None:
     """Copy the node's run files that the controller run dir lacks (after a failed run; read-only); ``only``: just
-    these files, over the controller's copy (an interrupted run's TEARDOWN_FILES, written by the stop after it)."""
+    these files, over the controller's copy (an interrupted run's TEARDOWN_FILES, written by the stop after it).
+    The node's record of the run's helper processes (HELPERS_JSON, live while they run) is no file of the run."""
     try:
         node = open_node(host)
     except Exception:
@@ -192,7 +193,8 @@ def fetch_missing(host: Host, node_run_dir: str, dest: Path, only: Collection[st
         dest.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
         os.chmod(dest, PRIVATE_DIR_MODE)
         for name in out.split():
-            if "/" in name or (name not in only if only else (dest / name).exists()) or (dest / name).is_dir():
+            if "/" in name or name == HELPERS_JSON or (name not in only if only else (dest / name).exists()) \
+                    or (dest / name).is_dir():
                 continue
             data = node.read_from(f"{node_run_dir}/{name}", 0, max_bytes=64 << 20)
             if data is not None:

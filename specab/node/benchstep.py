@@ -202,12 +202,18 @@ class BenchStep(object):
     ``wait_sampler`` in the teardown) and whole for the tool (``bench``).
 
     ``client_log``: where the client's stderr goes, as a failure names it (e.g. "sequencer.log"); None: the
-    client's stderr is copied to ours and a failure quotes its last line."""
+    client's stderr is copied to ours and a failure quotes its last line.
 
-    def __init__(self, spec: BenchSpec, env: Mapping[str, str], client_log: Optional[str] = None) -> None:
+    The client and the sampler are recorded in the run directory's helpers.json (``common.record_helpers``) while
+    they may run, and ``own_process`` records this process too (the tool, whose owner, a playbook, may be cut off
+    by the driver's Ctrl-C: the stop then ends them, ``stop.end_helpers``); the record goes once they are gone."""
+
+    def __init__(self, spec: BenchSpec, env: Mapping[str, str], client_log: Optional[str] = None,
+                 own_process: bool = False) -> None:
         self.spec = spec
         self.env = dict(env)
         self.client_log = client_log
+        self.own_process = own_process
         self.config = spec.client_config()
         self.client: Optional[Deferred] = None
         self.sampler: Optional[Deferred] = None
@@ -225,6 +231,8 @@ class BenchStep(object):
         if self.client_log is None:
             self.client_stderr = LastLine(self.client.proc.stderr)
         self.sampler = Deferred(self.spec.python, "gpusample", self.env)
+        common.record_helpers(self.spec.run_dir, ([("bench", os.getpid())] if self.own_process else [])
+                              + [("loadgen", self.client.proc.pid), ("gpusample", self.sampler.proc.pid)])
 
     def sample_before(self) -> None:
         """gpu_before.csv (one nvidia-smi call), in a thread: joined before the client starts."""
@@ -365,8 +373,12 @@ class BenchStep(object):
                 self.sampler.discard()
 
     def wait_sampler(self) -> None:
+        """The sampler's exit waited for; once the client has exited too, their record goes."""
         if self.sampler is not None and self.sampler.released:
             self.sampler.finish(term_after=10.0)
+        helpers = [d.proc for d in (self.client, self.sampler) if d is not None]
+        if helpers and all(p.poll() is not None for p in helpers):
+            common.forget_helpers(self.spec.run_dir)
 
     # -- whole ----------------------------------------------------------------------------
 
@@ -382,7 +394,7 @@ class BenchStep(object):
 
 def bench(spec: BenchSpec, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """The bench step as the role runs it: ``{"summary": bench_summary.json, "run_dir": ...}``."""
-    step = BenchStep(spec, os.environ if env is None else env)
+    step = BenchStep(spec, os.environ if env is None else env, own_process=True)
     return {"summary": step.bench(), "run_dir": spec.run_dir}
 
 

@@ -767,6 +767,56 @@ def poll_until(cond: Callable[[], bool], timeout: float, interval: float = 0.05)
 
 
 # ---------------------------------------------------------------------------------------------
+# helpers.json: a run's helper processes, ours by pid and start time
+# ---------------------------------------------------------------------------------------------
+
+# The helper processes a run starts besides its server (the bench step's client and GPU sampler, the bench tool
+# itself, a non-head rank's GPU sampler) are in no session of the server's: when the process that owns them is cut
+# off (the per-run playbook cancelled by the driver's Ctrl-C), only this record lets the stop end them. A helper is
+# ours while its pid is alive with the recorded start time and its command line names its tool.
+HELPERS_JSON = contract.HELPERS_JSON
+
+
+def record_helpers(run_dir: str, helpers: Sequence[Tuple[str, int]]) -> None:
+    """Record ``(tool, pid)`` of each helper of the run in ``run_dir``/helpers.json (replacing the record)."""
+    entries = []
+    for tool, pid in helpers:
+        st = proc_stat(pid)
+        if st is not None:
+            entries.append({"tool": tool, "pid": pid, "starttime": st.starttime})
+    write_json(os.path.join(run_dir, HELPERS_JSON), {"helpers": entries})
+
+
+def forget_helpers(run_dir: str) -> None:
+    """The run's helpers are gone: their record goes (a run directory keeps no stale pids)."""
+    try:
+        os.unlink(os.path.join(run_dir, HELPERS_JSON))
+    except FileNotFoundError:
+        pass
+
+
+def helper_is_ours(entry: Dict[str, Any]) -> bool:
+    """The recorded helper still runs: its pid alive with the recorded start time, its tool in its command line."""
+    try:
+        pid, starttime, tool = int(entry["pid"]), int(entry["starttime"]), str(entry["tool"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    st = proc_stat(pid)
+    return (pid > 1 and st is not None and st.alive and st.starttime == starttime
+            and tool in proc_cmdline(pid).split())
+
+
+def live_helpers(run_dir: str) -> List[Dict[str, Any]]:
+    """The recorded helpers of the run in ``run_dir`` that still run (none without a readable record)."""
+    try:
+        rec = read_json(os.path.join(run_dir, HELPERS_JSON))
+    except (OSError, ValueError):
+        return []
+    entries = rec.get("helpers") if isinstance(rec, dict) else None
+    return [e for e in entries if isinstance(e, dict) and helper_is_ours(e)] if isinstance(entries, list) else []
+
+
+# ---------------------------------------------------------------------------------------------
 # sequencer.json: the node-side run queue's live process (sequence.py serve), also ours
 # ---------------------------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ tensor-parallel server). Two calls around the head's bench step, each a typed sp
     python3 <root>/specab/node ranksampler --spec-json -     {"action": "start" | "stop", "run_dir": ..., ...}
 
 ``start`` leaves the sampler running detached (the same files as the bench step's sampler: gpu_samples.csv, .json,
-.log) and returns; ``stop`` ends it. stdlib only, like every node tool; imports its siblings.
+.log) and returns, its pid in gpu_sampler.pid and helpers.json (with its start time: the server's stop ends it when
+the run's playbook was cut off); ``stop`` ends it. stdlib only, like every node tool; imports its siblings.
 """
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ def start_rank_sampler(a: RankSamplerSpec) -> Dict[str, Any]:
                                 close_fds=True, start_new_session=True)
     with open(pidfile, "w") as fh:
         fh.write("%d\n" % proc.pid)
+    # with its start time, for the stop after a Ctrl-C that cut the run's playbook off (stop.end_helpers)
+    common.record_helpers(a.run_dir, [("gpusample", proc.pid)])
     return {"started": True, "pid": proc.pid, "pidfile": pidfile}
 
 
@@ -96,6 +99,7 @@ def stop_rank_sampler(a: RankSamplerSpec) -> Dict[str, Any]:
     else:
         out["note"] = "sampler already ended"
     os.unlink(pidfile)
+    common.forget_helpers(a.run_dir)
     return out
 
 

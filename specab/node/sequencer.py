@@ -90,7 +90,9 @@ class Sequencer(object):
     def stop_server(self, smi: List[str], grace: float, out: Optional[str],
                     on_gone: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
         a = stop_tool.StopSpec(node_dir=self.node_dir, smi=list(smi), grace=grace, out=out)
-        res = common.recorded(a.out, lambda: stop_tool.stop(a, stop_sequencer=False, on_gone=on_gone))
+        # its bench step's helpers are its own, ended by it (RunSteps.drop_helpers)
+        res = common.recorded(a.out, lambda: stop_tool.stop(a, stop_sequencer=False, on_gone=on_gone,
+                                                            helpers=False))
         self.reap()
         return res
 

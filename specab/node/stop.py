@@ -26,6 +26,13 @@ time) is stopped FIRST (SIGTERM, poll, SIGKILL after ``--sequencer-grace``): it 
 start the next queued run right after this stop. On SIGTERM it stops its own server and marks its
 run interrupted; the server stop that follows then usually finds nothing left. The output then
 has a ``sequencer`` key (absent when no sequencer.json exists).
+
+The recorded run's helpers (its run directory's helpers.json: the bench tool, its client and its GPU sampler, a
+non-head rank's GPU sampler) are ended before its server (``helpers_ended``): they are in none of the server's
+sessions, and after the driver's Ctrl-C cancels a per-run playbook nothing else ends them; a client would go on
+sending requests to the stopping server. Each is ours only while its pid runs with the recorded start time and
+its tool in its command line. The run queue's sequencer ends its own helpers (its stop passes
+``helpers=False``).
 """
 from __future__ import annotations
 
@@ -187,12 +194,50 @@ def shutdown_record(text: str, initially: List[common.ProcStat], pid: Optional[i
     return out
 
 
-def idle_stop(a: StopSpec, node_dir: str) -> Dict[str, Any]:
-    """Nothing recorded: sweep survivors of the previous server's session (still ours) and, only
-    with --force-foreign, the GPU compute processes."""
+# How long a run's helpers get to exit on SIGTERM (the client and the bench tool die at once, the sampler ends its
+# loop) before SIGKILL.
+HELPER_GRACE_S = 5.0
+# The order they are ended in: the bench tool first (it would react to its client's end: a last GPU sample, its
+# sampler told to stop), then its client, then the samplers.
+HELPER_ORDER = ("bench", "loadgen", "gpusample")
+
+
+def end_helpers(rec: Optional[Dict[str, Any]], st: Stopper, kill_wait: float) -> List[Dict[str, Any]]:
+    """End the helpers recorded in the run directory of ``rec`` (server.json's ``run_dir``) that still run:
+    SIGTERM, their exit polled for, SIGKILL after HELPER_GRACE_S; their record goes once none runs. Returns the
+    helpers ended (tool, pid)."""
+    run_dir = rec.get("run_dir") if rec is not None else None
+    if not isinstance(run_dir, str) or not run_dir:
+        return []
+    found = sorted(common.live_helpers(run_dir),
+                   key=lambda e: HELPER_ORDER.index(e["tool"]) if e["tool"] in HELPER_ORDER else len(HELPER_ORDER))
+    for e in found:
+        st.send(signal.SIGTERM, "pid", int(e["pid"]), "the run's %s (%s)" % (e["tool"], common.HELPERS_JSON))
+
+    def running() -> List[Dict[str, Any]]:
+        return [e for e in found if common.helper_is_ours(e)]
+    if not common.poll_until(lambda: not running(), HELPER_GRACE_S, 0.05):
+        for e in running():
+            st.send(signal.SIGKILL, "pid", int(e["pid"]), "the run's %s survived SIGTERM for %gs"
+                    % (e["tool"], HELPER_GRACE_S))
+        if not common.poll_until(lambda: not running(), kill_wait, 0.05):
+            raise ToolError("the run's helpers survived SIGKILL for %gs: %s"
+                            % (kill_wait, "; ".join(common.describe_text(int(e["pid"])) for e in running())),
+                            {"signals": st.signals})
+    common.forget_helpers(run_dir)
+    return [{"tool": e["tool"], "pid": e["pid"]} for e in found]
+
+
+def idle_stop(a: StopSpec, node_dir: str, helpers: bool = True) -> Dict[str, Any]:
+    """Nothing recorded: the previous server's run's helpers and the survivors of its session (still ours) ended
+    and, only with --force-foreign, the GPU compute processes."""
     last = common.load_record(node_dir, common.LAST_SERVER_JSON)
     st = Stopper(last)
     out: Dict[str, Any] = {"was_running": False}
+    if helpers:
+        ended = end_helpers(last, st, a.kill_wait)
+        if ended:
+            out["helpers_ended"] = ended
     killed = sweep_leftovers(last, st)
     if killed:
         out["leftovers_killed"] = killed
@@ -209,9 +254,10 @@ def idle_stop(a: StopSpec, node_dir: str) -> Dict[str, Any]:
 
 
 def stop(a: StopSpec, stop_sequencer: bool = True,
-         on_gone: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+         on_gone: Optional[Callable[[], None]] = None, helpers: bool = True) -> Dict[str, Any]:
     """The whole stop: a live sequencer of ours first (unless ``stop_sequencer`` is false: the
-    sequencer itself stopping its own server), then the server recorded in server.json.
+    sequencer itself stopping its own server), then the run's helpers (unless ``helpers`` is false: the
+    sequencer's own, ended by it), then the server recorded in server.json.
     ``on_gone`` is called once the recorded group and session are empty, before the GPU sweep
     (the sequencer starts its GPU-free wait there; server.json still names our session)."""
     node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
@@ -220,7 +266,7 @@ def stop(a: StopSpec, stop_sequencer: bool = True,
         grace = a.sequencer_grace if a.sequencer_grace is not None else a.grace + 90.0
         seq = common.stop_sequencer(node_dir, grace, a.kill_wait)
     try:
-        out = stop_server(a, on_gone)
+        out = stop_server(a, on_gone, helpers)
     except ToolError as exc:
         if seq is not None:
             exc.result["sequencer"] = seq
@@ -230,15 +276,22 @@ def stop(a: StopSpec, stop_sequencer: bool = True,
     return out
 
 
-def stop_server(a: StopSpec, on_gone: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+def stop_server(a: StopSpec, on_gone: Optional[Callable[[], None]] = None,
+                helpers: bool = True) -> Dict[str, Any]:
     node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
     rec = common.load_record(node_dir)
     if rec is None:
-        return idle_stop(a, node_dir)
+        return idle_stop(a, node_dir, helpers)
 
     st = Stopper(rec)
     out = {"was_running": common.main_is_ours(rec), "pid": st.pid, "pgid": st.pgid, "sid": st.sid,
            "run_id": rec.get("run_id"), "arm": rec.get("arm"), "escalated": False, "grace_s": a.grace}
+    try:
+        # before the server: a client must not go on sending requests to a server that drains
+        out["helpers_ended"] = end_helpers(rec, st, a.kill_wait) if helpers else []
+    except ToolError as exc:
+        exc.result = dict(out, **exc.result)
+        raise
     initially = st.remaining()
     out["processes_at_start"] = [{"pid": p.pid, "name": common.display_name(p.pid)} for p in initially]
     log_offset = log_size(rec)

@@ -158,6 +158,12 @@ PRIVATE_RUN_FILES = {"launch.sh": 0o700, "nccl.env": 0o600, "args.json": 0o600, 
                      "queue_entry.json": 0o600}
 
 
+# The node's record of a run's helper processes in its run directory (the bench step's client and GPU sampler, the
+# bench tool itself, a non-head rank's GPU sampler: specab.node.common.record_helpers), for a stop to end them when
+# their owner was cut off; removed once they are gone, so never one of the run's records (the driver fetches no copy).
+HELPERS_JSON = "helpers.json"
+
+
 # A value shorter than this is not scrubbed from free text: it would also replace ordinary words and numbers.
 MIN_SCRUB_LEN = 4
 

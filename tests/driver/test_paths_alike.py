@@ -74,6 +74,20 @@ def _kill_sequencer(node: SimNode) -> None:
         pass
 
 
+def _helpers(node: SimNode) -> list[str]:
+    """The bench helpers running from this node's tools (the bench tool, its client, its GPU sampler): their command
+    lines name the node's package and the tool."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ").split()
+        except OSError:
+            continue
+        if any(str(node.node_dir) in w for w in words) and {"bench", "loadgen", "gpusample"} & set(words):
+            found.append(f"{pid}: {' '.join(words)[-120:]}")
+    return found
+
+
 def _exp_dir(runs_dir: Path) -> Path:
     [d] = [d for d in runs_dir.iterdir() if (d / st.FILENAME).exists()]
     return d
@@ -113,9 +127,10 @@ def _keys(path: Path) -> dict[str, list[str]]:
 def _experiment(node: SimNode, executor: str) -> dict:
     """Run the experiment on `executor`, SIGINT while `cut` benchmarks, check the node, resume; what it left."""
     runs_dir = node.root / f"runs-{executor}"
-    # ten measured requests (~0.5 s each): the signal comes at the first, and the per-run path's client is stopped
-    # only with the server (stop.yml), seconds later: a run whose every measured request was answered is kept ok
-    exp = node.write_experiment("alike", arms=ARMS, num_requests=10, output_len=32)
+    # twenty measured requests (~0.5 s each): the signal comes at the first, and the per-run path's client is
+    # stopped by the driver's stop (stop.yml) seconds later, while it still has requests to send (a run whose every
+    # measured request was answered is kept ok)
+    exp = node.write_experiment("alike", arms=ARMS, num_requests=20, output_len=32)
     common = ["--executor", executor, "-i", str(node.write_inventory()), "--runs-dir", str(runs_dir)]
     proc = driver("--order", "blocked", "--repeats", "1", "-e", str(exp), *common)
     try:
@@ -132,6 +147,12 @@ def _experiment(node: SimNode, executor: str) -> dict:
     assert proc.returncode == 130, out[-4000:]
     # the interrupt stopped the server and the GPUs are free
     assert not node.server_alive() and node.gpus_busy() == [], out[-4000:]
+    # and ended the run's bench helpers before its server (the per-run path's playbook, which ran them, was cancelled;
+    # the sequencer ends its own): none is left, and none sent a request to the stopping server, so no measured
+    # request failed (what had not been answered by then has no record)
+    assert _helpers(node) == [], out[-4000:]
+    node_bench = (node.node_dir / "runs" / RUNS[1] / "bench.jsonl").read_text().splitlines()
+    assert [line for line in node_bench if not json.loads(line)["ok"]] == [], node_bench
     exp_dir = _exp_dir(runs_dir)
     got: dict = {"files": {}, "keys": {}}
     with st.Store.open(exp_dir) as s:
@@ -152,6 +173,8 @@ def _experiment(node: SimNode, executor: str) -> dict:
         got["files"][rid] = _files(d) if d.is_dir() else set()
         got["keys"][rid] = {f.name: _keys(f) for f in d.glob("*.json") if f.name not in QUEUE_ONLY}
         extra = json.loads((d / "manifest.json").read_text())["extra"] if (d / "manifest.json").exists() else {}
+        if rid == RUNS[1]:      # the helpers the interrupted run's stop ended itself
+            got["helpers_ended"] = sorted(h["tool"] for h in json.loads((d / "stop.json").read_text())["helpers_ended"])
         got["manifest_failure"] = {**got.get("manifest_failure", {}),
                                    rid: (extra.get("failed_task"), _masked(_first_line(extra.get("failure"))))}
     got["out"] = out
@@ -188,6 +211,10 @@ def test_per_run_and_queue_leave_the_same_record(node: SimNode):
         assert isinstance(t["stop_s"], float) and isinstance(t["time_to_free_s"], float), t
         assert t["manifest"] == {"stop_s": str(t["stop_s"]), "time_to_free_s": str(t["time_to_free_s"])}, t
         assert t["files"] == {"stop.json", "gpu_free.json"}, t
+    # the per-run path's stop ended the interrupted run's bench tool, client and sampler (its playbook, which ran
+    # them, was cancelled); the run queue's sequencer ended its own before its stop
+    assert per_run["helpers_ended"] == ["bench", "gpusample", "loadgen"] and queue["helpers_ended"] == [], \
+        (per_run["helpers_ended"], queue["helpers_ended"])
     # the same phases, in the same order: the failed start's (torn down alike) and the resumed run's
     def steps(names: list[str], hide: frozenset[str] = frozenset()) -> list[str]:
         return [n for n in names if n not in LOAD_SUBPHASES | hide]
@@ -209,8 +236,8 @@ def test_per_run_and_queue_leave_the_same_record(node: SimNode):
         per_run["files"][RUNS[1]]
     # the same keys in every JSON record both write (the manifest's `extra` too), the same failure in the manifest;
     # of the interrupted run, the records of its teardown: the bench's own records are what each path had by the
-    # interrupt (the sequencer stops its bench helpers at the signal; the per-run path's go on until stop.yml stops
-    # the server, after the driver fetched the run, so a sampler's summary may be cut short)
+    # interrupt (the sequencer stops its bench helpers at the signal; the per-run path's go on until the driver's
+    # stop.yml ends them, after the driver fetched the run, so a sampler's summary may be cut short)
     teardown = ("manifest.json", "stop.json", "gpu_free.json")
     p_cut_keys, q_cut_keys = ({n: k for n, k in got["keys"][RUNS[1]].items() if n in teardown}
                               for got in (per_run, queue))

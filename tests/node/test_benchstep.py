@@ -126,3 +126,33 @@ def test_stopping_a_ranks_sampler_leaves_a_reused_pid_alone(tmp_path: Path, sim:
     finally:
         other.kill()
         other.wait()
+
+
+def test_the_stop_ends_a_recorded_helper_that_is_still_ours_and_nothing_else(tmp_path: Path, sim: SimNode) -> None:
+    """A rank's sampler whose playbook was cut off (the driver's Ctrl-C) runs on in a session of its own: the stop
+    of its run's server ends it through helpers.json (specab/node/stop.py end_helpers). A recorded pid is ended only
+    while it is the recorded process: a process of the recorded start time whose command line does not name the
+    tool, or one whose start time differs (a reused pid), is left alone."""
+    from specab.node import common, stop as stop_tool
+    start = ranksampler({"action": "start", "run_dir": str(tmp_path), "python": PY, "smi": sim.smi, "gpus": [0, 1],
+                         "sample_interval_s": 0.05, "duration_s": 600}, sim.env)
+    assert start.rc == 0, start.data
+    sampler = start.data["pid"]
+    other = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
+    try:
+        record = json.loads((tmp_path / "helpers.json").read_text())["helpers"]
+        assert [(h["tool"], h["pid"]) for h in record] == [("gpusample", sampler)], record
+        other_start = common.proc_stat(other.pid).starttime
+        record += [{"tool": "gpusample", "pid": other.pid, "starttime": other_start},
+                   {"tool": "python", "pid": other.pid, "starttime": other_start + 1}]
+        (tmp_path / "helpers.json").write_text(json.dumps({"helpers": record}))
+        assert wait_for(lambda: (tmp_path / "gpu_samples.csv").exists(), 30)
+        ended = stop_tool.end_helpers({"run_dir": str(tmp_path)}, stop_tool.Stopper(None), kill_wait=5.0)
+        assert ended == [{"tool": "gpusample", "pid": sampler}], ended
+        assert not common.is_alive(sampler) and other.poll() is None
+        assert sampler_summary(tmp_path)["stopped_by"] == "SIGTERM"     # ended by the stop's SIGTERM, CSV whole
+        assert not (tmp_path / "helpers.json").exists()
+    finally:
+        other.kill()
+        other.wait()
+        ranksampler({"action": "stop", "run_dir": str(tmp_path)}, sim.env)
