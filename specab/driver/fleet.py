@@ -107,6 +107,7 @@ def run_fleet(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, tod
     errors: list[BaseException] = []
     stops: list[SystematicFailure] = []
     statuses: list[str] = []
+    stopped: set[str] = set()         # hosts whose executor's own stop after the interrupt succeeded
     lock = threading.Lock()
 
     interrupt: list[Interrupt] = []    # the Interrupt of the main thread, once entered
@@ -127,7 +128,17 @@ def run_fleet(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, tod
                 with lock:
                     statuses.append(status)
                 fail_fast.observe(store, status)
-            make_executor(ctx, signal_time).loop(runs, cancel, 0, on_status=on_status)
+            executor = make_executor(ctx, signal_time)
+            if executor.loop(runs, cancel, 0, on_status=on_status) and not executor.stops_node_on_interrupt:
+                # the per-run executor: this host's stop is its interrupted run's teardown, recorded in that run's
+                # directory and row as on a single host (session.execute), while the other hosts stop theirs
+                ctx.progress.notice("interrupted: stopping the server of the current run (stop role) ...")
+                err = ctx.stop_servers(executor.interrupted)
+                if err:
+                    ctx.progress.notice(f"WARNING: {err} Check the node with `python driver.py status`.")
+                else:
+                    with lock:
+                        stopped.add(name)
         except SystematicFailure as exc:  # every arm failed at start-up for one cause: every host stops
             with lock:
                 stops.append(exc)
@@ -156,12 +167,18 @@ def run_fleet(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, tod
             main_store = st.Store.open(exp_dir)
             try:
                 if interrupted:
-                    progress.notice(("stopped" if stops else "interrupted")
-                                    + ": stopping the servers of every host (stop role) ...")
-                    full = make_context(prepared, opts, exp_id, exp_dir, main_store, out, progress)
-                    err = full.stop_servers()
-                    if err:
-                        progress.notice(f"WARNING: {err} Check the nodes with `python driver.py status`.")
+                    # every host but those whose own stop succeeded (a host thread that failed, the run queue's
+                    # hosts, whose executor stops them, once more)
+                    rest = [h.name for h in hosts if h.name not in stopped]
+                    if rest:
+                        which = "every host" if len(rest) == len(hosts) else ", ".join(rest)
+                        progress.notice(("stopped" if stops else "interrupted")
+                                        + f": stopping the servers of {which} (stop role) ...")
+                        full = make_context(prepared, opts, exp_id, exp_dir, main_store, out, progress,
+                                            limit=None if len(rest) == len(hosts) else ",".join(rest))
+                        err = full.stop_servers()
+                        if err:
+                            progress.notice(f"WARNING: {err} Check the nodes with `python driver.py status`.")
                     main_store.set_experiment_status(STOPPED if stops and intr.at is None else "interrupted")
                 else:
                     main_store.set_experiment_status("finished")

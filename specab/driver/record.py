@@ -45,7 +45,8 @@ def check_writable(directory: Path, min_free_mb: int = MIN_FREE_MB) -> None:
     """Refuse a run directory that is a file, unwritable or on a full disk before a run starts."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".write-test-{os.getpid()}"
+        # one probe per thread: a fleet's host threads check the experiment directory at once
+        probe = directory / f".write-test-{os.getpid()}-{threading.get_ident()}"
         probe.write_text("ok")
         probe.unlink()
     except (NotADirectoryError, FileExistsError):

@@ -165,6 +165,29 @@ def test_run_directory_must_be_writable(tmp_path, monkeypatch):
     check_writable(tmp_path / "ok")
 
 
+def test_a_fleets_host_threads_check_the_run_directory_at_once(tmp_path):
+    """--fleet: every host's thread checks the experiment directory before each run; one thread's check never
+    removes another's probe (which read as "not writable (No such file or directory)" and stopped the fleet)."""
+    import threading
+    start = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def check() -> None:
+        start.wait()
+        try:
+            for _ in range(300):
+                check_writable(tmp_path)
+        except BaseException as exc:      # reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=check) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
 def test_unwritable_runs_dir_refused_before_any_run(tmp_path, experiment_file, capsys):
     f = tmp_path / "file"
     f.write_text("x")

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import sqlite3
 import contextlib
+import json
+import signal
 import time
 from pathlib import Path
 from typing import Iterator
@@ -26,8 +28,8 @@ from typing import Iterator
 import pytest
 
 from tests.netns import unavailable_reason
-from tests.scale.cluster import (Node, experiment, experiment_dirs, namespace_nodes, run_driver, runs_of,
-                                 write_experiment, write_inventory)
+from tests.scale.cluster import (Node, experiment, experiment_dirs, namespace_nodes, pid_alive, run_driver, runs_of,
+                                 start_driver, write_experiment, write_inventory)
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(2400)]
 BLOCKS_PER_HOST = 1
@@ -44,6 +46,19 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list
     root = tmp_path_factory.mktemp("fleet")
     with namespace_nodes(root, 2, time_scale="0.5", profile="default") as nodes:
         yield root, nodes
+
+
+TEARDOWN = {"stop.json", "gpu_free.json", "gpu_free.csv", "manifest.json"}
+
+
+def _benchmarking(node: Node, since: float) -> bool:
+    """A run of the node has answered a measured request since ``since`` (its bench.jsonl on the node; the module's
+    earlier experiments left theirs under the same run ids)."""
+    for bench in (node.node_dir / "runs").glob("*/bench.jsonl"):
+        if bench.stat().st_mtime > since and any(line.strip() and not json.loads(line)["warmup"] for line in bench.read_text().splitlines()
+               if line.endswith("}")):
+            return True
+    return False
 
 
 def _timed_driver(root: Path, *args: str) -> tuple[float, Path]:
@@ -118,3 +133,48 @@ def test_fleet_runs_whole_blocks_per_host_in_parallel(fleet) -> None:
     assert "per host" in report.lower(), report[:3000]
     for h in hosts:
         assert h in report
+
+
+@pytest.mark.parametrize("executor", ["per-run", "queue"])
+def test_ctrl_c_leaves_each_hosts_interrupted_run_torn_down(fleet, executor: str) -> None:
+    """Ctrl-C while every host of a fleet benchmarks: on each host its interrupted run is torn down as on a single
+    host, whichever the executor: no server, no bench helper left, the GPUs free, the run stored interrupted with
+    its stop, GPUs free and manifest in its directory and its stop and GPUs-free records on its row."""
+    root, nodes = fleet
+    runs_dir = root / f"runs-ctrl-c-{executor}"
+    exp = write_experiment(root, experiment(f"fleet-ctrl-c-{executor}", port=30003, tp=1, num_requests=20,
+                                            output_len=FLEET_OUTPUT_LEN))
+    inv = write_inventory(root / "inventory-fleet.yml", {"gpu_nodes": nodes})
+    started = time.time()
+    drv = start_driver(root, "-e", str(exp), "-i", str(inv), "--repeats", str(len(nodes)), "--fleet",
+                       "--executor", executor, "--runs-dir", str(runs_dir))
+    try:
+        deadline = time.monotonic() + 600
+        while not all(_benchmarking(n, started) for n in nodes):
+            assert drv.poll() is None and time.monotonic() < deadline, (root / "driver.out").read_text()[-4000:]
+            time.sleep(0.1)
+        drv.send_signal(signal.SIGINT)
+        rc = drv.wait(timeout=600)
+    finally:
+        if drv.poll() is None:
+            drv.send_signal(signal.SIGTERM)
+            drv.wait(timeout=120)
+    out = (root / "driver.out").read_text()
+    assert rc == 130, out[-4000:]
+    (exp_dir,) = experiment_dirs(runs_dir)
+    interrupted = {r["host"]: r for r in runs_of(exp_dir) if r["status"] == "interrupted"}
+    assert sorted(interrupted) == sorted(n.name for n in nodes), (runs_of(exp_dir), out[-4000:])
+    for n in nodes:
+        row = interrupted[n.name]
+        run_dir = Path(row["run_dir"])
+        assert TEARDOWN <= {p.name for p in run_dir.iterdir()}, (n.name, sorted(p.name for p in run_dir.iterdir()))
+        assert json.loads((run_dir / "gpu_free.json").read_text())["ok"] is True
+        extra = json.loads((run_dir / "manifest.json").read_text())["extra"]
+        assert extra["run_id"] == row["run_id"] and extra["failure"].startswith(f"The run on {n.name} was interrupted")
+        assert json.loads(row["stop_json"])["total_s"] is not None and row["gpu_free_json"], row
+        # nothing of ours left on the node
+        for name in ("server.json", "last_server.json"):
+            rec = n.server_record(name)
+            assert not (rec and pid_alive(int(rec["pid"]))), (n.name, rec)
+        helpers = [a for a in n.ns.argvs().values() if {b"loadgen", b"gpusample", b"bench"} & set(a)]
+        assert helpers == [] and n.compute_apps() == "", (n.name, helpers, n.compute_apps())

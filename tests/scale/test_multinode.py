@@ -175,3 +175,48 @@ def test_killing_rank1_fails_the_run_and_the_next_starts_clean(cluster) -> None:
         assert before["ok"] is True and len(before["final"]) == 8 and all(g["memory_used_mib"] <= 64 and not g["compute_processes"] for g in before["final"]), before
     assert _measured(d2 / "bench.jsonl") == 40
     _clean([head, rank1])
+
+
+def test_ctrl_c_mid_benchmark_stops_every_rank_and_records_its_teardown(cluster) -> None:
+    """SIGINT to the driver while the head benchmarks a server over two hosts (the per-run path's
+    multinode_arm.yml): every rank is stopped, no bench helper is left on either host (the head's client and
+    sampler, rank 1's sampler), the GPUs are free on both, and the run is stored interrupted with its teardown
+    (stop.json, gpu_free.json/.csv, manifest.json) in the head's run directory and in rank 1's, and on its row."""
+    root, nodes, inv = cluster
+    head, rank1, spare = nodes
+    runs_dir = root / "runs-ctrl-c"
+    exp = write_experiment(root, experiment("mn-ctrl-c", port=30002, tp=16, num_requests=40, output_len=64,
+                                            arms=[{"name": "baseline"}]))
+    drv = start_driver(root, "-e", str(exp), "-i", str(inv), "--repeats", "1", "--runs-dir", str(runs_dir))
+    try:
+        bench = head.node_dir / "runs" / "001-baseline" / "bench.jsonl"
+        deadline = time.monotonic() + 600
+        while not (bench.exists() and _measured(bench) >= 2 and _samplers(rank1)):
+            assert drv.poll() is None and time.monotonic() < deadline, (root / "driver.out").read_text()[-3000:]
+            time.sleep(0.05)
+        drv.send_signal(signal.SIGINT)
+        rc = drv.wait(timeout=600)
+    finally:
+        if drv.poll() is None:
+            os.killpg(drv.pid, signal.SIGTERM)
+            drv.wait(timeout=120)
+    out = (root / "driver.out").read_text()
+    assert rc == 130, out[-4000:]
+    (exp_dir,) = experiment_dirs(runs_dir)
+    [run] = runs_of(exp_dir)
+    assert (run["status"], run["failure_phase"]) == ("interrupted", "benchmarking"), run
+    run_dir = Path(run["run_dir"])
+    for rank, (n, d) in enumerate(((head, run_dir), (rank1, run_dir / f"node1-{rank1.name}"))):
+        files = {p.name for p in d.iterdir()} if d.is_dir() else set()
+        assert {"stop.json", "gpu_free.json", "gpu_free.csv", "manifest.json"} <= files, (n.name, sorted(files))
+        stop = json.loads((d / "stop.json").read_text())
+        assert stop["was_running"] is True and stop["run_id"] == "001-baseline", (n.name, stop)
+        assert json.loads((d / "gpu_free.json").read_text())["ok"] is True
+        extra = json.loads((d / "manifest.json").read_text())["extra"]
+        assert (extra["node_rank"], extra["nnodes"]) == (str(rank), "2"), extra
+        assert extra["failure"].startswith(f"The run on {n.name} was interrupted"), extra
+        helpers = [a for a in n.ns.argvs().values() if {b"loadgen", b"gpusample", b"bench"} & set(a)]
+        assert helpers == [], (n.name, helpers)
+    assert json.loads(run["stop_json"])["total_s"] is not None and json.loads(run["gpu_free_json"])["ok"] is True
+    _clean([head, rank1])
+    assert not spare.node_dir.exists() or not (spare.node_dir / "runs" / "001-baseline").exists()
