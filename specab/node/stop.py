@@ -42,7 +42,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from specab.node import common
 from specab.node.common import ToolError
@@ -202,15 +202,17 @@ HELPER_GRACE_S = 5.0
 HELPER_ORDER = ("bench", "loadgen", "gpusample")
 
 
-def end_helpers(rec: Optional[Dict[str, Any]], st: Stopper, kill_wait: float) -> List[Dict[str, Any]]:
+def end_helpers(rec: Optional[Dict[str, Any]], st: Stopper, kill_wait: float) -> Tuple[List[Dict[str, Any]], str]:
     """End the helpers recorded in the run directory of ``rec`` (server.json's ``run_dir``) that still run:
     SIGTERM, their exit polled for, SIGKILL after HELPER_GRACE_S; their record goes once none runs. Returns the
-    helpers ended (tool, pid)."""
+    helpers signalled (tool, pid) and, when some survived SIGKILL, what they are ('' when none did): the caller
+    stops the server first and fails after (the record is kept for a retry)."""
     run_dir = rec.get("run_dir") if rec is not None else None
     if not isinstance(run_dir, str) or not run_dir:
-        return []
+        return [], ""
     found = sorted(common.live_helpers(run_dir),
                    key=lambda e: HELPER_ORDER.index(e["tool"]) if e["tool"] in HELPER_ORDER else len(HELPER_ORDER))
+    ended = [{"tool": e["tool"], "pid": e["pid"]} for e in found]
     for e in found:
         st.send(signal.SIGTERM, "pid", int(e["pid"]), "the run's %s (%s)" % (e["tool"], common.HELPERS_JSON))
 
@@ -221,11 +223,11 @@ def end_helpers(rec: Optional[Dict[str, Any]], st: Stopper, kill_wait: float) ->
             st.send(signal.SIGKILL, "pid", int(e["pid"]), "the run's %s survived SIGTERM for %gs"
                     % (e["tool"], HELPER_GRACE_S))
         if not common.poll_until(lambda: not running(), kill_wait, 0.05):
-            raise ToolError("the run's helpers survived SIGKILL for %gs: %s"
-                            % (kill_wait, "; ".join(common.describe_text(int(e["pid"])) for e in running())),
-                            {"signals": st.signals})
+            return ended, ("the run's helpers survived SIGKILL for %gs (uninterruptible sleep?): %s; %s is kept so "
+                           "stop can be retried" % (kill_wait, "; ".join(common.describe_text(int(e["pid"]))
+                                                                         for e in running()), common.HELPERS_JSON))
     common.forget_helpers(run_dir)
-    return [{"tool": e["tool"], "pid": e["pid"]} for e in found]
+    return ended, ""
 
 
 def idle_stop(a: StopSpec, node_dir: str, helpers: bool = True) -> Dict[str, Any]:
@@ -234,10 +236,9 @@ def idle_stop(a: StopSpec, node_dir: str, helpers: bool = True) -> Dict[str, Any
     last = common.load_record(node_dir, common.LAST_SERVER_JSON)
     st = Stopper(last)
     out: Dict[str, Any] = {"was_running": False}
-    if helpers:
-        ended = end_helpers(last, st, a.kill_wait)
-        if ended:
-            out["helpers_ended"] = ended
+    ended, helpers_left = end_helpers(last, st, a.kill_wait) if helpers else ([], "")
+    if ended:
+        out["helpers_ended"] = ended
     killed = sweep_leftovers(last, st)
     if killed:
         out["leftovers_killed"] = killed
@@ -250,6 +251,8 @@ def idle_stop(a: StopSpec, node_dir: str, helpers: bool = True) -> Dict[str, Any
     if killed and not st.wait_gone(a.kill_wait):
         raise ToolError("processes of the previous server's session %d survived SIGKILL: %s"
                         % (st.sid, "; ".join(common.describe_text(p.pid) for p in st.remaining())), out)
+    if helpers_left:
+        raise ToolError(helpers_left, out)
     return out
 
 
@@ -286,12 +289,8 @@ def stop_server(a: StopSpec, on_gone: Optional[Callable[[], None]] = None,
     st = Stopper(rec)
     out = {"was_running": common.main_is_ours(rec), "pid": st.pid, "pgid": st.pgid, "sid": st.sid,
            "run_id": rec.get("run_id"), "arm": rec.get("arm"), "escalated": False, "grace_s": a.grace}
-    try:
-        # before the server: a client must not go on sending requests to a server that drains
-        out["helpers_ended"] = end_helpers(rec, st, a.kill_wait) if helpers else []
-    except ToolError as exc:
-        exc.result = dict(out, **exc.result)
-        raise
+    # before the server: a client must not go on sending requests to a server that drains
+    out["helpers_ended"], helpers_left = end_helpers(rec, st, a.kill_wait) if helpers else ([], "")
     initially = st.remaining()
     out["processes_at_start"] = [{"pid": p.pid, "name": common.display_name(p.pid)} for p in initially]
     log_offset = log_size(rec)
@@ -347,6 +346,8 @@ def stop_server(a: StopSpec, on_gone: Optional[Callable[[], None]] = None,
     last["stop"] = {k: out.get(k) for k in ("escalated", "term_to_gone_s", "kill_to_gone_s", "total_s", "shutdown")}
     common.write_json(os.path.join(node_dir, common.LAST_SERVER_JSON), last)
     os.remove(os.path.join(node_dir, common.SERVER_JSON))
+    if helpers_left:       # the server is stopped all the same; a retry finds them through last_server.json
+        raise ToolError(helpers_left, out)
     if out["gpu_foreign"] and not a.force_foreign:
         common.log("note: GPU compute processes that are not ours were left alone: %s"
                    % "; ".join("PID %s user %s %r" % (f["pid"], f.get("user"), f.get("command"))

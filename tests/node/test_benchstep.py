@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from specab.config import defaults
+from specab.node import common
+from specab.node import stop as stop_tool
 from tests.node.helpers import NODE_DIR_SRC, PY, ServerSetup, SimNode, ToolResult, free_port, wait_for
 
 ARTEFACTS = {"gpu_before.csv", "gpu_samples.csv", "gpu_samples.json", "gpu_samples.log", "gpu_after.csv",
@@ -133,7 +135,6 @@ def test_the_stop_ends_a_recorded_helper_that_is_still_ours_and_nothing_else(tmp
     of its run's server ends it through helpers.json (specab/node/stop.py end_helpers). A recorded pid is ended only
     while it is the recorded process: a process of the recorded start time whose command line does not name the
     tool, or one whose start time differs (a reused pid), is left alone."""
-    from specab.node import common, stop as stop_tool
     start = ranksampler({"action": "start", "run_dir": str(tmp_path), "python": PY, "smi": sim.smi, "gpus": [0, 1],
                          "sample_interval_s": 0.05, "duration_s": 600}, sim.env)
     assert start.rc == 0, start.data
@@ -148,7 +149,7 @@ def test_the_stop_ends_a_recorded_helper_that_is_still_ours_and_nothing_else(tmp
         (tmp_path / "helpers.json").write_text(json.dumps({"helpers": record}))
         assert wait_for(lambda: (tmp_path / "gpu_samples.csv").exists(), 30)
         ended = stop_tool.end_helpers({"run_dir": str(tmp_path)}, stop_tool.Stopper(None), kill_wait=5.0)
-        assert ended == [{"tool": "gpusample", "pid": sampler}], ended
+        assert ended == ([{"tool": "gpusample", "pid": sampler}], ""), ended
         assert not common.is_alive(sampler) and other.poll() is None
         assert sampler_summary(tmp_path)["stopped_by"] == "SIGTERM"     # ended by the stop's SIGTERM, CSV whole
         assert not (tmp_path / "helpers.json").exists()
@@ -156,3 +157,54 @@ def test_the_stop_ends_a_recorded_helper_that_is_still_ours_and_nothing_else(tmp
         other.kill()
         other.wait()
         ranksampler({"action": "stop", "run_dir": str(tmp_path)}, sim.env)
+
+
+def test_the_stop_ends_a_bench_tool_whose_playbook_was_cut_off_before_its_server(server: ServerSetup,
+                                                                                sim: SimNode) -> None:
+    """The bench tool goes on when the driver's Ctrl-C cancels its playbook (nothing of Ansible ends it). The stop
+    of the run's server ends it, its client and its sampler first (helpers.json, pid + start time), so the client
+    sends nothing to the draining server: no measured request fails, and none of them is left when stop returns."""
+    server.write_sim_launch(scale=20)
+    assert server.start().rc == 0 and server.ready(120).rc == 0
+    tool = subprocess.Popen([PY, str(NODE_DIR_SRC), "bench", "--spec-json", "-"], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=sim.env, text=True)
+    assert tool.stdin is not None
+    tool.stdin.write(json.dumps(spec(server.run_dir, server.url, sim.smi, num_requests=400)))
+    tool.stdin.close()
+    try:
+        bench = server.run_dir / "bench.jsonl"
+        assert wait_for(lambda: bench.exists() and '"warmup":false' in bench.read_text(), 60)
+        record = json.loads((server.run_dir / "helpers.json").read_text())["helpers"]
+        assert [(h["tool"], h["pid"] == tool.pid) for h in record] == [("bench", True), ("loadgen", False),
+                                                                       ("gpusample", False)], record
+        r = server.stop(30)
+        assert r.rc == 0, r.error
+        assert [(h["tool"], h["pid"]) for h in r.data["helpers_ended"]] == [(h["tool"], h["pid"]) for h in record]
+        assert all(not common.is_alive(h["pid"]) for h in record) and tool.poll() is not None
+        assert not (server.run_dir / "helpers.json").exists()
+        lines = [json.loads(x) for x in bench.read_text().splitlines() if x.endswith("}")]
+        assert [x for x in lines if not x["ok"]] == [] and len(lines) < 401, lines[-3:]
+    finally:
+        if tool.poll() is None:
+            tool.kill()
+        tool.wait()
+
+
+def test_a_helper_that_outlives_sigkill_keeps_no_server_running(server: ServerSetup, sim: SimNode,
+                                                                 monkeypatch) -> None:
+    """A recorded helper that survives SIGKILL (uninterruptible sleep) fails the stop, but only after the server is
+    stopped; its record stays for a retry."""
+    server.write_sim_launch(scale=20)
+    assert server.start().rc == 0
+    rec = json.loads((server.node_dir / "server.json").read_text())
+    monkeypatch.setattr(stop_tool, "end_helpers", lambda rec, st, kill_wait: (
+        [{"tool": "loadgen", "pid": 12345}], "the run's helpers survived SIGKILL for 15s: pid 12345"))
+    a = stop_tool.StopSpec(node_dir=str(server.node_dir), smi=list(sim.smi), grace=30)
+    try:
+        stop_tool.stop_server(a)
+    except stop_tool.ToolError as exc:
+        assert exc.message == "the run's helpers survived SIGKILL for 15s: pid 12345"
+        assert exc.result["helpers_ended"] == [{"tool": "loadgen", "pid": 12345}] and exc.result["was_running"]
+    else:
+        raise AssertionError("the stop did not fail")
+    assert not common.is_alive(rec["pid"]) and not (server.node_dir / "server.json").exists()
