@@ -274,7 +274,8 @@ class RunContext:
         return [(h, run_dir if len(hosts) == 1 else run_dir / h.name) for h in hosts]
 
     def interrupted_extravar(self, run: InterruptedRun) -> dict[str, Any]:
-        """stop.yml's ``specab_interrupted_run``: the run's id and, per host, the engine's Python (the manifest's
+        """stop.yml's ``specab_interrupted_run``: the run's id, its bench seed (the manifest's, the arm's own where
+        it has one) and, per host, the engine's Python (the manifest's
         probes) and the manifest's extra keys, those of a failed run's manifest (run_arm.yml's rescue): the
         interrupted phase's task and ``"<headline>: <reason>"``; the stop adds its own timings."""
         arm = self.arms[run.pr.arm]
@@ -292,7 +293,7 @@ class RunContext:
             if multinode:
                 extra.update(node_rank=rank, nnodes=len(dests))
             hosts[h.name] = {"engine_python": h.engine_build(arm.engine).cmd[0], "extra": extra}
-        return {"run_id": run.pr.run_id, "hosts": hosts}
+        return {"run_id": run.pr.run_id, "seed": self.bench_settings(run.pr)["seed"], "hosts": hosts}
 
     # ------------------------------------------------------------------ more blocks
     def more_blocks(self) -> list[PlannedRun]:

@@ -172,7 +172,9 @@ def _experiment(node: SimNode, executor: str) -> dict:
         d = exp_dir / rid
         got["files"][rid] = _files(d) if d.is_dir() else set()
         got["keys"][rid] = {f.name: _keys(f) for f in d.glob("*.json") if f.name not in QUEUE_ONLY}
-        extra = json.loads((d / "manifest.json").read_text())["extra"] if (d / "manifest.json").exists() else {}
+        man = json.loads((d / "manifest.json").read_text()) if (d / "manifest.json").exists() else {}
+        extra = man.get("extra", {})
+        got.setdefault("seed", {})[rid] = man.get("seed")
         if rid == RUNS[1]:      # the helpers the interrupted run's stop ended itself
             got["helpers_ended"] = sorted(h["tool"] for h in json.loads((d / "stop.json").read_text())["helpers_ended"])
         got["manifest_failure"] = {**got.get("manifest_failure", {}),
@@ -211,6 +213,8 @@ def test_per_run_and_queue_leave_the_same_record(node: SimNode):
         assert isinstance(t["stop_s"], float) and isinstance(t["time_to_free_s"], float), t
         assert t["manifest"] == {"stop_s": str(t["stop_s"]), "time_to_free_s": str(t["time_to_free_s"])}, t
         assert t["files"] == {"stop.json", "gpu_free.json"}, t
+    # every manifest records the run's bench seed, the interrupted run's (written by the per-run path's stop) too
+    assert per_run["seed"] == queue["seed"] == {r: "1" for r in RUNS}, (per_run["seed"], queue["seed"])
     # the per-run path's stop ended the interrupted run's bench tool, client and sampler (its playbook, which ran
     # them, was cancelled); the run queue's sequencer ended its own before its stop
     assert per_run["helpers_ended"] == ["bench", "gpusample", "loadgen"] and queue["helpers_ended"] == [], \
