@@ -46,8 +46,7 @@ class LookupModule(LookupBase):
         if len(terms) not in (1, 2):
             raise AnsibleLookupError("specab_bench_settings takes the experiment's bench and, optionally, the arm's")
         variables = variables or {}
-        base = {key: self._templar.template(value)
-                for key, value in bench.given(variables, defaults.BENCH_DEFAULTS).items()}
+        base = bench.given(variables, defaults.BENCH_DEFAULTS, self._templar.template)
         try:
             return [bench.resolve(base, terms[0], terms[1] if len(terms) > 1 else None, kwargs.get("dataset_dir"))]
         except ConfigError as exc:

@@ -40,10 +40,8 @@ class LookupModule(LookupBase):
         if len(terms) not in (1, 2):
             raise AnsibleLookupError("specab_queue_wait_s takes the experiment's bench and, optionally, the arm's")
         variables = variables or {}
-        bench_base = {key: self._templar.template(value)
-                      for key, value in bench.given(variables, defaults.BENCH_DEFAULTS).items()}
-        timeout_base = {key: self._templar.template(value)
-                        for key, value in bench.given(variables, defaults.TIMEOUT_DEFAULTS).items()}
+        bench_base = bench.given(variables, defaults.BENCH_DEFAULTS, self._templar.template)
+        timeout_base = bench.given(variables, defaults.TIMEOUT_DEFAULTS, self._templar.template)
         try:
             settings = bench.resolve(bench_base, terms[0], terms[1] if len(terms) > 1 else None)
             return [bench.queue_wait_s(settings, bench.timeouts(timeout_base, kwargs.get("timeouts")))]

@@ -10,7 +10,7 @@ from a run's settings is the one the node runs.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from specab.config import defaults
@@ -26,10 +26,12 @@ SETTINGS = (*defaults.BENCH_DEFAULTS, "model", "dataset")
 QUEUE_WAIT_MARGIN_S = 300.0
 
 
-def given(variables: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+def given(variables: Mapping[str, Any], names: Mapping[str, str],
+          render: Callable[[Any], Any] = lambda value: value) -> dict[str, Any]:
     """The values ``variables`` (Ansible's variables, an inventory host's) gives for ``names`` (setting ->
-    ``specab_*`` variable, ``defaults.BENCH_DEFAULTS`` or ``defaults.TIMEOUT_DEFAULTS``), by setting name."""
-    return {key: variables[var] for key, var in names.items() if var in variables}
+    ``specab_*`` variable, ``defaults.BENCH_DEFAULTS`` or ``defaults.TIMEOUT_DEFAULTS``), by setting name, each
+    through ``render`` (a lookup plugin's templar: Ansible hands its variables over untemplated)."""
+    return {key: render(variables[var]) for key, var in names.items() if var in variables}
 
 
 def flag(value: Any) -> bool:
