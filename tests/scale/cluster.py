@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import yaml
 
@@ -154,6 +156,23 @@ def start_driver(root: Path, *args: str) -> subprocess.Popen:
     out = open(root / "driver.out", "w")
     return subprocess.Popen([PYTHON, "driver.py", *args], cwd=REPO, env=ansible_env(root), stdout=out,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_while_driving(drv: subprocess.Popen, root: Path, cond: Callable[[], bool], timeout: float = 600,
+                       interval: float = 0.05) -> None:
+    """Poll ``cond`` until it holds; fail with the tail of the driver's output when the driver exits first or
+    ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert drv.poll() is None and time.monotonic() < deadline, (root / "driver.out").read_text()[-4000:]
+        time.sleep(interval)
+
+
+def reap_driver(drv: subprocess.Popen) -> None:
+    """A test's ``finally``: a driver still running gets SIGTERM in its whole session (it stops its servers)."""
+    if drv.poll() is None:
+        os.killpg(drv.pid, signal.SIGTERM)
+        drv.wait(timeout=120)
 
 
 def write_experiment(root: Path, exp: dict[str, Any]) -> Path:

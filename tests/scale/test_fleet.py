@@ -28,8 +28,8 @@ from typing import Iterator
 import pytest
 
 from tests.netns import unavailable_reason
-from tests.scale.cluster import (Node, experiment, experiment_dirs, namespace_nodes, pid_alive, run_driver, runs_of,
-                                 start_driver, write_experiment, write_inventory)
+from tests.scale.cluster import (Node, experiment, experiment_dirs, namespace_nodes, pid_alive, reap_driver, run_driver,
+                                 runs_of, start_driver, wait_while_driving, write_experiment, write_inventory)
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(2400)]
 BLOCKS_PER_HOST = 1
@@ -149,16 +149,11 @@ def test_ctrl_c_leaves_each_hosts_interrupted_run_torn_down(fleet, executor: str
     drv = start_driver(root, "-e", str(exp), "-i", str(inv), "--repeats", str(len(nodes)), "--fleet",
                        "--executor", executor, "--runs-dir", str(runs_dir))
     try:
-        deadline = time.monotonic() + 600
-        while not all(_benchmarking(n, started) for n in nodes):
-            assert drv.poll() is None and time.monotonic() < deadline, (root / "driver.out").read_text()[-4000:]
-            time.sleep(0.1)
+        wait_while_driving(drv, root, lambda: all(_benchmarking(n, started) for n in nodes), interval=0.1)
         drv.send_signal(signal.SIGINT)
         rc = drv.wait(timeout=600)
     finally:
-        if drv.poll() is None:
-            drv.send_signal(signal.SIGTERM)
-            drv.wait(timeout=120)
+        reap_driver(drv)
     out = (root / "driver.out").read_text()
     assert rc == 130, out[-4000:]
     (exp_dir,) = experiment_dirs(runs_dir)

@@ -19,8 +19,9 @@ import pytest
 from specab.analysis import model as analysis
 from specab.analysis import doctor
 from tests.netns import unavailable_reason
-from tests.scale.cluster import (NCCL_TUNED, Node, experiment, experiment_dirs, namespace_nodes, pid_alive, run_driver,
-                                 runs_of, start_driver, write_experiment, write_inventory)
+from tests.scale.cluster import (NCCL_TUNED, Node, experiment, experiment_dirs, namespace_nodes, pid_alive, reap_driver,
+                                 run_driver, runs_of, start_driver, wait_while_driving, write_experiment,
+                                 write_inventory)
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh, pytest.mark.timeout(900)]
 DIST_PORT = 25000 + os.getpid() % 5000   # namespaces have their own ports; varied only for readability
@@ -138,22 +139,14 @@ def test_killing_rank1_fails_the_run_and_the_next_starts_clean(cluster) -> None:
     try:
         # wait until the first run is benchmarking (measured requests arriving on the head)
         bench = head.node_dir / "runs" / "001-baseline" / "bench.jsonl"
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and drv.poll() is None:
-            if bench.exists() and _measured(bench) >= 2:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail(f"the first run never reached its benchmark: {(root / 'driver.out').read_text()[-3000:]}")
+        wait_while_driving(drv, root, lambda: bench.exists() and _measured(bench) >= 2)
         rec = rank1.server_record()
         assert rec and rec["run_id"] == "001-baseline"
         os.kill(int(rec["pid"]), signal.SIGKILL)          # the rank-1 server process, mid-benchmark
         killed_at = time.monotonic()
         rc = drv.wait(timeout=600)
     finally:
-        if drv.poll() is None:
-            os.killpg(drv.pid, signal.SIGTERM)
-            drv.wait(timeout=120)
+        reap_driver(drv)
     out = (root / "driver.out").read_text()
     print(f"run failed and next run finished {time.monotonic() - killed_at:.1f} s after the kill")
     assert rc == 1, out[-4000:]                          # finished, with a failed run
@@ -192,18 +185,13 @@ def test_ctrl_c_mid_benchmark_stops_every_rank_and_records_its_teardown(cluster)
     drv = start_driver(root, "-e", str(exp), "-i", str(inv), "--repeats", "1", "--runs-dir", str(runs_dir))
     try:
         bench = head.node_dir / "runs" / "001-baseline" / "bench.jsonl"
-        deadline = time.monotonic() + 600
         # the driver's own phase too: it follows the head's bench.jsonl over SSH, a moment behind the node
-        while not (bench.exists() and _measured(bench) >= 2 and _samplers(rank1)
-                   and "    benchmarking  (" in (root / "driver.out").read_text()):
-            assert drv.poll() is None and time.monotonic() < deadline, (root / "driver.out").read_text()[-3000:]
-            time.sleep(0.05)
+        wait_while_driving(drv, root, lambda: bench.exists() and _measured(bench) >= 2 and bool(_samplers(rank1))
+                           and "    benchmarking  (" in (root / "driver.out").read_text())
         drv.send_signal(signal.SIGINT)
         rc = drv.wait(timeout=600)
     finally:
-        if drv.poll() is None:
-            os.killpg(drv.pid, signal.SIGTERM)
-            drv.wait(timeout=120)
+        reap_driver(drv)
     out = (root / "driver.out").read_text()
     assert rc == 130, out[-4000:]
     (exp_dir,) = experiment_dirs(runs_dir)
