@@ -25,6 +25,8 @@ from specab.vocab.contract import FIRST_ERROR_RE, HELPERS_JSON, PRIVATE_RUN_FILE
 from specab.vocab.phases import REPEATED_PHASES
 
 MIN_FREE_MB = 50
+# a run's small files (JSON, CSV) are kept in the store up to this size each
+STORED_FILE_MAX_BYTES = 256 * 1024
 # the failure reason of a run the user interrupted (SIGINT/SIGTERM to the driver), on every executor
 INTERRUPTED_REASON = "interrupted by the user (SIGINT/SIGTERM)"
 # What a run's teardown records in its run directory (the run queue's RunSteps.teardown, run_arm.yml's stop and
@@ -250,7 +252,7 @@ def ingest_teardown(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) 
             store.add_manifest(seq, host, manifest)
         for name in ("stop.json", "gpu_free.json", "gpu_free.csv"):
             f = d / name
-            if f.is_file() and f.stat().st_size <= 256 * 1024:
+            if f.is_file() and f.stat().st_size <= STORED_FILE_MAX_BYTES:
                 store.add_file(seq, host, name, f.read_text(errors="replace"))
         stop = stop if stop is not None else read_json(d / "stop.json")
         gpu_free = gpu_free if gpu_free is not None else read_json(d / "gpu_free.json")
@@ -297,6 +299,6 @@ def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -
         for f in sorted(d.iterdir()):
             # queue_entry.json (0600) holds the node env the client runs with, which may carry a secret
             if f.is_file() and f.suffix in (".json", ".csv") and f.name not in ("manifest.json", "queue_entry.json") \
-                    and f.stat().st_size <= 256 * 1024 and f.name != "gpu_samples.csv":
+                    and f.stat().st_size <= STORED_FILE_MAX_BYTES and f.name != "gpu_samples.csv":
                 store.add_file(seq, host, f.name, f.read_text(errors="replace"))
     return out
