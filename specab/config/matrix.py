@@ -48,7 +48,6 @@ INT_KEYS = set(TRIPLE) | {"tp_size", "pp_size", "dp_size", "ep_size", "max_runni
                           "max_total_tokens", "chunked_prefill_size", "max_prefill_tokens", "page_size",
                           "cuda_graph_max_bs", "decode_log_interval", "stream_interval", "port",
                           "num_continuous_decode_steps", "context_length", "random_seed"}
-EAGLE_FAMILY = {"EAGLE", "EAGLE3", "NEXTN"}
 ENGINE = "engine"       # the matrix key of the engine build (a name of the inventory's `specab_engines`)
 CONCURRENCY = "concurrency"     # the matrix key of the benchmark's requests in flight (bench.concurrency)
 RATE = "request_rate"           # the matrix key of the benchmark's arrival rate (bench.request_rate)
@@ -239,7 +238,7 @@ def check_spec(server_args: dict[str, Any], where: str) -> tuple[dict[str, Any],
             refusals.append(f"{where}: {', '.join(SHORT[k] for k in present)} set without "
                             f"speculative_algorithm (a baseline arm must not carry speculative args).")
         return args, notices, refusals
-    if str(algo).upper() not in EAGLE_FAMILY:
+    if str(algo).upper() not in engines.SGLANG_EAGLE_FAMILY:
         return args, notices, refusals
     if str(algo).upper() == "EAGLE3" and not args.get("speculative_draft_model_path"):
         refusals.append(f"{where}: refused by rule '{RULE_DRAFT_PATH}': set speculative_draft_model_path in the "

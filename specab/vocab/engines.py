@@ -403,6 +403,10 @@ NON_DEFAULT_ARGS_RE = re.compile(r"non-default args: (\{.*\})\s*$")
 # (and EngineCore "Worker failed with error ...") around the worker's own exception, in any order.
 CONSEQUENCE_ERRORS = ("EngineDeadError", "EngineCore encountered an issue", "Worker failed with error")
 
+# SGLang's algorithms whose steps/topk/draft_tokens its EAGLE-family rules check and adjust (0.5.17:
+# arg_groups/speculative_hook.py `_handle_eagle_family`, STANDALONE included; NEXTN is an alias of EAGLE): with
+# topk 1 it sets draft_tokens to steps + 1, which the matrix must do too or env verification sees another value.
+SGLANG_EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"})
 # SGLang's logical speculative names -> what vLLM has (the matrix aliases steps/topk/draft_tokens).
 _VLLM_METHOD_OF_SGLANG = {"EAGLE3": "eagle3", "EAGLE": "eagle", "STANDALONE": "draft_model",
                           "NGRAM": "ngram", "NEXTN": "mtp"}

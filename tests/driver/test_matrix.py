@@ -204,3 +204,27 @@ def test_request_rate_is_a_bench_condition_under_the_cap_of_requests_in_flight(w
     for bad in ("request_rate=0", "request_rate=-1", "request_rate=fast"):
         with pytest.raises(MatrixError, match="not a rate of requests per second above 0.*closed loop"):
             parse_matrix([bad])
+
+
+def test_a_standalone_arm_follows_sglangs_eagle_rules_as_the_simulator_does(experiment_file):
+    """SGLang checks STANDALONE with its EAGLE-family rules: at topk 1 it runs draft_tokens = steps + 1. On an
+    H200 (SGLang 0.5.17) a STANDALONE `--matrix steps=1,2,3` whose arms kept the file's draft_tokens 4 failed env
+    verification at steps 1 and 2 ("expected 4, but the server runs with 2"); the matrix adjusts it now, the same
+    value the simulator's copy of SGLang's rules arrives at."""
+    from specab.sim.args import ServerArgs, apply_rules
+    exp = load_experiment(experiment_file)
+    template = next(a for a in exp.arms if (a.get("server_args") or {}).get("speculative_algorithm"))
+    template["server_args"] = {**template["server_args"], "speculative_algorithm": "STANDALONE",
+                               "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+                               "speculative_num_draft_tokens": 4}
+    s = build_arms(exp, parse_matrix(["steps=1,2,3"]))
+    spec = [a for a in s.arms if not a.is_baseline]
+    assert [a.server_args["speculative_num_draft_tokens"] for a in spec] == [2, 3, 4]
+    assert [a.name.rsplit("-", 3)[1:] for a in spec] == [["s1", "k1", "d2"], ["s2", "k1", "d3"], ["s3", "k1", "d4"]]
+    for a in spec:
+        sim, _ = apply_rules(ServerArgs(model_path="/m", speculative_algorithm="STANDALONE",
+                                        speculative_draft_model_path="/d",
+                                        speculative_num_steps=a.server_args["speculative_num_steps"],
+                                        speculative_eagle_topk=1, speculative_num_draft_tokens=4),
+                             architecture="LlamaForCausalLM", version="0.5.17")
+        assert sim.speculative_num_draft_tokens == a.server_args["speculative_num_draft_tokens"]
