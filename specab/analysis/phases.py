@@ -36,6 +36,7 @@ OTHER_SHARE_FINDING = 0.15
 NOT_AVAILABLE = ("not available on this engine: no per-phase forward time (SGLang 0.5.23 with --enable-metrics "
                  "and SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 splits it; vLLM exposes per-position acceptance but no "
                  "per-phase GPU time unless a profile is taken)")
+NO_COMPLETED_RUN = "not measured: no run of this arm completed (each failed or was interrupted)"
 
 
 @dataclass
@@ -218,7 +219,7 @@ def analyse_phases(exp: Experiment) -> PhaseReport:
     for arm in exp.spec_arms:
         runs = [p for p in (run_phases(r) for r in exp.runs_of(arm.name)) if p is not None]
         if not runs:
-            rep.unavailable[arm.name] = NOT_AVAILABLE
+            rep.unavailable[arm.name] = NOT_AVAILABLE if exp.runs_of(arm.name) else NO_COMPLETED_RUN
             continue
         implied, measured = baseline_step(exp.runs_of(exp.baseline_of(arm.name)))
         shares = [r.graph_share for r in runs if r.graph_share is not None]

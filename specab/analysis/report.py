@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
+from specab.analysis import combine
 from specab.analysis import concurrency
 from specab.analysis import doctor
 from specab.analysis import economics
@@ -28,7 +29,8 @@ from specab.analysis import specmodel
 from specab.analysis import stats
 from specab.analysis import truthcheck
 from specab.analysis import workload
-from specab.analysis.model import (Experiment, arm_concurrency, arm_rate, bench_concurrency, gc_paused, load_label,
+from specab.analysis.model import (AnalysisError, Experiment, arm_concurrency, arm_rate, bench_concurrency, gc_paused,
+                                   load_label,
                                    load_store, tok_s_meaning)
 from specab.results.locate import NotFound, locate
 from specab.analysis.subcommand import standalone_main
@@ -663,6 +665,10 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         f"{n} {s}{'s' if n > 1 else ''} ({', '.join(sorted({f.rule for f in findings if f.severity == s}))})"
         for s, n in sev.items() if n) or "no findings") + ".")
 
+    if exp.meta.get("combined"):
+        rep.summary.append(f"Pooled from {len(exp.meta['combined'])} experiments, each one's blocks after the "
+                           f"previous one's; the arms they share are the same by content (run ids <experiment "
+                           f"date-time>/<run>): {', '.join(exp.meta['combined'])}.")
     by_fp: dict[str, list[str]] = {}
     for run_id, fp in sorted((exp.meta.get("run_fingerprints") or {}).items()):
         by_fp.setdefault(fp, []).append(run_id)
@@ -953,15 +959,19 @@ def _workload_blocks(rep: Report, exp: Experiment
     return lengths, cats
 
 
-def _write(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None) -> tuple[dict[str, str], Report]:
+def _write(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None,
+           pooled: list[Path] | None = None) -> tuple[dict[str, str], Report]:
+    """The report of the experiment in ``exp_dir``, or with ``pooled`` (the experiments' directories, the first
+    naming it) the report of their stores as one, written into ``exp_dir``."""
     with gc_paused():       # a 1,000-run experiment: ~0.7 s of cyclic-GC passes over objects that hold no cycles
-        return _write_unpaused(exp_dir, config, target_tok_s)
+        return _write_unpaused(exp_dir, config, target_tok_s, combine.combine(pooled) if pooled else None)
 
 
-def _write_unpaused(exp_dir: Path, config: doctor.DoctorConfig | None,
-                    target_tok_s: float | None) -> tuple[dict[str, str], Report]:
-    exp = load_store(exp_dir)
+def _write_unpaused(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None,
+                    exp: Experiment | None = None) -> tuple[dict[str, str], Report]:
+    exp = exp or load_store(exp_dir)
     rep = build_report(exp, config=config, target_tok_s=target_tok_s)
+    exp_dir.mkdir(parents=True, exist_ok=True)
     img_dir = exp_dir / "report"
     img_dir.mkdir(exist_ok=True)
     for b in rep.blocks:
@@ -982,12 +992,13 @@ def write_report(exp_dir: str | Path, *, config: doctor.DoctorConfig | None = No
     return _quiet_write(Path(exp_dir), config, target_tok_s)[0]
 
 
-def _quiet_write(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None) -> Any:
+def _quiet_write(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None,
+                 pooled: list[Path] | None = None) -> Any:
     """`_write` with the libraries' warnings (matplotlib, scipy) kept from the user's terminal: the report
     itself says what is uncertain."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _write(exp_dir, config, target_tok_s)
+        return _write(exp_dir, config, target_tok_s, pooled)
 
 
 # ------------------------------------------------------------------------------ CLI
@@ -996,11 +1007,21 @@ def cmd_report(ns: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
         exp_dir = locate(ns.experiment, ns.runs_dir)
+        pooled = [exp_dir] + [locate(x, ns.runs_dir) for x in ns.with_ or []]
     except NotFound as e:
         print(f"specab report: {e}", file=out)
         return 2
+    if len(pooled) > 1 and ns.out is None:
+        print("specab report: --with pools several experiments into one report; give --out DIR for it (the "
+              "experiments' own reports stay as they are).", file=out)
+        return 2
     cfg = doctor.DoctorConfig(usual_baseline_tok_s=ns.usual_baseline_tok_s)
-    paths, rep = _quiet_write(exp_dir, cfg, ns.target_tok_s)
+    try:
+        paths, rep = _quiet_write(Path(ns.out) if len(pooled) > 1 else exp_dir, cfg, ns.target_tok_s,
+                                  pooled if len(pooled) > 1 else None)
+    except AnalysisError as e:
+        print(f"specab report: {e}", file=out)
+        return 2
     print("\n".join(rep.summary), file=out)
     for k, v in paths.items():
         print(f"{k}: {v}", file=out)
@@ -1014,6 +1035,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", help="where experiments live (default: runs)")
     p.add_argument("--usual-baseline-tok-s", type=float, help="what this node's baseline normally reaches")
     p.add_argument("--target-tok-s", type=float, help="show the acceptance a target tok/s needs")
+    p.add_argument("--with", dest="with_", action="append", metavar="EXPERIMENT",
+                   help="pool this experiment's blocks with the first's into one report (repeatable; the arms two "
+                        "stores share must be the same by content); needs --out")
+    p.add_argument("--out", metavar="DIR", help="where the pooled report is written (with --with)")
     p.set_defaults(func=cmd_report)
     return p
 

@@ -184,14 +184,25 @@ def check(exp: Experiment) -> TruthReport | None:
     """The known-truth check of every ok run whose summary carries known truth; None when none does."""
     from specab.results.store import Store
     runs = [r for r in exp.runs if r.ok and r.known_truth]
-    if not runs or exp.root is None or not (exp.root / "results.sqlite").is_file():
+    # each run's request rows from its own store: a pooled experiment's (specab/analysis/combine.py) come from
+    # several, under the seq each had there
+    sources = exp.meta.get("sources") or {}
+    own = exp.root / "results.sqlite" if exp.root is not None else None
+    by_store: dict[Path, list[tuple[int, int]]] = {}
+    for r in runs:
+        path, seq = sources.get(r.seq, (own, r.seq))
+        if path is None or not Path(path).is_file():
+            return None
+        by_store.setdefault(Path(path), []).append((r.seq, seq))
+    if not runs:
         return None
-    path = exp.root / "results.sqlite"
-    store = Store.open(path)
-    try:
-        rows = {r.seq: store.requests(r.seq) for r in runs}
-    finally:
-        store.close()
+    rows: dict[int, list[dict[str, Any]]] = {}
+    for path, seqs in by_store.items():
+        store = Store.open(path)
+        try:
+            rows.update({seq: store.requests(there) for seq, there in seqs})
+        finally:
+            store.close()
     rep = TruthReport()
     drafts: dict[str, tuple[kt.DraftTruth, list[tuple[int, int]]]] = {}
     for run in runs:

@@ -98,6 +98,13 @@ def pair_fingerprint(doc: dict[str, Any], arm: str, baseline: str) -> str:
     return fingerprint({"arm": a, "baseline": b, "bench": bench, "timeouts": doc.get("timeouts")})
 
 
+def arm_fingerprint(doc: dict[str, Any], arm: str) -> str:
+    """The fingerprint of one arm as resolved (server args, env), with the bench settings its runs ran under and the
+    timeouts: the same arm in two experiments by content (stores pooled into one verdict, specab/analysis/combine.py)."""
+    a, bench = _with_bench((doc.get("arms") or {}).get(arm), doc.get("bench"))
+    return fingerprint({"arm": a, "bench": bench, "timeouts": doc.get("timeouts")})
+
+
 def _with_bench(entry: Any, bench: Any) -> tuple[Any, Any]:
     """An arm's entry without its bench condition, and the bench its runs ran under (the experiment's with the arm's
     condition over it): a pair at concurrency 8 from a `--matrix concurrency=...` sweep and the same pair of an

@@ -1,0 +1,111 @@
+"""The H200 crossover with its interval, pooled over three machine leases (docs/validation/known-truth.md,
+"Concurrency on the H200"), and the STANDALONE draft under the driver: SGLang 0.5.17 serving the ~4B known-truth
+target. `driver.py report A --with B --with C --out DIR` pools the blocks of stores of one experiment after checking
+that the arms they share are the same by content."""
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from specab.analysis import combine, concurrency, model, phases, truthcheck
+from specab.analysis.model import AnalysisError
+from specab.analysis.report import main as report_main
+from tests.stores import copy_store
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "known-truth" / "h200"
+LOW = FIX / "known-truth-h200-concurrency-20261204-160447"     # loads 1, 2, 4, 8 x 2 blocks
+HIGH = FIX / "known-truth-h200-concurrency-20261204-162624"    # loads 16, 32 x 1 block, the next lease
+NEW = FIX / "known-truth-h200-concurrency-20261205-015101"     # loads 8, 16, 32 x 2 blocks, a third lease
+STANDALONE = FIX / "known-truth-h200-standalone-20261205-014207"
+TRUE_TAU = 3.4162
+
+
+def _copies(tmp_path: Path, *srcs: Path) -> list[Path]:
+    return [copy_store(s, tmp_path / s.name) for s in srcs]
+
+
+def test_the_third_lease_had_the_true_cycle_count_on_every_request(tmp_path: Path) -> None:
+    [d] = _copies(tmp_path, NEW)
+    rep = truthcheck.check(model.load_store(d))
+    reqs = [q for r in rep.runs if r.steps for q in r.requests]
+    assert len(reqs) == 6 * 32 and all(q.measured_cycles == q.true_cycles and q.rule_ok for q in reqs)
+    assert all(r.measured_tau == r.true_tau == pytest.approx(TRUE_TAU, abs=1e-4) for r in rep.runs if r.steps)
+
+
+def test_pooled_over_three_leases_the_verdict_per_load_and_the_crossings_with_their_range(tmp_path: Path) -> None:
+    """Two blocks per load leave the 16 and 32 verdicts without a usable interval (t with one degree of freedom);
+    pooled with the other leases' blocks, 8 in flight has four and pays in both measures, and the crossings get a
+    range. The numbers are those docs/validation/known-truth.md records."""
+    e = combine.combine(_copies(tmp_path, LOW, HIGH, NEW))
+    blocks = {model.arm_concurrency(e, a.name): len({r.block for r in e.runs_of(a.name)}) for a in e.spec_arms}
+    assert blocks == {1: 2, 2: 2, 4: 2, 8: 4, 16: 3, 32: 3}
+    rep = truthcheck.check(e)
+    reqs = [q for r in rep.runs if r.steps for q in r.requests]
+    assert len(reqs) == 16 * 32 and all(q.measured_cycles == q.true_cycles for q in reqs)
+    [fam] = concurrency.analyse_loads(e).families
+    user = {p.concurrency: round(p.per_user.estimate, 3) for p in fam.points}
+    thr = {p.concurrency: round(p.throughput.estimate, 3) for p in fam.points}
+    assert user == {1: 2.024, 2: 1.857, 4: 1.113, 8: 1.487, 16: 1.117, 32: 0.976}
+    assert thr == {1: 1.784, 2: 1.695, 4: 1.049, 8: 1.330, 16: 0.871, 32: 0.813}
+    at8 = next(p for p in fam.points if p.concurrency == 8)
+    assert at8.per_user.ci.lo > 1 and at8.throughput.ci.lo > 1       # pays at 8 in flight, both measures
+    text = fam.verdict()
+    assert "stops paying per user at ~28.2 in flight (95% range 3.3 to above 32)" in text
+    assert "stops paying in throughput at ~12.8 in flight (95% range 2.7 to above 32)" in text
+
+
+def test_the_pooled_report_is_written_where_asked_and_says_what_it_pooled(tmp_path: Path) -> None:
+    low, high, new = _copies(tmp_path, LOW, HIGH, NEW)
+    out = tmp_path / "pooled"
+    assert report_main(["report", str(low), "--with", str(high), "--with", str(new)]) == 2      # --out is required
+    assert not out.exists()
+    assert report_main(["report", str(low), "--with", str(high), "--with", str(new), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "Pooled from 3 experiments" in md and "20261205-015101/006-eagle3-c8" in md
+    assert "different experiment fingerprints" not in md        # the stores' arms were compared by content
+    assert not (low / "report.md").exists()                     # each store's own report is left alone
+    summary = json.loads((out / "report.json").read_text())["summary"]
+    assert any("stops paying in throughput at ~12.8 in flight" in line for line in summary)
+
+
+def test_stores_of_other_settings_or_another_arm_content_are_refused(tmp_path: Path) -> None:
+    low, new, alone = _copies(tmp_path, LOW, NEW, STANDALONE)
+    with pytest.raises(AnalysisError) as e:
+        combine.combine([low, alone])
+    assert "bench.output_len: 128 -> 256" in str(e.value) and "not the experiment" in str(e.value)
+    with pytest.raises(AnalysisError, match="given twice"):
+        combine.combine([low, low])
+    # the same arm name with another content: eagle3-c8 drafting 2 steps in the third lease's store
+    con = sqlite3.connect(new / "results.sqlite")
+    fp = con.execute("SELECT value FROM meta WHERE key='fingerprint'").fetchone()[0]
+    doc = json.loads(con.execute("SELECT doc_json FROM fingerprints WHERE fingerprint=?", (fp,)).fetchone()[0])
+    doc["arms"]["eagle3-c8"]["server_args"]["speculative_num_steps"] = 2
+    con.execute("UPDATE fingerprints SET doc_json=? WHERE fingerprint=?", (json.dumps(doc), fp))
+    con.commit()
+    con.close()
+    with pytest.raises(AnalysisError) as e:
+        combine.combine([low, new])
+    assert "arm eagle3-c8 of known-truth-h200-concurrency-20261205-015101 is not the arm eagle3-c8" in str(e.value)
+    assert "speculative_num_steps: 3 -> 2" in str(e.value)
+
+
+def test_a_standalone_draft_under_the_driver_has_the_exact_truth(tmp_path: Path) -> None:
+    """STANDALONE s3 at p 0.9: every request's cycle count is the truth (tau 3.4595). Its steps-1 and -2 arms failed
+    env verification, which the matrix now prevents (tests/driver/test_matrix.py); the report says they were not
+    measured, not that the engine cannot measure them."""
+    [d] = _copies(tmp_path, STANDALONE)
+    e = model.load_store(d)
+    rep = truthcheck.check(e)
+    reqs = [q for r in rep.runs if r.steps for q in r.requests]
+    assert len(reqs) == 12 and all(q.measured_cycles == q.true_cycles and q.rule_ok for q in reqs)
+    assert {round(r.true_tau, 4) for r in rep.runs if r.steps} == {3.4595}
+    failed = {r.arm: r.error for r in e.runs if r.status == "failed"}
+    assert set(failed) == {"standalone-s1-k1-d4", "standalone-s2-k1-d4"}
+    assert all("speculative_num_draft_tokens: expected 4" in (why or "") for why in failed.values())
+    ph = phases.analyse_phases(e)
+    assert ph.unavailable == {"standalone-s1-k1-d4": phases.NO_COMPLETED_RUN,
+                              "standalone-s2-k1-d4": phases.NO_COMPLETED_RUN}
+    assert ph.arms["standalone-s3-k1-d4"].verify_ms.mean == pytest.approx(2.75, abs=0.01)
