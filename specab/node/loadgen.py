@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import hashlib
 import http.client
 import json
@@ -800,7 +801,8 @@ def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: boo
     """Every prompt sent once, at most cfg.concurrency in flight, each record written as it comes; returns the CPU
     seconds of each worker process (none when the slots are threads of this process, ``procs`` 1)."""
     if procs > 1 and len(prompts) > 1:
-        return _ProcPhase(cfg, prompts, warmup, recorder, kt, procs).run()
+        with _ProcPhase(cfg, prompts, warmup, recorder, kt, procs) as phase:
+            return phase.run()
     jobs = queue.Queue()  # type: queue.Queue
     # warm-ups go back to back: the arrival schedule is the measured load's
     due = arrival_offsets(0.0 if warmup else cfg.request_rate, len(prompts), cfg.seed)
@@ -918,42 +920,65 @@ class _ProcPhase(object):
         self.held = [set() for _ in range(procs)]  # type: List[set]
         self.cpu = [None] * procs  # type: List[Optional[float]]
         self.died = None  # type: Optional[str]
+        self.procs = []  # type: List[subprocess.Popen]
+        self.conns = []  # type: List[Any]
+        self.live = set()  # type: set  # workers not yet finished or lost
 
     def _fail(self, i: int, error: str) -> None:
         self.recorder.write(_record(i, self.prompts[i], self.warmup, {"ok": False, "error": error}))
 
-    def run(self) -> List[float]:
-        settings = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)}
-        procs, conns = [], []  # type: List[subprocess.Popen], List[Any]
+    def __enter__(self) -> "_ProcPhase":
+        """The workers started, each with its slots' threads waiting for work (so a measured window that starts after
+        this holds no interpreter start); one that fails to start is a lost worker (its requests recorded failed)."""
         try:
-            for n in self.slots:
-                mine, theirs = socket.socketpair()
-                try:
-                    procs.append(subprocess.Popen(
-                        [sys.executable, "-c", WORKER_BOOT, PACKAGE_ROOT, str(theirs.fileno())],
-                        pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
-                finally:
-                    theirs.close()      # the worker's end is the worker's alone: its exit is our EOF
-                conns.append(mp_connection.Connection(mine.detach()))
-                conns[-1].send((settings, self.warmup, self.kt, n))
-            self._dispatch(procs, conns)
-        finally:
-            for c in conns:
-                c.close()               # a worker still waiting for work reads EOF and exits
-            for p in procs:
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _start(self) -> None:
+        settings = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)}
+        for w, n in enumerate(self.slots):
+            mine, theirs = socket.socketpair()
+            try:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-c", WORKER_BOOT, PACKAGE_ROOT, str(theirs.fileno())],
+                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+            except BaseException:
+                mine.close()
+                raise
+            finally:
+                theirs.close()          # the worker's end is the worker's alone: its exit is our EOF
+            self.conns.append(mp_connection.Connection(mine.detach()))
+            self.live.add(w)
+            try:
+                self.conns[w].send((settings, self.warmup, self.kt, n))
+            except OSError:
+                pass                    # its EOF is read below
+        waiting = set(self.live)        # not ready yet
+        for w in sorted(self.live):
+            while w in waiting and w in self.live:
+                self._receive(w, waiting, block=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        """Every worker gone: told there is no more (its connection closed), waited for, killed after 10 s."""
+        for c in self.conns:
+            c.close()                   # a worker still waiting for work reads EOF and exits
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def run(self) -> List[float]:
+        """The phase's requests (the workers started); returns the CPU seconds of each worker that finished."""
+        self._dispatch()
         return [c for c in self.cpu if c is not None]
 
-    def _dispatch(self, procs: List[Any], conns: List[Any]) -> None:
-        live = set(range(len(procs)))
-        waiting = set(live)             # not ready yet
-        for w in list(live):            # every worker ready (its slots started) before t0
-            while w in waiting and w in live:
-                self._receive(w, procs, conns, live, waiting, block=True)
+    def _dispatch(self) -> None:
+        conns, live = self.conns, self.live
         due = arrival_offsets(0.0 if self.warmup else self.cfg.request_rate, len(self.prompts), self.cfg.seed)
         t0 = time.monotonic()
         nxt = 0
@@ -984,13 +1009,13 @@ class _ProcPhase(object):
             ready = mp_connection.wait([conns[w] for w in live])
             for w in list(live):
                 if conns[w] in ready:
-                    self._receive(w, procs, conns, live, waiting, block=False)
+                    self._receive(w, set(), block=False)
 
-    def _receive(self, w: int, procs: List[Any], conns: List[Any], live: set, waiting: set, block: bool) -> None:
+    def _receive(self, w: int, waiting: set, block: bool) -> None:
         """Worker w's messages that are there (``block``: at least one, or its end). A worker's end closes its pipe
         (poll() then says readable and recv() raises EOFError once what it sent before is read): without its "done"
         that is a lost worker."""
-        conn = conns[w]
+        conn, proc, live = self.conns[w], self.procs[w], self.live
         while True:
             if not conn.poll():
                 if not block:
@@ -1001,10 +1026,10 @@ class _ProcPhase(object):
                 msg = conn.recv()
             except (EOFError, OSError):
                 try:
-                    procs[w].wait(timeout=10)
+                    proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     pass
-                self._lost(w, procs[w])
+                self._lost(w, proc)
                 live.discard(w)
                 waiting.discard(w)
                 return
@@ -1294,6 +1319,7 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
         per_request = kt is not None and cfg.concurrency == 1
         # per-request vLLM counters need nothing else in flight: concurrency 1, one process
         procs = client_procs_for(cfg.client_procs, min(cfg.concurrency, len(prompts)))
+        procs = procs if len(prompts) > 1 else 1
         if warm_prompts:
             log("warm-up: %d request(s)" % len(warm_prompts))
             _run_phase(cfg, target, warm_prompts, True, recorder, kt, procs=procs)
@@ -1305,12 +1331,16 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
             window.start()
         before = vllm_spec_metrics(target, cfg.timeout)
         per_request = per_request and before is not None
-        cpu0 = time.process_time()
-        t0 = time.perf_counter()
-        workers_cpu = _run_phase(cfg, target, prompts, False, recorder, kt, per_request, procs=procs)
-        duration = time.perf_counter() - t0
-        # this process's (the slots' threads, or the dispatch and the writing) and each worker's own
-        cpu = [time.process_time() - cpu0] + workers_cpu
+        with contextlib.ExitStack() as stack:
+            # the worker processes started and ready before the window: their start is no measured time or CPU
+            phase = stack.enter_context(_ProcPhase(cfg, prompts, False, recorder, kt, procs)) if procs > 1 else None
+            cpu0 = time.process_time()
+            t0 = time.perf_counter()
+            workers_cpu = phase.run() if phase is not None else _run_phase(cfg, target, prompts, False, recorder, kt,
+                                                                           per_request)
+            duration = time.perf_counter() - t0
+            # this process's (the slots' threads, or the dispatch and the writing) and each worker's own
+            cpu = [time.process_time() - cpu0] + workers_cpu
         if window is not None:
             phases = window.finish()
             log("phase metrics: %s" % ("categories " + ", ".join(phases["categories"]) if phases.get("available")
