@@ -1114,10 +1114,10 @@ def spec_positions(records: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 
 def summarize(cfg: BenchConfig, records: List[Dict[str, Any]], duration_s: float,
-              cpu: Any, data_hash: str, data: Optional[Dict[str, Any]] = None, procs: int = 1) -> Dict[str, Any]:
-    """``cpu``: the client's CPU seconds over the measured requests, per process (this one first, then each worker
-    that reported), or one number."""
-    per_proc = [float(c) for c in cpu] if isinstance(cpu, (list, tuple)) else [float(cpu)]
+              cpu_s: Any, data_hash: str, data: Optional[Dict[str, Any]] = None, procs: int = 1) -> Dict[str, Any]:
+    """``cpu_s``: the client's CPU seconds over the measured requests, per process (this one first, then each worker
+    that reported), or one number (one process)."""
+    per_proc = [float(c) for c in cpu_s] if isinstance(cpu_s, (list, tuple)) else [float(cpu_s)]
     cpu_s = sum(per_proc)
     measured = [r for r in records if not r.get("warmup")]
     ok = [r for r in measured if r.get("ok")]
