@@ -1316,8 +1316,8 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
     os.makedirs(out_dir, exist_ok=True)
     with open(cfg.out, "w", encoding="utf-8") as fh:
         recorder = _Recorder(fh)
+        # vLLM's counters per request need nothing else in flight: concurrency 1, so one process
         per_request = kt is not None and cfg.concurrency == 1
-        # per-request vLLM counters need nothing else in flight: concurrency 1, one process
         procs = client_procs_for(cfg.client_procs, min(cfg.concurrency, len(prompts)))
         procs = procs if len(prompts) > 1 else 1
         if warm_prompts:
@@ -1326,14 +1326,15 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
         log("measuring: %d request(s) at concurrency %d%s%s" % (len(prompts), cfg.concurrency, (
             ", %g per second at seeded arrival times" % cfg.request_rate) if cfg.request_rate else "",
             ", over %d client processes" % procs if procs > 1 else ""))
-        window = _PhaseWindow(target, cfg.phase_metrics) if cfg.phase_metrics else None
-        if window is not None:
-            window.start()
-        before = vllm_spec_metrics(target, cfg.timeout)
-        per_request = per_request and before is not None
         with contextlib.ExitStack() as stack:
-            # the worker processes started and ready before the window: their start is no measured time or CPU
+            # the worker processes started and ready before the /metrics window and the measured clock: their
+            # interpreters' start is no measured time or CPU
             phase = stack.enter_context(_ProcPhase(cfg, prompts, False, recorder, kt, procs)) if procs > 1 else None
+            window = _PhaseWindow(target, cfg.phase_metrics) if cfg.phase_metrics else None
+            if window is not None:
+                window.start()
+            before = vllm_spec_metrics(target, cfg.timeout)
+            per_request = per_request and before is not None
             cpu0 = time.process_time()
             t0 = time.perf_counter()
             workers_cpu = phase.run() if phase is not None else _run_phase(cfg, target, prompts, False, recorder, kt,
