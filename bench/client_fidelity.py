@@ -175,7 +175,7 @@ def run_level(concurrency: int, ns: argparse.Namespace, tmp: Path) -> dict:
         subprocess.run([sys.executable, str(NODE), "loadgen", "--url", f"http://127.0.0.1:{port}", "--api", "generate",
                         "--num-requests", str(n), "--warmup", str(min(concurrency, 4)), "--input-len",
                         str(ns.input_len), "--output-len", str(ns.output_len), "--ignore-eos", "true", "--concurrency", str(concurrency),
-                        "--request-rate", "0",
+                        "--request-rate", "0", "--client-procs", "auto",
                         "--seed", "1", "--timeout", "600", "--out", str(out), "--summary", str(summ)], check=True)
     finally:
         server.send_signal(signal.SIGTERM)

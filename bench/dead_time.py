@@ -441,7 +441,7 @@ until curl -sf -o /dev/null "http://127.0.0.1:$PORT/health"; do
   sleep "$POLL"
 done
 "$PY" "$REPO/specab/node" loadgen --url "http://127.0.0.1:$PORT" --api generate --num-requests 1 --warmup 1 \
-    --input-len 16 --output-len "$OUTLEN" --ignore-eos true --concurrency 1 --request-rate 0 --seed 1 --timeout 600 --out "$OUT/bench.jsonl" \
+    --input-len 16 --output-len "$OUTLEN" --ignore-eos true --concurrency 1 --request-rate 0 --client-procs auto --seed 1 --timeout 600 --out "$OUT/bench.jsonl" \
     --summary "$OUT/bench_summary.json" >/dev/null 2>"$OUT/loadgen.err" || exit 1
 echo "{\"t_stop\": $t_stop, \"t_spawn\": $t_spawn}" > "$OUT/times.json"
 """
@@ -521,7 +521,7 @@ pid=$(sed -n 's/^{"pid": \([0-9]*\),.*/\1/p' "$OUT/start.json")
 "$PY" "$T" ready --url "http://127.0.0.1:$PORT" --pid "$pid" --log "$OUT/server.log" --timeout 300 \
     > "$OUT/ready.json" 2>>"$OUT/tools.err"
 "$PY" "$REPO/specab/node" loadgen --url "http://127.0.0.1:$PORT" --api generate --num-requests 1 --warmup 1 \
-    --input-len 16 --output-len "$OUTLEN" --ignore-eos true --concurrency 1 --request-rate 0 --seed 1 --timeout 600 --out "$OUT/bench.jsonl" \
+    --input-len 16 --output-len "$OUTLEN" --ignore-eos true --concurrency 1 --request-rate 0 --client-procs auto --seed 1 --timeout 600 --out "$OUT/bench.jsonl" \
     --summary "$OUT/bench_summary.json" >/dev/null 2>"$OUT/loadgen.err"
 echo "{\"t_stop\": $t_stop}" > "$OUT/times.json"
 """

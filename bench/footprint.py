@@ -194,7 +194,7 @@ def measure_node(root: Path, tp: int, requests: int, concurrency: int, time_scal
         phases["ready_idle"] = {"rss_mb": round(rss / 1024, 1), "pss_mb": round(pss / 1024, 1), "processes": n}
         bench = subprocess.run([PYTHON, str(REPO / "specab" / "node"), "loadgen", "--url", f"http://127.0.0.1:{port}",
                                 "--num-requests", str(requests), "--warmup", "0", "--input-len", "128",
-                                "--output-len", "256", "--ignore-eos", "true", "--concurrency", str(concurrency), "--request-rate", "0", "--api", "generate",
+                                "--output-len", "256", "--ignore-eos", "true", "--concurrency", str(concurrency), "--request-rate", "0", "--client-procs", "auto", "--api", "generate",
                                 "--seed", "1", "--timeout", "600",
                                 "--out", str(node / "bench.jsonl"), "--summary", str(node / "summary.json")],
                                capture_output=True, text=True, timeout=600)

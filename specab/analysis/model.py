@@ -154,7 +154,10 @@ class Run:
     env_check: EnvCheck | None = None
     gpu_samples: list[GpuSample] = field(default_factory=list)
     manifest: dict = field(default_factory=dict)
-    client_cpu_s: float | None = None
+    client_cpu_s: float | None = None       # every client process's CPU over the measured requests
+    # the busiest client process's (a summary from before the client had processes: its one process's, client_cpu_s)
+    client_cpu_max_proc_s: float | None = None
+    client_procs: int = 1                    # processes the client's slots were divided among
     duration_s: float | None = None
     run_dir: Path | None = None
     error: str | None = None
@@ -550,11 +553,24 @@ def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = Non
                server_args=server_args, env=env, requests=requests, log=log,
                env_check=env_check_from_json(ec) if ec else None, gpu_samples=samples, manifest=manifest,
                client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
+               client_cpu_max_proc_s=_client_cpu_max_proc_s(summary), client_procs=_client_procs(summary),
                run_dir=run_dir, phase_metrics=_read_json(run_dir / "phase_metrics.json") or None,
                engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary),
                buffered_requests=int(summary.get("buffered_requests") or 0), time_scale=scale,
                workload=_workload(summary), latency=_latency(summary, scale),
                spec_positions=_spec_positions(summary))
+
+
+def _client_cpu_max_proc_s(summary: dict) -> float | None:
+    """The busiest client process's CPU seconds; a summary written before the client had processes ran one, whose
+    CPU is client_cpu_s."""
+    busiest = _num(summary.get("client_cpu_max_proc_s"))
+    return busiest if busiest is not None else _num(summary.get("client_cpu_s"))
+
+
+def _client_procs(summary: dict) -> int:
+    n = summary.get("client_procs")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
 
 
 def _workload(summary: dict) -> dict | None:
@@ -795,6 +811,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             env_check=env_check_from_json(check) if check else None,
             gpu_samples=samples.get(r["seq"], []), manifest=manifest or {}, ranks=ranks,
             client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
+            client_cpu_max_proc_s=_client_cpu_max_proc_s(summary), client_procs=_client_procs(summary),
             run_dir=run_dir, error=r.get("failure_reason"), gpu_seconds=_num(r.get("gpu_seconds")),
             engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary),
             buffered_requests=int(summary.get("buffered_requests") or 0),

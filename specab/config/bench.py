@@ -44,10 +44,23 @@ def flag(value: Any) -> bool:
     raise ConfigError(f"bench.ignore_eos must be true or false, got {value!r}")
 
 
+def client_procs(value: Any) -> str | int:
+    """bench.client_procs: ``auto`` or a whole number of client processes >= 1."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    if isinstance(value, str) and value.strip().isdigit() and int(value) >= 1:
+        return int(value)
+    raise ConfigError(f"bench.client_procs must be auto (one client process per 8 requests in flight, at most one "
+                      f"per CPU of the node) or a whole number of processes >= 1, got {value!r}")
+
+
 def resolve(base: Mapping[str, Any], experiment_bench: Mapping[str, Any] | None,
             arm_bench: Mapping[str, Any] | None, dataset_dir: str | None = None) -> dict[str, Any]:
     """``base`` (the specab_bench_* values by setting name) < the experiment's bench < the arm's; typed as the
-    client takes them (counts int, the request rate and the timeout float, ignore_eos bool). ``dataset_dir``: the
+    client takes them (counts int, the request rate and the timeout float, ignore_eos bool, client_procs auto or
+    int). ``dataset_dir``: the
     node directory the dataset is copied to; ``dataset`` then becomes the node path of the file there."""
     merged = dict(base)
     for layer in (experiment_bench, arm_bench):
@@ -63,6 +76,7 @@ def resolve(base: Mapping[str, Any], experiment_bench: Mapping[str, Any] | None,
                           f"integers, bench.request_rate and bench.timeout_s numbers") from exc
     out["api"] = str(out["api"])
     out["ignore_eos"] = flag(out["ignore_eos"])
+    out["client_procs"] = client_procs(out["client_procs"])
     if out.get("model") is not None:
         out["model"] = str(out["model"])
     if out.get("dataset") is not None and dataset_dir:

@@ -3,7 +3,7 @@
 The resolved experiment: the model, the common server args and env, every resolved arm (its server args
 and env after the experiment's are merged in, and its bench condition when the matrix gave it one, e.g.
 ``concurrency``), the bench settings and the timeouts (specab's defaults
-filled in). Secret values are redacted before hashing (the store and the manifests never hold them; a
+filled in; not ``CLIENT_ONLY``, how the client spreads its work). Secret values are redacted before hashing (the store and the manifests never hold them; a
 changed secret does not change the fingerprint). The engine's build is not known before a run (each run's
 manifest records its versions; `driver.py diff` compares them).
 
@@ -26,6 +26,13 @@ from specab.config.spec import ArmSpec, ExperimentSpec
 from specab.vocab.contract import redact_mapping
 
 
+# bench settings of how the client spreads its own work, not of what the server is asked: the same requests at the
+# same schedule whatever their value. Whether the client kept up is judged per run (each summary records its processes
+# and the busiest one's CPU; the doctor's client-bottleneck finding), so an experiment rerun with more client processes
+# after that finding resumes rather than being refused as another experiment.
+CLIENT_ONLY = frozenset({"client_procs"})
+
+
 def fingerprint_doc(exp: ExperimentSpec, arms: list[ArmSpec]) -> dict[str, Any]:
     """What the fingerprint hashes (JSON-able, secrets redacted)."""
     return redact_mapping({
@@ -36,7 +43,7 @@ def fingerprint_doc(exp: ExperimentSpec, arms: list[ArmSpec]) -> dict[str, Any]:
         # one hash as before it existed
         "arms": {a.name: {"server_args": a.to_json()["server_args"], "env": a.to_json()["env"],
                           **({"bench": dict(a.bench)} if a.bench else {})} for a in arms},
-        "bench": dict(exp.bench_settings),
+        "bench": {k: v for k, v in exp.bench_settings.items() if k not in CLIENT_ONLY},
         "timeouts": dict(exp.timeout_settings),
     })
 

@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from specab.config import defaults, engine_args
+from specab.config import bench as benchcfg, defaults, engine_args
 from specab.config.yamlfile import REPO_ROOT, ConfigError, check_unknown, key_line, load_yaml
 from specab.config import builtin_data
 from specab.vocab import dataset, engines
@@ -28,7 +28,8 @@ DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "default.yml"
 EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args", "env", "arms", "bench", "timeouts"}
 ARM_KEYS = {"name", "description", "server_args", "env"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
-              "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos", "request_rate"}
+              "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos", "request_rate",
+              "client_procs"}
 PHASE_TIMING_VALUES = ("auto", True, False)
 # what phase timing sets on an arm (the 2026 engines reference A5): the server's /metrics and, in SGLang
 # 0.5.23, the device timer that splits forward time into eagle_draft / eagle_draft_extend / target_verify
@@ -331,6 +332,11 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
     if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate < 1e6):
         raise ConfigError(f"{where}{key_line(root, base + ('bench', 'request_rate'))}: bench.request_rate must be a "
                           f"number of requests per second (0: each as soon as one in flight ends), got {rate!r}.")
+    if bench.get("client_procs") is not None:
+        try:
+            benchcfg.client_procs(bench["client_procs"])
+        except ConfigError as exc:
+            raise ConfigError(f"{where}{key_line(root, base + ('bench', 'client_procs'))}: {exc}.") from None
     if bench.get("dataset") is not None:
         bench = exp["bench"] = dict(bench, dataset=_check_dataset(bench, p, where, root, base))
     for k in ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed"):

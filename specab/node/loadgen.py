@@ -5,8 +5,8 @@ Runs on the GPU node next to the server, so it imports nothing outside the Pytho
 library and keeps to Python 3.8 syntax. Usage (the contract in docs/architecture.md):
 
     python3 loadgen.py --url http://127.0.0.1:30000 --api generate --num-requests 8 --warmup 2 \
-        --input-len 128 --output-len 256 --concurrency 1 --seed 1 \
-        --out bench.jsonl --summary bench_summary.json
+        --input-len 128 --output-len 256 --ignore-eos true --concurrency 1 --request-rate 0 --client-procs auto \
+        --seed 1 --timeout 600 --out bench.jsonl --summary bench_summary.json
 
 It writes one bench.jsonl line per request as soon as the request finishes (warm-up requests are
 marked ``"warmup": true``), then the summary JSON. With ``--phase-metrics FILE`` it scrapes the server's
@@ -30,6 +30,13 @@ and the draft's files (the draft's agreement set as a bitmap) so the analysis ca
 whose responses carry no per-request cycle count, each request's ``spec_verify_ct`` is the delta of
 ``vllm:spec_decode_num_drafts`` around it (concurrency 1 only).
 
+Client processes (``--client-procs``, bench.client_procs): the concurrency slots are threads of this process, or,
+divided among worker processes (``auto``: one per SLOTS_PER_PROC slots, at most one per CPU), threads of those; this
+process then hands out the prompts in order and writes the records. The summary's ``client_cpu_s`` is every client
+process's CPU over the measured requests, ``client_cpu_max_proc_s`` the busiest one's (a process at a whole core is
+the bottleneck however many there are), ``client_cpu_per_proc_s`` each one's (this process first), ``client_procs``
+how many worked.
+
 Under speculative decoding one chunk carries several tokens (one verify step), so per-chunk gaps
 are not per-token latencies; ``decode_tok_s`` and ``tpot_s`` are computed from token counts.
 """
@@ -38,19 +45,24 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import hashlib
 import http.client
 import json
+import multiprocessing
 import os
 import queue
 import random
 import re
+import signal
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from multiprocessing import connection as mp_connection
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
@@ -60,7 +72,7 @@ from specab.vocab import dataset, engines
 APIS = ("generate", "completions", "chat")
 # the experiment's bench: keys the client reads (a queue entry's bench mapping, resolved on the controller)
 BENCH_KEYS = ("api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed", "timeout_s",
-              "ignore_eos", "request_rate")
+              "ignore_eos", "request_rate", "client_procs")
 # A request was delivered in bursts (`buffered`) when more than BUFFERED_SHARE of its tokens after the first came
 # in chunks that followed the previous one within 1/BUFFERED_RATE_RATIO of the request's own time per token, with
 # at least BUFFERED_MIN_TOKENS of them: a CPU-starved API server forwarding what the engine made long before (seen
@@ -74,6 +86,12 @@ BUFFERED_RUN = 4
 BUFFERED_INFLATION = 2.0
 BUFFERED_MAX_GAP_S = 0.001     # and within 1 ms: no engine step is that short (a long prefill inflates the per-token time)
 BUFFERED_MIN_TOKENS = 16
+# bench.client_procs: "auto", or the number of client processes the concurrency slots are divided among. auto is
+# one process per SLOTS_PER_PROC slots (one up to 8 in flight, as the client always ran), at most one per CPU: one
+# Python process (one GIL) parsing an SSE chunk per token used 82 % of a core at 16 in flight and 99 % at 32 on an
+# H200 (SGLang, ~12,000 tokens/s streamed), where it may set the per-user rate it measures.
+AUTO = "auto"
+SLOTS_PER_PROC = 8
 API_PATHS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 # A fixed vocabulary: prompts are seeded word sequences, identical on every node and arm.
@@ -563,6 +581,21 @@ def _finish_record(rec: Dict[str, Any], counter: ChunkCounter, e2e: float) -> No
 # the run
 
 
+def procs_setting(value: Any) -> Any:
+    """bench.client_procs as the client takes it: AUTO or an integer >= 1 (a whole number written as text too)."""
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO
+    try:
+        n = int(value) if not isinstance(value, (bool, float)) else None
+    except (TypeError, ValueError):
+        n = None
+    if n is None or n < 1:
+        raise UsageError("bench client_procs (--client-procs) must be auto (one client process per %d requests in "
+                         "flight, at most one per CPU) or a whole number of processes >= 1, got %r"
+                         % (SLOTS_PER_PROC, value))
+    return n
+
+
 def _flag(value: Any, name: str) -> bool:
     """A bench setting that is true or false (a queue entry's JSON bool; "true"/"false" as on the command line)."""
     if isinstance(value, bool):
@@ -589,6 +622,8 @@ class BenchConfig:
     # measured requests per second at seeded Poisson arrival times, at most `concurrency` in flight (an open load);
     # 0: the next request goes as soon as one in flight ends (a closed loop of `concurrency` users)
     request_rate: float
+    # the client processes the concurrency slots are divided among: AUTO (client_procs_for) or a number >= 1
+    client_procs: Any
     out: str = "bench.jsonl"
     summary: Optional[str] = "bench_summary.json"
     model: Optional[str] = None
@@ -608,7 +643,7 @@ class BenchConfig:
                    output_len=int(bench["output_len"]), concurrency=int(bench["concurrency"]),
                    seed=int(bench["seed"]), timeout=float(bench["timeout_s"]),
                    ignore_eos=_flag(bench["ignore_eos"], "ignore_eos"), request_rate=float(bench["request_rate"]),
-                   out=out, summary=summary,
+                   client_procs=procs_setting(bench["client_procs"]), out=out, summary=summary,
                    model=None if bench.get("model") is None else str(bench["model"]), phase_metrics=phase_metrics,
                    dataset=None if bench.get("dataset") is None else str(bench["dataset"]))
 
@@ -618,6 +653,7 @@ class BenchConfig:
                 "--warmup", str(self.warmup), "--input-len", str(self.input_len), "--output-len", str(self.output_len),
                 "--ignore-eos", "true" if self.ignore_eos else "false",
                 "--concurrency", str(self.concurrency), "--request-rate", repr(self.request_rate),
+                "--client-procs", str(self.client_procs),
                 "--seed", str(self.seed), "--timeout", repr(self.timeout),
                 "--out", self.out]
         if self.summary is not None:
@@ -643,6 +679,7 @@ class BenchConfig:
                              "flight ends), got %r" % self.request_rate)
         if self.timeout <= 0:
             raise UsageError("--timeout must be > 0 (got %r)" % self.timeout)
+        procs_setting(self.client_procs)
         Target.from_url(self.url)
 
 
@@ -706,8 +743,66 @@ def arrival_offsets(rate: float, n: int, seed: int) -> List[float]:
     return out
 
 
+def _one_request(cfg: BenchConfig, target: Target, i: int, prompt: Any, warmup: bool, kt: Optional[Dict[str, Any]],
+                 per_request_vllm: bool) -> Dict[str, Any]:
+    """Request ``i``'s bench.jsonl record (never raises: a client bug is the record's error)."""
+    body = build_body(cfg.api, prompt, cfg.output_len, cfg.model, cfg.ignore_eos)
+    try:
+        before = vllm_spec_metrics(target, cfg.timeout) if per_request_vllm else None
+        rec = run_request(target, cfg.api, body, cfg.timeout, keep_output=kt is not None)
+        if kt is not None:
+            _known_truth_fields(rec, prompt, kt)
+        if before is not None and rec.get("ok"):
+            counts = _vllm_request_counts(target, before, rec.get("output_tokens"), cfg.timeout)
+            if rec.get("spec_verify_ct") is None and counts.get("spec_verify_ct"):
+                rec.update(counts)
+    except Exception as exc:  # a bug must not lose the other requests' records
+        rec = {"ok": False, "error": "client error: %s: %s" % (type(exc).__name__, exc)}
+    return _record(i, prompt, warmup, rec)
+
+
+def _record(i: int, prompt: Any, warmup: bool, rec: Dict[str, Any]) -> Dict[str, Any]:
+    out = {"i": i, "warmup": warmup}
+    if isinstance(prompt, dict) and "category" in prompt:
+        out["category"] = prompt["category"]
+    out.update(rec)
+    return out
+
+
+def _sleep_until(due: float) -> None:
+    """Until time.monotonic() reaches ``due`` (a scheduled arrival: nothing to poll for before it)."""
+    wait = due - time.monotonic()
+    if wait > 0:
+        time.sleep(wait)
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (its affinity: a taskset or a container's cpuset), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def client_procs_for(setting: Any, concurrency: int, cpus: Optional[int] = None) -> int:
+    """The client processes for ``concurrency`` slots: ``auto`` is one per SLOTS_PER_PROC slots (one process up to
+    that many in flight), at most one per CPU; a number is taken as given. Never more processes than slots."""
+    if setting == AUTO:
+        n = -(-concurrency // SLOTS_PER_PROC)
+        n = min(n, cpus if cpus is not None else _cpus())
+    else:
+        n = int(setting)
+    return max(1, min(n, concurrency))
+
+
 def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: bool,
-               recorder: _Recorder, kt: Optional[Dict[str, Any]] = None, per_request_vllm: bool = False) -> None:
+               recorder: _Recorder, kt: Optional[Dict[str, Any]] = None, per_request_vllm: bool = False,
+               procs: int = 1) -> List[float]:
+    """Every prompt sent once, at most cfg.concurrency in flight, each record written as it comes; returns the CPU
+    seconds of each worker process (none when the slots are threads of this process, ``procs`` 1)."""
+    if procs > 1 and len(prompts) > 1:
+        with _ProcPhase(cfg, prompts, warmup, recorder, kt, procs) as phase:
+            return phase.run()
     jobs = queue.Queue()  # type: queue.Queue
     # warm-ups go back to back: the arrival schedule is the measured load's
     due = arrival_offsets(0.0 if warmup else cfg.request_rate, len(prompts), cfg.seed)
@@ -721,26 +816,8 @@ def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: boo
                 i, prompt = jobs.get_nowait()
             except queue.Empty:
                 return
-            wait = t0 + due[i] - time.monotonic()
-            if wait > 0:            # a scheduled arrival: nothing to poll for before it
-                time.sleep(wait)
-            body = build_body(cfg.api, prompt, cfg.output_len, cfg.model, cfg.ignore_eos)
-            try:
-                before = vllm_spec_metrics(target, cfg.timeout) if per_request_vllm else None
-                rec = run_request(target, cfg.api, body, cfg.timeout, keep_output=kt is not None)
-                if kt is not None:
-                    _known_truth_fields(rec, prompt, kt)
-                if before is not None and rec.get("ok"):
-                    counts = _vllm_request_counts(target, before, rec.get("output_tokens"), cfg.timeout)
-                    if rec.get("spec_verify_ct") is None and counts.get("spec_verify_ct"):
-                        rec.update(counts)
-            except Exception as exc:  # a bug must not lose the other requests' records
-                rec = {"ok": False, "error": "client error: %s: %s" % (type(exc).__name__, exc)}
-            out = {"i": i, "warmup": warmup}
-            if isinstance(prompt, dict) and "category" in prompt:
-                out["category"] = prompt["category"]
-            out.update(rec)
-            recorder.write(out)
+            _sleep_until(t0 + due[i])
+            recorder.write(_one_request(cfg, target, i, prompt, warmup, kt, per_request_vllm))
 
     threads = [threading.Thread(target=worker, name="loadgen-%d" % k, daemon=True)
                for k in range(min(cfg.concurrency, len(prompts)))]
@@ -748,6 +825,234 @@ def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: boo
         t.start()
     for t in threads:
         t.join()
+    return []
+
+
+# A worker process's program: a fresh interpreter that imports this module by name from the package root (argv[1])
+# and serves the connection on the file descriptor argv[2]. Not multiprocessing's spawn, which runs the parent's
+# __main__ again in each child (a test or a script that imports loadgen without a __main__ guard would start over),
+# and not fork, which copies whatever lock another thread of the parent holds at that moment.
+WORKER_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from specab.node import loadgen; "
+               "loadgen.worker_process(int(sys.argv[2]))")
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def worker_process(fd: int) -> None:
+    """A worker process's entry: its settings are the connection's first message."""
+    conn = mp_connection.Connection(fd)
+    try:
+        settings, warmup, kt, slots = conn.recv()
+    except (EOFError, OSError):
+        os._exit(3)
+    _worker_main(conn, settings, warmup, kt, slots)
+
+
+def _worker_main(conn: Any, settings: Dict[str, Any], warmup: bool, kt: Optional[Dict[str, Any]], slots: int) -> None:
+    """One client worker process: ``slots`` threads that each send the jobs the parent hands this process, one at a
+    time ((i, prompt, due) with due on time.monotonic(), which is system-wide: the parent's clock), and send each
+    record back as it finishes. Messages to the parent: ("ready", pid), ("rec", i, record), ("done", cpu_s); from
+    it: a job, or None (no more: finish). The parent's end closing (the parent died) ends this process at once."""
+    cfg = BenchConfig(**settings)
+    target = Target.from_url(cfg.url)
+    jobs = queue.Queue()  # type: queue.Queue
+    send_lock = threading.Lock()
+
+    def send(msg: Any) -> None:
+        with send_lock:
+            conn.send(msg)
+
+    def slot() -> None:
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            i, prompt, due = job
+            _sleep_until(due)
+            send(("rec", i, _one_request(cfg, target, i, prompt, warmup, kt, False)))
+
+    threads = [threading.Thread(target=slot, name="loadgen-%d" % k, daemon=True) for k in range(slots)]
+    for t in threads:
+        t.start()
+    cpu0 = time.process_time()
+    send(("ready", os.getpid()))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            os._exit(3)             # the parent is gone: nobody would write what this process measures
+        if msg is None:
+            break
+        jobs.put(msg)
+    for _ in threads:
+        jobs.put(None)
+    for t in threads:
+        t.join()
+    send(("done", time.process_time() - cpu0))
+    conn.close()
+
+
+def _exit_words(code: Optional[int]) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return "killed by %s" % signal.Signals(-code).name
+        except ValueError:
+            return "killed by signal %d" % -code
+    return "exit status %d" % code
+
+
+class _ProcPhase(object):
+    """One phase's requests over ``procs`` worker processes (``_worker_main``), the concurrency slots divided among
+    them. This process hands out the jobs in order: a worker is given the next prompt whenever one of its slots is
+    free (it holds at most its slots' count), so the load in flight and the order are the threads' (a free slot takes
+    the next prompt), and the arrival schedule keeps its absolute due times from one t0, taken once every worker is
+    ready. Records come back as each request finishes and are written here. A worker that dies: each request it held
+    is recorded failed with its exit named, and no further request is sent (the load would no longer be the
+    configured one): those are recorded failed too. Nothing is dropped: every prompt gets exactly one record."""
+
+    def __init__(self, cfg: BenchConfig, prompts: List[Any], warmup: bool, recorder: _Recorder,
+                 kt: Optional[Dict[str, Any]], procs: int) -> None:
+        self.cfg, self.prompts, self.warmup, self.recorder, self.kt = cfg, prompts, warmup, recorder, kt
+        slots = min(cfg.concurrency, len(prompts))
+        procs = min(procs, slots)
+        self.slots = [slots // procs + (1 if w < slots % procs else 0) for w in range(procs)]
+        self.held = [set() for _ in range(procs)]  # type: List[set]
+        self.cpu = [None] * procs  # type: List[Optional[float]]
+        self.died = None  # type: Optional[str]
+        self.procs = []  # type: List[subprocess.Popen]
+        self.conns = []  # type: List[Any]
+        self.live = set()  # type: set  # workers not yet finished or lost
+
+    def _fail(self, i: int, error: str) -> None:
+        self.recorder.write(_record(i, self.prompts[i], self.warmup, {"ok": False, "error": error}))
+
+    def __enter__(self) -> "_ProcPhase":
+        """The workers started, each with its slots' threads waiting for work (so a measured window that starts after
+        this holds no interpreter start); one that fails to start is a lost worker (its requests recorded failed)."""
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _start(self) -> None:
+        settings = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)}
+        for w, n in enumerate(self.slots):
+            mine, theirs = socket.socketpair()
+            try:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-c", WORKER_BOOT, PACKAGE_ROOT, str(theirs.fileno())],
+                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+            except BaseException:
+                mine.close()
+                raise
+            finally:
+                theirs.close()          # the worker's end is the worker's alone: its exit is our EOF
+            self.conns.append(mp_connection.Connection(mine.detach()))
+            self.live.add(w)
+            try:
+                self.conns[w].send((settings, self.warmup, self.kt, n))
+            except OSError:
+                pass                    # its EOF is read below
+        waiting = set(self.live)        # not ready yet
+        for w in sorted(self.live):
+            while w in waiting and w in self.live:
+                self._receive(w, waiting, block=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        """Every worker gone: told there is no more (its connection closed), waited for, killed after 10 s."""
+        for c in self.conns:
+            c.close()                   # a worker still waiting for work reads EOF and exits
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def run(self) -> List[float]:
+        """The phase's requests (the workers started); returns the CPU seconds of each worker that finished."""
+        self._dispatch()
+        return [c for c in self.cpu if c is not None]
+
+    def _dispatch(self) -> None:
+        conns, live = self.conns, self.live
+        due = arrival_offsets(0.0 if self.warmup else self.cfg.request_rate, len(self.prompts), self.cfg.seed)
+        t0 = time.monotonic()
+        nxt = 0
+        finished = set()                # told there is no more work
+        while True:
+            for w in sorted(live - finished):
+                while self.died is None and nxt < len(self.prompts) and len(self.held[w]) < self.slots[w]:
+                    self.held[w].add(nxt)
+                    try:
+                        conns[w].send((nxt, self.prompts[nxt], t0 + due[nxt]))
+                    except OSError:
+                        self.held[w].discard(nxt)   # not sent: recorded with the rest (its EOF is read below)
+                        break
+                    nxt += 1
+                if not self.held[w] and (self.died is not None or nxt >= len(self.prompts)):
+                    try:
+                        conns[w].send(None)
+                    except OSError:
+                        pass
+                    finished.add(w)
+            if self.died is not None:
+                for i in range(nxt, len(self.prompts)):
+                    self._fail(i, "not sent: %s, so the load was no longer %d in flight" % (
+                        self.died, self.cfg.concurrency))
+                nxt = len(self.prompts)
+            if not live:
+                return
+            ready = mp_connection.wait([conns[w] for w in live])
+            for w in list(live):
+                if conns[w] in ready:
+                    self._receive(w, set(), block=False)
+
+    def _receive(self, w: int, waiting: set, block: bool) -> None:
+        """Worker w's messages that are there (``block``: at least one, or its end). A worker's end closes its pipe
+        (poll() then says readable and recv() raises EOFError once what it sent before is read): without its "done"
+        that is a lost worker."""
+        conn, proc, live = self.conns[w], self.procs[w], self.live
+        while True:
+            if not conn.poll():
+                if not block:
+                    return
+                mp_connection.wait([conn])
+                continue
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+                self._lost(w, proc)
+                live.discard(w)
+                waiting.discard(w)
+                return
+            block = False
+            if msg[0] == "ready":
+                waiting.discard(w)
+            elif msg[0] == "rec":
+                self.held[w].discard(msg[1])
+                self.recorder.write(msg[2])
+            elif msg[0] == "done":
+                self.cpu[w] = float(msg[1])
+                live.discard(w)
+                return
+
+    def _lost(self, w: int, proc: Any) -> None:
+        """Worker w ended without its "done": the requests it held are recorded failed."""
+        what = "client worker process %d (pid %s) ended (%s) before it finished its requests" % (
+            w, proc.pid, _exit_words(proc.poll()))
+        if self.died is None:
+            self.died = what
+        for i in sorted(self.held[w]):
+            self._fail(i, "%s; this request was in flight there and its record was lost" % what)
+        self.held[w].clear()
 
 
 def _span(ok: List[Dict[str, Any]]) -> Optional[float]:
@@ -809,7 +1114,11 @@ def spec_positions(records: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 
 def summarize(cfg: BenchConfig, records: List[Dict[str, Any]], duration_s: float,
-              cpu_s: float, data_hash: str, data: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+              cpu_s: Any, data_hash: str, data: Optional[Dict[str, Any]] = None, procs: int = 1) -> Dict[str, Any]:
+    """``cpu_s``: the client's CPU seconds over the measured requests, per process (this one first, then each worker
+    that reported), or one number (one process)."""
+    per_proc = [float(c) for c in cpu_s] if isinstance(cpu_s, (list, tuple)) else [float(cpu_s)]
+    cpu_s = sum(per_proc)
     measured = [r for r in records if not r.get("warmup")]
     ok = [r for r in measured if r.get("ok")]
 
@@ -833,7 +1142,13 @@ def summarize(cfg: BenchConfig, records: List[Dict[str, Any]], duration_s: float
         "measured_span_s": _span(ok),
         "latency": latency_percentiles(ok),
         "duration_s": duration_s,
+        # every client process's CPU together; the busiest one's: a process at a whole core is the bottleneck
+        # (one GIL), whatever the sum over processes
         "client_cpu_s": cpu_s,
+        "client_cpu_max_proc_s": max(per_proc),
+        "client_cpu_per_proc_s": per_proc,
+        "client_procs": procs,
+        "client_procs_setting": cfg.client_procs,
         "client_cpu_s_per_1k_tok_s": (cpu_s / duration_s) / (out_tok_s / 1000.0)
         if out_tok_s and duration_s > 0 else None,
         "output_tokens": out_tokens,
@@ -1001,27 +1316,38 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
     os.makedirs(out_dir, exist_ok=True)
     with open(cfg.out, "w", encoding="utf-8") as fh:
         recorder = _Recorder(fh)
+        # vLLM's counters per request need nothing else in flight: concurrency 1, so one process
+        per_request = kt is not None and cfg.concurrency == 1
+        procs = client_procs_for(cfg.client_procs, min(cfg.concurrency, len(prompts)))
+        procs = procs if len(prompts) > 1 else 1
         if warm_prompts:
             log("warm-up: %d request(s)" % len(warm_prompts))
-            _run_phase(cfg, target, warm_prompts, True, recorder, kt)
-        log("measuring: %d request(s) at concurrency %d%s" % (len(prompts), cfg.concurrency, (
-            ", %g per second at seeded arrival times" % cfg.request_rate) if cfg.request_rate else ""))
-        window = _PhaseWindow(target, cfg.phase_metrics) if cfg.phase_metrics else None
-        if window is not None:
-            window.start()
-        before = vllm_spec_metrics(target, cfg.timeout)
-        per_request = kt is not None and before is not None and cfg.concurrency == 1
-        cpu0 = time.process_time()
-        t0 = time.perf_counter()
-        _run_phase(cfg, target, prompts, False, recorder, kt, per_request)
-        duration = time.perf_counter() - t0
-        cpu = time.process_time() - cpu0
+            _run_phase(cfg, target, warm_prompts, True, recorder, kt, procs=procs)
+        log("measuring: %d request(s) at concurrency %d%s%s" % (len(prompts), cfg.concurrency, (
+            ", %g per second at seeded arrival times" % cfg.request_rate) if cfg.request_rate else "",
+            ", over %d client processes" % procs if procs > 1 else ""))
+        with contextlib.ExitStack() as stack:
+            # the worker processes started and ready before the /metrics window and the measured clock: their
+            # interpreters' start is no measured time or CPU
+            phase = stack.enter_context(_ProcPhase(cfg, prompts, False, recorder, kt, procs)) if procs > 1 else None
+            window = _PhaseWindow(target, cfg.phase_metrics) if cfg.phase_metrics else None
+            if window is not None:
+                window.start()
+            before = vllm_spec_metrics(target, cfg.timeout)
+            per_request = per_request and before is not None
+            cpu0 = time.process_time()
+            t0 = time.perf_counter()
+            workers_cpu = phase.run() if phase is not None else _run_phase(cfg, target, prompts, False, recorder, kt,
+                                                                           per_request)
+            duration = time.perf_counter() - t0
+            # this process's (the slots' threads, or the dispatch and the writing) and each worker's own
+            cpu = [time.process_time() - cpu0] + workers_cpu
         if window is not None:
             phases = window.finish()
             log("phase metrics: %s" % ("categories " + ", ".join(phases["categories"]) if phases.get("available")
                                        else "not available (%s)" % phases.get("reason")))
         after = vllm_spec_metrics(target, cfg.timeout) if before is not None else None
-    summary = summarize(cfg, recorder.records, duration, cpu, data_hash, data)
+    summary = summarize(cfg, recorder.records, duration, cpu, data_hash, data, procs)
     add_engine_acceptance(summary, before, after)
     if kt is not None:
         summary["known_truth"] = kt
@@ -1047,6 +1373,9 @@ def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
     ap.add_argument("--request-rate", type=float, required=True,
                     help="measured requests per second at seeded Poisson arrival times, at most --concurrency in "
                          "flight; 0: each as soon as one in flight ends")
+    ap.add_argument("--client-procs", required=True, metavar="auto|N",
+                    help="client processes the --concurrency slots are divided among; auto: one per %d slots, at "
+                         "most one per CPU" % SLOTS_PER_PROC)
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--out", default="bench.jsonl")
     ap.add_argument("--summary", default="bench_summary.json")
@@ -1055,9 +1384,10 @@ def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
     ap.add_argument("--phase-metrics", default=None, metavar="FILE",
                     help="scrape /metrics before and after the measured requests, write the deltas here")
     ns = ap.parse_args(argv)
+    ns.client_procs = procs_setting(ns.client_procs)
     return BenchConfig(url=ns.url, api=ns.api, num_requests=ns.num_requests, warmup=ns.warmup,
                        input_len=ns.input_len, output_len=ns.output_len, concurrency=ns.concurrency,
-                       request_rate=ns.request_rate,
+                       request_rate=ns.request_rate, client_procs=ns.client_procs,
                        seed=ns.seed, out=ns.out, summary=ns.summary, timeout=ns.timeout, model=ns.model,
                        phase_metrics=ns.phase_metrics, dataset=ns.dataset, ignore_eos=ns.ignore_eos == "true")
 

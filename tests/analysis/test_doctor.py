@@ -131,6 +131,33 @@ def test_client_bottleneck():
     assert len(f) == 1 and "server logged gen throughput" in f[0].evidence[0]
 
 
+def test_client_bottleneck_is_judged_by_the_busiest_client_process():
+    """Four client processes at 40 % of a core each (160 % together) are no bottleneck; one of them at 95 % is, and
+    the evidence names the busiest process and the total."""
+    def spread(run, arm):
+        if run.block == 0 and arm.is_spec:
+            run.client_procs = 4
+            run.client_cpu_s, run.client_cpu_max_proc_s = run.duration_s * 1.6, run.duration_s * 0.4
+    assert fired(clean(tweak=spread), "client-bottleneck") == []
+
+    def one_saturated(run, arm):
+        if run.block == 0 and arm.is_spec:
+            run.client_procs = 4
+            run.client_cpu_s, run.client_cpu_max_proc_s = run.duration_s * 1.6, run.duration_s * 0.95
+    f = fired(clean(tweak=one_saturated), "client-bottleneck")
+    assert len(f) == 1 and "busiest of 4 client processes" in f[0].evidence[0] and "95% of a core" in f[0].evidence[0]
+    assert "bench.client_procs, now 4" in f[0].message
+
+
+def test_a_summary_from_before_client_processes_is_judged_by_its_one_process(tmp_path):
+    """model reads the busiest process's CPU from the summary, and from client_cpu_s where a summary has no
+    client_cpu_max_proc_s (the client ran one process)."""
+    from specab.analysis import model
+    assert model._client_cpu_max_proc_s({"client_cpu_s": 9.5}) == 9.5 and model._client_procs({}) == 1
+    assert model._client_cpu_max_proc_s({"client_cpu_s": 9.5, "client_cpu_max_proc_s": 3.0}) == 3.0
+    assert model._client_procs({"client_procs": 4}) == 4
+
+
 def test_instance_outlier():
     def slow_instance(run, arm):
         if run.block == 3 and arm.is_spec:

@@ -24,6 +24,7 @@ def test_the_arm_wins_over_the_experiment_which_wins_over_specab_values_typed_as
     assert out["seed"] == defaults.get("bench_seed") and out["output_len"] == defaults.get("bench_output_len")
     assert out["dataset"] == "/node/datasets/prompts.jsonl"
     assert set(defaults.BENCH_DEFAULTS) <= set(out)
+    assert out["client_procs"] == "auto" and resolve({"client_procs": "3"}, None, None)["client_procs"] == 3
     assert resolve({}, None, None, None) == {**defaults.bench({}), **{k: float(defaults.bench({})[k])
                                                                       for k in ("request_rate", "timeout_s")}}
 

@@ -54,6 +54,15 @@ CASES = [
     ("request_rate negative", lambda t: ["plan", "-e", experiment(t, r"output_len: \d+", "output_len: 64\n    request_rate: -2")],
      r"exp.yml:\d+:\d+: bench.request_rate must be a number of requests per second \(0: each as soon as one in flight "
      r"ends\), got -2."),
+    ("client_procs 0", lambda t: ["plan", "-e", experiment(t, r"output_len: \d+", "output_len: 64\n    client_procs: 0")],
+     r"exp.yml:\d+:\d+: bench.client_procs must be auto \(one client process per 8 requests in flight, at most one per "
+     r"CPU of the node\) or a whole number of processes >= 1, got 0."),
+    ("client_procs a fraction", lambda t: ["plan", "-e", experiment(t, r"output_len: \d+",
+                                                                    "output_len: 64\n    client_procs: 2.5")],
+     r"exp.yml:\d+:\d+: bench.client_procs must be auto .* got 2.5."),
+    ("client_procs a word", lambda t: ["plan", "-e", experiment(t, r"output_len: \d+",
+                                                                "output_len: 64\n    client_procs: many")],
+     r"exp.yml:\d+:\d+: bench.client_procs must be auto .* got 'many'."),
     ("request_rate 0 in the matrix", lambda t: ["plan", "--matrix", "request_rate=0,4"],
      r"--matrix request_rate: '0' is not a rate of requests per second above 0"),
     ("--repeats 5 --max-repeats 2", lambda t: ["plan", "--repeats", "5", "--max-repeats", "2", "--target-ci", "2%"],

@@ -73,7 +73,8 @@ def client_default_argv() -> List[str]:
     return ["--api", str(b["api"]), "--num-requests", str(b["num_requests"]), "--warmup", str(b["warmup_requests"]),
             "--input-len", str(b["input_len"]), "--output-len", str(b["output_len"]),
             "--ignore-eos", "true" if b["ignore_eos"] else "false",
-            "--concurrency", str(b["concurrency"]), "--request-rate", str(b["request_rate"]), "--seed", str(b["seed"]), "--timeout", str(b["timeout_s"])]
+            "--concurrency", str(b["concurrency"]), "--request-rate", str(b["request_rate"]), "--client-procs", str(b["client_procs"]),
+            "--seed", str(b["seed"]), "--timeout", str(b["timeout_s"])]
 
 
 def client_config(url: str, out: str, summary: Optional[str], **kw: Any) -> Any:

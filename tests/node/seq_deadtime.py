@@ -72,7 +72,7 @@ def measure(root: Path, runs: int, tp: int, gpu: bool = False) -> Dict[str, Any]
     node = SeqNode(root, tp=tp, scale=1.0, profile="instant", gpu=gpu)
     bench = {"api": "generate", "num_requests": 1, "warmup_requests": 1, "input_len": 8, "output_len": 8,
              "concurrency": 1, "seed": 1, "timeout_s": 60, "ignore_eos": True,
-             "request_rate": 0}
+             "request_rate": 0, "client_procs": "auto"}
     spec = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/models/eagle3-head",
             "speculative_num_steps": 2, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 3}
     ids = [node.enqueue(i + 1, node.arm("baseline") if i % 2 == 0 else node.arm("eagle3-s2", **spec), bench=bench)

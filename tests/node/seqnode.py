@@ -26,7 +26,8 @@ from tests.node.helpers import ship_node_package
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 BENCH = {"api": "generate", "num_requests": 2, "warmup_requests": 1, "input_len": 16, "output_len": 16,
-         "concurrency": 1, "seed": 1, "timeout_s": 60, "ignore_eos": True, "request_rate": 0}
+         "concurrency": 1, "seed": 1, "timeout_s": 60, "ignore_eos": True, "request_rate": 0,
+         "client_procs": "auto"}
 
 
 def free_port() -> int:

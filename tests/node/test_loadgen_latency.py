@@ -36,4 +36,4 @@ def test_latency_percentiles_of_a_real_run() -> None:
 def _cfg() -> loadgen.BenchConfig:
     return loadgen.BenchConfig(url="http://127.0.0.1:1", api="generate", num_requests=6, warmup=2, input_len=64,
                                output_len=128, concurrency=1, seed=1, timeout=60.0, ignore_eos=True,
-                               request_rate=0.0)
+                               request_rate=0.0, client_procs="auto")

@@ -19,6 +19,7 @@ ONE_SOURCE = REPO / "roles" / "specab" / "defaults" / "main.yml"
 
 # the names a setting goes by in Python (flags without "--", with "_"): any of them with a literal default is a copy
 NAMES = {"api", "num_requests", "warmup", "warmup_requests", "input_len", "output_len", "ignore_eos", "concurrency",
+         "client_procs",
          "seed", "timeout_s", "threshold_mib", "gpu_free_threshold_mib", "gpu_free_timeout", "gpu_free_s",
          "gpu_free_timeout_s", "stale_s", "lease_s", "lease_stale_s", "grace", "stop_grace", "stop_grace_s",
          "idle_timeout", "idle_timeout_s", "sample_interval_s", "ready_s", "ready_timeout_s"}
@@ -32,7 +33,8 @@ TOOL_NAMES = {"loadgen.py": {"timeout"}, "gpufree.py": {"timeout"}, "gpusample.p
 CONST_RE = re.compile(r"(STALE|LEASE_S|STOP_GRACE|THRESHOLD|IDLE_TIMEOUT|NUM_REQUESTS|WARMUP|INPUT_LEN|OUTPUT_LEN|"
                       r"SAMPLE_INTERVAL|READY_TIMEOUT|GPU_FREE_TIMEOUT|BENCH_TIMEOUT)")
 # the Ansible variables' suffixes (bench_num_requests, gpu_free_threshold_mib, node_lease_stale_s, ...)
-YAML_SUFFIXES = ("num_requests", "warmup_requests", "input_len", "output_len", "ignore_eos", "concurrency", "bench_seed",
+YAML_SUFFIXES = ("num_requests", "warmup_requests", "input_len", "output_len", "ignore_eos", "concurrency", "client_procs",
+                 "bench_seed",
                  "timeout_s", "threshold_mib", "stale_s", "grace_s", "gpu_free_s", "ready_s", "sample_interval_s",
                  "bench_api")
 JINJA_RE = re.compile(r"(\w+)\s*\|\s*default\(\s*(-?\d+(?:\.\d+)?|'[^']*'|\"[^\"]*\"|true|false|True|False)\s*"
