@@ -33,7 +33,8 @@ def tag(experiment_id: str) -> str:
     return m.group(1) if m else experiment_id
 
 
-def _arm_docs(path: Path, exp_id: str) -> dict[str, dict]:
+def _fingerprint_doc(path: Path, exp_id: str) -> dict:
+    """The store's fingerprint document (specab.config.fingerprint); refused for a store without one."""
     store = Store.open(path / "results.sqlite" if path.is_dir() else path)
     try:
         fp = store.fingerprint()
@@ -42,8 +43,30 @@ def _arm_docs(path: Path, exp_id: str) -> dict[str, dict]:
     if fp is None:
         raise AnalysisError(f"{exp_id}: its store has no fingerprint (written before specab recorded them), so "
                             f"whether its arms are the others' cannot be checked; report it on its own.")
-    doc = fp[1]
-    return {name: {"fingerprint": arm_fingerprint(doc, name), "doc": doc} for name in (doc.get("arms") or {})}
+    return fp[1]
+
+
+def _check_comparable(exps: list[Experiment], docs: list[dict]) -> None:
+    """Refuses a store whose common settings are not the first's, or whose arm of a name another store has is not
+    that arm by content."""
+    common = [{k: v for k, v in d.items() if k != "arms"} for d in docs]
+    seen: dict[str, tuple[str, str, dict]] = {}     # arm -> (the first store that has it, its fingerprint, doc)
+    for e, doc, own in zip(exps, docs, common):
+        if changes(common[0], own):
+            raise AnalysisError(f"{e.id} is not the experiment {exps[0].id} with other arms: "
+                                f"{'; '.join(changes(common[0], own)[:6])}. Pool only stores of the same experiment "
+                                f"(model, common server args and env, bench settings, timeouts).")
+        for name in doc.get("arms") or {}:
+            fp = arm_fingerprint(doc, name)
+            if name not in seen:
+                seen[name] = (e.id, fp, doc)
+                continue
+            first_id, first_fp, first_doc = seen[name]
+            if fp != first_fp:
+                diff = [c for c in changes(first_doc, doc) if not c.startswith("arms.") or c.startswith(f"arms.{name}.")]
+                raise AnalysisError(f"arm {name} of {e.id} is not the arm {name} of {first_id}: "
+                                    f"{'; '.join(diff[:6]) or 'their contents differ'}. Pool only runs of the same "
+                                    f"arms (same server args, env, bench settings and timeouts).")
 
 
 def combine(paths: list[Path], *, read_logs: bool = True) -> Experiment:
@@ -55,26 +78,7 @@ def combine(paths: list[Path], *, read_logs: bool = True) -> Experiment:
     ids = [e.id for e in exps]
     if len(set(ids)) != len(ids):
         raise AnalysisError(f"the same experiment was given twice ({', '.join(ids)}): each store counts once")
-    docs = [_arm_docs(Path(p), e.id) for p, e in zip(paths, exps)]
-    seen: dict[str, tuple[str, dict]] = {}              # arm -> (the first store that has it, its entry)
-    for e, arms in zip(exps, docs):
-        base = {k: v for k, v in docs[0][next(iter(docs[0]))]["doc"].items() if k != "arms"} if docs[0] else {}
-        own = {k: v for k, v in next(iter(arms.values()))["doc"].items() if k != "arms"} if arms else {}
-        if seen and changes(base, own):
-            raise AnalysisError(f"{e.id} is not the experiment {exps[0].id} with other arms: "
-                                f"{'; '.join(changes(base, own)[:6])}. Pool only stores of the same experiment "
-                                f"(model, common server args and env, bench settings, timeouts).")
-        for name, entry in arms.items():
-            if name not in seen:
-                seen[name] = (e.id, entry)
-                continue
-            first_id, first = seen[name]
-            if first["fingerprint"] != entry["fingerprint"]:
-                diff = [c for c in changes(first["doc"], entry["doc"]) if not c.startswith("arms.")
-                        or c.startswith(f"arms.{name}.")]
-                raise AnalysisError(f"arm {name} of {e.id} is not the arm {name} of {first_id}: "
-                                    f"{'; '.join(diff[:6]) or 'their contents differ'}. Pool only runs of the same "
-                                    f"arms (same server args, env, bench settings and timeouts).")
+    _check_comparable(exps, [_fingerprint_doc(Path(p), e.id) for p, e in zip(paths, exps)])
     arms, names = [], set()
     runs, offset, seq = [], 0, 0
     fps: dict[str, str] = {}
@@ -101,5 +105,5 @@ def combine(paths: list[Path], *, read_logs: bool = True) -> Experiment:
     return Experiment(id=" + ".join(ids), arms=arms, runs=runs,
                       order="interleaved" if all(e.order == "interleaved" for e in exps) else "blocked",
                       baseline=first.baseline, name=first.name, root=first.root,
-                      meta={**first.meta, "combined": ids, "run_fingerprints": fps, "sources": sources, "design_steps": [],
-                            "finished": exps[-1].meta.get("finished")})
+                      meta={**first.meta, "combined": ids, "run_fingerprints": fps, "sources": sources,
+                            "design_steps": [], "finished": exps[-1].meta.get("finished")})

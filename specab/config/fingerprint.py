@@ -2,8 +2,8 @@
 
 The resolved experiment: the model, the common server args and env, every resolved arm (its server args
 and env after the experiment's are merged in, and its bench condition when the matrix gave it one, e.g.
-``concurrency``), the bench settings and the timeouts (specab's defaults
-filled in; not ``CLIENT_ONLY``, how the client spreads its work). Secret values are redacted before hashing (the store and the manifests never hold them; a
+``concurrency``), the bench settings and the timeouts (specab's defaults filled in; not ``CLIENT_ONLY``, how the
+client spreads its work). Secret values are redacted before hashing (the store and the manifests never hold them; a
 changed secret does not change the fingerprint). The engine's build is not known before a run (each run's
 manifest records its versions; `driver.py diff` compares them).
 
