@@ -12,7 +12,7 @@ import shutil
 import tarfile
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -239,24 +239,43 @@ def host_dirs(run_dir: Path, hosts: list[str]) -> list[tuple[str, Path]]:
     return [(hosts[0], run_dir), *rank_dirs(run_dir)] if len(hosts) == 1 else [(h, run_dir / h) for h in hosts]
 
 
-def ingest_teardown(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -> None:
-    """Add the records of a stop that came after the run's row was written (an interrupted per-run run's, stop.yml's
-    TEARDOWN_FILES fetched into its directory) to that row: its stop and GPUs-free records, as ingest_run_dir stores
-    them (the row's stop_json/gpu_free_json, the first host's that has one, each host's files), and its manifest."""
-    stop = gpu_free = None
+# The records a run's row keeps (store.finish_run's keyword, the file it is read from), each the first host's that
+# has one: ingest_run_dir reads them all right after the run, ingest_teardown those of TEARDOWN_FILES after the stop.
+ROW_RECORDS = (("summary", "bench_summary.json"), ("server_info", "server_info.json"), ("stop", "stop.json"),
+               ("gpu_free", "gpu_free.json"), ("ready", "ready.json"))
+
+
+def ingest_host_files(store: st.Store, seq: int, run_dir: Path, hosts: list[str],
+                      wanted: Callable[[str], bool]) -> dict[str, Any]:
+    """Each host's manifest and its small files of the collected run in ``run_dir`` whose name is ``wanted`` into
+    the store (queue_entry.json never: it holds the node env the client ran with, which may carry a secret). Returns
+    the ROW_RECORDS among them, each the first host's that has one. The one reading of a run directory's records
+    shared by the run's row (ingest_run_dir) and a teardown recorded after it (ingest_teardown), so both store the
+    same stop and GPUs-free records."""
+    out: dict[str, Any] = {}
     for host, d in host_dirs(run_dir, hosts):
         if not d.is_dir():
             continue
         manifest = read_json(d / "manifest.json")
         if isinstance(manifest, dict):
             store.add_manifest(seq, host, manifest)
-        for name in ("stop.json", "gpu_free.json", "gpu_free.csv"):
-            f = d / name
-            if f.is_file() and f.stat().st_size <= STORED_FILE_MAX_BYTES:
-                store.add_file(seq, host, name, f.read_text(errors="replace"))
-        stop = stop if stop is not None else read_json(d / "stop.json")
-        gpu_free = gpu_free if gpu_free is not None else read_json(d / "gpu_free.json")
-    store.record_teardown(seq, stop=stop, gpu_free=gpu_free)
+        for key, name in ROW_RECORDS:
+            val = read_json(d / name) if wanted(name) and key not in out else None
+            if val is not None:
+                out[key] = val
+        for f in sorted(d.iterdir()):
+            if f.is_file() and wanted(f.name) and f.name not in ("manifest.json", "queue_entry.json") \
+                    and f.stat().st_size <= STORED_FILE_MAX_BYTES:
+                store.add_file(seq, host, f.name, f.read_text(errors="replace"))
+    return out
+
+
+def ingest_teardown(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -> None:
+    """Add the records of a stop that came after the run's row was written (an interrupted per-run run's, stop.yml's
+    TEARDOWN_FILES fetched into its directory) to that row: its stop and GPUs-free records, each host's files and
+    manifest, read as ingest_run_dir reads them."""
+    found = ingest_host_files(store, seq, run_dir, hosts, lambda name: name in TEARDOWN_FILES)
+    store.record_teardown(seq, stop=found.get("stop"), gpu_free=found.get("gpu_free"))
 
 
 def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -> dict[str, Any]:
@@ -285,20 +304,10 @@ def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -
         samples = d / "gpu_samples.csv"
         if samples.exists():
             store.add_gpu_samples(seq, host, samples.read_text(errors="replace"))
-        manifest = read_json(d / "manifest.json")
-        if isinstance(manifest, dict):
-            store.add_manifest(seq, host, manifest)
         env_check = read_json(d / "env_check.json")
         if isinstance(env_check, dict):
             store.add_env_check(seq, host, env_check)
-        for key, name in (("summary", "bench_summary.json"), ("server_info", "server_info.json"),
-                          ("stop", "stop.json"), ("gpu_free", "gpu_free.json"), ("ready", "ready.json")):
-            val = read_json(d / name)
-            if val is not None and key not in out:
-                out[key] = val
-        for f in sorted(d.iterdir()):
-            # queue_entry.json (0600) holds the node env the client runs with, which may carry a secret
-            if f.is_file() and f.suffix in (".json", ".csv") and f.name not in ("manifest.json", "queue_entry.json") \
-                    and f.stat().st_size <= STORED_FILE_MAX_BYTES and f.name != "gpu_samples.csv":
-                store.add_file(seq, host, f.name, f.read_text(errors="replace"))
+    # the GPU samples are stored as samples (above), not as a file
+    out.update(ingest_host_files(store, seq, run_dir, hosts,
+                                 lambda name: name.endswith((".json", ".csv")) and name != "gpu_samples.csv"))
     return out

@@ -806,14 +806,19 @@ def helper_is_ours(entry: Dict[str, Any]) -> bool:
             and tool in proc_cmdline(pid).split())
 
 
-def live_helpers(run_dir: str) -> List[Dict[str, Any]]:
-    """The recorded helpers of the run in ``run_dir`` that still run (none without a readable record)."""
+def recorded_helpers(run_dir: str) -> List[Dict[str, Any]]:
+    """The helpers recorded for the run in ``run_dir``, running or not (none without a readable record)."""
     try:
         rec = read_json(os.path.join(run_dir, HELPERS_JSON))
     except (OSError, ValueError):
         return []
     entries = rec.get("helpers") if isinstance(rec, dict) else None
-    return [e for e in entries if isinstance(e, dict) and helper_is_ours(e)] if isinstance(entries, list) else []
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def live_helpers(run_dir: str) -> List[Dict[str, Any]]:
+    """The recorded helpers of the run in ``run_dir`` that still run (none without a readable record)."""
+    return [e for e in recorded_helpers(run_dir) if helper_is_ours(e)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ tensor-parallel server). Two calls around the head's bench step, each a typed sp
     python3 <root>/specab/node ranksampler --spec-json -     {"action": "start" | "stop", "run_dir": ..., ...}
 
 ``start`` leaves the sampler running detached (the same files as the bench step's sampler: gpu_samples.csv, .json,
-.log) and returns, its pid in gpu_sampler.pid and helpers.json (with its start time: the server's stop ends it when
-the run's playbook was cut off); ``stop`` ends it. stdlib only, like every node tool; imports its siblings.
+.log) and returns, its pid and start time in helpers.json, the one record of it: ``stop`` ends it from there, and
+so does the server's stop when the run's playbook was cut off. stdlib only, like every node tool; imports its siblings.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -26,16 +25,16 @@ from specab.node.common import ToolError, UsageError
 # How long a stopped sampler may take to exit (it ends its loop at once on SIGTERM), and how often that is polled.
 SAMPLER_STOP_WAIT_S = 10.0
 STOP_POLL_S = 0.05
-SAMPLER_PID = "gpu_sampler.pid"
+SAMPLER_TOOL = "gpusample"
 
 
 @dataclass
 class RankSamplerSpec:
     """``start``: the sampler of this rank's GPUs, detached (its own session, none of the caller's pipes: Ansible
-    waits for them to close), writing the bench step's gpu_samples.csv/.json/.log in ``run_dir`` and its pid in
-    gpu_sampler.pid, ending by itself after ``duration_s`` should nobody stop it; ``stop``: SIGTERM to it (its CSV
-    is flushed row by row) and its exit waited for. ``python``, ``smi``, ``gpus``, ``sample_interval_s`` and
-    ``duration_s`` are ``start``'s."""
+    waits for them to close), writing the bench step's gpu_samples.csv/.json/.log in ``run_dir`` and its pid and
+    start time in helpers.json, ending by itself after ``duration_s`` should nobody stop it; ``stop``: SIGTERM to
+    it (its CSV is flushed row by row) and its exit waited for. ``python``, ``smi``, ``gpus``, ``sample_interval_s``
+    and ``duration_s`` are ``start``'s."""
     action: str
     run_dir: str
     python: Optional[str] = None
@@ -61,44 +60,36 @@ class RankSamplerSpec:
 
 def start_rank_sampler(a: RankSamplerSpec) -> Dict[str, Any]:
     assert a.python is not None and a.smi is not None
-    pidfile = a.path(SAMPLER_PID)
-    if os.path.exists(pidfile):
-        os.unlink(pidfile)
-    argv = common.tool_argv(a.python, "gpusample") + [
+    argv = common.tool_argv(a.python, SAMPLER_TOOL) + [
         "--smi", json.dumps(a.smi), "--gpus", str(a.gpus), "--interval", str(a.sample_interval_s),
         "--out", "gpu_samples.csv", "--duration", str(a.duration_s), "--keep-after-parent-exit"]
     with open(a.path("gpu_samples.json"), "w") as out, open(a.path("gpu_samples.log"), "a") as err:
         proc = subprocess.Popen(argv, cwd=a.run_dir, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                 close_fds=True, start_new_session=True)
-    with open(pidfile, "w") as fh:
-        fh.write("%d\n" % proc.pid)
-    # with its start time, for the stop after a Ctrl-C that cut the run's playbook off (stop.end_helpers)
-    common.record_helpers(a.run_dir, [("gpusample", proc.pid)])
-    return {"started": True, "pid": proc.pid, "pidfile": pidfile}
+    # with its start time, for this tool's stop and for the server's stop after a Ctrl-C that cut the run's
+    # playbook off (stop.end_helpers): both end it only while that pid is still this sampler
+    common.record_helpers(a.run_dir, [(SAMPLER_TOOL, proc.pid)])
+    return {"started": True, "pid": proc.pid}
 
 
 def stop_rank_sampler(a: RankSamplerSpec) -> Dict[str, Any]:
-    """SIGTERM to the recorded sampler and its exit waited for; a sampler that already ended (its duration) or
-    never started is no error, and a pid that is no sampler any more (reused) is left alone."""
-    pidfile = a.path(SAMPLER_PID)
-    try:
-        with open(pidfile) as fh:
-            pid = int(fh.read().strip())
-    except (OSError, ValueError):
+    """SIGTERM to the sampler recorded in helpers.json and its exit waited for; a sampler that already ended (its
+    duration) or never started is no error, and a recorded pid that is not the recorded sampler any more (another
+    start time or command line: the pid reused) is left alone. The record goes once no sampler of it runs; a sampler
+    that outlives SIGTERM keeps it, for the server's stop."""
+    recorded = [e for e in common.recorded_helpers(a.run_dir) if e.get("tool") == SAMPLER_TOOL]
+    if not recorded:
         return {"stopped": False, "note": "no sampler"}
-    out: Dict[str, Any] = {"stopped": False, "pid": pid}
-    if common.is_alive(pid) and "gpusample" in common.proc_cmdline(pid).split():
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + SAMPLER_STOP_WAIT_S
-        while common.is_alive(pid) and time.monotonic() < deadline:
-            time.sleep(STOP_POLL_S)
-        if common.is_alive(pid):
-            raise ToolError("the GPU sampler %d did not exit within %.0f s of SIGTERM" % (pid, SAMPLER_STOP_WAIT_S),
-                            out)
+    entry = recorded[0]
+    out: Dict[str, Any] = {"stopped": False, "pid": entry.get("pid")}
+    if common.helper_is_ours(entry):
+        os.kill(int(entry["pid"]), signal.SIGTERM)
+        if not common.poll_until(lambda: not common.helper_is_ours(entry), SAMPLER_STOP_WAIT_S, STOP_POLL_S):
+            raise ToolError("the GPU sampler %s did not exit within %.0f s of SIGTERM"
+                            % (entry["pid"], SAMPLER_STOP_WAIT_S), out)
         out["stopped"] = True
     else:
         out["note"] = "sampler already ended"
-    os.unlink(pidfile)
     common.forget_helpers(a.run_dir)
     return out
 

@@ -98,33 +98,38 @@ def ranksampler(spec_obj: Dict[str, Any], env: Dict[str, str]) -> ToolResult:
 
 
 def test_a_ranks_sampler_runs_detached_until_stopped(tmp_path: Path, sim: SimNode) -> None:
-    """A non-head rank's sampler (multi-node): started, it outlives the tool in a session of its own; stopped, it
-    ends by SIGTERM and its pid file is gone; a second stop finds none."""
+    """A non-head rank's sampler (multi-node): started, it outlives the tool in a session of its own, recorded in
+    helpers.json with its start time; stopped, it ends by SIGTERM and its record is gone; a second stop finds
+    none."""
     start = ranksampler({"action": "start", "run_dir": str(tmp_path), "python": PY, "smi": sim.smi, "gpus": [0, 1],
                          "sample_interval_s": 0.05, "duration_s": 600}, sim.env)
     assert start.rc == 0 and start.data["started"] is True, start.data
     pid = start.data["pid"]
     try:
-        assert int((tmp_path / "gpu_sampler.pid").read_text()) == pid
+        record = json.loads((tmp_path / "helpers.json").read_text())["helpers"]
+        assert record == [{"tool": "gpusample", "pid": pid, "starttime": common.proc_stat(pid).starttime}], record
         assert os.getsid(pid) == pid                                     # its own session, none of our pipes
         csv_file = tmp_path / "gpu_samples.csv"
         assert wait_for(lambda: csv_file.exists() and len(csv_file.read_text().splitlines()) >= 3, 30)
     finally:
         stop = ranksampler({"action": "stop", "run_dir": str(tmp_path)}, sim.env)
     assert stop.rc == 0 and stop.data == {"stopped": True, "pid": pid, "ok": True}, stop.data
-    assert not (tmp_path / "gpu_sampler.pid").exists()
+    assert not (tmp_path / "helpers.json").exists()
     assert sampler_summary(tmp_path)["stopped_by"] == "SIGTERM"
     again = ranksampler({"action": "stop", "run_dir": str(tmp_path)}, sim.env)
     assert again.rc == 0 and again.data["stopped"] is False and again.data["note"] == "no sampler"
 
 
 def test_stopping_a_ranks_sampler_leaves_a_reused_pid_alone(tmp_path: Path, sim: SimNode) -> None:
-    other = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
+    """The recorded pid now runs another process (another start time), even one whose command line names the
+    sampler's tool: the stop leaves it alone and the stale record goes."""
+    other = subprocess.Popen([PY, "-c", "import time; time.sleep(60)", "gpusample"])
     try:
-        (tmp_path / "gpu_sampler.pid").write_text("%d\n" % other.pid)
+        reused = {"tool": "gpusample", "pid": other.pid, "starttime": common.proc_stat(other.pid).starttime - 1}
+        (tmp_path / "helpers.json").write_text(json.dumps({"helpers": [reused]}))
         r = ranksampler({"action": "stop", "run_dir": str(tmp_path)}, sim.env)
         assert r.rc == 0 and r.data["stopped"] is False and r.data["note"] == "sampler already ended", r.data
-        assert other.poll() is None
+        assert other.poll() is None and not (tmp_path / "helpers.json").exists()
     finally:
         other.kill()
         other.wait()
