@@ -17,7 +17,7 @@ from specab.analysis import truthcheck
 from specab.analysis import workload
 from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, arm_concurrency, reason_names
 from specab.analysis.stats import ExperimentStats, analyse
-from specab.vocab import engines
+from specab.vocab import contract, engines
 # scipy is imported in the functions that use it: importing scipy.stats takes ~1.3 s, which every start of
 # driver.py paid (status, --help, a run before its first report: 1.8 s -> 0.55 s for --help).
 
@@ -484,7 +484,7 @@ def client_bottleneck(exp: Experiment, ctx: Context) -> list[Finding]:
                 "client-bottleneck", "warning",
                 f"{r.run_id}: the benchmark client, not the server, may have limited this measurement. Run the client "
                 f"on idle cores next to the server, spread it over more processes (bench.client_procs, now "
-                f"{r.client_procs}; auto gives one per 8 requests in flight), and rerun.",
+                f"{r.client_procs}; auto gives one per {contract.CLIENT_SLOTS_PER_PROC} requests in flight), and rerun.",
                 ev, r.arm, [r.run_id]))
     return out
 

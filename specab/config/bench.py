@@ -15,6 +15,7 @@ from typing import Any
 
 from specab.config import defaults
 from specab.config.yamlfile import ConfigError
+from specab.vocab import contract
 
 INTS = ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed")
 FLOATS = ("request_rate", "timeout_s")
@@ -45,15 +46,11 @@ def flag(value: Any) -> bool:
 
 
 def client_procs(value: Any) -> str | int:
-    """bench.client_procs: ``auto`` or a whole number of client processes >= 1."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    if isinstance(value, str) and value.strip().isdigit() and int(value) >= 1:
-        return int(value)
-    raise ConfigError(f"bench.client_procs must be auto (one client process per 8 requests in flight, at most one "
-                      f"per CPU of the node) or a whole number of processes >= 1, got {value!r}")
+    """bench.client_procs: ``auto`` or a whole number of client processes >= 1 (contract.client_procs)."""
+    try:
+        return contract.client_procs(value)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def resolve(base: Mapping[str, Any], experiment_bench: Mapping[str, Any] | None,

@@ -67,7 +67,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 from specab.node import phasemetrics
-from specab.vocab import dataset, engines
+from specab.vocab import contract, dataset, engines
 
 APIS = ("generate", "completions", "chat")
 # the experiment's bench: keys the client reads (a queue entry's bench mapping, resolved on the controller)
@@ -86,12 +86,9 @@ BUFFERED_RUN = 4
 BUFFERED_INFLATION = 2.0
 BUFFERED_MAX_GAP_S = 0.001     # and within 1 ms: no engine step is that short (a long prefill inflates the per-token time)
 BUFFERED_MIN_TOKENS = 16
-# bench.client_procs: "auto", or the number of client processes the concurrency slots are divided among. auto is
-# one process per SLOTS_PER_PROC slots (one up to 8 in flight, as the client always ran), at most one per CPU: one
-# Python process (one GIL) parsing an SSE chunk per token used 82 % of a core at 16 in flight and 99 % at 32 on an
-# H200 (SGLang, ~12,000 tokens/s streamed), where it may set the per-user rate it measures.
-AUTO = "auto"
-SLOTS_PER_PROC = 8
+# bench.client_procs (contract.client_procs): auto is one process per SLOTS_PER_PROC slots, at most one per CPU
+AUTO = contract.CLIENT_PROCS_AUTO
+SLOTS_PER_PROC = contract.CLIENT_SLOTS_PER_PROC
 API_PATHS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 # A fixed vocabulary: prompts are seeded word sequences, identical on every node and arm.
@@ -583,17 +580,10 @@ def _finish_record(rec: Dict[str, Any], counter: ChunkCounter, e2e: float) -> No
 
 def procs_setting(value: Any) -> Any:
     """bench.client_procs as the client takes it: AUTO or an integer >= 1 (a whole number written as text too)."""
-    if isinstance(value, str) and value.strip().lower() == AUTO:
-        return AUTO
     try:
-        n = int(value) if not isinstance(value, (bool, float)) else None
-    except (TypeError, ValueError):
-        n = None
-    if n is None or n < 1:
-        raise UsageError("bench client_procs (--client-procs) must be auto (one client process per %d requests in "
-                         "flight, at most one per CPU) or a whole number of processes >= 1, got %r"
-                         % (SLOTS_PER_PROC, value))
-    return n
+        return contract.client_procs(value, "bench client_procs (--client-procs)")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _flag(value: Any, name: str) -> bool:

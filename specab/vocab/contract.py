@@ -264,3 +264,28 @@ QUEUE_ENTRY_RE = re.compile(r"^(?P<seq>\d{6})-(?P<run_id>[A-Za-z0-9][A-Za-z0-9._
 def run_id(seq: int, arm: str) -> str:
     """A run's id: its plan sequence number and its arm (``003-eagle3-s2``)."""
     return "%03d-%s" % (seq, arm)
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark client's processes
+# ---------------------------------------------------------------------------------------------
+
+# bench.client_procs: CLIENT_PROCS_AUTO, or the number of client processes the concurrency slots are divided among.
+# auto is one process per CLIENT_SLOTS_PER_PROC slots (one up to 8 in flight, as the client always ran), at most one
+# per CPU: one Python process (one GIL) parsing an SSE chunk per token used 82 % of a core at 16 in flight and 99 %
+# at 32 on an H200 (SGLang, ~12,000 tokens/s streamed), where it may set the per-user rate it measures.
+CLIENT_PROCS_AUTO = "auto"
+CLIENT_SLOTS_PER_PROC = 8
+
+
+def client_procs(value: Any, name: str = "bench.client_procs") -> Any:
+    """bench.client_procs as the controller checks it and the client takes it: CLIENT_PROCS_AUTO or an integer >= 1
+    (a whole number written as text too). ValueError, naming ``name``, for anything else."""
+    if isinstance(value, str) and value.strip().lower() == CLIENT_PROCS_AUTO:
+        return CLIENT_PROCS_AUTO
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    if isinstance(value, str) and value.strip().isdigit() and int(value) >= 1:
+        return int(value)
+    raise ValueError("%s must be auto (one client process per %d requests in flight, at most one per CPU of the "
+                     "node) or a whole number of processes >= 1, got %r" % (name, CLIENT_SLOTS_PER_PROC, value))
