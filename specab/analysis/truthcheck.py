@@ -184,6 +184,8 @@ def check(exp: Experiment) -> TruthReport | None:
     """The known-truth check of every ok run whose summary carries known truth; None when none does."""
     from specab.results.store import Store
     runs = [r for r in exp.runs if r.ok and r.known_truth]
+    if not runs:
+        return None
     # each run's request rows from its own store: a pooled experiment's (specab/analysis/combine.py) come from
     # several, under the seq each had there
     sources = exp.meta.get("sources") or {}
@@ -194,8 +196,6 @@ def check(exp: Experiment) -> TruthReport | None:
         if path is None or not Path(path).is_file():
             return None
         by_store.setdefault(Path(path), []).append((r.seq, seq))
-    if not runs:
-        return None
     rows: dict[int, list[dict[str, Any]]] = {}
     for path, seqs in by_store.items():
         store = Store.open(path)

@@ -1308,8 +1308,8 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
         recorder = _Recorder(fh)
         # vLLM's counters per request need nothing else in flight: concurrency 1, so one process
         per_request = kt is not None and cfg.concurrency == 1
+        # never more processes than prompts in flight at once: one for a single prompt
         procs = client_procs_for(cfg.client_procs, min(cfg.concurrency, len(prompts)))
-        procs = procs if len(prompts) > 1 else 1
         if warm_prompts:
             log("warm-up: %d request(s)" % len(warm_prompts))
             _run_phase(cfg, target, warm_prompts, True, recorder, kt, procs=procs)
