@@ -48,14 +48,6 @@ class Interval:
     method: str = "expanded percentile bootstrap"
 
     @property
-    def low(self) -> float:          # alias (the driver's progress summary reads low/high)
-        return self.lo
-
-    @property
-    def high(self) -> float:
-        return self.hi
-
-    @property
     def half_width_rel(self) -> float:
         """Half-width relative to the estimate (0.02 = +-2 %)."""
         return (self.hi - self.lo) / 2.0 / abs(self.estimate) if self.estimate else math.inf

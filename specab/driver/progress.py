@@ -218,10 +218,10 @@ def _stats_rows(store_path) -> list[list[str]] | None:
     rows = []
     for name, a in res.arms.items():
         d = a.tok_s_run
-        ci = f"[{d.ci.low:.1f}, {d.ci.high:.1f}]" if d.ci else "-"
+        ci = f"[{d.ci.lo:.1f}, {d.ci.hi:.1f}]" if d.ci else "-"
         sp = res.speedups.get(name)
         if sp is not None and sp.estimate is not None:
-            spd = f"{sp.estimate:.3f}" + (f" [{sp.ci.low:.3f}, {sp.ci.high:.3f}]" if sp.ci else "")
+            spd = f"{sp.estimate:.3f}" + (f" [{sp.ci.lo:.3f}, {sp.ci.hi:.3f}]" if sp.ci else "")
         else:
             spd = "1 (baseline)" if name not in res.speedups else "-"
         rows.append([name, f"{a.runs}", f"{a.runs_failed}", f"{a.runs_interrupted}",
