@@ -31,7 +31,7 @@ from specab.driver import lease
 from specab.driver.context import MoreBlocks, RunContext
 from specab.driver.playbook import Failure, PlaybookResult
 from specab.driver.record import (INTERRUPTED_REASON, PhaseClock, UnpackError, check_writable, fetch_missing,
-                                  phase_at, unpack_fetched)
+                                  phase_at, read_json, unpack_fetched)
 from specab.driver.remote import LogTail, read_tail
 from specab.results import store as st
 from specab.vocab.contract import LOAD_SUBPHASES
@@ -286,11 +286,11 @@ class QueueExecutor:
         """Store a collected run: its node phases (and the collect's window), its outcome, its files."""
         r = self.ctx
         current = clock.current if clock else None
-        done = _read_json(run_dir / "done.json")
+        done = read_json(run_dir / "done.json")
         if not isinstance(done, dict) and clock is not None:     # (the play's fact is the waited-for run's)
             fact = (result.facts.get(self.host.name) or {}).get("specab_done")
             done = fact if isinstance(fact, dict) and fact else None
-        rows = phase_rows(_read_lines(run_dir / "phases.jsonl"), load_marks(_read_json(run_dir / "ready.json")))
+        rows = phase_rows(_read_lines(run_dir / "phases.jsonl"), load_marks(read_json(run_dir / "ready.json")))
         if window is not None:
             rows.append(("collecting", *window))
         if not rows and clock is not None:    # nothing from the node (it never claimed the run): the live view
@@ -500,13 +500,6 @@ class QueueExecutor:
             status = self.collect(pr, calm, wait_s=0, after_stop=t_signal).status
             if on_status:
                 on_status(status)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
 
 
 def _read_lines(path: Path) -> list[str]:
