@@ -206,15 +206,20 @@ class Progress:
 
 # --------------------------------------------------------------------------- end-of-experiment summary
 
-def _stats_rows(store_path) -> list[list[str]] | None:
-    """Rows from specab.analysis.stats; None when the analysis cannot read the store (then the
-    summary falls back to _simple_rows, so the end of an experiment never fails on its summary)."""
+def _stats_rows(store) -> tuple[list[list[str]], str | None]:
+    """Rows from specab.analysis.stats, the one analysis the report uses too. When the analysis cannot read the
+    store (model.AnalysisError: a damaged bench.jsonl, a run directory of another shape) the rows carry the
+    store's run counts alone and the error comes back to be printed under them: the end of an experiment never
+    fails on its summary, and never hides why it has no numbers."""
     try:
         with warnings.catch_warnings():     # scipy's warnings on few runs are not the user's business
             warnings.simplefilter("ignore")
-            res = stats.analyse(model.load_store(store_path))
-    except Exception:
-        return None
+            res = stats.analyse(model.load_store(store.path))
+    except model.AnalysisError as e:
+        runs = store.runs()
+        return [[a["name"], *(str(sum(r["arm"] == a["name"] and r["status"] == s for r in runs))
+                              for s in ("ok", "failed", "interrupted")), "-", "-", "-", "-"]
+                for a in store.arms()], str(e)
     rows = []
     for name, a in res.arms.items():
         d = a.tok_s_run
@@ -227,53 +232,13 @@ def _stats_rows(store_path) -> list[list[str]] | None:
         rows.append([name, f"{a.runs}", f"{a.runs_failed}", f"{a.runs_interrupted}",
                      f"{d.median:.1f}" if d.median is not None else "-", ci,
                      f"{a.accept_len.mean:.2f}" if a.accept_len.mean is not None else "-", spd])
-    return rows
-
-
-def _simple_rows(store) -> list[list[str]]:
-    """Median of per-run medians, a seeded bootstrap 95% interval, mean accept length, ratio to baseline."""
-    import random
-    import statistics
-    arms = store.arms()
-    runs = store.runs()
-    reqs = store.requests()
-    by_run: dict[int, list[float]] = {}
-    acc_run: dict[int, list[float]] = {}
-    for q in reqs:
-        if q["ok"] and q["decode_tok_s"]:
-            by_run.setdefault(q["seq"], []).append(q["decode_tok_s"])
-        if q["ok"] and q["accept_len"]:
-            acc_run.setdefault(q["seq"], []).append(q["accept_len"])
-    med: dict[str, float | None] = {}
-    rows = []
-    rng = random.Random(12345)
-    for a in arms:
-        ok = [r for r in runs if r["arm"] == a["name"] and r["status"] == "ok"]
-        failed = [r for r in runs if r["arm"] == a["name"] and r["status"] == "failed"]
-        interrupted = [r for r in runs if r["arm"] == a["name"] and r["status"] == "interrupted"]
-        vals = [statistics.median(by_run[r["seq"]]) for r in ok if by_run.get(r["seq"])]
-        accs = [statistics.fmean(acc_run[r["seq"]]) for r in ok if acc_run.get(r["seq"])]
-        m = statistics.median(vals) if vals else None
-        med[a["name"]] = m
-        ci = "-"
-        if len(vals) >= 2:
-            boots = sorted(statistics.median(rng.choices(vals, k=len(vals))) for _ in range(2000))
-            ci = f"[{boots[49]:.1f}, {boots[1949]:.1f}]"
-        rows.append([a["name"], str(len(ok)), str(len(failed)), str(len(interrupted)),
-                     f"{m:.1f}" if m is not None else "-", ci, f"{statistics.fmean(accs):.2f}" if accs else "-",
-                     a["baseline"]])
-    for row in rows:
-        base = med.get(row[7])
-        m = med.get(row[0])
-        row[7] = ("1 (baseline)" if row[0] == row[7] else
-                  f"{m / base:.3f}" if (m is not None and base) else "-")
-    return rows
+    return rows, None
 
 
 def print_summary(store, out: TextIO) -> int:
     """Print the per-arm table (failed and interrupted runs counted apart) and the failures; returns the number
     of failed runs (interrupted ones are not failures: a resume runs them)."""
-    rows = _stats_rows(store.path) or _simple_rows(store)
+    rows, unreadable = _stats_rows(store)
     console = Console(file=out, highlight=False, width=max(120, Console(file=out).width))
     try:
         concurrency = model.bench_concurrency(store.experiment().get("config"))
@@ -289,6 +254,8 @@ def print_summary(store, out: TextIO) -> int:
     for r in rows:
         t.add_row(*r)
     console.print(t)
+    if unreadable:
+        console.print(f"no statistics: {unreadable}", markup=False)
     failed = store.runs(status="failed")
     interrupted = store.runs(status="interrupted")
     for r in failed:
