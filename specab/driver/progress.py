@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specab.analysis import model, stats
-from specab.results.store import StoreError
+from specab.results.store import FAILED, INTERRUPTED, OK, StoreError
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -218,7 +218,7 @@ def _stats_rows(store) -> tuple[list[list[str]], str | None]:
     except model.AnalysisError as e:
         runs = store.runs()
         return [[a["name"], *(str(sum(r["arm"] == a["name"] and r["status"] == s for r in runs))
-                              for s in ("ok", "failed", "interrupted")), "-", "-", "-", "-"]
+                              for s in (OK, FAILED, INTERRUPTED)), "-", "-", "-", "-"]
                 for a in store.arms()], str(e)
     rows = []
     for name, a in res.arms.items():
