@@ -50,7 +50,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> GpuFreeSpec:
         return spec
     p = argparse.ArgumentParser(prog="gpufree.py", description=__doc__.split("\n")[0])
     p.add_argument("--smi", required=True, type=lambda s: common.json_list_arg(s, "--smi"))
-    p.add_argument("--gpus", default="all", help="'all' or a comma list such as 0,1")
+    p.add_argument("--gpus", required=True, help="'all' or a comma list such as 0,1")
     p.add_argument("--threshold-mib", type=float, required=True,
                    help="a GPU is free at most this many MiB used (specab_gpu_free_threshold_mib)")
     p.add_argument("--timeout", type=float, required=True, help="seconds to wait (timeouts.gpu_free_s)")

@@ -164,7 +164,8 @@ def main() -> int:
         checks["free_after_orphans"] = free2["_rc"] == 0
 
         # nvidia-smi hang: a wrapper that never answers
-        hang = tool("gpufree", "--smi", json.dumps([PY, "-c", "import time; time.sleep(3600)"]), "--threshold-mib", "64",
+        hang = tool("gpufree", "--smi", json.dumps([PY, "-c", "import time; time.sleep(3600)"]), "--gpus", "all",
+                    "--threshold-mib", "64",
                     "--timeout", "5",
                     "--smi-timeout", "2")
         res["hang"] = {k: hang.get(k) for k in ("_rc", "_wall_s", "error")}

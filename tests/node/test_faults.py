@@ -193,8 +193,8 @@ def test_foreign_gpu_process_refused_at_once_and_never_killed(server, sim):
 # ------------------------------------------------------------------ nvidia-smi hangs
 
 def test_nvidia_smi_hang_is_bounded_and_reported(server, sim):
-    r = run_tool("gpufree", "--smi", FAKE_SMI_HANG, "--threshold-mib", "64", "--timeout", "30", "--smi-timeout", "1",
-                 env=sim.env)
+    r = run_tool("gpufree", "--smi", FAKE_SMI_HANG, "--gpus", "all", "--threshold-mib", "64", "--timeout", "30",
+                 "--smi-timeout", "1", env=sim.env)
     assert r.rc == 1 and r.wall_s < 15
     assert "nvidia-smi did not answer within 1 s" in r.error and "fake_smi.py" in r.error
     assert server.start().rc == 0 and server.ready().rc == 0
@@ -211,7 +211,7 @@ def test_nvidia_smi_hang_is_bounded_and_reported(server, sim):
 
 def test_nvidia_smi_failure_message(sim):
     smi = json.dumps([PY, str(HERE / "fake_smi.py"), "--mode", "fail"])
-    r = run_tool("gpufree", "--smi", smi, "--threshold-mib", "64", "--timeout", "5", env=sim.env)
+    r = run_tool("gpufree", "--smi", smi, "--gpus", "all", "--threshold-mib", "64", "--timeout", "5", env=sim.env)
     assert r.rc == 1 and "nvidia-smi failed (rc 9): Failed to initialize NVML" in r.error
 
 

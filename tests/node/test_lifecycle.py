@@ -148,7 +148,8 @@ def test_tools_run_from_the_package_shipped_to_a_bin_dir(tmp_path, server, sim):
 
 
 def test_bad_usage_exits_2(sim):
-    r = run_tool("gpufree", "--smi", "nvidia-smi", "--threshold-mib", "64", "--timeout", "1", env=sim.env)
+    r = run_tool("gpufree", "--smi", "nvidia-smi", "--gpus", "all", "--threshold-mib", "64", "--timeout", "1",
+                 env=sim.env)
     assert r.rc == 2 and "JSON list" in r.stderr
     r = run_tool("gpufree", "--smi", sim.smi_json, "--gpus", "zero", "--threshold-mib", "64", "--timeout", "1",
                  env=sim.env)
