@@ -786,13 +786,9 @@ def client_procs_for(setting: Any, concurrency: int, cpus: Optional[int] = None)
 
 
 def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: bool,
-               recorder: _Recorder, kt: Optional[Dict[str, Any]] = None, per_request_vllm: bool = False,
-               procs: int = 1) -> List[float]:
-    """Every prompt sent once, at most cfg.concurrency in flight, each record written as it comes; returns the CPU
-    seconds of each worker process (none when the slots are threads of this process, ``procs`` 1)."""
-    if procs > 1 and len(prompts) > 1:
-        with _ProcPhase(cfg, prompts, warmup, recorder, kt, procs) as phase:
-            return phase.run()
+               recorder: _Recorder, kt: Optional[Dict[str, Any]] = None, per_request_vllm: bool = False) -> None:
+    """Every prompt sent once from threads of this process, at most cfg.concurrency in flight, each record written as
+    it comes (the client in one process; ``_ProcPool`` spreads the slots over several)."""
     jobs = queue.Queue()  # type: queue.Queue
     # warm-ups go back to back: the arrival schedule is the measured load's
     due = arrival_offsets(0.0 if warmup else cfg.request_rate, len(prompts), cfg.seed)
@@ -815,7 +811,6 @@ def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: boo
         t.start()
     for t in threads:
         t.join()
-    return []
 
 
 # A worker process's program: a fresh interpreter that imports this module by name from the package root (argv[1])
@@ -831,54 +826,60 @@ def worker_process(fd: int) -> None:
     """A worker process's entry: its settings are the connection's first message."""
     conn = mp_connection.Connection(fd)
     try:
-        settings, warmup, kt, slots = conn.recv()
+        settings, kt, slots = conn.recv()
     except (EOFError, OSError):
         os._exit(3)
-    _worker_main(conn, settings, warmup, kt, slots)
+    _worker_main(conn, settings, kt, slots)
 
 
-def _worker_main(conn: Any, settings: Dict[str, Any], warmup: bool, kt: Optional[Dict[str, Any]], slots: int) -> None:
-    """One client worker process: ``slots`` threads that each send the jobs the parent hands this process, one at a
-    time ((i, prompt, due) with due on time.monotonic(), which is system-wide: the parent's clock), and send each
-    record back as it finishes. Messages to the parent: ("ready", pid), ("rec", i, record), ("done", cpu_s); from
-    it: a job, or None (no more: finish). The parent's end closing (the parent died) ends this process at once."""
+def _worker_main(conn: Any, settings: Dict[str, Any], kt: Optional[Dict[str, Any]], slots: int) -> None:
+    """One client worker process, serving the benchmark's phases (warm-up, measured) one after another: per phase,
+    ``slots`` threads that each send the jobs the parent hands this process, one at a time ((i, prompt, due, warmup)
+    with due on time.monotonic(), which is system-wide: the parent's clock), and send each record back as it
+    finishes. Messages to the parent: ("ready", pid) once, ("rec", i, record), and ("done", cpu_s) at each phase's
+    end (this process's CPU seconds in that phase); from it: a job, or None (this phase has no more for it). The
+    parent's end closing ends this process: between phases that is the benchmark's end, within one the parent died
+    (nobody would write what this process measures)."""
     cfg = BenchConfig(**settings)
     target = Target.from_url(cfg.url)
-    jobs = queue.Queue()  # type: queue.Queue
     send_lock = threading.Lock()
 
     def send(msg: Any) -> None:
         with send_lock:
             conn.send(msg)
 
-    def slot() -> None:
+    def slot(jobs: "queue.Queue[Any]") -> None:
         while True:
             job = jobs.get()
             if job is None:
                 return
-            i, prompt, due = job
+            i, prompt, due, warmup = job
             _sleep_until(due)
             send(("rec", i, _one_request(cfg, target, i, prompt, warmup, kt, False)))
 
-    threads = [threading.Thread(target=slot, name="loadgen-%d" % k, daemon=True) for k in range(slots)]
-    for t in threads:
-        t.start()
-    cpu0 = time.process_time()
     send(("ready", os.getpid()))
     while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            os._exit(3)             # the parent is gone: nobody would write what this process measures
-        if msg is None:
-            break
-        jobs.put(msg)
-    for _ in threads:
-        jobs.put(None)
-    for t in threads:
-        t.join()
-    send(("done", time.process_time() - cpu0))
-    conn.close()
+        jobs = queue.Queue()  # type: queue.Queue
+        threads = [threading.Thread(target=slot, args=(jobs,), name="loadgen-%d" % k, daemon=True)
+                   for k in range(slots)]
+        for t in threads:
+            t.start()
+        cpu0 = time.process_time()
+        given = 0
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                os._exit(3 if given else 0)
+            if msg is None:
+                break
+            jobs.put(msg)
+            given += 1
+        for _ in threads:
+            jobs.put(None)
+        for t in threads:
+            t.join()
+        send(("done", time.process_time() - cpu0))
 
 
 def _exit_words(code: Optional[int]) -> str:
@@ -892,34 +893,35 @@ def _exit_words(code: Optional[int]) -> str:
     return "exit status %d" % code
 
 
-class _ProcPhase(object):
-    """One phase's requests over ``procs`` worker processes (``_worker_main``), the concurrency slots divided among
-    them. This process hands out the jobs in order: a worker is given the next prompt whenever one of its slots is
-    free (it holds at most its slots' count), so the load in flight and the order are the threads' (a free slot takes
-    the next prompt), and the arrival schedule keeps its absolute due times from one t0, taken once every worker is
-    ready. Records come back as each request finishes and are written here. A worker that dies: each request it held
-    is recorded failed with its exit named, and no further request is sent (the load would no longer be the
-    configured one): those are recorded failed too. Nothing is dropped: every prompt gets exactly one record."""
+class _ProcPool(object):
+    """The client's worker processes (``_worker_main``), started once for a benchmark and serving its phases one after
+    another (the warm-up, then the measured requests: one set of interpreter starts per run), the concurrency slots
+    divided among them. Per phase this process hands out the jobs in order: a worker is given the next prompt whenever
+    one of its slots is free (it holds at most its slots' count), so the load in flight and the order are the threads'
+    (a free slot takes the next prompt), and the arrival schedule keeps its absolute due times from one t0, taken when
+    the phase starts. Records come back as each request finishes and are written here. A worker that dies: each request
+    it held is recorded failed with its exit named, and no further request of that phase is sent (the load would no
+    longer be the configured one): those are recorded failed too. Nothing is dropped: every prompt gets exactly one
+    record. ``renew`` starts the whole set again when a phase lost a worker, so the next phase has its full load."""
 
-    def __init__(self, cfg: BenchConfig, prompts: List[Any], warmup: bool, recorder: _Recorder,
-                 kt: Optional[Dict[str, Any]], procs: int) -> None:
-        self.cfg, self.prompts, self.warmup, self.recorder, self.kt = cfg, prompts, warmup, recorder, kt
-        slots = min(cfg.concurrency, len(prompts))
+    def __init__(self, cfg: BenchConfig, kt: Optional[Dict[str, Any]], procs: int, slots: int) -> None:
+        self.cfg, self.kt = cfg, kt
         procs = min(procs, slots)
         self.slots = [slots // procs + (1 if w < slots % procs else 0) for w in range(procs)]
+        self.procs = []  # type: List[subprocess.Popen]
+        self.conns = []  # type: List[Any]
+        self.alive = set()  # type: set  # workers not lost
+        # the phase being run
+        self.prompts = []  # type: List[Any]
+        self.warmup = False
+        self.recorder = None  # type: Optional[_Recorder]
         self.held = [set() for _ in range(procs)]  # type: List[set]
         self.cpu = [None] * procs  # type: List[Optional[float]]
         self.died = None  # type: Optional[str]
-        self.procs = []  # type: List[subprocess.Popen]
-        self.conns = []  # type: List[Any]
-        self.live = set()  # type: set  # workers not yet finished or lost
 
-    def _fail(self, i: int, error: str) -> None:
-        self.recorder.write(_record(i, self.prompts[i], self.warmup, {"ok": False, "error": error}))
-
-    def __enter__(self) -> "_ProcPhase":
-        """The workers started, each with its slots' threads waiting for work (so a measured window that starts after
-        this holds no interpreter start); one that fails to start is a lost worker (its requests recorded failed)."""
+    def __enter__(self) -> "_ProcPool":
+        """The workers started, each ready for work (so a measured window that starts after this holds no interpreter
+        start); one that fails to start is a lost worker (the requests a phase gives it are recorded failed)."""
         try:
             self._start()
         except BaseException:
@@ -941,34 +943,51 @@ class _ProcPhase(object):
             finally:
                 theirs.close()          # the worker's end is the worker's alone: its exit is our EOF
             self.conns.append(mp_connection.Connection(mine.detach()))
-            self.live.add(w)
+            self.alive.add(w)
             try:
-                self.conns[w].send((settings, self.warmup, self.kt, n))
+                self.conns[w].send((settings, self.kt, n))
             except OSError:
                 pass                    # its EOF is read below
-        waiting = set(self.live)        # not ready yet
-        for w in sorted(self.live):
-            while w in waiting and w in self.live:
+        waiting = set(self.alive)       # not ready yet
+        for w in sorted(self.alive):
+            while w in waiting and w in self.alive:
                 self._receive(w, waiting, block=True)
 
     def __exit__(self, *exc: Any) -> None:
-        """Every worker gone: told there is no more (its connection closed), waited for, killed after 10 s."""
+        """Every worker gone: its connection closed (a worker waiting for work reads EOF and exits), waited for, killed
+        after 10 s."""
         for c in self.conns:
-            c.close()                   # a worker still waiting for work reads EOF and exits
+            c.close()
         for p in self.procs:
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        self.procs, self.conns, self.alive = [], [], set()
 
-    def run(self) -> List[float]:
-        """The phase's requests (the workers started); returns the CPU seconds of each worker that finished."""
+    def renew(self) -> None:
+        """A phase lost a worker: every worker ended and a new set started, so the next phase runs its full load."""
+        if len(self.alive) < len(self.slots):
+            self.__exit__()
+            self.died = None
+            self._start()
+
+    def run(self, prompts: List[Any], warmup: bool, recorder: _Recorder) -> List[float]:
+        """One phase's requests; returns the CPU seconds in this phase of each worker that finished it."""
+        self.prompts, self.warmup, self.recorder = prompts, warmup, recorder
+        self.held = [set() for _ in self.slots]
+        self.cpu = [None] * len(self.slots)
         self._dispatch()
         return [c for c in self.cpu if c is not None]
 
+    def _fail(self, i: int, error: str) -> None:
+        assert self.recorder is not None
+        self.recorder.write(_record(i, self.prompts[i], self.warmup, {"ok": False, "error": error}))
+
     def _dispatch(self) -> None:
-        conns, live = self.conns, self.live
+        conns = self.conns
+        live = set(self.alive)          # the phase's workers that have not said "done" (nor died)
         due = arrival_offsets(0.0 if self.warmup else self.cfg.request_rate, len(self.prompts), self.cfg.seed)
         t0 = time.monotonic()
         nxt = 0
@@ -978,7 +997,7 @@ class _ProcPhase(object):
                 while self.died is None and nxt < len(self.prompts) and len(self.held[w]) < self.slots[w]:
                     self.held[w].add(nxt)
                     try:
-                        conns[w].send((nxt, self.prompts[nxt], t0 + due[nxt]))
+                        conns[w].send((nxt, self.prompts[nxt], t0 + due[nxt], self.warmup))
                     except OSError:
                         self.held[w].discard(nxt)   # not sent: recorded with the rest (its EOF is read below)
                         break
@@ -999,13 +1018,13 @@ class _ProcPhase(object):
             ready = mp_connection.wait([conns[w] for w in live])
             for w in list(live):
                 if conns[w] in ready:
-                    self._receive(w, set(), block=False)
+                    self._receive(w, live, block=False)
 
     def _receive(self, w: int, waiting: set, block: bool) -> None:
-        """Worker w's messages that are there (``block``: at least one, or its end). A worker's end closes its pipe
-        (poll() then says readable and recv() raises EOFError once what it sent before is read): without its "done"
-        that is a lost worker."""
-        conn, proc, live = self.conns[w], self.procs[w], self.live
+        """Worker w's messages that are there (``block``: at least one, or its end); w leaves ``waiting`` with its
+        "ready" or "done", or its end. A worker's end closes its pipe (poll() then says readable and recv() raises
+        EOFError once what it sent before is read): without its "done" that is a lost worker."""
+        conn, proc = self.conns[w], self.procs[w]
         while True:
             if not conn.poll():
                 if not block:
@@ -1020,7 +1039,6 @@ class _ProcPhase(object):
                 except subprocess.TimeoutExpired:
                     pass
                 self._lost(w, proc)
-                live.discard(w)
                 waiting.discard(w)
                 return
             block = False
@@ -1028,16 +1046,18 @@ class _ProcPhase(object):
                 waiting.discard(w)
             elif msg[0] == "rec":
                 self.held[w].discard(msg[1])
+                assert self.recorder is not None
                 self.recorder.write(msg[2])
             elif msg[0] == "done":
                 self.cpu[w] = float(msg[1])
-                live.discard(w)
+                waiting.discard(w)
                 return
 
     def _lost(self, w: int, proc: Any) -> None:
         """Worker w ended without its "done": the requests it held are recorded failed."""
         what = "client worker process %d (pid %s) ended (%s) before it finished its requests" % (
             w, proc.pid, _exit_words(proc.poll()))
+        self.alive.discard(w)
         if self.died is None:
             self.died = what
         for i in sorted(self.held[w]):
@@ -1310,16 +1330,21 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
         per_request = kt is not None and cfg.concurrency == 1
         # never more processes than prompts in flight at once: one for a single prompt
         procs = client_procs_for(cfg.client_procs, min(cfg.concurrency, len(prompts)))
-        if warm_prompts:
-            log("warm-up: %d request(s)" % len(warm_prompts))
-            _run_phase(cfg, target, warm_prompts, True, recorder, kt, procs=procs)
-        log("measuring: %d request(s) at concurrency %d%s%s" % (len(prompts), cfg.concurrency, (
-            ", %g per second at seeded arrival times" % cfg.request_rate) if cfg.request_rate else "",
-            ", over %d client processes" % procs if procs > 1 else ""))
         with contextlib.ExitStack() as stack:
-            # the worker processes started and ready before the /metrics window and the measured clock: their
-            # interpreters' start is no measured time or CPU
-            phase = stack.enter_context(_ProcPhase(cfg, prompts, False, recorder, kt, procs)) if procs > 1 else None
+            # the worker processes started and ready before the warm-up, and so before the /metrics window and the
+            # measured clock: their interpreters' start is no measured time or CPU, and is paid once per run
+            pool = stack.enter_context(_ProcPool(cfg, kt, procs, min(cfg.concurrency, len(prompts)))) \
+                if procs > 1 else None
+            if warm_prompts:
+                log("warm-up: %d request(s)" % len(warm_prompts))
+                if pool is not None:
+                    pool.run(warm_prompts, True, recorder)
+                    pool.renew()
+                else:
+                    _run_phase(cfg, target, warm_prompts, True, recorder, kt)
+            log("measuring: %d request(s) at concurrency %d%s%s" % (len(prompts), cfg.concurrency, (
+                ", %g per second at seeded arrival times" % cfg.request_rate) if cfg.request_rate else "",
+                ", over %d client processes" % procs if procs > 1 else ""))
             window = _PhaseWindow(target, cfg.phase_metrics) if cfg.phase_metrics else None
             if window is not None:
                 window.start()
@@ -1327,8 +1352,11 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
             per_request = per_request and before is not None
             cpu0 = time.process_time()
             t0 = time.perf_counter()
-            workers_cpu = phase.run() if phase is not None else _run_phase(cfg, target, prompts, False, recorder, kt,
-                                                                           per_request)
+            if pool is not None:
+                workers_cpu = pool.run(prompts, False, recorder)
+            else:
+                _run_phase(cfg, target, prompts, False, recorder, kt, per_request)
+                workers_cpu = []
             duration = time.perf_counter() - t0
             # this process's (the slots' threads, or the dispatch and the writing) and each worker's own
             cpu = [time.process_time() - cpu0] + workers_cpu

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from specab.node import loadgen
-from tests.node.helpers import client_default_argv
+from tests.node.helpers import client_config, client_default_argv
 from tests.unit.test_loadgen import make_server  # noqa: F401  (fixture)
 from tests.unit.test_loadgen_sim import NODE, sim  # noqa: F401  (fixture)
 
@@ -137,6 +137,64 @@ def test_a_killed_worker_fails_its_requests_and_the_run_still_writes_its_summary
     assert "client worker process" in summary["errors"][0]
     assert not [pid for pid in workers if _running(pid)]               # the other worker ended with the run
     assert len(srv.bodies) == 4                          # nothing was sent after the worker died
+
+
+def test_the_warm_up_and_the_measured_requests_share_one_set_of_worker_processes(make_server, tmp_path: Path,  # noqa: F811
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run starts its client's worker processes once, before its warm-up, and the same processes serve the measured
+    requests: one set of interpreter starts per run (dead time between a server's readiness and its measurement), and
+    the measured phase's CPU is still that phase's alone."""
+    srv = make_server()
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(argv: Any, *args: Any, **kwargs: Any) -> Any:
+        proc = real_popen(argv, *args, **kwargs)
+        if loadgen.WORKER_BOOT in argv:
+            started.append(proc.pid)
+        return proc
+    monkeypatch.setattr(loadgen.subprocess, "Popen", popen)
+    cfg = client_config(srv.url, str(tmp_path / "bench.jsonl"), None, num_requests=8, warmup=3, concurrency=4,
+                        client_procs=2, timeout=60)
+    summary = loadgen.run_benchmark(cfg)
+    records = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    assert len(started) == 2, started
+    assert sorted((r["warmup"], r["i"]) for r in records) == [(False, i) for i in range(8)] + [(True, i) for i in range(3)]
+    assert all(r["ok"] for r in records) and summary["ok"] == 8 and summary["warmup_requests"] == 3
+    assert len(srv.bodies) == 11
+    assert len(summary["client_cpu_per_proc_s"]) == 3 and summary["client_procs"] == 2
+
+
+def test_a_worker_lost_in_the_warm_up_is_replaced_before_the_measured_requests(make_server,  # noqa: F811
+                                                                                tmp_path: Path) -> None:
+    """A worker killed while it holds warm-up requests: those are recorded failed as warm-ups, the whole set of
+    workers is started again, and the measured requests run at their full load on the new ones (exit 0)."""
+    srv = make_server(first_delay_s=0.2, gap_s=0.2)
+    out, summ = tmp_path / "bench.jsonl", tmp_path / "bench_summary.json"
+    proc = subprocess.Popen([sys.executable, str(NODE), "loadgen", *client_default_argv(), "--url", srv.url,
+                             "--num-requests", "4", "--warmup", "4", "--concurrency", "4", "--client-procs", "2",
+                             "--out", str(out), "--summary", str(summ), "--timeout", "60"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        first = _until(lambda: len(_workers_of(proc.pid)) == 2 and _workers_of(proc.pid))
+        _until(lambda: len(srv.bodies) == 4)
+        os.kill(first[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    warm = [r for r in records if r["warmup"]]
+    measured = [r for r in records if not r["warmup"]]
+    assert sorted(r["i"] for r in warm) == sorted(r["i"] for r in measured) == list(range(4))
+    lost = [r for r in warm if not r["ok"]]
+    assert len(lost) == 2 and all("pid %d" % first[0] in r["error"] and "in flight there" in r["error"] for r in lost)
+    assert all(r["ok"] for r in measured)
+    summary = json.loads(summ.read_text())
+    assert summary["ok"] == 4 and summary["failed"] == 0 and summary["warmup_failed"] == 2
+    assert len(srv.bodies) == 8                         # each measured request sent once, on the new workers
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "1.5", "many"])
