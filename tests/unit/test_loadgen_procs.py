@@ -101,16 +101,15 @@ def _until(cond: Any, timeout: float = 30.0) -> Any:
     raise AssertionError("condition not met within %.0f s" % timeout)
 
 
-def test_a_killed_worker_fails_its_requests_and_the_run_still_writes_its_summary(make_server,  # noqa: F811
-                                                                                  tmp_path: Path) -> None:
-    """Two workers of two slots each; each request streams for ~1.2 s. Once all four first requests are at the
-    server, one worker is SIGKILLed: its two requests in flight are recorded failed naming it, no further request is
-    sent (those are recorded failed as not sent), the other worker's two finish, the summary is written, exit 1."""
-    srv = make_server(first_delay_s=0.2, gap_s=0.2)
-    out, summ = tmp_path / "bench.jsonl", tmp_path / "bench_summary.json"
-    proc = subprocess.Popen([sys.executable, str(NODE), "loadgen", *client_default_argv(), "--url", srv.url,
-                             "--num-requests", "10", "--warmup", "0", "--concurrency", "4", "--client-procs", "2",
-                             "--out", str(out), "--summary", str(summ), "--timeout", "60"],
+def _kill_a_worker_once_four_are_in_flight(url: str, tmp: Path, srv: Any, num: int, warmup: int
+                                           ) -> tuple[int, str, list[int], Path, Path]:
+    """The client (4 in flight over 2 worker processes) started; once the server holds four requests, the first
+    worker is SIGKILLed. Returns (exit status, stderr, the two workers' pids, the killed one first, bench.jsonl,
+    bench_summary.json)."""
+    out, summ = tmp / "bench.jsonl", tmp / "bench_summary.json"
+    proc = subprocess.Popen([sys.executable, str(NODE), "loadgen", *client_default_argv(), "--url", url,
+                             "--num-requests", str(num), "--warmup", str(warmup), "--concurrency", "4",
+                             "--client-procs", "2", "--out", str(out), "--summary", str(summ), "--timeout", "60"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         workers = _until(lambda: len(_workers_of(proc.pid)) == 2 and _workers_of(proc.pid))
@@ -122,7 +121,17 @@ def test_a_killed_worker_fails_its_requests_and_the_run_still_writes_its_summary
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 1, err
+    return proc.returncode, err, workers, out, summ
+
+
+def test_a_killed_worker_fails_its_requests_and_the_run_still_writes_its_summary(make_server,  # noqa: F811
+                                                                                  tmp_path: Path) -> None:
+    """Two workers of two slots each; each request streams for ~1.2 s. Once all four first requests are at the
+    server, one worker is SIGKILLed: its two requests in flight are recorded failed naming it, no further request is
+    sent (those are recorded failed as not sent), the other worker's two finish, the summary is written, exit 1."""
+    srv = make_server(first_delay_s=0.2, gap_s=0.2)
+    rc, err, workers, out, summ = _kill_a_worker_once_four_are_in_flight(srv.url, tmp_path, srv, 10, 0)
+    assert rc == 1, err
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(r["i"] for r in records) == list(range(10))          # each exactly once
     lost = [r for r in records if not r["ok"] and "in flight there" in r["error"]]
@@ -170,27 +179,14 @@ def test_a_worker_lost_in_the_warm_up_is_replaced_before_the_measured_requests(m
     """A worker killed while it holds warm-up requests: those are recorded failed as warm-ups, the whole set of
     workers is started again, and the measured requests run at their full load on the new ones (exit 0)."""
     srv = make_server(first_delay_s=0.2, gap_s=0.2)
-    out, summ = tmp_path / "bench.jsonl", tmp_path / "bench_summary.json"
-    proc = subprocess.Popen([sys.executable, str(NODE), "loadgen", *client_default_argv(), "--url", srv.url,
-                             "--num-requests", "4", "--warmup", "4", "--concurrency", "4", "--client-procs", "2",
-                             "--out", str(out), "--summary", str(summ), "--timeout", "60"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        first = _until(lambda: len(_workers_of(proc.pid)) == 2 and _workers_of(proc.pid))
-        _until(lambda: len(srv.bodies) == 4)
-        os.kill(first[0], signal.SIGKILL)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
+    rc, err, workers, out, summ = _kill_a_worker_once_four_are_in_flight(srv.url, tmp_path, srv, 4, 4)
+    assert rc == 0, err
     records = [json.loads(line) for line in out.read_text().splitlines()]
     warm = [r for r in records if r["warmup"]]
     measured = [r for r in records if not r["warmup"]]
     assert sorted(r["i"] for r in warm) == sorted(r["i"] for r in measured) == list(range(4))
     lost = [r for r in warm if not r["ok"]]
-    assert len(lost) == 2 and all("pid %d" % first[0] in r["error"] and "in flight there" in r["error"] for r in lost)
+    assert len(lost) == 2 and all("pid %d" % workers[0] in r["error"] and "in flight there" in r["error"] for r in lost)
     assert all(r["ok"] for r in measured)
     summary = json.loads(summ.read_text())
     assert summary["ok"] == 4 and summary["failed"] == 0 and summary["warmup_failed"] == 2
