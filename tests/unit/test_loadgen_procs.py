@@ -101,13 +101,13 @@ def _until(cond: Any, timeout: float = 30.0) -> Any:
     raise AssertionError("condition not met within %.0f s" % timeout)
 
 
-def _kill_a_worker_once_four_are_in_flight(url: str, tmp: Path, srv: Any, num: int, warmup: int
+def _kill_a_worker_once_four_are_in_flight(srv: Any, tmp: Path, num: int, warmup: int
                                            ) -> tuple[int, str, list[int], Path, Path]:
     """The client (4 in flight over 2 worker processes) started; once the server holds four requests, the first
     worker is SIGKILLed. Returns (exit status, stderr, the two workers' pids, the killed one first, bench.jsonl,
     bench_summary.json)."""
     out, summ = tmp / "bench.jsonl", tmp / "bench_summary.json"
-    proc = subprocess.Popen([sys.executable, str(NODE), "loadgen", *client_default_argv(), "--url", url,
+    proc = subprocess.Popen([sys.executable, str(NODE), "loadgen", *client_default_argv(), "--url", srv.url,
                              "--num-requests", str(num), "--warmup", str(warmup), "--concurrency", "4",
                              "--client-procs", "2", "--out", str(out), "--summary", str(summ), "--timeout", "60"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -130,7 +130,7 @@ def test_a_killed_worker_fails_its_requests_and_the_run_still_writes_its_summary
     server, one worker is SIGKILLed: its two requests in flight are recorded failed naming it, no further request is
     sent (those are recorded failed as not sent), the other worker's two finish, the summary is written, exit 1."""
     srv = make_server(first_delay_s=0.2, gap_s=0.2)
-    rc, err, workers, out, summ = _kill_a_worker_once_four_are_in_flight(srv.url, tmp_path, srv, 10, 0)
+    rc, err, workers, out, summ = _kill_a_worker_once_four_are_in_flight(srv, tmp_path, 10, 0)
     assert rc == 1, err
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(r["i"] for r in records) == list(range(10))          # each exactly once
@@ -179,7 +179,7 @@ def test_a_worker_lost_in_the_warm_up_is_replaced_before_the_measured_requests(m
     """A worker killed while it holds warm-up requests: those are recorded failed as warm-ups, the whole set of
     workers is started again, and the measured requests run at their full load on the new ones (exit 0)."""
     srv = make_server(first_delay_s=0.2, gap_s=0.2)
-    rc, err, workers, out, summ = _kill_a_worker_once_four_are_in_flight(srv.url, tmp_path, srv, 4, 4)
+    rc, err, workers, out, summ = _kill_a_worker_once_four_are_in_flight(srv, tmp_path, 4, 4)
     assert rc == 0, err
     records = [json.loads(line) for line in out.read_text().splitlines()]
     warm = [r for r in records if r["warmup"]]
