@@ -25,5 +25,6 @@ def locate(exp_ref: str, runs_dir: str | None) -> Path:
     base = Path(runs_dir) if runs_dir else default_runs_dir()
     if (base / exp_ref / FILENAME).exists():
         return base / exp_ref
-    raise NotFound(f"experiment {exp_ref!r} not found: no {FILENAME} in {p} or {base / exp_ref}. "
+    looked = " or ".join(dict.fromkeys(str(d) for d in (p, base / exp_ref)))   # one path, when exp_ref is absolute
+    raise NotFound(f"experiment {exp_ref!r} not found: no {FILENAME} in {looked}. "
                    f"Give the experiment id (a directory under {base}) or its path.")
