@@ -967,8 +967,9 @@ class _ProcPool(object):
         self.procs, self.conns, self.alive = [], [], set()
 
     def renew(self) -> None:
-        """A phase lost a worker: every worker ended and a new set started, so the next phase runs its full load."""
-        if len(self.alive) < len(self.slots):
+        """A worker lost in the last phase, or ended since: every worker ended and a new set started, so the next
+        phase runs its full load."""
+        if len(self.alive) < len(self.slots) or any(p.poll() is not None for p in self.procs):
             self.__exit__()
             self.died = None
             self._start()

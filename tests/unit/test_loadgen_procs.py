@@ -193,6 +193,26 @@ def test_a_worker_lost_in_the_warm_up_is_replaced_before_the_measured_requests(m
     assert len(srv.bodies) == 8                         # each measured request sent once, on the new workers
 
 
+def test_a_worker_that_ended_between_the_phases_is_replaced_too(make_server, tmp_path: Path) -> None:  # noqa: F811
+    """A worker that dies after the warm-up finished (nothing of it lost, nothing in flight) is seen before the
+    measured requests: the set is started again and every measured request is sent and answered."""
+    srv = make_server()
+    cfg = client_config(srv.url, str(tmp_path / "bench.jsonl"), None, concurrency=4, client_procs=2, timeout=60)
+    with open(cfg.out, "w", encoding="utf-8") as fh:
+        recorder = loadgen._Recorder(fh)
+        with loadgen._ProcPool(cfg, None, 2, 4) as pool:
+            pool.run(["w0", "w1"], True, recorder)
+            first = [p.pid for p in pool.procs]
+            os.kill(first[0], signal.SIGKILL)
+            pool.procs[0].wait()
+            pool.renew()
+            assert not {p.pid for p in pool.procs} & set(first) and len(pool.procs) == 2
+            cpu = pool.run(["m%d" % i for i in range(6)], False, recorder)
+    assert len(cpu) == 2
+    measured = [r for r in recorder.records if not r["warmup"]]
+    assert sorted(r["i"] for r in measured) == list(range(6)) and all(r["ok"] for r in measured)
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "1.5", "many"])
 def test_a_bad_client_procs_is_bad_usage(make_server, tmp_path: Path, value: str) -> None:  # noqa: F811
     srv = make_server()
