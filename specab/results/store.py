@@ -223,13 +223,15 @@ def _dumps(v: Any) -> str | None:
 
 
 def _num(v: Any) -> float | None:
+    """A sample's number: "1980" as written with ``nounits``, or "1980 MHz" as nvidia-smi writes it with its units;
+    None for an empty cell, "N/A" or "[Not Supported]"."""
     if v is None:
         return None
     s = str(v).strip()
-    if s == "" or s.startswith("[") or s.upper() in ("N/A", "[N/A]"):
+    if s == "" or s.startswith("[") or s.upper() == "N/A":
         return None
     try:
-        return float(s)
+        return float(s.split()[0])
     except ValueError:
         return None
 

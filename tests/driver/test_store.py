@@ -44,6 +44,11 @@ def test_roundtrip_and_missing(tmp_path):
     assert len(s.requests(include_warmup=True)) == 2
     g = s.gpu_samples(1)[0]
     assert g["sm_clock_mhz"] == 1980 and g["gpu"] == 0 and g["throttle_reasons"] == "0x0000000000000001"
+    # nvidia-smi's own --format=csv (with units in every cell) reads the same; N/A is no number
+    s.add_gpu_samples(1, "sim0", "timestamp,index,clocks.sm [MHz],memory.used [MiB],power.draw [W]\n"
+                                 "1700000001.5,0,1965 MHz,812 MiB,[N/A]\n")
+    g = s.gpu_samples(1)[1]
+    assert (g["sm_clock_mhz"], g["mem_used_mib"], g["power_w"]) == (1965, 812, None)
     arms = s.arms()
     assert arms[1]["spec_steps"] == 1 and arms[1]["matrix"] == {"steps": 1}
     s.close()
