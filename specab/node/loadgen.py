@@ -66,7 +66,7 @@ from multiprocessing import connection as mp_connection
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-from specab.node import phasemetrics
+from specab.node import common, phasemetrics
 from specab.vocab import contract, dataset, engines
 
 APIS = ("generate", "completions", "chat")
@@ -141,15 +141,6 @@ def dataset_hash(prompts: List[Any]) -> str:
         h.update((p if isinstance(p, str) else json.dumps(p)).encode("utf-8"))
         h.update(b"\0")
     return "sha256:" + h.hexdigest()
-
-
-def _write_json(path: str, obj: Dict[str, Any]) -> None:
-    """``obj`` to ``path`` whole or not at all (a temp file renamed over it)."""
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)
 
 
 KNOWN_TRUTH_FILE = "known_truth.json"
@@ -1241,7 +1232,7 @@ class _PhaseWindow(object):
                 self.error = "unreadable /metrics: %s" % exc
         if res is None:
             res = phasemetrics.unavailable(self.error or "not scraped")
-        _write_json(self.path, res)
+        common.write_json(self.path, res)
         return res
 
 
@@ -1371,7 +1362,7 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
     if kt is not None:
         summary["known_truth"] = kt
     if cfg.summary:
-        _write_json(cfg.summary, summary)
+        common.write_json(cfg.summary, summary)
     return summary
 
 
