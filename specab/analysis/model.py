@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator
 
 from specab.analysis import logparse
 from specab.results.store import FILENAME, Store
-from specab.vocab import engines
+from specab.vocab import contract, engines
 
 # Throttle / clock-event reason bits (nvml.h nvmlClocksEventReason*).
 CLOCK_REASONS = {
@@ -380,17 +380,9 @@ def read_bench_jsonl(path: Path) -> list[Request]:
     return out
 
 
-def _num(s: Any) -> float | None:
-    if s is None:
-        return None
-    s = str(s).strip()
-    if not s or s.startswith("["):             # [N/A], [Not Supported], ...
-        return None
-    try:
-        return float(s.split()[0])
-    except ValueError:
-        return None
-
+# a number from a CSV cell or a JSON value: empty, N/A-like and non-numbers are None, units as nvidia-smi writes them
+# stripped
+_num = contract.smi_number
 
 _SAMPLE_COLS = {
     "ts": ("ts", "timestamp", "time", "t"),

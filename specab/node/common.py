@@ -227,8 +227,6 @@ redact_argv = contract.redact_argv
 # ---------------------------------------------------------------------------------------------
 
 DEFAULT_SMI_TIMEOUT = 10.0
-_BRACKETED = re.compile(r"^\[.*\]$")
-_UNIT_SUFFIX = re.compile(r"^(-?[0-9.]+)\s*(MiB|MHz|W|%|C)$")
 
 
 class SmiError(ToolError):
@@ -285,21 +283,6 @@ def smi_call(smi: Sequence[str], args: Sequence[str], timeout: float = DEFAULT_S
     return out
 
 
-def parse_smi_value(raw: str) -> Any:
-    """One CSV cell: ``[N/A]``-like tokens → None, numbers → int/float, units stripped."""
-    v = raw.strip()
-    if v == "" or _BRACKETED.match(v) or v in ("N/A", "Not Supported"):
-        return None
-    m = _UNIT_SUFFIX.match(v)
-    if m:
-        v = m.group(1)
-    if re.match(r"^-?\d+$", v):
-        return int(v)
-    if re.match(r"^-?\d+\.\d*$", v):
-        return float(v)
-    return v
-
-
 def parse_smi_csv(text: str, fields: Sequence[str]) -> List[Dict[str, Any]]:
     """Parse ``--format=csv,noheader[,nounits]`` output; columns are mapped by position.
 
@@ -314,7 +297,7 @@ def parse_smi_csv(text: str, fields: Sequence[str]) -> List[Dict[str, Any]]:
         if len(rec) != len(fields):
             raise SmiError("unexpected nvidia-smi output: %d columns for %d fields in %r"
                            % (len(rec), len(fields), ", ".join(rec)))
-        rows.append({f: parse_smi_value(c) for f, c in zip(fields, rec)})
+        rows.append({f: contract.smi_value(c) for f, c in zip(fields, rec)})
     return rows
 
 

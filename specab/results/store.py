@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from specab.vocab import engines
+from specab.vocab import contract, engines
 
 SCHEMA_VERSION = 2
 # Versions this specab reads and resumes. 1 had runs.timings_json (a node timings.json that nothing wrote any
@@ -220,20 +220,6 @@ class StoreError(Exception):
 
 def _dumps(v: Any) -> str | None:
     return None if v is None else json.dumps(v, sort_keys=True)
-
-
-def _num(v: Any) -> float | None:
-    """A sample's number: "1980" as written with ``nounits``, or "1980 MHz" as nvidia-smi writes it with its units;
-    None for an empty cell, "N/A" or "[Not Supported]"."""
-    if v is None:
-        return None
-    s = str(v).strip()
-    if s == "" or s.startswith("[") or s.upper() == "N/A":
-        return None
-    try:
-        return float(s.split()[0])
-    except ValueError:
-        return None
 
 
 class Store:
@@ -504,7 +490,7 @@ class Store:
                     if k == "throttle_reasons":
                         vals[k] = v.strip()
                     elif k:
-                        vals[k] = _num(v)
+                        vals[k] = contract.smi_number(v)
                 c.execute("INSERT INTO gpu_samples(seq, host, ts, gpu, sm_clock_mhz, mem_clock_mhz, max_sm_clock_mhz,"
                           " power_w, temp_c, util_pct, mem_used_mib, throttle_reasons, raw_json, uuid)"
                           " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",

@@ -7,7 +7,8 @@ What lives here:
 * the server-log lines of the engine's load phases (live progress, ready.json) and its fatal lines;
 * run and experiment id rules;
 * THE secret rule: which names are secrets, and how values, mappings, argv and free text are redacted;
-  used by the node tools, the ansible-runner scrub, the store's config and the reports alike.
+  used by the node tools, the ansible-runner scrub, the store's config and the reports alike;
+* how an nvidia-smi CSV cell reads: the node's queries, the results store and the analysis alike.
 """
 from __future__ import annotations
 
@@ -289,3 +290,37 @@ def client_procs(value: Any, name: str = "bench.client_procs") -> Any:
         return int(value)
     raise ValueError("%s must be auto (one client process per %d requests in flight, at most one per CPU of the "
                      "node) or a whole number of processes >= 1, got %r" % (name, CLIENT_SLOTS_PER_PROC, value))
+
+
+# ---------------------------------------------------------------------------------------------
+# nvidia-smi's CSV cells
+# ---------------------------------------------------------------------------------------------
+
+_SMI_NOT_A_VALUE = re.compile(r"^\[.*\]$")                      # [N/A], [Not Supported], ...
+_SMI_UNIT_SUFFIX = re.compile(r"^(-?[0-9.]+)\s*(MiB|MHz|W|%|C)$")
+
+
+def smi_value(raw: str) -> Any:
+    """One CSV cell: ``[N/A]``-like tokens → None, numbers → int/float, units stripped; other text as it is."""
+    v = raw.strip()
+    if v == "" or _SMI_NOT_A_VALUE.match(v) or v in ("N/A", "Not Supported"):
+        return None
+    m = _SMI_UNIT_SUFFIX.match(v)
+    if m:
+        v = m.group(1)
+    if re.match(r"^-?\d+$", v):
+        return int(v)
+    if re.match(r"^-?\d+\.\d*$", v):
+        return float(v)
+    return v
+
+
+def smi_number(raw: Any) -> Optional[float]:
+    """A cell (or a value read back from JSON) as a number: None where it is empty, N/A-like or no number."""
+    if raw is None:
+        return None
+    v = smi_value(str(raw))
+    try:
+        return None if v is None else float(v)
+    except ValueError:
+        return None
