@@ -1321,12 +1321,12 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
         # vLLM's counters per request need nothing else in flight: concurrency 1, so one process
         per_request = kt is not None and cfg.concurrency == 1
         # never more processes than prompts in flight at once: one for a single prompt
-        procs = client_procs_for(cfg.client_procs, min(cfg.concurrency, len(prompts)))
+        slots = min(cfg.concurrency, len(prompts))
+        procs = client_procs_for(cfg.client_procs, slots)
         with contextlib.ExitStack() as stack:
             # the worker processes started and ready before the warm-up, and so before the /metrics window and the
             # measured clock: their interpreters' start is no measured time or CPU, and is paid once per run
-            pool = stack.enter_context(_ProcPool(cfg, kt, procs, min(cfg.concurrency, len(prompts)))) \
-                if procs > 1 else None
+            pool = stack.enter_context(_ProcPool(cfg, kt, procs, slots)) if procs > 1 else None
             if warm_prompts:
                 log("warm-up: %d request(s)" % len(warm_prompts))
                 if pool is not None:
