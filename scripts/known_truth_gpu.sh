@@ -11,6 +11,8 @@
 # SPECAB_KT_HISTORY: stores of earlier experiments (e.g. tests/fixtures/known-truth/h200/*, packed or not) whose measured noise and
 # run cost go into the runs directory's node history first, as if they had ended there (`plan --target-ci`'s prior).
 # SPECAB_KT_PLAN=1: print `driver.py plan` with the same arguments first ($OUT/plan.out).
+# SPECAB_KT_RESTORE: a runs.tgz that an earlier call brought back, unpacked as the runs directory when this machine has
+# none (a fresh machine: `--resume` then finds the store; SPECAB_KT_MODELS rebuilds the same seeded models).
 # KT_DRIVER_S bounds the driver (default 480 s: a device call lasts at most 600 s); past it the driver gets SIGINT,
 # keeps what finished and the run can go on with `driver.py --resume`.
 set -u
@@ -35,6 +37,10 @@ if [ -n "${SPECAB_KT_MODELS:-}" ]; then
   stamp "models built"
 fi
 RUNS=${SPECAB_KT_RUNS:-/tmp/rd}
+if [ -n "${SPECAB_KT_RESTORE:-}" ] && [ ! -d "$RUNS" ]; then
+  mkdir -p "$RUNS" && tar -xzf "$SPECAB_KT_RESTORE" -C "$RUNS" || exit 1
+  stamp "runs directory restored from $SPECAB_KT_RESTORE"
+fi
 for store in ${SPECAB_KT_HISTORY:-}; do
   PYTHONPATH=/tmp/site python3 -c '
 import sys, tempfile
