@@ -1,6 +1,6 @@
 """The H200 crossover with its interval, pooled over three machine leases (docs/validation/known-truth.md,
-"Concurrency on the H200"), and the STANDALONE draft under the driver: SGLang 0.5.17 serving the ~4B known-truth
-target. `driver.py report A --with B --with C --out DIR` pools the blocks of stores of one experiment after checking
+"Concurrency on the H200"), the steps matrix over two leases, and the STANDALONE draft under the driver: SGLang
+0.5.17 serving the ~4B known-truth target. `driver.py report A --with B --with C --out DIR` pools the blocks of stores of one experiment after checking
 that the arms they share are the same by content."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import combine, concurrency, model, phases, truthcheck
+from specab.analysis import combine, concurrency, doctor, model, phases, stats, truthcheck
 from specab.analysis.model import AnalysisError
 from specab.analysis.report import main as report_main
 from tests.stores import copy_store
@@ -20,6 +20,10 @@ LOW = FIX / "known-truth-h200-concurrency-20261204-160447"     # loads 1, 2, 4, 
 HIGH = FIX / "known-truth-h200-concurrency-20261204-162624"    # loads 16, 32 x 1 block, the next lease
 NEW = FIX / "known-truth-h200-concurrency-20261205-015101"     # loads 8, 16, 32 x 2 blocks, a third lease
 STANDALONE = FIX / "known-truth-h200-standalone-20261205-014207"
+STANDALONE_3 = FIX / "known-truth-h200-standalone-20261205-120140"  # steps 1-3 x 3 blocks, the next day's lease
+STEPS = FIX / "known-truth-h200-20261204-055428"                   # EAGLE-3 steps 1-3 x 2 blocks
+STEPS_LATER = (FIX / "known-truth-h200-20261205-121517", FIX / "known-truth-h200-20261205-121856")  # 1 block each
+TRUE_TAU_P09 = {1: 1.9081, 2: 2.7380, 3: 3.4595}          # the standalone draft (density 0.8993) on these prompts
 TRUE_TAU = 3.4162
 
 
@@ -109,3 +113,54 @@ def test_a_standalone_draft_under_the_driver_has_the_exact_truth(tmp_path: Path)
     assert ph.unavailable == {"standalone-s1-k1-d4": phases.NO_COMPLETED_RUN,
                               "standalone-s2-k1-d4": phases.NO_COMPLETED_RUN}
     assert ph.arms["standalone-s3-k1-d4"].verify_ms.mean == pytest.approx(2.75, abs=0.01)
+
+
+def _speedups(e: model.Experiment) -> dict[int | None, stats.Speedup]:
+    return {a.steps: stats.paired_speedup(e, a.name) for a in e.spec_arms}
+
+
+def test_a_standalone_draft_at_steps_1_to_3_three_blocks_exact_truth_and_a_verdict_at_each_steps(
+        tmp_path: Path) -> None:
+    """The steps matrix the first STANDALONE lease could not finish, three interleaved blocks (two device calls, the
+    second a --resume on the same machine). Every request's cycle count is the truth; each steps' speedup excludes 1,
+    with intervals as wide as the speculative instances differ, which the doctor puts on the host (the baseline's
+    step held within 0.2 %), not the draft: the forward passes are the same in every instance."""
+    [d] = _copies(tmp_path, STANDALONE_3)
+    e = model.load_store(d)
+    assert len(e.runs) == 12 and all(r.ok for r in e.runs)
+    rep = truthcheck.check(e)
+    reqs = [q for r in rep.runs if r.steps for q in r.requests]
+    assert len(reqs) == 54 and all(q.measured_cycles == q.true_cycles and q.rule_ok for q in reqs)
+    assert {r.steps: round(r.true_tau, 4) for r in rep.runs if r.steps} == TRUE_TAU_P09
+    assert all(r.measured_tau == r.true_tau for r in rep.runs if r.steps)
+    sp = _speedups(e)
+    assert {k: round(v.estimate, 3) for k, v in sp.items()} == {1: 1.291, 2: 1.841, 3: 2.181}
+    assert {k: (round(v.ci.lo, 3), round(v.ci.hi, 3)) for k, v in sp.items()} == \
+        {1: (1.190, 1.401), 2: (1.261, 2.690), 3: (1.246, 3.818)}
+    assert all(v.verdict.startswith("faster") and len(v.ratios) == 3 for v in sp.values())
+    unstable = {f.arm: f for f in doctor.diagnose(e) if f.rule == "cycle-time-unstable"}
+    assert set(unstable) == {"standalone-s1-k1-d2", "standalone-s2-k1-d3", "standalone-s3-k1-d4"}
+    assert "between its server instances by 55% (run medians 3.07-4.77 ms)" in unstable["standalone-s3-k1-d4"].message
+    ph = phases.analyse_phases(e).arms
+    verify = [ph[a].verify_ms.mean for a in ("standalone-s1-k1-d2", "standalone-s2-k1-d3", "standalone-s3-k1-d4")]
+    assert verify == pytest.approx([2.69, 2.69, 2.71], abs=0.01)     # one verify pass whatever the steps
+    assert ph["standalone-s3-k1-d4"].draft_ms.mean == pytest.approx(0.18, abs=0.01)
+
+
+def test_the_eagle3_steps_matrix_pooled_over_two_leases_has_four_blocks_and_tight_intervals(tmp_path: Path) -> None:
+    """Two blocks on 2026-12-04 and one block in each of two stores on 2026-12-05 (the models rebuilt from the same
+    seeds: the same agreement set, density 0.9021): the arms are the same by content, every request has the true
+    cycle count, and with four blocks each steps has its interval; the baseline moved 0.5 % between the days."""
+    e = combine.combine(_copies(tmp_path, STEPS, *STEPS_LATER))
+    assert {a.name: len({r.block for r in e.runs_of(a.name)}) for a in e.arms} == \
+        {"baseline": 4, "eagle3-s1-k1-d2": 4, "eagle3-s2-k1-d3": 4, "eagle3-s3-k1-d4": 4}
+    rep = truthcheck.check(e)
+    reqs = [q for r in rep.runs if r.steps for q in r.requests]
+    assert len(reqs) == 72 and all(q.measured_cycles == q.true_cycles and q.rule_ok for q in reqs)
+    assert {r.steps: round(r.true_tau, 4) for r in rep.runs if r.steps} == {1: 1.9128, 2: 2.7380, 3: 3.4439}
+    sp = _speedups(e)
+    assert {k: round(v.estimate, 3) for k, v in sp.items()} == {1: 1.389, 2: 1.730, 3: 2.049}
+    assert {k: (round(v.ci.lo, 3), round(v.ci.hi, 3)) for k, v in sp.items()} == \
+        {1: (1.375, 1.404), 2: (1.586, 1.887), 3: (2.017, 2.080)}
+    base = sorted(r.tok_s for r in e.runs_of("baseline"))
+    assert base[-1] / base[0] - 1 < 0.006
