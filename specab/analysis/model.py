@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from specab.analysis import logparse
-from specab.results.store import FILENAME, Store
+from specab.results.store import FILENAME, Store, gpu_csv_columns
 from specab.vocab import contract, engines
 
 # Throttle / clock-event reason bits (nvml.h nvmlClocksEventReason*).
@@ -384,49 +384,31 @@ def read_bench_jsonl(path: Path) -> list[Request]:
 # stripped
 _num = contract.smi_number
 
-_SAMPLE_COLS = {
-    "ts": ("ts", "timestamp", "time", "t"),
-    "index": ("index", "gpu", "gpu_index"),
-    "uuid": ("uuid", "gpu_uuid"),
-    "sm_mhz": ("clocks.sm", "clocks.current.sm", "sm_mhz", "clocks_sm"),
-    "max_sm_mhz": ("clocks.max.sm", "clocks.max.sm_mhz", "max_sm_mhz", "clocks_max_sm"),
-    "util_pct": ("utilization.gpu", "util", "util_pct"),
-    "reasons": ("clocks_event_reasons.active", "clocks_throttle_reasons.active", "reasons", "throttle_reasons"),
-}
-
 
 def read_gpu_samples(path: Path) -> list[GpuSample]:
-    """GPU samples CSV with a header row (nvidia-smi query names, units in brackets tolerated)."""
+    """GPU samples CSV with a header row (nvidia-smi query names, units in brackets tolerated: the results store's
+    GPU_COLUMNS)."""
     out: list[GpuSample] = []
     with open(path, encoding="utf-8", newline="") as f:
         rows = list(csv.reader(f))
     if not rows:
         return out
-    header = [re.sub(r"\s*\[.*\]$", "", h.strip()).lower() for h in rows[0]]
-    pos: dict[str, int] = {}
-    for key, names in _SAMPLE_COLS.items():
-        for i, h in enumerate(header):
-            if h in names:
-                pos[key] = i
-                break
-    if "ts" not in pos or "index" not in pos:
+    columns = gpu_csv_columns(rows[0])
+    if "ts" not in columns or "gpu" not in columns:
         raise AnalysisError(f"{path}: GPU samples need a timestamp and an index column (header: {rows[0]})")
     for row in rows[1:]:
-        if not row or len(row) < len(header):
+        if len(row) < len(columns):
             continue
-        cell = {k: row[i].strip() for k, i in pos.items()}
+        cell: dict[str, str] = {}
+        for k, v in zip(columns, row):
+            if k:
+                cell.setdefault(k, v.strip())       # a column named twice: the first one
         ts = _num(cell["ts"])
         if ts is None:
             continue
-        reasons = None
-        if cell.get("reasons"):
-            try:
-                reasons = int(cell["reasons"], 16) if cell["reasons"].lower().startswith("0x") else int(cell["reasons"])
-            except ValueError:
-                reasons = None
-        out.append(GpuSample(ts=ts, index=int(_num(cell["index"]) or 0), uuid=cell.get("uuid"),
-                             sm_mhz=_num(cell.get("sm_mhz")), max_sm_mhz=_num(cell.get("max_sm_mhz")),
-                             util_pct=_num(cell.get("util_pct")), reasons=reasons))
+        out.append(GpuSample(ts=ts, index=int(_num(cell["gpu"]) or 0), uuid=cell.get("uuid"),
+                             sm_mhz=_num(cell.get("sm_clock_mhz")), max_sm_mhz=_num(cell.get("max_sm_clock_mhz")),
+                             util_pct=_num(cell.get("util_pct")), reasons=_reasons(cell.get("throttle_reasons"))))
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import sqlite3
 import time
 from collections.abc import Collection, Iterable, Iterator
@@ -205,13 +206,23 @@ CREATE INDEX IF NOT EXISTS gpu_samples_seq ON gpu_samples(seq);
 
 REQUEST_FIELDS = ("i", "warmup", "ok", "error", "start_ts", "prompt_tokens", "output_tokens", "ttft_s", "e2e_s",
                   "decode_tok_s", "tpot_s", "spec_verify_ct", "accept_len")
-GPU_COLUMNS = {  # gpusample CSV column (nvidia-smi query name, with or without units) -> store column
-    "timestamp": "ts", "ts": "ts", "time": "ts", "index": "gpu", "gpu": "gpu",
-    "clocks.sm": "sm_clock_mhz", "clocks.mem": "mem_clock_mhz", "clocks.max.sm": "max_sm_clock_mhz",
-    "power.draw": "power_w", "temperature.gpu": "temp_c", "utilization.gpu": "util_pct",
-    "memory.used": "mem_used_mib", "clocks_event_reasons.active": "throttle_reasons",
-    "clocks_throttle_reasons.active": "throttle_reasons",
+GPU_COLUMNS = {  # a GPU samples CSV's header cell (an nvidia-smi query name, any case, units dropped) -> store column
+    "timestamp": "ts", "ts": "ts", "time": "ts", "t": "ts", "index": "gpu", "gpu": "gpu", "gpu_index": "gpu",
+    "uuid": "uuid", "gpu_uuid": "uuid",
+    "clocks.sm": "sm_clock_mhz", "clocks.current.sm": "sm_clock_mhz", "sm_mhz": "sm_clock_mhz",
+    "clocks_sm": "sm_clock_mhz", "clocks.mem": "mem_clock_mhz",
+    "clocks.max.sm": "max_sm_clock_mhz", "clocks.max.sm_mhz": "max_sm_clock_mhz", "max_sm_mhz": "max_sm_clock_mhz",
+    "clocks_max_sm": "max_sm_clock_mhz", "power.draw": "power_w", "temperature.gpu": "temp_c",
+    "utilization.gpu": "util_pct", "util": "util_pct", "util_pct": "util_pct", "memory.used": "mem_used_mib",
+    "clocks_event_reasons.active": "throttle_reasons", "clocks_throttle_reasons.active": "throttle_reasons",
+    "reasons": "throttle_reasons", "throttle_reasons": "throttle_reasons",
 }
+GPU_TEXT_COLUMNS = ("uuid", "throttle_reasons")     # kept as text; the other columns are numbers
+
+
+def gpu_csv_columns(header: Iterable[str]) -> list[str | None]:
+    """The store column each header cell of a GPU samples CSV names (None: a column not kept)."""
+    return [GPU_COLUMNS.get(re.sub(r"\s*\[.*\]$", "", h.strip()).lower()) for h in header]
 
 
 class StoreError(Exception):
@@ -468,7 +479,7 @@ class Store:
         if not rows:
             return 0
         header = [h.strip() for h in rows[0]]
-        keys = [GPU_COLUMNS.get(h.split(" [")[0].strip(), None) for h in header]
+        keys = gpu_csv_columns(header)
         if not any(keys):     # headerless: nothing we can map reliably
             return 0
         n = 0
@@ -487,7 +498,7 @@ class Store:
                 raw = {h: v.strip() for h, v in zip(header, row)}
                 vals: dict[str, Any] = {}
                 for k, v in zip(keys, row):
-                    if k == "throttle_reasons":
+                    if k in GPU_TEXT_COLUMNS:
                         vals[k] = v.strip()
                     elif k:
                         vals[k] = contract.smi_number(v)
@@ -497,7 +508,7 @@ class Store:
                           (seq, host, vals.get("ts"), None if vals.get("gpu") is None else int(vals["gpu"]),
                            vals.get("sm_clock_mhz"), vals.get("mem_clock_mhz"), vals.get("max_sm_clock_mhz"),
                            vals.get("power_w"), vals.get("temp_c"), vals.get("util_pct"), vals.get("mem_used_mib"),
-                           vals.get("throttle_reasons"), _dumps(raw), raw.get("uuid")))
+                           vals.get("throttle_reasons"), _dumps(raw), vals.get("uuid")))
                 n += 1
         return n
 
