@@ -9,19 +9,17 @@ from __future__ import annotations
 import copy
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import yaml
 
 from specab.config import bench as benchcfg, defaults, engine_args
 from specab.config.yamlfile import REPO_ROOT, ConfigError, check_unknown, key_line, load_yaml
 from specab.config import builtin_data
 from specab.vocab import dataset, engines
-from specab.vocab.contract import REDACTED, is_secret_name, redact_env
+from specab.vocab.contract import redact_env
 
 DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "default.yml"
 

@@ -120,7 +120,6 @@ class QueueExecutor:
     """The queue loop of one host (a single-node inventory, or one host of a fleet)."""
 
     stops_node_on_interrupt = True     # loop() stops the sequencer and the server itself (stop.yml)
-    interrupted = None                 # the sequencer tears an interrupted run down and records it itself
 
     def __init__(self, ctx: RunContext, lookahead: int = LOOKAHEAD, depth: int = DEPTH,
                  signal_time: Callable[[], float | None] | None = None):

@@ -49,7 +49,6 @@ import contextlib
 import hashlib
 import http.client
 import json
-import multiprocessing
 import os
 import queue
 import random

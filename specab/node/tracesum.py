@@ -15,7 +15,7 @@ import gzip
 import json
 import re
 import sys
-from typing import IO, Any, Dict, Iterator, Optional, Tuple
+from typing import IO, Any, Dict, Iterator, Optional
 
 CHUNK = 1 << 20
 _NUM = re.compile(r"=\d+")
