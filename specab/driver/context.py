@@ -21,7 +21,7 @@ from specab.driver import record
 from specab.driver.design_inputs import DesignInputs, design_inputs
 from specab.driver.lease import active_holder
 from specab.driver.options import ExperimentError, Options, Prepared, choose_executor, is_multinode
-from specab.driver.playbook import PlaybookResult, PlaybookRunner, scrub_tree
+from specab.driver.playbook import PlaybookResult, PlaybookRunner, runner_ident, scrub_tree
 from specab.driver.progress import Progress
 from specab.driver.record import (INTERRUPTED_REASON, PhaseClock, ingest_run_dir, log_excerpt, node_run_dir,
                                   read_json, tail_file)
@@ -112,9 +112,6 @@ class RunContext:
         return doc
 
     # ------------------------------------------------------------------ one run
-    def node_run_dir(self, host, run_id: str) -> str:
-        return node_run_dir(host, run_id)
-
     def tail_handlers(self, clock: PhaseClock, enter_phases: bool = True, pr: PlannedRun | None = None
                       ) -> tuple[Callable[[str], None], Callable[[str], None]]:
         """Callbacks for the live tails of server.log (load phases) and bench.jsonl (request lines) of run `pr`.
@@ -163,7 +160,7 @@ class RunContext:
             # keep what the node produced (partial bench records, server log) when collect did not run
             for h in hosts:
                 dest = run_dir if len(hosts) == 1 else run_dir / h.name
-                record.fetch_missing(h, self.node_run_dir(h, pr.run_id), dest)
+                record.fetch_missing(h, node_run_dir(h, pr.run_id), dest)
         # The node's run files may hold a secret verbatim (launch.sh and args.json carry a secret server arg
         # such as --api-key, the engine's log prints its args, nccl.env its env): the controller's copy and
         # the store never do.
@@ -180,7 +177,7 @@ class RunContext:
             if local.exists():
                 tail = tail_file(local)
             else:
-                remote = read_tail(h, self.node_run_dir(h, pr.run_id) + "/server.log", lines=2000)
+                remote = read_tail(h, node_run_dir(h, pr.run_id) + "/server.log", lines=2000)
                 tail = log_excerpt(remote) if remote else None
             if tail:
                 log_tail = tail if len(hosts) == 1 else (log_tail or "") + f"== {h.name} ==\n{tail}\n"
@@ -235,7 +232,7 @@ class RunContext:
         """Stop our server on every node through the stop role; returns an error text or None. With
         ``interrupted`` the stop is that run's teardown: stop.yml records its stop, GPUs free and manifest in the
         node's run directory and they are fetched into its controller directory, as the run queue's are."""
-        ident = f"stop-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+        ident = runner_ident("stop")
         extravars: dict[str, Any] = {"specab_experiment": self.experiment_extravar()}
         holder = active_holder()
         if holder is not None:          # stop.yml stops under our node lease (else it takes the lease itself)
@@ -259,7 +256,7 @@ class RunContext:
         """Fetch the interrupted run's TEARDOWN_FILES that stop.yml wrote on each host and add them to its stored
         row (its stop and GPUs-free records, its manifest), as the run queue's row has them."""
         for host, dest in self.run_dests(run.run_dir):
-            record.fetch_missing(host, self.node_run_dir(host, run.pr.run_id), dest, only=record.TEARDOWN_FILES)
+            record.fetch_missing(host, node_run_dir(host, run.pr.run_id), dest, only=record.TEARDOWN_FILES)
         scrub_tree(run.run_dir, self.secrets)
         self.stamp_manifests(run.run_dir, run.pr)
         record.ingest_teardown(self.store, run.pr.seq, run.run_dir, [h.name for h in self.result_hosts])

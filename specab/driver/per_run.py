@@ -2,7 +2,6 @@
 Ansible task events, the server log and bench.jsonl tailed live over the node connection."""
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 import time
@@ -11,8 +10,8 @@ from pathlib import Path
 
 from specab.config.plan import PlannedRun
 from specab.driver.context import InterruptedRun, MoreBlocks, RunContext
-from specab.driver.playbook import Failure, PlaybookResult
-from specab.driver.record import INTERRUPTED_REASON, PhaseClock, check_writable
+from specab.driver.playbook import Failure, PlaybookResult, runner_ident
+from specab.driver.record import INTERRUPTED_REASON, PhaseClock, check_writable, node_run_dir
 from specab.driver.remote import LogTail
 from specab.results import store as st
 
@@ -56,7 +55,7 @@ class PerRunExecutor:
         check_writable(self.ctx.exp_dir)
         if run_dir.exists():       # an earlier, unfinished attempt (resume): start clean
             shutil.rmtree(run_dir)
-        ident = f"{pr.run_id}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+        ident = runner_ident(pr.run_id)
         hosts = self.ctx.p.inventory.hosts
         self.ctx.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block,
                              host=",".join(h.name for h in hosts), run_dir=str(run_dir), runner_ident=ident)
@@ -76,7 +75,7 @@ class PerRunExecutor:
                 phase = "loading"
             # from the load on: the server_start role empties the run directory of an earlier attempt first
             if phase == "loading" and not tails:
-                node_dir = self.ctx.node_run_dir(head, pr.run_id)
+                node_dir = node_run_dir(head, pr.run_id)
                 tails.append(LogTail(head, node_dir + "/server.log", on_log).start())
                 tails.append(LogTail(head, node_dir + "/bench.jsonl", on_bench).start())
             if phase == "benchmarking" and clock.current in ("warming up", "benchmarking"):

@@ -136,6 +136,11 @@ def scrub_tree(root: Path, secrets: list[str]) -> int:
     return changed
 
 
+def runner_ident(what: str) -> str:
+    """An ansible-runner ident (its artifact directory's name): what runs, when, and this process."""
+    return f"{what}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+
+
 class PlaybookRunner:
     """Runs playbooks of the repository through ansible-runner."""
 

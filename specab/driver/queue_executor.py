@@ -15,7 +15,6 @@ Contract with the node side: docs/architecture.md "Run queue". The run's outcome
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 import time
@@ -29,7 +28,7 @@ from specab.config import bench, defaults
 from specab.config.plan import PlannedRun
 from specab.driver import lease
 from specab.driver.context import MoreBlocks, RunContext
-from specab.driver.playbook import Failure, PlaybookResult
+from specab.driver.playbook import Failure, PlaybookResult, runner_ident
 from specab.driver.record import (INTERRUPTED_REASON, PhaseClock, UnpackError, check_writable, fetch_missing,
                                   phase_at, read_json, unpack_fetched)
 from specab.driver.remote import LogTail, read_tail
@@ -112,10 +111,6 @@ class Collected:
     extras: list[PlannedRun] = field(default_factory=list)
 
 
-def _ident(what: str) -> str:
-    return f"{what}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
-
-
 class QueueExecutor:
     """The queue loop of one host (a single-node inventory, or one host of a fleet)."""
 
@@ -147,7 +142,7 @@ class QueueExecutor:
             "specab_queue_reset": reset,
             "specab_queue_finish": finish,
         }
-        ident = _ident("enqueue-" + ("-".join(pr.run_id.split("-", 1)[0] for pr in runs) or "none"))
+        ident = runner_ident("enqueue-" + ("-".join(pr.run_id.split("-", 1)[0] for pr in runs) or "none"))
         try:
             res = r.runner.run(ENQUEUE_PLAYBOOK, extravars, ident, cancel=cancel, secrets=r.secrets,
                                limit=r.limit)
@@ -185,7 +180,7 @@ class QueueExecutor:
         was stopped: a run without done.json, or that ended after that time, is interrupted (its files are kept)."""
         r = self.ctx
         run_dir = (r.exp_dir / pr.run_id).resolve()
-        ident = _ident(pr.run_id)
+        ident = runner_ident(pr.run_id)
         if new_row:
             check_writable(r.exp_dir)
             r.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block, host=self.host.name,
