@@ -1227,7 +1227,7 @@ class _PhaseWindow(object):
                 res = phasemetrics.result(self.before, after, window, self.at0, time.time())
             except (OSError, http.client.HTTPException) as exc:
                 self.error = "after the measured requests: %s" % exc
-            except phasemetrics.MetricsParseError as exc:
+            except engines.MetricsParseError as exc:
                 self.error = "unreadable /metrics: %s" % exc
         if res is None:
             res = phasemetrics.unavailable(self.error or "not scraped")

@@ -18,52 +18,15 @@ differ in other labels (``is_streaming``) are summed. Python 3.8 syntax: it runs
 from __future__ import annotations
 
 import math
-import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional
+
+from specab.vocab import engines
 
 SCHEMA = 1
 FORWARD = "sglang:forward_execution_seconds_total"
 GRAPH = "sglang:cuda_graph_passes_total"
 VERIFY = "sglang:spec_verify_calls_total"
 GENERATED = "sglang:generation_tokens_total"
-
-_LINE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?\s*$')
-_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-
-
-class MetricsParseError(ValueError):
-    """A line of the /metrics text that is not Prometheus exposition format."""
-
-
-def _labels(text: str, lineno: int) -> Dict[str, str]:
-    out = {}  # type: Dict[str, str]
-    pos = 0
-    while pos < len(text):
-        m = _LABEL.match(text, pos)
-        if m is None:
-            raise MetricsParseError("line %d: cannot read the labels {%s}" % (lineno, text))
-        out[m.group(1)] = m.group(2).replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
-        pos = m.end()
-    return out
-
-
-def parse(text: str) -> List[Tuple[str, Dict[str, str], float]]:
-    """Every sample of a Prometheus text exposition: (name, labels, value). Comments and blank lines skipped."""
-    samples = []  # type: List[Tuple[str, Dict[str, str], float]]
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line)
-        if m is None:
-            raise MetricsParseError("line %d: not a metric sample: %r" % (lineno, raw[:200]))
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            raise MetricsParseError("line %d: value %r is not a number" % (lineno, m.group(3))) from None
-        samples.append((m.group(1), _labels(m.group(2) or "", lineno), value))
-    return samples
-
 
 def snapshot(text: str) -> Dict[str, Any]:
     """The phase counters of one scrape: {forward_s: {category: s}, graph_passes: {mode: n},
@@ -72,7 +35,7 @@ def snapshot(text: str) -> Dict[str, Any]:
     graph = {}  # type: Dict[str, float]
     verify = None  # type: Optional[float]
     generated = None  # type: Optional[float]
-    for name, labels, value in parse(text):
+    for name, labels, value in engines.parse_prometheus(text, strict=True):
         if labels.get("tp_rank", "0") != "0" or math.isnan(value):
             continue
         if name == FORWARD and "category" in labels:

@@ -547,25 +547,46 @@ def parse_non_default_args(text: str) -> Optional[Dict[str, Any]]:
     return found
 
 
-_PROM_LINE_RE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
-_PROM_LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_PROM_LINE_RE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?\s*$')
+_PROM_LABEL_RE = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 
 
-def parse_prometheus(text: str) -> List[Tuple[str, Dict[str, str], float]]:
-    """(name, labels, value) of every sample of a Prometheus text exposition."""
+class MetricsParseError(ValueError):
+    """A line of a /metrics text that is not Prometheus exposition format."""
+
+
+def _prom_sample(line: str, lineno: int) -> Tuple[str, Dict[str, str], float]:
+    m = _PROM_LINE_RE.match(line)
+    if m is None:
+        raise MetricsParseError("line %d: not a metric sample: %r" % (lineno, line[:200]))
+    try:
+        value = float(m.group(3))
+    except ValueError:
+        raise MetricsParseError("line %d: value %r is not a number" % (lineno, m.group(3))) from None
+    labels: Dict[str, str] = {}
+    text, pos = m.group(2) or "", 0
+    while pos < len(text):
+        lab = _PROM_LABEL_RE.match(text, pos)
+        if lab is None:
+            raise MetricsParseError("line %d: cannot read the labels {%s}" % (lineno, text))
+        labels[lab.group(1)] = lab.group(2).replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+        pos = lab.end()
+    return m.group(1), labels, value
+
+
+def parse_prometheus(text: str, strict: bool = False) -> List[Tuple[str, Dict[str, str], float]]:
+    """(name, labels, value) of every sample of a Prometheus text exposition; comments and blank lines skipped.
+    A line that is not a sample raises MetricsParseError (naming the line) when ``strict``, else is skipped."""
     samples = []
-    for line in (text or "").splitlines():
+    for lineno, raw in enumerate((text or "").splitlines(), 1):
+        line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        m = _PROM_LINE_RE.match(line)
-        if not m:
-            continue
         try:
-            value = float(m.group("value"))
-        except ValueError:
-            continue
-        labels = dict(_PROM_LABEL_RE.findall(m.group("labels") or ""))
-        samples.append((m.group("name"), labels, value))
+            samples.append(_prom_sample(line, lineno))
+        except MetricsParseError:
+            if strict:
+                raise
     return samples
 
 

@@ -1,4 +1,5 @@
-"""The /metrics parser of the per-phase timing (specab/node/phasemetrics.py) on lines in the real format: the
+"""The per-phase timing (specab/node/phasemetrics.py) and the /metrics parser it reads with
+(specab.vocab.engines.parse_prometheus) on lines in the real format: the
 SGLang 0.5.17 lines below are copied from shared/facts/real-sglang-0.5.17-h200/phase-metrics/eagle3.metrics.*
 (an H200 probe); the 0.5.23 category lines use the names and labels of shared/reference/engines-2026.md A5."""
 from __future__ import annotations
@@ -6,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from specab.node import phasemetrics
+from specab.vocab import engines
 
 L = 'engine_type="unified",model_name="/tmp/m/target",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
 REAL_0517_BEFORE = f"""# HELP sglang:forward_execution_seconds_total Total time that GPU is busy executing model forward passes. Refer to ForwardMode for category labels.
@@ -60,11 +62,12 @@ def test_0523_categories_rank0_only_and_streaming_label_summed():
 
 
 def test_labels_with_escapes_and_timestamps_parse():
-    s = phasemetrics.parse('m{a="x\\"y",b="c,d"} 1.5 1700000000000\nn 2\n')
+    s = engines.parse_prometheus('m{a="x\\"y",b="c,d"} 1.5 1700000000000\nn 2\n')
     assert s == [("m", {"a": 'x"y', "b": "c,d"}, 1.5), ("n", {}, 2.0)]
 
 
 @pytest.mark.parametrize("bad", ["sglang:x{category=extend} 1", "sglang:x 1.2.3", "{} 3"])
 def test_malformed_lines_raise_with_the_line_number(bad):
-    with pytest.raises(phasemetrics.MetricsParseError, match="line 2"):
-        phasemetrics.parse("# ok\n" + bad + "\n")
+    with pytest.raises(engines.MetricsParseError, match="line 2"):
+        engines.parse_prometheus("# ok\n" + bad + "\n", strict=True)
+    assert engines.parse_prometheus("# ok\n" + bad + "\nn 2\n") == [("n", {}, 2.0)]      # not strict: skipped
