@@ -74,17 +74,20 @@ def emit(obj: Dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def write_json(path: str, obj: Dict[str, Any], mode: int = 0o644) -> None:
-    """Write ``obj`` to ``path`` atomically (temp file + rename)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+def write_text(path: str, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` atomically (temp file + rename), with ``mode`` whatever the umask."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = "%s.tmp.%d" % (path, os.getpid())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "w") as fh:
-        json.dump(obj, fh, indent=2, default=str)
-        fh.write("\n")
+        fh.write(text)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+def write_json(path: str, obj: Dict[str, Any], mode: int = 0o644) -> None:
+    """Write ``obj`` to ``path`` atomically (write_text)."""
+    write_text(path, json.dumps(obj, indent=2, default=str) + "\n", mode)
 
 
 def read_json(path: str) -> Any:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
@@ -267,11 +266,8 @@ def write_progress(path: Optional[str], phase: str, t0: float, watcher: LogWatch
     if not path:
         return
     last = common.redact_text(watcher.tail[-1])[:240] if watcher.tail else ""
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    with open(tmp, "w") as fh:
-        fh.write(json.dumps({"phase": phase, "t": round(time.time(), 3),
-                             "elapsed_s": round(time.monotonic() - t0, 3), "last_log_line": last}) + "\n")
-    os.replace(tmp, path)
+    common.write_text(path, json.dumps({"phase": phase, "t": round(time.time(), 3),
+                                        "elapsed_s": round(time.monotonic() - t0, 3), "last_log_line": last}) + "\n")
 
 
 def tail_text(watcher: LogWatcher, n: int = 15) -> str:

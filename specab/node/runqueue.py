@@ -30,14 +30,6 @@ def now() -> float:
     return time.time()
 
 
-def atomic_write_text(path: str, text: str, mode: int = 0o644) -> None:
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def log_tail(path: str, n: int = 12) -> str:
     try:
         with open(path, "rb") as fh:

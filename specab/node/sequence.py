@@ -41,7 +41,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence
 from specab.node import common, staging
 from specab.node.common import ToolError, UsageError
 from specab.node.runqueue import (END_PREFIX, ENSURE_LOCK, ENTRY_RE, ID_RE, POLL_S,
-                                  SEQUENCER_LOG, SERVE_LOCK, STAGING_DIR, Entry, atomic_write_text, log_tail,
+                                  SEQUENCER_LOG, SERVE_LOCK, STAGING_DIR, Entry, log_tail,
                                   make_queue_dir, queue_dir, queued_names)
 from specab.node.sequencer import Sequencer, ServeSpec
 
@@ -179,7 +179,7 @@ def cmd_reset(a: ResetSpec) -> Dict[str, Any]:
 
 def write_end_marker(node_dir: str, experiment_id: str) -> str:
     path = os.path.join(make_queue_dir(node_dir), END_PREFIX + experiment_id)
-    atomic_write_text(path, "%s\n" % common.now_iso(), 0o644)
+    common.write_text(path, "%s\n" % common.now_iso(), 0o644)
     return path
 
 
