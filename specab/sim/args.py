@@ -110,89 +110,49 @@ class ServerArgs:
         return self.speculative_algorithm is not None
 
 
-# (flags, dest, type or "store_true", extra argparse kwargs)
-_FLAGS: list[tuple[tuple[str, ...], str, Any, dict[str, Any]]] = [
-    (("--model-path", "--model"), "model_path", str, {"required": True,
+# A flag is its ServerArgs field with "_" -> "-" ("--tp-size"), of the field's type (bool: a bare flag); the fields
+# with aliases, choices, help text or a list value, by dest (flags, type or "store_true", extra argparse kwargs):
+_FLAG_EXCEPTIONS: dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]] = {
+    "model_path": (("--model-path", "--model"), str, {"required": True,
         "help": "The path of the model weights. This can be a local folder or a Hugging Face repo ID."}),
-    (("--tokenizer-path",), "tokenizer_path", str, {}),
-    (("--tokenizer-mode",), "tokenizer_mode", str, {"choices": ["auto", "slow"]}),
-    (("--load-format",), "load_format", str, {}),
-    (("--trust-remote-code",), "trust_remote_code", "store_true", {}),
-    (("--dtype",), "dtype", str, {}),
-    (("--kv-cache-dtype",), "kv_cache_dtype", str, {}),
-    (("--quantization",), "quantization", str, {}),
-    (("--context-length",), "context_length", int, {}),
-    (("--device",), "device", str, {}),
-    (("--served-model-name",), "served_model_name", str, {}),
-    (("--chat-template",), "chat_template", str, {}),
-    (("--revision",), "revision", str, {}),
-    (("--host",), "host", str, {}),
-    (("--port",), "port", int, {}),
-    (("--skip-server-warmup",), "skip_server_warmup", "store_true", {}),
-    (("--mem-fraction-static",), "mem_fraction_static", float, {"help":
+    "tokenizer_mode": (("--tokenizer-mode",), str, {"choices": ["auto", "slow"]}),
+    "mem_fraction_static": (("--mem-fraction-static",), float, {"help":
         "The fraction of the memory used for static allocation (model weights and KV cache memory pool)."}),
-    (("--max-running-requests",), "max_running_requests", int, {}),
-    (("--max-total-tokens",), "max_total_tokens", int, {}),
-    (("--chunked-prefill-size",), "chunked_prefill_size", int, {}),
-    (("--max-prefill-tokens",), "max_prefill_tokens", int, {}),
-    (("--schedule-policy",), "schedule_policy", str, {}),
-    (("--schedule-conservativeness",), "schedule_conservativeness", float, {}),
-    (("--page-size",), "page_size", int, {}),
-    (("--tensor-parallel-size", "--tp-size"), "tp_size", int, {}),
-    (("--data-parallel-size", "--dp-size"), "dp_size", int, {}),
-    (("--pipeline-parallel-size", "--pp-size"), "pp_size", int, {}),
-    (("--expert-parallel-size", "--ep-size"), "ep_size", int, {}),
-    (("--stream-interval",), "stream_interval", int, {}),
-    (("--stream-output",), "stream_output", "store_true", {}),
-    (("--random-seed",), "random_seed", int, {}),
-    (("--watchdog-timeout",), "watchdog_timeout", float, {}),
-    (("--base-gpu-id",), "base_gpu_id", int, {}),
-    (("--gpu-id-step",), "gpu_id_step", int, {}),
-    (("--log-level",), "log_level", str, {}),
-    (("--log-level-http",), "log_level_http", str, {}),
-    (("--log-requests",), "log_requests", "store_true", {}),
-    (("--show-time-cost",), "show_time_cost", "store_true", {}),
-    (("--enable-metrics",), "enable_metrics", "store_true", {"help": "Enable log prometheus metrics."}),
-    (("--enable-metrics-for-all-schedulers",), "enable_metrics_for_all_schedulers", "store_true", {}),
-    (("--decode-log-interval",), "decode_log_interval", int, {}),
-    (("--api-key",), "api_key", str, {}),
-    (("--nnodes",), "nnodes", int, {}),
-    (("--node-rank",), "node_rank", int, {}),
-    (("--dist-init-addr", "--nccl-init-addr"), "dist_init_addr", str, {"help":
+    "tp_size": (("--tensor-parallel-size", "--tp-size"), int, {}),
+    "dp_size": (("--data-parallel-size", "--dp-size"), int, {}),
+    "pp_size": (("--pipeline-parallel-size", "--pp-size"), int, {}),
+    "ep_size": (("--expert-parallel-size", "--ep-size"), int, {}),
+    "enable_metrics": (("--enable-metrics",), "store_true", {"help": "Enable log prometheus metrics."}),
+    "dist_init_addr": (("--dist-init-addr", "--nccl-init-addr"), str, {"help":
         "The host address for initializing distributed backend (e.g., `192.168.0.2:25000`)."}),
-    (("--attention-backend",), "attention_backend", str, {}),
-    (("--speculative-algorithm",), "speculative_algorithm", str, {"choices": SPEC_ALGORITHMS}),
-    (("--speculative-draft-model-path", "--speculative-draft-model"), "speculative_draft_model_path", str, {}),
-    (("--speculative-draft-model-revision",), "speculative_draft_model_revision", str, {}),
-    (("--speculative-num-steps",), "speculative_num_steps", int, {"help":
+    "speculative_algorithm": (("--speculative-algorithm",), str, {"choices": SPEC_ALGORITHMS}),
+    "speculative_draft_model_path": (("--speculative-draft-model-path", "--speculative-draft-model"), str, {}),
+    "speculative_num_steps": (("--speculative-num-steps",), int, {"help":
         "The number of steps sampled from draft model in Speculative Decoding."}),
-    (("--speculative-eagle-topk",), "speculative_eagle_topk", int, {"help":
+    "speculative_eagle_topk": (("--speculative-eagle-topk",), int, {"help":
         "The number of tokens sampled from the draft model in eagle2 each step."}),
-    (("--speculative-num-draft-tokens",), "speculative_num_draft_tokens", int, {"help":
+    "speculative_num_draft_tokens": (("--speculative-num-draft-tokens",), int, {"help":
         "The number of tokens sampled from the draft model in Speculative Decoding."}),
-    (("--speculative-accept-threshold-single",), "speculative_accept_threshold_single", float, {}),
-    (("--speculative-accept-threshold-acc",), "speculative_accept_threshold_acc", float, {}),
-    (("--speculative-token-map",), "speculative_token_map", str, {}),
-    (("--speculative-attention-mode",), "speculative_attention_mode", str, {"choices": ["prefill", "decode"]}),
-    (("--disable-radix-cache",), "disable_radix_cache", "store_true", {}),
-    (("--disable-cuda-graph",), "disable_cuda_graph", "store_true", {}),
-    (("--disable-cuda-graph-padding",), "disable_cuda_graph_padding", "store_true", {}),
-    (("--cuda-graph-max-bs",), "cuda_graph_max_bs", int, {}),
-    (("--cuda-graph-bs",), "cuda_graph_bs", int, {"nargs": "+"}),
-    (("--disable-custom-all-reduce",), "disable_custom_all_reduce", "store_true", {"help":
+    "speculative_attention_mode": (("--speculative-attention-mode",), str, {"choices": ["prefill", "decode"]}),
+    "cuda_graph_bs": (("--cuda-graph-bs",), int, {"nargs": "+"}),
+    "disable_custom_all_reduce": (("--disable-custom-all-reduce",), "store_true", {"help":
         "Disable the custom all-reduce kernel and fall back to NCCL."}),
-    (("--disable-overlap-schedule",), "disable_overlap_schedule", "store_true", {}),
-    (("--enable-mixed-chunk",), "enable_mixed_chunk", "store_true", {}),
-    (("--enable-dp-attention",), "enable_dp_attention", "store_true", {}),
-    (("--enable-torch-compile",), "enable_torch_compile", "store_true", {}),
-    (("--enable-nccl-nvls",), "enable_nccl_nvls", "store_true", {}),
-    (("--enable-symm-mem",), "enable_symm_mem", "store_true", {}),
-    (("--num-continuous-decode-steps",), "num_continuous_decode_steps", int, {}),
-    (("--tool-call-parser",), "tool_call_parser", str, {}),
-    (("--reasoning-parser",), "reasoning_parser", str, {}),
-    (("--enable-cache-report",), "enable_cache_report", "store_true", {}),
-    (("--allow-auto-truncate",), "allow_auto_truncate", "store_true", {}),
-]
+}
+_ONLY_0523 = ("cuda_graph_backend_decode", "cuda_graph_backend_prefill", "cuda_graph_max_bs_prefill",
+              "cuda_graph_bs_prefill")      # fields of _FLAGS_0523 alone
+
+
+def _flag(f: dataclasses.Field) -> tuple[tuple[str, ...], str, Any, dict[str, Any]]:
+    if f.name in _FLAG_EXCEPTIONS:
+        flags, kind, extra = _FLAG_EXCEPTIONS[f.name]
+        return flags, f.name, kind, extra
+    kind = "store_true" if f.type == "bool" else float if "float" in f.type else int if "int" in f.type else str
+    return ("--" + f.name.replace("_", "-"),), f.name, kind, {}
+
+
+# (flags, dest, type or "store_true", extra argparse kwargs), in the dataclass's order
+_FLAGS: list[tuple[tuple[str, ...], str, Any, dict[str, Any]]] = [
+    _flag(f) for f in dataclasses.fields(ServerArgs) if f.name not in _ONLY_0523]
 
 
 # 0.5.23 (SGLang 0.5.23's own --help): the legacy graph flags are gone (a prefix of the per-phase ones,
