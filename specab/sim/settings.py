@@ -47,22 +47,15 @@ class Faults:
             name, _, arg = item.partition("=")
             if name in ("oom_at_start", "ignore_sigterm", "orphan_workers", "port_in_use", "buffered_stream") and not arg:
                 values[name] = True
-            elif name == "crash_after" and arg:
+            elif name in ("crash_after", "slow_release") and arg:
+                kind, what = (int, "an integer") if name == "crash_after" else (float, "seconds")
                 try:
-                    n = int(arg)
+                    n = kind(arg)
                 except ValueError:
-                    raise SettingsError(f"SPECAB_SIM_FAULT: crash_after needs an integer, got {arg!r}") from None
+                    raise SettingsError(f"SPECAB_SIM_FAULT: {name} needs {what}, got {arg!r}") from None
                 if n < 0:
-                    raise SettingsError("SPECAB_SIM_FAULT: crash_after must be >= 0")
+                    raise SettingsError(f"SPECAB_SIM_FAULT: {name} must be >= 0")
                 values[name] = n
-            elif name == "slow_release" and arg:
-                try:
-                    s = float(arg)
-                except ValueError:
-                    raise SettingsError(f"SPECAB_SIM_FAULT: slow_release needs seconds, got {arg!r}") from None
-                if s < 0:
-                    raise SettingsError("SPECAB_SIM_FAULT: slow_release must be >= 0")
-                values[name] = s
             elif name in ("throttle", "slow_instance") and arg:
                 try:
                     values[name] = Throttle.parse(arg) if name == "throttle" else SlowInstance.parse(arg)
