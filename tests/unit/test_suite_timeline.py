@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(120)
 COMPUTES = '''
 def test_burns_cpu():
     x = 0
-    for i in range(3_000_000):
+    for i in range(8_000_000):
         x += i * i
     assert x
 '''
@@ -66,7 +66,9 @@ def test_the_report_shows_each_module_its_tests_and_whether_it_computed_or_waite
     computes, waits = tl.modules["test_computes.py"], tl.modules["test_waits.py"]
     assert (computes.tests, waits.tests) == (1, 2)
     assert waits.wall >= 1.2 and waits.cpu < 0.2 * waits.wall, waits       # it waited
-    assert computes.cpu > 0.25 * computes.wall, computes                   # it computed
+    # it computed: CPU seconds spent, which a loaded machine does not shrink (its share of the wall does: two busy
+    # processes beside the suite on two cores left it below a quarter)
+    assert computes.cpu > 0.1 and computes.cpu > 4 * waits.cpu, (computes, waits)
     text = st.report(tl, top=10)
     assert "test_waits.py" in text and "test_computes.py" in text and "busy cores minute by minute" in text
 
