@@ -255,13 +255,35 @@ def _set_by_sglang(key: str, version: str, gen: str) -> str | None:
     return None
 
 
+def _graph_for_each_batch(key: str, value: object, load: int) -> tuple | None:
+    """Which CUDA graph a decode batch of 1..load requests runs under a graph setting: for ``cuda_graph_bs`` the
+    smallest captured size that holds it (None: eager), for ``cuda_graph_max_bs`` whether it is captured at all.
+    None where the value was not read back (the engine's default is not known here)."""
+    if key == "cuda_graph_bs" and isinstance(value, (list, tuple)) and all(isinstance(b, int) for b in value):
+        return tuple(min((s for s in value if s >= b), default=None) for b in range(1, load + 1))
+    if key == "cuda_graph_max_bs" and isinstance(value, int):
+        return tuple(b <= value for b in range(1, load + 1))
+    return None
+
+
+def _alike_at_load(key: str, values: dict[str, object], load: int) -> bool:
+    """Whether arms that differ in a graph batch-size setting ran every batch this experiment could form (at most
+    ``load`` requests in flight) under the same graph: then the difference did not touch the A/B."""
+    if key not in ("cuda_graph_bs", "cuda_graph_max_bs"):
+        return False
+    used = [_graph_for_each_batch(key, v, load) for v in values.values()]
+    return None not in used and len(set(used)) == 1
+
+
 def arms_not_like_for_like(exp: Experiment, ctx: Context) -> list[Finding]:
     """Within each baseline group (an engine build's arms, a matrix condition's arms), the arms should
-    differ in the speculative settings only; the advice is spelt for that group's SGLang generation."""
+    differ in the speculative settings only; the advice is spelt for that group's SGLang generation. Graph
+    batch sizes that differ only above the requests in flight are an info: no batch of this A/B ran differently."""
     out = []
     groups = baseline_groups(exp)
     for base_name, names in groups.items():
         gen = engine_generation(exp, names)
+        load = max(arm_concurrency(exp, n) for n in names)
         values: dict[str, dict[str, object]] = {}
         for name in names:
             a = next((x for x in exp.arms if x.name == name), None)
@@ -275,27 +297,41 @@ def arms_not_like_for_like(exp: Experiment, ctx: Context) -> list[Finding]:
         # a key an arm sets in its own server_args (the baseline does not) is the arm's declared treatment, as
         # its speculative settings are: what the A/B compares, not a confound
         declared = {name: [k for k in LIKE_FOR_LIKE if _declares(exp, name, base_name, k)] for name in names}
-        diffs = []
+        diffs, unused = [], []
         for k in LIKE_FOR_LIKE:
             seen = {arm: v[k] for arm, v in values.items()}
             rest = {arm: v for arm, v in seen.items() if k not in declared[arm]}
             if len({repr(v) for v in rest.values()}) > 1:
-                diffs.append((k, seen))
-        if not diffs:
+                (unused if _alike_at_load(k, seen, load) else diffs).append((k, seen))
+        if not diffs and not unused:
             continue
-        ev = [f"{k}: " + ", ".join(f"{arm}={_fmt_args(v)}" for arm, v in seen.items()) for k, seen in diffs]
+        shown = diffs or unused
+        ev = [f"{k}: " + ", ".join(f"{arm}={_fmt_args(v)}" for arm, v in seen.items()) for k, seen in shown]
         treatments = [f"{arm}: {', '.join(ks)}" for arm, ks in declared.items() if ks]
         if treatments:
             ev.append("declared by the arm itself (its treatment, not a confound): " + "; ".join(treatments))
-        fix = ", ".join(_flag_on(gen, k) for k, _ in diffs)
+        if diffs and unused:
+            ev.append(f"alike at up to {load} in flight (every batch ran the same graph in each arm): "
+                      + ", ".join(k for k, _ in unused))
+        fix = ", ".join(_flag_on(gen, k) for k, _ in shown)
         version = engine_version(exp, names) or gen
-        why = [w for w in (_set_by_sglang(k, version, gen) for k, _ in diffs) if w]
+        why = [w for w in (_set_by_sglang(k, version, gen) for k, _ in shown) if w]
         which = f"The arms compared with {base_name}" if len(groups) > 1 else "The arms"
-        out.append(Finding(
-            "arms-not-like-for-like", "warning",
-            f"{which} differ in more than the speculative settings ({', '.join(k for k, _ in diffs)}), so the A/B "
-            f"is not like for like" + (f": {'; '.join(why)}" if why else "") + f". Set {fix} explicitly in the "
-            f"experiment's common server_args so every arm runs with the same values.", ev, None, []))
+        keys = ", ".join(k for k, _ in shown)
+        because = f": {'; '.join(why)}" if why else ""
+        if diffs:
+            out.append(Finding(
+                "arms-not-like-for-like", "warning",
+                f"{which} differ in more than the speculative settings ({keys}), so the A/B is not like for like"
+                f"{because}. Set {fix} explicitly in the experiment's common server_args so every arm runs with the "
+                f"same values.", ev, None, []))
+        else:
+            flight = f"{load} request in flight" if load == 1 else f"up to {load} requests in flight"
+            out.append(Finding(
+                "arms-not-like-for-like", "info",
+                f"{which} differ in their CUDA graph batch sizes ({keys}){because}; at {flight} every batch ran the "
+                f"same graph in each arm, so this A/B is like for like. At higher loads it would not be: set {fix} "
+                f"explicitly in the experiment's common server_args to keep them equal.", ev, None, []))
     return out
 
 

@@ -68,6 +68,28 @@ def test_arms_not_like_for_like():
     assert "--max-running-requests" in f[0].message and "--disable-overlap-schedule" in f[0].message
 
 
+@pytest.mark.parametrize("load,severity", [(1, "info"), (2, "info"), (3, "warning"), (8, "warning")])
+def test_graph_batch_sizes_that_differ_above_the_load_are_an_info_not_a_confound(load: int, severity: str):
+    """SGLang 0.5.17 captures graphs at [1, 2, 3, 4, 5, ...] for a speculative server and [1, 2, 4, 8, ...] for a
+    plain one. At 1 or 2 in flight every batch runs the same graph in both arms; at 3 the baseline pads its batch of
+    3 to the graph of 4 while the speculative arm has one of 3: that A/B is not like for like."""
+    def graphs(run, arm):
+        run.server_args = {**run.server_args, "cuda_graph_bs": [1, 2, 3, 4, 5, 6, 7, 8] if arm.is_spec
+                           else [1, 2, 4, 8]}
+    exp = clean(tweak=graphs)
+    exp.meta["config"] = {"bench": {"concurrency": load}}
+    (f,) = fired(exp, "arms-not-like-for-like")
+    assert f.severity == severity and "(cuda_graph_bs)" in f.message, f.message
+    assert "cuda_graph_bs: baseline=[1, 2, 4, 8], eagle3-s2=[1, 2, 3, 4, 5, 6, 7, 8]" in f.evidence
+    if severity == "info":
+        assert "so this A/B is like for like" in f.message and "At higher loads it would not be" in f.message
+    else:
+        assert "is not like for like" in f.message
+    # a list not read back (the engine's default unknown) is judged a difference, at any load
+    exp.runs[0].server_args = {k: v for k, v in exp.runs[0].server_args.items() if k != "cuda_graph_bs"}
+    assert [g.severity for g in fired(exp, "arms-not-like-for-like")] == ["warning"]
+
+
 def test_accept_length_below_break_even_on_the_seed_numbers():
     exp = F.experiment({"baseline": 82.2, "eagle3-s2": 60.5}, blocks=4, accept={"eagle3-s2": 2.1})
     f = fired(exp, "accept-below-break-even")
@@ -256,8 +278,13 @@ def test_doctor_advice_on_0523_names_only_flags_the_node_has():
         if not arm.is_spec:
             run.server_args = {**run.server_args, "max_running_requests": 4096,
                                "cuda_graph_config": {"decode": {"backend": "full", "max_bs": 160, "bs": [1]}}}
-    (f,) = fired(clean(tweak=differ), "arms-not-like-for-like")
-    assert "cuda_graph_max_bs: baseline=160, eagle3-s2=48" in f.evidence
+    exp = clean(tweak=differ)
+    exp.meta["config"] = {"bench": {"concurrency": 4}}      # batches of 2-4: graphed in one arm, eager in the other
+    (f,) = fired(exp, "arms-not-like-for-like")
+    assert f.severity == "warning" and "cuda_graph_bs: baseline=[1], eagle3-s2=[1, 2, 4]" in f.evidence
+    # both capture every batch of up to 4 under their max_bs (160, 48): not a difference this A/B met
+    assert "alike at up to 4 in flight (every batch ran the same graph in each arm): cuda_graph_max_bs" in f.evidence
+    assert "--cuda-graph-bs-decode" in f.message and "--cuda-graph-max-bs" not in f.message
     # each reason is what SGLang changed for the speculative arm; 0.5.23 keeps the overlap scheduler on under
     # speculation, so the finding does not claim it off
     assert "caps a speculative server at max_running_requests=48" in f.message

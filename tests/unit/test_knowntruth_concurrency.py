@@ -109,6 +109,10 @@ def test_like_for_like_names_what_sglang_itself_changed(tmp_path: Path) -> None:
     SGLang captures graphs at for a speculative server, and the finding says that (not max_running_requests)."""
     found = [f for f in doctor.diagnose(_load(LOW, tmp_path)) if f.rule == "arms-not-like-for-like"]
     assert len(found) == 4                      # one per load's baseline group
+    # at 1 and 2 in flight both arms ran every batch under the same graph ([1, 2, 4, ...] against [1, 2, 3, ...]):
+    # an info; from 4 the baseline pads a batch of 3 to 4 where the speculative arm has its own graph: a warning
+    assert sorted((f.message.split(" compared with ")[1].split(" ")[0], f.severity) for f in found) == \
+        [("baseline-c1", "info"), ("baseline-c2", "info"), ("baseline-c4", "warning"), ("baseline-c8", "warning")]
     for f in found:
         assert "(cuda_graph_bs)" in f.message and "max_running_requests" not in f.message
         assert "SGLang 0.5.17 captures CUDA graphs at other batch sizes for speculative arms" in f.message
