@@ -1,9 +1,12 @@
 """`--resume` after the experiment file was deleted: the configuration the store holds stands in for it (written
-beside the store and said), unless the store redacted a secret of it, which only the file can give back."""
+beside the store and said), unless the store redacted a secret of it, which only the file can give back; and after
+the runs directory moved to a fresh machine (scripts/known_truth_gpu.sh's SPECAB_KT_RESTORE on a lent GPU)."""
 from __future__ import annotations
 
 import re
+import shutil
 import signal
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -104,3 +107,47 @@ def test_resume_counts_the_gpu_minutes_spent_before_it(node: SimNode) -> None:
                                          f"store held {before:.2f}"
     report = re.search(r"Verdict cost: ([\d.]+) GPU-minutes", (node.runs_dir / exp_id / "report.md").read_text())
     assert f"{spent[-1]:.1f}" == report.group(1), (spent, report.group(0))
+
+
+def test_a_runs_directory_packed_and_unpacked_on_a_fresh_node_resumes_to_its_end(node: SimNode, tmp_path: Path) -> None:
+    """A lent GPU machine is lost between two calls: the runs directory came back packed (runs.tgz), the node's own
+    directory (its queue, its server state) is gone. Unpacked where it was, `--resume` runs what was left and the
+    store ends with every planned run, the ones before the move kept as they were."""
+    exp = node.write_experiment("moved", output_len=16)
+    common = ["-i", str(node.write_inventory()), "--runs-dir", str(node.runs_dir)]
+    # one run at a time before the move, so that the interrupt leaves runs to do (the queue would have run ahead);
+    # the resume on the fresh node is the run queue's, which has to set its node directory up again
+    proc = driver("-e", str(exp), "--repeats", "2", "--executor", "per-run", *common)
+    head: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:                # interrupted once its first run is recorded
+            head.append(line)
+            if re.match(r"\s+ok in [\d.]+ s", line):
+                proc.send_signal(signal.SIGINT)
+                break
+        out = "".join(head) + proc.communicate(timeout=300)[0]
+    finally:
+        reap_driver(proc, 60)
+    assert proc.returncode == 130, out[-3000:]
+    exp_id = re.search(r"experiment directory: .*/(moved-\d{8}-\d{6})", out).group(1)
+    with st.Store.open(node.runs_dir / exp_id) as s:
+        before = {r["run_id"]: r["finished"] for r in s.runs() if r["status"] == "ok"}
+        planned = len(s.plan())
+    assert 1 <= len(before) < planned, (before, planned)
+    packed = tmp_path / "runs.tgz"
+    with tarfile.open(packed, "w:gz") as tar:
+        tar.add(node.runs_dir, arcname=".")
+    shutil.rmtree(node.runs_dir)
+    shutil.rmtree(node.node_dir)                # a fresh machine: nothing of the node's is left
+    node.runs_dir.mkdir(parents=True)
+    with tarfile.open(packed) as tar:
+        tar.extractall(node.runs_dir)          # our own archive, as the script unpacks it
+    out = run("--resume", exp_id, *common)
+    assert out.startswith("rc=0"), out[-3000:]
+    assert f"resuming {exp_id}: {planned - len(before)} of {planned}" in out, out[-3000:]
+    with st.Store.open(node.runs_dir / exp_id) as s:
+        runs = {r["run_id"]: r for r in s.runs()}
+    assert len(runs) == planned and all(r["status"] == "ok" for r in runs.values())
+    assert {k: runs[k]["finished"] for k in before} == before            # the runs before the move, untouched
+    assert (node.runs_dir / exp_id / "report.md").is_file()
