@@ -32,6 +32,25 @@ def run(*args: str) -> str:
     return f"rc={proc.returncode}\n{out}"
 
 
+def _interrupted_after_its_first_run(exp: Path, common: list[str]) -> str:
+    """The driver's output of the experiment at two blocks on the per-run executor (one run at a time: the run queue
+    would have run ahead on the node), interrupted with SIGINT once its first run is recorded."""
+    proc = driver("-e", str(exp), "--repeats", "2", "--executor", "per-run", *common)
+    head: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            head.append(line)
+            if re.match(r"\s+ok in [\d.]+ s", line):
+                proc.send_signal(signal.SIGINT)
+                break
+        out = "".join(head) + proc.communicate(timeout=300)[0]
+    finally:
+        reap_driver(proc, 60)
+    assert proc.returncode == 130, out[-3000:]
+    return out
+
+
 def test_resume_without_the_experiment_file_uses_the_stored_configuration(node: SimNode) -> None:
     exp = node.write_experiment("gone", output_len=16)
     inv = node.write_inventory()
@@ -76,20 +95,7 @@ def test_resume_counts_the_gpu_minutes_spent_before_it(node: SimNode) -> None:
     after the last run it equals the report's verdict cost."""
     exp = node.write_experiment("spent", output_len=16)
     common = ["-i", str(node.write_inventory()), "--runs-dir", str(node.runs_dir)]
-    # the per-run executor: one run at a time (the run queue would have run ahead on the node)
-    proc = driver("-e", str(exp), "--repeats", "2", "--executor", "per-run", *common)
-    head: list[str] = []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:                # interrupted once its first run is recorded
-            head.append(line)
-            if re.match(r"\s+ok in [\d.]+ s", line):
-                proc.send_signal(signal.SIGINT)
-                break
-        out = "".join(head) + proc.communicate(timeout=300)[0]
-    finally:
-        reap_driver(proc, 60)
-    assert proc.returncode == 130, out[-3000:]
+    out = _interrupted_after_its_first_run(exp, common)
     exp_id = re.search(r"experiment directory: .*/(spent-\d{8}-\d{6})", out).group(1)
     with st.Store.open(node.runs_dir / exp_id) as s:
         kept = [r for r in s.runs() if r["status"] == "ok"]
@@ -115,21 +121,8 @@ def test_a_runs_directory_packed_and_unpacked_on_a_fresh_node_resumes_to_its_end
     store ends with every planned run, the ones before the move kept as they were."""
     exp = node.write_experiment("moved", output_len=16)
     common = ["-i", str(node.write_inventory()), "--runs-dir", str(node.runs_dir)]
-    # one run at a time before the move, so that the interrupt leaves runs to do (the queue would have run ahead);
     # the resume on the fresh node is the run queue's, which has to set its node directory up again
-    proc = driver("-e", str(exp), "--repeats", "2", "--executor", "per-run", *common)
-    head: list[str] = []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:                # interrupted once its first run is recorded
-            head.append(line)
-            if re.match(r"\s+ok in [\d.]+ s", line):
-                proc.send_signal(signal.SIGINT)
-                break
-        out = "".join(head) + proc.communicate(timeout=300)[0]
-    finally:
-        reap_driver(proc, 60)
-    assert proc.returncode == 130, out[-3000:]
+    out = _interrupted_after_its_first_run(exp, common)
     exp_id = re.search(r"experiment directory: .*/(moved-\d{8}-\d{6})", out).group(1)
     with st.Store.open(node.runs_dir / exp_id) as s:
         before = {r["run_id"]: r["finished"] for r in s.runs() if r["status"] == "ok"}
