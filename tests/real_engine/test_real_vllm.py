@@ -219,7 +219,10 @@ def test_driver_matrix_steps_to_a_report_on_a_real_vllm(real_vllm: RealVllm, tmp
     for arm in exp["arms"][1:]:
         sc = arm["server_args"]["speculative_config"]
         sc["model"] = sc["model"].replace(local, str(real_vllm.models))
-    exp["bench"].update(num_requests=3, warmup_requests=1, output_len=64)
+    # six measured requests a run: on the loaded 2-core CI machine the API server at times forwards a whole baseline
+    # answer in one burst (the client then has no decode pace for it); with three, every request of both baseline
+    # runs was once buffered, which left the run, the speedups and the model without a baseline rate
+    exp["bench"].update(num_requests=6, warmup_requests=1, output_len=64)
     exp_file = tmp_path / "vllm-cpu.yml"
     exp_file.write_text(yaml.safe_dump({"specab_experiment": exp}))
     env = vllm_run_env(real_vllm, tmp_path)
@@ -236,6 +239,9 @@ def test_driver_matrix_steps_to_a_report_on_a_real_vllm(real_vllm: RealVllm, tmp
     assert all(a["runs"] == 2 and a["runs_failed"] == 0 for a in arms.values()), arms
     # the real engine's --help was read (and cached) before the first launch
     assert list((tmp_path / "cache" / "specab" / "engine-flags").glob("*.json"))
+    buffered = {d.name: json.loads((d / "bench_summary.json").read_text())["buffered_requests"]
+                for d in sorted(exp_dir.glob("*-baseline"))}
+    assert arms["baseline"]["tok_s_run"]["median"], f"no baseline decode pace: buffered requests per run {buffered}"
     model = {m["name"]: m for m in report["model"]["arms"]}
     for k in (1, 2, 3):
         name = f"draft_model-s{k}"
