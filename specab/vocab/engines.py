@@ -549,6 +549,9 @@ def parse_non_default_args(text: str) -> Optional[Dict[str, Any]]:
 
 _PROM_LINE_RE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?\s*$')
 _PROM_LABEL_RE = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+# a label value's escapes (exposition format: \\, \" and \n), read in one left-to-right pass so that an escaped
+# backslash before an "n" stays a backslash; any other backslash is kept as written, as Prometheus' parser does
+_PROM_ESCAPE_RE = re.compile(r'\\([\\"n])')
 
 
 class MetricsParseError(ValueError):
@@ -569,7 +572,7 @@ def _prom_sample(line: str, lineno: int) -> Tuple[str, Dict[str, str], float]:
         lab = _PROM_LABEL_RE.match(text, pos)
         if lab is None:
             raise MetricsParseError("line %d: cannot read the labels {%s}" % (lineno, text))
-        labels[lab.group(1)] = lab.group(2).replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+        labels[lab.group(1)] = _PROM_ESCAPE_RE.sub(lambda e: "\n" if e.group(1) == "n" else e.group(1), lab.group(2))
         pos = lab.end()
     return m.group(1), labels, value
 

@@ -66,6 +66,16 @@ def test_labels_with_escapes_and_timestamps_parse():
     assert s == [("m", {"a": 'x"y', "b": "c,d"}, 1.5), ("n", {}, 2.0)]
 
 
+@pytest.mark.parametrize("exposed, value", [
+    (r'C:\\new', "C:\\new"),  # an escaped backslash before "n": a backslash and an n, not a newline
+    (r'a\nb', "a\nb"),        # an escaped newline
+    (r'\\\"', '\\"'),         # an escaped backslash, then an escaped quote
+    (r'x\ty', "x\\ty"),       # not an escape of the format: kept as written
+])
+def test_label_escapes_read_in_one_pass(exposed, value):
+    assert engines.parse_prometheus('m{path="%s"} 1\n' % exposed) == [("m", {"path": value}, 1.0)]
+
+
 @pytest.mark.parametrize("bad", ["sglang:x{category=extend} 1", "sglang:x 1.2.3", "{} 3"])
 def test_malformed_lines_raise_with_the_line_number(bad):
     with pytest.raises(engines.MetricsParseError, match="line 2"):
