@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import typing
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -146,8 +147,13 @@ def _flag(f: dataclasses.Field) -> tuple[tuple[str, ...], str, Any, dict[str, An
     if f.name in _FLAG_EXCEPTIONS:
         flags, kind, extra = _FLAG_EXCEPTIONS[f.name]
         return flags, f.name, kind, extra
-    kind = "store_true" if f.type == "bool" else float if "float" in f.type else int if "int" in f.type else str
+    hint = _HINTS[f.name]
+    value = next((a for a in typing.get_args(hint) if a is not type(None)), hint)     # Optional[X] -> X
+    kind = "store_true" if hint is bool else value if value in (int, float) else str
     return ("--" + f.name.replace("_", "-"),), f.name, kind, {}
+
+
+_HINTS = typing.get_type_hints(ServerArgs)
 
 
 # (flags, dest, type or "store_true", extra argparse kwargs), in the dataclass's order
