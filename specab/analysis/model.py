@@ -6,7 +6,6 @@ see docs/architecture.md) or from the results store.
 """
 from __future__ import annotations
 
-import csv
 import gc
 import json
 import math
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from specab.analysis import logparse
-from specab.results.store import FILENAME, Store, gpu_csv_columns
+from specab.results.store import FILENAME, Store, gpu_csv_rows
 from specab.vocab import contract, engines
 
 # Throttle / clock-event reason bits (nvml.h nvmlClocksEventReason*).
@@ -386,30 +385,17 @@ _num = contract.smi_number
 
 
 def read_gpu_samples(path: Path) -> list[GpuSample]:
-    """GPU samples CSV with a header row (nvidia-smi query names, units in brackets tolerated: the results store's
-    GPU_COLUMNS)."""
-    out: list[GpuSample] = []
-    with open(path, encoding="utf-8", newline="") as f:
-        rows = list(csv.reader(f))
-    if not rows:
-        return out
-    columns = gpu_csv_columns(rows[0])
+    """GPU samples CSV with a header row (nvidia-smi query names, units in brackets tolerated), read as the results
+    store reads it (store.gpu_csv_rows)."""
+    header, columns, rows = gpu_csv_rows(Path(path).read_text(encoding="utf-8"))
+    if not header:
+        return []
     if "ts" not in columns or "gpu" not in columns:
-        raise AnalysisError(f"{path}: GPU samples need a timestamp and an index column (header: {rows[0]})")
-    for row in rows[1:]:
-        if len(row) < len(columns):
-            continue
-        cell: dict[str, str] = {}
-        for k, v in zip(columns, row):
-            if k:
-                cell.setdefault(k, v.strip())       # a column named twice: the first one
-        ts = _num(cell["ts"])
-        if ts is None:
-            continue
-        out.append(GpuSample(ts=ts, index=int(_num(cell["gpu"]) or 0), uuid=cell.get("uuid"),
-                             sm_mhz=_num(cell.get("sm_clock_mhz")), max_sm_mhz=_num(cell.get("max_sm_clock_mhz")),
-                             util_pct=_num(cell.get("util_pct")), reasons=_reasons(cell.get("throttle_reasons"))))
-    return out
+        raise AnalysisError(f"{path}: GPU samples need a timestamp and an index column (header: {header})")
+    return [GpuSample(ts=v["ts"], index=int(v["gpu"] or 0), uuid=v.get("uuid"), sm_mhz=v.get("sm_clock_mhz"),
+                      max_sm_mhz=v.get("max_sm_clock_mhz"), util_pct=v.get("util_pct"),
+                      reasons=_reasons(v.get("throttle_reasons")))
+            for v, _raw in rows if v["ts"] is not None]
 
 
 def env_check_from_json(d: dict) -> EnvCheck:

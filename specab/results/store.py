@@ -15,7 +15,7 @@ import time
 from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from specab.vocab import contract, engines
 
@@ -223,6 +223,34 @@ GPU_TEXT_COLUMNS = ("uuid", "throttle_reasons")     # kept as text; the other co
 def gpu_csv_columns(header: Iterable[str]) -> list[str | None]:
     """The store column each header cell of a GPU samples CSV names (None: a column not kept)."""
     return [GPU_COLUMNS.get(re.sub(r"\s*\[.*\]$", "", h.strip()).lower()) for h in header]
+
+
+class GpuCsv(NamedTuple):
+    header: list[str]
+    columns: list[str | None]                            # the store column of each header cell (None: not kept)
+    rows: list[tuple[dict[str, Any], dict[str, str]]]    # (values by store column, cells by header)
+
+
+def gpu_csv_rows(text: str) -> GpuCsv:
+    """A GPU samples CSV, read the one way the store and the analysis both use. A row's values by store column:
+    numbers read as nvidia-smi writes them, GPU_TEXT_COLUMNS as text, of a column named twice the first; its cells
+    by header as written. A blank row, and a row shorter than the header (the line a stopped sampler was writing),
+    are no sample."""
+    rows = list(csv.reader(io.StringIO(text)))
+    if not rows:
+        return GpuCsv([], [], [])
+    header = [h.strip() for h in rows[0]]
+    columns = gpu_csv_columns(header)
+    out: list[tuple[dict[str, Any], dict[str, str]]] = []
+    for row in rows[1:]:
+        if len(row) < len(header) or not any(cell.strip() for cell in row):
+            continue
+        values: dict[str, Any] = {}
+        for key, cell in zip(columns, row):
+            if key and key not in values:
+                values[key] = cell.strip() if key in GPU_TEXT_COLUMNS else contract.smi_number(cell)
+        out.append((values, {h: cell.strip() for h, cell in zip(header, row)}))
+    return GpuCsv(header, columns, out)
 
 
 class StoreError(Exception):
@@ -475,14 +503,9 @@ class Store:
         return n
 
     def add_gpu_samples(self, seq: int, host: str, csv_text: str) -> int:
-        rows = list(csv.reader(io.StringIO(csv_text)))
-        if not rows:
+        _header, columns, rows = gpu_csv_rows(csv_text)
+        if not any(columns):     # headerless: nothing we can map reliably
             return 0
-        header = [h.strip() for h in rows[0]]
-        keys = gpu_csv_columns(header)
-        if not any(keys):     # headerless: nothing we can map reliably
-            return 0
-        n = 0
         if not self._has_gpu_uuid_column():     # an older store (resumed): add the column; its old rows keep NULL
             try:
                 with self._tx() as c:
@@ -492,16 +515,7 @@ class Store:
                     raise
             self._gpu_uuid_column = True
         with self._tx() as c:
-            for row in rows[1:]:
-                if not row or all(not x.strip() for x in row):
-                    continue
-                raw = {h: v.strip() for h, v in zip(header, row)}
-                vals: dict[str, Any] = {}
-                for k, v in zip(keys, row):
-                    if k in GPU_TEXT_COLUMNS:
-                        vals[k] = v.strip()
-                    elif k:
-                        vals[k] = contract.smi_number(v)
+            for vals, raw in rows:
                 c.execute("INSERT INTO gpu_samples(seq, host, ts, gpu, sm_clock_mhz, mem_clock_mhz, max_sm_clock_mhz,"
                           " power_w, temp_c, util_pct, mem_used_mib, throttle_reasons, raw_json, uuid)"
                           " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -509,8 +523,7 @@ class Store:
                            vals.get("sm_clock_mhz"), vals.get("mem_clock_mhz"), vals.get("max_sm_clock_mhz"),
                            vals.get("power_w"), vals.get("temp_c"), vals.get("util_pct"), vals.get("mem_used_mib"),
                            vals.get("throttle_reasons"), _dumps(raw), vals.get("uuid")))
-                n += 1
-        return n
+        return len(rows)
 
     def add_manifest(self, seq: int, host: str, manifest: dict[str, Any]) -> None:
         with self._tx() as c:

@@ -188,3 +188,22 @@ def test_sqlite_without_json1_reads_the_same_samples(tmp_path, monkeypatch, uuid
         monkeypatch.setattr(Store, "_tuples", no_json1)
         assert list(s.gpu_sample_rows()) == want
     assert any(row[-1] == "GPU-a" for row in want)
+
+
+def test_a_samples_csv_reads_the_same_into_the_store_and_from_the_run_directory(tmp_path):
+    """The store and a run directory's gpu_samples.csv are read by one reader: a column named twice (the first
+    counts) and the line a stopped sampler was writing (no sample) give the same samples on both sides."""
+    from specab.results.store import Store
+    text = ("timestamp,index,clocks.sm [MHz],clocks.current.sm [MHz],clocks_event_reasons.active\n"
+            "10.0,0,1980,1500,0x0\n"
+            "11.0,0,1410,1200,0x20\n"
+            "12.0,0,19")                                   # cut mid-line
+    path = tmp_path / "gpu_samples.csv"
+    path.write_text(text)
+    direct = analysis.read_gpu_samples(path)
+    assert [(g.ts, g.sm_mhz, g.reasons) for g in direct] == [(10.0, 1980, 0), (11.0, 1410, 0x20)]
+    _, d = _store_with_samples(tmp_path / "store")
+    with Store.open(d) as s:
+        assert s.add_gpu_samples(1, "localhost", text) == 2
+        stored = [(g["ts"], g["sm_clock_mhz"]) for g in s.gpu_samples(1) if g["ts"] in (10.0, 11.0, 12.0)]
+    assert stored == [(g.ts, g.sm_mhz) for g in direct]
