@@ -1,6 +1,7 @@
 """The lookup specab_bench_settings (plugins/lookup/specab_bench_settings.py): one run's bench settings, resolved in
-Python on the controller (specab.config.bench), as the bench role and a multi-node rank's sampler take them; and the
-lookup specab_queue_wait_s, collect_run.yml's default wait for a call by hand, from the same resolution."""
+Python on the controller (specab.config.bench), as the bench role and a multi-node rank's sampler take them; the
+lookup specab_timeouts, the run's timeouts from the same module; and the lookup specab_queue_wait_s, collect_run.yml's
+default wait for a call by hand, from the same resolution."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from specab.config import bench, defaults
 
@@ -57,13 +60,29 @@ def test_a_play_resolves_an_inventory_value_the_experiment_and_the_arm(tmp_path:
     assert out["api"] == defaults.get("bench_api") and isinstance(out["timeout_s"], float)
 
 
-def test_no_playbook_or_role_resolves_a_bench_setting_in_jinja() -> None:
-    """Every path takes the bench settings from the lookup: a `default(specab_bench_*)` outside roles/specab would
-    resolve one again, and could differ from what the bench role runs."""
+def test_no_playbook_or_role_resolves_a_bench_setting_or_a_timeout_in_jinja() -> None:
+    """Every path takes the bench settings and the timeouts from the lookups: a `default(specab_bench_*)` or
+    `default(<a timeout's specab_* variable>)` outside roles/specab would resolve one again, and could differ from
+    what the roles run and the driver waits for."""
+    names = ["default(specab_bench_", *(f"default({var})" for var in defaults.TIMEOUT_DEFAULTS.values())]
     found = [f"{path.relative_to(REPO)}:{n}" for top in ("playbooks", "roles") for path in (REPO / top).rglob("*.yml")
              if not path.is_relative_to(REPO / "roles" / "specab")
-             for n, line in enumerate(path.read_text().splitlines(), 1) if "default(specab_bench_" in line]
+             for n, line in enumerate(path.read_text().splitlines(), 1) if any(name in line for name in names)]
     assert found == [], found
+
+
+def test_a_play_resolves_the_timeouts_as_the_driver_does(tmp_path: Path) -> None:
+    """specab_timeouts in a play: an inventory or extra var over roles/specab's value, the experiment's timeouts
+    over both, seconds as floats; the driver's resolution (bench.timeouts) gives the same."""
+    out = _play(tmp_path, "query('specab_timeouts', {'ready_s': 90, 'gpu_free_s': None}) | first",
+                "specab_stop_grace_s=7")
+    assert out == {"ready_s": 90.0, "stop_grace_s": 7.0, "gpu_free_s": float(defaults.get("gpu_free_timeout_s"))}
+    assert out == bench.timeouts({"stop_grace_s": 7}, {"ready_s": 90, "gpu_free_s": None})
+
+
+def test_a_timeout_that_is_not_a_number_fails_the_lookup_naming_the_timeouts(tmp_path: Path) -> None:
+    with pytest.raises(AssertionError, match="specab_timeouts: a timeout has no usable value"):
+        _play(tmp_path, "query('specab_timeouts', {'ready_s': 'soon'}) | first")
 
 
 def test_the_queue_wait_counts_every_request_of_the_run_the_arms_own_included() -> None:
