@@ -75,8 +75,14 @@ def python_copies(source: str, filename: str, node_tool: bool = True) -> list[st
                 found.append(f"{where}: .get({node.args[0].value!r}, {ast.unparse(node.args[1])})")
         elif isinstance(node, ast.ClassDef):
             for item in node.body:
-                if (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
-                        and item.target.id in names and _literal(item.value)):
+                if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                        and item.target.id in names):
+                    continue
+                # a field's default stands as the value or as field(default=...) / common.arg(..., default=...)
+                value = item.value
+                if isinstance(value, ast.Call):
+                    value = next((kw.value for kw in value.keywords if kw.arg == "default"), None)
+                if _literal(value):
                     found.append(f"{filename}:{item.lineno}: field {node.name}.{item.target.id} = "
                                  f"{ast.unparse(item.value)}")
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -168,6 +174,8 @@ def test_the_scanners_find_a_planted_copy() -> None:
     planted = loadgen.replace('num_requests=int(bench["num_requests"])', 'num_requests=int(bench.get("num_requests", 8))')
     assert planted != loadgen and any(".get('num_requests', 8)" in f for f in python_copies(planted, "loadgen.py"))
     assert python_copies("class C:\n    stale_s: float = 600.0\n", "x.py")
+    assert python_copies("class C:\n    stale_s: float = common.arg('h', default=600.0)\n", "x.py")
+    assert python_copies("class C:\n    stale_s: float = field(default=600.0)\n", "x.py")
     assert python_copies("def show(node_dir, stale_s=600.0):\n    pass\n", "x.py")
     assert python_copies("DEFAULT_STALE_S = 600.0\n", "x.py")
     assert python_copies("p.add_argument('--interval', type=float, default=1.0)\n", "gpusample.py")
