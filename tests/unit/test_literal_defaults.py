@@ -157,17 +157,16 @@ def test_no_default_value_stands_outside_roles_specab() -> None:
 def test_the_scanners_find_a_planted_copy() -> None:
     """Each kind of copy, planted in a copy of the real code, is found."""
     loadgen = (NODE / "loadgen.py").read_text()
-    planted = loadgen.replace('ap.add_argument("--num-requests", type=int, required=True,',
-                              'ap.add_argument("--num-requests", type=int, default=8,')
-    assert planted != loadgen and any("--num_requests defaults to 8" in f
+    planted = loadgen.replace('num_requests: int = common.arg("measured requests")',
+                              'num_requests: int = common.arg("measured requests", default=8)')
+    assert planted != loadgen and any("BenchConfig.num_requests = common.arg('measured requests', default=8)" in f
                                       for f in python_copies(planted, "loadgen.py"))
-    planted = loadgen.replace('ap.add_argument("--ignore-eos", choices=("true", "false"), required=True,',
-                              'ap.add_argument("--ignore-eos", choices=("true", "false"), default="true",')
-    assert planted != loadgen and any("--ignore_eos defaults to 'true'" in f
+    planted = loadgen.replace('choices=("true", "false"))', 'choices=("true", "false"), default="true")')
+    assert planted != loadgen and any("BenchConfig.ignore_eos = common.arg(" in f
                                       for f in python_copies(planted, "loadgen.py"))
-    planted = loadgen.replace("    ignore_eos: bool  ", "    ignore_eos: bool = True  ")
-    assert planted != loadgen and any("BenchConfig.ignore_eos = True" in f
-                                      for f in python_copies(planted, "loadgen.py"))
+    planted = loadgen.replace("    concurrency: int\n", "    concurrency: int = 4\n")
+    assert planted != loadgen and any("BenchConfig.concurrency = 4" in f for f in python_copies(planted, "loadgen.py"))
+    assert python_copies("p.add_argument('--num-requests', type=int, default=8)\n", "x.py")
     planted = loadgen.replace('_flag(bench["ignore_eos"], "ignore_eos")',
                               '_flag(bench.get("ignore_eos", True), "ignore_eos")')
     assert planted != loadgen and any(".get('ignore_eos', True)" in f for f in python_copies(planted, "loadgen.py"))
