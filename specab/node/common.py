@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+import typing
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type, TypeVar
 
 from specab.vocab import contract
@@ -195,16 +196,69 @@ def spec_from_argv(cls: Type[S], argv: Optional[Sequence[str]]) -> Optional[S]:
     return None if obj is None else spec_of(cls, obj)
 
 
-def json_list_arg(text: str, what: str = "--smi") -> List[str]:
-    """Parse an argv given as a JSON list (``'["nvidia-smi"]'``); argparse type (bad → exit 2)."""
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError("%s must be a JSON list of strings, e.g. '[\"nvidia-smi\"]' (%s)"
-                                         % (what, exc))
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        raise argparse.ArgumentTypeError("%s must be a non-empty JSON list of strings, got %r" % (what, text))
-    return value
+def json_list_type(flag: str) -> Callable[[str], List[str]]:
+    """The argparse type of ``flag``, an argv given as a JSON list (``'["nvidia-smi"]'``): bad → exit 2."""
+    def json_list(text: str) -> List[str]:
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError("%s must be a JSON list of strings, e.g. '[\"nvidia-smi\"]' (%s)"
+                                             % (flag, exc))
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+            raise argparse.ArgumentTypeError("%s must be a non-empty JSON list of strings, got %r" % (flag, text))
+        return value
+    return json_list
+
+
+def arg(help: Optional[str] = None, **flag: Any) -> Any:
+    """A spec field with its flag's ``help`` and argparse keywords (``choices``, ``metavar``, ``action``, ``type``) in
+    its metadata, for ``spec_flags``; ``default`` and ``default_factory`` are the field's."""
+    default = flag.pop("default", dataclasses.MISSING)
+    factory = flag.pop("default_factory", dataclasses.MISSING)
+    return dataclasses.field(default=default, default_factory=factory, metadata=dict(flag, help=help))
+
+
+def spec_flags(parser: argparse.ArgumentParser, cls: type, skip: Iterable[str] = ()) -> argparse.ArgumentParser:
+    """Add one flag per field of the spec dataclass ``cls`` (but ``skip``): ``--field-name``, required where the field
+    has no default, else the field's default; the field's metadata (``arg``) passed to argparse as given. Without
+    ``action``, ``type`` or ``choices`` there, the type follows the annotation (``Optional[X]`` as ``X``): a bool is a
+    switch (store_true), an int or float converted, a list a JSON list (``json_list_type``), anything else a string.
+    """
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kw = dict(f.metadata)
+        hint = hints[f.name]
+        if typing.get_origin(hint) is typing.Union:
+            hint = next(h for h in typing.get_args(hint) if h is not type(None))
+        if not {"action", "type", "choices"} & set(kw):
+            if hint is bool:
+                kw["action"] = "store_true"
+            elif hint in (int, float):
+                kw["type"] = hint
+            elif typing.get_origin(hint) is list:
+                kw["type"] = json_list_type(flag)
+        if f.default is not dataclasses.MISSING:
+            kw["default"] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            kw["default"] = f.default_factory()
+        else:
+            kw["required"] = True
+        parser.add_argument(flag, **kw)
+    return parser
+
+
+def spec_parser(cls: type, prog: str, doc: Optional[str]) -> argparse.ArgumentParser:
+    """The tool's parser: the first line of its module ``doc`` as description, one flag per spec field."""
+    return spec_flags(argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n")[0]), cls)
+
+
+def parse_spec(cls: Type[S], argv: Optional[Sequence[str]], prog: str, doc: Optional[str]) -> S:
+    """The tool's spec from ``--spec-json`` (``spec_from_argv``) or from its flags (``spec_parser``)."""
+    spec = spec_from_argv(cls, argv)
+    return spec if spec is not None else cls(**vars(spec_parser(cls, prog, doc).parse_args(argv)))
 
 
 def now_iso(t: Optional[float] = None) -> str:

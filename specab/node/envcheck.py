@@ -23,14 +23,13 @@ Secret values (``*_TOKEN``, ``*_KEY``, ``*_SECRET``, ``*PASSWORD*``) are printed
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import sys
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from specab.node import common
@@ -49,35 +48,23 @@ class EnvCheckSpec:
     """One environment and server-args check of a running engine."""
     node_dir: str
     env_file: str
-    expected_args: str                  # JSON file: the arm's server args
+    expected_args: str = common.arg("JSON dict of the arm's server args")
     url: Optional[str] = None           # None only with no_server_info
-    no_server_info: bool = False        # a rank without the HTTP API: the environment only
-    log: List[str] = field(default_factory=list)   # server log(s) holding NCCL INFO lines
+    no_server_info: bool = common.arg("check the environment only, no server args: a node of a multi-node server "
+                                      "that is not the head serves no /get_server_info", default=False)
+    log: List[str] = common.arg("server log(s) holding NCCL INFO lines", default_factory=list, action="append")
     http_timeout: float = 10.0
-    allow_unverified: bool = False
-    out: Optional[str] = None           # env_check.json
-    server_info_out: Optional[str] = None
+    allow_unverified: bool = common.arg("a variable no evidence confirms in some process (environ wiped, no NCCL "
+                                        "line) is a warning instead of a failure", default=False)
+    out: Optional[str] = common.arg("also write the JSON result here (env_check.json)", default=None)
+    server_info_out: Optional[str] = common.arg("write the server info read back (redacted)", default=None)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> EnvCheckSpec:
     spec = common.spec_from_argv(EnvCheckSpec, argv)
     if spec is not None:
         return spec
-    p = argparse.ArgumentParser(prog="envcheck.py", description=__doc__.split("\n")[0])
-    p.add_argument("--node-dir", required=True)
-    p.add_argument("--env-file", required=True)
-    p.add_argument("--url", default=None)
-    p.add_argument("--no-server-info", action="store_true",
-                   help="check the environment only, no server args: a node of a multi-node server that is "
-                        "not the head serves no /get_server_info")
-    p.add_argument("--expected-args", required=True, help="JSON dict of the arm's server args")
-    p.add_argument("--log", action="append", default=[], help="server log(s) holding NCCL INFO lines")
-    p.add_argument("--http-timeout", type=float, default=10.0)
-    p.add_argument("--allow-unverified", action="store_true",
-                   help="a variable no evidence confirms in some process (environ wiped, no NCCL line) is a "
-                        "warning instead of a failure")
-    p.add_argument("--out", default=None, help="also write the JSON result here (env_check.json)")
-    p.add_argument("--server-info-out", default=None, help="write the server info read back (redacted)")
+    p = common.spec_parser(EnvCheckSpec, "envcheck.py", __doc__)
     a = p.parse_args(argv)
     if not a.url and not a.no_server_info:
         p.error("--url is required (or --no-server-info for a rank without the HTTP API)")

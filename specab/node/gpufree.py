@@ -12,7 +12,6 @@ the GPU table. ``--csv F`` writes the final GPU state as CSV (e.g. gpu_before.cs
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import sys
@@ -34,32 +33,18 @@ INVISIBLE_GRACE_S = 2.0
 class GpuFreeSpec:
     """One wait for free GPUs: no compute process and memory.used at most the threshold, on every selected GPU."""
     smi: List[str]
-    gpus: str                           # 'all' or a comma list such as 0,1
-    threshold_mib: float
-    timeout: float
+    gpus: str = common.arg("'all' or a comma list such as 0,1")
+    threshold_mib: float = common.arg("a GPU is free at most this many MiB used (specab_gpu_free_threshold_mib)")
+    timeout: float = common.arg("seconds to wait (timeouts.gpu_free_s)")
     interval: float = 0.1
-    node_dir: Optional[str] = None      # where server.json/last_server.json say what is ours
+    node_dir: Optional[str] = common.arg("where server.json/last_server.json say what is ours", default=None)
     smi_timeout: float = common.DEFAULT_SMI_TIMEOUT
-    out: Optional[str] = None           # gpu_free.json
-    csv: Optional[str] = None           # the final GPU table
+    out: Optional[str] = common.arg("also write the JSON result here (gpu_free.json)", default=None)
+    csv: Optional[str] = common.arg("write the final GPU table as CSV here", default=None)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> GpuFreeSpec:
-    spec = common.spec_from_argv(GpuFreeSpec, argv)
-    if spec is not None:
-        return spec
-    p = argparse.ArgumentParser(prog="gpufree.py", description=__doc__.split("\n")[0])
-    p.add_argument("--smi", required=True, type=lambda s: common.json_list_arg(s, "--smi"))
-    p.add_argument("--gpus", required=True, help="'all' or a comma list such as 0,1")
-    p.add_argument("--threshold-mib", type=float, required=True,
-                   help="a GPU is free at most this many MiB used (specab_gpu_free_threshold_mib)")
-    p.add_argument("--timeout", type=float, required=True, help="seconds to wait (timeouts.gpu_free_s)")
-    p.add_argument("--interval", type=float, default=0.1)
-    p.add_argument("--node-dir", default=None, help="where server.json/last_server.json say what is ours")
-    p.add_argument("--smi-timeout", type=float, default=common.DEFAULT_SMI_TIMEOUT)
-    p.add_argument("--out", default=None, help="also write the JSON result here (gpu_free.json)")
-    p.add_argument("--csv", default=None, help="write the final GPU table as CSV here")
-    return GpuFreeSpec(**vars(p.parse_args(argv)))
+    return common.parse_spec(GpuFreeSpec, argv, "gpufree.py", __doc__)
 
 
 def our_sessions(node_dir: Optional[str]) -> List[Dict[str, Any]]:

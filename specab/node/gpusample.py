@@ -12,7 +12,6 @@ sample and is counted; it is fatal only when no sample at all succeeded.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import select
@@ -33,28 +32,19 @@ SAMPLE_FIELDS = ("index", "uuid", "clocks.sm", "clocks.mem", "clocks.max.sm", "p
 class SampleSpec:
     """GPU sampling into a CSV: every interval until signalled, or count samples, or duration seconds."""
     smi: List[str]
-    interval: float
+    interval: float = common.arg("seconds between samples (specab_bench_sample_interval_s)")
     out: str
     gpus: str = "all"
-    count: int = 0                      # 0: until signalled
-    duration: float = 0.0               # 0: until signalled
+    count: int = common.arg("stop after N samples (0: until signalled)", default=0)
+    duration: float = common.arg("stop after S seconds (0: until signalled)", default=0.0)
     smi_timeout: float = common.DEFAULT_SMI_TIMEOUT
-    keep_after_parent_exit: bool = False
+    keep_after_parent_exit: bool = common.arg(
+        "keep sampling when the process that started us exits (default: stop, so a sampler whose caller died or "
+        "lost track of it never runs on forever)", default=False)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> SampleSpec:
-    p = argparse.ArgumentParser(prog="gpusample.py", description=__doc__.split("\n")[0])
-    p.add_argument("--smi", required=True, type=lambda s: common.json_list_arg(s, "--smi"))
-    p.add_argument("--interval", type=float, required=True,
-                   help="seconds between samples (specab_bench_sample_interval_s)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--gpus", default="all")
-    p.add_argument("--count", type=int, default=0, help="stop after N samples (0: until signalled)")
-    p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds (0: until signalled)")
-    p.add_argument("--smi-timeout", type=float, default=common.DEFAULT_SMI_TIMEOUT)
-    p.add_argument("--keep-after-parent-exit", action="store_true",
-                   help="keep sampling when the process that started us exits (default: stop, so a "
-                        "sampler whose caller died or lost track of it never runs on forever)")
+    p = common.spec_parser(SampleSpec, "gpusample.py", __doc__)
     a = p.parse_args(argv)
     if a.interval <= 0:
         p.error("--interval must be > 0")

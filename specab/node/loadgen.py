@@ -43,7 +43,6 @@ are not per-token latencies; ``decode_tok_s`` and ``tpot_s`` are computed from t
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import hashlib
@@ -589,26 +588,32 @@ def _flag(value: Any, name: str) -> bool:
 class BenchConfig:
     """One benchmark run. The values come from the controller (``specab.config.defaults.bench``: the
     experiment's ``bench:`` over ``roles/specab``'s defaults); the client has none of its own."""
-    url: str
-    api: str
-    num_requests: int
-    warmup: int
-    input_len: int
-    output_len: int
+    url: str = common.arg("server base URL, e.g. http://127.0.0.1:30000")
+    api: str = common.arg(choices=APIS)
+    num_requests: int = common.arg("measured requests")
+    warmup: int = common.arg("warm-up requests (excluded from the summary)")
+    input_len: int = common.arg("prompt length in words")
+    output_len: int = common.arg("output tokens asked per request")
     concurrency: int
     seed: int
-    timeout: float
-    ignore_eos: bool                        # every answer runs to output_len (False: to the model's own end)
-    # measured requests per second at seeded Poisson arrival times, at most `concurrency` in flight (an open load);
-    # 0: the next request goes as soon as one in flight ends (a closed loop of `concurrency` users)
-    request_rate: float
-    # the client processes the concurrency slots are divided among: AUTO (client_procs_for) or a number >= 1
-    client_procs: Any
+    timeout: float = common.arg("per-request timeout in seconds")
+    # the flag takes true|false, parse_args makes it the bool
+    ignore_eos: bool = common.arg("true: every answer runs to --output-len; false: answers end where the model ends "
+                                  "them", choices=("true", "false"))
+    request_rate: float = common.arg(
+        "measured requests per second at seeded Poisson arrival times, at most --concurrency in flight (an open "
+        "load); 0: each as soon as one in flight ends (a closed loop of --concurrency users)")
+    # AUTO or a number >= 1 (procs_setting)
+    client_procs: Any = common.arg("client processes the --concurrency slots are divided among; auto: one per %d "
+                                   "slots, at most one per CPU" % SLOTS_PER_PROC, metavar="auto|N")
     out: str = "bench.jsonl"
     summary: Optional[str] = "bench_summary.json"
-    model: Optional[str] = None
-    phase_metrics: Optional[str] = None     # phase_metrics.json path: scrape /metrics around the measured window
-    dataset: Optional[str] = None           # JSONL prompts (dataset.py); None: the seeded word list (synthetic)
+    model: Optional[str] = common.arg("model name for the OpenAI APIs (default: /v1/models)", default=None)
+    phase_metrics: Optional[str] = common.arg("scrape /metrics before and after the measured requests, write the "
+                                              "deltas here (phase_metrics.json)", default=None, metavar="FILE")
+    dataset: Optional[str] = common.arg("JSONL prompts ({\"prompt\"} or {\"messages\"}, optional \"category\"; "
+                                        "dataset.py), drawn with --seed (default: the seeded word list)",
+                                        default=None, metavar="FILE")
 
     @classmethod
     def from_settings(cls, url: str, bench: Dict[str, Any], out: str, summary: Optional[str],
@@ -1366,39 +1371,10 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
-    ap = argparse.ArgumentParser(prog="loadgen", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
-    ap.add_argument("--api", choices=APIS, required=True)
-    ap.add_argument("--num-requests", type=int, required=True, help="measured requests")
-    ap.add_argument("--warmup", type=int, required=True, help="warm-up requests (excluded from the summary)")
-    ap.add_argument("--input-len", type=int, required=True, help="prompt length in words")
-    ap.add_argument("--output-len", type=int, required=True, help="output tokens asked per request")
-    ap.add_argument("--ignore-eos", choices=("true", "false"), required=True,
-                    help="true: every answer runs to --output-len; false: answers end where the model ends them")
-    ap.add_argument("--dataset", default=None, metavar="FILE",
-                    help="JSONL prompts ({\"prompt\"} or {\"messages\"}, optional \"category\"), drawn with --seed "
-                         "(default: the seeded word list)")
-    ap.add_argument("--concurrency", type=int, required=True)
-    ap.add_argument("--request-rate", type=float, required=True,
-                    help="measured requests per second at seeded Poisson arrival times, at most --concurrency in "
-                         "flight; 0: each as soon as one in flight ends")
-    ap.add_argument("--client-procs", required=True, metavar="auto|N",
-                    help="client processes the --concurrency slots are divided among; auto: one per %d slots, at "
-                         "most one per CPU" % SLOTS_PER_PROC)
-    ap.add_argument("--seed", type=int, required=True)
-    ap.add_argument("--out", default="bench.jsonl")
-    ap.add_argument("--summary", default="bench_summary.json")
-    ap.add_argument("--timeout", type=float, required=True, help="per-request timeout in seconds")
-    ap.add_argument("--model", default=None, help="model name for the OpenAI APIs (default: /v1/models)")
-    ap.add_argument("--phase-metrics", default=None, metavar="FILE",
-                    help="scrape /metrics before and after the measured requests, write the deltas here")
-    ns = ap.parse_args(argv)
+    ns = common.spec_parser(BenchConfig, "loadgen", __doc__).parse_args(argv)
     ns.client_procs = procs_setting(ns.client_procs)
-    return BenchConfig(url=ns.url, api=ns.api, num_requests=ns.num_requests, warmup=ns.warmup,
-                       input_len=ns.input_len, output_len=ns.output_len, concurrency=ns.concurrency,
-                       request_rate=ns.request_rate, client_procs=ns.client_procs,
-                       seed=ns.seed, out=ns.out, summary=ns.summary, timeout=ns.timeout, model=ns.model,
-                       phase_metrics=ns.phase_metrics, dataset=ns.dataset, ignore_eos=ns.ignore_eos == "true")
+    ns.ignore_eos = ns.ignore_eos == "true"
+    return BenchConfig(**vars(ns))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

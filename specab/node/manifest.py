@@ -15,7 +15,6 @@ prefix and ``--help`` fingerprint from ``engine.json``, the version the server r
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import hashlib
 import json
@@ -25,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 from specab.node import common
@@ -83,39 +82,21 @@ class ManifestSpec:
     run_dir: str
     node_dir: str
     smi: Optional[List[str]] = None
-    python: str = "python3"             # the engine's Python, for version probes
-    args_json: Optional[str] = None     # default RUN_DIR/args.json
-    env_file: Optional[str] = None      # default RUN_DIR/nccl.env
-    launch: Optional[str] = None        # default RUN_DIR/launch.sh
-    model_path: Optional[str] = None    # default: args model_path
-    draft_model_path: Optional[str] = None   # default: args speculative_draft_model_path
+    python: str = common.arg("the engine's Python, for version probes", default="python3")
+    args_json: Optional[str] = common.arg("the arm's server args (default RUN_DIR/args.json)", default=None)
+    env_file: Optional[str] = common.arg("default RUN_DIR/nccl.env", default=None)
+    launch: Optional[str] = common.arg("default RUN_DIR/launch.sh", default=None)
+    model_path: Optional[str] = common.arg("default: args model_path", default=None)
+    draft_model_path: Optional[str] = common.arg("default: args speculative_draft_model_path", default=None)
     seed: Optional[str] = None
-    extra: List[str] = field(default_factory=list)   # KEY=VALUE recorded as given (redacted)
+    extra: List[str] = common.arg("KEY=VALUE recorded as given (redacted)", default_factory=list, action="append")
     probe_timeout: float = 60.0
     smi_timeout: float = common.DEFAULT_SMI_TIMEOUT
-    out: Optional[str] = None
+    out: Optional[str] = common.arg("write the manifest here too (node_manifest.json)", default=None)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> ManifestSpec:
-    spec = common.spec_from_argv(ManifestSpec, argv)
-    if spec is not None:
-        return spec
-    p = argparse.ArgumentParser(prog="manifest.py", description=__doc__.split("\n")[0])
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--node-dir", required=True)
-    p.add_argument("--smi", default=None, type=lambda s: common.json_list_arg(s, "--smi"))
-    p.add_argument("--python", default="python3", help="the engine's Python, for version probes")
-    p.add_argument("--args-json", default=None, help="the arm's server args (default RUN_DIR/args.json)")
-    p.add_argument("--env-file", default=None, help="default RUN_DIR/nccl.env")
-    p.add_argument("--launch", default=None, help="default RUN_DIR/launch.sh")
-    p.add_argument("--model-path", default=None, help="default: args model_path")
-    p.add_argument("--draft-model-path", default=None, help="default: args speculative_draft_model_path")
-    p.add_argument("--seed", default=None)
-    p.add_argument("--extra", action="append", default=[], help="KEY=VALUE recorded as given (redacted)")
-    p.add_argument("--probe-timeout", type=float, default=60.0)
-    p.add_argument("--smi-timeout", type=float, default=common.DEFAULT_SMI_TIMEOUT)
-    p.add_argument("--out", default=None, help="write the manifest here too (node_manifest.json)")
-    return ManifestSpec(**vars(p.parse_args(argv)))
+    return common.parse_spec(ManifestSpec, argv, "manifest.py", __doc__)
 
 
 def probe(argv: List[str], timeout: float) -> Dict[str, Any]:

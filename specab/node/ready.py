@@ -14,7 +14,6 @@ durations come from that line (10 ms, not whole-second timestamps) and it is kep
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -51,27 +50,14 @@ class ReadySpec:
     log: str
     timeout: float
     interval: float = 0.2
-    traceback_grace: float = 60.0       # a traceback then this much log silence without readiness is fatal
-    phases_out: Optional[str] = None    # ready.json
-    progress: Optional[str] = None      # ready_progress.json
+    traceback_grace: float = common.arg("a Python traceback followed by this many seconds of log silence (server not "
+                                        "ready, no further line) counts as fatal", default=60.0)
+    phases_out: Optional[str] = common.arg("ready.json", default=None)
+    progress: Optional[str] = common.arg("ready_progress.json", default=None)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> ReadySpec:
-    spec = common.spec_from_argv(ReadySpec, argv)
-    if spec is not None:
-        return spec
-    p = argparse.ArgumentParser(prog="ready.py", description=__doc__.split("\n")[0])
-    p.add_argument("--url", required=True)
-    p.add_argument("--pid", required=True, type=int)
-    p.add_argument("--log", required=True)
-    p.add_argument("--timeout", required=True, type=float)
-    p.add_argument("--interval", type=float, default=0.2)
-    p.add_argument("--traceback-grace", type=float, default=60.0,
-                   help="a Python traceback followed by this many seconds of log silence (server not "
-                        "ready, no further line) counts as fatal")
-    p.add_argument("--phases-out", default=None)
-    p.add_argument("--progress", default=None)
-    return ReadySpec(**vars(p.parse_args(argv)))
+    return common.parse_spec(ReadySpec, argv, "ready.py", __doc__)
 
 
 def log_ts_to_epoch(ts: str) -> Optional[float]:

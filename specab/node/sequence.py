@@ -35,7 +35,7 @@ import sys
 import tarfile
 import time
 import traceback
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Type
 
 from specab.node import common, staging
@@ -61,8 +61,11 @@ class WaitSpec:
     node_dir: str
     run_id: str
     timeout: float
-    pack: Optional[str] = None
-    also: List[str] = field(default_factory=list)
+    pack: Optional[str] = common.arg("once the run is done, pack its directory into this tar (mode 0600, members "
+                                     "<run id>/...) for the controller", default=None, metavar="TAR")
+    also: List[str] = common.arg("with --pack: also pack these later runs (queue order) that are done by then, up to "
+                                 "the first one that is not (one fetch for every finished run)",
+                                 default_factory=list, action="append", metavar="RUN_ID")
 
 
 @dataclass
@@ -78,9 +81,12 @@ class StageSpec:
     node_dir: str
     experiment_id: str
     batch: Any
-    finish: bool = False
+    finish: bool = common.arg("then write the END marker, as `finish` does: these are the experiment's last runs",
+                              default=False)
 
 
+STAGE_HELP = ("read a batch of runs (JSON, specab/node/README.md) on stdin: write their run directories, then queue "
+              "their entries in run order")
 Spec = Any      # one of SPECS' dataclasses
 # each command's spec; ensure takes the sequencer's own (it spawns `serve` with it)
 SPECS: Dict[str, Type[Any]] = {"ensure": ServeSpec, "serve": ServeSpec, "reset": ResetSpec, "wait": WaitSpec,
@@ -372,52 +378,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> Tuple[str, Spec]:
     p = argparse.ArgumentParser(prog="sequence.py", description=__doc__.split("\n")[0])
     p.add_argument("--node-dir", required=True)
     sub = p.add_subparsers(dest="command", required=True)
-
-    def exp(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--experiment-id", required=True)
-
-    def runner_opts(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--idle-timeout", type=float, required=True,
-                        help="exit after this many seconds without work (a dead driver never leaves it forever; "
-                             "specab_queue_idle_timeout_s)")
-        sp.add_argument("--lease-s", type=float, required=True,
-                        help="claim no new run when the controller gave no sign of life (its node lease's heartbeat, "
-                             "lease.py) for this many seconds, or the lease names another experiment: a killed "
-                             "driver never leaves its queued runs burning GPU time (0: never stale; "
-                             "specab_lease_stale_s)")
-        sp.add_argument("--smi", default=None, type=lambda s: common.json_list_arg(s, "--smi"),
-                        help="nvidia-smi argv (JSON list): at startup, stop leftovers and wait for free GPUs")
-        sp.add_argument("--gpus", required=True)
-        sp.add_argument("--gpu-free-timeout", type=float, required=True)
-        sp.add_argument("--gpu-free-threshold-mib", type=float, required=True,
-                        help="startup GPU check: a GPU is free at most this many MiB used (enqueue.yml passes the "
-                             "inventory's specab_gpu_free_threshold_mib; each run's own checks use its entry's)")
-        sp.add_argument("--stop-grace", type=float, required=True)
-
-    for name in ("ensure", "serve"):
-        sp = sub.add_parser(name)
-        exp(sp)
-        runner_opts(sp)
-    sp = sub.add_parser("reset")
-    exp(sp)
-    sp.add_argument("--stop-grace", type=float, required=True)
-    sp.add_argument("--gpu-free-timeout", type=float, required=True)
-    sp = sub.add_parser("wait")
-    sp.add_argument("--run-id", required=True)
-    sp.add_argument("--timeout", type=float, required=True)
-    sp.add_argument("--pack", metavar="TAR",
-                    help="once the run is done, pack its directory into this tar (mode 0600, members <run id>/...) "
-                         "for the controller")
-    sp.add_argument("--also", action="append", default=[], metavar="RUN_ID",
-                    help="with --pack: also pack these later runs (queue order) that are done by then, up to the "
-                         "first one that is not (one fetch for every finished run)")
-    sp = sub.add_parser("finish")
-    exp(sp)
-    sp = sub.add_parser("stage", help="read a batch of runs (JSON, specab/node/README.md) on stdin: write their run "
-                                      "directories, then queue their entries in run order")
-    exp(sp)
-    sp.add_argument("--finish", action="store_true",
-                    help="then write the END marker, as `finish` does: these are the experiment's last runs")
+    for name, cls in SPECS.items():     # --node-dir comes before the command; stage's batch on stdin
+        sp = sub.add_parser(name, help=STAGE_HELP) if name == "stage" else sub.add_parser(name)
+        common.spec_flags(sp, cls, skip=("node_dir", "batch"))
     a = p.parse_args(argv)
     if a.command == "stage":
         a.batch = sys.stdin.read()

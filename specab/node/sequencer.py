@@ -33,13 +33,20 @@ class ServeSpec:
     is the process itself): every setting from the controller, none from a literal here."""
     node_dir: str
     experiment_id: str
-    idle_timeout: float                 # exit after this many seconds without work (specab_queue_idle_timeout_s)
-    lease_s: float                      # claim no run once the controller is gone this long (specab_lease_stale_s)
+    idle_timeout: float = common.arg("exit after this many seconds without work (a dead driver never leaves it "
+                                     "forever; specab_queue_idle_timeout_s)")
+    lease_s: float = common.arg(
+        "claim no new run when the controller gave no sign of life (its node lease's heartbeat, lease.py) for this "
+        "many seconds, or the lease names another experiment: a killed driver never leaves its queued runs burning "
+        "GPU time (0: never stale; specab_lease_stale_s)")
     gpus: str
     gpu_free_timeout: float
-    gpu_free_threshold_mib: float       # the startup GPU check's; each run's own checks use its entry's
+    gpu_free_threshold_mib: float = common.arg(
+        "startup GPU check: a GPU is free at most this many MiB used (enqueue.yml passes the inventory's "
+        "specab_gpu_free_threshold_mib; each run's own checks use its entry's)")
     stop_grace: float
-    smi: Optional[List[str]] = None     # at startup, stop leftovers and wait for free GPUs
+    smi: Optional[List[str]] = common.arg("nvidia-smi argv (JSON list): at startup, stop leftovers and wait for free "
+                                          "GPUs", default=None)
 
 
 class Sequencer(object):

@@ -9,7 +9,6 @@ Returns at once; readiness is ready.py's job. stdout+stderr of the server go to 
 """
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -29,28 +28,16 @@ class StartSpec:
     """One engine start: the launch script of a run directory, the address it will listen on."""
     node_dir: str
     run_dir: str
-    script: str
+    script: str = common.arg("the launch script (executable)")
     host: str
     port: int
-    run_id: Optional[str] = None       # default: the run directory's name
-    arm: Optional[str] = None          # default: the run id without its '<seq>-' prefix
-    log: Optional[str] = None          # default: RUN_DIR/server.log
+    run_id: Optional[str] = common.arg("default: the run directory's name", default=None)
+    arm: Optional[str] = common.arg("default: the run id without its '<seq>-' prefix", default=None)
+    log: Optional[str] = common.arg("default: RUN_DIR/server.log", default=None)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> StartSpec:
-    spec = common.spec_from_argv(StartSpec, argv)
-    if spec is not None:
-        return spec
-    p = argparse.ArgumentParser(prog="start.py", description=__doc__.split("\n")[0])
-    p.add_argument("--node-dir", required=True)
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--script", required=True, help="the launch script (executable)")
-    p.add_argument("--host", required=True)
-    p.add_argument("--port", required=True, type=int)
-    p.add_argument("--run-id", default=None, help="default: the run directory's name")
-    p.add_argument("--arm", default=None, help="default: the run id without its '<seq>-' prefix")
-    p.add_argument("--log", default=None, help="default: RUN_DIR/server.log")
-    return StartSpec(**vars(p.parse_args(argv)))
+    return common.parse_spec(StartSpec, argv, "start.py", __doc__)
 
 
 def check_previous(node_dir: str) -> Optional[Dict[str, Any]]:

@@ -36,7 +36,6 @@ its tool in its command line. The run queue's sequencer ends its own helpers (it
 """
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -53,35 +52,20 @@ from specab.vocab import engines
 class StopSpec:
     """One stop of the server (and sequencer) of ours recorded in a node directory."""
     node_dir: str
-    smi: List[str]
-    grace: float                        # SIGTERM -> SIGKILL (timeouts.stop_grace_s)
-    kill_wait: float = 15.0             # after SIGKILL, for the processes to vanish
-    force_foreign: bool = False
+    smi: List[str] = common.arg('nvidia-smi argv as a JSON list, e.g. \'["nvidia-smi"]\'')
+    grace: float = common.arg("seconds between SIGTERM and SIGKILL (timeouts.stop_grace_s)")
+    kill_wait: float = common.arg("seconds to wait for processes to vanish after SIGKILL", default=15.0)
+    force_foreign: bool = common.arg("also kill GPU compute processes that are NOT ours (never the default)",
+                                     default=False)
     smi_timeout: float = common.DEFAULT_SMI_TIMEOUT
-    out: Optional[str] = None           # stop.json
-    sequencer_grace: Optional[float] = None   # None: grace + 90 s
+    out: Optional[str] = common.arg("also write the JSON result to this file (stop.json)", default=None)
+    sequencer_grace: Optional[float] = common.arg(
+        "seconds between SIGTERM and SIGKILL for a live sequencer (default: --grace + 90: it first stops its server "
+        "and waits for free GPUs)", default=None)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> StopSpec:
-    spec = common.spec_from_argv(StopSpec, argv)
-    if spec is not None:
-        return spec
-    p = argparse.ArgumentParser(prog="stop.py", description=__doc__.split("\n")[0])
-    p.add_argument("--node-dir", required=True)
-    p.add_argument("--smi", required=True, type=lambda s: common.json_list_arg(s, "--smi"),
-                   help='nvidia-smi argv as a JSON list, e.g. \'["nvidia-smi"]\'')
-    p.add_argument("--grace", type=float, required=True,
-                   help="seconds between SIGTERM and SIGKILL (timeouts.stop_grace_s)")
-    p.add_argument("--kill-wait", type=float, default=15.0,
-                   help="seconds to wait for processes to vanish after SIGKILL")
-    p.add_argument("--force-foreign", action="store_true",
-                   help="also kill GPU compute processes that are NOT ours (never the default)")
-    p.add_argument("--smi-timeout", type=float, default=common.DEFAULT_SMI_TIMEOUT)
-    p.add_argument("--out", default=None, help="also write the JSON result to this file (stop.json)")
-    p.add_argument("--sequencer-grace", type=float, default=None,
-                   help="seconds between SIGTERM and SIGKILL for a live sequencer (default: --grace + 90: "
-                        "it first stops its server and waits for free GPUs)")
-    return StopSpec(**vars(p.parse_args(argv)))
+    return common.parse_spec(StopSpec, argv, "stop.py", __doc__)
 
 
 class Stopper(object):

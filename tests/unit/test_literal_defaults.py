@@ -75,8 +75,14 @@ def python_copies(source: str, filename: str, node_tool: bool = True) -> list[st
                 found.append(f"{where}: .get({node.args[0].value!r}, {ast.unparse(node.args[1])})")
         elif isinstance(node, ast.ClassDef):
             for item in node.body:
-                if (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
-                        and item.target.id in names and _literal(item.value)):
+                if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                        and item.target.id in names):
+                    continue
+                # a field's default stands as the value or as field(default=...) / common.arg(..., default=...)
+                value = item.value
+                if isinstance(value, ast.Call):
+                    value = next((kw.value for kw in value.keywords if kw.arg == "default"), None)
+                if _literal(value):
                     found.append(f"{filename}:{item.lineno}: field {node.name}.{item.target.id} = "
                                  f"{ast.unparse(item.value)}")
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -151,23 +157,24 @@ def test_no_default_value_stands_outside_roles_specab() -> None:
 def test_the_scanners_find_a_planted_copy() -> None:
     """Each kind of copy, planted in a copy of the real code, is found."""
     loadgen = (NODE / "loadgen.py").read_text()
-    planted = loadgen.replace('ap.add_argument("--num-requests", type=int, required=True,',
-                              'ap.add_argument("--num-requests", type=int, default=8,')
-    assert planted != loadgen and any("--num_requests defaults to 8" in f
+    planted = loadgen.replace('num_requests: int = common.arg("measured requests")',
+                              'num_requests: int = common.arg("measured requests", default=8)')
+    assert planted != loadgen and any("BenchConfig.num_requests = common.arg('measured requests', default=8)" in f
                                       for f in python_copies(planted, "loadgen.py"))
-    planted = loadgen.replace('ap.add_argument("--ignore-eos", choices=("true", "false"), required=True,',
-                              'ap.add_argument("--ignore-eos", choices=("true", "false"), default="true",')
-    assert planted != loadgen and any("--ignore_eos defaults to 'true'" in f
+    planted = loadgen.replace('choices=("true", "false"))', 'choices=("true", "false"), default="true")')
+    assert planted != loadgen and any("BenchConfig.ignore_eos = common.arg(" in f
                                       for f in python_copies(planted, "loadgen.py"))
-    planted = loadgen.replace("    ignore_eos: bool  ", "    ignore_eos: bool = True  ")
-    assert planted != loadgen and any("BenchConfig.ignore_eos = True" in f
-                                      for f in python_copies(planted, "loadgen.py"))
+    planted = loadgen.replace("    concurrency: int\n", "    concurrency: int = 4\n")
+    assert planted != loadgen and any("BenchConfig.concurrency = 4" in f for f in python_copies(planted, "loadgen.py"))
+    assert python_copies("p.add_argument('--num-requests', type=int, default=8)\n", "x.py")
     planted = loadgen.replace('_flag(bench["ignore_eos"], "ignore_eos")',
                               '_flag(bench.get("ignore_eos", True), "ignore_eos")')
     assert planted != loadgen and any(".get('ignore_eos', True)" in f for f in python_copies(planted, "loadgen.py"))
     planted = loadgen.replace('num_requests=int(bench["num_requests"])', 'num_requests=int(bench.get("num_requests", 8))')
     assert planted != loadgen and any(".get('num_requests', 8)" in f for f in python_copies(planted, "loadgen.py"))
     assert python_copies("class C:\n    stale_s: float = 600.0\n", "x.py")
+    assert python_copies("class C:\n    stale_s: float = common.arg('h', default=600.0)\n", "x.py")
+    assert python_copies("class C:\n    stale_s: float = field(default=600.0)\n", "x.py")
     assert python_copies("def show(node_dir, stale_s=600.0):\n    pass\n", "x.py")
     assert python_copies("DEFAULT_STALE_S = 600.0\n", "x.py")
     assert python_copies("p.add_argument('--interval', type=float, default=1.0)\n", "gpusample.py")

@@ -6,16 +6,22 @@ on the other (gpufree's ``--gpus`` once defaulted to "all" where its spec requir
 
 Each tool's argparse parser is taken from its own ``parse_args`` (stopped before it parses), so the test reads the
 flags the tool really declares. lease.py is not here: its subcommands each take a part of one spec, and which part
-is checked after parsing, on both ways in (``lease.NEEDS``)."""
+is checked after parsing, on both ways in (``lease.NEEDS``).
+
+The same values given as flags and as the JSON spec build equal specs, and a required flag left out exits 2
+naming it (argparse's usage error, what a role sees)."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
+import json
 from typing import Any, Dict
 
 import pytest
 
-from specab.node import envcheck, gpufree, gpusample, loadgen, manifest, ready, sequence, start, stop
+from specab.node import common, envcheck, gpufree, gpusample, loadgen, manifest, ready, sequence, start, stop
+from specab.node.common import spec_of
 
 REQUIRED = "<required>"
 
@@ -92,3 +98,110 @@ def test_the_planted_difference_is_seen(monkeypatch: pytest.MonkeyPatch) -> None
     got = flag_defaults(parser_of(planted, monkeypatch))
     assert got != field_defaults(gpufree.GpuFreeSpec)
     assert {k for k in got if got[k] != field_defaults(gpufree.GpuFreeSpec)[k]} == {"gpus"}
+
+
+# Every field of each tool's spec, none at its default: the flags and the JSON spec must build the same spec from them.
+SMI = ["fake-smi", "--id=0"]
+VALUES: Dict[str, Dict[str, Any]] = {
+    "gpufree": dict(smi=SMI, gpus="0,1", threshold_mib=64.5, timeout=30.0, interval=0.25, node_dir="/nd",
+                    smi_timeout=4.0, out="/r/gpu_free.json", csv="/r/gpu.csv"),
+    "ready": dict(url="http://h:1", pid=123, log="/r/server.log", timeout=60.0, interval=0.5, traceback_grace=10.0,
+                  phases_out="/r/ready.json", progress="/r/ready_progress.json"),
+    "start": dict(node_dir="/nd", run_dir="/r", script="/r/launch.sh", host="127.0.0.1", port=30000, run_id="001-a",
+                  arm="a", log="/r/s.log"),
+    "stop": dict(node_dir="/nd", smi=SMI, grace=5.0, kill_wait=3.0, force_foreign=True, smi_timeout=4.0,
+                 out="/r/stop.json", sequencer_grace=7.0),
+    "manifest": dict(run_dir="/r", node_dir="/nd", smi=SMI, python="/py", args_json="/a.json", env_file="/e.env",
+                     launch="/l.sh", model_path="/m", draft_model_path="/d", seed="7", extra=["a=1", "b=2"],
+                     probe_timeout=9.0, smi_timeout=4.0, out="/r/m.json"),
+    "envcheck": dict(node_dir="/nd", env_file="/e.env", expected_args="/a.json", url="http://h:1", no_server_info=True,
+                     log=["/l1", "/l2"], http_timeout=3.0, allow_unverified=True, out="/o.json",
+                     server_info_out="/s.json"),
+    "gpusample": dict(smi=SMI, interval=0.5, out="/g.csv", gpus="0", count=3, duration=2.5, smi_timeout=4.0,
+                      keep_after_parent_exit=True),
+    "loadgen": dict(url="http://h:1", api="chat", num_requests=5, warmup=1, input_len=16, output_len=8, concurrency=4,
+                    seed=3, timeout=20.0, ignore_eos=True, request_rate=2.5, client_procs=2, out="/b.jsonl",
+                    summary="/s.json", model="m", phase_metrics="/p.json", dataset="/d.jsonl"),
+}
+SEQUENCE_VALUES: Dict[str, Dict[str, Any]] = {
+    "ensure": dict(experiment_id="exp1", idle_timeout=60.0, lease_s=600.0, gpus="0,1", gpu_free_timeout=30.0,
+                   gpu_free_threshold_mib=64.0, stop_grace=5.0, smi=SMI),
+    "reset": dict(experiment_id="exp1", stop_grace=5.0, gpu_free_timeout=30.0),
+    "wait": dict(run_id="001-a", timeout=9.0, pack="/p.tar", also=["002-b", "003-a"]),
+    "finish": dict(experiment_id="exp1"),
+    "stage": dict(experiment_id="exp1", finish=True),
+}
+SEQUENCE_VALUES["serve"] = SEQUENCE_VALUES["ensure"]
+JSON_LISTS = {"smi"}                     # the other list flags are given once per item
+
+
+def argv_of(values: Dict[str, Any]) -> list:
+    """The command line a role writes for these values: --field-name VALUE, a switch bare, true|false words for
+    loadgen's --ignore-eos, a JSON list for --smi, a repeated flag per item of the other lists."""
+    argv = []
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        if name == "ignore_eos":
+            argv += [flag, "true" if value else "false"]
+        elif isinstance(value, bool):
+            argv += [flag] if value else []
+        elif name in JSON_LISTS:
+            argv += [flag, json.dumps(value)]
+        elif isinstance(value, list):
+            argv += [a for item in value for a in (flag, item)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def test_the_values_set_every_field_away_from_its_default() -> None:
+    for tool, values in VALUES.items():
+        defaults = field_defaults(TOOLS[tool][1])
+        assert set(values) == set(defaults) and all(values[k] != defaults[k] for k in values), tool
+    for command, values in SEQUENCE_VALUES.items():
+        defaults = field_defaults(sequence.SPECS[command])
+        assert set(values) | {"node_dir"} | set(SEQUENCE_STDIN.get(command, ())) == set(defaults), command
+        assert all(values[k] != defaults[k] for k in values), command
+
+
+@pytest.mark.parametrize("tool", sorted(VALUES))
+def test_the_flags_and_the_json_spec_build_the_same_spec(tool: str) -> None:
+    parse_args, cls = TOOLS[tool]
+    from_flags = parse_args(argv_of(VALUES[tool]))
+    # gpusample and loadgen take no --spec-json: their spec as the JSON path would build it
+    whole = (spec_of(cls, dict(VALUES[tool])) if tool in ("gpusample", "loadgen")
+             else parse_args([common.SPEC_FLAG, json.dumps(VALUES[tool])]))
+    assert from_flags == whole == cls(**VALUES[tool])
+
+
+@pytest.mark.parametrize("command", sorted(SEQUENCE_VALUES))
+def test_each_sequence_command_builds_the_same_spec_from_flags_and_json(command: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = '{"version": 1, "runs": []}'
+    monkeypatch.setattr("sys.stdin", io.StringIO(batch))
+    got = sequence.parse_args(["--node-dir", "/nd", command] + argv_of(SEQUENCE_VALUES[command]))
+    extra = {"batch": batch} if command == "stage" else {}
+    whole = dict(SEQUENCE_VALUES[command], node_dir="/nd", command=command, **extra)
+    assert got == sequence.parse_args([common.SPEC_FLAG, json.dumps(whole)])
+    assert got == (command, sequence.SPECS[command](node_dir="/nd", **SEQUENCE_VALUES[command], **extra))
+
+
+def required_cases() -> list:
+    cases = [(tool, [], name) for tool in sorted(VALUES) for name, d in field_defaults(TOOLS[tool][1]).items()
+             if d == REQUIRED]
+    return cases + [("sequence", ["--node-dir", "/nd", command], name) for command in sorted(SEQUENCE_VALUES)
+                    for name, d in field_defaults(sequence.SPECS[command]).items()
+                    if d == REQUIRED and name in SEQUENCE_VALUES[command]]
+
+
+@pytest.mark.parametrize("tool, before, name", required_cases())
+def test_a_missing_required_flag_exits_2_naming_it(tool: str, before: list, name: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    if tool == "sequence":
+        parse_args, values = sequence.parse_args, SEQUENCE_VALUES[before[-1]]
+    else:
+        parse_args, values = TOOLS[tool][0], VALUES[tool]
+    with pytest.raises(SystemExit) as got:
+        parse_args(before + argv_of({k: v for k, v in values.items() if k != name}))
+    assert got.value.code == 2
+    assert "the following arguments are required: --" + name.replace("_", "-") in capsys.readouterr().err
