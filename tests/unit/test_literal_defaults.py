@@ -180,7 +180,7 @@ def test_the_scanners_find_a_planted_copy() -> None:
     assert python_copies("p.add_argument('--interval', type=float, default=1.0)\n", "gpusample.py")
     assert not python_copies("p.add_argument('--interval', type=float, default=0.1)\n", "gpufree.py")
     enqueue = (REPO / "playbooks" / "enqueue.yml").read_text()
-    planted = enqueue.replace("default(specab_stop_grace_s)", "default(10)")
+    planted = enqueue.replace("specab_queue_timeouts.stop_grace_s }}", "specab_queue_timeouts.stop_grace_s | default(10) }}")
     assert planted != enqueue and jinja_copies(planted, "enqueue.yml")
     assert jinja_copies("n: \"{{ specab_queue_bench.num_requests | default(8) | int }}\"\n", "enqueue.yml")
     assert jinja_copies("e: \"{{ specab_queue_bench.ignore_eos | default(true) | bool }}\"\n", "enqueue.yml")
