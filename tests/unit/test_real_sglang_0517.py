@@ -118,6 +118,15 @@ def test_the_real_0517_help_is_the_new_graph_flag_generation_and_spells_per_phas
     assert "tp_size" in spelled and any(k.startswith("cuda_graph_max_bs") for k in spelled)
 
 
+def test_the_real_0517_flag_set_is_read_as_the_generation_its_version_is():
+    """The real 0.5.17 --help lists the per-phase graph flags and keeps `--cuda-graph-max-bs` as a deprecated alias
+    of `--cuda-graph-max-bs-decode`: the flag set is the 0.5.23 generation, as its version says (preflight names
+    the flag set by it: "SGLang 0.5.23 flags")."""
+    flags = parse_help_flags((FIX / "help-0.5.17.txt").read_text())
+    assert "--cuda-graph-max-bs" in flags and "--cuda-graph-backend-decode" in flags
+    assert engines.generation_of_flags(flags) == engines.generation_of_version("0.5.17") == engines.SGLANG_0_5_23
+
+
 def test_the_real_process_titles_and_environ():
     ps = (FIX / "eagle3.ps").read_text().splitlines()
     titles = [line.split(None, 3)[3] for line in ps if line.strip()]
