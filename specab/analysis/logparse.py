@@ -625,7 +625,9 @@ def cmd_parse_log(ns: argparse.Namespace, out: IO[str] | None = None) -> int:
                     if not ns.summary_only:
                         out.write((json.dumps(rec) if ns.format == "json" else _text_record(rec)) + "\n")
                     yield rec
-            with open(path, encoding="utf-8", errors="replace") as fh:
+            # lines end at "\n" only: tqdm bars redraw with bare "\r" inside one line of the log (the real
+            # 0.5.17's graph capture), and the records' line numbers are the file's
+            with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
                 summary = summarize(shown(iter_records(fh)))
             recognised = bool(summary["counts"])
     except BrokenPipeError:     # the reader of `out` went away (`parse-log LOG | head`): not the log's fault

@@ -5,8 +5,8 @@ tools, and the controller's layers import it alike. The simulator does NOT impor
 it plays the real engine, whose behaviour these tables describe, so tests can hold one against the other.
 
 Everything here is keyed by what the node's own engine reports, never by a guess:
-- its ``--help`` flag set (``generation_of_flags``): a flag set with ``--cuda-graph-backend-decode`` and
-  without ``--cuda-graph-max-bs`` is the 0.5.23 generation; anything else the 0.5.9 one;
+- its ``--help`` flag set (``generation_of_flags``): a flag set with ``--cuda-graph-backend-decode`` is the
+  0.5.23 generation; anything else the 0.5.9 one;
 - its version string when known (``generation_of_version``), e.g. ``"0.5.23"`` from ``/server_info``.
 
 Experiments keep logical names (``cuda_graph_max_bs: 16``, ``disable_cuda_graph: true``);
@@ -70,9 +70,9 @@ def generation_of_version(text: str) -> Optional[str]:
 
 
 def generation_of_flags(flags: Iterable[str]) -> str:
-    """The generation a `--help` flag set belongs to (per-phase graph flags and no legacy max-bs: 0.5.23)."""
-    fs = set(flags)
-    if "--cuda-graph-backend-decode" in fs and "--cuda-graph-max-bs" not in fs:
+    """The generation a `--help` flag set belongs to (the per-phase graph flags: 0.5.23). 0.5.9 has none of them;
+    the real 0.5.17 has them and keeps `--cuda-graph-max-bs` as a deprecated alias, so the alias decides nothing."""
+    if "--cuda-graph-backend-decode" in set(flags):
         return SGLANG_0_5_23
     return SGLANG_0_5_9
 

@@ -109,6 +109,22 @@ def test_logparse_reads_the_real_0517_decode_and_prefill_lines():
     assert s["capacity"]["max_running_requests"] == 48
 
 
+def test_parse_log_numbers_the_real_0517_lines_as_the_file_does(capsys):
+    """The real 0.5.17 log holds tqdm bars ("Capturing batches ...") that redraw with bare carriage returns inside one
+    line: a record's `line` is still the line of the file (as `grep -n` and `sed -n Np` count), with what it read."""
+    path = FIX / "eagle3.log"
+    assert logparse.main([str(path), "--format", "json"]) == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()][:-1]
+    file_lines = path.read_bytes().decode("utf-8").split("\n")
+    marks = {"decode": "Decode batch, ", "prefill": "Prefill batch, ", "ready": "The server is fired up",
+             "capacity": "max_total_num_tokens="}
+    assert {r["kind"] for r in recs} >= set(marks)
+    for r in recs:
+        assert marks.get(r["kind"], "[2026-12-01 ") in file_lines[r["line"] - 1], r
+    ends = [r for r in recs if r.get("phase") == "graph_end"]
+    assert file_lines[ends[0]["line"] - 1].startswith("[2026-12-01 03:27:09] Capture target verify CUDA graph end.")
+
+
 def test_the_real_0517_help_is_the_new_graph_flag_generation_and_spells_per_phase():
     flags = parse_help_flags((FIX / "help-0.5.17.txt").read_text())
     assert {"--cuda-graph-backend-decode", "--cuda-graph-max-bs-decode", "--speculative-algorithm"} <= flags
@@ -116,6 +132,15 @@ def test_the_real_0517_help_is_the_new_graph_flag_generation_and_spells_per_phas
     assert engines.generation_of_version("0.5.17") == engines.SGLANG_0_5_23
     spelled = engines.spell_args({"cuda_graph_max_bs": 16, "tp_size": 1}, flags)
     assert "tp_size" in spelled and any(k.startswith("cuda_graph_max_bs") for k in spelled)
+
+
+def test_the_real_0517_flag_set_is_read_as_the_generation_its_version_is():
+    """The real 0.5.17 --help lists the per-phase graph flags and keeps `--cuda-graph-max-bs` as a deprecated alias
+    of `--cuda-graph-max-bs-decode`: the flag set is the 0.5.23 generation, as its version says (preflight names
+    the flag set by it: "SGLang 0.5.23 flags")."""
+    flags = parse_help_flags((FIX / "help-0.5.17.txt").read_text())
+    assert "--cuda-graph-max-bs" in flags and "--cuda-graph-backend-decode" in flags
+    assert engines.generation_of_flags(flags) == engines.generation_of_version("0.5.17") == engines.SGLANG_0_5_23
 
 
 def test_the_real_process_titles_and_environ():
