@@ -56,19 +56,23 @@ def redact_mapping(mapping: Any) -> Any:
     return mapping
 
 
-ASSIGN_RE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>'[^']*'|\"[^\"]*\"|\S+)")
-FLAG_RE = re.compile(r"(?P<flag>--[A-Za-z0-9][A-Za-z0-9_-]*)(?P<sep>=|\s+)(?P<value>'[^']*'|\"[^\"]*\"|[^\s\\]+)")
+# A value runs to the next blank; the punctuation that closes it there (", " between the fields of a repr such as
+# SGLang's ServerArgs(...) line, a closing bracket or quote) is not part of it and stays in the text.
+_VALUE_END = r"(?P<tail>[,;)\]}\"']*)(?=\s|$)"
+ASSIGN_RE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>'[^']*'|\"[^\"]*\"|\S+?)" + _VALUE_END)
+FLAG_RE = re.compile(r"(?P<flag>--[A-Za-z0-9][A-Za-z0-9_-]*)(?P<sep>=|\s+)(?P<value>'[^']*'|\"[^\"]*\"|[^\s\\]+?)"
+                     r"(?P<tail>[,;)\]}\"']*)(?=[\s\\]|$)")
 
 
 def redact_text(text: str) -> str:
     """Redact ``SECRET_NAME=value`` assignments and ``--secret-flag value`` pairs in free text."""
 
     def assign(m: "re.Match[str]") -> str:
-        return m.group("name") + "=" + REDACTED if is_secret_name(m.group("name")) else m.group(0)
+        return m.group("name") + "=" + REDACTED + m.group("tail") if is_secret_name(m.group("name")) else m.group(0)
 
     def flag(m: "re.Match[str]") -> str:
         if is_secret_name(m.group("flag")):
-            return m.group("flag") + m.group("sep") + REDACTED
+            return m.group("flag") + m.group("sep") + REDACTED + m.group("tail")
         return m.group(0)
 
     return FLAG_RE.sub(flag, ASSIGN_RE.sub(assign, text))

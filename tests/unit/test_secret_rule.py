@@ -5,11 +5,14 @@ The controller once used a narrower rule than the node: ``--api-key X`` (server 
 rule; the end-to-end proof is tests/driver/test_secrets_e2e.py."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from specab.vocab import contract as c
 
 R = c.REDACTED
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 @pytest.mark.parametrize("name", ["TOKEN", "token", "HF_TOKEN", "hf_token", "api_key", "API_KEY", "--api-key",
@@ -41,6 +44,10 @@ def test_not_secret_names(name):
     ("--max-tokens 256", "--max-tokens 256"),
     ("--max-tokens=256 MAX_TOKENS=3", "--max-tokens=256 MAX_TOKENS=3"),
     ("--speculative-num-draft-tokens 3", "--speculative-num-draft-tokens 3"),
+    # a value ends at the next blank, and the punctuation that closes it there stays in the text
+    ("HF_TOKEN=a,b;c) x", f"HF_TOKEN={R}) x"),
+    ('{"env": "HF_TOKEN=hf_abc"}', f'{{"env": "HF_TOKEN={R}"}}'),
+    ("(api_key=sk-1)", f"(api_key={R})"),
 ])
 def test_redact_text(text, expected):
     assert c.redact_text(text) == expected
@@ -51,6 +58,16 @@ def test_redact_text_in_a_launch_line_keeps_the_rest():
     out = c.redact_text(line)
     assert "SECRETAPI" not in out
     assert out == f"exec python -m sglang.launch_server --tp-size 8 --api-key {R} --max-total-tokens 9 NCCL_PROTO=LL"
+
+
+def test_redact_text_keeps_the_fields_of_a_real_server_args_line():
+    """SGLang 0.5.17's ServerArgs(...) log line (the real H200 baseline log in tests/fixtures/sglang-0.5.17): a
+    field redacted (its name ends in _token) keeps the ", " that separates it from the next one."""
+    line = next(line for line in (FIXTURES / "sglang-0.5.17" / "baseline.log").read_text().splitlines()
+                if "server_args=ServerArgs(" in line)
+    out = c.redact_text(line)
+    assert f"bucket_time_to_first_token={R}, bucket_inter_token_latency=None," in out
+    assert out.count(", ") == line.count(", ")
 
 
 def test_redact_argv():
