@@ -10,7 +10,8 @@ writes the deltas to ``phase_metrics.json`` in the run directory (schema in docs
   ``eagle_draft_extend``, ``target_verify``, ``decode``, ``extend``; 0.5.17 has only ``extend``/``decode``);
 * ``sglang:cuda_graph_passes_total{mode}``: forward passes per CUDA-graph mode (``decode_cuda_graph``,
   ``decode_none``, ``prefill_none``, ...);
-* ``sglang:spec_verify_calls_total``: verify calls (cycles), 0.5.23 only; ``sglang:generation_tokens_total``.
+* ``sglang:spec_verify_calls_total``: verify calls (cycles), on a speculative server (0.5.17 and 0.5.23);
+  ``sglang:generation_tokens_total``.
 
 Only ``tp_rank="0"`` series are read for the per-rank metrics (the ranks run in lockstep); series of one name that
 differ in other labels (``is_streaming``) are summed. Python 3.8 syntax: it runs on GPU nodes.
