@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import os
 from pathlib import Path
 
@@ -29,6 +30,19 @@ def test_every_tool_parses_as_python38():
     assert len(files) >= 8
     for f in files:
         ast.parse(f.read_text(), filename=str(f), feature_version=(3, 8))
+
+
+def test_every_spec_annotation_evaluates_on_python38():
+    """A tool's flags are built from its spec dataclass's evaluated type hints (common.spec_flags), so on a node
+    those annotations run: no list[...]/dict[...] or X | Y there, which python3.8 cannot evaluate."""
+    found = []
+    for f in sorted(NODE.glob("*.py")):
+        for cls in ast.walk(ast.parse(f.read_text())):
+            if isinstance(cls, ast.ClassDef):
+                found += [f"{f.name}: {cls.name}.{st.target.id}: {ast.unparse(st.annotation)}" for st in cls.body
+                          if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)
+                          and re.search(r"\b(list|dict|tuple|set|frozenset|type)\[|\|", ast.unparse(st.annotation))]
+    assert found == [], found
 
 
 def test_smi_query_gpu_real_h200_line():
