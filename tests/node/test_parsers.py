@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import ast
-import re
 import os
+import re
 from pathlib import Path
 
 import pytest
