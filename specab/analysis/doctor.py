@@ -527,21 +527,34 @@ def client_bottleneck(exp: Experiment, ctx: Context) -> list[Finding]:
 
 def bursty_delivery(exp: Experiment, ctx: Context) -> list[Finding]:
     """Requests whose tokens reached the client in bursts after a stall (node/loadgen `buffered`): their chunk
-    times are not the engine's decode pace and were left out of tok/s; the arm's tok/s rests on the others."""
+    times are not the engine's decode pace and were left out of tok/s; the arm's tok/s rests on the others, and a
+    run with no other request on the engine's own decode rate where the engine reports one (Run.tok_s_source)."""
     out = []
+    both = [(r.engine_tok_s / r.tok_s - 1) * 100 for r in exp.runs if r.tok_s_source == "client" and r.engine_tok_s
+            and r.tok_s]
     for a in exp.arms:
         runs = [r for r in exp.runs_of(a.name) if r.buffered_requests]
         if not runs:
             continue
         hit = sum(r.buffered_requests for r in runs)
         total = sum(len(r.measured) for r in exp.runs_of(a.name))
+        engine = [r.run_id for r in runs if r.tok_s_source == "engine"]
+        rated = ""
+        if engine:
+            agree = (f"on the {len(both)} runs where both were measured the engine's rate was "
+                     f"{min(both):+.1f} % to {max(both):+.1f} % of the client's" if both else
+                     "no run here measured both, so how far the two agree is not known")
+            rated = (f" {', '.join(engine)} had no request the client could time: their tok/s is the engine's own "
+                     f"decode rate over the same requests ({agree}).")
         out.append(Finding(
             "bursty-delivery", "warning" if hit * 2 > total else "info",
             f"{a.name}: {hit} of {total} measured requests reached the client in bursts (a stall, then most tokens "
-            f"at once): their timing is not the engine's decode pace and is left out of tok/s. The server's HTTP "
-            f"front end or the client was starved of CPU: give the engine host idle cores (nothing else running), "
-            f"or compare with the engine's own inter-token latency.",
-            [f"{r.run_id}: {r.buffered_requests} of {len(r.measured)} requests in bursts" for r in runs],
+            f"at once): their timing is not the engine's decode pace and is left out of tok/s.{rated} The server's "
+            f"HTTP front end or the client was starved of CPU: give the engine host idle cores (nothing else "
+            f"running), or compare with the engine's own inter-token latency.",
+            [f"{r.run_id}: {r.buffered_requests} of {len(r.measured)} requests in bursts"
+             + (f"; tok/s {r.tok_s:.1f} from the engine" if r.tok_s_source == "engine" and r.tok_s else "")
+             for r in runs],
             a.name, [r.run_id for r in runs]))
     return out
 

@@ -168,7 +168,8 @@ class Run:
                                              # deltas, bench_summary spec_metrics): when responses carry none
     buffered_requests: int = 0               # measured requests delivered in bursts (node/loadgen: no decode pace)
     engine_tok_s: float | None = None        # the engine's own decode rate over the measured requests (vLLM's
-                                             # /metrics histograms, bench_summary engine_decode); descriptive only
+                                             # /metrics histograms, bench_summary engine_decode): tok/s where the
+                                             # client could time no request (tok_s_source "engine")
     known_truth: dict | None = None          # bench_summary's known_truth: the served models' (specab.knowntruth)
     workload: dict | None = None             # bench_summary's dataset (kind synthetic, or file with path, sha256,
                                              # records, categories) and ignore_eos; None: not recorded
@@ -188,13 +189,22 @@ class Run:
 
     @property
     def tok_s(self) -> float | None:
-        """The run's output tok/s: median over its measured requests' decode tok/s."""
+        """The run's output tok/s: median over its measured requests' decode tok/s. A run none of whose requests
+        the client could time (all reached it in bursts) has the engine's own decode rate over the same requests,
+        where the engine reports one (``tok_s_source``), as accept_len has the engine's count."""
         # statistics.median's arithmetic, inline: the doctor asks ~260,000 times in a 1,000-run experiment
         v = sorted([r.decode_tok_s for r in self.requests if not r.warmup and r.ok and r.decode_tok_s])
         n = len(v)
         if not n:
-            return None
+            return self.engine_tok_s if self.measured else None
         return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+    @property
+    def tok_s_source(self) -> str | None:
+        """Where tok_s comes from: "client" (the requests' own decode rates), "engine" (engine_tok_s), None."""
+        if any(not r.warmup and r.ok and r.decode_tok_s for r in self.requests):
+            return "client"
+        return "engine" if self.measured and self.engine_tok_s else None
 
     @property
     def accept_len(self) -> float | None:
@@ -515,7 +525,7 @@ def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = Non
                client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
                client_cpu_max_proc_s=_client_cpu_max_proc_s(summary), client_procs=_client_procs(summary),
                run_dir=run_dir, phase_metrics=_read_json(run_dir / "phase_metrics.json") or None,
-               engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary),
+               engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary, scale),
                buffered_requests=int(summary.get("buffered_requests") or 0), time_scale=scale,
                workload=_workload(summary), latency=_latency(summary, scale),
                spec_positions=_spec_positions(summary))
@@ -565,11 +575,12 @@ def _engine_accept_len(summary: dict) -> float | None:
     return _num(spec.get("accept_len")) if isinstance(spec, dict) else None
 
 
-def _engine_tok_s(summary: dict) -> float | None:
+def _engine_tok_s(summary: dict, scale: float = 1.0) -> float | None:
     """The engine's own decode rate over the measured requests (vLLM's /metrics histograms, node/loadgen
-    `engine_decode`), or None."""
+    `engine_decode`), in the requests' time base (a simulated node's scale undone), or None."""
     dec = summary.get("engine_decode")
-    return _num(dec.get("decode_tok_s")) if isinstance(dec, dict) else None
+    rate = _num(dec.get("decode_tok_s")) if isinstance(dec, dict) else None
+    return None if rate is None else rate / scale
 
 
 # =========================================================================== the results store
@@ -773,7 +784,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             client_cpu_s=_num(summary.get("client_cpu_s")), duration_s=_num(summary.get("duration_s")),
             client_cpu_max_proc_s=_client_cpu_max_proc_s(summary), client_procs=_client_procs(summary),
             run_dir=run_dir, error=r.get("failure_reason"), gpu_seconds=_num(r.get("gpu_seconds")),
-            engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary),
+            engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary, scale),
             buffered_requests=int(summary.get("buffered_requests") or 0),
             phase_metrics=phase_files.get(r["seq"]), known_truth=summary.get("known_truth"),
             workload=_workload(summary), latency=_latency(summary, scale),

@@ -139,6 +139,41 @@ def test_a_trend_beyond_noise_but_under_two_percent_is_not_a_warning():
     assert fired(blocked, "baseline-drift") == [] and len(fired(blocked, "blocked-order")) == 1
 
 
+def test_a_run_the_client_could_not_time_takes_the_engines_rate_and_the_doctor_says_how_far_they_agree():
+    """A baseline run whose every measured request reached the client in bursts has no client pace; where the
+    engine reported its own decode rate over the same requests (vLLM's /metrics) that is the run's tok/s, the paired
+    speedup of its block stands, and bursty-delivery names the run and the agreement on the runs with both."""
+    def starved(run, arm):
+        if not arm.is_spec:
+            run.engine_tok_s = run.tok_s * 1.01            # the engine's rate on every baseline run: +1 %
+        if run.block == 2 and not arm.is_spec:
+            for r in run.measured:
+                r.decode_tok_s = None
+            run.buffered_requests = len(run.measured)
+    exp = clean(tweak=starved)
+    lost = next(r for r in exp.runs if r.block == 2 and r.arm == "baseline")
+    assert lost.tok_s_source == "engine" and lost.tok_s == lost.engine_tok_s
+    assert all(r.tok_s_source == "client" for r in exp.runs if r is not lost)
+    assert len(stats.paired_speedup(exp, "eagle3-s2").ratios) == 5          # the block keeps its pair
+    f = fired(exp, "bursty-delivery")
+    assert len(f) == 1 and f[0].severity == "info" and f[0].runs == [lost.run_id]
+    assert (f"{lost.run_id} had no request the client could time: their tok/s is the engine's own decode rate"
+            in f[0].message)
+    assert "on the 4 runs where both were measured the engine's rate was +1.0 % to +1.0 % of the client's" \
+        in f[0].message
+    assert f[0].evidence == [f"{lost.run_id}: {len(lost.measured)} of {len(lost.measured)} requests in bursts; "
+                             f"tok/s {lost.tok_s:.1f} from the engine"]
+
+    def no_engine(run, arm):
+        starved(run, arm)
+        run.engine_tok_s = None
+    exp = clean(tweak=no_engine)
+    lost = next(r for r in exp.runs if r.block == 2 and r.arm == "baseline")
+    assert lost.tok_s is None and lost.tok_s_source is None
+    assert len(stats.paired_speedup(exp, "eagle3-s2").ratios) == 4
+    assert "engine's own decode rate" not in fired(exp, "bursty-delivery")[0].message
+
+
 def test_client_bottleneck():
     def busy_client(run, arm):
         if run.block == 0 and arm.is_spec:

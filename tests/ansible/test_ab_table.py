@@ -21,9 +21,10 @@ EAGLE = {**BASE_ARGS, "speculative_algorithm": "EAGLE3", "speculative_num_steps"
 
 
 def write_run(run_dir: Path, decode: list[float | None], *, accept: float | None = None, scale: float = 1.0,
-              ttft_s: float = 0.03) -> None:
+              ttft_s: float = 0.03, engine: float | None = None) -> None:
     """A run directory: one warm-up request (an outlier the table must leave out) and the measured ones, each
-    with its decode rate (None: delivered in a burst, no rate), times as a node at time scale `scale` measures."""
+    with its decode rate (None: delivered in a burst, no rate), times as a node at time scale `scale` measures;
+    `engine`: the engine's own decode rate over the measured requests (vLLM's /metrics, engine_decode)."""
     run_dir.mkdir(parents=True)
     lines = [{"i": 0, "warmup": True, "ok": True, "output_tokens": 32, "ttft_s": 0.001, "decode_tok_s": 9999.0}]
     for i, rate in enumerate(decode, start=1):
@@ -32,8 +33,10 @@ def write_run(run_dir: Path, decode: list[float | None], *, accept: float | None
                       "spec_verify_ct": None if accept is None else round(32 / accept), "accept_len": accept})
     (run_dir / "bench.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     buffered = sum(1 for r in decode if r is None)
-    (run_dir / "bench_summary.json").write_text(json.dumps({"requests": len(decode), "ok": len(decode),
-                                                            "buffered_requests": buffered}))
+    summary: dict[str, Any] = {"requests": len(decode), "ok": len(decode), "buffered_requests": buffered}
+    if engine is not None:
+        summary["engine_decode"] = {"requests": len(decode), "decode_tok_s": engine * scale, "source": "metrics"}
+    (run_dir / "bench_summary.json").write_text(json.dumps(summary))
     (run_dir / "server_info.json").write_text(json.dumps({"simulator": {"time_scale": scale}} if scale != 1.0 else {}))
 
 
@@ -75,6 +78,18 @@ def test_a_missing_rate_is_a_dash_never_zero_and_the_why_says_so(tmp_path: Path)
     assert rows[0]["tok_s"] is None and rows[0]["buffered"] == 3
     assert lines[4].startswith("why: baseline: 3 of 3 measured requests reached the client in bursts"), lines[4]
     assert lines[4].endswith("(doctor: warning, bursty-delivery)"), lines[4]
+
+
+def test_a_run_the_client_could_not_time_shows_the_engines_own_rate(tmp_path: Path) -> None:
+    # the same starved baseline on a vLLM that reports its own decode rate: the table shows that rate and the
+    # speedup against it; the why names the runs whose rate came from the engine
+    write_run(tmp_path / "001-baseline", [None, None, None], engine=40.0)
+    write_run(tmp_path / "002-eagle3-s2", [60.5, 55.0, 70.0], accept=2.0)
+    lines, rows = lines_of(tmp_path, [("baseline", BASE_ARGS), ("eagle3-s2", EAGLE)])
+    assert lines[1].split() == ["baseline", "3/3", "40.0", "30", "-", "1.00x"]
+    assert lines[2].split() == ["eagle3-s2", "3/3", "60.5", "30", "2.00", "1.51x"]
+    assert rows[0]["tok_s"] == rows[0]["engine_tok_s"] == 40.0
+    assert "001-baseline had no request the client could time" in lines[4], lines[4]
 
 
 def test_a_second_arm_without_speculation_is_a_baseline_of_its_own(tmp_path: Path) -> None:
