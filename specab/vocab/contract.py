@@ -58,10 +58,10 @@ def redact_mapping(mapping: Any) -> Any:
 
 # A value runs to the next blank; the punctuation that closes it there (", " between the fields of a repr such as
 # SGLang's ServerArgs(...) line, a closing bracket or quote) is not part of it and stays in the text.
-_VALUE_END = r"(?P<tail>[,;)\]}\"']*)(?=\s|$)"
-ASSIGN_RE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>'[^']*'|\"[^\"]*\"|\S+?)" + _VALUE_END)
+_TAIL = r"(?P<tail>[,;)\]}\"']*)"
+ASSIGN_RE = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>'[^']*'|\"[^\"]*\"|\S+?)" + _TAIL + r"(?=\s|$)")
 FLAG_RE = re.compile(r"(?P<flag>--[A-Za-z0-9][A-Za-z0-9_-]*)(?P<sep>=|\s+)(?P<value>'[^']*'|\"[^\"]*\"|[^\s\\]+?)"
-                     r"(?P<tail>[,;)\]}\"']*)(?=[\s\\]|$)")
+                     + _TAIL + r"(?=[\s\\]|$)")
 
 
 def redact_text(text: str) -> str:
