@@ -147,8 +147,9 @@ def _flag(f: dataclasses.Field) -> tuple[tuple[str, ...], str, Any, dict[str, An
     if f.name in _FLAG_EXCEPTIONS:
         flags, kind, extra = _FLAG_EXCEPTIONS[f.name]
         return flags, f.name, kind, extra
-    hint = _HINTS[f.name]
-    value = next((a for a in typing.get_args(hint) if a is not type(None)), hint)     # Optional[X] -> X
+    hint = value = _HINTS[f.name]
+    if typing.get_origin(hint) is typing.Union:                                       # Optional[X] -> X
+        value = next(a for a in typing.get_args(hint) if a is not type(None))
     kind = "store_true" if hint is bool else value if value in (int, float) else str
     return ("--" + f.name.replace("_", "-"),), f.name, kind, {}
 
