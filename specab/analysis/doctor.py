@@ -530,8 +530,7 @@ def bursty_delivery(exp: Experiment, ctx: Context) -> list[Finding]:
     times are not the engine's decode pace and were left out of tok/s; the arm's tok/s rests on the others, and a
     run with no other request on the engine's own decode rate where the engine reports one (Run.tok_s_source)."""
     out = []
-    both = [(r.engine_tok_s / r.tok_s - 1) * 100 for r in exp.runs if r.tok_s_source == "client" and r.engine_tok_s
-            and r.tok_s]
+    both: list[float] | None = None       # engine vs client rate, % apart, on the runs with both: when one is needed
     for a in exp.arms:
         runs = [r for r in exp.runs_of(a.name) if r.buffered_requests]
         if not runs:
@@ -541,6 +540,9 @@ def bursty_delivery(exp: Experiment, ctx: Context) -> list[Finding]:
         engine = [r.run_id for r in runs if r.tok_s_source == "engine"]
         rated = ""
         if engine:
+            if both is None:
+                both = [(r.engine_tok_s / r.tok_s - 1) * 100 for r in exp.runs
+                        if r.tok_s_source == "client" and r.engine_tok_s and r.tok_s]
             agree = (f"on the {len(both)} runs where both were measured the engine's rate was "
                      f"{min(both):+.1f} % to {max(both):+.1f} % of the client's" if both else
                      "no run here measured both, so how far the two agree is not known")
