@@ -64,6 +64,9 @@ class GenRequest:
     internal: bool = False          # warm-up and health-check requests (not counted by crash_after)
     arrival_mono: float = field(default_factory=time.monotonic)
     emit_mono: list[float] = field(default_factory=list)   # ground truth: when each chunk was emitted
+    # when the schedule said each chunk was due (emit_mono[i] >= emit_due[i]): the steps are paced on absolute
+    # deadlines, so a late emission is followed by shorter waits until the schedule is met again
+    emit_due: list[float] = field(default_factory=list)
     emit_tokens: list[int] = field(default_factory=list)
     text_cache: str = field(default="", repr=False)       # text of the first text_cache_n tokens
     text_cache_n: int = field(default=0, repr=False)
@@ -87,10 +90,11 @@ class GenRequest:
             self.text_cache_n = count
         return self.text_cache
 
-    def _emit(self, n: int) -> Emission:
+    def _emit(self, n: int, due: float) -> Emission:
         for _ in range(n):
             self.output_ids.append(self.id_rng.randrange(1000, 150000))
         self.emit_mono.append(time.monotonic())
+        self.emit_due.append(due)
         self.emit_tokens.append(n)
         done = len(self.output_ids) >= self.stop_at
         if done:
@@ -249,8 +253,8 @@ class Engine:
         return best
 
     async def _sleep_until(self, deadline: float) -> None:
-        delay = deadline - time.monotonic()
-        if delay > 0:
+        # the event loop may wake a timer up to its clock resolution early: wait until the deadline has passed
+        while (delay := deadline - time.monotonic()) > 0:
             await asyncio.sleep(delay)
         lag = time.monotonic() - deadline
         if lag > self.stats.schedule_lag_max_s:
@@ -272,6 +276,7 @@ class Engine:
         span = req.emit_mono[-1] - req.emit_mono[0] if len(req.emit_mono) > 1 else 0.0
         rec = {"rid": req.rid, "prompt_tokens": req.prompt_tokens, "completion_tokens": n,
                "arrival_mono": req.arrival_mono, "arrival_wall": req.created, "emit_mono": req.emit_mono,
+               "emit_due": req.emit_due,
                "emit_tokens": req.emit_tokens, "spec_verify_ct": req.verify_ct, "accept_hist": req.accept_hist,
                "pass_forward_s": req.pass_forward_s, "pass_batch_sum": req.pass_batch_sum,
                "ttft_s": req.emit_mono[0] - req.arrival_mono if req.emit_mono else None,
@@ -351,7 +356,7 @@ class Engine:
                 r.queue.put_nowait(Emission(0, True))
                 self._finish(r)
                 continue
-            em = r._emit(1)
+            em = r._emit(1, next_t)
             self.stats.generation_tokens_total += 1
             if em.finished:
                 self._finish(r)
@@ -392,7 +397,7 @@ class Engine:
                 self._win_accept_steps += 1
             else:
                 n = 1
-            em = r._emit(n)
+            em = r._emit(n, next_t)
             self.stats.generation_tokens_total += n
             self._win_tokens += n
             if em.finished:

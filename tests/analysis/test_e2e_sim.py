@@ -77,22 +77,24 @@ def _trace_of(trace: Path, run: analysis.Run) -> list[tuple[analysis.Request, di
     return out
 
 
-def true_decode_tok_s(trace: Path, run: analysis.Run) -> float:
-    """The median of the simulator's own decode rates (its emission times) over the run's measured requests."""
-    rates = sorted((rec["completion_tokens"] - 1) / (rec["emit_mono"][-1] - rec["emit_mono"][0]) / rec["time_scale"]
+def true_decode_tok_s(trace: Path, run: analysis.Run, times: str = "emit_mono") -> float:
+    """The median of the simulator's own decode rates over the run's measured requests: from the times it emitted
+    the tokens (``emit_mono``), or from the times its schedule had them due (``emit_due``)."""
+    rates = sorted((rec["completion_tokens"] - 1) / (rec[times][-1] - rec[times][0]) / rec["time_scale"]
                    for _, rec in _trace_of(trace, run))
     mid = len(rates) // 2
     return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
 
 
-def true_cycles_ms(trace: Path, run: analysis.Run) -> float:
+def true_cycles_ms(trace: Path, run: analysis.Run, times: str = "emit_mono") -> float:
     """The simulator's own decode cycle over a run's measured requests (its trace: the times it emitted the
-    tokens), defined as the analysis defines the implied cycle: sum of decode spans / sum of verify steps, in
-    simulated ms. Each measured request is matched to the trace line that arrived at its start."""
+    tokens, or with ``emit_due`` the times its schedule had them due), defined as the analysis defines the implied
+    cycle: sum of decode spans / sum of verify steps, in simulated ms. Each measured request is matched to the
+    trace line that arrived at its start."""
     span = verify = 0.0
     for q, rec in _trace_of(trace, run):
         assert rec["spec_verify_ct"] == q.spec_verify_ct            # the client read the engine's own count
-        span += (rec["emit_mono"][-1] - rec["emit_mono"][0]) * rec["time_scale"]
+        span += (rec[times][-1] - rec[times][0]) * rec["time_scale"]
         verify += rec["spec_verify_ct"]
     return 1000.0 * span / verify
 
@@ -114,11 +116,14 @@ def test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one(node: S
     assert e.meta["time_scales"] == [10.0] and all(r.ok for r in e.runs)
     st = stats.analyse(e)
     base = st.arms["baseline"].tok_s_run.median
-    # the seed's 82.2 tok/s in simulated seconds, or less where the box held the simulator back: the client's
-    # figure is the simulator's own (its trace), and that is never faster than the profile
+    # the client's figure is the simulator's own (the times it emitted the tokens). Those depend on the box: the
+    # steps are paced on absolute deadlines, so a late first token followed by a schedule met again reads faster
+    # than the profile. The schedule itself is the seed's 82.2 tok/s in simulated seconds (its noise within 1 %),
+    # or less where the box held the simulator back so far that it restarted its schedule
     base_run = next(r for r in e.runs if r.arm == "baseline")
     true_base = true_decode_tok_s(trace, base_run)
-    assert base == pytest.approx(true_base, rel=0.01) and 60 < true_base < 82.2 * 1.01
+    assert base == pytest.approx(true_base, rel=0.01)
+    assert 60 < true_decode_tok_s(trace, base_run, "emit_due") < 82.2 * 1.01
     assert st.arms["eagle3-nograph"].cuda_graph_share == 0.0
     assert st.arms["eagle3-graph"].cuda_graph_share == 1.0
     assert st.arms["eagle3-nograph"].tok_s_run.median < base < st.arms["eagle3-graph"].tok_s_run.median
@@ -137,14 +142,14 @@ def test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one(node: S
     assert abs(ng.verify_ms.mean - 29.0) / 29.0 < 0.02 and abs(ng.draft_ms.mean - 4.0) / 4.0 < 0.02
     assert ng.graph_share == 0.0
     # the cycle implied by the client's tok/s and the engine's verify counts equals the simulator's own cycle
-    # (its trace), and "other" is that cycle less the measured phases; the simulator is never faster than its
-    # profile (34.71 ms a cycle), only later on a loaded box
+    # (its trace), and "other" is that cycle less the measured phases; the simulator's schedule is never faster
+    # than its profile (34.71 ms a cycle), only later where a loaded box made it restart
     want_other = {}
     for name, a in arms.items():
         run = next(r for r in e.runs if r.arm == name)
         true_cycle = true_cycles_ms(trace, run)
         if name == "eagle3-nograph":
-            assert true_cycle > 0.99 * 34.71, true_cycle
+            assert true_cycles_ms(trace, run, "emit_due") > 0.99 * 34.71
         assert a.implied_cycle_ms.mean == pytest.approx(true_cycle, rel=0.01), name
         assert a.other_ms.mean == pytest.approx(true_cycle - a.measured_ms, abs=0.01 * true_cycle), name
         want_other[name] = (true_cycle - a.measured_ms) / true_cycle

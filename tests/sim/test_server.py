@@ -197,3 +197,6 @@ def test_trace_records_the_ground_truth_of_each_request(launch, tmp_path):
     span = rec["emit_mono"][-1] - rec["emit_mono"][0]
     assert rec["decode_tok_s"] == pytest.approx((48 - 1) / span), "the seed's tok/s of the emission times"
     assert all(b >= a for a, b in zip(rec["emit_mono"], rec["emit_mono"][1:]))
+    # each chunk is emitted at or after the time its schedule had it due, never before
+    assert len(rec["emit_due"]) == len(rec["emit_mono"])
+    assert all(emitted >= due for emitted, due in zip(rec["emit_mono"], rec["emit_due"])), rec
