@@ -40,6 +40,9 @@ def round_(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimNode, 
     exp = experiment(node.port)
     exp["env"]["SPECAB_TEST_HOSTILE"] = HOSTILE_ENV
     exp["server_args"]["served_model_name"] = HOSTILE_NAME
+    # 128 tokens: at time scale 50 a 32-token baseline request streams in 7.5 ms of wall time, so one scheduling
+    # stall of a few ms on a loaded box delivered both measured requests in bursts (no decode pace, no speedup)
+    exp["bench"]["output_len"] = 128
     exp_file = node.write_experiment(exp)
     try:
         result = node.playbook("ab_test.yml", {"specab_experiment_file": str(exp_file),
