@@ -1,9 +1,10 @@
 """The simulated scheduler loop: continuous batching, prefill/decode steps, speculative verify steps.
 
 Runs in the main process's event loop. Step durations come from :mod:`specab.sim.timing`, divided
-by the time scale, on an absolute schedule (each step ends ``dt`` after the previous one ended), so
-timer granularity does not bias the measured speed. Writes SGLang's ``Prefill batch, ...`` and
-``Decode batch, ...`` lines (0.5.9 format) every batch / every ``--decode-log-interval`` steps.
+by the time scale, on an absolute schedule (each step is due ``dt`` after the previous one was due, and
+ends then or, on a loaded box, later), so timer granularity does not bias the measured speed. Writes
+SGLang's ``Prefill batch, ...`` and ``Decode batch, ...`` lines (0.5.9 format) every batch / every
+``--decode-log-interval`` steps.
 """
 from __future__ import annotations
 
