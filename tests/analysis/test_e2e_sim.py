@@ -19,6 +19,7 @@ from specab.analysis import model as analysis
 from specab.analysis import doctor
 from specab.analysis import stats
 from tests.driver.simnode import NCCL_TUNED, SimNode, driver, free_port
+from tests.driver.simtrace import true_cycles_ms, true_decode_tok_s
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SCALE = "20"
@@ -64,39 +65,6 @@ def node(tmp_path: Path):
     n = SimNode(root=tmp_path, port=free_port(), time_scale=SCALE)
     yield n
     n.cleanup()
-
-
-def _trace_of(trace: Path, run: analysis.Run) -> list[tuple[analysis.Request, dict]]:
-    """Each measured request of the run with the simulator's trace line of it (the one that arrived at its start)."""
-    recs = [json.loads(line) for line in trace.read_text().splitlines()]
-    out = []
-    for q in run.measured:
-        rec = min(recs, key=lambda x: abs(x["arrival_wall"] - (q.start_ts or 0.0)))
-        assert abs(rec["arrival_wall"] - (q.start_ts or 0.0)) < 0.5 and rec["completion_tokens"] == q.output_tokens
-        out.append((q, rec))
-    return out
-
-
-def true_decode_tok_s(trace: Path, run: analysis.Run, times: str = "emit_mono") -> float:
-    """The median of the simulator's own decode rates over the run's measured requests: from the times it emitted
-    the tokens (``emit_mono``), or from the times its schedule had them due (``emit_due``)."""
-    rates = sorted((rec["completion_tokens"] - 1) / (rec[times][-1] - rec[times][0]) / rec["time_scale"]
-                   for _, rec in _trace_of(trace, run))
-    mid = len(rates) // 2
-    return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
-
-
-def true_cycles_ms(trace: Path, run: analysis.Run, times: str = "emit_mono") -> float:
-    """The simulator's own decode cycle over a run's measured requests (its trace: the times it emitted the
-    tokens, or with ``emit_due`` the times its schedule had them due), defined as the analysis defines the implied
-    cycle: sum of decode spans / sum of verify steps, in simulated ms. Each measured request is matched to the
-    trace line that arrived at its start."""
-    span = verify = 0.0
-    for q, rec in _trace_of(trace, run):
-        assert rec["spec_verify_ct"] == q.spec_verify_ct            # the client read the engine's own count
-        span += (rec[times][-1] - rec[times][0]) * rec["time_scale"]
-        verify += rec["spec_verify_ct"]
-    return 1000.0 * span / verify
 
 
 def test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one(node: SimNode, tmp_path: Path):

@@ -17,6 +17,7 @@ from specab.config.matrix import build_arms, parse_matrix
 from specab.config.plan import make_plan
 from specab.driver.render import render_arm
 from tests.driver.simnode import reap_driver, SimNode, driver, wait_for
+from tests.driver.simtrace import true_cycles_ms
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -129,22 +130,6 @@ def _iv_cell(cell: str) -> tuple[float, float, float]:
     return float(m.group(1)), float(m.group(2)), float(m.group(3))
 
 
-def true_cycle_ms(trace: Path, run) -> float:
-    """The simulator's own decode cycle over a run's measured requests, from its trace (the times it emitted the
-    tokens), defined as the analysis defines the implied cycle: sum of decode spans / sum of verify steps, in
-    simulated ms. Each measured request is matched to the trace line that arrived at its start."""
-    import json
-    recs = [json.loads(line) for line in trace.read_text().splitlines()]
-    span = verify = 0.0
-    for q in run.measured:
-        rec = min(recs, key=lambda x: abs(x["arrival_wall"] - (q.start_ts or 0.0)))
-        assert abs(rec["arrival_wall"] - (q.start_ts or 0.0)) < 0.5 and rec["completion_tokens"] == q.output_tokens
-        assert rec["spec_verify_ct"] == q.spec_verify_ct            # the client read the engine's own count
-        span += (rec["emit_mono"][-1] - rec["emit_mono"][0]) * rec["time_scale"]
-        verify += rec["spec_verify_ct"]
-    return 1000.0 * span / verify
-
-
 def _assert_phase_breakdown(s: st.Store, exp_dir: Path, arms, profile, trace: Path) -> None:
     """On the steps=1,2,3 matrix: per-phase timing on by default for the speculative arms (and
     recorded in their manifests), the report's per-phase section with intervals for each of them, in report.md
@@ -207,7 +192,7 @@ def _assert_phase_breakdown(s: st.Store, exp_dir: Path, arms, profile, trace: Pa
         # less the same forwards, so this fails when the implied cycle, the window or the device timer is off. It
         # is checked as the quantity itself (the profile's 0.91 ms, more where a loaded box held the simulator
         # back), not as a share of the ~30 ms cycle
-        true_other = statistics.fmean(true_cycle_ms(trace, r) - rp.measured_ms for r, rp in
+        true_other = statistics.fmean(true_cycles_ms(trace, r) - rp.measured_ms for r, rp in
                                       ((r, phases.run_phases(r)) for r in exp.runs if r.arm == a.name))
         print(f"{a.name}: other {cells['other'][0]:.3f} ms in the report, {true_other:.3f} ms true, "
               f"{nom.other_ms:.3f} ms in the profile")
