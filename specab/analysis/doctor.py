@@ -818,14 +818,14 @@ def outputs_not_valid(exp: Experiment, ctx: Context) -> list[Finding]:
                                + (f" (cause: {'; '.join(causes)})." if causes else "."),
                                _parity_evidence(v), name, runs))
             continue
-        cause = (f"Cause in its settings: {'; '.join(causes)}. Remove it, or declare the arm cost_only: true if it "
-                 f"is meant as a cost measurement." if causes else
-                 "No setting of the arm explains it: compare the engine builds of the two arms, the draft's "
-                 "vocabulary mapping and tokenizer, and run --correctness (the engine's deterministic mode), where "
-                 "any greedy difference is a bug rather than numerics.")
+        cause, todo = ((f"cause in its settings: {'; '.join(causes)}", "Remove the setting, or declare the arm "
+                        "cost_only: true if it is meant as a cost measurement.") if causes else
+                       ("no setting of the arm explains it", "Compare the engine builds of the two arms, the draft's "
+                        "vocabulary mapping and tokenizer, and run --correctness (the engine's deterministic mode), "
+                        "where any greedy difference is a bug rather than numerics."))
         out.append(Finding("outputs-not-valid", "error",
-                           f"{name}: {v.line}. Its speedup is not the same work done faster: the verdict does not "
-                           f"hold. {cause}", _parity_evidence(v), name, runs))
+                           f"{name}: {v.line}; {cause}. Its speedup is not the same work done faster: the verdict "
+                           f"does not hold. {todo}", _parity_evidence(v), name, runs))
     return out
 
 
