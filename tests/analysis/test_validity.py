@@ -156,3 +156,22 @@ def test_cost_only_is_for_a_speculative_arm(tmp_path: Path) -> None:
         {"name": "baseline", "cost_only": True}]}}))
     with pytest.raises(ConfigError, match="cost_only is for a speculative arm"):
         load_experiment(p)
+
+
+VLLM = Path(__file__).resolve().parents[1] / "fixtures" / "validity" / "vllm-cpu" / "vllm-cpu-parity-20261206-060154"
+
+
+def test_a_real_vllm_decoding_under_another_rule_is_not_valid_and_faster(tmp_path: Path) -> None:
+    """A real vllm-cpu 0.32.0 store (the tiny random Llama, 16 x 128 greedy tokens): the self-draft and the weak draft
+    are identical to the baseline on every request, the self-draft arm under a repetition penalty departs at the
+    second token of every one, and is the only arm that reads faster: the speedup the check exists to refuse."""
+    e = _load(VLLM, tmp_path)
+    v = validity.check(e)
+    assert [(a, v.arms[a].identical, v.arms[a].compared) for a in ("draft-self-k3", "draft-weak-k3")] == \
+        [("draft-self-k3", 16, 16), ("draft-weak-k3", 16, 16)]
+    bad = v.arms["draft-self-k3-penalty"]
+    assert bad.status == validity.NOT_VALID and [q.agreed for q in bad.requests] == [1] * 16
+    sp = stats.analyse(e).speedups
+    assert sp["draft-self-k3-penalty"].estimate > 1 > sp["draft-self-k3"].estimate
+    f = next(f for f in doctor.diagnose(e, validity=v) if f.rule == "outputs-not-valid")
+    assert f.arm == "draft-self-k3-penalty" and "override_generation_config {'repetition_penalty': 1.3}" in f.message
