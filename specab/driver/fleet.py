@@ -2,7 +2,7 @@
 
 Block b of the plan goes to host ``hosts[(b - 1) % n]`` (inventory order), so each host runs whole
 blocks and hosts never mix within a block: every paired comparison (arm vs baseline of the same block)
-is made on one host, and the statistics treat the host as a blocking factor (specab.analysis.stats pairs within
+is made on one host, and the statistics treat the host as a blocking factor (specab.analysis.measures.stats pairs within
 (host, block) and reports the speedup per host). The parallelism is Ansible's: one ansible-runner run
 per host with ``--limit <host>``, one thread per host, each thread taking its host's runs in plan order:
 through that host's run queue (``specab/driver/queue_executor.py``: one sequencer per host) by default, or one

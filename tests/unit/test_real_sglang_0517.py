@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import logparse
+from specab.analysis.evidence import logparse
 from specab.driver.preflight import parse_help_flags
 from specab.node import common, envcheck, loadgen, ready, stop
 from specab.vocab import engines
@@ -365,7 +365,10 @@ REAL_EXP = FIX / "experiment-real"     # driver.py on the H200 with the real 0.5
 def test_the_analysis_reads_a_real_engine_experiment(tmp_path):
     import shutil
 
-    from specab.analysis import doctor, model, report, stats
+    from specab.analysis.evidence import model
+    from specab.analysis.measures import stats
+    from specab.analysis.findings import doctor
+    from specab.analysis.render import report
 
     exp_dir = tmp_path / "exp"
     exp_dir.mkdir()

@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from specab.analysis import doctor, stats
-from specab.analysis.model import Arm, Experiment, Run, load_run_dir
+from specab.analysis.measures import stats
+from specab.analysis.findings import doctor
+from specab.analysis.evidence.model import Arm, Experiment, Run, load_run_dir
 
 HEADER = ("arm", "requests", "tok/s (median)", "TTFT (ms)", "accept len", "speedup")
 ROW_FORMAT = "%-16s %9s %14s %10s %11s %9s"
