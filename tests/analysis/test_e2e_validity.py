@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import model as analysis
-from specab.analysis import doctor, stats, validity
+from specab.analysis.evidence import model as analysis
+from specab.analysis.findings import doctor
+from specab.analysis.measures import stats, validity
 from tests.driver.simnode import NCCL_TUNED, SimNode, driver, free_port
 from tests.driver.simtrace import trace_of
 

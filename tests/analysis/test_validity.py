@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import doctor, outputs, report, stats, validity
-from specab.analysis.model import Arm, Experiment, Request, Run, load_store
+from specab.analysis.evidence import outputs
+from specab.analysis.evidence.model import Arm, Experiment, Request, Run, load_store
+from specab.analysis.findings import doctor
+from specab.analysis.measures import stats, validity
+from specab.analysis.render import report
 from specab.config.spec import load_experiment
 from specab.config.yamlfile import ConfigError
 from tests.stores import copy_store

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from specab.analysis import logparse
+from specab.analysis.evidence import logparse
 from specab.vocab import engines
 from tests.node.helpers import client_default_argv
 from tests.real_engine.conftest import VENV_BIN, RealVllm, free_port, vllm_run_env

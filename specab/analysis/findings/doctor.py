@@ -10,14 +10,14 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specab.analysis import economics
-from specab.analysis import phases as phase_analysis
-from specab.analysis import specmodel
-from specab.analysis import truthcheck
-from specab.analysis import validity as validity_analysis
-from specab.analysis import workload
-from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, arm_concurrency, reason_names
-from specab.analysis.stats import ExperimentStats, analyse
+from specab.analysis.cost import economics
+from specab.analysis.measures import phases as phase_analysis
+from specab.analysis.measures import specmodel
+from specab.analysis.measures import truthcheck
+from specab.analysis.measures import workload
+from specab.analysis.evidence.model import REASON_IDLE, Experiment, GpuSample, Run, arm_concurrency, reason_names
+from specab.analysis.measures.stats import ExperimentStats, analyse
+from specab.analysis.measures import validity as validity_analysis
 from specab.vocab import contract, engines
 # scipy is imported in the functions that use it: importing scipy.stats takes ~1.3 s, which every start of
 # driver.py paid (status, --help, a run before its first report: 1.8 s -> 0.55 s for --help).

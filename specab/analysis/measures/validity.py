@@ -29,8 +29,8 @@ from typing import Any
 
 from scipy import stats as sps
 
-from specab.analysis import outputs as outs
-from specab.analysis.model import Experiment, Run
+from specab.analysis.evidence import outputs as outs
+from specab.analysis.evidence.model import Experiment, Run
 from specab.config.validity import DEFAULTS
 
 KEYS = tuple(DEFAULTS)
