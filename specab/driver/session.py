@@ -25,6 +25,7 @@ import yaml
 from specab.analysis.cost import design, economics, history
 from specab.analysis.evidence.model import load_store
 from specab.analysis.render.report import write_report
+from specab.config import search as searchcfg
 from specab.config.fingerprint import changes, fingerprint, fingerprint_doc
 from specab.config.plan import PlannedRun, make_plan
 from specab.config.spec import ExperimentSpec
@@ -76,7 +77,7 @@ def execute(ctx: RunContext, todo: list[PlannedRun]) -> int:
     fail_fast = FailFast.for_runs({pr.arm for pr in todo})
     with Interrupt() as intr:
         executor = make_executor(ctx, signal_time=lambda: intr.at)
-        more = ctx.more_blocks if ctx.opts.target_ci is not None else None
+        more = ctx.more_blocks if ctx.opts.target_ci is not None or ctx.p.search is not None else None
         try:
             try:
                 interrupted = executor.loop(list(todo), intr.event, done_before, more=more,
@@ -221,11 +222,17 @@ def _start(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, out: T
         plan, first = first_plan(prepared, opts, store, fingerprint(doc))
         prepared = dataclasses.replace(prepared, plan=plan)
         store.write_plan([r.to_json() for r in plan], repeats=max(r.block for r in plan))
+        if prepared.search is not None:
+            store.record_design_step(blocks=0, design="search", more=True, requests=None,
+                                     reason=f"block 1, the ladder: {', '.join(f'{x:g}' for x in prepared.search.ladder())}"
+                                            f" {prepared.search.unit} ({prepared.search.text()}; SLO "
+                                            f"{prepared.slo.text() if prepared.slo else '-'})")
         progress = progress or Progress()
         if first is not None:       # the live projection: what the design expects the whole experiment to cost
             progress.projection(first.gpu_s, first.cost.gpus if first.cost else 1)
         # stored: the experiment's logical names; launched: the node engine's spelling
-        prepared = dataclasses.replace(prepared, arms=preflight.spell_arms(prepared.arms, checked))
+        prepared = dataclasses.replace(prepared, arms=preflight.spell_arms(prepared.arms, checked),
+                                       engine_flags=checked)
         code = _run(prepared, opts, exp_id, exp_dir, store, list(prepared.plan), out, progress,
                     total=len(prepared.plan))
         return code, store
@@ -317,7 +324,8 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
                         max_requests=opts.max_requests,
                         retry_failed=opts.retry_failed,
                         run_timeout_s=opts.run_timeout_s, argv=opts.argv,
-                        fleet=opts.fleet or "--fleet" in (row.get("argv") or []), executor=opts.executor)
+                        fleet=opts.fleet or "--fleet" in (row.get("argv") or []), executor=opts.executor,
+                        **stored_search_options(row.get("argv") or []))
         prepared = prepare(ropts)
         forced = check_fingerprint(store, prepared, force=opts.force_changed, out=out)
         stored = {a["name"]: a for a in store.arms()}
@@ -337,7 +345,9 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
             return conclude(EXIT_OK, store, exp_dir, out), exp_dir
         checked = check_nodes(prepared, out)
         doc = fingerprint_doc(prepared.experiment, prepared.arms)       # the logical arms, as start() hashed them
-        prepared = dataclasses.replace(prepared, arms=preflight.spell_arms(prepared.arms, checked))
+        prepared = dataclasses.replace(prepared, arms=preflight.spell_arms(prepared.arms, checked),
+                                       more_arms=preflight.spell_arms(stored_probe_arms(prepared, store), checked),
+                                       engine_flags=checked)
         with node_leases(prepared, row["id"], out):
             store.set_session_fingerprint(fingerprint(doc), doc, forced=forced)
             store.mark_running()
@@ -346,6 +356,29 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
         return conclude(code, store, exp_dir, out), exp_dir
     finally:
         store.close()
+
+
+def stored_search_options(argv: list[str]) -> dict[str, Any]:
+    """--search, --search-tol and --slo as the experiment's command line gave them (a resume goes on searching)."""
+    def values(flag: str) -> list[str]:
+        return ([argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+                + [a.split("=", 1)[1] for a in argv if a.startswith(flag + "=")])
+    search, tol = values("--search"), values("--search-tol")
+    return {"search": search[-1] if search else None, "slo": values("--slo"),
+            "search_tol": float(tol[-1].rstrip("%")) / (100 if tol[-1].endswith("%") else 1) if tol else None}
+
+
+def stored_probe_arms(prepared: Prepared, store: st.Store) -> list[Any]:
+    """The probe arms a search stored after its first block, rebuilt from the experiment as it planned them."""
+    if prepared.search is None:
+        return []
+    known = {a.name for a in prepared.arms}
+    loads = {x for a in store.arms() if a["name"] not in known
+             and (x := searchcfg.load_of(a, prepared.search.axis)) is not None}
+    if not loads:
+        return []
+    return [a for a in searchcfg.probe_arms(prepared.experiment, prepared.axes, prepared.search, sorted(loads))
+            if a.name not in known]
 
 
 def check_fingerprint(store: st.Store, prepared: Prepared, *, force: bool, out: TextIO) -> bool:
@@ -402,6 +435,8 @@ def print_verdict_caveats(exp_dir: Path, store: st.Store, out: TextIO) -> None:
     for line in (data.get("verdicts") or {}).values():
         print(f"verdict: {line}", file=out)
     findings = data.get("findings") or []
+    for line in (data.get("capacity") or {}).get("verdicts") or []:     # the iso-SLO ratios (SLO and capacity)
+        print(f"capacity: {line}", file=out)
     loads = data.get("loads") or {}
     if len(loads.get("loads") or []) > 1:      # the verdict at each load, per configuration
         for fam in loads.get("families") or []:

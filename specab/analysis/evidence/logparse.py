@@ -533,7 +533,7 @@ def decode_stats(fh: IO[bytes], block_size: int = 8 << 20) -> dict[str, Any]:
 # what the analysis reads from a run's server log
 
 _RUN_LOG_HIT = re.compile(r"batch|NCCL INFO")
-RUN_LOG_DECODE_FIELDS = ("accept_len", "cuda_graph", "gen_throughput", "running_req")
+RUN_LOG_DECODE_FIELDS = ("accept_len", "cuda_graph", "gen_throughput", "running_req", "queue_req")
 _RUN_LOG_WANTED = frozenset(RUN_LOG_DECODE_FIELDS)
 
 

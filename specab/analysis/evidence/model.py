@@ -61,6 +61,9 @@ class Request:
     accept_len: float | None = None
     category: str | None = None           # the dataset record's category (None: synthetic or uncategorised)
     finish_reason: str | None = None      # the engine's: stop (the model's own end) or length (output_len reached)
+    arrival_s: float | None = None        # open load: its scheduled arrival, seconds from the measurement's start
+    arrival_wait_s: float | None = None   # open load: from that arrival to its send (a free slot of the client)
+    buffered: bool | None = None          # its tokens reached the client in a burst (no decode pace: node/loadgen)
 
     @classmethod
     def from_json(cls, d: dict) -> "Request":
@@ -82,6 +85,10 @@ class LogStats:
     # one request decoded at by the server's account
     gen_tok_s_per_req_median: float | None = None
     no_graph_example: str | None = None       # one decode line with `cuda graph: False`, quoted as evidence
+    # the engine's waiting requests (`#queue-req` of SGLang's decode lines): the most and the mean over the lines
+    # with running requests; None where the log has no such field (vLLM, an older engine)
+    queue_req_max: int | None = None
+    queue_req_mean: float | None = None
     nccl_env: dict[str, str] = field(default_factory=dict)   # `NCCL INFO <VAR> set by environment to <v>`
 
     @property
@@ -435,7 +442,7 @@ def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None 
     """LogStats from parsed log records: dicts with kind 'decode' and keys accept_len, cuda_graph,
     gen_throughput, running_req, raw (the shape specab.analysis.evidence.logparse emits)."""
     st = LogStats(nccl_env=dict(nccl or {}))
-    acc, gen, per_req = [], [], []
+    acc, gen, per_req, waiting = [], [], [], []
     for r in records:
         if r.get("kind") != "decode":
             continue
@@ -452,9 +459,13 @@ def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None 
             gen.append(float(r["gen_throughput"]))
             if isinstance(r["running_req"], int):
                 per_req.append(float(r["gen_throughput"]) / r["running_req"])
+        if isinstance(r.get("queue_req"), int) and (r.get("running_req") or 0) > 0:
+            waiting.append(r["queue_req"])
     st.accept_len_mean = statistics.fmean(acc) if acc else None
     st.gen_tok_s_median = statistics.median(gen) if gen else None
     st.gen_tok_s_per_req_median = statistics.median(per_req) if per_req else None
+    st.queue_req_max = max(waiting) if waiting else None
+    st.queue_req_mean = statistics.fmean(waiting) if waiting else None
     return st
 
 
@@ -625,7 +636,7 @@ def _time_scale(server_info: Any) -> float:
 
 def _unscale_request(q: Request, scale: float) -> None:
     """A simulated node at time scale s runs s times faster: convert back to simulated seconds."""
-    for k in ("ttft_s", "e2e_s", "tpot_s"):
+    for k in ("ttft_s", "e2e_s", "tpot_s", "arrival_s", "arrival_wait_s"):
         v = getattr(q, k)
         if v is not None:
             setattr(q, k, v * scale)
@@ -799,5 +810,6 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
                             "created": e.get("created"), "finished": e.get("finished"),
                             "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
                             "matrix": e.get("matrix"), "time_scales": scales, "design_steps": design_steps,
+                            "argv": list(argv),
                             "run_fingerprints": {r["run_id"]: run_fps[r["seq"]] for r in run_rows
                                                  if r["seq"] in run_fps}})
