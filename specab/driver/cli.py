@@ -77,6 +77,8 @@ def _add_experiment_options(p: argparse.ArgumentParser) -> None:
                         "--max-repeats: the most blocks; docs/analysis.md, SLO and capacity)")
     p.add_argument("--search-tol", metavar="PCT", type=_percent,
                    help="with --search: the tolerance the bracket narrows to, the grid's step (default 10%%)")
+    p.add_argument("--gpu-hour-usd", type=float, metavar="USD",
+                   help="price of one GPU-hour: the report gives the cost per million output tokens at the SLO")
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -96,8 +98,6 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                         "the design by cost chooses each block's requests per run and when to stop (--design)")
     p.add_argument("--max-repeats", type=int, help="upper bound on blocks with --target-ci (default: --repeats) or "
                                                    "--search (default: --repeats + 3)")
-    p.add_argument("--gpu-hour-usd", type=float, metavar="USD",
-                   help="price of one GPU-hour: the report gives the cost per million output tokens at the SLO")
     _add_design_option(p)
     p.add_argument("--run-timeout", type=int, metavar="S", help="wall-clock limit of one run (its playbook, or its wait on the node's queue)")
     p.add_argument("--executor", choices=("auto", "queue", "per-run"), default="auto",

@@ -316,16 +316,18 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
     try:
         row = store.experiment()
         experiment_file = opts.experiment_file or stored_experiment_file(row, exp_dir, out)
+        searched = stored_search_options(row.get("argv") or [])
+        least, most = searched.pop("blocks")
         ropts = Options(experiment_file=experiment_file,
                         inventory_file=opts.inventory_file or row["inventory_file"], matrix=list(row["matrix"]),
-                        repeats=row["repeats"], seed=row["seed"], order=row["order_mode"],
+                        repeats=least or row["repeats"], seed=row["seed"], order=row["order_mode"],
                         runs_dir=opts.runs_dir, verbose=opts.verbose, skip_invalid=True,
-                        target_ci=opts.target_ci, max_repeats=opts.max_repeats, design=opts.design,
+                        target_ci=opts.target_ci, max_repeats=opts.max_repeats or most, design=opts.design,
                         max_requests=opts.max_requests,
                         retry_failed=opts.retry_failed,
                         run_timeout_s=opts.run_timeout_s, argv=opts.argv,
                         fleet=opts.fleet or "--fleet" in (row.get("argv") or []), executor=opts.executor,
-                        **stored_search_options(row.get("argv") or []))
+                        **searched)
         prepared = prepare(ropts)
         forced = check_fingerprint(store, prepared, force=opts.force_changed, out=out)
         stored = {a["name"]: a for a in store.arms()}
@@ -359,12 +361,17 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
 
 
 def stored_search_options(argv: list[str]) -> dict[str, Any]:
-    """--search, --search-tol and --slo as the experiment's command line gave them (a resume goes on searching)."""
+    """--search, --search-tol and --slo as the experiment's command line gave them (a resume goes on searching), and
+    under a search its "blocks": (--repeats, --max-repeats) as given, the bracketed blocks it wants and its cap (the
+    store's repeats count the blocks planned so far); (None, None) without a search."""
     def values(flag: str) -> list[str]:
         return ([argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
                 + [a.split("=", 1)[1] for a in argv if a.startswith(flag + "=")])
     search, tol = values("--search"), values("--search-tol")
-    return {"search": search[-1] if search else None, "slo": values("--slo"),
+    repeats, cap = values("--repeats"), values("--max-repeats")
+    blocks = (int(repeats[-1]) if repeats else Options().repeats, int(cap[-1]) if cap else None) if search \
+        else (None, None)
+    return {"search": search[-1] if search else None, "slo": values("--slo"), "blocks": blocks,
             "search_tol": float(tol[-1].rstrip("%")) / (100 if tol[-1].endswith("%") else 1) if tol else None}
 
 

@@ -150,3 +150,47 @@ def test_slo_on_the_command_line_over_the_file():
 def re_escape(s: str) -> str:
     import re
     return re.escape(s)
+
+
+def test_the_report_section_and_the_throughput_per_gpu_plot(monkeypatch):
+    """The section's capacity table and verdict, and the plot: per configuration one line over its loads through the
+    median per-user tok/s and the median output tok/s per GPU of its runs there, hollow where the load missed the SLO,
+    the legend beside the axes."""
+    from statistics import median
+
+    from specab.analysis.cost.economics import gpus_of
+    from specab.analysis.render import capacity as render
+    from specab.analysis.render.document import Report, to_markdown
+    drawn = []
+    to_png = render._fig_png
+
+    def keep(fig):
+        fig.draw_without_rendering()
+        drawn.append(fig)
+        return to_png(fig)
+    monkeypatch.setattr(render, "_fig_png", keep)
+    lab = Lab()
+    lab.block([2, 4, 8])
+    lab.block([3, 4, 6, 8])
+    lab.exp.meta = {"config": {"slo": {"tpot_ms": {"p50": 22}}}, "argv": ["--search", "concurrency=2..8"]}
+    rep = Report("t")
+    data = render.capacity_section(rep, lab.exp, opts=render.CapacityOptions(gpu_hour_usd=2.0))
+    md = to_markdown(rep)
+    assert "## SLO and capacity" in md and "at p50 TPOT <= 22 ms, eagle3 serves" in md
+    per_gpu = data["cost"]["eagle3"]["per_gpu_tok_s_at_capacity"]
+    assert data["cost"]["eagle3"]["usd_per_million_output_tokens"] == pytest.approx(2.0 * 1e6 / 3600 / per_gpu)
+    [fig] = drawn
+    ax = fig.axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+    assert set(lines) >= {"baseline", "eagle3", "missed the SLO"}
+    ax_legend = ax.get_legend().get_window_extent()
+    assert ax_legend.x0 >= ax.get_window_extent().x1
+    joined = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-" and len(ln.get_xdata()) > 1]
+    for fam, line in zip(("baseline", "eagle3"), joined):
+        runs = {}
+        for r in lab.exp.runs:
+            if r.arm.startswith(fam):
+                runs.setdefault(lab.exp.arm(r.arm).matrix["concurrency"], []).append(r)
+        want = [(median(r.tok_s for r in rs), median(r.throughput / gpus_of(r.server_args) for r in rs))
+                for _, rs in sorted(runs.items())]
+        assert list(zip(line.get_xdata(), line.get_ydata())) == pytest.approx(want)

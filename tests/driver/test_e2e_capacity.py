@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import statistics
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from specab.analysis.measures.latency import per_token_latencies, run_times
 from specab.results import store as st
 from specab.sim.profile import PROFILE_DIR, profile_from_dict
 from specab.sim.timing import TimingModel
-from tests.driver.simnode import SimNode, driver, free_port
+from tests.driver.simnode import SimNode, driver, free_port, reap_driver, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SCALE = 2
@@ -111,22 +112,58 @@ def _experiment(node: SimNode, concurrency: int) -> Path:
     return p
 
 
-def _run(node: SimNode, exp: Path, *args: str) -> tuple[str, Path]:
+def _inventory(node: SimNode) -> Path:
     trace = node.root / "sim-trace.jsonl"
-    inv = node.write_inventory({**node.host_vars(),
-                                "specab_node_env": {**node.node_env(), "SPECAB_SIM_TRACE": str(trace)}})
-    proc = driver("-e", str(exp), "-i", str(inv), "--runs-dir", str(node.runs_dir), *args)
+    return node.write_inventory({**node.host_vars(),
+                                 "specab_node_env": {**node.node_env(), "SPECAB_SIM_TRACE": str(trace)}})
+
+
+def _exp_dir(node: SimNode) -> Path:
+    return max((d for d in node.runs_dir.iterdir() if (d / st.FILENAME).exists()), key=lambda d: d.stat().st_mtime)
+
+
+def _run(node: SimNode, exp: Path, *args: str) -> tuple[str, Path]:
+    proc = driver("-e", str(exp), "-i", str(_inventory(node)), "--runs-dir", str(node.runs_dir), *args)
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
-    return out, max((d for d in node.runs_dir.iterdir() if (d / st.FILENAME).exists()), key=lambda d: d.stat().st_mtime)
+    return out, _exp_dir(node)
+
+
+def _interrupted_in_block_2(node: SimNode, exp: Path, *args: str) -> tuple[str, Path]:
+    """The search interrupted (SIGINT) once block 2 is planned and its second run is up, then resumed: the resume
+    reads the stored search and goes on from the stored runs. Returns the resume's output."""
+    common = ["-i", str(_inventory(node)), "--runs-dir", str(node.runs_dir)]
+    proc = driver("-e", str(exp), *common, *args)
+    try:
+        def in_block_2() -> bool:
+            s = node.server()
+            if not (node.runs_dir.exists() and s and node.server_alive()):
+                return False
+            with st.Store.open(_exp_dir(node)) as store:
+                second = [r for r in store.plan() if r["block"] == 2][1:2]
+            return bool(second) and s.get("run_id") == second[0]["run_id"]
+        wait_for(in_block_2, timeout=600, what="block 2's second run", proc=proc)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        reap_driver(proc, 120)
+    assert proc.returncode == 130, out[-4000:]
+    exp_dir = _exp_dir(node)
+    with st.Store.open(exp_dir) as store:
+        assert store.experiment()["status"] == "interrupted" and store.missing()
+    proc = driver("--resume", exp_dir.name, *common)
+    out, _ = proc.communicate(timeout=800)
+    assert proc.returncode == 0, out[-4000:]
+    assert "runs to do" in out
+    return out, exp_dir
 
 
 def test_search_finds_each_arms_capacity_at_the_slo(node: SimNode):
     base_tm, spec_tm = _models()
     truth = {"baseline": capacity_truth(base_tm), "eagle3": capacity_truth(spec_tm)}
     assert truth["baseline"] == pytest.approx(3.4) and truth["eagle3"] == pytest.approx(6.75, rel=1e-3)
-    out, exp_dir = _run(node, _experiment(node, 1), "--search", "concurrency=2..8", "--search-tol", "50%",
-                        "--repeats", "2")
+    out, exp_dir = _interrupted_in_block_2(node, _experiment(node, 1), "--search", "concurrency=2..8",
+                                           "--search-tol", "50%", "--repeats", "2")
     data = json.loads((exp_dir / "report.json").read_text())["capacity"]
     fams = data["families"]
     assert set(fams) == {"baseline", "eagle3"} and data["axis"] == "concurrency"
@@ -151,6 +188,7 @@ def test_search_finds_each_arms_capacity_at_the_slo(node: SimNode):
     steps = exp.meta["design_steps"]
     assert [s["more"] for s in steps] == [True, True, False] and "block 1, the ladder" in steps[0]["reason"]
     assert sorted({r.block for r in exp.runs}) == [1, 2] and all(r.ok for r in exp.runs)
+    assert [s["blocks"] for s in steps] == [0, 1, 2]          # the resume took the search up where it stopped
     assert (exp_dir / "report" / "throughput_vs_per_user.png").stat().st_size > 10_000
     _per_token_itl_is_the_trace(exp, node.root / "sim-trace.jsonl")
 

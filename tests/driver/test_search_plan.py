@@ -62,6 +62,9 @@ def test_plan_shows_the_ladder_the_later_probes_and_their_gpu_minutes(write, inv
 def test_a_resume_goes_on_with_the_stored_search():
     argv = ["--search", "request_rate=2..16", "--search-tol", "20%", "--slo", "ttft_ms:p95=200",
             "--slo=tpot_ms:p95=10"]
-    assert stored_search_options(argv) == {"search": "request_rate=2..16", "search_tol": pytest.approx(0.2),
-                                           "slo": ["ttft_ms:p95=200", "tpot_ms:p95=10"]}
-    assert stored_search_options(["--matrix", "steps=2"]) == {"search": None, "search_tol": None, "slo": []}
+    assert stored_search_options(argv + ["--repeats", "4"]) == {
+        "search": "request_rate=2..16", "search_tol": pytest.approx(0.2), "slo": ["ttft_ms:p95=200", "tpot_ms:p95=10"],
+        "blocks": (4, None)}       # the bracketed blocks it wants: the store's repeats count those planned so far
+    assert stored_search_options(argv + ["--max-repeats", "5"])["blocks"] == (3, 5)
+    assert stored_search_options(["--matrix", "steps=2", "--repeats", "2"]) == {
+        "search": None, "search_tol": None, "slo": [], "blocks": (None, None)}

@@ -195,6 +195,11 @@ def plot_pareto(exp: Experiment, cap: CapacityReport) -> bytes:
     ax.set_title(f"throughput per GPU vs per-user speed over the loads ({cap.unit} beside each point)")
     ax.grid(alpha=.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=7)
+    return _fig_png(fig)
+
+
+def _fig_png(fig: Any) -> bytes:
+    import matplotlib.pyplot as plt
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
