@@ -10,6 +10,7 @@ specab.analysis.cost.search; docs/analysis.md, "SLO and capacity", says why.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -21,7 +22,9 @@ from specab.config.yamlfile import ConfigError
 
 DEFAULT_TOL = 0.10
 DEFAULT_RANGE = {RATE: (1.0, 32.0), CONCURRENCY: (1.0, 64.0)}
-MAX_DOUBLINGS = 6           # the ladder may extend this many doublings beyond the range, either way
+# the ladder may extend this many doublings beyond the range: up (a higher load is a shorter run) and down (a rate a
+# quarter of the start already makes a run of requests / rate seconds four times as long)
+MAX_DOUBLINGS_UP, MAX_DOUBLINGS_DOWN = 6, 2
 _RANGE = re.compile(r"^(?P<lo>[0-9.]+)\.\.(?P<hi>[0-9.]+)$")
 
 
@@ -31,6 +34,7 @@ class Search:
     lo: float           # the ladder's first load
     hi: float           # the ladder's last load at most
     tol: float          # relative: the grid step, and the width the bracket narrows to
+    most: float = math.inf  # the highest load a probe may take (concurrency: the run's measured requests)
 
     @property
     def steps_per_doubling(self) -> int:
@@ -65,10 +69,11 @@ class Search:
         return sorted(set(out))
 
     def in_reach(self, k: int) -> bool:
-        """Whether grid point k lies within MAX_DOUBLINGS of the range (a rate above 0, a concurrency of 1 or more)."""
+        """Whether grid point k lies within the doublings the ladder may extend beyond the range and at most
+        ``most``."""
         n = self.steps_per_doubling
-        top = self.index(self.hi) + MAX_DOUBLINGS * n
-        return -MAX_DOUBLINGS * n <= k <= top and (self.axis != CONCURRENCY or self.load(k) >= 1)
+        top = self.index(self.hi) + MAX_DOUBLINGS_UP * n
+        return -MAX_DOUBLINGS_DOWN * n <= k <= top and self.load(k) <= self.most
 
     def text(self) -> str:
         return (f"--search {self.axis}={self.lo:g}..{self.hi:g} (tolerance {self.tol:.0%}: grid step "
@@ -102,9 +107,10 @@ def parse(text: str, tol: float | None = None) -> Search:
     return Search(axis, lo, hi, t)
 
 
-def check(search: Search, has_slo: bool, exp: ExperimentSpec, axes: list[Axis]) -> None:
+def check(search: Search, has_slo: bool, exp: ExperimentSpec, axes: list[Axis]) -> Search:
     """Refuse a search that cannot run: without an SLO, over an axis the matrix also sweeps, a concurrency search of
-    an open load, a rate search whose first load the bench's requests cannot span."""
+    an open load, one whose probes the bench's requests cannot fill. Returns it with its reach: a concurrency search
+    probes at most as many in flight as a run measures requests."""
     if not has_slo:
         raise ConfigError(f"--search {search.axis}: a capacity search finds the highest load that meets an SLO, and "
                           f"{exp.path} has none: add slo: to the experiment (e.g. slo: {{ttft_ms: {{p95: 200}}, "
@@ -122,6 +128,9 @@ def check(search: Search, has_slo: bool, exp: ExperimentSpec, axes: list[Axis]) 
         raise ConfigError(f"--search {search.axis}: bench.num_requests {exp.bench_settings['num_requests']} in "
                           f"{exp.path} is too few: a probe needs at least {need} measured requests (at least "
                           f"as many as its requests in flight, and 3 to time an arrival rate).")
+    if search.axis == CONCURRENCY:
+        return dataclasses.replace(search, most=float(exp.bench_settings["num_requests"]))
+    return search
 
 
 def probe_arms(exp: ExperimentSpec, axes: list[Axis], search: Search, loads: list[float]) -> list[ArmSpec]:

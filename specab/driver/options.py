@@ -138,8 +138,7 @@ def prepare_search(opts: Options, exp: ExperimentSpec, axes: list[Axis], slo: sl
             raise ConfigError("--search-tol is the tolerance of a capacity search: add --search request_rate (or "
                               "concurrency), or drop it.")
         return None
-    search = searchcfg.parse(opts.search, opts.search_tol)
-    searchcfg.check(search, slo is not None, exp, axes)
+    search = searchcfg.check(searchcfg.parse(opts.search, opts.search_tol), slo is not None, exp, axes)
     for bad, why in ((opts.target_ci is not None, "--target-ci (the search adds its own blocks)"),
                      (opts.fleet, "--fleet (its blocks run at once; the search decides each block after the last)"),
                      (opts.order == "blocked", "--order blocked (every probe is an interleaved run)")):

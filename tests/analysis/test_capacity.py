@@ -2,6 +2,7 @@
 specab/analysis/cost/search.py) on constructed experiments whose latencies are a known function of the load."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -102,6 +103,11 @@ def test_a_capacity_beyond_the_ladder_extends_it_and_stops_at_the_cap():
     lab.block(step.loads)
     step = searchdesign.next_block(lab.exp, s, SLO, min_blocks=2, max_blocks=2)
     assert not step.more and "--max-repeats 2" in step.reason
+    # a concurrency search probes at most as many in flight as a run measures requests: beyond that it says so
+    lab = Lab()
+    lab.block(s.ladder())
+    step = searchdesign.next_block(lab.exp, dataclasses.replace(s, most=6), SLO, min_blocks=2, max_blocks=4)
+    assert not step.more and "beyond the search's reach" in step.reason and "more than 6 requests per run" in step.reason
 
 
 def test_a_request_meets_a_term_on_its_own_value_and_goodput_counts_them():

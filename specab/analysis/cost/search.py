@@ -109,7 +109,9 @@ def next_block(exp: Experiment, search: Search, slo: Slo, *, min_blocks: int, ma
         ks, why = window(fc, search)
         if not all(search.in_reach(k) for k in ks):
             return SearchStep(False, [], f"{name}: its capacity lies beyond the search's reach ({why}); widen "
-                                         f"--search {search.axis}=LO..HI")
+                                         f"--search {search.axis}=LO..HI" + (
+                                             f" or measure more than {search.most:g} requests per run"
+                                             if math.isfinite(search.most) else ""))
         points.update(ks)
         windows[name] = why
     loads = sorted({search.load(k) for k in points})
