@@ -38,7 +38,7 @@ def _experiment(real_vllm: RealVllm, tmp_path: Path) -> Path:
     exp["bench"].update(num_requests=6, warmup_requests=1, output_len=64)
     exp["slo"] = {"ttft_ms": {"p95": TTFT_MS}, "tpot_ms": {"p50": TPOT_MS}}
     p = tmp_path / "vllm-cpu.yml"
-    p.write_text(yaml.safe_dump({"specab_experiment": exp}))
+    p.write_text(yaml.safe_dump({"specab_experiment": exp}, sort_keys=False))
     return p
 
 
