@@ -28,6 +28,7 @@ from specab.analysis import positions
 from specab.analysis import specmodel
 from specab.analysis import stats
 from specab.analysis import truthcheck
+from specab.analysis import validity
 from specab.analysis import workload
 from specab.analysis.model import (AnalysisError, Experiment, arm_concurrency, arm_rate, bench_concurrency, gc_paused,
                                    load_label,
@@ -630,19 +631,22 @@ def _mean_alpha(model: specmodel.ModelResult) -> float | None:
 def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                  target_tok_s: float | None = None, plots: bool = True) -> Report:
     st = stats.analyse(exp)
-    findings = doctor.diagnose(exp, st, config)
+    val = validity.check(exp)
+    findings = doctor.diagnose(exp, st, config, validity=val)
     rep = Report(title=f"specab report: {exp.id}")
     model = _model_for(exp, st, exp.baseline, target_tok_s)
 
     # summary: what was measured, then the verdicts
     rep.summary.append(f"Workload: {workload.label(exp)}.")
     loads = concurrency.analyse_loads(exp, per_user=st.speedups)
+    verdicts: dict[str, str] = {}       # each speculative arm's verdict, speed and validity in one line
     for a in exp.spec_arms:
         sp = st.speedups[a.name]
         conc, rate = arm_concurrency(exp, a.name), arm_rate(exp, a.name)
-        rep.summary.append(f"{a.name} vs {sp.baseline}: {sp.verdict} over {len(sp.ratios)} paired block(s)"
-                           + (f", per user at {load_label(conc, rate)}." if loads.several_loads or conc > 1 or rate
-                              else "."))
+        speed = f"{sp.verdict} over {len(sp.ratios)} paired block(s)" + (
+            f", per user at {load_label(conc, rate)}" if loads.several_loads or conc > 1 or rate else "")
+        verdicts[a.name] = f"{a.name} vs {sp.baseline}: {validity.verdict(speed, val.arms.get(a.name))}."
+        rep.summary.append(verdicts[a.name])
     if loads.several_loads:     # the verdict at each load, per configuration
         rep.summary.extend(f"Per load: {f.verdict()}" for f in loads.families if len(f.points) > 1)
     rep.summary.append(st.drift.message)
@@ -717,11 +721,14 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     for a in exp.spec_arms:
         sp = st.speedups[a.name]
         ci = f"{sp.ci.lo:.3f}-{sp.ci.hi:.3f}" if sp.ci and math.isfinite(sp.ci.lo) else "-"
+        v = val.arms.get(a.name)
         rows.append([a.name, sp.baseline, str(len(sp.ratios)), _f(sp.estimate, ".3f"), ci,
                      "-" if not sp.ci or not math.isfinite(sp.ci.lo) else f"+-{sp.ci.half_width_rel * 100:.1f}%",
-                     sp.verdict])
+                     sp.verdict if v is None or v.status != validity.NOT_VALID else
+                     ("cost only: no claim" if v.cost_only else f"{sp.verdict} -- NOT VALID (outputs)")])
     rep.add(Heading("Speedup (paired within blocks)"),
             Table(["arm", "baseline", "blocks", "speedup", "95% CI", "half-width", "verdict"], rows))
+    _validity_blocks(rep, val)
     if st.host_speedups:
         rep.add(Heading("Speedup per host", 3), *_host_blocks(exp, st))
     per_pos = _position_blocks(rep, exp)
@@ -825,6 +832,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                 "models": {b: m.to_dict() if m else None for b, m in models.items()}, "phases": ph.to_dict(),
                 "findings": [f.to_dict() for f in findings], "summary": rep.summary, "cost": spent.to_dict(),
                 "known_truth": truth.to_dict() if truth is not None else None,
+                "validity": val.to_dict(), "verdicts": verdicts,
                 "loads": loads.to_dict(),
                 "workload": {"label": workload.label(exp), "ignore_eos": workload.ignore_eos(exp),
                              "lengths": {r.arm: r.to_dict() for r in lengths},
@@ -930,6 +938,37 @@ def _speedup_cell(row: workload.CategoryRow) -> str:
     if row.ci is None:
         return f"{row.speedup:.3f} (interval: none, {len(row.ratios)} block)"
     return f"{row.speedup:.3f} ({row.ci.lo:.3f}-{row.ci.hi:.3f}, {len(row.ratios)} blocks)"
+
+
+def _validity_blocks(rep: Report, val: validity.Validity) -> None:
+    """The section "Output validity": each speculative arm's outputs against its baseline's, on the same requests."""
+    if not val.arms:
+        return
+    r = val.rules
+    rows = []
+    for v in val.arms.values():
+        div = v.divergences
+        rows.append([v.arm, v.baseline, f"{v.identical}/{v.compared}" if v.requests else "-",
+                     f"{v.identical_ci[0]:.0%}-{v.identical_ci[1]:.0%}" if v.identical_ci else "-",
+                     f"{div[0]}/{div[len(div) // 2]}/{div[-1]}" if div else "-",
+                     f"{v.mean_len:.1f} / {v.baseline_mean_len:.1f}" if v.mean_len and v.baseline_mean_len else "-",
+                     ", ".join(f"{k} {n}" for k, n in sorted(v.finish.items())) or "-",
+                     str(len(v.loops)), ("cost only: " if v.cost_only else "") + v.status])
+    rep.add(Heading("Output validity"),
+            Para(f"Each speculative arm's measured outputs against its baseline's on the same requests (same prompt, "
+                 f"same request index, the baseline run of the same block). At temperature 0 a request passes when "
+                 f"its output is identical, or agrees on at least {r.greedy_min_match:.0%} of the baseline's tokens "
+                 f"before the first difference (a late divergence; validity.greedy_min_match); an arm's mean output "
+                 f"length must be within +-{r.length_window:.0%} of its baseline's (validity.length_window), and an "
+                 f"output whose {r.loop_ngram}-grams repeat at {r.loop_share:.0%} or more loops. Agreed before the "
+                 f"first difference: min/median/max over the requests that differ."),
+            Table(["arm", "baseline", "identical", "95% CI", "agreed before the first difference",
+                   "mean length (arm / baseline)", "finish reasons", "loops", "outputs"], rows),
+            Bullets([f"{v.arm}: {v.line}" for v in val.arms.values()]
+                    + [f"{b} against its own restarts: identical on {same}/{n} requests"
+                       + ("" if same == n else " (the engine is not deterministic across restarts: judge the arms' "
+                                               "differences against this floor)")
+                       for b, (same, n) in val.baseline_self.items()]))
 
 
 def _workload_blocks(rep: Report, exp: Experiment
