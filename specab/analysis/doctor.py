@@ -66,11 +66,18 @@ class Context:
     stats: ExperimentStats
     config: DoctorConfig
     validity: validity_analysis.Validity | None = None     # the output checks, read once when a rule asks
+    truth: truthcheck.TruthReport | None = None               # the known-truth check (None: no known truth) ...
+    truth_read: bool = False                                   # ... read once when a rule asks
 
     def outputs(self, exp: Experiment) -> validity_analysis.Validity:
         if self.validity is None:
             self.validity = validity_analysis.check(exp)
         return self.validity
+
+    def known_truth(self, exp: Experiment) -> truthcheck.TruthReport | None:
+        if not self.truth_read:
+            self.truth, self.truth_read = truthcheck.check(exp), True
+        return self.truth
 
 
 Rule = Callable[[Experiment, Context], list[Finding]]
@@ -735,7 +742,7 @@ def known_truth_mismatch(exp: Experiment, ctx: Context) -> list[Finding]:
     measurement chain (the engine's counters, the client, the store) is broken, so every number of the run is
     suspect. An arm whose settings force or relax acceptance (engines.output_departures) is meant to break the
     truth's exact verification: outputs-not-valid names it, not this rule."""
-    rep = truthcheck.check(exp)
+    rep = ctx.known_truth(exp)
     if rep is None:
         return []
     out = []
@@ -751,6 +758,22 @@ def known_truth_mismatch(exp: Experiment, ctx: Context) -> list[Finding]:
                            f"Check which engine build served the run and the client's per-request counters before "
                            f"trusting any number of these runs.", evidence, arm, [r.run_id for r in runs]))
     return out
+
+
+def known_truth_unchecked(exp: Experiment, ctx: Context) -> list[Finding]:
+    """Runs of known-truth models whose check could not run: a known_truth.json the client could not use, a
+    speculative run whose draft has no truth, a pooled store that is gone. Each finding names the file, so a
+    known-truth experiment never loses its check in silence."""
+    rep = ctx.known_truth(exp)
+    if rep is None:
+        return []
+    return [Finding("known-truth-unchecked", "warning",
+                    f"{len(u.runs)} run(s) of known-truth models were not checked against the exact truth: "
+                    f"{u.reason}. Their numbers stand without that check until the file named is restored or fixed "
+                    f"(a model's known_truth.json: then the runs run again).",
+                    [f"{rid}: {u.reason}" for rid in u.runs][:8],
+                    u.arms[0] if len(u.arms) == 1 else None, u.runs)
+            for u in rep.unchecked]
 
 
 def forced_continuation(exp: Experiment, ctx: Context) -> list[Finding]:
@@ -832,6 +855,7 @@ def outputs_not_valid(exp: Experiment, ctx: Context) -> list[Finding]:
 RULES: dict[str, Rule] = {
     "outputs-not-valid": outputs_not_valid,
     "known-truth-mismatch": known_truth_mismatch,
+    "known-truth-unchecked": known_truth_unchecked,
     "verify-without-cuda-graph": verify_without_cuda_graph,
     "env-not-confirmed": env_not_confirmed,
     "nccl-untuned-baseline-slow": nccl_missing_baseline_slow,

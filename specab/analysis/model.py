@@ -171,6 +171,7 @@ class Run:
                                              # /metrics histograms, bench_summary engine_decode): tok/s where the
                                              # client could time no request (tok_s_source "engine")
     known_truth: dict | None = None          # bench_summary's known_truth: the served models' (specab.knowntruth)
+    known_truth_problems: list[str] = field(default_factory=list)   # what kept the client from it, each naming a file
     workload: dict | None = None             # bench_summary's dataset (kind synthetic, or file with path, sha256,
                                              # records, categories) and ignore_eos; None: not recorded
     # bench_summary's latency percentiles over the measured requests, seconds (simulated seconds on a time-scaled
@@ -787,6 +788,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary, scale),
             buffered_requests=int(summary.get("buffered_requests") or 0),
             phase_metrics=phase_files.get(r["seq"]), known_truth=summary.get("known_truth"),
+            known_truth_problems=[str(p) for p in summary.get("known_truth_problems") or []],
             workload=_workload(summary), latency=_latency(summary, scale),
             spec_positions=_spec_positions(summary)))
     argv = e.get("argv") or []

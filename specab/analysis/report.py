@@ -535,6 +535,13 @@ STEPS_KEYS = ("speculative_num_steps", "speculative_num_draft_tokens", "speculat
 def _known_truth_blocks(rep: Report, exp: Experiment, truth: truthcheck.TruthReport,
                         model: specmodel.ModelResult | None) -> None:
     """The measurement against the exact truth of known-truth models (specab.knowntruth)."""
+    unchecked = ("" if not truth.unchecked else
+                 f" Not checked: {sum(len(u.runs) for u in truth.unchecked)} run(s) "
+                 f"({'; '.join(u.reason for u in truth.unchecked)}): the doctor's known-truth-unchecked names them.")
+    if not truth.runs:
+        rep.add(Heading("Known truth"), Para("The served models are known-truth models, but no run could be checked "
+                                             "against the truth." + unchecked))
+        return
     bad = truth.problems
     spec_runs = [r for r in truth.runs if r.steps]
     reqs = [q for r in spec_runs for q in r.requests]
@@ -546,7 +553,8 @@ def _known_truth_blocks(rep: Report, exp: Experiment, truth: truthcheck.TruthRep
                  f"(the chain rule over the draft's agreement set). Cycle counts equal to the truth on {exact} of "
                  f"{len(reqs)} speculative requests; greedy output follows the rule on every token in {follows} of "
                  f"{total} requests. " + ("Every measurement agrees with the truth." if not bad else
-                                          f"{len(bad)} disagreement(s): the doctor's known-truth-mismatch names them.")))
+                                          f"{len(bad)} disagreement(s): the doctor's known-truth-mismatch names them.")
+                 + unchecked))
     rows = []
     for r in spec_runs:
         counted = [q for q in r.requests if q.measured_cycles is not None]
