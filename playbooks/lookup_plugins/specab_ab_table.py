@@ -1,4 +1,4 @@
-"""The results table of ab_test.yml's round, from specab.analysis (specab/analysis/abtable.py): the driver's
+"""The results table of ab_test.yml's round, from specab.analysis (specab/analysis/render/abtable.py): the driver's
 report's numbers and speedup rule for the round's run directories, and the doctor's top finding as its why.
 
     lookup('specab_ab_table', experiment_id=ID, exp_dir=DIR, host_suffix='' | '/HOST', arms=ARMS, baselines=MAP)
@@ -16,8 +16,8 @@ from typing import Any
 from ansible.errors import AnsibleError
 from ansible.plugins.lookup import LookupBase
 
-from specab.analysis import abtable
-from specab.analysis.model import AnalysisError
+from specab.analysis.render import abtable
+from specab.analysis.evidence.model import AnalysisError
 
 DOCUMENTATION = """
 name: specab_ab_table

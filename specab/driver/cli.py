@@ -16,7 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from specab.analysis import design, economics, history, logparse, provenance, report, specmodel
+from specab.analysis.evidence import logparse
+from specab.analysis.measures import specmodel
+from specab.analysis.cost import design, economics, history
+from specab.analysis.render import provenance, report
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.inventory import load_inventory
 from specab.config.matrix import MatrixError

@@ -17,7 +17,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from specab.analysis import model, stats, validity
+from specab.analysis.evidence import model
+from specab.analysis.measures import stats
+from specab.analysis.measures import validity
 from specab.results.store import FAILED, INTERRUPTED, OK, StoreError
 
 
@@ -207,7 +209,7 @@ class Progress:
 # --------------------------------------------------------------------------- end-of-experiment summary
 
 def _stats_rows(store) -> tuple[list[list[str]], str | None]:
-    """Rows from specab.analysis.stats, the one analysis the report uses too. When the analysis cannot read the
+    """Rows from specab.analysis.measures.stats, the one analysis the report uses too. When the analysis cannot read the
     store (model.AnalysisError: a damaged bench.jsonl, a run directory of another shape) the rows carry the
     store's run counts alone and the error comes back to be printed under them: the end of an experiment never
     fails on its summary, and never hides why it has no numbers."""

@@ -22,9 +22,9 @@ from typing import Any, Callable, Protocol, TextIO
 
 import yaml
 
-from specab.analysis import design, economics, history
-from specab.analysis.model import load_store
-from specab.analysis.report import write_report
+from specab.analysis.cost import design, economics, history
+from specab.analysis.evidence.model import load_store
+from specab.analysis.render.report import write_report
 from specab.config.fingerprint import changes, fingerprint, fingerprint_doc
 from specab.config.plan import PlannedRun, make_plan
 from specab.config.spec import ExperimentSpec

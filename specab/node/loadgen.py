@@ -71,7 +71,7 @@ from multiprocessing import connection as mp_connection
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-from specab.node import common, phasemetrics
+from specab.node import cli, osutil, phasemetrics
 from specab.vocab import contract, dataset, engines
 
 APIS = ("generate", "completions", "chat")
@@ -623,30 +623,30 @@ def _flag(value: Any, name: str) -> bool:
 class BenchConfig:
     """One benchmark run. The values come from the controller (``specab.config.defaults.bench``: the
     experiment's ``bench:`` over ``roles/specab``'s defaults); the client has none of its own."""
-    url: str = common.arg("server base URL, e.g. http://127.0.0.1:30000")
-    api: str = common.arg(choices=APIS)
-    num_requests: int = common.arg("measured requests")
-    warmup: int = common.arg("warm-up requests (excluded from the summary)")
-    input_len: int = common.arg("prompt length in words")
-    output_len: int = common.arg("output tokens asked per request")
+    url: str = cli.arg("server base URL, e.g. http://127.0.0.1:30000")
+    api: str = cli.arg(choices=APIS)
+    num_requests: int = cli.arg("measured requests")
+    warmup: int = cli.arg("warm-up requests (excluded from the summary)")
+    input_len: int = cli.arg("prompt length in words")
+    output_len: int = cli.arg("output tokens asked per request")
     concurrency: int
     seed: int
-    timeout: float = common.arg("per-request timeout in seconds")
+    timeout: float = cli.arg("per-request timeout in seconds")
     # the flag takes true|false, parse_args makes it the bool
-    ignore_eos: bool = common.arg("true: every answer runs to --output-len; false: answers end where the model ends "
+    ignore_eos: bool = cli.arg("true: every answer runs to --output-len; false: answers end where the model ends "
                                   "them", choices=("true", "false"))
-    request_rate: float = common.arg(
+    request_rate: float = cli.arg(
         "measured requests per second at seeded Poisson arrival times, at most --concurrency in flight (an open "
         "load); 0: each as soon as one in flight ends (a closed loop of --concurrency users)")
     # AUTO or a number >= 1 (procs_setting)
-    client_procs: Any = common.arg("client processes the --concurrency slots are divided among; auto: one per %d "
+    client_procs: Any = cli.arg("client processes the --concurrency slots are divided among; auto: one per %d "
                                    "slots, at most one per CPU" % SLOTS_PER_PROC, metavar="auto|N")
     out: str = "bench.jsonl"
     summary: Optional[str] = "bench_summary.json"
-    model: Optional[str] = common.arg("model name for the OpenAI APIs (default: /v1/models)", default=None)
-    phase_metrics: Optional[str] = common.arg("scrape /metrics before and after the measured requests, write the "
+    model: Optional[str] = cli.arg("model name for the OpenAI APIs (default: /v1/models)", default=None)
+    phase_metrics: Optional[str] = cli.arg("scrape /metrics before and after the measured requests, write the "
                                               "deltas here (phase_metrics.json)", default=None, metavar="FILE")
-    dataset: Optional[str] = common.arg("JSONL prompts ({\"prompt\"} or {\"messages\"}, optional \"category\"; "
+    dataset: Optional[str] = cli.arg("JSONL prompts ({\"prompt\"} or {\"messages\"}, optional \"category\"; "
                                         "dataset.py), drawn with --seed (default: the seeded word list)",
                                         default=None, metavar="FILE")
 
@@ -1271,7 +1271,7 @@ class _PhaseWindow(object):
                 self.error = "unreadable /metrics: %s" % exc
         if res is None:
             res = phasemetrics.unavailable(self.error or "not scraped")
-        common.write_json(self.path, res)
+        osutil.write_json(self.path, res)
         return res
 
 
@@ -1403,12 +1403,12 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
     if kt_problems:
         summary["known_truth_problems"] = kt_problems
     if cfg.summary:
-        common.write_json(cfg.summary, summary)
+        osutil.write_json(cfg.summary, summary)
     return summary
 
 
 def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
-    ns = common.spec_parser(BenchConfig, "loadgen", __doc__).parse_args(argv)
+    ns = cli.spec_parser(BenchConfig, "loadgen", __doc__).parse_args(argv)
     ns.client_procs = procs_setting(ns.client_procs)
     ns.ignore_eos = ns.ignore_eos == "true"
     return BenchConfig(**vars(ns))

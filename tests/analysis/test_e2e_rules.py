@@ -34,9 +34,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specab.analysis import model as analysis
-from specab.analysis import doctor
-from specab.analysis import stats
+from specab.analysis.evidence import model as analysis
+from specab.analysis.findings import doctor
+from specab.analysis.measures import stats
 from specab.sim.profile import PROFILE_DIR
 from tests.driver.simnode import NCCL_TUNED, SimNode, driver, free_port
 
@@ -290,7 +290,7 @@ def test_a_drifting_node_provokes_baseline_drift(nodes, tmp_path: Path):
 def test_engine_time_outside_the_forward_passes_is_a_finding(nodes, tmp_path: Path):
     """A node whose cycle carries 12 ms of CPU work outside the forwards: the measured phases fall short of the
     cycle implied by tok/s and tau, and phase-accounting names the remainder."""
-    from specab.analysis import phases
+    from specab.analysis.measures import phases
     from tests.driver.simtrace import true_cycles_ms
     node = nodes("overhead")
     slow_cpu = profile(tmp_path, "cpu-overhead", spec={"overhead_ms": 12.8, "draft_extend_ms": 0.8})

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import model as analysis
-from specab.analysis import doctor, stats, validity
+from specab.analysis.evidence import model as analysis
+from specab.analysis.findings import doctor
+from specab.analysis.measures import stats, validity
 from tests.driver.simnode import NCCL_TUNED, SimNode, driver, free_port
 from tests.driver.simtrace import trace_of
 
@@ -80,7 +81,7 @@ def test_each_departure_is_reported_as_the_simulator_made_it(node: SimNode, tmp_
     identical = sum(x is None for x in truth["eagle3-lossy"].values())
     assert lossy.status == validity.NOT_VALID and lossy.identical == identical
     assert v.arms["eagle3-late"].status == validity.VALID            # late divergences pass greedy_min_match 0.5
-    assert f"{len(late)} more diverge late" in v.arms["eagle3-late"].line
+    assert f"the other {len(late)} diverge late" in v.arms["eagle3-late"].line
     loop = v.arms["eagle3-loop"]
     assert loop.status == validity.NOT_VALID and loop.loops == sorted(truth["eagle3-loop"])
     forced = v.arms["eagle3-forced"]
@@ -92,7 +93,7 @@ def test_each_departure_is_reported_as_the_simulator_made_it(node: SimNode, tmp_
     found = [f for f in doctor.diagnose(e, stats.analyse(e), validity=v) if f.rule == "outputs-not-valid"]
     by_arm = {f.arm: f for f in found}
     assert set(by_arm) == {"eagle3-lossy", "eagle3-loop", "eagle3-forced"}
-    assert by_arm["eagle3-lossy"].severity == "error" and "No setting of the arm explains it" in \
+    assert by_arm["eagle3-lossy"].severity == "error" and "no setting of the arm explains it" in \
         by_arm["eagle3-lossy"].message
     assert by_arm["eagle3-forced"].severity == "info" and "SGLANG_SIMULATE_ACC_LEN=2.5" in by_arm["eagle3-forced"].message
 

@@ -1,4 +1,4 @@
-"""The results table that ab_test.yml prints (specab/analysis/abtable.py through the specab_ab_table lookup),
+"""The results table that ab_test.yml prints (specab/analysis/render/abtable.py through the specab_ab_table lookup),
 from run directories written here the way a round leaves them.
 
 What a user relies on: the driver's numbers (a run's tok/s is the median of its measured requests' decode rates,
@@ -13,7 +13,7 @@ from typing import Any
 from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.loader import lookup_loader
 
-from specab.analysis import abtable
+from specab.analysis.render import abtable
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_ARGS = {"model_path": "/models/m", "tp_size": 1}

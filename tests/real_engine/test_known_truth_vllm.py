@@ -81,7 +81,9 @@ def test_known_truth_draft_model_matrix_on_a_real_vllm_is_exact(real_vllm: RealV
     count counted as vLLM counts; per run, tau (tokens / cycles) and vLLM's own 1 + accepted/drafts equal the truth;
     alpha fitted from tau is within 0.02 of the acceptance realized along the requests; every output token follows
     the rule; the report's Known truth section says so and the doctor raises no known-truth-mismatch."""
-    from specab.analysis import doctor, model, truthcheck
+    from specab.analysis.evidence import model
+    from specab.analysis.measures import truthcheck
+    from specab.analysis.findings import doctor
     build_models(real_vllm, tmp_path / "kt", "draft:0.8:7:draft")
     exp = yaml.safe_load((REPO / "experiments" / "known-truth-vllm-cpu.yml").read_text())["specab_experiment"]
     exp["server_args"]["port"] = free_port()

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from scipy.optimize import least_squares
 
-from specab.analysis import combine, concurrency, model, phases
+from specab.analysis.evidence import combine, model
+from specab.analysis.measures import concurrency, phases
 from specab.sim.profile import load_profile
 from specab.sim.timing import TimingModel
 from specab.vocab import engines

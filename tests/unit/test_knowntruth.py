@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import doctor, model, report, truthcheck
+from specab.analysis.evidence import model
+from specab.analysis.measures import truthcheck
+from specab.analysis.findings import doctor
+from specab.analysis.render import report
 from specab.knowntruth import truth as kt
 from specab.node import loadgen
 from tests.stores import copy_store
@@ -231,7 +234,7 @@ def test_the_doctor_names_each_constructed_cause_and_only_it(tmp_path: Path) -> 
     assert "SGLang 0.5.17" in like.message and "0.5.23" not in like.message
     assert any("declared by the arm itself" in ev and "eagle3-s3-eager: disable_cuda_graph" in ev for ev in like.evidence)
     # phases are accounted in eager mode too: the draft and draft-extend passes are not 0.00 ms
-    from specab.analysis import phases
+    from specab.analysis.measures import phases
     eager = phases.analyse_phases(e).arms["eagle3-s3-eager"]
     assert eager.draft_ms.mean > 1.0 and eager.draft_extend_ms.mean > 0.5 and eager.verify_ms.mean > 9.0
     # the p 0.5 head: accept length 1.90 against the truth, above its graphed cycle's break-even: no loss to explain

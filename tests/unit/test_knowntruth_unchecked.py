@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import combine, doctor, model, report, truthcheck
+from specab.analysis.evidence import combine, model
+from specab.analysis.findings import doctor
+from specab.analysis.measures import truthcheck
+from specab.analysis.render import report
 from specab.node import loadgen
 from tests.stores import copy_store
 

@@ -29,8 +29,8 @@ from typing import Any
 
 from scipy import stats as sps
 
-from specab.analysis import outputs as outs
-from specab.analysis.model import Experiment, Run
+from specab.analysis.evidence import outputs as outs
+from specab.analysis.evidence.model import Experiment, Run
 from specab.config.validity import DEFAULTS
 
 KEYS = tuple(DEFAULTS)
@@ -223,7 +223,7 @@ def _valid_line(v: ArmValidity) -> str:
     line = f"outputs identical to the baseline on {v.identical}/{v.compared} requests"
     if late:
         low = min(q.agreed_share for q in v.requests if not q.identical)
-        line += f"; {late} more diverge late (after {low:.0%} or more of their {v.unit})"
+        line += f"; the other {late} diverge late (after {low:.0%} or more of their {v.unit})"
     return line
 
 

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specab.analysis.model import Experiment, Run
+from specab.analysis.evidence.model import Experiment, Run
 # scipy is imported in the functions that use it: importing scipy.stats takes ~1.3 s, which every start of
 # driver.py paid (status, --help, a run before its first report: 1.8 s -> 0.55 s for --help).
 

@@ -10,14 +10,14 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specab.analysis import economics
-from specab.analysis import phases as phase_analysis
-from specab.analysis import specmodel
-from specab.analysis import truthcheck
-from specab.analysis import validity as validity_analysis
-from specab.analysis import workload
-from specab.analysis.model import REASON_IDLE, Experiment, GpuSample, Run, arm_concurrency, reason_names
-from specab.analysis.stats import ExperimentStats, analyse
+from specab.analysis.cost import economics
+from specab.analysis.measures import phases as phase_analysis
+from specab.analysis.measures import specmodel
+from specab.analysis.measures import truthcheck
+from specab.analysis.measures import workload
+from specab.analysis.evidence.model import REASON_IDLE, Experiment, GpuSample, Run, arm_concurrency, reason_names
+from specab.analysis.measures.stats import ExperimentStats, analyse
+from specab.analysis.measures import validity as validity_analysis
 from specab.vocab import contract, engines
 # scipy is imported in the functions that use it: importing scipy.stats takes ~1.3 s, which every start of
 # driver.py paid (status, --help, a run before its first report: 1.8 s -> 0.55 s for --help).
@@ -841,14 +841,14 @@ def outputs_not_valid(exp: Experiment, ctx: Context) -> list[Finding]:
                                + (f" (cause: {'; '.join(causes)})." if causes else "."),
                                _parity_evidence(v), name, runs))
             continue
-        cause = (f"Cause in its settings: {'; '.join(causes)}. Remove it, or declare the arm cost_only: true if it "
-                 f"is meant as a cost measurement." if causes else
-                 "No setting of the arm explains it: compare the engine builds of the two arms, the draft's "
-                 "vocabulary mapping and tokenizer, and run --correctness (the engine's deterministic mode), where "
-                 "any greedy difference is a bug rather than numerics.")
+        cause, todo = ((f"cause in its settings: {'; '.join(causes)}", "Remove the setting, or declare the arm "
+                        "cost_only: true if it is meant as a cost measurement.") if causes else
+                       ("no setting of the arm explains it", "Compare the engine builds of the two arms, the draft's "
+                        "vocabulary mapping and tokenizer, and run --correctness (the engine's deterministic mode), "
+                        "where any greedy difference is a bug rather than numerics."))
         out.append(Finding("outputs-not-valid", "error",
-                           f"{name}: {v.line}. Its speedup is not the same work done faster: the verdict does not "
-                           f"hold. {cause}", _parity_evidence(v), name, runs))
+                           f"{name}: {v.line}; {cause}. Its speedup is not the same work done faster: the verdict "
+                           f"does not hold. {todo}", _parity_evidence(v), name, runs))
     return out
 
 

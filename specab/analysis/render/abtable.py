@@ -16,8 +16,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from specab.analysis import doctor, stats, validity
-from specab.analysis.model import Arm, Experiment, Run, load_run_dir
+from specab.analysis.measures import stats
+from specab.analysis.findings import doctor
+from specab.analysis.evidence.model import Arm, Experiment, Run, load_run_dir
+from specab.analysis.measures import validity
 
 HEADER = ("arm", "requests", "tok/s (median)", "TTFT (ms)", "accept len", "speedup", "outputs")
 ROW_FORMAT = "%-16s %9s %14s %10s %11s %9s  %s"

@@ -19,20 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
-from specab.analysis import combine
-from specab.analysis import concurrency
-from specab.analysis import doctor
-from specab.analysis import economics
-from specab.analysis import phases
-from specab.analysis import positions
-from specab.analysis import specmodel
-from specab.analysis import stats
-from specab.analysis import truthcheck
-from specab.analysis import validity
-from specab.analysis import workload
-from specab.analysis.model import (AnalysisError, Experiment, arm_concurrency, arm_rate, bench_concurrency, gc_paused,
-                                   load_label,
-                                   load_store, tok_s_meaning)
+from specab.analysis.evidence import combine
+from specab.analysis.measures import concurrency
+from specab.analysis.findings import doctor
+from specab.analysis.cost import economics
+from specab.analysis.measures import phases
+from specab.analysis.measures import positions
+from specab.analysis.measures import specmodel
+from specab.analysis.measures import stats
+from specab.analysis.measures import truthcheck
+from specab.analysis.measures import workload
+from specab.analysis.evidence.model import (AnalysisError, Experiment, arm_concurrency, arm_rate, bench_concurrency,
+                                            gc_paused, load_label, load_store, tok_s_meaning)
+from specab.analysis.measures import validity
 from specab.results.locate import NotFound, locate
 from specab.analysis.subcommand import standalone_main
 

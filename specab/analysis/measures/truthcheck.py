@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specab.analysis.model import Experiment, Run
-from specab.analysis.specmodel import SpecModelError, chain_alpha, conditional_rates
+from specab.analysis.evidence.model import Experiment, Run
+from specab.analysis.measures.specmodel import SpecModelError, chain_alpha, conditional_rates
 from specab.knowntruth import truth as kt
 from specab.vocab.engines import speculative_view
 
@@ -215,7 +215,7 @@ def check(exp: Experiment) -> TruthReport | None:
         reason = _unchecked_reason(r)
         if reason is not None:
             why.setdefault(reason, []).append(r)
-    # each run's request rows from its own store: a pooled experiment's (specab/analysis/combine.py) come from
+    # each run's request rows from its own store: a pooled experiment's (specab/analysis/evidence/combine.py) come from
     # several, under the seq each had there
     sources = exp.meta.get("sources") or {}
     own = exp.root / "results.sqlite" if exp.root is not None else None

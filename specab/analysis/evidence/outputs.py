@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from specab.analysis.model import Experiment, Run
+from specab.analysis.evidence.model import Experiment, Run
 
 
 @dataclass(frozen=True)
