@@ -1,10 +1,10 @@
-"""The verdict per load end to end: `driver.py --matrix steps=1,2 concurrency=1,8,32` on the simulated node (the
+"""The verdict per load end to end: `driver.py --matrix steps=1,2 concurrency=1,8,16` on the simulated node (the
 run queue), checked against the simulator's own trace (the times it emitted each chunk, the device-timer seconds of
 the passes that served each request), not against wall-clock speed.
 
 The node runs the h200-known-truth profile, whose batched speculative cycle grows as the real H200's did (fitted to
 the concurrency stores); with the prefills of arriving requests pausing the batch (requests of 48 tokens end at
-different cycles) speculation wins at one request in flight and loses at 8 and 32 by the simulator's own schedule.
+different cycles) speculation wins at one request in flight and loses at 8 and 16 by the simulator's own schedule.
 Its start-up is cut to nothing (the timing model is untouched) to keep the 18 runs cheap."""
 from __future__ import annotations
 
@@ -22,16 +22,17 @@ from specab.results import store as st
 from tests.driver.simnode import SimNode, driver, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-SCALE = 0.5         # half real time: at 32 in flight and scale 1 the baseline streams ~12,000 chunks a second, and on a
-                    # busy 2-core box the client's reads fell behind by up to 6 % of a request's span
+SCALE = 0.5         # half real time, and at most 16 in flight: at 32 and scale 1 the baseline streamed ~12,000 chunks a
+                    # second, and on a busy 2-core box the client's reads fell behind by 5-27 % of a request's span
 # how far a run's per-user rate as the client measured it may lie from the simulator's emissions of the same
-# requests: a late read of a request's first or last chunk moves its span, and on a busy 2-core box the client's
-# reads of many small chunks lag by a few ms; a client that lost or merged chunks, mistimed them or counted tokens
-# wrong is off by far more
+# requests: a late read of a request's first or last chunk moves its span (the last chunks of a wave of requests that
+# end in one step share the simulator's one event loop with the next wave's arrivals); up to 3 % at load 4 on the
+# 2-core box, 5 % at load 12. A client that lost or merged chunks, mistimed them or counted tokens wrong is off by
+# far more (counting chunks instead of tokens: x0.5 on a speculative run)
 CLIENT_TOL = 0.05
 # the simulator's own verdict (its schedule) must be this far from 1 for the measured one to be held to its side
 CLEAR = 0.05
-LOADS = (1, 8, 32)
+LOADS = (1, 8, 16)
 
 
 def _profile(tmp: Path) -> Path:
@@ -93,7 +94,7 @@ def test_matrix_steps_and_concurrency_to_a_verdict_per_load(node: SimNode):
     inv = node.write_inventory({**node.host_vars(),
                                 "specab_node_env": {**node.node_env(), "SPECAB_SIM_TRACE": str(trace_file)}})
     proc = driver("-e", str(_experiment(node)), "-i", str(inv), "--runs-dir", str(node.runs_dir),
-                  "--matrix", "steps=1,2", "--matrix", "concurrency=1,8,32", "--repeats", "2", "--seed", "2")
+                  "--matrix", "steps=1,2", "--matrix", "concurrency=1,8,16", "--repeats", "2", "--seed", "2")
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
     exp_dir = next(d for d in node.runs_dir.iterdir() if (d / st.FILENAME).exists())
