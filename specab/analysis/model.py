@@ -342,6 +342,9 @@ class Experiment:
     target_ci: float | None = None         # relative half-width, 0.02 = 2 %
     max_repeats: int | None = None
     meta: dict = field(default_factory=dict)
+    # the unmeasured starts before block 1 (design.burn_in, the store's plan.burn_in): kept apart from `runs`, so
+    # no statistic, rule or cost model sees them as measured instances; the report shows how fast they ran
+    burn_in: list[Run] = field(default_factory=list)
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:

@@ -23,6 +23,7 @@ from specab.analysis import combine
 from specab.analysis import concurrency
 from specab.analysis import doctor
 from specab.analysis import economics
+from specab.analysis import instances
 from specab.analysis import phases
 from specab.analysis import positions
 from specab.analysis import specmodel
@@ -725,6 +726,9 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     if st.host_speedups:
         rep.add(Heading("Speedup per host", 3), *_host_blocks(exp, st))
     per_pos = _position_blocks(rep, exp)
+    spread = instances.analyse(exp)
+    rep.add(Heading("Instance spread"), Para(instances.INTRO), Table(instances.InstanceReport.HEADER, spread.rows()),
+            *[Para(n) for n in spread.notes()])
 
     if loads.several_loads:
         _load_blocks(rep, loads, plots)
@@ -825,7 +829,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                 "models": {b: m.to_dict() if m else None for b, m in models.items()}, "phases": ph.to_dict(),
                 "findings": [f.to_dict() for f in findings], "summary": rep.summary, "cost": spent.to_dict(),
                 "known_truth": truth.to_dict() if truth is not None else None,
-                "loads": loads.to_dict(),
+                "loads": loads.to_dict(), "instances": spread.to_dict(),
                 "workload": {"label": workload.label(exp), "ignore_eos": workload.ignore_eos(exp),
                              "lengths": {r.arm: r.to_dict() for r in lengths},
                              "categories": {a: [r.to_dict() for r in rows] for a, rows in cats.items()}}}
