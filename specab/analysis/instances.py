@@ -235,7 +235,8 @@ def _burn_in_text(b: BurnIn) -> str:
 @dataclass(frozen=True)
 class Trend:
     """An arm's instances on one host whose speed moved with the order they started in. kind "first": the first
-    `lead` of them ran low against the later ones; kind "order": tok/s rose (or fell) along the run order."""
+    `lead` of them ran low against the later ones; kind "order": tok/s rose along the run order (a node warming up;
+    one that slows along the run order is drifting, the baseline-drift rule's finding)."""
     arm: str
     host: str
     kind: str
@@ -258,14 +259,10 @@ class Trend:
                     f"ran {-self.change:.0%} slower than its later ones, far beyond the {self.noise:.2%} sd those "
                     f"show (their requests included)")
         else:
-            what = (f"{self.arm}: its instances {where} {'sped up' if self.change > 0 else 'slowed down'} along "
-                    f"the run order, {self.change:+.0%} from first to last, beyond the noise of its runs "
-                    f"({self.noise:.2%} sd)")
-        if self.kind == "order" and self.change < 0:
-            return (what + ". The node got slower as the experiment went on (clocks, heat, memory): check the GPU "
-                    "samples of the later runs; paired blocks cancel what both arms share, a burn-in does not help.")
+            what = (f"{self.arm}: its instances {where} sped up along the run order, {self.change:+.0%} from first "
+                    f"to last, beyond the noise of its runs ({self.noise:.2%} sd)")
         return (what + ". The node's first server starts run slow (a freshly started machine warms up), so the "
-                "first block measures the warm-up, not the arm: set design.burn_in in the experiment file to at "
+                "first blocks measure the warm-up, not the arm: set design.burn_in in the experiment file to at "
                 f"least {self._starts_needed()} (unmeasured server starts and benchmarks before block 1), or run "
                 "more blocks so the first ones weigh less.")
 
@@ -281,7 +278,7 @@ class Trend:
 
 def trends(exp: Experiment, min_change: float = 0.02) -> list[Trend]:
     """Every arm's instances per host checked against their run order (3 or more instances): the leading one or
-    two low (`_first_low`), else tok/s moving along the order (`_order_drift`, 4 or more). Judged against the
+    two low (`_first_low`), else tok/s rising along the order (`_order_drift`, 4 or more). Judged against the
     later instances' spread, never below what their requests alone explain, and only a change of `min_change` or
     more counts (a smaller one moves no verdict made at the usual precision)."""
     out = []
@@ -313,23 +310,23 @@ def _request_floor(logs: list[tuple[float, list[float]]]) -> float:
 
 def _first_low(logs: list[tuple[float, list[float]]], min_change: float) -> tuple[str, int, float, float] | None:
     """The first two instances (else the first) all below the later ones' mean by FIRST_Z predictive sd and by
-    `min_change` or more: ("first", lead, change, sd)."""
+    `min_change` or more: ("first", lead, change of the lead's mean against the later ones', sd)."""
     for lead in (2, 1):
         rest = logs[lead:]
         if len(rest) < 2:
             continue
         values = [v for v, _ in rest]
-        gap = statistics.fmean(values) - max(v for v, _ in logs[:lead])
+        gap = statistics.fmean(values) - max(v for v, _ in logs[:lead])       # the lead's best against the rest
         sd = math.sqrt(max(statistics.variance(values), _request_floor(rest)) * (1.0 + 1.0 / len(rest)))
-        change = math.exp(-gap) - 1.0
-        if -change >= min_change and gap >= FIRST_Z * sd:
+        if 1.0 - math.exp(-gap) >= min_change and gap >= FIRST_Z * sd:
+            change = math.exp(statistics.fmean(v for v, _ in logs[:lead]) - statistics.fmean(values)) - 1.0
             return "first", lead, change, sd
     return None
 
 
 def _order_drift(logs: list[tuple[float, list[float]]], min_change: float) -> tuple[str, int, float, float] | None:
-    """tok/s along the run order: the OLS slope of log tok/s on the position, its residual variance never below
-    the requests' part, beyond noise at TREND_ALPHA and a fitted change of `min_change` or more."""
+    """tok/s rising along the run order: the OLS slope of log tok/s on the position, its residual variance never
+    below the requests' part, beyond noise at TREND_ALPHA (two-sided) and a fitted rise of `min_change` or more."""
     from scipy import stats as scipy_stats
     n = len(logs)
     if n < 4:
@@ -344,6 +341,6 @@ def _order_drift(logs: list[tuple[float, list[float]]], min_change: float) -> tu
         return None
     t = slope / math.sqrt(var / sxx)
     change = math.exp(slope * (n - 1)) - 1.0
-    if abs(change) >= min_change and 2 * float(scipy_stats.t.sf(abs(t), n - 2)) < TREND_ALPHA:
+    if change >= min_change and 2 * float(scipy_stats.t.sf(abs(t), n - 2)) < TREND_ALPHA:
         return "order", 0, change, math.sqrt(var)
     return None
