@@ -19,7 +19,7 @@ from specab.sim.gpustate import DEFAULT_STATE
 from specab.sim.throttle import FaultSpecError, SlowInstance, Throttle
 
 KNOWN_FAULTS = ("oom_at_start", "crash_after=N", "ignore_sigterm", "orphan_workers", "slow_release=S",
-                "port_in_use", "throttle=FROM_S:RATIO:REASON", "slow_instance=K:PCT", "buffered_stream")
+                "port_in_use", "throttle=FROM_S:RATIO:REASON", "slow_instance=K[-K2]:PCT", "buffered_stream")
 
 
 class SettingsError(ValueError):
@@ -35,7 +35,7 @@ class Faults:
     slow_release: Optional[float] = None  # memory released S (simulated) seconds after a holder died
     port_in_use: bool = False           # behave as if the HTTP port were taken (uvicorn's bind error)
     throttle: Optional[Throttle] = None   # GPU clocks drop (with an NVML reason) from a moment on
-    slow_instance: Optional[SlowInstance] = None  # the k-th start on the node decodes pct % slower
+    slow_instance: Optional[SlowInstance] = None  # the k-th (to k2-th) start on the node decodes pct % slower
     buffered_stream: bool = False       # the HTTP front end holds a stream's chunks and sends them when it ends
 
     @classmethod
