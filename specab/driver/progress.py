@@ -256,6 +256,10 @@ def print_summary(store, out: TextIO) -> int:
     console.print(t)
     if unreadable:
         console.print(f"no statistics: {unreadable}", markup=False)
+    burned = [r for r in store.runs() if r["burn_in"]]
+    if burned:
+        console.print("burn-in (unmeasured starts before block 1, not in the table): "
+                      + ", ".join(f"{r['run_id']} {r['status']}" for r in burned), markup=False)
     failed = store.runs(status="failed")
     interrupted = store.runs(status="interrupted")
     for r in failed:
