@@ -38,8 +38,8 @@ TIMEOUT_KEYS = {"ready_s", "stop_grace_s", "gpu_free_s"}
 DESIGN_KEYS = {"burn_in"}
 # design.burn_in: unmeasured server starts (each with its benchmark) before block 1 on every host. 0 by default: the
 # one node measured through the driver (an H100, SGLang 0.5.17) showed no first-instance effect, and a start costs
-# a model load; the H200's first starts were slow on one of two machines (docs/decisions/0014-...), which the
-# doctor's instance-trend rule names with the burn-in to set.
+# a model load; the H200's first starts were slow on one of two machines, which the doctor's instance-trend rule
+# names with the burn-in to set (docs/decisions/0014-burn-in-default-from-the-instance-spread.md).
 BURN_IN_DEFAULT = 0
 BENCH_APIS = {"generate", "completions", "chat"}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
