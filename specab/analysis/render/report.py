@@ -17,7 +17,7 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, Collection, Sequence, TextIO
 
 from specab.analysis.evidence import combine
 from specab.analysis.measures import concurrency
@@ -194,12 +194,16 @@ def _legend_outside(ax, **kw: Any) -> None:
 
 
 def _model_for(exp: Experiment, st: stats.ExperimentStats, baseline: str,
-               target_tok_s: float | None = None) -> specmodel.ModelResult | None:
+               target_tok_s: float | None = None, skip: Collection[str] = ()) -> specmodel.ModelResult | None:
+    """The spec model over the speculative arms compared with ``baseline``; ``skip``: arms whose accept length is
+    not their draft's (outputs not valid: a forced acceptance's tau would distort alpha)."""
     base = st.arms[baseline].tok_s_run.median
     arms = []
     measured = {p.arm: p for p in positions.table(exp) if not p.runs_without}
     for a in exp.spec_arms:
         s = st.arms[a.name]
+        if a.name in skip:
+            continue
         if exp.baseline_of(a.name) == baseline and a.steps and s.tok_s_run.median and s.accept_len.mean:
             rates = tuple(measured[a.name].pooled.chain_rates()[:a.steps]) if a.name in measured else ()
             arms.append(specmodel.SpecArm(a.steps, s.tok_s_run.median, s.accept_len.mean, a.name, rates))
@@ -545,7 +549,9 @@ def _known_truth_blocks(rep: Report, exp: Experiment, truth: truthcheck.TruthRep
                  f"(the chain rule over the draft's agreement set). Cycle counts equal to the truth on {exact} of "
                  f"{len(reqs)} speculative requests; greedy output follows the rule on every token in {follows} of "
                  f"{total} requests. " + ("Every measurement agrees with the truth." if not bad else
-                                          f"{len(bad)} disagreement(s): the doctor's known-truth-mismatch names them.")))
+                                          f"{len(bad)} disagreement(s): the doctor's known-truth-mismatch names them.")
+                 + "".join(f" {a} is not checked against the truth: {why}, which exact verification's truth does not "
+                           f"model." for a, why in truth.skipped.items())))
     rows = []
     for r in spec_runs:
         counted = [q for q in r.requests if q.measured_cycles is not None]
@@ -633,7 +639,8 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     val = validity.check(exp)
     findings = doctor.diagnose(exp, st, config, validity=val)
     rep = Report(title=f"specab report: {exp.id}")
-    model = _model_for(exp, st, exp.baseline, target_tok_s)
+    invalid = {v.arm for v in val.invalid()}        # their tau is not their draft's: left out of the model
+    model = _model_for(exp, st, exp.baseline, target_tok_s, invalid)
 
     # summary: what was measured, then the verdicts
     rep.summary.append(f"Workload: {workload.label(exp)}.")
@@ -739,7 +746,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     models = {exp.baseline: model}
     for b in exp.baselines:
         if b != exp.baseline and b in st.arms:
-            models[b] = _model_for(exp, st, b, target_tok_s)
+            models[b] = _model_for(exp, st, b, target_tok_s, invalid)
     several = len([m for m in models.values() if m]) > 1
     for b, m in models.items():
         if m is None and (several or b != exp.baseline):
@@ -747,6 +754,10 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         at = f" ({load_label(arm_concurrency(exp, b), arm_rate(exp, b))})" if loads.several_loads else ""
         rep.add(Heading(f"Speculative-decoding model vs {b}{at}" if several else "Speculative-decoding model"))
         _model_blocks(rep, m)
+        left = sorted(a for a in invalid if exp.baseline_of(a) == b)
+        if left:
+            rep.add(Para(f"Left out of the model: {', '.join(left)} (outputs not valid: an accept length that is not "
+                         f"the draft's would distort alpha)."))
 
     # per-phase breakdown (measured)
     ph = phases.analyse_phases(exp)
