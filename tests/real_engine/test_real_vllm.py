@@ -277,6 +277,13 @@ def test_driver_matrix_steps_to_a_report_on_a_real_vllm(real_vllm: RealVllm, tmp
         assert arms[name]["accept_len"]["mean"] == pytest.approx(sum(taus) / 2)      # the report's = vLLM's own
         assert model[name]["accept_len"] == pytest.approx(sum(taus) / 2)
     assert arms["baseline"]["accept_len"]["mean"] is None
+    # output validity through the driver: the self-draft is lossless, so its greedy outputs are the baseline's on
+    # every request of both blocks (vLLM's token ids), and the verdict line says so
+    for k in (1, 2, 3):
+        v = report["validity"]["arms"][f"draft_model-s{k}"]
+        assert (v["status"], v["identical"], v["compared"]) == ("valid", 12, 12), v["line"]
+        assert report["verdicts"][f"draft_model-s{k}"].endswith("outputs identical to the baseline on 12/12 requests.")
+        assert f"verdict: {report['verdicts'][f'draft_model-s{k}']}" in proc.stdout
     fired = {f["rule"] for f in report["findings"]}
     assert not fired & SGLANG_ONLY_RULES, report["findings"]
     md = (exp_dir / "report.md").read_text()
