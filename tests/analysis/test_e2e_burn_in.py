@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import model as analysis
-from specab.analysis import stats
+from specab.analysis.evidence import model as analysis
+from specab.analysis.measures import stats
 from tests.analysis.test_e2e_rules import SPEC, findings, host_vars, write_experiment
 from tests.driver.simnode import SimNode, driver, free_port
 

@@ -1,4 +1,4 @@
-"""The instance as the unit of noise (specab.analysis.instances): the report's spread across restarts beside the
+"""The instance as the unit of noise (specab.analysis.cost.instances): the report's spread across restarts beside the
 spread within a run, on the real H100 stores, and the doctor's `instance-trend` rule against planted truth.
 
 The H100 stores (tests/fixtures/validity/h100): `validity-…-054331` is one block of five arms on a freshly started
@@ -13,8 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specab.analysis import design, doctor, instances, report, stats
-from specab.analysis.model import Experiment, load_store
+from specab.analysis.cost import design, instances
+from specab.analysis.evidence.model import Experiment, load_store
+from specab.analysis.findings import doctor
+from specab.analysis.measures import stats
+from specab.analysis.render import report
 from tests.analysis import factory
 from tests.stores import copy_store
 

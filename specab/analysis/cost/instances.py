@@ -3,7 +3,7 @@ which of the two sets the width of its verdict, the burn-in starts, and a trend 
 instances on a node slow) for the doctor's `instance-trend` rule (docs/statistics.md, "Instance spread").
 
 Every number is on the log scale of a run's value (the median of its measured requests' decode tok/s), so an sd
-reads as a share of the mean. The variance components are the design's (specab.analysis.design:
+reads as a share of the mean. The variance components are the design's (specab.analysis.cost.design:
 `instance_components` per arm, `estimate_components` of the paired log ratio for the verdict); this module adds
 their interval and the order in which the instances ran."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from specab.analysis import design, economics
-from specab.analysis.model import Experiment, Run
+from specab.analysis.cost import design, economics
+from specab.analysis.evidence.model import Experiment, Run
 
 LEVEL = 0.95
 # A leading instance counts as low when it sits this many predictive sd below the later instances of its arm
