@@ -143,7 +143,7 @@ def test_a_warm_up_over_the_run_order_is_a_trend_and_a_slow_down_is_left_to_the_
     [t] = instances.trends(up)
     assert t.kind == "order" and t.change == pytest.approx(0.10 / 0.92, abs=0.01)
     assert re.search(r"sped up along the run order, \+1[01]% from first to last", t.message())
-    assert "design.burn_in" in t.message()
+    assert "design.burn_in in the experiment file to at least 3 (unmeasured" in t.message()    # its 3rd of 6
     down = factory.experiment({"baseline": 82.0}, blocks=6, drift_per_run=-0.01)
     assert instances.trends(down) == []
 
@@ -180,6 +180,7 @@ def test_burn_in_runs_are_shown_apart_and_never_analysed():
     # the host's starts count the burn-in: the measured instances start at 2
     [t] = instances.trends(_with_first_measured_slow(e))
     assert t.burn_in == 1 and t.starts[0] == 2 and "(after 1 burn-in start(s))" in t.message()
+    assert "design.burn_in in the experiment file to at least 2 (unmeasured" in t.message()
 
 
 def _with_first_measured_slow(e: Experiment) -> Experiment:

@@ -267,9 +267,11 @@ class Trend:
                 "more blocks so the first ones weigh less.")
 
     def _starts_needed(self) -> int:
+        """The burn-in (in starts of the host, its burn-in included) that would have taken the slow starts: the
+        last low one's; for a rise along the run order, the start of the arm's middle instance."""
         if self.kind == "first":
-            return max(self.starts[:self.lead]) - self.burn_in
-        return max(1, len(self.starts) // 2)
+            return max(self.starts[:self.lead])
+        return self.starts[max(0, len(self.starts) // 2 - 1)]
 
     def evidence(self) -> list[str]:
         return [f"{self.arm} on {self.host}, in run order: " + ", ".join(
