@@ -326,11 +326,11 @@ def _burn_in_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInpu
         m = int(prepared.experiment.bench_settings["num_requests"])
         out["gpu_minutes"] = sum(cost.gpu_s(r.num_requests or m) for r in burned) / 60.0
         out["cost_source"] = cost.source
-    each = " on each host" if opts.fleet and len(prepared.inventory.hosts) > 1 else ""
+    before = "each host's first block" if len({r.block for r in burned}) > 1 else "block 1"
     gpu = (f", expected {out['gpu_minutes']:.1f} GPU-minutes (run cost of {cost.source})" if cost is not None
            else ", GPU-minutes not known before a run on this node")
     out["line"] = (f"burn-in (design.burn_in: {prepared.experiment.burn_in}): {len(burned)} unmeasured server "
-                   f"start(s) and benchmark(s) before block 1{each}, stored and not analysed{gpu}")
+                   f"start(s) and benchmark(s) before {before}, stored and not analysed{gpu}")
     return out
 
 
