@@ -244,7 +244,7 @@ def print_summary(store, out: TextIO) -> int:
     """Print the per-arm table (failed and interrupted runs counted apart) and the failures; returns the number
     of failed runs (interrupted ones are not failures: a resume runs them)."""
     rows, unreadable = _stats_rows(store)
-    console = Console(file=out, highlight=False, width=max(120, Console(file=out).width))
+    console = Console(file=out, highlight=False, width=max(150, Console(file=out).width))
     try:
         concurrency = model.bench_concurrency(store.experiment().get("config"))
     except StoreError:          # a store without its experiment row still gets its table
