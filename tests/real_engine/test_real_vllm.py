@@ -171,9 +171,11 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     bad = rows["draft-self-k3-penalty"]
     assert bad["outputs"] == "NOT VALID" and "NOT VALID: outputs differ from the baseline on 3/3 requests" in \
         bad["verdict"], bad
-    printed = proc.stdout
-    assert f"verdict: draft-self-k3-penalty: {bad['verdict']}" in printed
-    why = next(line for line in printed.splitlines() if "why: " in line)
+    # the table as a user reads it (`make demo`'s view of the playbook's output: Ansible quotes and folds the lines)
+    printed = subprocess.run([sys.executable, str(REPO / "scripts" / "demo_view.py"), str(tmp_path / "ansible.log")],
+                             input=proc.stdout, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert f"verdict: draft-self-k3-penalty: {bad['verdict']}" in printed.splitlines(), printed
+    why = next(line for line in printed.splitlines() if line.startswith("why: "))
     assert "outputs-not-valid" in why and "override_generation_config" in why, why
 
     def run_file(arm: str, name: str) -> Any:
@@ -277,6 +279,13 @@ def test_driver_matrix_steps_to_a_report_on_a_real_vllm(real_vllm: RealVllm, tmp
         assert arms[name]["accept_len"]["mean"] == pytest.approx(sum(taus) / 2)      # the report's = vLLM's own
         assert model[name]["accept_len"] == pytest.approx(sum(taus) / 2)
     assert arms["baseline"]["accept_len"]["mean"] is None
+    # output validity through the driver: the self-draft is lossless, so its greedy outputs are the baseline's on
+    # every request of both blocks (vLLM's token ids), and the verdict line says so
+    for k in (1, 2, 3):
+        v = report["validity"]["arms"][f"draft_model-s{k}"]
+        assert (v["status"], v["identical"], v["compared"]) == ("valid", 12, 12), v["line"]
+        assert report["verdicts"][f"draft_model-s{k}"].endswith("outputs identical to the baseline on 12/12 requests.")
+        assert f"verdict: {report['verdicts'][f'draft_model-s{k}']}" in proc.stdout
     fired = {f["rule"] for f in report["findings"]}
     assert not fired & SGLANG_ONLY_RULES, report["findings"]
     md = (exp_dir / "report.md").read_text()

@@ -21,6 +21,7 @@ from typing import Any
 from specab.analysis.evidence.model import Experiment, Run
 from specab.analysis.measures.specmodel import SpecModelError, chain_alpha, conditional_rates
 from specab.knowntruth import truth as kt
+from specab.vocab import engines
 from specab.vocab.engines import speculative_view
 
 
@@ -97,6 +98,9 @@ class TruthReport:
     arms: list[ArmCheck] = field(default_factory=list)
     # per draft: steps -> true accept length (tokens / cycles) over the measured requests' prompts
     true_tau_by_steps: dict[str, dict[int, float]] = field(default_factory=dict)
+    # arms left out: their settings force or relax acceptance (engines.output_departures), which the truth (exact
+    # verification) does not model; arm -> why
+    skipped: dict[str, str] = field(default_factory=dict)
     unchecked: list[Unchecked] = field(default_factory=list)
 
     @property
@@ -105,7 +109,8 @@ class TruthReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"runs": [dict(asdict(r), exact=r.exact) for r in self.runs], "arms": [asdict(a) for a in self.arms],
-                "true_tau_by_steps": self.true_tau_by_steps, "unchecked": [asdict(u) for u in self.unchecked]}
+                "true_tau_by_steps": self.true_tau_by_steps, "skipped": self.skipped,
+                "unchecked": [asdict(u) for u in self.unchecked]}
 
 
 def _draft_truth(summary: dict[str, Any], where: str) -> tuple[kt.Rule, kt.DraftTruth | None]:
@@ -206,10 +211,15 @@ def check(exp: Experiment) -> TruthReport | None:
     problem with it. A run that cannot be checked (an unusable known_truth.json, a draft without truth, a pooled
     store that is gone) is listed in ``unchecked`` with the file that stopped it, never dropped in silence."""
     from specab.results.store import Store
-    runs = [r for r in exp.runs if r.ok and (r.known_truth or r.known_truth_problems)]
+    skipped = {}
+    for a in exp.arms:
+        departs = engines.output_departures(a.server_args, a.env)
+        if departs:
+            skipped[a.name] = "; ".join(departs)
+    runs = [r for r in exp.runs if r.ok and (r.known_truth or r.known_truth_problems) and r.arm not in skipped]
     if not runs:
         return None
-    rep = TruthReport()
+    rep = TruthReport(skipped={a: why for a, why in skipped.items() if any(r.arm == a for r in exp.runs)})
     why: dict[str, list[Run]] = {}
     for r in runs:
         reason = _unchecked_reason(r)
