@@ -14,12 +14,13 @@ import math
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, Collection, Sequence, TextIO
 
 from specab.analysis.evidence import combine
 from specab.analysis.measures import concurrency
 from specab.analysis.findings import doctor
 from specab.analysis.cost import economics
+from specab.analysis.cost import instances
 from specab.analysis.measures import phases
 from specab.analysis.measures import positions
 from specab.analysis.measures import specmodel
@@ -87,12 +88,16 @@ def _legend_outside(ax, **kw: Any) -> None:
 
 
 def _model_for(exp: Experiment, st: stats.ExperimentStats, baseline: str,
-               target_tok_s: float | None = None) -> specmodel.ModelResult | None:
+               target_tok_s: float | None = None, skip: Collection[str] = ()) -> specmodel.ModelResult | None:
+    """The spec model over the speculative arms compared with ``baseline``; ``skip``: arms whose accept length is
+    not their draft's (outputs not valid: a forced acceptance's tau would distort alpha)."""
     base = st.arms[baseline].tok_s_run.median
     arms = []
     measured = {p.arm: p for p in positions.table(exp) if not p.runs_without}
     for a in exp.spec_arms:
         s = st.arms[a.name]
+        if a.name in skip:
+            continue
         if exp.baseline_of(a.name) == baseline and a.steps and s.tok_s_run.median and s.accept_len.mean:
             rates = tuple(measured[a.name].pooled.chain_rates()[:a.steps]) if a.name in measured else ()
             arms.append(specmodel.SpecArm(a.steps, s.tok_s_run.median, s.accept_len.mean, a.name, rates))
@@ -427,6 +432,13 @@ STEPS_KEYS = ("speculative_num_steps", "speculative_num_draft_tokens", "speculat
 def _known_truth_blocks(rep: Report, exp: Experiment, truth: truthcheck.TruthReport,
                         model: specmodel.ModelResult | None) -> None:
     """The measurement against the exact truth of known-truth models (specab.knowntruth)."""
+    unchecked = ("" if not truth.unchecked else
+                 f" Not checked: {sum(len(u.runs) for u in truth.unchecked)} run(s) "
+                 f"({'; '.join(u.reason for u in truth.unchecked)}): the doctor's known-truth-unchecked names them.")
+    if not truth.runs:
+        rep.add(Heading("Known truth"), Para("The served models are known-truth models, but no run could be checked "
+                                             "against the truth." + unchecked))
+        return
     bad = truth.problems
     spec_runs = [r for r in truth.runs if r.steps]
     reqs = [q for r in spec_runs for q in r.requests]
@@ -438,7 +450,9 @@ def _known_truth_blocks(rep: Report, exp: Experiment, truth: truthcheck.TruthRep
                  f"(the chain rule over the draft's agreement set). Cycle counts equal to the truth on {exact} of "
                  f"{len(reqs)} speculative requests; greedy output follows the rule on every token in {follows} of "
                  f"{total} requests. " + ("Every measurement agrees with the truth." if not bad else
-                                          f"{len(bad)} disagreement(s): the doctor's known-truth-mismatch names them.")))
+                                          f"{len(bad)} disagreement(s): the doctor's known-truth-mismatch names them.")
+                 + "".join(f" {a} is not checked against the truth: {why}, which exact verification's truth does not "
+                           f"model." for a, why in truth.skipped.items()) + unchecked))
     rows = []
     for r in spec_runs:
         counted = [q for q in r.requests if q.measured_cycles is not None]
@@ -527,7 +541,8 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     val = validity.check(exp)
     findings = doctor.diagnose(exp, st, config, validity=val)
     rep = Report(title=f"specab report: {exp.id}")
-    model = _model_for(exp, st, exp.baseline, target_tok_s)
+    invalid = {v.arm for v in val.invalid()}        # their tau is not their draft's: left out of the model
+    model = _model_for(exp, st, exp.baseline, target_tok_s, invalid)
 
     # summary: what was measured, then the verdicts
     rep.summary.append(f"Workload: {workload.label(exp)}.")
@@ -625,6 +640,9 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     if st.host_speedups:
         rep.add(Heading("Speedup per host", 3), *_host_blocks(exp, st))
     per_pos = _position_blocks(rep, exp)
+    spread = instances.analyse(exp)
+    rep.add(Heading("Instance spread"), Para(instances.INTRO), Table(instances.InstanceReport.HEADER, spread.rows()),
+            *[Para(n) for n in spread.notes()])
 
     if loads.several_loads:
         _load_blocks(rep, loads, plots)
@@ -634,7 +652,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     models = {exp.baseline: model}
     for b in exp.baselines:
         if b != exp.baseline and b in st.arms:
-            models[b] = _model_for(exp, st, b, target_tok_s)
+            models[b] = _model_for(exp, st, b, target_tok_s, invalid)
     several = len([m for m in models.values() if m]) > 1
     for b, m in models.items():
         if m is None and (several or b != exp.baseline):
@@ -642,6 +660,10 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         at = f" ({load_label(arm_concurrency(exp, b), arm_rate(exp, b))})" if loads.several_loads else ""
         rep.add(Heading(f"Speculative-decoding model vs {b}{at}" if several else "Speculative-decoding model"))
         _model_blocks(rep, m)
+        left = sorted(a for a in invalid if exp.baseline_of(a) == b)
+        if left:
+            rep.add(Para(f"Left out of the model: {', '.join(left)} (outputs not valid: an accept length that is not "
+                         f"the draft's would distort alpha)."))
 
     # per-phase breakdown (measured)
     ph = phases.analyse_phases(exp)
@@ -710,7 +732,9 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     rep.add(Heading("Verdict cost"), Para(" ".join(cost)))
     if spent.per_arm:
         rep.add(Table(["arm", "restarts", "GPU-minutes"],
-                      [[a, str(spent.restarts_per_arm[a]), f"{g / 60:.1f}"] for a, g in spent.per_arm.items()]))
+                      [[a, str(spent.restarts_per_arm[a]), f"{g / 60:.1f}"] for a, g in spent.per_arm.items()]
+                      + ([["burn-in (not analysed)", str(spent.burn_in_runs), f"{spent.burn_in / 60:.1f}"]]
+                         if spent.burn_in_runs else [])))
     steps = exp.meta.get("design_steps") or []
     if steps:           # --target-ci: what the design decided after each block, and why
         rep.add(Para("The design's decisions (--target-ci): after each block, another block or not, with how many "
@@ -727,7 +751,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                 "findings": [f.to_dict() for f in findings], "summary": rep.summary, "cost": spent.to_dict(),
                 "known_truth": truth.to_dict() if truth is not None else None,
                 "validity": val.to_dict(), "verdicts": verdicts,
-                "loads": loads.to_dict(), "capacity": slo_data,
+                "loads": loads.to_dict(), "instances": spread.to_dict(), "capacity": slo_data,
                 "workload": {"label": workload.label(exp), "ignore_eos": workload.ignore_eos(exp),
                              "lengths": {r.arm: r.to_dict() for r in lengths},
                              "categories": {a: [r.to_dict() for r in rows] for a, rows in cats.items()}}}
