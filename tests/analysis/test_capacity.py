@@ -200,3 +200,29 @@ def test_the_report_section_and_the_throughput_per_gpu_plot(monkeypatch):
         want = [(median(r.tok_s for r in rs), median(r.throughput / gpus_of(r.server_args) for r in rs))
                 for _, rs in sorted(runs.items())]
         assert list(zip(line.get_xdata(), line.get_ydata())) == pytest.approx(want)
+
+
+def test_per_token_itl_is_recomputed_from_the_stores_chunk_arrays(tmp_path):
+    """A store written before the client recorded itl_token_s (no run directory left either): the analysis spreads
+    each stored chunk's gap over its tokens, in simulated seconds on a time-scaled node."""
+    from tests.analysis import factory as F
+
+    from specab.analysis.evidence.model import load_store
+    from specab.results.store import FILENAME, Store
+    exp = F.experiment({"baseline": 100.0, "eagle3-s2": 150.0}, blocks=1)
+    root = F.write_store(exp, tmp_path, time_scale=2.0)
+    chunks = ([0.010, 0.012, 0.018, 0.020], [1, 1, 3, 1])       # wall seconds since send, tokens per chunk
+    with Store.open(root / FILENAME) as store:
+        recs = [dict(r, chunk_t_s=list(chunks[0]), chunk_tokens=list(chunks[1]), warmup=r["warmup"])
+                for r in store.requests(seq=1, include_warmup=True)]
+        store.add_requests(1, recs[0]["host"], recs)
+    for d in root.iterdir():
+        if d.is_dir():
+            for f in d.glob("bench.jsonl"):
+                f.unlink()
+    stored = load_store(root)
+    run = next(r for r in stored.runs if r.seq == 1)
+    t = latency.run_times(stored, run)
+    per_request = [0.002 * 2, 0.002 * 2, 0.002 * 2, 0.002 * 2, 0.002 * 2]   # 2 ms, 3 x 2 ms, 2 ms: x scale 2
+    assert all(r.itl_token_s == pytest.approx(per_request) for r in t.requests) and len(t.requests) == 8
+    assert t.percentile("itl_chunk_s", 50) == pytest.approx(0.004)

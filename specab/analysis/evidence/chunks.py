@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from specab.analysis.evidence.model import Experiment, Run
-from specab.results.store import FILENAME, Store
+from specab.results.store import Store
 
 Chunks = list[tuple[int, list[float], list[int]]]
 
@@ -29,12 +29,13 @@ def _from_bench_jsonl(path: Path) -> Chunks | None:
 
 
 def _from_store(exp: Experiment, run: Run) -> Chunks | None:
-    """The run's arrays from its experiment's store; None where the run is not that store's (a pooled report's runs
-    of the other stores are named <experiment>/<run>)."""
-    if exp.root is None or "/" in run.run_id or not (exp.root / FILENAME).is_file():
-        return None
-    with Store.open(exp.root / FILENAME) as store:
-        return store.request_chunks(run.seq)
+    """The run's arrays from the store its request rows are in (Experiment.stores_of: a pooled experiment's come from
+    several); None where that store is gone."""
+    groups, _gone = exp.stores_of([run])
+    for path, seqs in groups.items():
+        with Store.open(path) as store:
+            return store.request_chunks(seqs[0][1])
+    return None
 
 
 def run_chunks(exp: Experiment, run: Run) -> Chunks:
