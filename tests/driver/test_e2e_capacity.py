@@ -243,10 +243,10 @@ def test_below_saturation_both_served_the_offered_load(node: SimNode):
     assert "both served the offered load: no ratio" in md and "### Offered and achieved load" in md
     assert "ITL per chunk p50" in md and "ITL per token p50" in md
     # the stored runs judged again at another target, with a GPU-hour price: the report's own SLO and cost
-    proc = driver("report", str(exp_dir), "--slo", "tpot_ms:p50=15", "--gpu-hour-usd", "2")
+    proc = driver("report", str(exp_dir), "--slo", "tpot_ms:p50=17", "--gpu-hour-usd", "2")
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
     data = json.loads((exp_dir / "report.json").read_text())["capacity"]
-    assert data["slo"]["text"] == "p50 TPOT <= 15 ms" and data["gpu_hour_usd"] == 2.0
+    assert data["slo"]["text"] == "p50 TPOT <= 17 ms" and data["gpu_hour_usd"] == 2.0
     met = {p["arm"]: p["met"] for fam in data["families"].values() for p in fam["probes"]}
     assert met == {"baseline-r6": True, "baseline-r60": False, "eagle3-r6": True, "eagle3-r60": True}
