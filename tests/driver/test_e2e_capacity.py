@@ -191,6 +191,9 @@ def test_search_finds_each_arms_capacity_at_the_slo(node: SimNode):
     assert [s["blocks"] for s in steps] == [0, 1, 2]          # the resume took the search up where it stopped
     assert (exp_dir / "report" / "throughput_vs_per_user.png").stat().st_size > 10_000
     _per_token_itl_is_the_trace(exp, node.root / "sim-trace.jsonl")
+    print("capacity in flight (search / model): " + ", ".join(
+        f"{n} {f['estimate']:.3f} / {truth[n]:.3f} (blocks {[b['estimate'] for b in f['blocks']]})"
+        for n, f in fams.items()) + f"; iso-SLO ratio {ratio['estimate']:.3f} / {want:.3f}; {len(exp.runs)} runs")
 
 
 def _per_token_itl_is_the_trace(exp, trace_file: Path) -> None:
