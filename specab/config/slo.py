@@ -136,10 +136,13 @@ def parse_cli(values: list[str]) -> tuple[Term, ...]:
 
 
 def resolve(section: tuple[Term, ...], cli: tuple[Term, ...]) -> Slo | None:
-    """The experiment's terms with the command line's over them (one term and percentile: the command line's)."""
+    """The experiment's terms with the command line's over them (one term and percentile: the command line's), in
+    one order wherever the SLO is read (the terms' order above, then the percentile): a stored experiment's
+    configuration keeps no order of its keys."""
     merged = {t.key: t for t in section}
     merged.update({t.key: t for t in cli})
-    return Slo(tuple(merged.values())) if merged else None
+    order = list(TERMS)
+    return Slo(tuple(sorted(merged.values(), key=lambda t: (order.index(t.name), t.q)))) if merged else None
 
 
 def from_config(config: Any, argv: list[str] | None = None) -> Slo | None:

@@ -48,8 +48,8 @@ def test_plan_shows_the_ladder_the_later_probes_and_their_gpu_minutes(write, inv
     code, out = run_cli("plan", "-e", str(exp), "-i", str(inv), "--search", "request_rate=2..16", "--search-tol",
                         "20%", "--slo", "ttft_ms:p95=200", "--runs-dir", str(exp.parent / "runs"))
     assert code == 0, out
-    assert ("--search request_rate=2..16 (tolerance 20%: grid step x1.189), SLO p95 TPOT <= 10 ms and p95 TTFT <= "
-            "200 ms") in out
+    assert ("--search request_rate=2..16 (tolerance 20%: grid step x1.189), SLO p95 TTFT <= 200 ms and p95 TPOT <= "
+            "10 ms") in out
     assert "block 1 (the ladder): 2, 4, 8, 16 req/s x 2 arms = 8 runs;" in out
     assert "at most 4 loads x 2 arms = 8 runs" in out and "expected 3 blocks" in out
     assert "GPU-minutes (block 1:" in out and "simulator profile" in out
