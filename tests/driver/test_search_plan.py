@@ -6,7 +6,7 @@ import pytest
 
 from specab.driver.session import stored_search_options
 from tests.driver.conftest import EXPERIMENT
-from tests.driver.test_cli_plan import inventory, no_processes, run_cli  # noqa: F401  (fixtures)
+from tests.driver.test_cli_plan import inventory, no_processes, run_cli  # noqa: F401,F811  (fixtures)
 
 WITH_SLO = EXPERIMENT.replace("  timeouts:", "  slo:\n    tpot_ms: {p95: 10}\n  timeouts:").replace(
     "num_requests: 3", "num_requests: 24")

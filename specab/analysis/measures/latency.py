@@ -16,7 +16,6 @@ Times are simulated seconds on a time-scaled simulated node, as everywhere in th
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -105,7 +104,3 @@ def run_times(exp: Experiment, run: Run) -> RunTimes:
 def times_of(exp: Experiment, runs: list[Run] | None = None) -> dict[str, RunTimes]:
     """run_id -> RunTimes of the given runs (default: every ok run), each read once."""
     return {r.run_id: run_times(exp, r) for r in (runs if runs is not None else [r for r in exp.runs if r.ok])}
-
-
-def finite(v: float | None) -> bool:
-    return v is not None and math.isfinite(v)
