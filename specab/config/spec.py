@@ -327,9 +327,10 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
                           f"(every answer runs to output_len) or false (answers end where the model ends them), "
                           f"got {bench['ignore_eos']!r}.")
     rate = bench.get("request_rate")
-    if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate < 1e6):
+    if rate is not None and benchcfg.rate_problem(rate, zero_ok=True):
         raise ConfigError(f"{where}{key_line(root, base + ('bench', 'request_rate'))}: bench.request_rate must be a "
-                          f"number of requests per second (0: each as soon as one in flight ends), got {rate!r}.")
+                          f"number of requests per second (0: each as soon as one in flight ends) below "
+                          f"{benchcfg.MAX_REQUEST_RATE:g}, got {rate!r}: it {benchcfg.rate_problem(rate, zero_ok=True)}.")
     if bench.get("client_procs") is not None:
         try:
             benchcfg.client_procs(bench["client_procs"])

@@ -1,0 +1,59 @@
+"""What was asked is what runs: settings that the experiment, the inventory or the command line alone decide are
+refused (or applied and shown) before any node is touched, each refusal naming the setting, the limit and where
+each came from."""
+from __future__ import annotations
+
+import io
+import re
+from contextlib import redirect_stderr
+from pathlib import Path
+
+import pytest
+
+from specab.driver import cli
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT = (REPO / "experiments" / "default.yml").read_text()
+
+
+def experiment(tmp_path: Path, old: str, new: str, name: str = "exp.yml") -> Path:
+    assert re.search(old, DEFAULT), old
+    f = tmp_path / name
+    f.write_text(re.sub(old, new, DEFAULT, count=1))
+    return f
+
+
+def refused(argv: list[str]) -> str:
+    """The message of a command refused before anything started (exit 2)."""
+    err, out = io.StringIO(), io.StringIO()
+    with redirect_stderr(err):
+        rc = cli.main(argv, out=out)
+    assert rc == 2, (rc, out.getvalue()[-2000:], err.getvalue())
+    assert "Nothing was started." in err.getvalue()
+    return err.getvalue()
+
+
+def test_a_duplicate_key_is_an_error_naming_both_lines(tmp_path: Path) -> None:
+    """`tp_size: 8` ... `tp_size: 4` in one mapping: YAML keeps the last silently; specab names both lines."""
+    exp = experiment(tmp_path, r"    mem_fraction_static: 0.88\n", "    mem_fraction_static: 0.88\n    tp_size: 4\n")
+    lines = exp.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines, 1) if line.strip() == "tp_size: 8")
+    second = next(i for i, line in enumerate(lines, 1) if line.strip() == "tp_size: 4")
+    msg = refused(["plan", "-e", str(exp)])
+    assert f"exp.yml:{second}:5: duplicate key 'tp_size' (first at {exp}:{first}:5)" in msg, msg
+
+
+def test_a_duplicate_key_in_the_inventory_is_an_error_naming_both_lines(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yml"
+    inv.write_text((REPO / "inventory" / "local.yml").read_text().replace(
+        "          specab_gpu_indices: all\n", "          specab_gpu_indices: all\n          specab_gpu_indices: [0]\n"))
+    msg = refused(["plan", "-i", str(inv)])
+    assert re.search(r"inv.yml:(\d+):11: duplicate key 'specab_gpu_indices' \(first at .*inv.yml:(\d+):11\)", msg), msg
+
+
+@pytest.mark.parametrize("rate", ["1e9", "2000000"])
+def test_a_request_rate_too_high_is_refused_with_the_bound_it_broke(rate: str) -> None:
+    msg = refused(["plan", "--matrix", f"request_rate={rate}"])
+    assert f"--matrix request_rate: '{rate}' is not below 1e+06 requests per second, the highest rate a schedule " \
+           f"may ask" in msg, msg
+    assert "above 0" not in msg
