@@ -94,6 +94,23 @@ def key_line(root: yaml.Node | None, keys: tuple[Any, ...]) -> str:
     return ""
 
 
+def key_position(root: yaml.Node | None, name: str) -> str:
+    """`:line:col` of the first mapping key `name` anywhere in the document (file order), or ""."""
+    stack = [root] if root is not None else []
+    best: yaml.Mark | None = None
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.value == name and (
+                        best is None or (k.start_mark.line, k.start_mark.column) < (best.line, best.column)):
+                    best = k.start_mark
+                stack.append(v)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return f":{best.line + 1}:{best.column + 1}" if best is not None else ""
+
+
 def check_unknown(keys: Any, allowed: set[str], where: str, root: yaml.Node | None, path: tuple[Any, ...],
              what: str) -> None:
     bad = [k for k in keys if k not in allowed]

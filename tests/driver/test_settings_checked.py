@@ -57,3 +57,17 @@ def test_a_request_rate_too_high_is_refused_with_the_bound_it_broke(rate: str) -
     assert f"--matrix request_rate: '{rate}' is not below 1e+06 requests per second, the highest rate a schedule " \
            f"may ask" in msg, msg
     assert "above 0" not in msg
+
+
+def test_a_misspelt_inventory_variable_is_refused_with_the_close_name_before_any_lease(tmp_path: Path) -> None:
+    """`specab_nodedir`: no role reads it, so the node directory stayed at its default and the lease was taken
+    there; now `run` refuses it before any lease is taken or node touched (the lease file would be the first write)."""
+    node_dir = tmp_path / "node"
+    inv = tmp_path / "inv.yml"
+    inv.write_text((REPO / "inventory" / "local.yml").read_text().replace(
+        'specab_node_dir: "/tmp/specab-sim/{{ inventory_hostname }}"', f"specab_nodedir: {node_dir}"))
+    lines = inv.read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if "specab_nodedir" in text)
+    msg = refused(["-i", str(inv), "--runs-dir", str(tmp_path / "runs")])
+    assert f"inv.yml:{line}:11: unknown variable specab_nodedir (did you mean specab_node_dir?)" in msg, msg
+    assert not (tmp_path / "runs").exists() and not node_dir.exists()
