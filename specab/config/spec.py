@@ -137,9 +137,11 @@ def overlay(common: dict[str, Any], arm: dict[str, Any] | None) -> dict[str, Any
 
 def resolve_arm(exp: ExperimentSpec, arm: dict[str, Any], baseline: str = "baseline",
                 matrix: dict[str, Any] | None = None) -> ArmSpec:
-    """Resolve one arm overlay of the experiment per the contract (arm wins; model_path added)."""
+    """Resolve one arm overlay of the experiment per the contract (arm wins; model_path added: the arm's own
+    `server_args.model_path` where it gives one, an override that runs and is recorded as given, else the
+    experiment's model)."""
     server_args = overlay(exp.server_args, arm.get("server_args"))
-    server_args["model_path"] = exp.model_path
+    server_args["model_path"] = str(server_args.get("model_path") or exp.model_path)
     env = overlay(exp.env, arm.get("env"))
     spec = _is_spec(server_args)
     timing = phase_timing_on(exp, spec)
@@ -284,6 +286,10 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
     _check_value(exp["model_path"], f"{where}{key_line(root, base + ('model_path',))}: model_path")
     warnings: list[str] = []
     server_args = _check_server_args(exp.get("server_args"), where, root, base + ("server_args",), warnings, engine)
+    if "model_path" in server_args:
+        raise ConfigError(f"{where}{key_line(root, base + ('server_args', 'model_path'))}: server_args.model_path "
+                          f"of every arm is specab_experiment.model_path: set the model there (an arm may give its "
+                          f"own server_args.model_path).")
     if _is_spec(server_args):
         raise ConfigError(f"{where}{key_line(root, base + ('server_args',))}: speculative_algorithm belongs in "
                           f"an arm's server_args, not in the common server_args (the baseline arm must not "

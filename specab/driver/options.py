@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specab.config import defaults
+from specab.config import armchecks, defaults
 from specab.config.inventory import Host, Inventory, default_inventory, load_inventory
 from specab.config.matrix import build_arms, parse_matrix
 from specab.config.plan import Order, PlannedRun, make_plan
@@ -99,8 +99,10 @@ def prepare(opts: Options) -> Prepared:
                           f"{opts.max_runs} (a real run costs a server start, ~1 GPU-minute on a GPU node). "
                           f"Narrow the matrix, or pass --max-runs {len(plan)} to run them all (`driver.py plan` "
                           f"shows the plan and its expected GPU-minutes first).")
+    checked = armchecks.check_models(exp, armset.arms)
     return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
-                    notices=exp.warnings + armset.notices + preflight.bind_warnings(armset.arms), plan=plan)
+                    notices=exp.warnings + armset.notices + checked + preflight.bind_warnings(armset.arms),
+                    plan=plan)
 
 
 # The specab_bench_* variables that are an experiment's bench.<key> defaults (roles/specab). The driver's design,

@@ -71,3 +71,30 @@ def test_a_misspelt_inventory_variable_is_refused_with_the_close_name_before_any
     msg = refused(["-i", str(inv), "--runs-dir", str(tmp_path / "runs")])
     assert f"inv.yml:{line}:11: unknown variable specab_nodedir (did you mean specab_node_dir?)" in msg, msg
     assert not (tmp_path / "runs").exists() and not node_dir.exists()
+
+
+def test_an_arms_own_model_path_runs_and_is_shown_and_recorded(tmp_path: Path) -> None:
+    """The arms' `server_args.model_path` was overwritten by the experiment's model: now it is the model the arm
+    runs (its launch script in `plan`, the arm as stored), said in a notice where it is not the experiment's."""
+    exp = experiment(tmp_path, r"  arms:\n    - name: baseline\n",
+                     "  arms:\n    - name: baseline\n      server_args:\n        model_path: /models/Other-INT4\n")
+    exp.write_text(exp.read_text().replace("        speculative_algorithm: EAGLE3\n",
+                                           "        speculative_algorithm: EAGLE3\n"
+                                           "        model_path: /models/Other-INT4\n"))
+    out = io.StringIO()
+    assert cli.main(["plan", "-e", str(exp)], out=out) == 0
+    text = out.getvalue()
+    assert text.count("--model-path /models/Other-INT4") == 2 and "Kimi-K2.5-INT4 " not in text, text
+    assert "notice: arm baseline runs model /models/Other-INT4 (its server_args.model_path), not the experiment's " \
+           "/models/Kimi-K2.5-INT4." in text, text
+    from specab.driver.options import Options, prepare
+    arms = {a.name: a.to_json() for a in prepare(Options(experiment_file=str(exp))).arms}
+    assert {a["server_args"]["model_path"] for a in arms.values()} == {"/models/Other-INT4"}
+
+
+def test_a_speculative_arm_on_another_model_than_its_baseline_is_refused_with_the_reason(tmp_path: Path) -> None:
+    exp = experiment(tmp_path, "        speculative_algorithm: EAGLE3\n",
+                     "        speculative_algorithm: EAGLE3\n        model_path: /models/Other-INT4\n")
+    msg = refused(["plan", "-e", str(exp)])
+    assert "arm eagle3-s2 speculates on model /models/Other-INT4 but its baseline baseline runs " \
+           "/models/Kimi-K2.5-INT4: its speedup and accept length would compare two models" in msg, msg
