@@ -971,6 +971,10 @@ def _write_unpaused(exp_dir: Path, config: doctor.DoctorConfig | None, target_to
                     exp: Experiment | None = None) -> tuple[dict[str, str], Report]:
     exp = exp or load_store(exp_dir)
     rep = build_report(exp, config=config, target_tok_s=target_tok_s)
+    if exp.meta.get("status") == "running":     # the store's own word (a driver that died without one leaves it so)
+        done = sum(1 for r in exp.runs if r.status != "running")
+        rep.summary.insert(0, f"The experiment is still running (its store's status): this report covers the {done} "
+                              f"run(s) finished so far.")
     exp_dir.mkdir(parents=True, exist_ok=True)
     img_dir = exp_dir / "report"
     img_dir.mkdir(exist_ok=True)
