@@ -27,7 +27,7 @@ EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args",
 ARM_KEYS = {"name", "description", "server_args", "env"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
               "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos", "request_rate",
-              "client_procs"}
+              "client_procs", "allow_queueing"}
 PHASE_TIMING_VALUES = ("auto", True, False)
 # what phase timing sets on an arm (the 2026 engines reference A5): the server's /metrics and, in SGLang
 # 0.5.23, the device timer that splits forward time into eagle_draft / eagle_draft_extend / target_verify
@@ -286,10 +286,6 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
     _check_value(exp["model_path"], f"{where}{key_line(root, base + ('model_path',))}: model_path")
     warnings: list[str] = []
     server_args = _check_server_args(exp.get("server_args"), where, root, base + ("server_args",), warnings, engine)
-    if "model_path" in server_args:
-        raise ConfigError(f"{where}{key_line(root, base + ('server_args', 'model_path'))}: server_args.model_path "
-                          f"of every arm is specab_experiment.model_path: set the model there (an arm may give its "
-                          f"own server_args.model_path).")
     if _is_spec(server_args):
         raise ConfigError(f"{where}{key_line(root, base + ('server_args',))}: speculative_algorithm belongs in "
                           f"an arm's server_args, not in the common server_args (the baseline arm must not "

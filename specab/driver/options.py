@@ -99,10 +99,18 @@ def prepare(opts: Options) -> Prepared:
                           f"{opts.max_runs} (a real run costs a server start, ~1 GPU-minute on a GPU node). "
                           f"Narrow the matrix, or pass --max-runs {len(plan)} to run them all (`driver.py plan` "
                           f"shows the plan and its expected GPU-minutes first).")
-    checked = armchecks.check_models(exp, armset.arms)
+    checked = check_arms(exp, armset.arms)
     return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
                     notices=exp.warnings + armset.notices + checked + preflight.bind_warnings(armset.arms),
                     plan=plan)
+
+
+def check_arms(exp: ExperimentSpec, arms: list[ArmSpec]) -> list[str]:
+    """The arms' checks that the experiment alone decides (specab/config/armchecks.py); returns their notices."""
+    armchecks.check_experiment(exp)
+    notices = armchecks.check_models(exp, arms) + armchecks.check_queueing(exp, arms)
+    armchecks.check_context(exp, arms)
+    return notices
 
 
 # The specab_bench_* variables that are an experiment's bench.<key> defaults (roles/specab). The driver's design,

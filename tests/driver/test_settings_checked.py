@@ -98,3 +98,54 @@ def test_a_speculative_arm_on_another_model_than_its_baseline_is_refused_with_th
     msg = refused(["plan", "-e", str(exp)])
     assert "arm eagle3-s2 speculates on model /models/Other-INT4 but its baseline baseline runs " \
            "/models/Kimi-K2.5-INT4: its speedup and accept length would compare two models" in msg, msg
+
+
+def line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_more_requests_in_flight_than_the_server_runs_is_refused_with_both_numbers_and_their_sources(
+        tmp_path: Path) -> None:
+    """`concurrency: 16` with `max_running_requests: 4`: the server ran 4 and queued the rest, and the report said
+    "per user at 16 in flight"."""
+    exp = experiment(tmp_path, r"max_running_requests: \d+", "max_running_requests: 4")
+    exp.write_text(exp.read_text().replace("concurrency: 1\n", "concurrency: 16\n"))
+    c, m = line_of(exp, "concurrency: 16"), line_of(exp, "max_running_requests: 4")
+    msg = refused(["plan", "-e", str(exp)])
+    assert (f"arm baseline: 16 requests in flight (bench.concurrency at {exp}:{c}:5) but the server runs at most 4 at "
+            f"once (server_args.max_running_requests at {exp}:{m}:5)") in msg, msg
+    assert "set bench.allow_queueing: true to measure the queue on purpose" in msg
+    # a load of the matrix names the matrix
+    matrix = experiment(tmp_path, r"max_running_requests: \d+", "max_running_requests: 4", "m.yml")
+    matrix.write_text(matrix.read_text().replace("num_requests: 6", "num_requests: 32"))
+    msg = refused(["plan", "-e", str(matrix), "--matrix", "concurrency=1,16"])
+    assert "arm baseline-c16: 16 requests in flight (--matrix concurrency=16) but the server runs at most 4" in msg
+    # asked for: run, with a notice saying what the server will run
+    exp.write_text(exp.read_text().replace("concurrency: 16\n", "concurrency: 16\n    allow_queueing: true\n"))
+    out = io.StringIO()
+    assert cli.main(["plan", "-e", str(exp)], out=out) == 0
+    assert "notice: arm eagle3-s2: 16 requests in flight" in out.getvalue()
+    assert "up to 12 wait in its queue (bench.allow_queueing: true)" in out.getvalue()
+
+
+def test_a_prompt_longer_than_the_context_length_set_is_refused_naming_the_record_and_the_limit(
+        tmp_path: Path) -> None:
+    """A 10,001-token prompt with `context_length: 4096` ran "ok" on the simulator (a real engine refuses it)."""
+    (tmp_path / "data.jsonl").write_text('{"prompt": "short one"}\n' + '{"prompt": "%s"}\n' % " ".join(["w"] * 10001))
+    exp = experiment(tmp_path, r"    port: \d+\n", "    port: 30000\n    context_length: 4096\n")
+    exp.write_text(exp.read_text().replace("output_len: 256", "output_len: 256\n    dataset: data.jsonl"))
+    line = line_of(exp, "context_length: 4096")
+    msg = refused(["plan", "-e", str(exp)])
+    assert (f"arm baseline: the prompt has at least 10001 tokens (record 2 of bench.dataset {tmp_path}/data.jsonl: "
+            f"10001 words), not below the context length of 4096 tokens (server_args.context_length at "
+            f"{exp}:{line}:5): the engine refuses it") in msg, msg
+
+
+def test_an_answer_longer_than_the_context_length_set_is_refused_naming_the_length(tmp_path: Path) -> None:
+    exp = experiment(tmp_path, r"    port: \d+\n", "    port: 30000\n    context_length: 4096\n")
+    exp.write_text(exp.read_text().replace("output_len: 256", "output_len: 10000000"))
+    msg = refused(["plan", "-e", str(exp)])
+    assert (f"the prompt's at least 128 tokens (bench.input_len 128 words per seeded prompt) and the 10000000 tokens "
+            f"asked (bench.output_len at {exp}:{line_of(exp, 'output_len')}:5) make 10000128, above the context "
+            f"length of 4096 tokens") in msg, msg
+    assert "SGLang refuses the request" in msg
