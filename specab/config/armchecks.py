@@ -45,6 +45,18 @@ class Sources:
             return f"server_args.{key} at {self._at(('server_args', key))}"
         return f"server_args.{key}"
 
+    def env(self, arm: ArmSpec, key: str) -> str | None:
+        """Where the arm's environment variable `key` came from, or None when the experiment does not set it."""
+        label = f"env.{key}"
+        if label in arm.matrix:
+            return f"--matrix {label}={arm.matrix[label]}"
+        for i, raw in enumerate(self.exp.arms):
+            if raw.get("name") == arm.name and key in (raw.get("env") or {}):
+                return f"arms[{i}].env.{key} at {self._at(('arms', i, 'env', key))}"
+        if key in self.exp.env:
+            return f"env.{key} at {self._at(('env', key))}"
+        return None
+
     def bench(self, arm: ArmSpec, key: str) -> str:
         if key in arm.bench:
             return f"--matrix {key}={arm.bench[key]}"

@@ -29,7 +29,7 @@ from specab.config.fingerprint import changes, fingerprint, fingerprint_doc
 from specab.config.plan import PlannedRun, make_plan
 from specab.config.spec import ExperimentSpec
 from specab.config.yamlfile import REPO_ROOT
-from specab.driver import preflight
+from specab.driver import nodecheck, preflight
 from specab.driver.context import InterruptedRun, MoreBlocks, RunContext
 from specab.driver.design_inputs import DesignInputs, design_inputs
 from specab.driver.fleet import run_fleet
@@ -170,6 +170,8 @@ def check_nodes(prepared: Prepared, out: TextIO) -> list[preflight.EngineFlags]:
     def notice(n: str) -> None:
         print(f"notice: {n}", file=out)
     hosts = prepared.inventory.hosts
+    # the GPUs an arm takes, the context its prompts and answers need, the node directory's room: read-only
+    nodecheck.check_nodes(prepared.experiment, prepared.arms, hosts, is_multinode(hosts), notice)
     # the node's engine lists its flags (read-only, cached per node and engine version): an unknown flag is
     # refused now rather than after a model load of minutes
     checked = preflight.check_engine_flags(prepared.arms, hosts, notice=notice,
