@@ -146,6 +146,34 @@ def test_an_answer_longer_than_the_context_length_set_is_refused_naming_the_leng
     exp.write_text(exp.read_text().replace("output_len: 256", "output_len: 10000000"))
     msg = refused(["plan", "-e", str(exp)])
     assert (f"the prompt's at least 128 tokens (bench.input_len 128 words per seeded prompt) and the 10000000 tokens "
-            f"asked (bench.output_len at {exp}:{line_of(exp, 'output_len')}:5) make 10000128, above the context "
+            f"asked (bench.output_len at {exp}:{line_of(exp, '    output_len:')}:5) make 10000128, above the context "
             f"length of 4096 tokens") in msg, msg
     assert "SGLang refuses the request" in msg
+
+
+def two_hosts(tmp_path: Path, second: dict[str, str]) -> Path:
+    text = (REPO / "inventory" / "local.yml").read_text()
+    block = text[text.index("        sim0:\n"):]
+    other = block.replace("sim0:", "sim1:")
+    for k, v in second.items():
+        other = re.sub(rf"{k}: .*\n", f"{k}: {v}\n", other)
+    inv = tmp_path / "two.yml"
+    inv.write_text(text + other)
+    return inv
+
+
+def test_two_inventory_hosts_on_one_machine_are_refused_and_lockstep_is_said(tmp_path: Path) -> None:
+    """Two hosts in the inventory ran every run on both, on one port, with no notice."""
+    msg = refused(["plan", "-i", str(two_hosts(tmp_path, {}))])
+    assert ("hosts sim0 and sim1 are one machine (both reached with ansible_connection: local): each run would start "
+            "a server on each at once, on one port and one set of GPUs") in msg, msg
+    inv = two_hosts(tmp_path, {"ansible_connection": "ssh\n          ansible_host: 10.0.0.2"})
+    inv.write_text(inv.read_text().replace("        sim0:\n          ansible_connection: local\n",
+                                           "        sim0:\n          ansible_connection: ssh\n"
+                                           "          ansible_host: 10.0.0.1\n"))
+    out = io.StringIO()
+    assert cli.main(["plan", "-i", str(inv)], out=out) == 0
+    assert ("notice: every run runs on each of the 2 hosts of gpu_nodes at once (sim0, sim1: lockstep, each host's "
+            "results under <run dir>/<host>/): --fleet gives each host its own blocks instead") in out.getvalue()
+    out = io.StringIO()
+    assert cli.main(["plan", "-i", str(inv), "--fleet"], out=out) == 0 and "lockstep" not in out.getvalue()
