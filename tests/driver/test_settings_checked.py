@@ -4,6 +4,7 @@ each came from."""
 from __future__ import annotations
 
 import io
+import json
 import re
 from contextlib import redirect_stderr
 from pathlib import Path
@@ -177,3 +178,26 @@ def test_two_inventory_hosts_on_one_machine_are_refused_and_lockstep_is_said(tmp
             "results under <run dir>/<host>/): --fleet gives each host its own blocks instead") in out.getvalue()
     out = io.StringIO()
     assert cli.main(["plan", "-i", str(inv), "--fleet"], out=out) == 0 and "lockstep" not in out.getvalue()
+
+
+def test_plan_refuses_an_argument_the_nodes_engine_does_not_take_as_run_does(tmp_path: Path, monkeypatch) -> None:
+    """`plan` rendered an SGLang-only flag into a vLLM launch script without a word while `run` refused it: with the
+    node's engine flags known (cached by the run's own preflight), `plan` refuses it with `run`'s words."""
+    from specab.config.inventory import load_inventory
+    from specab.driver import preflight
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    host = load_inventory(REPO / "inventory" / "vllm-cpu.yml").hosts[0]
+    text = (REPO / "tests" / "fixtures" / "vllm-0.32.0" / "help.txt").read_text()
+    build = host.engine_build(None)
+    preflight.cache_dir().mkdir(parents=True)
+    (preflight.cache_dir() / f"{host.name}-fixture.json").write_text(json.dumps({
+        "host": host.name, "engine_cmd": list(build.cmd), "build": None, "env": preflight._node_env(host, build),
+        "version": "vllm 0.32.0", "flags": sorted(preflight.parse_help_flags(text)),
+        "shapes": preflight.parse_help_shapes(text)}))
+    exp = tmp_path / "vllm.yml"
+    exp.write_text((REPO / "experiments" / "vllm-cpu.yml").read_text().replace(
+        "    dtype: bfloat16\n", "    dtype: bfloat16\n    mem_fraction_static: 0.8\n"))
+    msg = refused(["plan", "-e", str(exp)])
+    assert ("arm baseline: server_args.mem_fraction_static -> --mem-fraction-static is not a flag of the engine on "
+            "vllm0 (vllm 0.32.0)") in msg, msg
+    assert "The engine would refuse these arguments after the launch." in msg
