@@ -596,19 +596,19 @@ def decode_stats(fh: IO[bytes], block_size: int = 8 << 20) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 # what the analysis reads from a run's server log
 
-_RUN_LOG_HIT = re.compile(r"batch|NCCL INFO")
-RUN_LOG_DECODE_FIELDS = ("accept_len", "cuda_graph", "gen_throughput", "running_req")
+_RUN_LOG_HIT = re.compile(r"batch|NCCL INFO|Avg generation throughput:")
+RUN_LOG_DECODE_FIELDS = ("accept_len", "cuda_graph", "gen_throughput", "running_req", "queue_req")
 _RUN_LOG_WANTED = frozenset(RUN_LOG_DECODE_FIELDS)
 
 
 def run_log_records(fh: IO[str], block_chars: int = 4 << 20) -> Iterator[dict[str, Any]]:
-    """The ``decode`` and ``nccl_env`` records of a text log, exactly as ``parse_line`` makes them for
-    those lines, in file order, with ``raw`` (the line without its newline). Decode records carry only
+    """The ``decode``, ``nccl_env`` and ``vllm_stats`` records of a text log, exactly as ``parse_line`` makes them
+    for those lines, in file order, with ``raw`` (the line without its newline). Decode records carry only
     RUN_LOG_DECODE_FIELDS (those present). Streams in blocks of whole lines.
 
     The analysis reads every run's log (a 1,000-run experiment: 1,000 logs): only lines holding
-    ``batch`` or ``NCCL INFO`` are looked at (one regex scan per block finds them), and of a decode
-    line only the four fields are converted, by the same field splitting as ``parse_line``.
+    ``batch``, ``NCCL INFO`` or vLLM's stats are looked at (one regex scan per block finds them), and of a decode
+    line only those fields are converted, by the same field splitting as ``parse_line``.
     """
     carry = ""
     while True:
@@ -643,6 +643,8 @@ def run_log_records(fh: IO[str], block_chars: int = 4 << 20) -> Iterator[dict[st
                 if rec2 is not None and rec2["kind"] == "nccl_env":
                     rec2["raw"] = line.rstrip("\n")
                     yield rec2
+            elif "Avg generation throughput:" in line:       # vLLM's stats: its running and waiting requests
+                yield _parse_vllm(line, "vllm_stats", _VLLM_STATS)
         if not block:
             break
 

@@ -642,7 +642,8 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         sp = st.speedups[a.name]
         conc, rate = arm_concurrency(exp, a.name), arm_rate(exp, a.name)
         rep.summary.append(f"{a.name} vs {sp.baseline}: {sp.verdict} over {len(sp.ratios)} paired block(s)"
-                           + (f", per user at {load_label(conc, rate)}." if loads.several_loads or conc > 1 or rate
+                           + (f", per user at {concurrency.arm_load_label(exp, a.name)}." if loads.several_loads
+                              or conc > 1 or rate
                               else "."))
     if loads.several_loads:     # the verdict at each load, per configuration
         rep.summary.extend(f"Per load: {f.verdict()}" for f in loads.families if len(f.points) > 1)

@@ -1,7 +1,11 @@
 """A database browser holds results.sqlite through an experiment: the driver waits a bounded time, stops with a
 clear message (no traceback) and a non-zero status, keeps every run the node finished (fetched into the experiment
-directory, not lost), and `--resume` records those runs and runs only the missing ones. The experiment's arms run a
-model of their own (`server_args.model_path`): their launch, args.json, manifest and the store's arm rows say it."""
+directory, not lost), and `--resume` records those runs and runs only the missing ones.
+
+The same experiment (one setup for three behaviours) runs its arms on a model of their own (`server_args.model_path`:
+their launch, args.json, manifest and the store's arm rows say it) and more requests in flight than its server runs
+at once, asked for with bench.allow_queueing (the report's load label says what the server ran, the doctor's
+`server-queued` names the queue)."""
 from __future__ import annotations
 
 import json
@@ -60,7 +64,12 @@ def test_a_store_held_by_a_browser_stops_the_experiment_keeps_every_finished_run
     arms = yaml.safe_load(SPEC_ARMS)["arms"]
     for arm in arms:
         arm.setdefault("server_args", {})["model_path"] = MODEL
-    exp = node.write_experiment("busy", arms=yaml.safe_dump({"arms": arms}), num_requests=3, output_len=64)
+    exp = node.write_experiment("busy", arms=yaml.safe_dump({"arms": arms}), num_requests=4, output_len=64)
+    # 4 requests in flight on a server that runs 2 at once, asked for: the report says what the server ran
+    doc = yaml.safe_load(exp.read_text())
+    doc["specab_experiment"]["server_args"]["max_running_requests"] = 2
+    doc["specab_experiment"]["bench"].update(concurrency=4, allow_queueing=True)
+    exp.write_text(yaml.safe_dump(doc, sort_keys=False))
     inv, runs = node.write_inventory(), node.runs_dir
     env = {"SPECAB_STORE_BUSY_S": "4"}
     proc = driver("-e", str(exp), "-i", str(inv), "--runs-dir", str(runs), "--repeats", "3", env=env)
@@ -106,6 +115,13 @@ def test_a_store_held_by_a_browser_stops_the_experiment_keeps_every_finished_run
     for run_id, t in finished.items():           # not one finished run ran again
         assert again[run_id] == t < t_resume, run_id
     assert sum("recorded, not run again" in line for line in out.splitlines()) == len(unrecorded)
+    # the queue asked for: the verdict's load says what the server ran, the doctor names the queue (not the CPU)
+    report = json.loads((exp_dir / "report.json").read_text())
+    assert any("per user at 4 in flight, of which the server ran at most 2 at once and queued up to 2 (its own log)"
+               in line for line in report["summary"]), report["summary"]
+    queued = {f["arm"] for f in report["findings"] if f["rule"] == "server-queued"}
+    assert queued == {"baseline", "eagle3-s2"}, report["findings"]
+    assert not [f for f in report["findings"] if f["rule"] == "cycle-time-unstable"]
     # the arms' own model: launched, applied, recorded
     with st.Store.open(exp_dir) as s:
         assert {json.loads(a["server_args_json"])["model_path"] for a in
