@@ -107,7 +107,8 @@ def pair_fingerprint(doc: dict[str, Any], arm: str, baseline: str) -> str:
 
 def arm_fingerprint(doc: dict[str, Any], arm: str) -> str:
     """The fingerprint of one arm as resolved (server args, env), with the bench settings its runs ran under and the
-    timeouts: the same arm in two experiments by content (stores pooled into one verdict, specab/analysis/combine.py)."""
+    timeouts: the same arm in two experiments by content (stores pooled into one verdict,
+    specab/analysis/evidence/combine.py)."""
     a, bench = _with_bench((doc.get("arms") or {}).get(arm), doc.get("bench"))
     return fingerprint({"arm": a, "bench": bench, "timeouts": doc.get("timeouts")})
 

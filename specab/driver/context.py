@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from specab.analysis import economics, model, stats
-from specab.analysis.history import HistoryError
+from specab.analysis.evidence import model
+from specab.analysis.measures import stats
+from specab.analysis.cost import economics
+from specab.analysis.cost.history import HistoryError
 from specab.config import bench
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.inventory import Host
@@ -335,7 +337,7 @@ class RunContext:
         return new
 
     def decide_block(self, limit: int) -> economics.Decision:
-        """The design by cost's decision on the experiment so far (specab.analysis.economics.decide_block), with
+        """The design by cost's decision on the experiment so far (specab.analysis.cost.economics.decide_block), with
         the node's history or the simulator profile as the prior and as the run cost until this experiment has
         measured its own (design_inputs)."""
         if self._design_inputs is None:
@@ -355,6 +357,7 @@ class RunContext:
 
 
 def decide_more_blocks(store: st.Store, target_ci: float, max_repeats: int) -> tuple[bool, str]:
-    """Whether another block is needed for the speedup's interval to reach ``target_ci`` (specab.analysis.stats)."""
+    """Whether another block is needed for the speedup's interval to reach ``target_ci``
+    (specab.analysis.measures.stats)."""
     more, reason = stats.decide_more_blocks(model.load_store(store.path), target_ci, max_repeats)
     return bool(more), str(reason)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from specab.config import armchecks, defaults
+from specab.config import armchecks, defaults, validity
 from specab.config.inventory import Host, Inventory, default_inventory, load_inventory
 from specab.config.matrix import build_arms, parse_matrix
 from specab.config.plan import Order, PlannedRun, make_plan
@@ -17,6 +17,8 @@ from specab.config.yamlfile import ConfigError
 from specab.driver import preflight
 
 EXIT_OK, EXIT_FAILED_RUNS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# --require-valid: every run ended ok, but a speculative arm's outputs are not its baseline's
+EXIT_NOT_VALID = 3
 # The reader of our output went away (`driver.py plan | head`): the shell's status of a process SIGPIPE ended
 # (128 + 13), said without a word, as `cat` and `grep` end there.
 EXIT_BROKEN_PIPE = 141
@@ -103,7 +105,7 @@ def prepare(opts: Options) -> Prepared:
     checked = check_arms(exp, armset.arms)
     return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
                     notices=exp.warnings + armset.notices + checked + host_notices
-                    + preflight.bind_warnings(armset.arms), plan=plan)
+                    + preflight.bind_warnings(armset.arms) + validity.arm_notices(exp.arms, armset.arms), plan=plan)
 
 
 def check_arms(exp: ExperimentSpec, arms: list[ArmSpec]) -> list[str]:

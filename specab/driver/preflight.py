@@ -33,10 +33,8 @@ from specab.driver import nodeprogram
 from specab.driver.remote import RemoteError, open_node
 from specab.vocab import engines
 
-# The folder that holds the specab package, and the modules the port probe sends, in the order they import
-# each other (a package before its modules).
-PORT_PROBE_MODULES = ("specab", "specab.vocab", "specab.vocab.contract", "specab.node", "specab.node.common",
-                      "specab.node.start")
+# The modules the port probe sends: start.py's check and what it imports.
+PORT_PROBE_MODULES = nodeprogram.modules_of("specab.node.start")
 PORT_PROBE_TIMEOUT_S = 60.0
 HELP_TIMEOUT_S = 180.0          # SGLang's --help imports torch: tens of seconds on a cold node
 VERSION_TIMEOUT_S = 60.0

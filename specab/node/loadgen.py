@@ -19,8 +19,13 @@ Token accounting per streamed chunk (one SSE ``data:`` event):
   * ``generate``: ``meta_info.completion_tokens`` (cumulative) when present, else ``output_ids``
     (cumulative or incremental, detected), else one token per non-empty chunk (flagged inexact).
   * ``completions`` / ``chat``: ``usage.completion_tokens`` (asked per chunk with
-    ``continuous_usage_stats``), else one token per chunk with text, and the final usage chunk
-    (``include_usage``) gives the exact total.
+    ``continuous_usage_stats``), else the chunk's ``token_ids`` (asked with ``return_token_ids``: SGLang 0.5.17,
+    vLLM 0.32), else one token per chunk with text, and the final usage chunk (``include_usage``) gives the exact
+    total.
+
+Every record keeps its output for the output-validity check (the speculative arm against its baseline, request by
+request): ``output_ids`` where the server sent token ids (``generate``'s ``output_ids``, the OpenAI chunks'
+``token_ids``), else ``output_text``.
 
 Known-truth models (``driver.py known-truth build``): when the served target's folder (``model_path`` in the
 run's ``args.json``, next to ``--out``) holds ``known_truth.json``, prompts are seeded token ids in
@@ -64,7 +69,7 @@ from multiprocessing import connection as mp_connection
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-from specab.node import common, phasemetrics
+from specab.node import cli, osutil, phasemetrics
 from specab.vocab import contract, dataset, engines
 
 APIS = ("generate", "completions", "chat")
@@ -210,6 +215,7 @@ def build_body(api: str, prompt: Any, output_len: int, model: Optional[str], ign
         "ignore_eos": ignore_eos,
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "return_token_ids": True,       # the output's ids, for the output-validity check
     }  # type: Dict[str, Any]
     if api == "completions":
         body["prompt"] = prompt
@@ -315,24 +321,33 @@ class ChunkCounter:
 
     def _feed_openai(self, event: Dict[str, Any]) -> int:
         text = ""
+        ids = None  # type: Optional[List[int]]
         for choice in event.get("choices") or []:
             if self.api == "chat":
                 text += (choice.get("delta") or {}).get("content") or ""
             else:
                 text += choice.get("text") or ""
+            if isinstance(choice.get("token_ids"), list):       # return_token_ids: this chunk's new ids
+                ids = (ids or []) + [int(t) for t in choice["token_ids"]]
         self._add_text(text, False)
+        if ids is not None:
+            self.ids.extend(ids)
         usage = event.get("usage")
         if isinstance(usage, dict):
             if usage.get("prompt_tokens") is not None:
                 self.prompt_tokens = int(usage["prompt_tokens"])
             ct = usage.get("completion_tokens")
             if isinstance(ct, int):
-                if self.source == "chunks":
-                    # The final include_usage chunk after guessed per-chunk counts: the total is
-                    # exact now, the split over chunks stays a guess.
+                if self.source in ("chunks", "token_ids"):
+                    # The final include_usage chunk after per-chunk counts (guessed, or the chunks' ids): the
+                    # total is the server's now.
                     self.reported_total = ct
                     return 0
                 return self._from_cumulative(ct, "usage")
+        if ids:
+            self._set_source("token_ids")
+            self.total += len(ids)
+            return len(ids)
         return self._guess_one(bool(text))
 
 
@@ -413,10 +428,9 @@ def _error_text(obj: Dict[str, Any]) -> Optional[str]:
     return str(err)
 
 
-def run_request(target: Target, api: str, body: Dict[str, Any], timeout: float,
-                keep_output: bool = False) -> Dict[str, Any]:
-    """Send one streaming request; return the measured fields (never raises for request errors). With
-    ``keep_output`` the record keeps the output as ``output_ids`` (generate) or ``output_text``."""
+def run_request(target: Target, api: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+    """Send one streaming request; return the measured fields and the output (``output_ids`` where the server
+    sent ids, else ``output_text``); never raises for request errors."""
     rec = {
         "ok": False, "error": None, "start_ts": time.time(), "prompt_tokens": None,
         "output_tokens": None, "ttft_s": None, "e2e_s": None, "chunk_t_s": [], "chunk_tokens": [],
@@ -476,11 +490,10 @@ def run_request(target: Target, api: str, body: Dict[str, Any], timeout: float,
         rec["error"] = "%s talking to %s:%d%s: %s" % (type(exc).__name__, target.host, target.port, path, exc)
     finally:
         conn.close()
-    if keep_output:
-        if counter.ids:
-            rec["output_ids"] = counter.ids
-        else:
-            rec["output_text"] = counter.text
+    if counter.ids:
+        rec["output_ids"] = counter.ids
+    else:
+        rec["output_text"] = counter.text
     if rec["error"] is not None:
         rec["e2e_s"] = round(time.perf_counter() - t0, 6)
         rec["output_tokens"] = counter.total or None
@@ -588,30 +601,30 @@ def _flag(value: Any, name: str) -> bool:
 class BenchConfig:
     """One benchmark run. The values come from the controller (``specab.config.defaults.bench``: the
     experiment's ``bench:`` over ``roles/specab``'s defaults); the client has none of its own."""
-    url: str = common.arg("server base URL, e.g. http://127.0.0.1:30000")
-    api: str = common.arg(choices=APIS)
-    num_requests: int = common.arg("measured requests")
-    warmup: int = common.arg("warm-up requests (excluded from the summary)")
-    input_len: int = common.arg("prompt length in words")
-    output_len: int = common.arg("output tokens asked per request")
+    url: str = cli.arg("server base URL, e.g. http://127.0.0.1:30000")
+    api: str = cli.arg(choices=APIS)
+    num_requests: int = cli.arg("measured requests")
+    warmup: int = cli.arg("warm-up requests (excluded from the summary)")
+    input_len: int = cli.arg("prompt length in words")
+    output_len: int = cli.arg("output tokens asked per request")
     concurrency: int
     seed: int
-    timeout: float = common.arg("per-request timeout in seconds")
+    timeout: float = cli.arg("per-request timeout in seconds")
     # the flag takes true|false, parse_args makes it the bool
-    ignore_eos: bool = common.arg("true: every answer runs to --output-len; false: answers end where the model ends "
+    ignore_eos: bool = cli.arg("true: every answer runs to --output-len; false: answers end where the model ends "
                                   "them", choices=("true", "false"))
-    request_rate: float = common.arg(
+    request_rate: float = cli.arg(
         "measured requests per second at seeded Poisson arrival times, at most --concurrency in flight (an open "
         "load); 0: each as soon as one in flight ends (a closed loop of --concurrency users)")
     # AUTO or a number >= 1 (procs_setting)
-    client_procs: Any = common.arg("client processes the --concurrency slots are divided among; auto: one per %d "
+    client_procs: Any = cli.arg("client processes the --concurrency slots are divided among; auto: one per %d "
                                    "slots, at most one per CPU" % SLOTS_PER_PROC, metavar="auto|N")
     out: str = "bench.jsonl"
     summary: Optional[str] = "bench_summary.json"
-    model: Optional[str] = common.arg("model name for the OpenAI APIs (default: /v1/models)", default=None)
-    phase_metrics: Optional[str] = common.arg("scrape /metrics before and after the measured requests, write the "
+    model: Optional[str] = cli.arg("model name for the OpenAI APIs (default: /v1/models)", default=None)
+    phase_metrics: Optional[str] = cli.arg("scrape /metrics before and after the measured requests, write the "
                                               "deltas here (phase_metrics.json)", default=None, metavar="FILE")
-    dataset: Optional[str] = common.arg("JSONL prompts ({\"prompt\"} or {\"messages\"}, optional \"category\"; "
+    dataset: Optional[str] = cli.arg("JSONL prompts ({\"prompt\"} or {\"messages\"}, optional \"category\"; "
                                         "dataset.py), drawn with --seed (default: the seeded word list)",
                                         default=None, metavar="FILE")
 
@@ -734,7 +747,7 @@ def _one_request(cfg: BenchConfig, target: Target, i: int, prompt: Any, warmup: 
     body = build_body(cfg.api, prompt, cfg.output_len, cfg.model, cfg.ignore_eos)
     try:
         before = vllm_spec_metrics(target, cfg.timeout) if per_request_vllm else None
-        rec = run_request(target, cfg.api, body, cfg.timeout, keep_output=kt is not None)
+        rec = run_request(target, cfg.api, body, cfg.timeout)
         if kt is not None:
             _known_truth_fields(rec, prompt, kt)
         if before is not None and rec.get("ok"):
@@ -1236,7 +1249,7 @@ class _PhaseWindow(object):
                 self.error = "unreadable /metrics: %s" % exc
         if res is None:
             res = phasemetrics.unavailable(self.error or "not scraped")
-        common.write_json(self.path, res)
+        osutil.write_json(self.path, res)
         return res
 
 
@@ -1366,12 +1379,12 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
     if kt is not None:
         summary["known_truth"] = kt
     if cfg.summary:
-        common.write_json(cfg.summary, summary)
+        osutil.write_json(cfg.summary, summary)
     return summary
 
 
 def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
-    ns = common.spec_parser(BenchConfig, "loadgen", __doc__).parse_args(argv)
+    ns = cli.spec_parser(BenchConfig, "loadgen", __doc__).parse_args(argv)
     ns.client_procs = procs_setting(ns.client_procs)
     ns.ignore_eos = ns.ignore_eos == "true"
     return BenchConfig(**vars(ns))

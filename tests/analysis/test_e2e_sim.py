@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specab.analysis import model as analysis
-from specab.analysis import doctor
-from specab.analysis import stats
+from specab.analysis.evidence import model as analysis
+from specab.analysis.findings import doctor
+from specab.analysis.measures import stats
 from tests.driver.simnode import NCCL_TUNED, SimNode, driver, free_port
 from tests.driver.simtrace import true_cycles_ms, true_decode_tok_s
 
@@ -102,7 +102,7 @@ def test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one(node: S
     assert set(dom) == {"eagle3-nograph", "eagle3-graph"}, found
     assert dom["eagle3-nograph"].message.startswith("verify 29.") and "no CUDA graph in 100%" in \
         dom["eagle3-nograph"].message and "would move tau*" in dom["eagle3-nograph"].message
-    from specab.analysis import phases
+    from specab.analysis.measures import phases
     arms = phases.analyse_phases(e).arms
     ng = arms["eagle3-nograph"]
     # the device timer's phases are the engine's own counters: the default profile's, exactly as configured
@@ -142,7 +142,7 @@ def test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one(node: S
     assert set(by_rule) == {"verify-without-cuda-graph", "accept-below-break-even"}, \
         {k: [f.message for f in v] for k, v in by_rule.items()}
     # provenance: the two EAGLE-3 runs differ only in the arm's env (the node profile)
-    from specab.analysis import provenance
+    from specab.analysis.render import provenance
     ra, rb = (next(r for r in e.runs if r.arm == n) for n in ("eagle3-nograph", "eagle3-graph"))
     diffs = provenance.diff_manifests(ra.manifest, rb.manifest)
     assert [(x.category, x.key) for x in diffs if x.category != "versions"] == [("env", "SPECAB_SIM_PROFILE")], diffs

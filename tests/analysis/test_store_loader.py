@@ -1,9 +1,9 @@
 """The analysis reads an experiment back from the driver's results store (docs/results.md)."""
 import pytest
 
-from specab.analysis import model as analysis
-from specab.analysis import doctor
-from specab.analysis import stats
+from specab.analysis.evidence import model as analysis
+from specab.analysis.findings import doctor
+from specab.analysis.measures import stats
 from tests.analysis import factory as F
 
 
@@ -118,7 +118,7 @@ def test_store_of_before_the_uuid_column_reads_and_resumes(tmp_path):
     resumed experiment adds the column on its first write; uuids come from raw_json for the old rows."""
     import sqlite3
 
-    from specab.analysis import report
+    from specab.analysis.render import report
     from specab.results.store import Store
     exp, d = _store_with_samples(tmp_path)
     con = sqlite3.connect(d / "results.sqlite")

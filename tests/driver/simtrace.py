@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specab.analysis.model import Request, Run
+from specab.analysis.evidence.model import Request, Run
 
 
 def trace_of(trace: Path, run: Run) -> list[tuple[Request, dict]]:

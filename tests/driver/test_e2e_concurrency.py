@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specab.analysis import phases
-from specab.analysis.model import load_store
+from specab.analysis.measures import phases
+from specab.analysis.evidence.model import load_store
 from specab.results import store as st
 from tests.driver.simnode import SimNode, driver, free_port
 

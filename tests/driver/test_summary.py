@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import model, stats
+from specab.analysis.evidence import model
+from specab.analysis.measures import stats
 from specab.driver import progress
 from specab.results.store import Store
 from tests.stores import copy_store

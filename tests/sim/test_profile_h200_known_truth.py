@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import model, phases
+from specab.analysis.evidence import model
+from specab.analysis.measures import phases
 from specab.sim.profile import load_profile
 from specab.sim.timing import TimingModel
 from specab.vocab import engines

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import doctor, model, report, truthcheck
+from specab.analysis.evidence import model
+from specab.analysis.measures import truthcheck
+from specab.analysis.findings import doctor
+from specab.analysis.render import report
 from specab.knowntruth import truth as kt
 from specab.node import loadgen
 from tests.stores import copy_store
@@ -231,7 +234,7 @@ def test_the_doctor_names_each_constructed_cause_and_only_it(tmp_path: Path) -> 
     assert "SGLang 0.5.17" in like.message and "0.5.23" not in like.message
     assert any("declared by the arm itself" in ev and "eagle3-s3-eager: disable_cuda_graph" in ev for ev in like.evidence)
     # phases are accounted in eager mode too: the draft and draft-extend passes are not 0.00 ms
-    from specab.analysis import phases
+    from specab.analysis.measures import phases
     eager = phases.analyse_phases(e).arms["eagle3-s3-eager"]
     assert eager.draft_ms.mean > 1.0 and eager.draft_extend_ms.mean > 0.5 and eager.verify_ms.mean > 9.0
     # the p 0.5 head: accept length 1.90 against the truth, above its graphed cycle's break-even: no loss to explain
@@ -265,6 +268,10 @@ def test_the_console_puts_the_doctor_s_error_beside_the_verdict(tmp_path: Path) 
     d = _altered(tmp_path, "broken", "UPDATE requests SET spec_verify_ct = spec_verify_ct - 1 WHERE line=2")
     report.write_report(d)
     lines = _caveats(d)
+    # first each speculative arm's verdict, speed and outputs in one line (this store's outputs follow the rule)
+    verdicts = [line for line in lines if line.startswith("verdict: ")]
+    assert len(verdicts) == 3 and all("outputs identical to the baseline on" in v for v in verdicts), verdicts
+    lines = lines[len(verdicts):]
     assert lines[0].startswith("DOCTOR ERROR known-truth-mismatch (eagle3-s") and "measurement chain is broken" in lines[0]
     assert sum(line.startswith("DOCTOR ERROR known-truth-mismatch") for line in lines) == 3      # one per EAGLE-3 arm
     # then the top warning: the s2 arm's host-side cycle (the graph batch sizes differ only above the one request in

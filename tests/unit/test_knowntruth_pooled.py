@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import combine, concurrency, doctor, model, phases, stats, truthcheck
-from specab.analysis.model import AnalysisError
-from specab.analysis.report import main as report_main
+from specab.analysis.evidence import combine, model
+from specab.analysis.measures import concurrency, phases, stats, truthcheck
+from specab.analysis.findings import doctor
+from specab.analysis.evidence.model import AnalysisError
+from specab.analysis.render.report import main as report_main
 from tests.stores import copy_store
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "known-truth" / "h200"

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from specab.analysis import stats
-from specab.analysis.model import Experiment, Request, Run
+from specab.analysis.measures import stats
+from specab.analysis.evidence.model import Experiment, Request, Run
 
 SYNTHETIC_LABEL = "synthetic (seeded word list)"
 

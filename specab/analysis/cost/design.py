@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specab.analysis.stats import t_ppf
+from specab.analysis.measures.stats import t_ppf
 # scipy is imported in the functions that use it: importing scipy.stats takes ~1.3 s, which every start of
 # driver.py paid (status, --help, a run before its first report: 1.8 s -> 0.55 s for --help).
 
@@ -32,7 +32,8 @@ from specab.analysis.stats import t_ppf
 MEDIAN_VAR_FACTOR = math.pi / 2.0
 # Fewest blocks (= restarts per arm) a design may have. With 3 blocks the between-instance variance has 2
 # degrees of freedom and the t quantile is 4.30; below that (1 df, t = 12.7) no honest interval exists. Three
-# is also the sequential design's minimum (specab.analysis.stats.MIN_BLOCKS), so the two designs compare fairly.
+# is also the sequential design's minimum (specab.analysis.measures.stats.MIN_BLOCKS), so the two designs compare
+# fairly.
 MIN_RESTARTS = 3
 # A default prior for the between-instance variance of a block's log ratio when no history exists: two
 # instances each off by 1 % (sd), worth one degree of freedom (the data outweighs it after two blocks).
@@ -409,7 +410,7 @@ def implausibly_narrow(comps: Components, requests_per_block: Sequence[float], c
 # ------------------------------------------------------------------------------------------ when to stop
 
 # Below this many blocks the interval's own variance estimate has at most 3 degrees of freedom (and the report's
-# interval is a plain t interval, specab.analysis.stats.MIN_BOOTSTRAP_N): stopping on it alone picks the blocks
+# interval is a plain t interval, specab.analysis.measures.stats.MIN_BOOTSTRAP_N): stopping on it alone picks the blocks
 # that happened to agree (the coverage study: 81 % coverage among stops at 3 blocks, 88 % at 4). Such an early
 # stop of a design that moved the requests per run away from the experiment's is refused when the blocks agree
 # implausibly well for the variance-components model (this experiment's requests + the node's history): when

@@ -10,7 +10,7 @@ Definitions (single-stream decode, topk = 1):
       tau = sum_{i=0..k} alpha^i = (1 - alpha^(k+1)) / (1 - alpha)        (the 1 is the bonus token)
   so tau lies in [1, k+1]; alpha is solved from tau numerically (Brent's method, tau is monotone in alpha).
 - with infinitely many steps tau -> 1 / (1 - alpha): the limit a given alpha can never beat.
-- chain with per-position rates (alpha_i measured per draft position, analysis/positions.py):
+- chain with per-position rates (alpha_i measured per draft position, analysis/measures/positions.py):
       tau = 1 + sum_{i=1..k} prod_{j=1..i} alpha_j
   Where the engine reports per-position acceptance, predictions use these rates (position i's rate pooled over the
   arms that drafted it; past the deepest measured position the last rate carries on) instead of one alpha.

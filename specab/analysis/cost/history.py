@@ -5,7 +5,7 @@ One JSON-lines file per node under the runs directory, `<runs>/history/<host>.js
 that ended (appended by the driver when it concludes an experiment). A line holds the experiment's fingerprint
 (specab.config.fingerprint: the model, the common and per-arm server args and env, the bench settings and the
 timeouts, secrets redacted) and, per compared arm, the variance components of its paired log ratio against its
-baseline (specab.analysis.economics.components_of) with their degrees of freedom, the mean GPU-seconds of its
+baseline (specab.analysis.cost.economics.components_of) with their degrees of freedom, the mean GPU-seconds of its
 runs, and the pair's own fingerprint (`pair`: the arm and its baseline by content, not by name). **An arm of a
 line matches** a planned experiment on the same host when the line's fingerprint is the planned one (the same
 experiment again), or when its pair fingerprint is one of the planned pairs (the same arm against the same
@@ -24,8 +24,8 @@ from pathlib import Path
 from collections.abc import Iterable
 from typing import Any
 
-from specab.analysis import design, economics
-from specab.analysis.model import Experiment
+from specab.analysis.cost import design, economics
+from specab.analysis.evidence.model import Experiment
 from specab.config.fingerprint import pair_fingerprints
 
 DIRNAME = "history"

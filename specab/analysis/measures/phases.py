@@ -25,7 +25,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specab.analysis.model import Experiment, Run
+from specab.analysis.evidence.model import Experiment, Run
 # scipy is imported in the functions that use it: importing scipy.stats takes ~1.3 s, which every start of
 # driver.py paid (status, --help, a run before its first report: 1.8 s -> 0.55 s for --help).
 

@@ -30,8 +30,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from specab.analysis import stats
-from specab.analysis.model import Experiment, Run, arm_concurrency, arm_rate, load_label
+from specab.analysis.measures import stats
+from specab.analysis.evidence.model import Experiment, Run, arm_concurrency, arm_rate, load_label
 
 _LOAD_SUFFIX = re.compile(r"-c(\d+)$")
 _RATE_SUFFIX = re.compile(r"-r([0-9.]+)$")

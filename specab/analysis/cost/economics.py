@@ -1,15 +1,16 @@
 """What a verdict costs and will cost: GPU-seconds per run, arm and experiment; the variance components of an
 experiment; the run cost of a simulated node's profile; the plan's text (docs/statistics.md, "Design by cost").
 
-The pure model lives in specab.analysis.design; this module feeds it from an Experiment and a profile."""
+The pure model lives in specab.analysis.cost.design; this module feeds it from an Experiment and a profile."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from specab.analysis import design, stats
-from specab.analysis.model import Experiment, Run
+from specab.analysis.measures import stats
+from specab.analysis.cost import design
+from specab.analysis.evidence.model import Experiment, Run
 
 # Dead time of a run when nothing measured it yet: what a run holds its GPUs for besides the engine's load and the
 # benchmark. Measured on a real H200 with SGLang 0.5.17 under the run queue (21 runs of the known-truth experiments,

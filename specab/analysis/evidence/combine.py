@@ -20,7 +20,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from specab.analysis.model import AnalysisError, Experiment, load_store
+from specab.analysis.evidence.model import AnalysisError, Experiment, load_store
 from specab.config.fingerprint import arm_fingerprint, changes
 from specab.results.store import Store
 

@@ -15,7 +15,7 @@ One record per recognised line, every field the line carries, plus a summary:
 
 ``iter_records`` streams over a text file object (constant memory); ``decode_stats`` is a fast
 path over a binary file object for the decode statistics of large logs. Run as
-``python -m specab.analysis.logparse <server.log>`` or ``specab parse-log`` (``register``).
+``python -m specab.analysis.evidence.logparse <server.log>`` or ``specab parse-log`` (``register``).
 """
 
 from __future__ import annotations
@@ -746,7 +746,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specab.analysis.logparse")
+    ap = argparse.ArgumentParser(prog="python -m specab.analysis.evidence.logparse")
     sub = ap.add_subparsers(dest="command")
     register(sub)
     args = list(sys.argv[1:] if argv is None else argv)

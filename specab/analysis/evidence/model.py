@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from specab.analysis import logparse
+from specab.analysis.evidence import logparse
 from specab.results.store import FILENAME, Store, gpu_csv_rows
 from specab.vocab import contract, engines
 
@@ -73,7 +73,7 @@ class Request:
 
 @dataclass
 class LogStats:
-    """What the analysis needs from a run's server log (filled from specab.analysis.logparse)."""
+    """What the analysis needs from a run's server log (filled from specab.analysis.evidence.logparse)."""
     cuda_graph_true: int = 0
     cuda_graph_false: int = 0
     accept_len_mean: float | None = None      # mean of the decode lines' `accept len`
@@ -181,7 +181,7 @@ class Run:
     # node): {"ttft_s"|"tpot_s"|"e2e_s"|"itl_s": {"p50", "p90", "p99"}}; None: a client that did not record them
     latency: dict | None = None
     spec_positions: dict | None = None       # bench_summary's spec_positions: cycles and the cycles that accepted
-                                             # each draft position (analysis/positions.py); None: not measured
+                                             # each draft position (analysis/measures/positions.py); None: not measured
 
     @property
     def ok(self) -> bool:
@@ -447,7 +447,7 @@ def _count_load(st: LogStats, r: dict) -> None:
 
 def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None = None) -> LogStats:
     """LogStats from parsed log records: dicts with kind 'decode' and keys accept_len, cuda_graph,
-    gen_throughput, running_req, raw (the shape specab.analysis.logparse emits)."""
+    gen_throughput, running_req, raw (the shape specab.analysis.evidence.logparse emits)."""
     st = LogStats(nccl_env=dict(nccl or {}))
     acc, gen, per_req = [], [], []
     for r in records:
@@ -474,7 +474,7 @@ def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None 
 
 
 def parse_server_log(path: Path) -> LogStats:
-    """Server log -> LogStats through specab.analysis.logparse (the project's one log parser); streams.
+    """Server log -> LogStats through specab.analysis.evidence.logparse (the project's one log parser); streams.
 
     Reads only the decode and NCCL-env lines (`logparse.run_log_records`: the per-line parser's records
     for those lines), which is what LogStats summarises."""

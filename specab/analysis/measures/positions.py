@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from specab.analysis import specmodel
-from specab.analysis.model import Experiment, Run
+from specab.analysis.measures import specmodel
+from specab.analysis.evidence.model import Experiment, Run
 
 
 @dataclass(frozen=True)
