@@ -93,25 +93,33 @@ def fetch(ex: QueueExecutor, runs: list[PlannedRun]) -> list[str]:
     return fetched
 
 
+def unrecorded(ex: QueueExecutor, runs: list[PlannedRun]) -> list[PlannedRun]:
+    """The runs of `runs` the store holds no outcome of: no row, or a row left `running` (the driver stopped or died
+    while the run was on the node). A run recorded interrupted, failed or ok is the store's word: a resume runs the
+    interrupted (and, with --retry-failed, the failed) again, whatever the node finished after the signal."""
+    rows = {row["seq"]: row["status"] for row in ex.ctx.store.runs()}
+    return [p for p in runs if rows.get(p.seq, st.RUNNING) == st.RUNNING]
+
+
 def fetch_unrecorded(ex: QueueExecutor) -> list[str]:
-    """Every run of the plan the store has not recorded as finished but the node finished: fetched (an exit path
-    on which the store cannot be written). Reads the store only."""
+    """Every run of the plan the store holds no outcome of but the node finished: fetched (an exit path on which
+    the store cannot be written). Reads the store only."""
     r = ex.ctx
-    recorded = {row["seq"] for row in r.store.runs() if row["status"] in st.DONE_STATUSES}
-    todo = [PlannedRun.from_row(row) for row in r.store.plan() if row["seq"] not in recorded]
+    todo = unrecorded(ex, [PlannedRun.from_row(row) for row in r.store.plan()])
     on_disk = [p for p in todo if finished_here(r.exp_dir, r.exp_id, p)]
     return [p.run_id for p in on_disk] + fetch(ex, finished_on_node(ex, [p for p in todo if p not in on_disk]))
 
 
 def adopt(ex: QueueExecutor, todo: list[PlannedRun], index: int,
           on_status: Callable[[str], None] | None = None) -> list[PlannedRun]:
-    """A resume: record each run of `todo` that the node finished (found in the experiment directory, else fetched
-    now) as it finished, and return the rest, which run."""
+    """A resume: record each run of `todo` that the store holds no outcome of and the node finished (found in the
+    experiment directory, else fetched now) as it finished, and return the rest, which run."""
     r = ex.ctx
-    fetch(ex, finished_on_node(ex, [p for p in todo if not finished_here(r.exp_dir, r.exp_id, p)]))
+    open_runs = unrecorded(ex, todo)
+    fetch(ex, finished_on_node(ex, [p for p in open_runs if not finished_here(r.exp_dir, r.exp_id, p)]))
     rest = []
     for pr in todo:
-        if not finished_here(r.exp_dir, r.exp_id, pr):
+        if pr not in open_runs or not finished_here(r.exp_dir, r.exp_id, pr):
             rest.append(pr)
             continue
         index += 1
