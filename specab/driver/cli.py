@@ -82,7 +82,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retry-failed", action="store_true", help="with --resume: run failed runs again too")
     p.add_argument("--require-valid", action="store_true",
                    help="exit 3 when a speculative arm's outputs are not its baseline's (the report's Output "
-                        "validity: NOT VALID; an arm declared cost_only is exempt)")
+                        "validity: NOT VALID; an arm declared cost_only is exempt), or differ in the deterministic "
+                        "pass (--correctness: BUG)")
     p.add_argument("--force-changed", action="store_true",
                    help="with --resume: go on although the experiment's fingerprint changed (the report marks "
                         "the runs of each fingerprint)")

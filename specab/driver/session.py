@@ -459,16 +459,19 @@ def print_verdict_caveats(exp_dir: Path, store: st.Store, out: TextIO) -> None:
 
 def require_valid(exp_dir: Path, out: TextIO) -> int:
     """--require-valid: EXIT_NOT_VALID when the report names a speculative arm (not declared cost_only) whose
-    outputs are not its baseline's, or when the report that would say so is missing."""
+    outputs are not its baseline's, or one whose deterministic pass (--correctness) differs (an engine bug), or
+    when the report that would say so is missing."""
     try:
-        arms = json.loads((exp_dir / "report.json").read_text())["validity"]["arms"]
+        val = json.loads((exp_dir / "report.json").read_text())["validity"]
+        arms, passes = val["arms"], val.get("deterministic") or {}
     except (OSError, ValueError, KeyError, TypeError):
         print(f"--require-valid: no output validity in {exp_dir / 'report.json'}: the verdict cannot be checked "
               f"(run `driver.py report {exp_dir.name}`).", file=out)
         return EXIT_NOT_VALID
-    bad = [a for a, v in arms.items() if v.get("status") == "NOT VALID" and not v.get("cost_only")]
-    for a in bad:
-        print(f"--require-valid: {a}: {arms[a].get('line')}", file=out)
+    bad = [f"{a}: {v.get('line')}" for a, v in arms.items() if v.get("status") == "NOT VALID" and not v.get("cost_only")]
+    bad += [f"{a}: {d.get('line')}" for a, d in passes.items() if d.get("status") == "BUG"]
+    for line in bad:
+        print(f"--require-valid: {line}", file=out)
     return EXIT_NOT_VALID if bad else EXIT_OK
 
 
