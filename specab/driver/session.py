@@ -173,9 +173,10 @@ def check_nodes(prepared: Prepared, out: TextIO) -> list[preflight.EngineFlags]:
     hosts = prepared.inventory.hosts
     # the node's engine lists its flags (read-only, cached per node and engine version): an unknown flag is
     # refused now rather than after a model load of minutes
-    checked = preflight.check_engine_flags(prepared.all_arms, hosts, notice=notice,
+    checked = preflight.check_engine_flags(prepared.arms, hosts, notice=notice,
                                            expected_kind=prepared.experiment.engine)
-    # --correctness: a build without a deterministic mode is refused now, not after the measured blocks
+    # --correctness: a build without a deterministic mode is refused now, not after the measured blocks (the pass's
+    # arms are the measured arms' with the mode on, on the same builds)
     preflight.check_deterministic(prepared.det_arms, checked, hosts, notice=notice)
     # a port another process holds fails every run at its start; a server over several
     # hosts binds its HTTP port on the head only
