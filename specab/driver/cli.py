@@ -249,19 +249,22 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     prepared = session.spelled(prepared, [ef for ef in cached.values() if ef])
     described = [preflight.describe_engine(cached[b.name], b) for b in builds]
     # with --target-ci the runs `run` starts with and those it is expected to add, in the design's own words
+    burned = sum(r.burn_in for r in prepared.plan)
     det_names = {a.name for a in prepared.det_arms}
     passed = sum(r.arm in det_names for r in prepared.plan)
     runs, later, headline = list(prepared.plan), [], (f"{len(prepared.arms)} arms x {opts.repeats} blocks"
+                                                      + (f" + {burned} burn-in" if burned else "")
                                                       + (f" + {passed} deterministic-pass runs" if passed else "")
                                                       + f" = {len(prepared.plan)} runs")
     cost_lines: list[str] = []
     runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
     inputs = design_inputs.design_inputs(prepared.experiment, prepared.arms, host, runs_dir, exp_fp) \
-        if opts.target_ci is not None or det_names else None
+        if opts.target_ci is not None or burned or det_names else None
     if opts.target_ci is not None and inputs is not None:
         first = session.first_block(prepared, opts, inputs)
         cost_lines, est = _cost_plan(prepared, opts, inputs, first)
         runs, later, headline = _target_ci_runs(prepared, opts, first, est)
+    burn = _burn_in_plan(prepared, opts, inputs, runs)
     det = _pass_plan(prepared, opts, inputs, [r for r, _ in later] or runs, list(cached.values()))
     later += [(r, "after the design's last block") for r in det["planned"] if opts.target_ci is not None]
     if args.format == "json":
@@ -273,8 +276,8 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
                    "hosts": [h.name for h in prepared.inventory.hosts],
                    "plan": [{**r.to_json(), **({"when": when} if opts.target_ci is not None else {})}
                             for r, when in [(r, "now") for r in runs] + later],
-                   "design": cost_lines, "deterministic_pass": {k: v for k, v in det.items() if k != "planned"},
-                   "arms": arms}, out, indent=2)
+                   "design": cost_lines, "burn_in": burn,
+                   "deterministic_pass": {k: v for k, v in det.items() if k != "planned"}, "arms": arms}, out, indent=2)
         out.write("\n")
         return 0
     for n in prepared.notices:
@@ -286,27 +289,37 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     print(f"experiment {prepared.experiment.name} ({prepared.experiment.path}), inventory "
           f"{prepared.inventory.path} (hosts: {', '.join(h.name for h in prepared.inventory.hosts)})", file=out)
     print(f"{headline}, order {opts.order}, seed {opts.seed}", file=out)
-    for line in det["lines"]:
+    for line in ([burn["line"]] if burn["runs"] else []) + det["lines"]:
         print(line, file=out)
     print("\n".join(described) + "\n", file=out)
+    _print_runs(prepared, opts, runs, later, det, out)
+    _print_arms(prepared, host, out)
+    return 0
+
+
+def _print_runs(prepared: Any, opts: Options, runs: list[Any], later: list[tuple[Any, str]], det: dict[str, Any],
+                out: TextIO) -> None:
+    """The plan's run table: every run (with --fleet its host), or with --target-ci the runs `run` starts with and
+    those the design is expected to add, with their measured requests; burn-in and deterministic-pass runs marked."""
     hosts = [h.name for h in prepared.inventory.hosts]
     host_of = {r.seq: h for h, rs in fleet.assign_blocks(prepared.plan, hosts).items() for r in rs} \
         if opts.fleet else {}
+    mark = {r.seq: BURN_IN_MARK for r in prepared.plan if r.burn_in}
+    mark.update({r.seq: PASS_MARK for r in det["planned"]})
     if opts.target_ci is None:
         print(f"{'seq':>4}  {'block':>5}  run_id" + ("  host (--fleet)" if host_of else ""), file=out)
         for r in prepared.plan:
             print(f"{r.seq:>4}  {r.block:>5}  {r.run_id}" + (f"  {host_of[r.seq]}" if host_of else "")
-                  + (f"  {PASS_MARK}" if r.arm in det_names else ""), file=out)
-    else:
-        experiment_requests = int(prepared.experiment.bench_settings["num_requests"])
-        print(f"{'seq':>4}  {'block':>5}  {'requests':>8}  {'run_id':<24}  when", file=out)
-        for r, when in [(r, "now") for r in runs] + later:
-            m = "?" if when.startswith("if") and opts.design == "cost" else \
-                str(r.num_requests if r.num_requests is not None else experiment_requests)
-            m = str(det["requests_per_run"]) if r.arm in det_names else m
-            print(f"{r.seq:>4}  {r.block:>5}  {m:>8}  {r.run_id:<24}  {when}", file=out)
-    _print_arms(prepared, host, out)
-    return 0
+                  + (f"  {mark[r.seq]}" if r.seq in mark else ""), file=out)
+        return
+    experiment_requests = int(prepared.experiment.bench_settings["num_requests"])
+    print(f"{'seq':>4}  {'block':>5}  {'requests':>8}  {'run_id':<24}  when", file=out)
+    for r, when in [(r, "now") for r in runs] + later:
+        m = "?" if when.startswith("if") and opts.design == "cost" else \
+            str(r.num_requests if r.num_requests is not None else experiment_requests)
+        m = str(det["requests_per_run"]) if mark.get(r.seq) == PASS_MARK else m
+        print(f"{r.seq:>4}  {r.block:>5}  {m:>8}  {r.run_id:<24}  {when}"
+              + (f", {BURN_IN_MARK}" if r.burn_in else ""), file=out)
 
 
 def _print_arms(prepared: Any, host: Any, out: TextIO) -> None:
@@ -363,6 +376,32 @@ def _pass_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs 
     return out
 
 
+BURN_IN_MARK = "burn-in: not measured"
+
+
+def _burn_in_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs | None, runs: list[Any]
+                  ) -> dict[str, Any]:
+    """The burn-in runs of the plan (design.burn_in) and what they are expected to cost: their count, GPU-minutes at
+    the run cost `plan --target-ci` uses (the node's history, else the simulator profile; None where neither is
+    known) and the plan's line saying so."""
+    burned = [r for r in runs if r.burn_in]
+    out: dict[str, Any] = {"per_host": prepared.experiment.burn_in, "runs": len(burned), "gpu_minutes": None,
+                           "cost_source": None, "line": ""}
+    if not burned:
+        return out
+    cost = inputs.cost if inputs is not None else None
+    if cost is not None:
+        m = int(prepared.experiment.bench_settings["num_requests"])
+        out["gpu_minutes"] = sum(cost.gpu_s(r.num_requests or m) for r in burned) / 60.0
+        out["cost_source"] = cost.source
+    before = "each host's first block" if len({r.block for r in burned}) > 1 else "block 1"
+    gpu = (f", expected {out['gpu_minutes']:.1f} GPU-minutes (run cost of {cost.source})" if cost is not None
+           else ", GPU-minutes not known before a run on this node")
+    out["line"] = (f"burn-in (design.burn_in: {prepared.experiment.burn_in}): {len(burned)} unmeasured server "
+                   f"start(s) and benchmark(s) before {before}, stored and not analysed{gpu}")
+    return out
+
+
 def _cost_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs, first: economics.FirstBlock
                ) -> tuple[list[str], economics.PlanEstimate | None]:
     """What `run --target-ci` will do and its expected GPU-minutes, before anything runs (docs/statistics.md,
@@ -411,12 +450,14 @@ def _target_ci_runs(prepared: Any, opts: Options, first: economics.FirstBlock, e
                 else f"if {who} asks for it after the block before")
         later = [(r, when) for r in added]
     m_now = {r.num_requests for r in now}.pop() or int(prepared.experiment.bench_settings["num_requests"])
+    burned = sum(r.burn_in for r in now)
     blocks_now = "block 1" if started == 1 else f"blocks 1-{started}"
     if est is not None:
         after = f"{who} expects {expected} blocks = {expected * len(arms)} runs"
     else:
         after = f"no estimate of the blocks {who} adds"
-    headline = (f"{len(arms)} arms: {blocks_now} now ({len(now)} runs of {m_now} measured requests), {after}, at most "
+    headline = (f"{len(arms)} arms: {blocks_now} now ({len(now) - burned} runs of {m_now} measured requests"
+                f"{f', after {burned} burn-in runs' if burned else ''}), {after}, at most "
                 f"--max-repeats {cap} blocks = {cap * len(arms)} runs")
     return now, later, headline
 

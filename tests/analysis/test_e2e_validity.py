@@ -152,3 +152,5 @@ def _deterministic_pass_is_the_simulators(e, v, trace: Path, out: str, data: dic
         assert found[arm].severity == "error" and f"the first at request {first[0]} after {first[1]} agreeing" in \
             found[arm].message and "--enable-deterministic-inference" in found[arm].message
     assert "### Deterministic pass" in md and "eagle3-lossy: BUG: differs in deterministic mode" in md
+    assert "| deterministic pass (not measured) | 5 |" in md                    # in the verdict cost, apart
+    assert "deterministic pass (--correctness: not measured, not in the table" in out   # the console's summary

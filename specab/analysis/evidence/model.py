@@ -172,6 +172,7 @@ class Run:
                                              # /metrics histograms, bench_summary engine_decode): tok/s where the
                                              # client could time no request (tok_s_source "engine")
     known_truth: dict | None = None          # bench_summary's known_truth: the served models' (specab.knowntruth)
+    known_truth_problems: list[str] = field(default_factory=list)   # what kept the client from it, each naming a file
     workload: dict | None = None             # bench_summary's dataset (kind synthetic, or file with path, sha256,
                                              # records, categories) and ignore_eos; None: not recorded
     # bench_summary's latency percentiles over the measured requests, seconds (simulated seconds on a time-scaled
@@ -343,6 +344,9 @@ class Experiment:
     target_ci: float | None = None         # relative half-width, 0.02 = 2 %
     max_repeats: int | None = None
     meta: dict = field(default_factory=dict)
+    # the unmeasured starts before block 1 (design.burn_in, the store's plan.burn_in): kept apart from `runs`, so
+    # no statistic, rule or cost model sees them as measured instances; the report shows how fast they ran
+    burn_in: list[Run] = field(default_factory=list)
     # the deterministic pass (--correctness): its arms (matrix value deterministic_of) and runs, kept apart from
     # `arms` and `runs` so no statistic, rule or verdict sees them as measured; its own arms compared within it
     deterministic: "Experiment | None" = None
@@ -762,7 +766,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
     base_rows = [a for a in arm_rows if a.get("is_baseline")]
     baseline = base_rows[0]["name"] if base_rows else (arms[0].name if arms else "baseline")
     by_arm = {a.name: a for a in arms}
-    runs = []
+    runs, burn_in = [], []
     for r in run_rows:
         arm = by_arm.get(r["arm"])
         info = r.get("server_info") or {}
@@ -777,7 +781,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
         manifest, check, ranks = _head_and_ranks(r, manifests.get(r["seq"], {}), checks.get(r["seq"], {}))
         scale = _time_scale(info)
         _unscale_run(reqs.get(r["seq"], []), log, scale)
-        runs.append(Run(
+        (burn_in if r.get("burn_in") else runs).append(Run(
             time_scale=scale,
             run_id=r["run_id"], arm=r["arm"], seq=r["seq"], block=r["block"], host=r.get("host") or "localhost",
             status=r["status"], started=r.get("started"), finished=r.get("finished"),
@@ -791,21 +795,23 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary, scale),
             buffered_requests=int(summary.get("buffered_requests") or 0),
             phase_metrics=phase_files.get(r["seq"]), known_truth=summary.get("known_truth"),
+            known_truth_problems=[str(p) for p in summary.get("known_truth_problems") or []],
             workload=_workload(summary), latency=_latency(summary, scale),
             spec_positions=_spec_positions(summary)))
     argv = e.get("argv") or []
     arms, runs, det = _deterministic_apart(e["id"], arms, runs, arm_rows)
     scales = sorted({r.time_scale for r in runs})
     exp = Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",
-                      baseline=baseline, name=e.get("name") or "", root=p.parent,
-                      target_ci=_percent(_argv_option(argv, "--target-ci")),
-                      max_repeats=int(_argv_option(argv, "--max-repeats") or 0) or None,
-                      meta={"status": e.get("status"), "seed": e.get("seed"), "repeats": e.get("repeats"),
-                            "created": e.get("created"), "finished": e.get("finished"),
-                            "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
-                            "matrix": e.get("matrix"), "time_scales": scales, "design_steps": design_steps,
-                            "run_fingerprints": {r["run_id"]: run_fps[r["seq"]] for r in run_rows
-                                                 if r["seq"] in run_fps}})
+                     baseline=baseline, name=e.get("name") or "", root=p.parent,
+                     target_ci=_percent(_argv_option(argv, "--target-ci")),
+                     max_repeats=int(_argv_option(argv, "--max-repeats") or 0) or None,
+                     meta={"status": e.get("status"), "seed": e.get("seed"), "repeats": e.get("repeats"),
+                           "created": e.get("created"), "finished": e.get("finished"),
+                           "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
+                           "matrix": e.get("matrix"), "time_scales": scales, "design_steps": design_steps,
+                           "run_fingerprints": {r["run_id"]: run_fps[r["seq"]] for r in run_rows
+                                                if r["seq"] in run_fps and not r.get("burn_in")}},
+                     burn_in=burn_in)
     if det is not None:
         det.meta, det.root = exp.meta, exp.root
     exp.deterministic = det

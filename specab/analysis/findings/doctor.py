@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specab.analysis.cost import economics
+from specab.analysis.cost import instances
 from specab.analysis.measures import phases as phase_analysis
 from specab.analysis.measures import specmodel
 from specab.analysis.measures import truthcheck
@@ -59,6 +60,7 @@ class DoctorConfig:
     outlier_mads: float = 4.0                   # ... and this many robust sd
     cycle_spread: float = 0.15                  # spec arm: cycle p90/p10 within a run, or run medians, beyond 1 + this
     baseline_steady: float = 0.05               # ... while the baseline's step stays within 1 + this
+    instance_trend_min: float = 0.02            # an arm's instances moving this much with their run order
 
 
 @dataclass
@@ -66,11 +68,18 @@ class Context:
     stats: ExperimentStats
     config: DoctorConfig
     validity: validity_analysis.Validity | None = None     # the output checks, read once when a rule asks
+    truth: truthcheck.TruthReport | None = None               # the known-truth check (None: no known truth) ...
+    truth_read: bool = False                                   # ... read once when a rule asks
 
     def outputs(self, exp: Experiment) -> validity_analysis.Validity:
         if self.validity is None:
             self.validity = validity_analysis.check(exp)
         return self.validity
+
+    def known_truth(self, exp: Experiment) -> truthcheck.TruthReport | None:
+        if not self.truth_read:
+            self.truth, self.truth_read = truthcheck.check(exp), True
+        return self.truth
 
 
 Rule = Callable[[Experiment, Context], list[Finding]]
@@ -590,6 +599,13 @@ def instance_outlier(exp: Experiment, ctx: Context) -> list[Finding]:
     return out
 
 
+def instance_trend(exp: Experiment, ctx: Context) -> list[Finding]:
+    """An arm's instances on a host whose speed follows the order they started in: the first ones low (a freshly
+    started node warming up), or tok/s moving along the run order (specab.analysis.cost.instances.trends)."""
+    return [Finding("instance-trend", "warning", t.message(), t.evidence(), t.arm, t.low or list(t.run_ids))
+            for t in instances.trends(exp, ctx.config.instance_trend_min)]
+
+
 def _cycle_ms(q) -> float | None:
     """A speculative request's mean verify cycle: its decode time (after the first token) over its verify passes.
     The cycle's duration does not depend on how many drafts it accepted, so it is a pure timing quantity."""
@@ -735,7 +751,7 @@ def known_truth_mismatch(exp: Experiment, ctx: Context) -> list[Finding]:
     measurement chain (the engine's counters, the client, the store) is broken, so every number of the run is
     suspect. An arm whose settings force or relax acceptance (engines.output_departures) is meant to break the
     truth's exact verification: outputs-not-valid names it, not this rule."""
-    rep = truthcheck.check(exp)
+    rep = ctx.known_truth(exp)
     if rep is None:
         return []
     out = []
@@ -751,6 +767,22 @@ def known_truth_mismatch(exp: Experiment, ctx: Context) -> list[Finding]:
                            f"Check which engine build served the run and the client's per-request counters before "
                            f"trusting any number of these runs.", evidence, arm, [r.run_id for r in runs]))
     return out
+
+
+def known_truth_unchecked(exp: Experiment, ctx: Context) -> list[Finding]:
+    """Runs of known-truth models whose check could not run: a known_truth.json the client could not use, a
+    speculative run whose draft has no truth, a pooled store that is gone. Each finding names the file, so a
+    known-truth experiment never loses its check in silence."""
+    rep = ctx.known_truth(exp)
+    if rep is None:
+        return []
+    return [Finding("known-truth-unchecked", "warning",
+                    f"{len(u.runs)} run(s) of known-truth models were not checked against the exact truth: "
+                    f"{u.reason}. Their numbers stand without that check until the file named is restored or fixed "
+                    f"(a model's known_truth.json: then the runs run again).",
+                    [f"{rid}: {u.reason}" for rid in u.runs][:8],
+                    u.arms[0] if len(u.arms) == 1 else None, u.runs)
+            for u in rep.unchecked]
 
 
 def forced_continuation(exp: Experiment, ctx: Context) -> list[Finding]:
@@ -857,6 +889,7 @@ RULES: dict[str, Rule] = {
     "outputs-not-valid": outputs_not_valid,
     "deterministic-pass-differs": deterministic_pass_differs,
     "known-truth-mismatch": known_truth_mismatch,
+    "known-truth-unchecked": known_truth_unchecked,
     "verify-without-cuda-graph": verify_without_cuda_graph,
     "env-not-confirmed": env_not_confirmed,
     "nccl-untuned-baseline-slow": nccl_missing_baseline_slow,
@@ -868,6 +901,7 @@ RULES: dict[str, Rule] = {
     "client-bottleneck": client_bottleneck,
     "bursty-delivery": bursty_delivery,
     "instance-outlier": instance_outlier,
+    "instance-trend": instance_trend,
     "cycle-time-unstable": cycle_time_unstable,
     "dominant-phase": dominant_phase,
     "phase-accounting": phase_accounting,

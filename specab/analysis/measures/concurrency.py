@@ -2,8 +2,8 @@
 
 A speculative verdict depends on how many requests share the batch: a batched verify pass checks every request's
 drafts at once and grows much faster with the batch than a decode step does (known-truth models on the H200,
-docs/validation/known-truth.md: EAGLE-3 s3 2.02x per user at 1 in flight, 0.76x at 32; in throughput 0.91x from 16
-in flight, at an unchanged accept length). An experiment that ran
+docs/validation/known-truth.md, pooled over three leases: EAGLE-3 s3 x2.02 per user at 1 in flight, x1.49 at 8,
+x0.98 at 32; in throughput x0.87 from 16 in flight, at an unchanged accept length). An experiment that ran
 at several loads (`--matrix ... concurrency=1,8,32`: each load its own arms and its own baseline) is read here
 per configuration ("family": the arms that differ only in their load) and per load.
 

@@ -23,6 +23,7 @@ from specab.analysis.evidence import combine
 from specab.analysis.measures import concurrency
 from specab.analysis.findings import doctor
 from specab.analysis.cost import economics
+from specab.analysis.cost import instances
 from specab.analysis.measures import phases
 from specab.analysis.measures import positions
 from specab.analysis.measures import specmodel
@@ -538,6 +539,13 @@ STEPS_KEYS = ("speculative_num_steps", "speculative_num_draft_tokens", "speculat
 def _known_truth_blocks(rep: Report, exp: Experiment, truth: truthcheck.TruthReport,
                         model: specmodel.ModelResult | None) -> None:
     """The measurement against the exact truth of known-truth models (specab.knowntruth)."""
+    unchecked = ("" if not truth.unchecked else
+                 f" Not checked: {sum(len(u.runs) for u in truth.unchecked)} run(s) "
+                 f"({'; '.join(u.reason for u in truth.unchecked)}): the doctor's known-truth-unchecked names them.")
+    if not truth.runs:
+        rep.add(Heading("Known truth"), Para("The served models are known-truth models, but no run could be checked "
+                                             "against the truth." + unchecked))
+        return
     bad = truth.problems
     spec_runs = [r for r in truth.runs if r.steps]
     reqs = [q for r in spec_runs for q in r.requests]
@@ -551,7 +559,7 @@ def _known_truth_blocks(rep: Report, exp: Experiment, truth: truthcheck.TruthRep
                  f"{total} requests. " + ("Every measurement agrees with the truth." if not bad else
                                           f"{len(bad)} disagreement(s): the doctor's known-truth-mismatch names them.")
                  + "".join(f" {a} is not checked against the truth: {why}, which exact verification's truth does not "
-                           f"model." for a, why in truth.skipped.items())))
+                           f"model." for a, why in truth.skipped.items()) + unchecked))
     rows = []
     for r in spec_runs:
         counted = [q for q in r.requests if q.measured_cycles is not None]
@@ -740,6 +748,9 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     if st.host_speedups:
         rep.add(Heading("Speedup per host", 3), *_host_blocks(exp, st))
     per_pos = _position_blocks(rep, exp)
+    spread = instances.analyse(exp)
+    rep.add(Heading("Instance spread"), Para(instances.INTRO), Table(instances.InstanceReport.HEADER, spread.rows()),
+            *[Para(n) for n in spread.notes()])
 
     if loads.several_loads:
         _load_blocks(rep, loads, plots)
@@ -828,7 +839,10 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     rep.add(Heading("Verdict cost"), Para(" ".join(cost)))
     if spent.per_arm:
         rep.add(Table(["arm", "restarts", "GPU-minutes"],
-                      [[a, str(spent.restarts_per_arm[a]), f"{g / 60:.1f}"] for a, g in spent.per_arm.items()]))
+                      [[a, str(spent.restarts_per_arm[a]), f"{g / 60:.1f}"] for a, g in spent.per_arm.items()]
+                      + ([["burn-in (not analysed)", str(spent.burn_in_runs), f"{spent.burn_in / 60:.1f}"]]
+                         if spent.burn_in_runs else [])
+                      + _pass_cost_row(exp)))
     steps = exp.meta.get("design_steps") or []
     if steps:           # --target-ci: what the design decided after each block, and why
         rep.add(Para("The design's decisions (--target-ci): after each block, another block or not, with how many "
@@ -845,7 +859,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                 "findings": [f.to_dict() for f in findings], "summary": rep.summary, "cost": spent.to_dict(),
                 "known_truth": truth.to_dict() if truth is not None else None,
                 "validity": val.to_dict(), "verdicts": verdicts,
-                "loads": loads.to_dict(),
+                "loads": loads.to_dict(), "instances": spread.to_dict(),
                 "workload": {"label": workload.label(exp), "ignore_eos": workload.ignore_eos(exp),
                              "lengths": {r.arm: r.to_dict() for r in lengths},
                              "categories": {a: [r.to_dict() for r in rows] for a, rows in cats.items()}}}
@@ -982,6 +996,15 @@ def _validity_blocks(rep: Report, val: validity.Validity) -> None:
                                                "differences against this floor)")
                        for b, (same, n) in val.baseline_self.items()]))
     _deterministic_blocks(rep, val)
+
+
+def _pass_cost_row(exp: Experiment) -> list[list[str]]:
+    """The verdict cost's row of the deterministic pass (--correctness): its runs and what they held of the GPUs."""
+    runs = exp.deterministic.runs if exp.deterministic is not None else []
+    if not runs:
+        return []
+    gpu_s = sum(r.gpu_seconds or 0.0 for r in runs)
+    return [["deterministic pass (not measured)", str(len(runs)), f"{gpu_s / 60:.1f}"]]
 
 
 def _deterministic_blocks(rep: Report, val: validity.Validity) -> None:
