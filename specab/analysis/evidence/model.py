@@ -379,6 +379,22 @@ class Experiment:
     def hosts(self) -> list[str]:
         return sorted({r.host for r in self.runs})
 
+    def stores_of(self, runs: Iterable[Run]) -> tuple[dict[Path, list[tuple[int, int]]], list[Run]]:
+        """Where each run's request rows are: per store file, (seq here, seq there) of its runs (a pooled
+        experiment's come from several stores, under the seq each had there, ``meta["sources"]``), and the runs
+        whose store is not there (a run-directory round, or a pooled store that is gone)."""
+        sources = self.meta.get("sources") or {}
+        own = self.root / "results.sqlite" if self.root is not None else None
+        groups: dict[Path, list[tuple[int, int]]] = {}
+        gone = []
+        for r in runs:
+            path, seq = sources.get(r.seq, (own, r.seq))
+            if path is None or not Path(path).is_file():
+                gone.append(r)
+            else:
+                groups.setdefault(Path(path), []).append((r.seq, seq))
+        return groups, gone
+
 
 # =========================================================================== loaders
 

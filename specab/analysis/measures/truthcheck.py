@@ -225,20 +225,13 @@ def check(exp: Experiment) -> TruthReport | None:
         reason = _unchecked_reason(r)
         if reason is not None:
             why.setdefault(reason, []).append(r)
-    # each run's request rows from its own store: a pooled experiment's (specab/analysis/evidence/combine.py) come from
-    # several, under the seq each had there
+    # each run's request rows from its own store (a pooled experiment's come from several)
+    by_store, gone = exp.stores_of(r for r in runs if r.known_truth and not r.known_truth_problems)
     sources = exp.meta.get("sources") or {}
-    own = exp.root / "results.sqlite" if exp.root is not None else None
-    by_store: dict[Path, list[tuple[int, int]]] = {}
-    for r in runs:
-        if r.known_truth_problems or not r.known_truth:
-            continue
-        path, seq = sources.get(r.seq, (own, r.seq))
-        if path is None or not Path(path).is_file():
-            why.setdefault(f"{path or 'the experiment'}: the store these runs were read from is missing: their "
-                           f"requests cannot be checked against the truth", []).append(r)
-            continue
-        by_store.setdefault(Path(path), []).append((r.seq, seq))
+    for r in gone:
+        path = sources.get(r.seq, (exp.root / "results.sqlite" if exp.root is not None else None, r.seq))[0]
+        why.setdefault(f"{path or 'the experiment'}: the store these runs were read from is missing: their "
+                       f"requests cannot be checked against the truth", []).append(r)
     rows: dict[int, list[dict[str, Any]]] = {}
     for path, seqs in by_store.items():
         store = Store.open(path)
