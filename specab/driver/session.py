@@ -385,10 +385,10 @@ def resume_options(row: dict[str, Any], opts: Options, experiment_file: str) -> 
 
 def pass_not_planned(store: st.Store, prepared: Prepared, opts: Options, todo: list[PlannedRun]
                      ) -> list[PlannedRun]:
-    """The deterministic pass's block, planned and stored now, when the experiment has one (--correctness) that its
-    plan does not hold yet: a --target-ci experiment plans it after the design's last block, and was stopped before
-    that. With --target-ci and measured runs still to do, the design plans it when it stops (RunContext). Stored by
-    the caller once the nodes are checked."""
+    """The deterministic pass's block for a resume to add, when the experiment has one (--correctness) that its plan
+    does not hold yet: a --target-ci experiment plans it after the design's last block, and was stopped before that.
+    With --target-ci and measured runs still to do, the design plans it when it stops (RunContext). The caller
+    stores it once the nodes are checked."""
     names = [a.name for a in prepared.det_arms]
     planned = [PlannedRun.from_row(r) for r in store.plan()]
     if not names or any(r.arm in names for r in planned) or (opts.target_ci is not None and todo):
