@@ -28,7 +28,7 @@ EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args",
 ARM_KEYS = {"name", "description", "server_args", "env", "cost_only"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
               "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos", "request_rate",
-              "client_procs", "allow_queueing"}
+              "client_procs", "allow_queueing", "correctness_requests"}
 PHASE_TIMING_VALUES = ("auto", True, False)
 # what phase timing sets on an arm (the 2026 engines reference A5): the server's /metrics and, in SGLang
 # 0.5.23, the device timer that splits forward time into eagle_draft / eagle_draft_extend / target_verify
@@ -45,6 +45,9 @@ BENCH_APIS = {"generate", "completions", "chat"}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # as the server_start role requires
 EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# the matrix value that marks an arm of the deterministic pass (--correctness, specab/config/correctness.py): the
+# name of the measured arm it checks
+DETERMINISTIC_OF = "deterministic_of"
 
 
 # --------------------------------------------------------------------------- experiment
@@ -71,6 +74,12 @@ class ArmSpec:
     # bench settings of this arm's runs over the experiment's `bench:` (a bench condition of the matrix, e.g.
     # {"concurrency": 8}); empty: the experiment's bench as it is
     bench: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def deterministic_of(self) -> str | None:
+        """The measured arm this arm checks in the deterministic pass (--correctness); None: a measured arm."""
+        value = self.matrix.get(DETERMINISTIC_OF)
+        return str(value) if value else None
 
     def to_extravar(self) -> dict[str, Any]:
         args = self.server_args if self.node_args is None else self.node_args
@@ -376,7 +385,8 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
             raise ConfigError(f"{where}{key_line(root, base + ('bench', 'client_procs'))}: {exc}.") from None
     if bench.get("dataset") is not None:
         bench = exp["bench"] = dict(bench, dataset=_check_dataset(bench, p, where, root, base))
-    for k in ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed"):
+    for k in ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed",
+              "correctness_requests"):
         least = 0 if k in ("warmup_requests", "seed") else 1      # a run measures at least one request of a token
         if k in bench and (not isinstance(bench[k], int) or isinstance(bench[k], bool) or bench[k] < least):
             raise ConfigError(f"{where}{key_line(root, base + ('bench', k))}: bench.{k} must be an integer of at "

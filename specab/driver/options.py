@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from specab.config import armchecks, defaults, validity
+from specab.config import armchecks, correctness, defaults, validity
 from specab.config.inventory import Host, Inventory, default_inventory, load_inventory
 from specab.config.matrix import build_arms, parse_matrix
 from specab.config.plan import Order, PlannedRun, make_plan
@@ -53,6 +53,7 @@ class Options:
     fleet: bool = False                     # independent blocks per host at once (specab/driver/fleet.py)
     executor: Executor = "auto"             # auto: the run queue on one host, per-run otherwise
     force_changed: bool = False             # --resume although the experiment's fingerprint changed
+    correctness: bool = False               # the deterministic pass after the measured blocks (config/correctness.py)
 
 
 @dataclass
@@ -62,6 +63,13 @@ class Prepared:
     arms: list[ArmSpec]
     notices: list[str]
     plan: list[PlannedRun]
+    # the deterministic pass's arms (--correctness; empty without it): run after the measured blocks, never measured
+    det_arms: list[ArmSpec] = field(default_factory=list)
+
+    @property
+    def all_arms(self) -> list[ArmSpec]:
+        """The measured arms, then the deterministic pass's: every arm a run of the plan may name."""
+        return self.arms + self.det_arms
 
     @property
     def min_requests_per_run(self) -> int:
@@ -98,17 +106,23 @@ def prepare(opts: Options) -> Prepared:
     check_bench_vars(inv)
     plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order, burn_in=exp.burn_in,
                      burn_in_blocks=burn_in_blocks(opts, inv))
+    det = correctness.derive(exp, armset.arms) if opts.correctness else correctness.DeterministicPass()
+    if opts.target_ci is None:      # with --target-ci the pass follows the design's last block (RunContext)
+        plan += correctness.plan_block(det.names, plan, opts.seed, opts.order)
     if opts.max_runs is not None and len(plan) > opts.max_runs:
         burned = sum(r.burn_in for r in plan)
+        passed = len(det.arms) if det.arms and opts.target_ci is None else 0
         raise ConfigError(f"{len(armset.arms)} arms x {opts.repeats} blocks"
-                          + (f" + {burned} burn-in" if burned else "") + f" = {len(plan)} runs, above --max-runs "
+                          + (f" + {burned} burn-in" if burned else "")
+                          + (f" + {passed} deterministic-pass" if passed else "") + f" = {len(plan)} runs, above --max-runs "
                           f"{opts.max_runs} (a real run costs a server start, ~1 GPU-minute on a GPU node). "
                           f"Narrow the matrix, or pass --max-runs {len(plan)} to run them all (`driver.py plan` "
                           f"shows the plan and its expected GPU-minutes first).")
     checked = check_arms(exp, armset.arms)
     return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
                     notices=exp.warnings + armset.notices + checked + host_notices
-                    + preflight.bind_warnings(armset.arms) + validity.arm_notices(exp.arms, armset.arms), plan=plan)
+                    + preflight.bind_warnings(armset.arms) + validity.arm_notices(exp.arms, armset.arms)
+                    + det.notices, plan=plan, det_arms=det.arms)
 
 
 def check_arms(exp: ExperimentSpec, arms: list[ArmSpec]) -> list[str]:
@@ -125,7 +139,8 @@ def check_arms(exp: ExperimentSpec, arms: list[ArmSpec]) -> list[str]:
 # specab_bench_python and specab_bench_sample_interval_s say how the node runs the client and samples the GPUs,
 # not what is measured: the inventory sets them.
 BENCH_KEY_VARS = {**{var: key for key, var in defaults.BENCH_DEFAULTS.items()},
-                  "specab_bench_phase_timing": "phase_timing"}
+                  "specab_bench_phase_timing": "phase_timing",
+                  "specab_bench_correctness_requests": "correctness_requests"}
 
 
 def check_bench_vars(inventory: Inventory) -> None:

@@ -384,6 +384,12 @@ COVERAGE = {
     # silent on its lossless and late-diverging arms; silent on every arm of the doctor's own e2e experiment
     "outputs-not-valid": ("tests.analysis.test_e2e_validity::test_each_departure_is_reported_as_the_simulator_made_it",
                           "test_e2e_sim::test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one"),
+    # --correctness on the simulator: its lossy and looping servers' deterministic passes differ (error), the lossless
+    # and late-diverging arms' passes (numerics off in the mode) are identical
+    "deterministic-pass-differs": ("tests.analysis.test_e2e_validity::"
+                                   "test_each_departure_is_reported_as_the_simulator_made_it",
+                                   "tests.analysis.test_e2e_validity::"
+                                   "test_each_departure_is_reported_as_the_simulator_made_it"),
     # provoked on a real H200 experiment's store with one engine count altered (the measurement chain broken on
     # purpose), silent on a real vLLM's known-truth matrix run end to end
     "known-truth-mismatch": ("tests.unit.test_knowntruth::test_a_broken_measurement_chain_is_an_error_not_a_warning",

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from specab.analysis.evidence import logparse
+from specab.config.spec import DETERMINISTIC_OF
 from specab.results.store import FILENAME, Store, gpu_csv_rows
 from specab.vocab import contract, engines
 
@@ -350,6 +351,9 @@ class Experiment:
     # the unmeasured starts before block 1 (design.burn_in, the store's plan.burn_in): kept apart from `runs`, so
     # no statistic, rule or cost model sees them as measured instances; the report shows how fast they ran
     burn_in: list[Run] = field(default_factory=list)
+    # the deterministic pass (--correctness): its arms (matrix value deterministic_of) and runs, kept apart from
+    # `arms` and `runs` so no statistic, rule or verdict sees them as measured; its own arms compared within it
+    deterministic: "Experiment | None" = None
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:
@@ -826,15 +830,34 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             workload=_workload(summary), latency=_latency(summary, scale),
             spec_positions=_spec_positions(summary)))
     argv = e.get("argv") or []
+    arms, runs, det = _deterministic_apart(e["id"], arms, runs, arm_rows)
     scales = sorted({r.time_scale for r in runs})
-    return Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",
-                      baseline=baseline, name=e.get("name") or "", root=p.parent,
-                      target_ci=_percent(_argv_option(argv, "--target-ci")),
-                      max_repeats=int(_argv_option(argv, "--max-repeats") or 0) or None,
-                      meta={"status": e.get("status"), "seed": e.get("seed"), "repeats": e.get("repeats"),
-                            "created": e.get("created"), "finished": e.get("finished"),
-                            "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
-                            "matrix": e.get("matrix"), "time_scales": scales, "design_steps": design_steps,
-                            "run_fingerprints": {r["run_id"]: run_fps[r["seq"]] for r in run_rows
-                                                 if r["seq"] in run_fps and not r.get("burn_in")}},
-                      burn_in=burn_in)
+    exp = Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",
+                     baseline=baseline, name=e.get("name") or "", root=p.parent,
+                     target_ci=_percent(_argv_option(argv, "--target-ci")),
+                     max_repeats=int(_argv_option(argv, "--max-repeats") or 0) or None,
+                     meta={"status": e.get("status"), "seed": e.get("seed"), "repeats": e.get("repeats"),
+                           "created": e.get("created"), "finished": e.get("finished"),
+                           "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
+                           "matrix": e.get("matrix"), "time_scales": scales, "design_steps": design_steps,
+                           "run_fingerprints": {r["run_id"]: run_fps[r["seq"]] for r in run_rows
+                                                if r["seq"] in run_fps and not r.get("burn_in")}},
+                     burn_in=burn_in)
+    if det is not None:
+        det.meta, det.root = exp.meta, exp.root
+    exp.deterministic = det
+    return exp
+
+
+def _deterministic_apart(exp_id: str, arms: list[Arm], runs: list[Run], arm_rows: list[dict]
+                         ) -> tuple[list[Arm], list[Run], Experiment | None]:
+    """The measured arms and runs, and the deterministic pass's (arms whose matrix names the arm they check,
+    `deterministic_of`) as an experiment of its own, or None where the experiment has no pass."""
+    det_names = {a.name for a in arms if a.matrix.get(DETERMINISTIC_OF)}
+    if not det_names:
+        return arms, runs, None
+    base_rows = [a["name"] for a in arm_rows if a.get("is_baseline") and a["name"] in det_names]
+    det = Experiment(id=exp_id, arms=[a for a in arms if a.name in det_names],
+                     runs=[r for r in runs if r.arm in det_names],
+                     baseline=base_rows[0] if base_rows else "baseline")
+    return ([a for a in arms if a.name not in det_names], [r for r in runs if r.arm not in det_names], det)

@@ -891,9 +891,34 @@ def outputs_not_valid(exp: Experiment, ctx: Context) -> list[Finding]:
     return out
 
 
+def deterministic_pass_differs(exp: Experiment, ctx: Context) -> list[Finding]:
+    """The deterministic pass (--correctness) of a speculative arm whose outputs differ from its baseline's in the
+    engine's deterministic mode, where neither the batch nor speculation may change a greedy output: an engine bug.
+    Names the arm, the mode and the first differing request."""
+    out = []
+    for d in ctx.outputs(exp).bugs():
+        first = d.first
+        if first is None:       # (a BUG has a differing request)
+            continue
+        mode = d.mode or "the engine's deterministic mode"
+        out.append(Finding(
+            "deterministic-pass-differs", "error",
+            f"{d.arm}: with {mode} its outputs differ from its baseline's on {d.compared - d.identical}/{d.compared} "
+            f"requests of the deterministic pass, the first at request {first.i} after {first.agreed} agreeing "
+            f"{d.unit} ({d.det_arm} vs {d.det_baseline}). In this mode a greedy output depends neither on its batch "
+            f"nor on speculation, so this is an engine bug, not numerics: the arm's speedup is not the same work "
+            f"done faster. Report it to the engine with the two runs' outputs of request {first.i} (their bench.jsonl).",
+            [f"request {q.i}: agrees with the baseline on its first {q.agreed} of {q.tokens} {d.unit}"
+             for q in sorted(d.requests, key=lambda q: (q.agreed, q.i)) if not q.identical][:3]
+            + [f"identical on {d.identical}/{d.compared} requests"],
+            d.arm, d.runs))
+    return out
+
+
 RULES: dict[str, Rule] = {
     "outputs-not-valid": outputs_not_valid,
     "server-queued": server_queued,
+    "deterministic-pass-differs": deterministic_pass_differs,
     "known-truth-mismatch": known_truth_mismatch,
     "known-truth-unchecked": known_truth_unchecked,
     "verify-without-cuda-graph": verify_without_cuda_graph,

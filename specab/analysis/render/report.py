@@ -661,7 +661,8 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         speed = f"{sp.verdict} over {len(sp.ratios)} paired block(s)" + (
             f", per user at {concurrency.arm_load_label(exp, a.name)}" if loads.several_loads or conc > 1 or rate
             else "")
-        verdicts[a.name] = f"{a.name} vs {sp.baseline}: {validity.verdict(speed, val.arms.get(a.name))}."
+        verdicts[a.name] = (f"{a.name} vs {sp.baseline}: "
+                            f"{validity.verdict(speed, val.arms.get(a.name), val.deterministic.get(a.name))}.")
         rep.summary.append(verdicts[a.name])
     if loads.several_loads:     # the verdict at each load, per configuration
         rep.summary.extend(f"Per load: {f.verdict()}" for f in loads.families if len(f.points) > 1)
@@ -740,8 +741,9 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         v = val.arms.get(a.name)
         rows.append([a.name, sp.baseline, str(len(sp.ratios)), _f(sp.estimate, ".3f"), ci,
                      "-" if not sp.ci or not math.isfinite(sp.ci.lo) else f"+-{sp.ci.half_width_rel * 100:.1f}%",
-                     sp.verdict if v is None or v.status != validity.NOT_VALID else
-                     ("cost only: no claim" if v.cost_only else f"{sp.verdict} -- NOT VALID (outputs)")])
+                     (sp.verdict if v is None or v.status != validity.NOT_VALID else
+                      ("cost only: no claim" if v.cost_only else f"{sp.verdict} -- NOT VALID (outputs)"))
+                     + (" -- BUG (deterministic pass)" if a.name in {d.arm for d in val.bugs()} else "")])
     rep.add(Heading("Speedup (paired within blocks)"),
             Table(["arm", "baseline", "blocks", "speedup", "95% CI", "half-width", "verdict"], rows))
     _validity_blocks(rep, val)
@@ -841,7 +843,8 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         rep.add(Table(["arm", "restarts", "GPU-minutes"],
                       [[a, str(spent.restarts_per_arm[a]), f"{g / 60:.1f}"] for a, g in spent.per_arm.items()]
                       + ([["burn-in (not analysed)", str(spent.burn_in_runs), f"{spent.burn_in / 60:.1f}"]]
-                         if spent.burn_in_runs else [])))
+                         if spent.burn_in_runs else [])
+                      + _pass_cost_row(exp)))
     steps = exp.meta.get("design_steps") or []
     if steps:           # --target-ci: what the design decided after each block, and why
         rep.add(Para("The design's decisions (--target-ci): after each block, another block or not, with how many "
@@ -994,6 +997,38 @@ def _validity_blocks(rep: Report, val: validity.Validity) -> None:
                        + ("" if same == n else " (the engine is not deterministic across restarts: judge the arms' "
                                                "differences against this floor)")
                        for b, (same, n) in val.baseline_self.items()]))
+    _deterministic_blocks(rep, val)
+
+
+def _pass_cost_row(exp: Experiment) -> list[list[str]]:
+    """The verdict cost's row of the deterministic pass (--correctness): its runs and what they held of the GPUs."""
+    runs = exp.deterministic.runs if exp.deterministic is not None else []
+    if not runs:
+        return []
+    gpu_s = sum(r.gpu_seconds or 0.0 for r in runs)
+    return [["deterministic pass (not measured)", str(len(runs)), f"{gpu_s / 60:.1f}"]]
+
+
+def _deterministic_blocks(rep: Report, val: validity.Validity) -> None:
+    """The part "Deterministic pass" of Output validity (driver.py run --correctness): each speculative arm and its
+    baseline once more in the engine's deterministic mode, after the measured blocks, any difference a bug."""
+    if not val.deterministic:
+        return
+    rows = []
+    for d in val.deterministic.values():
+        first = d.first
+        rows.append([d.arm, f"{d.det_arm} vs {d.det_baseline}", d.mode or "-",
+                     f"{d.identical}/{d.compared}" if d.requests else "-",
+                     f"request {first.i}, {d.unit[:-1]} {first.agreed}" if first is not None else "-",
+                     "-" if d.gpu_seconds is None else f"{d.gpu_seconds / 60:.1f}", d.status])
+    rep.add(Heading("Deterministic pass", 3),
+            Para("After the measured blocks, each speculative arm and its baseline ran once more in the engine's "
+                 "deterministic (batch-invariant) mode, where a request's greedy output depends neither on its "
+                 "batch nor on speculation: any difference is an engine bug, not numerics (judged with "
+                 "greedy_min_match 1). These runs are not measured: they are in no speedup, interval or fit."),
+            Table(["arm", "deterministic runs", "mode", "identical", "first difference", "GPU-minutes", "outcome"],
+                  rows),
+            Bullets([f"{d.arm}: {d.line}" for d in val.deterministic.values()]))
 
 
 def _workload_blocks(rep: Report, exp: Experiment
