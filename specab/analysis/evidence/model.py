@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from specab.analysis.evidence import logparse
+from specab.config.spec import DETERMINISTIC_OF
 from specab.results.store import FILENAME, Store, gpu_csv_rows
 from specab.vocab import contract, engines
 
@@ -85,11 +86,11 @@ class LogStats:
     # one request decoded at by the server's account
     gen_tok_s_per_req_median: float | None = None
     no_graph_example: str | None = None       # one decode line with `cuda graph: False`, quoted as evidence
-    # the engine's waiting requests (`#queue-req` of SGLang's decode lines): the most and the mean over the lines
-    # with running requests; None where the log has no such field (vLLM, an older engine)
-    queue_req_max: int | None = None
-    queue_req_mean: float | None = None
     nccl_env: dict[str, str] = field(default_factory=dict)   # `NCCL INFO <VAR> set by environment to <v>`
+    # the most requests the server ran at once and held in its queue, by its own account: SGLang's decode lines
+    # (`#running-req`, `#queue-req`), vLLM's stats lines (`Running: N reqs, Waiting: M reqs`); None: no such line
+    running_max: int | None = None
+    queued_max: int | None = None
 
     @property
     def cuda_graph_share(self) -> float | None:
@@ -353,6 +354,9 @@ class Experiment:
     # the unmeasured starts before block 1 (design.burn_in, the store's plan.burn_in): kept apart from `runs`, so
     # no statistic, rule or cost model sees them as measured instances; the report shows how fast they ran
     burn_in: list[Run] = field(default_factory=list)
+    # the deterministic pass (--correctness): its arms (matrix value deterministic_of) and runs, kept apart from
+    # `arms` and `runs` so no statistic, rule or verdict sees them as measured; its own arms compared within it
+    deterministic: "Experiment | None" = None
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:
@@ -458,12 +462,23 @@ def env_check_from_json(d: dict) -> EnvCheck:
     return EnvCheck(variables=checks)
 
 
+def _count_load(st: LogStats, r: dict) -> None:
+    """The running and queued requests of one decode or vLLM stats record, into the log's maxima."""
+    running, queued = ((r.get("running_req"), r.get("queue_req")) if r.get("kind") == "decode"
+                       else (r.get("running"), r.get("waiting")) if r.get("kind") == "vllm_stats" else (None, None))
+    if isinstance(running, int) and not isinstance(running, bool):
+        st.running_max = max(st.running_max or 0, running)
+    if isinstance(queued, int) and not isinstance(queued, bool):
+        st.queued_max = max(st.queued_max or 0, queued)
+
+
 def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None = None) -> LogStats:
     """LogStats from parsed log records: dicts with kind 'decode' and keys accept_len, cuda_graph,
     gen_throughput, running_req, raw (the shape specab.analysis.evidence.logparse emits)."""
     st = LogStats(nccl_env=dict(nccl or {}))
-    acc, gen, per_req, waiting = [], [], [], []
+    acc, gen, per_req = [], [], []
     for r in records:
+        _count_load(st, r)
         if r.get("kind") != "decode":
             continue
         cg = r.get("cuda_graph")
@@ -479,13 +494,9 @@ def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None 
             gen.append(float(r["gen_throughput"]))
             if isinstance(r["running_req"], int):
                 per_req.append(float(r["gen_throughput"]) / r["running_req"])
-        if isinstance(r.get("queue_req"), int) and (r.get("running_req") or 0) > 0:
-            waiting.append(r["queue_req"])
     st.accept_len_mean = statistics.fmean(acc) if acc else None
     st.gen_tok_s_median = statistics.median(gen) if gen else None
     st.gen_tok_s_per_req_median = statistics.median(per_req) if per_req else None
-    st.queue_req_max = max(waiting) if waiting else None
-    st.queue_req_mean = statistics.fmean(waiting) if waiting else None
     return st
 
 
@@ -502,7 +513,7 @@ def parse_server_log(path: Path) -> LogStats:
                 if rec["kind"] == "nccl_env":
                     nccl.setdefault(rec["var"], str(rec["value"]).rstrip("."))
                 else:
-                    yield rec
+                    yield rec           # decode and vLLM stats records
 
     st = log_stats_from_records(decode_records())
     st.nccl_env = nccl
@@ -822,16 +833,35 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             workload=_workload(summary), latency=_latency(summary, scale),
             spec_positions=_spec_positions(summary)))
     argv = e.get("argv") or []
+    arms, runs, det = _deterministic_apart(e["id"], arms, runs, arm_rows)
     scales = sorted({r.time_scale for r in runs})
-    return Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",
-                      baseline=baseline, name=e.get("name") or "", root=p.parent,
-                      target_ci=_percent(_argv_option(argv, "--target-ci")),
-                      max_repeats=int(_argv_option(argv, "--max-repeats") or 0) or None,
-                      meta={"status": e.get("status"), "seed": e.get("seed"), "repeats": e.get("repeats"),
-                            "created": e.get("created"), "finished": e.get("finished"),
-                            "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
-                            "matrix": e.get("matrix"), "time_scales": scales, "design_steps": design_steps,
-                            "argv": list(argv),
-                            "run_fingerprints": {r["run_id"]: run_fps[r["seq"]] for r in run_rows
-                                                 if r["seq"] in run_fps and not r.get("burn_in")}},
-                      burn_in=burn_in)
+    exp = Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",
+                     baseline=baseline, name=e.get("name") or "", root=p.parent,
+                     target_ci=_percent(_argv_option(argv, "--target-ci")),
+                     max_repeats=int(_argv_option(argv, "--max-repeats") or 0) or None,
+                     meta={"status": e.get("status"), "seed": e.get("seed"), "repeats": e.get("repeats"),
+                           "created": e.get("created"), "finished": e.get("finished"),
+                           "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
+                           "matrix": e.get("matrix"), "time_scales": scales, "design_steps": design_steps,
+                           "argv": list(argv),
+                           "run_fingerprints": {r["run_id"]: run_fps[r["seq"]] for r in run_rows
+                                                if r["seq"] in run_fps and not r.get("burn_in")}},
+                     burn_in=burn_in)
+    if det is not None:
+        det.meta, det.root = exp.meta, exp.root
+    exp.deterministic = det
+    return exp
+
+
+def _deterministic_apart(exp_id: str, arms: list[Arm], runs: list[Run], arm_rows: list[dict]
+                         ) -> tuple[list[Arm], list[Run], Experiment | None]:
+    """The measured arms and runs, and the deterministic pass's (arms whose matrix names the arm they check,
+    `deterministic_of`) as an experiment of its own, or None where the experiment has no pass."""
+    det_names = {a.name for a in arms if a.matrix.get(DETERMINISTIC_OF)}
+    if not det_names:
+        return arms, runs, None
+    base_rows = [a["name"] for a in arm_rows if a.get("is_baseline") and a["name"] in det_names]
+    det = Experiment(id=exp_id, arms=[a for a in arms if a.name in det_names],
+                     runs=[r for r in runs if r.arm in det_names],
+                     baseline=base_rows[0] if base_rows else "baseline")
+    return ([a for a in arms if a.name not in det_names], [r for r in runs if r.arm not in det_names], det)

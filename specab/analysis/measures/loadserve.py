@@ -43,7 +43,7 @@ class Serve:
     queue_p50_s: float | None
     queue_p95_s: float | None
     queue_growth_s: float | None    # mean queueing of its last third of requests minus its first third
-    engine_queue_max: int | None    # the engine's most waiting requests (#queue-req), where its log says
+    engine_queue_max: int | None    # the engine's most waiting requests (LogStats.queued_max), where its log says
     kept_up: bool | None            # None: a closed loop (nothing offered to keep up with)
     why: str = ""
 
@@ -58,7 +58,7 @@ def _span_rate(times: list[float]) -> float | None:
 
 def serve_of(run: Run, t: RunTimes) -> Serve:
     """Offered vs achieved rate and queueing of one run (its requests' times ``t``)."""
-    engine_q = run.log.queue_req_max if run.log else None
+    engine_q = run.log.queued_max if run.log else None
     arrived = [r for r in t.requests if r.arrival_s is not None and r.e2e_s is not None]
     queue = [r.queue_s for r in t.requests if r.queue_s is not None]
     q50, q95 = percentile(queue, 50), percentile(queue, 95)
