@@ -34,9 +34,9 @@ def serve_blocks(rep: Report, loads: LoadReport) -> None:
             Para(f"Per arrival rate: the rate the requests' seeded schedule offered and the rate their completions "
                  f"achieved (requests per second, median over runs), the 95th percentile of queueing (a request's "
                  f"wait from its scheduled arrival to its first token beyond the run's unloaded TTFT, ms), the "
-                 f"engine's most waiting requests by its own log (SGLang's #queue-req, vLLM's Waiting) where it says, and "
-                 f"the runs that kept up: "
-                 f"achieved within {loadserve.KEEP_UP_TOL:.0%} of offered and no queue building up. Where both arms "
+                 f"engine's most waiting requests by its own log (SGLang's #queue-req, vLLM's Waiting) where it "
+                 f"says, and the runs that kept up: achieved within {loadserve.KEEP_UP_TOL:.0%} of offered and no "
+                 f"queue building up. Where both arms "
                  f"kept up in every run the load was served and no throughput ratio is stated (it is the arrival "
                  f"rate's by construction): the comparison there is latency."),
             Table(["configuration", "load", "offered req/s", "achieved req/s (arm)", "queue p95 ms (arm)",
