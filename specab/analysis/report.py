@@ -21,6 +21,7 @@ from typing import Any, Sequence, TextIO
 
 from specab.analysis import combine
 from specab.analysis import concurrency
+from specab.analysis import distribution
 from specab.analysis import doctor
 from specab.analysis import economics
 from specab.analysis import phases
@@ -777,6 +778,9 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     truth = truthcheck.check(exp)
     if truth is not None:
         _known_truth_blocks(rep, exp, truth, model)
+    dist = distribution.section(exp)        # temperature > 0: each arm's outputs against its baseline's law
+    if dist is not None:
+        rep.add(Heading("Output distribution"), Para(dist.intro), Table(dist.header, dist.rows), Bullets(dist.notes))
 
     # drift
     rep.add(Heading("Drift"), Para(st.drift.message))
@@ -831,6 +835,8 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                              "categories": {a: [r.to_dict() for r in rows] for a, rows in cats.items()}}}
     if per_pos:           # only where measured: reports of engines without per-position counts keep their shape
         rep.data["positions"] = {p.arm: p.to_dict() for p in per_pos}
+    if dist is not None:
+        rep.data["distribution"] = dist.data
     return rep
 
 
