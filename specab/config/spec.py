@@ -233,6 +233,12 @@ def _check_server_args(args: Any, where: str, root: yaml.Node | None, path: tupl
                 except engines.NoSpelling as exc:
                     raise ConfigError(f"{where}{key_line(root, path + (k,))}: server_args.{k}: {exc}") from None
                 continue
+            if isinstance(v, dict):
+                # vLLM's JSON-valued arguments (--override-generation-config, --hf-overrides, ...): one JSON word,
+                # rendered by the template; the node's `vllm --help` and vLLM's own parser check the rest
+                for sub, item in v.items():
+                    _check_value(item, f"{where}{key_line(root, path + (k, sub))}: server_args.{k}.{sub}")
+                continue
         elif not engine_args.is_known(k):
             warnings.append(engine_args.unknown_message(k, f"{where}{key_line(root, path + (k,))}")
                             + " (passed through; the node's engine --help is the final check)")

@@ -82,7 +82,7 @@ class Scorer(object):
             return list(prompt)
         key = json.dumps(prompt, sort_keys=True)
         if key not in self.prompt_ids:
-            body = {"model": self.model or "default"}  # type: Dict[str, Any]
+            body = {"model": self.model} if self.model else {}  # type: Dict[str, Any]
             if isinstance(prompt, dict) and "messages" in prompt:
                 body.update(messages=prompt["messages"], add_generation_prompt=True)
             else:

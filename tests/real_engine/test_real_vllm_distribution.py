@@ -45,7 +45,7 @@ def test_lossless_self_draft_passes_and_a_top_k_server_fails_at_temperature_0_8(
     self_draft = exp["arms"][1]
     self_draft["server_args"]["speculative_config"]["model"] = exp["model_path"]
     topk = {"name": "draft-self-topk5", "server_args": {**self_draft["server_args"],
-                                                        "override_generation_config": json.dumps({"top_k": 5})}}
+                                                        "override_generation_config": {"top_k": 5}}}
     exp["arms"] = [exp["arms"][0], self_draft, topk]
     exp["bench"].update(num_requests=REQUESTS, warmup_requests=1, output_len=64, temperature=0.8, top_p=1.0)
     exp_file = tmp_path / "vllm-dist.yml"
