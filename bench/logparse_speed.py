@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
-from specab.analysis import logparse
+from specab.analysis.evidence import logparse
 path, mode, limit = sys.argv[2], sys.argv[3], int(sys.argv[4])
 t0 = time.perf_counter(); c0 = time.process_time()
 if mode == "fast":

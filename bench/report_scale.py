@@ -18,7 +18,7 @@ calls the driver makes for each run (``start_run``, ``record_phase``, ``add_requ
 
 Then ``python driver.py report <dir>`` runs in a fresh process (what a user types: imports, store
 load, statistics, doctor, spec model, six plots, Markdown + HTML + JSON) and its wall time is the
-measurement. ``--profile`` also runs ``specab.analysis.report.write_report`` in-process under cProfile and
+measurement. ``--profile`` also runs ``specab.analysis.render.report.write_report`` in-process under cProfile and
 lists the top functions. Target: <= 5 s. Prints one JSON object.
 """
 from __future__ import annotations
@@ -228,10 +228,10 @@ def stage_times(exp_dir: Path) -> dict[str, float]:
     """CPU seconds of each stage of the report, in this process (after a first, warming report)."""
     import matplotlib
     matplotlib.use("Agg")
-    from specab.analysis import model as analysis
-    from specab.analysis import doctor
-    from specab.analysis import report
-    from specab.analysis import stats
+    from specab.analysis.evidence import model as analysis
+    from specab.analysis.findings import doctor
+    from specab.analysis.render import report
+    from specab.analysis.measures import stats
     report.write_report(exp_dir)
     out: dict[str, float] = {}
 
@@ -261,7 +261,7 @@ def stage_times(exp_dir: Path) -> dict[str, float]:
 
 
 def profile_report(exp_dir: Path, top: int) -> list[str]:
-    from specab.analysis.report import write_report
+    from specab.analysis.render.report import write_report
     prof = cProfile.Profile()
     prof.enable()
     write_report(exp_dir)

@@ -8,9 +8,9 @@ offset, slow drift): baseline vs EAGLE-3 2-step, interleaved blocks (every block
 once in a seeded random order), every run a fresh server instance, ``--requests`` requests of
 ``--output-len`` tokens per run. The simulation is the one of the analysis coverage study
 (``tests/analysis/coverage_study.py``: token-by-token decode through ``specab.sim.timing``),
-and the speedup interval is ``specab.analysis.stats.paired_speedup``, exactly as a real experiment's.
+and the speedup interval is ``specab.analysis.measures.stats.paired_speedup``, exactly as a real experiment's.
 
-* sequential: after each block, ``specab.analysis.stats.decide_more_blocks(exp, target, max_repeats)`` (what
+* sequential: after each block, ``specab.analysis.measures.stats.decide_more_blocks(exp, target, max_repeats)`` (what
   ``driver.py --target-ci 2% --max-repeats N`` calls) says whether to run another block; the
   replicate stops where it says stop. Reported: blocks (= restarts per arm) at stop (mean, median,
   p90, max, share that hit the cap), coverage of the true speedup, half-width at stop.
@@ -37,8 +37,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from specab.analysis import design, stats  # noqa: E402
-from specab.analysis.model import Experiment  # noqa: E402
+from specab.analysis.measures import stats  # noqa: E402
+from specab.analysis.cost import design  # noqa: E402
+from specab.analysis.evidence.model import Experiment  # noqa: E402
 from specab.sim.profile import load_profile  # noqa: E402
 from tests.analysis.coverage_study import Design, simulate_experiment, study_arms, true_speedups  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The results table of ab_test.yml's round, from specab.analysis (specab/analysis/abtable.py): the driver's
+"""The results table of ab_test.yml's round, from specab.analysis (specab/analysis/render/abtable.py): the driver's
 report's numbers and speedup rule for the round's run directories, and the doctor's top finding as its why.
 
     lookup('specab_ab_table', experiment_id=ID, exp_dir=DIR, host_suffix='' | '/HOST', arms=ARMS, baselines=MAP)
@@ -16,8 +16,8 @@ from typing import Any
 from ansible.errors import AnsibleError
 from ansible.plugins.lookup import LookupBase
 
-from specab.analysis import abtable
-from specab.analysis.model import AnalysisError
+from specab.analysis.render import abtable
+from specab.analysis.evidence.model import AnalysisError
 
 DOCUMENTATION = """
 name: specab_ab_table
@@ -46,6 +46,11 @@ options:
     description: Arm name to the name of the arm it is compared with (a baseline arm names itself).
     type: dict
     required: true
+  experiment:
+    description: The experiment mapping (C(specab_experiment)) whose C(validity) rules, C(bench) and arms'
+      C(cost_only) the output checks read; empty for the defaults.
+    type: dict
+    default: {}
 """
 
 RETURN = """
@@ -72,7 +77,8 @@ class LookupModule(LookupBase):
                                  run_dir=exp_dir / f"{i + 1:03d}-{a['name']}" / suffix)
                 for i, a in enumerate(_plain(self.get_option("arms")))]
         try:
-            tab = abtable.table(abtable.round_experiment(self.get_option("experiment_id"), arms))
+            tab = abtable.table(abtable.round_experiment(self.get_option("experiment_id"), arms,
+                                                         _plain(self.get_option("experiment"))))
         except (AnalysisError, OSError, ValueError) as exc:
             raise AnsibleError(f"the round's results could not be analysed: {exc}") from exc
         return [{"rows": tab.to_json(), "lines": tab.lines(exp_dir)}]

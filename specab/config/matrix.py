@@ -381,114 +381,116 @@ def _check_bench_axes(exp: ExperimentSpec, axes: list[Axis]) -> None:
                               f"run more than one wave), or drop {', '.join(map(str, over))}.")
 
 
-def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False) -> ArmSet:
-    """Arms of the experiment for this matrix (the experiment's own arms when `axes` is empty)."""
-    notices: list[str] = []
-    refused: list[str] = []
-    _check_bench_axes(exp, axes)
-    spec_axes = [a for a in axes if a.is_spec]
-    cond_axes = [a for a in axes if not a.is_spec]
+# (name, overlay server_args, overlay env, matrix values) of one speculative configuration
+SpecConfig = tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]
 
-    # Speculative configurations: (name, overlay server_args, overlay env, matrix values)
-    specs: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = []
-    baseline_overlay: dict[str, Any] = {"name": "baseline"}
+
+def _spec_configs(exp: ExperimentSpec, spec_axes: list[Axis], baseline: dict[str, Any]) -> list[SpecConfig]:
+    """The configurations compared with the baseline: one per combination of the speculative axes (the file's first
+    speculative arm as their template), else every arm of the file but the baseline (a second non-speculative arm
+    too: kept as its own arm, compared with the baseline)."""
+    if not spec_axes:
+        return [(str(arm["name"]), dict(arm.get("server_args") or {}), dict(arm.get("env") or {}), {})
+                for arm in exp.arms if arm is not baseline]
     vllm = exp.engine == engines.VLLM
-    check = check_vllm_spec if vllm else check_spec
-    file_baseline = next((a for a in exp.arms if not _is_spec_arm(a)), None)
-    if file_baseline is not None:
-        baseline_overlay = file_baseline
-    if spec_axes:
-        template = _template_arm(exp)
-        if template is None and vllm:
-            raise MatrixError(f"--matrix {', '.join(a.label for a in spec_axes)}: {exp.path} has no speculative arm "
-                              f"to vary; add one with server_args.speculative_config (method, model, "
-                              f"num_speculative_tokens).")
-        template = template or {"name": "eagle3", "server_args": {"speculative_algorithm": "EAGLE3"}}
-        for values in itertools.product(*(a.values for a in spec_axes)):
-            sargs = dict(template.get("server_args") or {})
-            if not vllm and not sargs.get("speculative_algorithm"):
-                sargs["speculative_algorithm"] = "EAGLE3"
-            mvals: dict[str, Any] = {}
-            for ax, v in zip(spec_axes, values):
-                if vllm:        # steps: the only speculative axis on vLLM (_vllm_key_problem)
-                    sargs["speculative_config"] = {**sargs["speculative_config"], "num_speculative_tokens": v}
-                else:
-                    sargs[ax.key] = v
-                mvals[ax.label] = v
-            specs.append(("", sargs, dict(template.get("env") or {}), mvals))
-    else:
-        for arm in exp.arms:
-            if arm is baseline_overlay:
-                continue
-            if not _is_spec_arm(arm):
-                # a second non-speculative arm of the file: kept as its own arm, compared with the baseline
-                specs.append((str(arm["name"]), dict(arm.get("server_args") or {}), dict(arm.get("env") or {}), {}))
-                continue
-            specs.append((str(arm["name"]), dict(arm.get("server_args") or {}), dict(arm.get("env") or {}), {}))
+    template = _template_arm(exp)
+    if template is None and vllm:
+        raise MatrixError(f"--matrix {', '.join(a.label for a in spec_axes)}: {exp.path} has no speculative arm "
+                          f"to vary; add one with server_args.speculative_config (method, model, "
+                          f"num_speculative_tokens).")
+    template = template or {"name": "eagle3", "server_args": {"speculative_algorithm": "EAGLE3"}}
+    specs: list[SpecConfig] = []
+    for values in itertools.product(*(a.values for a in spec_axes)):
+        sargs = dict(template.get("server_args") or {})
+        if not vllm and not sargs.get("speculative_algorithm"):
+            sargs["speculative_algorithm"] = "EAGLE3"
+        mvals: dict[str, Any] = {}
+        for ax, v in zip(spec_axes, values):
+            if vllm:        # steps: the only speculative axis on vLLM (_vllm_key_problem)
+                sargs["speculative_config"] = {**sargs["speculative_config"], "num_speculative_tokens": v}
+            else:
+                sargs[ax.key] = v
+            mvals[ax.label] = v
+        specs.append(("", sargs, dict(template.get("env") or {}), mvals))
+    return specs
 
-    conditions: list[dict[Axis, Any]] = [dict(zip(cond_axes, vals))
-                                         for vals in itertools.product(*(a.values for a in cond_axes))]
-    arms: list[ArmSpec] = []
-    names: set[str] = set()
-    signatures: dict[str, str] = {}
 
-    def add(arm: ArmSpec) -> None:
+@dataclass
+class _Built:
+    """The arms built so far, with the notices and refusals of their checks: an arm identical to an earlier one is
+    run once (a notice), a repeated name is numbered."""
+    arms: list[ArmSpec] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)
+    signatures: dict[str, str] = field(default_factory=dict)
+
+    def add(self, arm: ArmSpec) -> None:
         sig = repr((sorted(arm.server_args.items(), key=str), sorted(arm.env.items(), key=str), arm.engine,
                     sorted(arm.bench.items())))
-        if sig in signatures:
-            notices.append(f"{arm.name}: identical to arm {signatures[sig]} after SGLang's adjustments; "
-                           f"run once.")
+        if sig in self.signatures:
+            self.notices.append(f"{arm.name}: identical to arm {self.signatures[sig]} after SGLang's adjustments; "
+                                f"run once.")
             return
         name = arm.name
         i = 2
-        while name in names:
+        while name in self.names:
             name = f"{arm.name}-{i}"
             i += 1
         if name != arm.name:
             arm = dataclasses.replace(arm, name=name, baseline=name if arm.is_baseline else arm.baseline)
-        names.add(name)
-        signatures[sig] = name
-        arms.append(arm)
+        self.names.add(name)
+        self.signatures[sig] = name
+        self.arms.append(arm)
 
-    for cond in conditions:
-        suffix = _suffix(cond)
-        cond_args = {ax.key: v for ax, v in cond.items() if not ax.is_env and not ax.is_engine and not ax.is_bench}
-        cond_bench = {ax.key: v for ax, v in cond.items() if ax.is_bench}
-        cond_env = {ax.key[4:]: v for ax, v in cond.items() if ax.is_env}
-        engine = next((str(v) for ax, v in cond.items() if ax.is_engine), None)
-        cond_vals = {ax.label: v for ax, v in cond.items()}
-        bname = "baseline" if not suffix else f"baseline-{suffix}"
-        if not suffix and file_baseline is not None:
-            bname = str(file_baseline["name"])
-        bname = _fit(bname)
-        b = resolve_arm(exp, {"name": bname,
-                              "server_args": overlay(baseline_overlay.get("server_args") or {}, cond_args),
-                              "env": overlay(baseline_overlay.get("env") or {}, cond_env)},
-                        matrix=cond_vals)
-        b = dataclasses.replace(b, engine=engine, bench=dict(cond_bench))
-        _, b_notices, b_refused = check(b.server_args, f"arm {bname}")
-        notices += b_notices
-        refused += b_refused
-        add(b)
-        for name, sargs, senv, mvals in specs:
-            merged = overlay(sargs, cond_args)
-            resolved = resolve_arm(exp, {"name": name or "spec", "server_args": merged,
-                                         "env": overlay(senv, cond_env)}, baseline=bname,
-                                   matrix={**mvals, **cond_vals})
-            where = f"arm {name}" if name else "combination " + ", ".join(f"{k}={v}" for k, v in mvals.items())
-            adjusted, n, r = check(resolved.server_args, where)
-            notices += n
-            if r:
-                refused += r
-                continue
-            aname = name or _spec_name(adjusted)
-            if suffix:
-                aname = f"{aname}-{suffix}"
-            aname = _fit(aname)
-            add(ArmSpec(name=aname, server_args=adjusted, env=resolved.env, is_baseline=False, baseline=bname,
-                    matrix=resolved.matrix, phase_timing=resolved.phase_timing, engine=engine,
-                    bench=dict(cond_bench)))
-    notices = _grouped(notices)
+
+def _add_condition(exp: ExperimentSpec, cond: dict[Axis, Any], specs: list[SpecConfig],
+                   baseline_overlay: dict[str, Any], file_baseline: dict[str, Any] | None, built: _Built) -> None:
+    """The arms of one combination of the condition axes: its baseline, then each speculative configuration."""
+    check = check_vllm_spec if exp.engine == engines.VLLM else check_spec
+    suffix = _suffix(cond)
+    cond_args = {ax.key: v for ax, v in cond.items() if not ax.is_env and not ax.is_engine and not ax.is_bench}
+    cond_bench = {ax.key: v for ax, v in cond.items() if ax.is_bench}
+    cond_env = {ax.key[4:]: v for ax, v in cond.items() if ax.is_env}
+    engine = next((str(v) for ax, v in cond.items() if ax.is_engine), None)
+    cond_vals = {ax.label: v for ax, v in cond.items()}
+    bname = "baseline" if not suffix else f"baseline-{suffix}"
+    if not suffix and file_baseline is not None:
+        bname = str(file_baseline["name"])
+    bname = _fit(bname)
+    b = resolve_arm(exp, {"name": bname,
+                          "server_args": overlay(baseline_overlay.get("server_args") or {}, cond_args),
+                          "env": overlay(baseline_overlay.get("env") or {}, cond_env)},
+                    matrix=cond_vals)
+    b = dataclasses.replace(b, engine=engine, bench=dict(cond_bench))
+    _, b_notices, b_refused = check(b.server_args, f"arm {bname}")
+    built.notices += b_notices
+    built.refused += b_refused
+    built.add(b)
+    for name, sargs, senv, mvals in specs:
+        merged = overlay(sargs, cond_args)
+        resolved = resolve_arm(exp, {"name": name or "spec", "server_args": merged,
+                                     "env": overlay(senv, cond_env)}, baseline=bname,
+                               matrix={**mvals, **cond_vals})
+        where = f"arm {name}" if name else "combination " + ", ".join(f"{k}={v}" for k, v in mvals.items())
+        adjusted, n, r = check(resolved.server_args, where)
+        built.notices += n
+        if r:
+            built.refused += r
+            continue
+        aname = name or _spec_name(adjusted)
+        if suffix:
+            aname = f"{aname}-{suffix}"
+        aname = _fit(aname)
+        built.add(ArmSpec(name=aname, server_args=adjusted, env=resolved.env, is_baseline=False, baseline=bname,
+                          matrix=resolved.matrix, phase_timing=resolved.phase_timing, engine=engine,
+                          bench=dict(cond_bench)))
+
+
+def _checked(built: _Built, skip_invalid: bool, spec_axes: bool, specs: bool) -> ArmSet:
+    """The arm set, or a MatrixError when what was built cannot run or compares nothing."""
+    arms, refused = built.arms, built.refused
+    notices = _grouped(built.notices)
     timed = [a.name for a in arms if a.phase_timing]
     if timed and len(timed) < len(arms):
         notices.append(f"the harness adds --enable-metrics and SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 to "
@@ -514,3 +516,17 @@ def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False
                           f"with (an A/B with only its A). Skipped: " + "; ".join(refused)
                           + ". Fix or remove those values instead.")
     return ArmSet(arms=arms, notices=notices, refused=refused)
+
+
+def build_arms(exp: ExperimentSpec, axes: list[Axis], skip_invalid: bool = False) -> ArmSet:
+    """Arms of the experiment for this matrix (the experiment's own arms when `axes` is empty)."""
+    _check_bench_axes(exp, axes)
+    spec_axes = [a for a in axes if a.is_spec]
+    cond_axes = [a for a in axes if not a.is_spec]
+    file_baseline = next((a for a in exp.arms if not _is_spec_arm(a)), None)
+    baseline_overlay = file_baseline if file_baseline is not None else {"name": "baseline"}
+    specs = _spec_configs(exp, spec_axes, baseline_overlay)
+    built = _Built()
+    for vals in itertools.product(*(a.values for a in cond_axes)):
+        _add_condition(exp, dict(zip(cond_axes, vals)), specs, baseline_overlay, file_baseline, built)
+    return _checked(built, skip_invalid, bool(spec_axes), bool(specs))

@@ -17,27 +17,37 @@ import yaml
 
 from specab.config import bench as benchcfg, defaults, engine_args
 from specab.config.yamlfile import REPO_ROOT, ConfigError, check_unknown, key_line, load_yaml
-from specab.config import builtin_data
+from specab.config import builtin_data, validity
 from specab.vocab import dataset, engines
 from specab.vocab.contract import redact_env
 
 DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "default.yml"
 
-EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args", "env", "arms", "bench", "timeouts"}
-ARM_KEYS = {"name", "description", "server_args", "env"}
+EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args", "env", "arms", "bench", "timeouts",
+                   "validity", "design"}
+ARM_KEYS = {"name", "description", "server_args", "env", "cost_only"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
               "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos", "request_rate",
-              "client_procs", "temperature", "top_p"}
+              "client_procs", "correctness_requests", "temperature", "top_p"}
 PHASE_TIMING_VALUES = ("auto", True, False)
 # what phase timing sets on an arm (the 2026 engines reference A5): the server's /metrics and, in SGLang
 # 0.5.23, the device timer that splits forward time into eagle_draft / eagle_draft_extend / target_verify
 PHASE_TIMING_ARGS = {"enable_metrics": True}
 PHASE_TIMING_ENV = {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}
 TIMEOUT_KEYS = {"ready_s", "stop_grace_s", "gpu_free_s"}
+DESIGN_KEYS = {"burn_in"}
+# design.burn_in: unmeasured server starts (each with its benchmark) before block 1 on every host. 0 by default: the
+# one node measured through the driver (an H100, SGLang 0.5.17) showed no first-instance effect, and a start costs
+# a model load; the H200's first starts were slow on one of two machines, which the doctor's instance-trend rule
+# names with the burn-in to set (docs/decisions/0014-burn-in-default-from-the-instance-spread.md).
+BURN_IN_DEFAULT = 0
 BENCH_APIS = {"generate", "completions", "chat"}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # as the server_start role requires
 EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# the matrix value that marks an arm of the deterministic pass (--correctness, specab/config/correctness.py): the
+# name of the measured arm it checks
+DETERMINISTIC_OF = "deterministic_of"
 
 
 # --------------------------------------------------------------------------- experiment
@@ -64,6 +74,12 @@ class ArmSpec:
     # bench settings of this arm's runs over the experiment's `bench:` (a bench condition of the matrix, e.g.
     # {"concurrency": 8}); empty: the experiment's bench as it is
     bench: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def deterministic_of(self) -> str | None:
+        """The measured arm this arm checks in the deterministic pass (--correctness); None: a measured arm."""
+        value = self.matrix.get(DETERMINISTIC_OF)
+        return str(value) if value else None
 
     def to_extravar(self) -> dict[str, Any]:
         args = self.server_args if self.node_args is None else self.node_args
@@ -98,6 +114,12 @@ class ExperimentSpec:
     timeouts: dict[str, Any]
     raw: dict[str, Any]                 # the `specab_experiment` mapping as loaded
     warnings: list[str] = field(default_factory=list)
+    design: dict[str, Any] = field(default_factory=dict)   # the `design:` section as written
+
+    @property
+    def burn_in(self) -> int:
+        """design.burn_in: unmeasured server starts and benchmarks before block 1 (on every host of a fleet)."""
+        return int(self.design.get("burn_in", BURN_IN_DEFAULT))
 
     def as_extravar(self) -> dict[str, Any]:
         """The experiment dict passed to the playbook as `specab_experiment`."""
@@ -267,6 +289,22 @@ def _check_env(env: Any, where: str, root: yaml.Node | None, path: tuple[Any, ..
     return dict(env)
 
 
+def _check_design(design: Any, where: str, root: yaml.Node | None, base: tuple[Any, ...]) -> dict[str, Any]:
+    """The `design:` section: how the experiment runs its blocks, beyond the command line's --repeats and --order."""
+    if design is None:
+        return {}
+    if not isinstance(design, dict):
+        raise ConfigError(f"{where}{key_line(root, base + ('design',))}: design must be a mapping (e.g. "
+                          f"design: {{burn_in: 1}}).")
+    check_unknown(design.keys(), DESIGN_KEYS, where, root, base + ("design",), "design")
+    burn_in = design.get("burn_in", BURN_IN_DEFAULT)
+    if not isinstance(burn_in, int) or isinstance(burn_in, bool) or burn_in < 0:
+        raise ConfigError(f"{where}{key_line(root, base + ('design', 'burn_in'))}: design.burn_in must be a whole "
+                          f"number of unmeasured server starts before block 1 (0: none, 1: one start and benchmark "
+                          f"that is not analysed), got {burn_in!r}.")
+    return dict(design)
+
+
 def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpec:
     """Load and validate an experiment file (default: experiments/default.yml)."""
     p = Path(path) if path else DEFAULT_EXPERIMENT
@@ -319,8 +357,9 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
         if aname in seen:
             raise ConfigError(f"{where}{key_line(root, apath + ('name',))}: duplicate arm name '{aname}'.")
         seen.add(aname)
-        _check_server_args(arm.get("server_args"), where, root, apath + ("server_args",), warnings, engine)
+        arm_args = _check_server_args(arm.get("server_args"), where, root, apath + ("server_args",), warnings, engine)
         _check_env(arm.get("env"), where, root, apath + ("env",))
+        validity.check_cost_only(arm, _is_spec(arm_args), where, root, apath)
     bench = exp.get("bench") or {}
     if not isinstance(bench, dict):
         raise ConfigError(f"{where}{key_line(root, base + ('bench',))}: bench must be a mapping.")
@@ -352,11 +391,13 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
             raise ConfigError(f"{where}{key_line(root, base + ('bench', 'client_procs'))}: {exc}.") from None
     if bench.get("dataset") is not None:
         bench = exp["bench"] = dict(bench, dataset=_check_dataset(bench, p, where, root, base))
-    for k in ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed"):
+    for k in ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed",
+              "correctness_requests"):
         least = 0 if k in ("warmup_requests", "seed") else 1      # a run measures at least one request of a token
         if k in bench and (not isinstance(bench[k], int) or isinstance(bench[k], bool) or bench[k] < least):
             raise ConfigError(f"{where}{key_line(root, base + ('bench', k))}: bench.{k} must be an integer of at "
                               f"least {least}, got {bench[k]!r}.")
+    validity.check_section(exp.get("validity"), where, root, base + ("validity",))
     timeouts = exp.get("timeouts") or {}
     if not isinstance(timeouts, dict):
         raise ConfigError(f"{where}{key_line(root, base + ('timeouts',))}: timeouts must be a mapping.")
@@ -365,6 +406,7 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
             raise ConfigError(f"{where}{key_line(root, base + ('timeouts', k))}: timeouts.{k} must be a "
                               f"positive number of seconds, got {v!r}.")
+    design = _check_design(exp.get("design"), where, root, base)
     return ExperimentSpec(path=p.resolve(), name=name, model_path=str(exp["model_path"]), server_args=server_args,
                       env=env, arms=[dict(a) for a in arms], bench=dict(bench), timeouts=dict(timeouts),
-                      raw=copy.deepcopy(exp), warnings=warnings)
+                      raw=copy.deepcopy(exp), warnings=warnings, design=design)

@@ -2,7 +2,7 @@
 and the expected run cost, before this experiment has measured its own.
 
 * noise: the node's history of experiments with the same fingerprint or the same arm-baseline pairs
-  (`analysis.history.prior`), else, on a
+  (`analysis.cost.history.prior`), else, on a
   simulated node, its profile's noise (`economics.profile_components`), else none (the design starts from the
   default between-instance variance and the experiment's first block);
 * run cost: the history's measured restart and request seconds (`history.run_cost`), else, on a simulated node,
@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from specab.analysis import design, economics, history
+from specab.analysis.cost import design, economics, history
 from specab.config.fingerprint import fingerprint_doc, pair_fingerprints
 from specab.config.inventory import Host
 from specab.config.spec import ArmSpec, ExperimentSpec

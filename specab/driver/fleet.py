@@ -2,7 +2,7 @@
 
 Block b of the plan goes to host ``hosts[(b - 1) % n]`` (inventory order), so each host runs whole
 blocks and hosts never mix within a block: every paired comparison (arm vs baseline of the same block)
-is made on one host, and the statistics treat the host as a blocking factor (specab.analysis.stats pairs within
+is made on one host, and the statistics treat the host as a blocking factor (specab.analysis.measures.stats pairs within
 (host, block) and reports the speedup per host). The parallelism is Ansible's: one ansible-runner run
 per host with ``--limit <host>``, one thread per host, each thread taking its host's runs in plan order:
 through that host's run queue (``specab/driver/queue_executor.py``: one sequencer per host) by default, or one
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
@@ -87,6 +87,97 @@ class RunCounter:
             return self.done, self.total
 
 
+@dataclass
+class _Fleet:
+    """One fleet experiment: what every host thread shares, and what they report to the main thread."""
+    prepared: Prepared
+    opts: Options
+    exp_id: str
+    exp_dir: Path
+    out: TextIO
+    progress: Progress
+    counter: RunCounter
+    make_context: MakeContext
+    make_executor: MakeExecutor
+    errors: list[BaseException] = field(default_factory=list)
+    stops: list[SystematicFailure] = field(default_factory=list)
+    stopped: set[str] = field(default_factory=set)     # hosts whose executor's own stop after the interrupt succeeded
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    interrupt: Interrupt | None = None                  # the Interrupt of the main thread, once entered
+
+    def signal_time(self) -> float | None:
+        return self.interrupt.at if self.interrupt else None
+
+    def host_loop(self, host: Host, runs: list[PlannedRun], cancel: threading.Event) -> None:
+        name = host.name
+        store = st.Store.open(self.exp_dir)       # one SQLite connection per thread (WAL)
+        try:
+            sub = replace(self.prepared, inventory=Inventory(path=self.prepared.inventory.path, hosts=[host]))
+            ctx = self.make_context(sub, self.opts, self.exp_id, self.exp_dir, store, self.out,
+                                    HostProgress(self.progress, name, self.counter), limit=name)
+            fail_fast = FailFast.for_runs({pr.arm for pr in runs}, host=name)
+            executor = self.make_executor(ctx, self.signal_time)
+            if (executor.loop(runs, cancel, 0, on_status=lambda status: fail_fast.observe(store, status))
+                    and not executor.stops_node_on_interrupt):
+                # the per-run executor: this host's stop is its interrupted run's teardown, recorded in that run's
+                # directory and row as on a single host (session.execute), while the other hosts stop theirs
+                ctx.progress.notice("interrupted: stopping the server of the current run (stop role) ...")
+                err = ctx.stop_servers(executor.interrupted)
+                if err:
+                    ctx.progress.notice(f"WARNING: {err} Check the node with `python driver.py status`.")
+                else:
+                    with self.lock:
+                        self.stopped.add(name)
+        except SystematicFailure as exc:  # every arm failed at start-up for one cause: every host stops
+            with self.lock:
+                self.stops.append(exc)
+            cancel.set()
+        except BaseException as exc:      # reported by the main thread
+            with self.lock:
+                self.errors.append(exc)
+            cancel.set()
+        finally:
+            store.close()
+
+    def finish(self, interrupted: bool) -> None:
+        """The experiment's status; after an interrupt, the servers of every host but those whose own stop
+        succeeded (a host thread that failed, the run queue's hosts, whose executor stops them, once more)."""
+        hosts = self.prepared.inventory.hosts
+        main_store = st.Store.open(self.exp_dir)
+        try:
+            if not interrupted:
+                main_store.set_experiment_status("finished")
+                return
+            rest = [h.name for h in hosts if h.name not in self.stopped]
+            if rest:
+                which = "every host" if len(rest) == len(hosts) else ", ".join(rest)
+                self.progress.notice(("stopped" if self.stops else "interrupted")
+                                     + f": stopping the servers of {which} (stop role) ...")
+                full = self.make_context(self.prepared, self.opts, self.exp_id, self.exp_dir, main_store, self.out,
+                                         self.progress, limit=None if len(rest) == len(hosts) else ",".join(rest))
+                err = full.stop_servers()
+                if err:
+                    self.progress.notice(f"WARNING: {err} Check the nodes with `python driver.py status`.")
+            main_store.set_experiment_status(STOPPED if self.stops and self.signal_time() is None else "interrupted")
+        finally:
+            main_store.close()
+
+    def exit_code(self, interrupted: bool) -> int:
+        if self.errors:
+            raise self.errors[0]
+        resume = (f"python driver.py --resume {self.exp_id} --fleet"
+                  + (f" --runs-dir {self.opts.runs_dir}" if self.opts.runs_dir else ""))
+        if self.stops and self.signal_time() is None:
+            with st.Store.open(self.exp_dir) as s:
+                not_run = len(s.missing())
+            print(self.stops[0].message(self.exp_id, not_run, resume), file=self.out)
+            return EXIT_FAILED_RUNS
+        if interrupted:
+            print(f"\nInterrupted. Finished runs are kept in {self.exp_dir}.\nResume with: {resume}", file=self.out)
+            return EXIT_INTERRUPTED
+        return EXIT_OK
+
+
 def run_fleet(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, todo: list[PlannedRun], out: TextIO,
               progress: Progress, total: int, *, make_context: MakeContext, make_executor: MakeExecutor) -> int:
     """Run ``todo`` with every host taking its own blocks at once, each host through the executor
@@ -98,64 +189,17 @@ def run_fleet(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, tod
     if opts.target_ci is not None:
         raise FleetError("--target-ci adds blocks one at a time after looking at the data; it is not supported "
                          "with --fleet. Give the number of blocks with --repeats.")
-    by_name = {h.name: h for h in hosts}
     assignment = assign_blocks(todo, [h.name for h in hosts])
-    counter = RunCounter(total - len(todo), total)
     for h, runs in assignment.items():
         blocks = sorted({r.block for r in runs})
         progress.notice(f"fleet: {h} runs block(s) {', '.join(map(str, blocks)) or '-'} ({len(runs)} runs)")
-    errors: list[BaseException] = []
-    stops: list[SystematicFailure] = []
-    statuses: list[str] = []
-    stopped: set[str] = set()         # hosts whose executor's own stop after the interrupt succeeded
-    lock = threading.Lock()
-
-    interrupt: list[Interrupt] = []    # the Interrupt of the main thread, once entered
-
-    def signal_time() -> float | None:
-        return interrupt[0].at if interrupt else None
-
-    def host_loop(name: str, runs: list[PlannedRun], cancel: threading.Event) -> None:
-        store = st.Store.open(exp_dir)       # one SQLite connection per thread (WAL)
-        try:
-            sub = replace(prepared, inventory=Inventory(path=prepared.inventory.path, hosts=[by_name[name]]))
-            ctx = make_context(sub, opts, exp_id, exp_dir, store, out, HostProgress(progress, name, counter),
-                               limit=name)
-
-            fail_fast = FailFast.for_runs({pr.arm for pr in runs}, host=name)
-
-            def on_status(status: str) -> None:
-                with lock:
-                    statuses.append(status)
-                fail_fast.observe(store, status)
-            executor = make_executor(ctx, signal_time)
-            if executor.loop(runs, cancel, 0, on_status=on_status) and not executor.stops_node_on_interrupt:
-                # the per-run executor: this host's stop is its interrupted run's teardown, recorded in that run's
-                # directory and row as on a single host (session.execute), while the other hosts stop theirs
-                ctx.progress.notice("interrupted: stopping the server of the current run (stop role) ...")
-                err = ctx.stop_servers(executor.interrupted)
-                if err:
-                    ctx.progress.notice(f"WARNING: {err} Check the node with `python driver.py status`.")
-                else:
-                    with lock:
-                        stopped.add(name)
-        except SystematicFailure as exc:  # every arm failed at start-up for one cause: every host stops
-            with lock:
-                stops.append(exc)
-            cancel.set()
-        except BaseException as exc:      # reported by the main thread
-            with lock:
-                errors.append(exc)
-            cancel.set()
-        finally:
-            store.close()
-
-    interrupted = False
+    fleet = _Fleet(prepared, opts, exp_id, exp_dir, out, progress, RunCounter(total - len(todo), total),
+                   make_context, make_executor)
     with Interrupt() as intr:
-        interrupt.append(intr)         # the host loops read the signal's time through signal_time()
-        threads = [threading.Thread(target=host_loop, args=(name, runs, intr.event), name=f"fleet-{name}",
-                                    daemon=True)
-                   for name, runs in assignment.items() if runs]
+        fleet.interrupt = intr         # the host loops read the signal's time through signal_time()
+        threads = [threading.Thread(target=fleet.host_loop, args=(h, assignment[h.name], intr.event),
+                                    name=f"fleet-{h.name}", daemon=True)
+                   for h in hosts if assignment[h.name]]
         for t in threads:
             t.start()
         try:
@@ -164,38 +208,6 @@ def run_fleet(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, tod
                     t.join(timeout=0.5)
         finally:
             interrupted = intr.event.is_set()
-            main_store = st.Store.open(exp_dir)
-            try:
-                if interrupted:
-                    # every host but those whose own stop succeeded (a host thread that failed, the run queue's
-                    # hosts, whose executor stops them, once more)
-                    rest = [h.name for h in hosts if h.name not in stopped]
-                    if rest:
-                        which = "every host" if len(rest) == len(hosts) else ", ".join(rest)
-                        progress.notice(("stopped" if stops else "interrupted")
-                                        + f": stopping the servers of {which} (stop role) ...")
-                        full = make_context(prepared, opts, exp_id, exp_dir, main_store, out, progress,
-                                            limit=None if len(rest) == len(hosts) else ",".join(rest))
-                        err = full.stop_servers()
-                        if err:
-                            progress.notice(f"WARNING: {err} Check the nodes with `python driver.py status`.")
-                    main_store.set_experiment_status(STOPPED if stops and intr.at is None else "interrupted")
-                else:
-                    main_store.set_experiment_status("finished")
-            finally:
-                main_store.close()
+            fleet.finish(interrupted)
             progress.close()
-    if errors:
-        raise errors[0]
-    if stops and intr.at is None:
-        with st.Store.open(exp_dir) as s:
-            not_run = len(s.missing())
-        print(stops[0].message(exp_id, not_run, f"python driver.py --resume {exp_id} --fleet"
-                               + (f" --runs-dir {opts.runs_dir}" if opts.runs_dir else "")), file=out)
-        return EXIT_FAILED_RUNS
-    if interrupted:
-        print(f"\nInterrupted. Finished runs are kept in {exp_dir}.\n"
-              f"Resume with: python driver.py --resume {exp_id} --fleet"
-              + (f" --runs-dir {opts.runs_dir}" if opts.runs_dir else ""), file=out)
-        return EXIT_INTERRUPTED
-    return EXIT_OK
+    return fleet.exit_code(interrupted)

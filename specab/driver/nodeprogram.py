@@ -6,6 +6,7 @@ import each other as they do on the node.
 """
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import zlib
@@ -13,9 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-# the tools that run before anything is shipped (the node lease), and what each imports, packages first
-TOOL_MODULES = {"lease": ("specab", "specab.vocab", "specab.vocab.contract", "specab.node", "specab.node.common",
-                          "specab.node.lease")}
 
 
 def module_source(name: str) -> tuple[str, bool, str]:
@@ -24,6 +22,47 @@ def module_source(name: str) -> tuple[str, bool, str]:
     if path.is_dir():
         return name, True, (path / "__init__.py").read_text()
     return name, False, path.with_suffix(".py").read_text()
+
+
+def _is_module(name: str) -> bool:
+    path = PACKAGE_ROOT.joinpath(*name.split("."))
+    return path.is_dir() or path.with_suffix(".py").is_file()
+
+
+def _imports(text: str) -> list[str]:
+    """The modules of specab that a module's source imports (``from specab.x import y``: ``specab.x.y`` when that is
+    a module, else ``specab.x``)."""
+    out: list[str] = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("specab"):
+            out += [f"{node.module}.{a.name}" if _is_module(f"{node.module}.{a.name}") else str(node.module)
+                    for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names if a.name.startswith("specab")]
+    return out
+
+
+def modules_of(module: str) -> tuple[str, ...]:
+    """``module`` and every module of specab it imports, transitively, each after its package and after what it
+    imports: the order in which ``program`` makes them."""
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        parent = name.rpartition(".")[0]
+        if parent:
+            visit(parent)
+        for dep in _imports(module_source(name)[2]):
+            if dep != name:
+                visit(dep)
+        order.append(name)
+    visit(module)
+    return tuple(order)
+
+
+# the tools that run before anything is shipped (the node lease), and what each imports
+TOOL_MODULES = {"lease": modules_of("specab.node.lease")}
 
 
 def program(modules: Sequence[str], entry: str) -> str:
@@ -48,5 +87,5 @@ def tool_program(tool: str) -> str:
     """``program`` that runs node tool ``tool`` (of ``TOOL_MODULES``) with the program's arguments, as
     ``bin/specab/node TOOL ARGS`` would: its JSON on stdout, its exit status. The driver and the node_lease role
     (its lookup ``specab_node_program``) run the lease so."""
-    return program(TOOL_MODULES[tool], f"sys.exit(sys.modules['specab.node.common'].run_tool("
+    return program(TOOL_MODULES[tool], f"sys.exit(sys.modules['specab.node.cli'].run_tool("
                                        f"sys.modules['specab.node.{tool}'].main, sys.argv[1:]))")

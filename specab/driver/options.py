@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specab.config import defaults
+from specab.config import correctness, defaults, validity
 from specab.config.inventory import Host, Inventory, default_inventory, load_inventory
 from specab.config.matrix import build_arms, parse_matrix
 from specab.config.plan import Order, PlannedRun, make_plan
@@ -17,6 +17,8 @@ from specab.config.yamlfile import ConfigError
 from specab.driver import preflight
 
 EXIT_OK, EXIT_FAILED_RUNS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# --require-valid: every run ended ok, but a speculative arm's outputs are not its baseline's
+EXIT_NOT_VALID = 3
 # The reader of our output went away (`driver.py plan | head`): the shell's status of a process SIGPIPE ended
 # (128 + 13), said without a word, as `cat` and `grep` end there.
 EXIT_BROKEN_PIPE = 141
@@ -51,6 +53,7 @@ class Options:
     fleet: bool = False                     # independent blocks per host at once (specab/driver/fleet.py)
     executor: Executor = "auto"             # auto: the run queue on one host, per-run otherwise
     force_changed: bool = False             # --resume although the experiment's fingerprint changed
+    correctness: bool = False               # the deterministic pass after the measured blocks (config/correctness.py)
 
 
 @dataclass
@@ -60,6 +63,13 @@ class Prepared:
     arms: list[ArmSpec]
     notices: list[str]
     plan: list[PlannedRun]
+    # the deterministic pass's arms (--correctness; empty without it): run after the measured blocks, never measured
+    det_arms: list[ArmSpec] = field(default_factory=list)
+
+    @property
+    def all_arms(self) -> list[ArmSpec]:
+        """The measured arms, then the deterministic pass's: every arm a run of the plan may name."""
+        return self.arms + self.det_arms
 
     @property
     def min_requests_per_run(self) -> int:
@@ -93,14 +103,23 @@ def prepare(opts: Options) -> Prepared:
     check_executor(opts.executor, inv, opts.fleet)
     check_engines(armset.arms, inv)
     check_bench_vars(inv)
-    plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order)
+    plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order, burn_in=exp.burn_in,
+                     burn_in_blocks=burn_in_blocks(opts, inv))
+    det = correctness.derive(exp, armset.arms) if opts.correctness else correctness.DeterministicPass()
+    if opts.target_ci is None:      # with --target-ci the pass follows the design's last block (RunContext)
+        plan += correctness.plan_block(det.names, plan, opts.seed, opts.order)
     if opts.max_runs is not None and len(plan) > opts.max_runs:
-        raise ConfigError(f"{len(armset.arms)} arms x {opts.repeats} blocks = {len(plan)} runs, above --max-runs "
+        burned = sum(r.burn_in for r in plan)
+        passed = len(det.arms) if det.arms and opts.target_ci is None else 0
+        raise ConfigError(f"{len(armset.arms)} arms x {opts.repeats} blocks"
+                          + (f" + {burned} burn-in" if burned else "")
+                          + (f" + {passed} deterministic-pass" if passed else "") + f" = {len(plan)} runs, above --max-runs "
                           f"{opts.max_runs} (a real run costs a server start, ~1 GPU-minute on a GPU node). "
                           f"Narrow the matrix, or pass --max-runs {len(plan)} to run them all (`driver.py plan` "
                           f"shows the plan and its expected GPU-minutes first).")
     return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
-                    notices=exp.warnings + armset.notices + preflight.bind_warnings(armset.arms), plan=plan)
+                    notices=exp.warnings + armset.notices + preflight.bind_warnings(armset.arms)
+                    + validity.arm_notices(exp.arms, armset.arms) + det.notices, plan=plan, det_arms=det.arms)
 
 
 # The specab_bench_* variables that are an experiment's bench.<key> defaults (roles/specab). The driver's design,
@@ -109,7 +128,8 @@ def prepare(opts: Options) -> Prepared:
 # specab_bench_python and specab_bench_sample_interval_s say how the node runs the client and samples the GPUs,
 # not what is measured: the inventory sets them.
 BENCH_KEY_VARS = {**{var: key for key, var in defaults.BENCH_DEFAULTS.items()},
-                  "specab_bench_phase_timing": "phase_timing"}
+                  "specab_bench_phase_timing": "phase_timing",
+                  "specab_bench_correctness_requests": "correctness_requests"}
 
 
 def check_bench_vars(inventory: Inventory) -> None:
@@ -138,6 +158,12 @@ def check_engines(arms: list[ArmSpec], inventory: Inventory) -> None:
         raise ConfigError(f"{inventory.path}: --matrix engine: " + "; ".join(problems) + ". Declare the builds "
                           f"under specab_engines (e.g. sglang-0.5.9: {{python: /opt/sgl059/bin/python}}) or "
                           f"use the names the inventory declares.")
+
+
+def burn_in_blocks(opts: Options, inventory: Inventory) -> int:
+    """The blocks a burn-in goes before: the first block of every host with --fleet (each host is a node of its own
+    that starts cold), else block 1."""
+    return len(inventory.hosts) if opts.fleet and not is_multinode(inventory.hosts) else 1
 
 
 def is_multinode(hosts: list[Host]) -> bool:

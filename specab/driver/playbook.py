@@ -141,6 +141,86 @@ def runner_ident(what: str) -> str:
     return f"{what}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
 
 
+class _Events:
+    """What one playbook run's events say as they arrive: its phase, failures, hosts, `specab_*` facts and last
+    printed lines, every secret the run may print scrubbed from them."""
+
+    def __init__(self, extravars: dict[str, Any], secrets: list[str] | None, on_phase: Callable[[str], None] | None,
+                 stream: Callable[[str], None] | None) -> None:
+        self.failures: list[Failure] = []
+        self.stdout_lines: list[str] = []
+        self.hosts: list[str] = []
+        self.facts: dict[str, Any] = {}
+        self.phase: str | None = None
+        self.seen: set[str] = set()
+        self.on_phase, self.stream = on_phase, stream
+        # every secret the run may print: the experiment's, those of the driver's own environment (the child
+        # does not get them, but a node reached over a local connection may have them from elsewhere), any
+        # secret-named key of the extra vars at any depth, and, as the run goes, those of each task result. The
+        # stdout callback formats the events but is not relied on: ansible-runner prints through its own, which
+        # wraps Ansible's default callback or whichever ANSIBLE_STDOUT_CALLBACK names, not the redacting one.
+        self.known = set(scrub_values(list(secrets or []) + [v for k, v in os.environ.items()
+                                                             if is_secret_name(k) and v]
+                                      + nested_secret_values(extravars)))
+        self.secret_values = scrub_values(self.known)
+
+    def set_phase(self, phase: str) -> None:
+        if phase == "stopping" and "stopping" in self.seen and self.phase != "stopping":
+            phase = "final stop"            # the run's second stop (its every task: one phase)
+        if phase == self.phase:
+            return
+        self.phase = phase
+        self.seen.add(phase)
+        if self.on_phase:
+            self.on_phase(phase)
+
+    def learn(self, value: Any) -> None:
+        """A secret-named key's value in `value` (a task result: a node env read on the node, a rendered value
+        that the controller saw only as a template) is scrubbed from this event on."""
+        found = set(scrub_values(learnable(nested_secret_values(value)))) - self.known
+        if found:
+            self.known.update(found)
+            self.secret_values = scrub_values(self.known)
+
+    def fail(self, phase: str | None, task: str, host: str | None, message: str, headline: str | None = None) -> None:
+        self.failures.append(Failure(phase=phase, task=task, host=host, headline=headline,
+                                     message=scrub_text(message, self.secret_values)))
+
+    def on_event(self, ev: dict[str, Any]) -> bool:
+        kind = ev.get("event", "")
+        data = ev.get("event_data") or {}
+        self.learn(data.get("res"))
+        # what -v streams and what a failure quotes never hold a secret (the artifacts are scrubbed after the run)
+        text = scrub_text(ev.get("stdout") or "", self.secret_values)
+        if text:
+            self.stdout_lines.extend(text.splitlines())
+            del self.stdout_lines[:-200]
+            if self.stream:
+                self.stream(text)
+        res = data.get("res") or {}
+        if kind == "playbook_on_task_start":
+            phase = phase_of_event(data)
+            if phase:
+                self.set_phase(phase)
+        elif kind in ("runner_on_failed", "runner_item_on_failed") and not data.get("ignore_errors"):
+            headline = res.get("headline") if isinstance(res.get("headline"), str) else None
+            self.fail(phase_of_event(data) or self.phase, str(data.get("task") or ""), data.get("host"),
+                      failure_message(res), headline)
+        elif kind == "runner_on_unreachable":
+            self.fail(self.phase, str(data.get("task") or ""), data.get("host"),
+                      "host unreachable: " + str(res.get("msg", "")).strip())
+        elif kind == "runner_on_ok":
+            host = data.get("host")
+            if host and host not in self.hosts:
+                self.hosts.append(host)
+            af = res.get("ansible_facts") if isinstance(res, dict) else None
+            if isinstance(af, dict):
+                for k, v in af.items():
+                    if k.startswith("specab_"):
+                        self.facts.setdefault(host or "", {})[k] = v
+        return True
+
+
 class PlaybookRunner:
     """Runs playbooks of the repository through ansible-runner."""
 
@@ -175,84 +255,11 @@ class PlaybookRunner:
             limit: str | None = None) -> PlaybookResult:
         """Run `playbook` once; blocks until it ends or `cancel` is set."""
         self.private_root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        failures: list[Failure] = []
-        stdout_lines: list[str] = []
-        hosts: list[str] = []
-        facts: dict[str, Any] = {}
-        current: dict[str, Any] = {"phase": None, "seen": set()}
-
-        def set_phase(phase: str) -> None:
-            if phase == "stopping" and "stopping" in current["seen"] and current["phase"] != "stopping":
-                phase = "final stop"            # the run's second stop (its every task: one phase)
-            if phase == current["phase"]:
-                return
-            current["phase"] = phase
-            current["seen"].add(phase)
-            if on_phase:
-                on_phase(phase)
-
-        # every secret the run may print: the experiment's, those of the driver's own environment (the child
-        # does not get them, but a node reached over a local connection may have them from elsewhere), any
-        # secret-named key of the extra vars at any depth, and, as the run goes, those of each task result. The
-        # stdout callback formats the events but is not relied on: ansible-runner prints through its own, which
-        # wraps Ansible's default callback or whichever ANSIBLE_STDOUT_CALLBACK names, not the redacting one.
-        known = set(scrub_values(list(secrets or []) + [v for k, v in os.environ.items() if is_secret_name(k) and v]
-                                 + nested_secret_values(extravars)))
-        secret_values = scrub_values(known)
-
-        def learn(value: Any) -> None:
-            """A secret-named key's value in `value` (a task result: a node env read on the node, a rendered value
-            that the controller saw only as a template) is scrubbed from this event on."""
-            nonlocal secret_values
-            found = set(scrub_values(learnable(nested_secret_values(value)))) - known
-            if found:
-                known.update(found)
-                secret_values = scrub_values(known)
-
-        def on_event(ev: dict[str, Any]) -> bool:
-            kind = ev.get("event", "")
-            data = ev.get("event_data") or {}
-            learn(data.get("res"))
-            # what -v streams and what a failure quotes never hold a secret (the artifacts are scrubbed after the run)
-            text = scrub_text(ev.get("stdout") or "", secret_values)
-            if text:
-                stdout_lines.extend(text.splitlines())
-                del stdout_lines[:-200]
-                if self.verbose:
-                    self.stream(text)
-            if kind == "playbook_on_task_start":
-                phase = phase_of_event(data)
-                if phase:
-                    set_phase(phase)
-            elif kind in ("runner_on_failed", "runner_item_on_failed") and not data.get("ignore_errors"):
-                res = data.get("res") or {}
-                task = str(data.get("task") or "")
-                headline = res.get("headline") if isinstance(res.get("headline"), str) else None
-                failures.append(Failure(phase=phase_of_event(data) or current["phase"], task=task,
-                                        host=data.get("host"), message=scrub_text(failure_message(res), secret_values),
-                                        headline=headline))
-            elif kind == "runner_on_unreachable":
-                res = data.get("res") or {}
-                failures.append(Failure(phase=current["phase"], task=str(data.get("task") or ""),
-                                        host=data.get("host"),
-                                        message=scrub_text("host unreachable: " + str(res.get("msg", "")).strip(),
-                                                           secret_values)))
-            elif kind == "runner_on_ok":
-                host = data.get("host")
-                if host and host not in hosts:
-                    hosts.append(host)
-                res = data.get("res") or {}
-                af = res.get("ansible_facts") if isinstance(res, dict) else None
-                if isinstance(af, dict):
-                    for k, v in af.items():
-                        if k.startswith("specab_"):
-                            facts.setdefault(host or "", {})[k] = v
-            return True
-
+        events = _Events(extravars, secrets, on_phase, self.stream if self.verbose else None)
         kwargs: dict[str, Any] = dict(
             private_data_dir=str(self.private_root), project_dir=str(self.project_dir), playbook=playbook,
             inventory=str(self.inventory), extravars=extravars, envvars=self.child_env(), ident=ident,
-            quiet=True, suppress_env_files=True, event_handler=on_event,
+            quiet=True, suppress_env_files=True, event_handler=events.on_event,
             cancel_callback=(lambda: bool(cancel and cancel.is_set())),
             settings={"pexpect_timeout": 0.25, "suppress_ansible_output": True},
         )
@@ -269,21 +276,21 @@ class PlaybookRunner:
         try:
             runner.run()
         finally:
-            scrub_tree(Path(runner.config.artifact_dir), secret_values)
-        status = runner.status
+            scrub_tree(Path(runner.config.artifact_dir), events.secret_values)
+        status, failures = runner.status, events.failures
         if runner.rc == 127 and not failures:
             failures.append(Failure(phase=None, task="ansible-playbook", host=None,
                                     message="ansible-playbook not found on PATH (rc 127): install ansible-core "
                                             "in the Python environment that runs the driver."))
         if status == "failed" and not failures:
-            failures.append(Failure(phase=current["phase"], task="ansible-playbook", host=None,
-                                    message="\n".join(stdout_lines[-15:]) or f"rc {runner.rc}"))
+            failures.append(Failure(phase=events.phase, task="ansible-playbook", host=None,
+                                    message="\n".join(events.stdout_lines[-15:]) or f"rc {runner.rc}"))
         if status == "timeout":
-            failures.append(Failure(phase=current["phase"], task="ansible-playbook", host=None,
+            failures.append(Failure(phase=events.phase, task="ansible-playbook", host=None,
                                     message=f"the playbook ran past its timeout of {timeout} s"))
         return PlaybookResult(status=status, rc=runner.rc, ident=ident, artifact_dir=Path(runner.config.artifact_dir),
-                              failures=failures,
-                              stdout_tail="\n".join(stdout_lines[-40:]), hosts=hosts, facts=facts)
+                              failures=failures, stdout_tail="\n".join(events.stdout_lines[-40:]),
+                              hosts=events.hosts, facts=events.facts)
 
 
 __all__ = ["PlaybookRunner", "PlaybookResult", "Failure", "phase_of_event", "scrub_tree", "ansible_runner"]

@@ -17,7 +17,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from specab.analysis import model, stats
+from specab.analysis.evidence import model
+from specab.analysis.measures import stats
+from specab.analysis.measures import validity
 from specab.results.store import FAILED, INTERRUPTED, OK, StoreError
 
 
@@ -207,18 +209,20 @@ class Progress:
 # --------------------------------------------------------------------------- end-of-experiment summary
 
 def _stats_rows(store) -> tuple[list[list[str]], str | None]:
-    """Rows from specab.analysis.stats, the one analysis the report uses too. When the analysis cannot read the
+    """Rows from specab.analysis.measures.stats, the one analysis the report uses too. When the analysis cannot read the
     store (model.AnalysisError: a damaged bench.jsonl, a run directory of another shape) the rows carry the
     store's run counts alone and the error comes back to be printed under them: the end of an experiment never
     fails on its summary, and never hides why it has no numbers."""
     try:
         with warnings.catch_warnings():     # scipy's warnings on few runs are not the user's business
             warnings.simplefilter("ignore")
-            res = stats.analyse(model.load_store(store.path))
+            exp = model.load_store(store.path)
+            res = stats.analyse(exp)
+            val = validity.check(exp)
     except model.AnalysisError as e:
         runs = store.runs()
         return [[a["name"], *(str(sum(r["arm"] == a["name"] and r["status"] == s for r in runs))
-                              for s in (OK, FAILED, INTERRUPTED)), "-", "-", "-", "-"]
+                              for s in (OK, FAILED, INTERRUPTED)), "-", "-", "-", "-", "-"]
                 for a in store.arms()], str(e)
     rows = []
     for name, a in res.arms.items():
@@ -231,7 +235,8 @@ def _stats_rows(store) -> tuple[list[list[str]], str | None]:
             spd = "1 (baseline)" if name not in res.speedups else "-"
         rows.append([name, f"{a.runs}", f"{a.runs_failed}", f"{a.runs_interrupted}",
                      f"{d.median:.1f}" if d.median is not None else "-", ci,
-                     f"{a.accept_len.mean:.2f}" if a.accept_len.mean is not None else "-", spd])
+                     f"{a.accept_len.mean:.2f}" if a.accept_len.mean is not None else "-", spd,
+                     validity.cell(val.arms.get(name))])
     return rows, None
 
 
@@ -239,7 +244,7 @@ def print_summary(store, out: TextIO) -> int:
     """Print the per-arm table (failed and interrupted runs counted apart) and the failures; returns the number
     of failed runs (interrupted ones are not failures: a resume runs them)."""
     rows, unreadable = _stats_rows(store)
-    console = Console(file=out, highlight=False, width=max(120, Console(file=out).width))
+    console = Console(file=out, highlight=False, width=max(150, Console(file=out).width))
     try:
         concurrency = model.bench_concurrency(store.experiment().get("config"))
     except StoreError:          # a store without its experiment row still gets its table
@@ -249,13 +254,23 @@ def print_summary(store, out: TextIO) -> int:
     meaning = (model.tok_s_meaning(concurrency) if len(loads) < 2 else
                "per-user decode speed at the arm's own load, its c<N> or r<R>: single-stream only at c1")
     t = Table(title=f"per-arm summary (tok/s = {meaning}, median over runs)")
-    for col in ("arm", "runs ok", "failed", "interrupted", "tok/s", "95% interval", "accept len", "speedup vs baseline"):
+    for col in ("arm", "runs ok", "failed", "interrupted", "tok/s", "95% interval", "accept len", "speedup vs baseline",
+                "outputs vs baseline"):
         t.add_column(col)
     for r in rows:
         t.add_row(*r)
     console.print(t)
     if unreadable:
         console.print(f"no statistics: {unreadable}", markup=False)
+    burned = [r for r in store.runs() if r["burn_in"]]
+    if burned:
+        console.print("burn-in (unmeasured starts before block 1, not in the table): "
+                      + ", ".join(f"{r['run_id']} {r['status']}" for r in burned), markup=False)
+    det = {a["name"] for a in store.arms() if isinstance(a.get("matrix"), dict) and a["matrix"].get("deterministic_of")}
+    passed = [r for r in store.runs() if r["arm"] in det]
+    if passed:
+        console.print("deterministic pass (--correctness: not measured, not in the table; its outcome is in the "
+                      "verdict lines): " + ", ".join(f"{r['run_id']} {r['status']}" for r in passed), markup=False)
     failed = store.runs(status="failed")
     interrupted = store.runs(status="interrupted")
     for r in failed:

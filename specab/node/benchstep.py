@@ -26,8 +26,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Sequence
 
-from specab.node import common, gpusample, loadgen, scoring
-from specab.node.common import ToolError, UsageError
+from specab.node import cli, gpusample, loadgen, osutil, ownership, scoring
+from specab.node.cli import ToolError, UsageError
+from specab.vocab import contract
 
 # How often the client's bench.jsonl and exit are polled (a phase change or the last request is seen this late).
 CLIENT_POLL_S = 0.05
@@ -118,9 +119,9 @@ class Deferred(object):
 
     def __init__(self, python: str, module: str, env: Mapping[str, str], stderr: Optional[int] = None) -> None:
         self.module = module
-        self.proc = subprocess.Popen([python, "-c", DEFERRED, common.PACKAGE_ROOT, module],
+        self.proc = subprocess.Popen([python, "-c", DEFERRED, cli.PACKAGE_ROOT, module],
                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr, env=dict(env),
-                                     close_fds=True, cwd=common.PACKAGE_ROOT)
+                                     close_fds=True, cwd=cli.PACKAGE_ROOT)
         self.released = False
 
     def release(self, argv: List[str], cwd: str, stdout: Optional[str] = None, stderr: Optional[str] = None) -> None:
@@ -185,7 +186,7 @@ class LastLine(object):
 
     def text(self) -> str:
         self.thread.join(timeout=5)
-        return common.redact_text(self.last)
+        return contract.redact_text(self.last)
 
 
 def one_sample(spec: BenchSpec, name: str) -> None:
@@ -214,7 +215,7 @@ class BenchStep(object):
     ``client_log``: where the client's stderr goes, as a failure names it (e.g. "sequencer.log"); None: the
     client's stderr is copied to ours and a failure quotes its last line.
 
-    The client and the sampler are recorded in the run directory's helpers.json (``common.record_helpers``) while
+    The client and the sampler are recorded in the run directory's helpers.json (``ownership.record_helpers``) while
     they may run, and ``own_process`` records this process too (the tool, whose owner, a playbook, may be cut off
     by the driver's Ctrl-C: the stop then ends them, ``stop.end_helpers``); the record goes once they are gone."""
 
@@ -241,7 +242,7 @@ class BenchStep(object):
         if self.client_log is None:
             self.client_stderr = LastLine(self.client.proc.stderr)
         self.sampler = Deferred(self.spec.python, "gpusample", self.env)
-        common.record_helpers(self.spec.run_dir, ([("bench", os.getpid())] if self.own_process else [])
+        ownership.record_helpers(self.spec.run_dir, ([("bench", os.getpid())] if self.own_process else [])
                               + [("loadgen", self.client.proc.pid), ("gpusample", self.sampler.proc.pid)])
 
     def sample_before(self) -> None:
@@ -282,7 +283,7 @@ class BenchStep(object):
         self.after.join(timeout=60)
         summary: Dict[str, Any] = {}
         try:
-            summary = common.read_json(s.path("bench_summary.json"))
+            summary = osutil.read_json(s.path("bench_summary.json"))
         except (OSError, ValueError):
             pass
         if rc != 0:
@@ -295,7 +296,7 @@ class BenchStep(object):
         if s.score is not None and cfg.temperature > 0:
             with guard():           # after the measured window and the samples: cut short by an interrupt
                 scoring.score(s.score, s.run_dir, cfg.url, summary.get("model") or cfg.model, cfg.timeout,
-                              common.log)
+                              cli.log)
         return summary
 
     def wait_sampler_header(self) -> None:
@@ -392,7 +393,7 @@ class BenchStep(object):
             self.sampler.finish(term_after=10.0)
         helpers = [d.proc for d in (self.client, self.sampler) if d is not None]
         if helpers and all(p.poll() is not None for p in helpers):
-            common.forget_helpers(self.spec.run_dir)
+            ownership.forget_helpers(self.spec.run_dir)
 
     # -- whole ----------------------------------------------------------------------------
 
@@ -413,7 +414,7 @@ def bench(spec: BenchSpec, env: Optional[Mapping[str, str]] = None) -> Dict[str,
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    spec = common.spec_from_argv(BenchSpec, argv)
+    spec = cli.spec_from_argv(BenchSpec, argv)
     if spec is None:
         raise UsageError("bench takes its spec as JSON: bench --spec-json TEXT|- (the keys of BenchSpec)")
     try:
@@ -424,4 +425,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_tool(main))
+    sys.exit(cli.run_tool(main))

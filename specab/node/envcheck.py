@@ -32,9 +32,9 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from specab.node import common
-from specab.node.common import ToolError
-from specab.vocab import engines
+from specab.node import cli, envfile, osutil, ownership, procfs
+from specab.node.cli import ToolError
+from specab.vocab import contract, engines
 
 # "host:pid:tid [dev] NCCL INFO NCCL_P2P_LEVEL set by environment to SYS" (integer params end in '.')
 NCCL_RE = re.compile(r"(?:(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+)\s+)?(?:\[(?P<dev>\d+)\]\s+)?"
@@ -48,23 +48,23 @@ class EnvCheckSpec:
     """One environment and server-args check of a running engine."""
     node_dir: str
     env_file: str
-    expected_args: str = common.arg("JSON dict of the arm's server args")
+    expected_args: str = cli.arg("JSON dict of the arm's server args")
     url: Optional[str] = None           # None only with no_server_info
-    no_server_info: bool = common.arg("check the environment only, no server args: a node of a multi-node server "
+    no_server_info: bool = cli.arg("check the environment only, no server args: a node of a multi-node server "
                                       "that is not the head serves no /get_server_info", default=False)
-    log: List[str] = common.arg("server log(s) holding NCCL INFO lines", default_factory=list, action="append")
+    log: List[str] = cli.arg("server log(s) holding NCCL INFO lines", default_factory=list, action="append")
     http_timeout: float = 10.0
-    allow_unverified: bool = common.arg("a variable no evidence confirms in some process (environ wiped, no NCCL "
+    allow_unverified: bool = cli.arg("a variable no evidence confirms in some process (environ wiped, no NCCL "
                                         "line) is a warning instead of a failure", default=False)
-    out: Optional[str] = common.arg("also write the JSON result here (env_check.json)", default=None)
-    server_info_out: Optional[str] = common.arg("write the server info read back (redacted)", default=None)
+    out: Optional[str] = cli.arg("also write the JSON result here (env_check.json)", default=None)
+    server_info_out: Optional[str] = cli.arg("write the server info read back (redacted)", default=None)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> EnvCheckSpec:
-    spec = common.spec_from_argv(EnvCheckSpec, argv)
+    spec = cli.spec_from_argv(EnvCheckSpec, argv)
     if spec is not None:
         return spec
-    p = common.spec_parser(EnvCheckSpec, "envcheck.py", __doc__)
+    p = cli.spec_parser(EnvCheckSpec, "envcheck.py", __doc__)
     a = p.parse_args(argv)
     if not a.url and not a.no_server_info:
         p.error("--url is required (or --no-server-info for a rank without the HTTP API)")
@@ -79,14 +79,14 @@ def engine_processes(main_pid: int) -> List[Dict[str, Any]]:
     Skipped: wrapper shells (a launch script that did not ``exec``: its environ predates the env
     file) and descendants that started their own session (daemons, not engine processes).
     """
-    stats = common.all_stats()
+    stats = procfs.all_stats()
     main_st = next((st for st in stats if st.pid == main_pid), None)
     procs = []
-    for pid in [main_pid] + common.descendants(main_pid, stats):
+    for pid in [main_pid] + procfs.descendants(main_pid, stats):
         st = next((x for x in stats if x.pid == pid), None)
         if st is None or not st.alive:
             continue
-        name = common.display_name(pid)
+        name = procfs.display_name(pid)
         m = TP_RE.search(name)
         skipped = None
         if st.comm in SHELL_COMMS:
@@ -99,7 +99,7 @@ def engine_processes(main_pid: int) -> List[Dict[str, Any]]:
 
 
 def shown(var: str, value: Optional[str]) -> str:
-    return repr(common.redact_value(var, value)) if value is not None else "nothing"
+    return repr(contract.redact_value(var, value)) if value is not None else "nothing"
 
 
 def read_environ(pid: int) -> Tuple[Optional[Dict[str, str]], Optional[str]]:
@@ -110,7 +110,7 @@ def read_environ(pid: int) -> Tuple[Optional[Dict[str, str]], Optional[str]]:
     a title-changed process usually has an empty environ there: that is "unknown", not "missing".
     """
     try:
-        env = common.proc_environ(pid)
+        env = procfs.proc_environ(pid)
     except OSError as exc:
         return None, "cannot read /proc/%d/environ (%s); run the check as the server's user or root" % (pid, exc)
     if not env:
@@ -124,7 +124,7 @@ def check_environ(expected: Dict[str, str], procs: List[Dict[str, Any]],
     """Per variable and engine process: the environ value, or (environ unusable) a NCCL echo line
     logged by that very process; a process with neither leaves the variable unverified there."""
     variables: Dict[str, Dict[str, Any]] = {
-        v: {"expected": common.redact_value(v, e), "evidence": [], "mismatches": [], "unverified": []}
+        v: {"expected": contract.redact_value(v, e), "evidence": [], "mismatches": [], "unverified": []}
         for v, e in expected.items()}
     for p in procs:
         if p["skipped"]:
@@ -302,31 +302,31 @@ def check_args(expected: Dict[str, Any], info: Dict[str, Any],
     report: Dict[str, Any] = {}
     problems: List[str] = []
     for k, want in expected.items():
-        secret = common.is_secret_name(k)
+        secret = contract.is_secret_name(k)
         if want is None:
-            report[k] = {"expected": None, "actual": common.redact_value(k, info.get(k)), "ok": True,
+            report[k] = {"expected": None, "actual": contract.redact_value(k, info.get(k)), "ok": True,
                          "note": "not passed; server default"}
             continue
         found, have, where = engines.readback(k, info)
         if not found and absent_is_default:
-            report[k] = {"expected": common.redact_value(k, want), "actual": None, "ok": True,
+            report[k] = {"expected": contract.redact_value(k, want), "actual": None, "ok": True,
                          "note": "not in vLLM's non-default args: equal to vLLM's default"}
             continue
         if not found:
-            report[k] = {"expected": common.redact_value(k, want), "actual": None, "ok": False,
+            report[k] = {"expected": contract.redact_value(k, want), "actual": None, "ok": False,
                          "note": "the server does not report this arg"}
             problems.append("server arg %s: expected %s, but the server does not report it%s (misspelt or "
-                            "not an SGLang field?)" % (k, common.REDACTED if secret else repr(want),
+                            "not an SGLang field?)" % (k, contract.REDACTED if secret else repr(want),
                                                        "" if where == k else " at %s" % where))
             continue
         ok = values_equal(want, have) or (want is False and have in (None, False, 0, "", "false", "False"))
-        report[k] = {"expected": common.redact_value(k, want), "actual": common.redact_value(k, have), "ok": ok}
+        report[k] = {"expected": contract.redact_value(k, want), "actual": contract.redact_value(k, have), "ok": ok}
         if where != k:
             report[k]["read_from"] = where      # 0.5.23: the graph flags resolve into cuda_graph_config
         if not ok:
             problems.append("server arg %s: expected %s, but the server runs with %s"
-                            % (k, common.REDACTED if secret else repr(want),
-                               common.REDACTED if secret else repr(have)))
+                            % (k, contract.REDACTED if secret else repr(want),
+                               contract.REDACTED if secret else repr(have)))
     return report, problems
 
 
@@ -345,13 +345,13 @@ def engine_readback(info: Dict[str, Any]) -> Dict[str, Any]:
 
 def check(a: EnvCheckSpec) -> Dict[str, Any]:
     node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
-    rec = common.load_record(node_dir)
+    rec = ownership.load_record(node_dir)
     if rec is None:
         raise ToolError("no server recorded in %s/server.json; start the server first" % node_dir)
-    if not common.main_is_ours(rec):
+    if not ownership.main_is_ours(rec):
         raise ToolError("the recorded server (pid %s) is not running; see its log %s"
                         % (rec["pid"], rec.get("log", "server.log")))
-    expected_env = common.parse_env_file(a.env_file)
+    expected_env = envfile.parse_env_file(a.env_file)
     try:
         with open(a.expected_args) as fh:
             expected_args = json.load(fh)
@@ -367,7 +367,7 @@ def check(a: EnvCheckSpec) -> Dict[str, Any]:
             with open(path, "r", errors="replace") as fh:
                 nccl_lines += parse_nccl_lines(fh.read())
         except OSError as exc:
-            common.log("warning: cannot read log %s: %s" % (path, exc))
+            cli.log("warning: cannot read log %s: %s" % (path, exc))
     variables = check_environ(expected_env, procs, nccl_lines)
     check_nccl(expected_env, nccl_lines, procs, variables)
 
@@ -384,7 +384,7 @@ def check(a: EnvCheckSpec) -> Dict[str, Any]:
                 raise no_info
             endpoint, info, vllm = "log:non-default args", readback, True
         if a.server_info_out:
-            common.write_json(a.server_info_out, common.redact_mapping(info))
+            osutil.write_json(a.server_info_out, contract.redact_mapping(info))
         args_report, arg_problems = check_args(vllm_expected(expected_args) if vllm else expected_args, info,
                                                absent_is_default=vllm)
 
@@ -411,8 +411,8 @@ def check(a: EnvCheckSpec) -> Dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     a = parse_args(argv)
-    return common.recorded(a.out, lambda: check(a))
+    return cli.recorded(a.out, lambda: check(a))
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_tool(main))
+    sys.exit(cli.run_tool(main))

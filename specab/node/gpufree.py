@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from specab.node import common
-from specab.node.common import ToolError
+from specab.node import cli, nvsmi, ownership, procfs
+from specab.node.cli import ToolError
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total")
 # A compute-app PID that /proc cannot show (another PID namespace, or a process that just exited)
@@ -33,36 +33,36 @@ INVISIBLE_GRACE_S = 2.0
 class GpuFreeSpec:
     """One wait for free GPUs: no compute process and memory.used at most the threshold, on every selected GPU."""
     smi: List[str]
-    gpus: str = common.arg("'all' or a comma list such as 0,1")
-    threshold_mib: float = common.arg("a GPU is free at most this many MiB used (specab_gpu_free_threshold_mib)")
-    timeout: float = common.arg("seconds to wait (timeouts.gpu_free_s)")
+    gpus: str = cli.arg("'all' or a comma list such as 0,1")
+    threshold_mib: float = cli.arg("a GPU is free at most this many MiB used (specab_gpu_free_threshold_mib)")
+    timeout: float = cli.arg("seconds to wait (timeouts.gpu_free_s)")
     interval: float = 0.1
-    node_dir: Optional[str] = common.arg("where server.json/last_server.json say what is ours", default=None)
-    smi_timeout: float = common.DEFAULT_SMI_TIMEOUT
-    out: Optional[str] = common.arg("also write the JSON result here (gpu_free.json)", default=None)
-    csv: Optional[str] = common.arg("write the final GPU table as CSV here", default=None)
+    node_dir: Optional[str] = cli.arg("where server.json/last_server.json say what is ours", default=None)
+    smi_timeout: float = nvsmi.DEFAULT_SMI_TIMEOUT
+    out: Optional[str] = cli.arg("also write the JSON result here (gpu_free.json)", default=None)
+    csv: Optional[str] = cli.arg("write the final GPU table as CSV here", default=None)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> GpuFreeSpec:
-    return common.parse_spec(GpuFreeSpec, argv, "gpufree.py", __doc__)
+    return cli.parse_spec(GpuFreeSpec, argv, "gpufree.py", __doc__)
 
 
 def our_sessions(node_dir: Optional[str]) -> List[Dict[str, Any]]:
     if not node_dir:
         return []
     nd = os.path.abspath(os.path.expanduser(node_dir))
-    recs = [common.load_record(nd, common.SERVER_JSON), common.load_record(nd, common.LAST_SERVER_JSON)]
+    recs = [ownership.load_record(nd, ownership.SERVER_JSON), ownership.load_record(nd, ownership.LAST_SERVER_JSON)]
     return [r for r in recs if r is not None]
 
 
 def classify(pid: int, recs: List[Dict[str, Any]]) -> str:
     """'ours', 'foreign' or 'invisible' (no /proc entry)."""
-    sid = common.pid_session(pid)
+    sid = procfs.pid_session(pid)
     if sid is None:
         return "invisible"
     for r in recs:
-        _, pgid, rsid = common.record_ids(r)
-        if sid == rsid and common.session_is_ours(r):
+        _, pgid, rsid = ownership.record_ids(r)
+        if sid == rsid and ownership.session_is_ours(r):
             return "ours"
     return "foreign"
 
@@ -73,20 +73,20 @@ def snapshot(smi: Sequence[str], timeout: float, gpus_spec: str) -> Dict[str, An
 
     def query_apps() -> None:
         try:
-            box["apps"] = common.query_compute_apps(smi, timeout)
+            box["apps"] = nvsmi.query_compute_apps(smi, timeout)
         except Exception as exc:  # re-raised in the caller's thread
             box["error"] = exc
 
     worker = threading.Thread(target=query_apps, name="gpufree-apps", daemon=True)
     worker.start()
     try:
-        gpus = common.query_gpus(smi, GPU_FIELDS, timeout)
+        gpus = nvsmi.query_gpus(smi, GPU_FIELDS, timeout)
     finally:
         worker.join()
     if "error" in box:
         raise box["error"]
     apps = box["apps"]
-    selected = common.select_gpus(gpus_spec, [g["index"] for g in gpus if isinstance(g["index"], int)])
+    selected = nvsmi.select_gpus(gpus_spec, [g["index"] for g in gpus if isinstance(g["index"], int)])
     by_uuid = {g["uuid"]: g["index"] for g in gpus}
     table = []
     for g in gpus:
@@ -120,7 +120,7 @@ def table_text(snap: Dict[str, Any], threshold: float, recs: List[Dict[str, Any]
         for p in g["compute_processes"]:
             pid = p["pid"]
             kind = classify(pid, recs) if isinstance(pid, int) else "invisible"
-            procs.append("%s (%s, %s MiB)" % (common.describe_text(pid) if isinstance(pid, int) else pid,
+            procs.append("%s (%s, %s MiB)" % (procfs.describe_text(pid) if isinstance(pid, int) else pid,
                                               kind, p["used_memory_mib"]))
         lines.append("GPU %s: memory.used %s MiB (threshold %g)%s, compute processes: %s"
                      % (g["index"], "[N/A]" if mem is None else mem, threshold,
@@ -168,7 +168,7 @@ def wait_free(a: GpuFreeSpec) -> Dict[str, Any]:
                     if time.monotonic() - since < INVISIBLE_GRACE_S:
                         continue
                 if kind in ("foreign", "invisible"):
-                    d = common.describe_process(pid)
+                    d = procfs.describe_process(pid)
                     out.update(final=snap["gpus"], polls=polls, foreign={"gpu": g["index"], "pid": pid,
                                                                         "user": d["user"], "command": d["command"],
                                                                         "used_memory_mib": p["used_memory_mib"]})
@@ -178,7 +178,7 @@ def wait_free(a: GpuFreeSpec) -> Dict[str, Any]:
                         "GPU %s is used by a process that is not ours: %s, holding %s MiB. specab never "
                         "kills it by default: ask its owner to stop it, choose other GPUs "
                         "(specab_gpu_indices), or (only if you own it) rerun stop with --force-foreign"
-                        % (g["index"], common.describe_text(pid), p["used_memory_mib"]), out)
+                        % (g["index"], procfs.describe_text(pid), p["used_memory_mib"]), out)
         if is_free(snap, a.threshold_mib):
             out.update(final=snap["gpus"], polls=polls, time_to_free_s=round(time.monotonic() - t0, 4),
                        free_at=round(snap["t"], 3), was_free_at_first_poll=(polls == 1))
@@ -198,8 +198,8 @@ def wait_free(a: GpuFreeSpec) -> Dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     a = parse_args(argv)
-    return common.recorded(a.out, lambda: wait_free(a))
+    return cli.recorded(a.out, lambda: wait_free(a))
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_tool(main))
+    sys.exit(cli.run_tool(main))

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from specab.node import common
-from specab.node.common import ToolError
+from specab.node import cli, nvsmi
+from specab.node.cli import ToolError
 
 SAMPLE_FIELDS = ("index", "uuid", "clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw", "temperature.gpu",
                  "utilization.gpu", "clocks_event_reasons.active", "memory.used")
@@ -32,19 +32,19 @@ SAMPLE_FIELDS = ("index", "uuid", "clocks.sm", "clocks.mem", "clocks.max.sm", "p
 class SampleSpec:
     """GPU sampling into a CSV: every interval until signalled, or count samples, or duration seconds."""
     smi: List[str]
-    interval: float = common.arg("seconds between samples (specab_bench_sample_interval_s)")
+    interval: float = cli.arg("seconds between samples (specab_bench_sample_interval_s)")
     out: str
     gpus: str = "all"
-    count: int = common.arg("stop after N samples (0: until signalled)", default=0)
-    duration: float = common.arg("stop after S seconds (0: until signalled)", default=0.0)
-    smi_timeout: float = common.DEFAULT_SMI_TIMEOUT
-    keep_after_parent_exit: bool = common.arg(
+    count: int = cli.arg("stop after N samples (0: until signalled)", default=0)
+    duration: float = cli.arg("stop after S seconds (0: until signalled)", default=0.0)
+    smi_timeout: float = nvsmi.DEFAULT_SMI_TIMEOUT
+    keep_after_parent_exit: bool = cli.arg(
         "keep sampling when the process that started us exits (default: stop, so a sampler whose caller died or "
         "lost track of it never runs on forever)", default=False)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> SampleSpec:
-    p = common.spec_parser(SampleSpec, "gpusample.py", __doc__)
+    p = cli.spec_parser(SampleSpec, "gpusample.py", __doc__)
     a = p.parse_args(argv)
     if a.interval <= 0:
         p.error("--interval must be > 0")
@@ -109,27 +109,27 @@ def sample(a: SampleSpec, flag: Optional[StopFlag] = None) -> Dict[str, Any]:
         while not flag.stop:
             tick = time.monotonic()
             try:
-                data = common.query_gpus(a.smi, SAMPLE_FIELDS, a.smi_timeout)
+                data = nvsmi.query_gpus(a.smi, SAMPLE_FIELDS, a.smi_timeout)
                 ts = time.time()
                 if selected is None:
-                    selected = common.select_gpus(a.gpus, [g["index"] for g in data])
+                    selected = nvsmi.select_gpus(a.gpus, [g["index"] for g in data])
                 for g in data:
                     if g["index"] in selected:
                         w.writerow(["%.3f" % ts] + ["" if g[f] is None else g[f] for f in SAMPLE_FIELDS])
                         rows += 1
                 fh.flush()
                 samples += 1
-            except common.SmiError as exc:
+            except nvsmi.SmiError as exc:
                 errors += 1
                 last_error = exc.message
-                common.log("sample skipped: %s" % exc.message)
+                cli.log("sample skipped: %s" % exc.message)
             if a.count and samples + errors >= a.count:
                 break
             if a.duration and time.monotonic() - t0 >= a.duration:
                 break
             if not a.keep_after_parent_exit and os.getppid() != parent:
                 flag.signal = "parent exited"
-                common.log("the process that started the sampler (pid %d) exited: stopping" % parent)
+                cli.log("the process that started the sampler (pid %d) exited: stopping" % parent)
                 break
             flag.sleep(a.interval - (time.monotonic() - tick))
     out: Dict[str, Any] = {"out": a.out, "samples": samples, "rows": rows, "errors": errors,
@@ -147,4 +147,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_tool(main))
+    sys.exit(cli.run_tool(main))

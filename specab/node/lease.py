@@ -21,7 +21,7 @@ for ``--stale-s`` seconds, or its controller ran on this very host and its pid i
 reads the same file (``controller_gone``): it claims no further run once its experiment's controller is gone, and
 stops at once when its controller puts the lease on hold (``hold``: ``hold_at`` in the record, ``on_hold``).
 
-Imports only ``common`` (and the vocabulary under it): the driver sends it with them as a ``python -c`` program
+Imports only ``cli`` and ``osutil``: the driver sends it with them as a ``python -c`` program
 (driver/nodeprogram.py) before the node tools are deployed. Prints one JSON object on stdout; exit 0 success, 1
 refused or failed (``error``), 2 usage.
 """
@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, ContextManager, Dict, Optional, Sequence, cast
 
-from specab.node import common
+from specab.node import cli, osutil
 
 LEASE_FILE = "experiment.lease"
 LOCK_FILE = "experiment.lease.lock"
@@ -47,7 +47,7 @@ HOLDER_KEYS = ("experiment_id", "controller_host", "controller_pid", "started_at
 COMMANDS = ("take", "touch", "hold", "release", "show")
 
 
-class LeaseError(common.ToolError):
+class LeaseError(cli.ToolError):
     """Refused or failed; ``result`` goes into the JSON output."""
 
 
@@ -70,7 +70,7 @@ def lease_path(node_dir: str) -> str:
 
 
 def locked(node_dir: str) -> ContextManager[None]:
-    return common.flocked(os.path.join(node_dir, LOCK_FILE))
+    return osutil.flocked(os.path.join(node_dir, LOCK_FILE))
 
 
 def read_holder(node_dir: str) -> Optional[Dict[str, Any]]:
@@ -228,7 +228,7 @@ def show(node_dir: str, stale_s: float) -> Dict[str, Any]:
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> LeaseSpec:
-    spec = common.spec_from_argv(LeaseSpec, argv)
+    spec = cli.spec_from_argv(LeaseSpec, argv)
     if spec is None:
         p = argparse.ArgumentParser(prog="lease.py", description=__doc__.split("\n")[0])
         p.add_argument("--node-dir", required=True)
@@ -244,12 +244,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> LeaseSpec:
         spec = LeaseSpec(node_dir=a.node_dir, command=a.command, holder=getattr(a, "holder", None),
                          stale_s=getattr(a, "stale_s", None), token=getattr(a, "token", None))
     if spec.command not in COMMANDS:
-        raise common.UsageError("command %r: one of %s" % (spec.command, ", ".join(COMMANDS)))
+        raise cli.UsageError("command %r: one of %s" % (spec.command, ", ".join(COMMANDS)))
     missing = [k for k in NEEDS[spec.command] if getattr(spec, k) is None]
     if missing:
-        raise common.UsageError("%s needs %s" % (spec.command, ", ".join(missing)))
+        raise cli.UsageError("%s needs %s" % (spec.command, ", ".join(missing)))
     if spec.holder is not None and not isinstance(spec.holder, dict):
-        raise common.UsageError("holder must be a JSON object")
+        raise cli.UsageError("holder must be a JSON object")
     spec.node_dir = os.path.abspath(os.path.expanduser(spec.node_dir))
     return spec
 
@@ -265,8 +265,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             return show(a.node_dir, cast(float, a.stale_s))
         return {"touch": touch, "hold": hold, "release": release}[a.command](a.node_dir, cast(str, a.token))
     except OSError as exc:
-        raise common.ToolError("lease of %s: %s" % (a.node_dir, exc))
+        raise cli.ToolError("lease of %s: %s" % (a.node_dir, exc))
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_tool(main))
+    sys.exit(cli.run_tool(main))

@@ -31,7 +31,9 @@ Known-truth models (``driver.py known-truth build``): when the served target's f
 run's ``args.json``, next to ``--out``) holds ``known_truth.json``, prompts are seeded token ids in
 ``[first, vocab_size)`` (``generate``: ``input_ids``; ``completions``: a token-id ``prompt``; ``chat`` is refused),
 every record adds ``prompt_last_token`` and ``output_ids``, and the summary's ``known_truth`` carries the target's
-and the draft's files (the draft's agreement set as a bitmap) so the analysis can recompute every cycle. On vLLM,
+and the draft's files (the draft's agreement set as a bitmap) so the analysis can recompute every cycle; a
+``known_truth.json`` that cannot be used, or a speculative run whose draft has none, is named in the summary's
+``known_truth_problems``. On vLLM,
 whose responses carry no per-request cycle count, each request's ``spec_verify_ct`` is the delta of
 ``vllm:spec_decode_num_drafts`` around it (concurrency 1 only).
 
@@ -69,7 +71,7 @@ from multiprocessing import connection as mp_connection
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-from specab.node import common, phasemetrics
+from specab.node import cli, osutil, phasemetrics
 from specab.vocab import contract, dataset, engines
 
 APIS = ("generate", "completions", "chat")
@@ -150,44 +152,64 @@ KNOWN_TRUTH_FILE = "known_truth.json"
 _KT_WORD = re.compile(r"(?<![^\s])w(\d+)(?![^\s])")
 
 
-def _read_known_truth(folder: Any) -> Optional[Dict[str, Any]]:
+def _read_known_truth(folder: Any, problems: List[str]) -> Optional[Dict[str, Any]]:
+    """A model folder's known_truth.json; None when the folder has none. A file that is there but cannot be read or
+    does not describe a known-truth model adds to ``problems`` (the file, what is wrong): the known-truth check of
+    the run must not vanish without a word."""
     if not isinstance(folder, str) or not folder:
         return None
     path = os.path.join(folder, KNOWN_TRUTH_FILE)
+    if not os.path.lexists(path):
+        return None
     try:
         with open(path, "rb") as fh:
             raw = fh.read()
         doc = json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
+        problems.append("%s: cannot be read as JSON (%s)" % (path, exc))
         return None
     if not isinstance(doc, dict) or doc.get("rule") != "t+1":
+        problems.append("%s: not a known-truth model's file (%s)" % (
+            path, "rule %r, not 't+1'" % doc.get("rule") if isinstance(doc, dict) else "not a JSON object"))
+        return None
+    if not all(isinstance(doc.get(k), int) for k in ("vocab_size", "first")):
+        problems.append("%s: needs integer 'vocab_size' and 'first'" % path)
         return None
     doc["path"] = path
     doc["sha256"] = "sha256:" + hashlib.sha256(raw).hexdigest()
     return doc
 
 
-def known_truth_of(run_dir: str) -> Optional[Dict[str, Any]]:
+def known_truth_of(run_dir: str) -> Tuple[Optional[Dict[str, Any]], List[str]]:
     """The served models' known truth, found through the run's args.json: {"target": doc, "draft": doc or None}
-    (a draft's ``agree`` list becomes ``agree_bitmap_b64``); None when the target carries no known_truth.json."""
+    (a draft's ``agree`` list becomes ``agree_bitmap_b64``), None when the target carries no known_truth.json; and
+    what keeps it from being checked: a known_truth.json of the target or the draft that cannot be used, or a
+    speculative run on a known-truth target whose draft has none (each names the file)."""
+    problems = []  # type: List[str]
     try:
         with open(os.path.join(run_dir, "args.json"), encoding="utf-8") as fh:
             args = json.load(fh)
     except (OSError, ValueError):
-        return None
+        return None, problems
     if not isinstance(args, dict):
-        return None
-    target = _read_known_truth(args.get("model_path") or args.get("model"))
+        return None, problems
+    target = _read_known_truth(args.get("model_path") or args.get("model"), problems)
     if target is None:
-        return None
+        return None, problems
     view = engines.speculative_view(args)
-    draft = _read_known_truth(view.draft_model) if view.draft_model else None
+    draft = _read_known_truth(view.draft_model, problems) if view.draft_model else None
+    if view.algorithm and draft is None and not problems:
+        problems.append(("%s: no such file: the run speculates (%s) on a known-truth target, but its draft has no "
+                         "truth, so its cycles cannot be checked" % (
+                             os.path.join(view.draft_model, KNOWN_TRUTH_FILE), view.algorithm)) if view.draft_model
+                        else ("the run speculates (%s) on a known-truth target (%s) without a draft model: no truth "
+                              "for its cycles" % (view.algorithm, target["path"])))
     if draft is not None and isinstance(draft.get("agree"), list):
         bits = bytearray((int(draft["vocab_size"]) + 7) // 8)
         for t in draft.pop("agree"):
             bits[int(t) >> 3] |= 1 << (int(t) & 7)
         draft["agree_bitmap_b64"] = base64.b64encode(bytes(bits)).decode("ascii")
-    return {"target": target, "draft": draft, "steps": view.steps, "algorithm": view.algorithm}
+    return {"target": target, "draft": draft, "steps": view.steps, "algorithm": view.algorithm}, problems
 
 
 # ----------------------------------------------------------------------------------------------
@@ -605,36 +627,36 @@ def _flag(value: Any, name: str) -> bool:
 class BenchConfig:
     """One benchmark run. The values come from the controller (``specab.config.defaults.bench``: the
     experiment's ``bench:`` over ``roles/specab``'s defaults); the client has none of its own."""
-    url: str = common.arg("server base URL, e.g. http://127.0.0.1:30000")
-    api: str = common.arg(choices=APIS)
-    num_requests: int = common.arg("measured requests")
-    warmup: int = common.arg("warm-up requests (excluded from the summary)")
-    input_len: int = common.arg("prompt length in words")
-    output_len: int = common.arg("output tokens asked per request")
+    url: str = cli.arg("server base URL, e.g. http://127.0.0.1:30000")
+    api: str = cli.arg(choices=APIS)
+    num_requests: int = cli.arg("measured requests")
+    warmup: int = cli.arg("warm-up requests (excluded from the summary)")
+    input_len: int = cli.arg("prompt length in words")
+    output_len: int = cli.arg("output tokens asked per request")
     concurrency: int
     seed: int
-    timeout: float = common.arg("per-request timeout in seconds")
+    timeout: float = cli.arg("per-request timeout in seconds")
     # the flag takes true|false, parse_args makes it the bool
-    ignore_eos: bool = common.arg("true: every answer runs to --output-len; false: answers end where the model ends "
+    ignore_eos: bool = cli.arg("true: every answer runs to --output-len; false: answers end where the model ends "
                                   "them", choices=("true", "false"))
-    request_rate: float = common.arg(
+    request_rate: float = cli.arg(
         "measured requests per second at seeded Poisson arrival times, at most --concurrency in flight (an open "
         "load); 0: each as soon as one in flight ends (a closed loop of --concurrency users)")
     # AUTO or a number >= 1 (procs_setting)
-    client_procs: Any = common.arg("client processes the --concurrency slots are divided among; auto: one per %d "
+    client_procs: Any = cli.arg("client processes the --concurrency slots are divided among; auto: one per %d "
                                    "slots, at most one per CPU" % SLOTS_PER_PROC, metavar="auto|N")
     out: str = "bench.jsonl"
     summary: Optional[str] = "bench_summary.json"
-    model: Optional[str] = common.arg("model name for the OpenAI APIs (default: /v1/models)", default=None)
-    phase_metrics: Optional[str] = common.arg("scrape /metrics before and after the measured requests, write the "
+    model: Optional[str] = cli.arg("model name for the OpenAI APIs (default: /v1/models)", default=None)
+    phase_metrics: Optional[str] = cli.arg("scrape /metrics before and after the measured requests, write the "
                                               "deltas here (phase_metrics.json)", default=None, metavar="FILE")
-    dataset: Optional[str] = common.arg("JSONL prompts ({\"prompt\"} or {\"messages\"}, optional \"category\"; "
+    dataset: Optional[str] = cli.arg("JSONL prompts ({\"prompt\"} or {\"messages\"}, optional \"category\"; "
                                         "dataset.py), drawn with --seed (default: the seeded word list)",
                                         default=None, metavar="FILE")
     # the controller always passes them (bench.temperature, bench.top_p); the defaults are the greedy requests the
     # client sent before they were settings
-    temperature: float = common.arg("sampling temperature of every request, 0 to 2 (0: greedy)", default=0.0)
-    top_p: float = common.arg("nucleus sampling share of every request, in (0, 1]", default=1.0)
+    temperature: float = cli.arg("sampling temperature of every request, 0 to 2 (0: greedy)", default=0.0)
+    top_p: float = cli.arg("nucleus sampling share of every request, in (0, 1]", default=1.0)
 
     @classmethod
     def from_settings(cls, url: str, bench: Dict[str, Any], out: str, summary: Optional[str],
@@ -1264,7 +1286,7 @@ class _PhaseWindow(object):
                 self.error = "unreadable /metrics: %s" % exc
         if res is None:
             res = phasemetrics.unavailable(self.error or "not scraped")
-        common.write_json(self.path, res)
+        osutil.write_json(self.path, res)
         return res
 
 
@@ -1314,7 +1336,7 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
     if cfg.api != "generate" and not cfg.model:
         cfg.model = discover_model(target, cfg.timeout)
     out_dir = os.path.dirname(os.path.abspath(cfg.out))
-    kt = known_truth_of(out_dir)
+    kt, kt_problems = known_truth_of(out_dir)
     data = None  # type: Optional[Dict[str, Any]]
     if cfg.dataset is not None:
         if kt is not None:
@@ -1393,13 +1415,15 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
     add_engine_acceptance(summary, before, after)
     if kt is not None:
         summary["known_truth"] = kt
+    if kt_problems:
+        summary["known_truth_problems"] = kt_problems
     if cfg.summary:
-        common.write_json(cfg.summary, summary)
+        osutil.write_json(cfg.summary, summary)
     return summary
 
 
 def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
-    ns = common.spec_parser(BenchConfig, "loadgen", __doc__).parse_args(argv)
+    ns = cli.spec_parser(BenchConfig, "loadgen", __doc__).parse_args(argv)
     ns.client_procs = procs_setting(ns.client_procs)
     ns.ignore_eos = ns.ignore_eos == "true"
     return BenchConfig(**vars(ns))

@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from specab.node import common
-from specab.vocab import engines
+from specab.node import cli, envfile, nvsmi, osutil, ownership, procfs
+from specab.vocab import contract, engines
 
 GPU_FIELDS = ("index", "uuid", "name", "driver_version", "pci.bus_id", "memory.total", "clocks.sm",
               "clocks.mem", "clocks.max.sm", "clocks.max.mem", "power.limit", "pstate", "persistence_mode")
@@ -82,26 +82,26 @@ class ManifestSpec:
     run_dir: str
     node_dir: str
     smi: Optional[List[str]] = None
-    python: str = common.arg("the engine's Python, for version probes", default="python3")
-    args_json: Optional[str] = common.arg("the arm's server args (default RUN_DIR/args.json)", default=None)
-    env_file: Optional[str] = common.arg("default RUN_DIR/nccl.env", default=None)
-    launch: Optional[str] = common.arg("default RUN_DIR/launch.sh", default=None)
-    model_path: Optional[str] = common.arg("default: args model_path", default=None)
-    draft_model_path: Optional[str] = common.arg("default: args speculative_draft_model_path", default=None)
+    python: str = cli.arg("the engine's Python, for version probes", default="python3")
+    args_json: Optional[str] = cli.arg("the arm's server args (default RUN_DIR/args.json)", default=None)
+    env_file: Optional[str] = cli.arg("default RUN_DIR/nccl.env", default=None)
+    launch: Optional[str] = cli.arg("default RUN_DIR/launch.sh", default=None)
+    model_path: Optional[str] = cli.arg("default: args model_path", default=None)
+    draft_model_path: Optional[str] = cli.arg("default: args speculative_draft_model_path", default=None)
     seed: Optional[str] = None
-    extra: List[str] = common.arg("KEY=VALUE recorded as given (redacted)", default_factory=list, action="append")
+    extra: List[str] = cli.arg("KEY=VALUE recorded as given (redacted)", default_factory=list, action="append")
     probe_timeout: float = 60.0
-    smi_timeout: float = common.DEFAULT_SMI_TIMEOUT
-    out: Optional[str] = common.arg("write the manifest here too (node_manifest.json)", default=None)
+    smi_timeout: float = nvsmi.DEFAULT_SMI_TIMEOUT
+    out: Optional[str] = cli.arg("write the manifest here too (node_manifest.json)", default=None)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> ManifestSpec:
-    return common.parse_spec(ManifestSpec, argv, "manifest.py", __doc__)
+    return cli.parse_spec(ManifestSpec, argv, "manifest.py", __doc__)
 
 
 def probe(argv: List[str], timeout: float) -> Dict[str, Any]:
     try:
-        rc, out, err = common.run_command(argv, timeout)
+        rc, out, err = nvsmi.run_command(argv, timeout)
     except subprocess.TimeoutExpired:
         return {"error": "no answer within %gs" % timeout}
     except OSError as exc:
@@ -133,10 +133,10 @@ def gpus(smi: Optional[List[str]], timeout: float) -> Dict[str, Any]:
         return {"error": "no --smi given"}
     try:
         try:
-            rows = common.query_gpus(smi, GPU_FIELDS, timeout)
-        except common.SmiFieldError:
-            rows = common.query_gpus(smi, GPU_FIELDS_MIN, timeout)
-    except common.SmiError as exc:
+            rows = nvsmi.query_gpus(smi, GPU_FIELDS, timeout)
+        except nvsmi.SmiFieldError:
+            rows = nvsmi.query_gpus(smi, GPU_FIELDS_MIN, timeout)
+    except nvsmi.SmiError as exc:
         return {"error": exc.message}
     drivers = sorted({str(r.get("driver_version")) for r in rows})
     return {"driver_version": drivers[0] if len(drivers) == 1 else drivers, "gpus": rows}
@@ -183,18 +183,18 @@ def read_text(path: Optional[str]) -> Optional[Dict[str, Any]]:
     with open(path, "rb") as fh:
         raw = fh.read()
     return {"path": path, "sha256": hashlib.sha256(raw).hexdigest(),
-            "text": common.redact_text(raw.decode("utf-8", "replace"))}
+            "text": contract.redact_text(raw.decode("utf-8", "replace"))}
 
 
 def server_environ(node_dir: str) -> Optional[Dict[str, Any]]:
-    rec = common.load_record(node_dir) or common.load_record(node_dir, common.LAST_SERVER_JSON)
+    rec = ownership.load_record(node_dir) or ownership.load_record(node_dir, ownership.LAST_SERVER_JSON)
     if rec is None:
         return None
-    info: Dict[str, Any] = {"record": common.redact_mapping(rec)}
-    if common.main_is_ours(rec):
+    info: Dict[str, Any] = {"record": contract.redact_mapping(rec)}
+    if ownership.main_is_ours(rec):
         try:
-            env = common.proc_environ(int(rec["pid"]))
-            info["environ"] = {k: common.redact_value(k, v) for k, v in sorted(env.items())
+            env = procfs.proc_environ(int(rec["pid"]))
+            info["environ"] = {k: contract.redact_value(k, v) for k, v in sorted(env.items())
                                if k.startswith(ENGINE_ENV_PREFIXES)}
         except OSError as exc:
             info["environ_error"] = str(exc)
@@ -273,26 +273,26 @@ def build(a: ManifestSpec, parts: Optional[Dict[str, Any]] = None) -> Dict[str, 
     env: Any = None
     if os.path.isfile(env_path):
         try:
-            env = {k: common.redact_value(k, v) for k, v in common.parse_env_file(env_path).items()}
-        except common.ToolError as exc:
+            env = {k: contract.redact_value(k, v) for k, v in envfile.parse_env_file(env_path).items()}
+        except cli.ToolError as exc:
             env = "error: %s" % exc.message
     sa = server_args if isinstance(server_args, dict) else {}
     vers = parts["versions"] if parts else versions(a.python, a.probe_timeout)
     extra = {}
     for kv in a.extra:
         k, _, v = kv.partition("=")
-        extra[k] = common.redact_value(k, v)
+        extra[k] = contract.redact_value(k, v)
     return {
         "kind": "specab-node-manifest",
         "created_at": time.time(),
-        "created_at_iso": common.now_iso(),
+        "created_at_iso": osutil.now_iso(),
         "run_dir": run_dir,
         "run_id": os.path.basename(run_dir),
         "host": parts["host"] if parts else host_info(),
         "versions": vers,
         "engine": engine_info(run_dir, vers),
         "gpu": parts["gpu"] if parts else gpus(a.smi, a.smi_timeout),
-        "server_args": common.redact_mapping(server_args),
+        "server_args": contract.redact_mapping(server_args),
         "env_file": {"path": env_path, "values": env},
         "launch": read_text(a.launch or os.path.join(run_dir, "launch.sh")),
         "server": server_environ(node_dir),
@@ -324,9 +324,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     a = parse_args(argv)
     out = build(a)
     if a.out:
-        common.write_json(a.out, out)
+        osutil.write_json(a.out, out)
     return out
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_tool(main))
+    sys.exit(cli.run_tool(main))

@@ -19,8 +19,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from specab.node import common
-from specab.node.common import ToolError, UsageError
+from specab.node import cli, osutil, ownership
+from specab.node.cli import ToolError, UsageError
 
 # How long a stopped sampler may take to exit (it ends its loop at once on SIGTERM), and how often that is polled.
 SAMPLER_STOP_WAIT_S = 10.0
@@ -60,7 +60,7 @@ class RankSamplerSpec:
 
 def start_rank_sampler(a: RankSamplerSpec) -> Dict[str, Any]:
     assert a.python is not None and a.smi is not None
-    argv = common.tool_argv(a.python, SAMPLER_TOOL) + [
+    argv = cli.tool_argv(a.python, SAMPLER_TOOL) + [
         "--smi", json.dumps(a.smi), "--gpus", str(a.gpus), "--interval", str(a.sample_interval_s),
         "--out", "gpu_samples.csv", "--duration", str(a.duration_s), "--keep-after-parent-exit"]
     with open(a.path("gpu_samples.json"), "w") as out, open(a.path("gpu_samples.log"), "a") as err:
@@ -68,7 +68,7 @@ def start_rank_sampler(a: RankSamplerSpec) -> Dict[str, Any]:
                                 close_fds=True, start_new_session=True)
     # with its start time, for this tool's stop and for the server's stop after a Ctrl-C that cut the run's
     # playbook off (stop.end_helpers): both end it only while that pid is still this sampler
-    common.record_helpers(a.run_dir, [(SAMPLER_TOOL, proc.pid)])
+    ownership.record_helpers(a.run_dir, [(SAMPLER_TOOL, proc.pid)])
     return {"started": True, "pid": proc.pid}
 
 
@@ -77,25 +77,25 @@ def stop_rank_sampler(a: RankSamplerSpec) -> Dict[str, Any]:
     duration) or never started is no error, and a recorded pid that is not the recorded sampler any more (another
     start time or command line: the pid reused) is left alone. The record goes once no sampler of it runs; a sampler
     that outlives SIGTERM keeps it, for the server's stop."""
-    recorded = [e for e in common.recorded_helpers(a.run_dir) if e.get("tool") == SAMPLER_TOOL]
+    recorded = [e for e in ownership.recorded_helpers(a.run_dir) if e.get("tool") == SAMPLER_TOOL]
     if not recorded:
         return {"stopped": False, "note": "no sampler"}
     entry = recorded[0]
     out: Dict[str, Any] = {"stopped": False, "pid": entry.get("pid")}
-    if common.helper_is_ours(entry):
+    if ownership.helper_is_ours(entry):
         os.kill(int(entry["pid"]), signal.SIGTERM)
-        if not common.poll_until(lambda: not common.helper_is_ours(entry), SAMPLER_STOP_WAIT_S, STOP_POLL_S):
+        if not osutil.poll_until(lambda: not ownership.helper_is_ours(entry), SAMPLER_STOP_WAIT_S, STOP_POLL_S):
             raise ToolError("the GPU sampler %s did not exit within %.0f s of SIGTERM"
                             % (entry["pid"], SAMPLER_STOP_WAIT_S), out)
         out["stopped"] = True
     else:
         out["note"] = "sampler already ended"
-    common.forget_helpers(a.run_dir)
+    ownership.forget_helpers(a.run_dir)
     return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    a = common.spec_from_argv(RankSamplerSpec, argv)
+    a = cli.spec_from_argv(RankSamplerSpec, argv)
     if a is None:
         raise UsageError("ranksampler takes its spec as JSON: ranksampler --spec-json TEXT|- (the keys of "
                          "RankSamplerSpec)")
@@ -103,4 +103,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_tool(main))
+    sys.exit(cli.run_tool(main))

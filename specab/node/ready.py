@@ -23,8 +23,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from specab.node import common
-from specab.node.common import ToolError
+from specab.node import cli, osutil, procfs
+from specab.node.cli import ToolError
 from specab.vocab import contract, engines
 
 # SGLang's log prefix: "[2025-10-22 10:27:57 TP0] message" (the rank part is optional).
@@ -50,14 +50,14 @@ class ReadySpec:
     log: str
     timeout: float
     interval: float = 0.2
-    traceback_grace: float = common.arg("a Python traceback followed by this many seconds of log silence (server not "
+    traceback_grace: float = cli.arg("a Python traceback followed by this many seconds of log silence (server not "
                                         "ready, no further line) counts as fatal", default=60.0)
-    phases_out: Optional[str] = common.arg("ready.json", default=None)
-    progress: Optional[str] = common.arg("ready_progress.json", default=None)
+    phases_out: Optional[str] = cli.arg("ready.json", default=None)
+    progress: Optional[str] = cli.arg("ready_progress.json", default=None)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> ReadySpec:
-    return common.parse_spec(ReadySpec, argv, "ready.py", __doc__)
+    return cli.parse_spec(ReadySpec, argv, "ready.py", __doc__)
 
 
 def log_ts_to_epoch(ts: str) -> Optional[float]:
@@ -251,13 +251,13 @@ def probe_generation(base: str, timeout: float) -> Tuple[bool, str]:
 def write_progress(path: Optional[str], phase: str, t0: float, watcher: LogWatcher) -> None:
     if not path:
         return
-    last = common.redact_text(watcher.tail[-1])[:240] if watcher.tail else ""
-    common.write_text(path, json.dumps({"phase": phase, "t": round(time.time(), 3),
+    last = contract.redact_text(watcher.tail[-1])[:240] if watcher.tail else ""
+    osutil.write_text(path, json.dumps({"phase": phase, "t": round(time.time(), 3),
                                         "elapsed_s": round(time.monotonic() - t0, 3), "last_log_line": last}) + "\n")
 
 
 def tail_text(watcher: LogWatcher, n: int = 15) -> str:
-    return "\n".join(common.redact_text(l) for l in watcher.tail[-n:])
+    return "\n".join(contract.redact_text(l) for l in watcher.tail[-n:])
 
 
 def wait_ready(a: ReadySpec) -> Dict[str, Any]:
@@ -275,9 +275,9 @@ def wait_ready(a: ReadySpec) -> Dict[str, Any]:
         watcher.flush()
         out.update(ready=False, phase=watcher.phase(), phases=watcher.phases, durations=watcher.durations(),
                    durations_source=watcher.durations_source(), startup_timings=watcher.startup_timings,
-                   elapsed_s=round(time.monotonic() - t0, 3), fatal_line=common.redact_text(
+                   elapsed_s=round(time.monotonic() - t0, 3), fatal_line=contract.redact_text(
                        watcher.best_fatal_line() or "") or None, log_tail=watcher.tail[-15:])
-        out["log_tail"] = [common.redact_text(l) for l in out["log_tail"]]
+        out["log_tail"] = [contract.redact_text(l) for l in out["log_tail"]]
         write_progress(a.progress, "failed", t0, watcher)
         return ToolError(msg, out)
 
@@ -287,22 +287,22 @@ def wait_ready(a: ReadySpec) -> Dict[str, Any]:
         if phase != last_phase or time.monotonic() - last_progress > 1.0:
             write_progress(a.progress, phase, t0, watcher)
             if phase != last_phase:
-                common.log("phase: %s (%.1fs)" % (phase, time.monotonic() - t0))
+                cli.log("phase: %s (%.1fs)" % (phase, time.monotonic() - t0))
             last_phase, last_progress = phase, time.monotonic()
         if watcher.fatal is not None and (time.monotonic() - (watcher.fatal_at or 0) >= FATAL_SETTLE_S
-                                          or not common.is_alive(a.pid)):
+                                          or not procfs.is_alive(a.pid)):
             # a short settle: "Scheduler hit an exception" comes before the line naming the cause
             watcher.flush()
             kind, line = watcher.fatal
             raise fail("the server failed to start (%s) after %.1fs: %r. Log tail of %s:\n%s"
-                       % (kind, time.monotonic() - t0, common.redact_text(line), a.log, tail_text(watcher)))
-        if not common.is_alive(a.pid):
+                       % (kind, time.monotonic() - t0, contract.redact_text(line), a.log, tail_text(watcher)))
+        if not procfs.is_alive(a.pid):
             watcher.flush()
             fatal = watcher.best_fatal_line()
             raise fail("the server process %d exited before it was ready (after %.1fs, phase %r)%s. "
                        "Log tail of %s:\n%s"
                        % (a.pid, time.monotonic() - t0, watcher.phase(),
-                          ": %r" % common.redact_text(fatal) if fatal else "", a.log, tail_text(watcher)))
+                          ": %r" % contract.redact_text(fatal) if fatal else "", a.log, tail_text(watcher)))
         left = deadline - time.monotonic()
         status, note = probe(base, endpoint, max(0.5, min(5.0, left)))
         if status == 404 and endpoint == "/health_generate":
@@ -324,10 +324,10 @@ def wait_ready(a: ReadySpec) -> Dict[str, Any]:
                 error = fail("the server answered /health 200 after %.1fs but could not generate: %s%s. "
                              "Log tail of %s:\n%s"
                              % (time.monotonic() - t0, why,
-                                "; the log says: %r" % common.redact_text(fatal) if fatal else "",
+                                "; the log says: %r" % contract.redact_text(fatal) if fatal else "",
                                 a.log, tail_text(watcher)))
                 if fatal:
-                    error.result["fatal_line"] = common.redact_text(fatal)
+                    error.result["fatal_line"] = contract.redact_text(fatal)
                 raise error
             out["generation_check"] = why
         if status == 200:
@@ -344,7 +344,7 @@ def wait_ready(a: ReadySpec) -> Dict[str, Any]:
             return out
         if watcher.traceback_at is not None and time.monotonic() - watcher.last_line_at > a.traceback_grace:
             raise fail("the server logged a Python traceback, then nothing for %gs, and is not ready: %r. "
-                       "Log tail of %s:\n%s" % (a.traceback_grace, common.redact_text(
+                       "Log tail of %s:\n%s" % (a.traceback_grace, contract.redact_text(
                            watcher.exception_line or "Traceback"), a.log, tail_text(watcher)))
         if time.monotonic() >= deadline:
             raise fail("the server was not ready after %gs (phase %r, last health answer: %s; raise "
@@ -355,8 +355,8 @@ def wait_ready(a: ReadySpec) -> Dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     a = parse_args(argv)
-    return common.recorded(a.phases_out, lambda: wait_ready(a))
+    return cli.recorded(a.phases_out, lambda: wait_ready(a))
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_tool(main))
+    sys.exit(cli.run_tool(main))

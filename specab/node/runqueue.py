@@ -9,7 +9,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional
 
-from specab.node import common, loadgen, staging
+from specab.node import loadgen, staging
 from specab.vocab import contract, phases
 
 POLL_S = 0.05
@@ -39,7 +39,7 @@ def log_tail(path: str, n: int = 12) -> str:
             lines = fh.read().decode("utf-8", "replace").splitlines()
     except OSError:
         return "(no %s)" % os.path.basename(path)
-    return "\n".join(common.redact_text(l) for l in lines[-n:])
+    return "\n".join(contract.redact_text(l) for l in lines[-n:])
 
 
 # ---------------------------------------------------------------------------------------------

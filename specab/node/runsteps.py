@@ -15,11 +15,11 @@ import threading
 import traceback
 from typing import Any, Dict, Iterator, List, Optional, Protocol
 
-from specab.node import benchstep, common, envcheck, manifest, ready
+from specab.node import benchstep, cli, envcheck, manifest, osutil, ownership, ready
 from specab.node import start as start_tool
-from specab.node.common import ToolError
+from specab.node.cli import ToolError
 from specab.node.runqueue import POLL_S, Entry, now
-from specab.vocab import phases
+from specab.vocab import contract, phases
 
 PHASES = phases.NODE_PHASES
 
@@ -51,7 +51,7 @@ class SignalGate(object):
         first = self.requested is None
         self.requested = signal.Signals(signum).name
         if first:
-            common.log("%s received: stopping after the current run's teardown" % self.requested)
+            cli.log("%s received: stopping after the current run's teardown" % self.requested)
         if self._armed and first:
             raise Interrupted(self.requested)
 
@@ -140,7 +140,7 @@ class RunSteps(object):
             except Interrupted as exc:
                 if self.phases.current in ("warming up", "benchmarking") and self.bench_complete():
                     # every measured request was answered before the signal: the measurement is whole
-                    common.log("run %s: %s after its last measured request: kept as ok"
+                    cli.log("run %s: %s after its last measured request: kept as ok"
                                % (self.e.run_id, exc))
                     self.result["note"] = "signal %s after the benchmark's last measured request" % exc
                     self.bench_grace(10.0)        # it only writes its summary now: let it finish
@@ -154,7 +154,7 @@ class RunSteps(object):
             except ToolError as exc:
                 self.fail(self.phases.current or "claimed", exc.message)
             except Exception as exc:  # a bug must still stop the server and record the run
-                common.log(traceback.format_exc())
+                cli.log(traceback.format_exc())
                 self.fail(self.phases.current or "claimed", "internal error of the sequencer: %s: %s (see "
                           "sequencer.log)" % (type(exc).__name__, exc))
         finally:
@@ -173,8 +173,8 @@ class RunSteps(object):
         if not self.result["ok"]:
             return
         self.result.update(ok=False, status=status, phase=phase, task=self.e.task(phase),
-                           headline=self.headline(phase, status), error=common.redact_text(message))
-        common.log("run %s %s in phase %r: %s" % (self.e.run_id, status, phase, message.splitlines()[0]))
+                           headline=self.headline(phase, status), error=contract.redact_text(message))
+        cli.log("run %s %s in phase %r: %s" % (self.e.run_id, status, phase, message.splitlines()[0]))
 
     def failure(self) -> str:
         """The failure as one text, ``"<headline>: <error>"`` (the per-run path's message)."""
@@ -182,7 +182,7 @@ class RunSteps(object):
 
     def prepare(self) -> None:
         s, e = self.seq, self.e
-        dirty = not s.clean or os.path.exists(os.path.join(s.node_dir, common.SERVER_JSON))
+        dirty = not s.clean or os.path.exists(os.path.join(s.node_dir, ownership.SERVER_JSON))
         if dirty:
             self.phases.begin("stopping-leftover")
             with s.gate.armed():
@@ -227,7 +227,7 @@ class RunSteps(object):
         a = ready.ReadySpec(url=e.url, pid=self.server_pid, log=e.path("server.log"), timeout=e.ready_s,
                             interval=POLL_S, phases_out=e.path("ready.json"), progress=e.path("ready_progress.json"))
         try:
-            out = common.recorded(a.phases_out, lambda: ready.wait_ready(a))
+            out = cli.recorded(a.phases_out, lambda: ready.wait_ready(a))
         except ToolError as exc:
             raise RunFailed("loading", exc.message)
         self.result["time_to_ready_s"] = out.get("elapsed_s")
@@ -244,7 +244,7 @@ class RunSteps(object):
             url=e.url if e.server_info else None, no_server_info=not e.server_info, log=[e.path("server.log")],
             out=e.path("env_check.json"), server_info_out=e.path("server_info.json") if e.server_info else None)
         try:
-            common.recorded(a.out, lambda: envcheck.check(a))
+            cli.recorded(a.out, lambda: envcheck.check(a))
         except ToolError as exc:
             raise RunFailed("env", exc.message)
 
@@ -284,7 +284,7 @@ class RunSteps(object):
             self.seq.wait_versions(self.e.engine_python)
             self.parts = manifest.slow_parts(self.manifest_spec(), self.seq.versions_cache)
         except Exception as exc:  # the manifest is built without the precomputed parts then
-            common.log("manifest parts failed: %s: %s" % (type(exc).__name__, exc))
+            cli.log("manifest parts failed: %s: %s" % (type(exc).__name__, exc))
 
     def manifest_spec(self) -> manifest.ManifestSpec:
         e = self.e
@@ -324,7 +324,7 @@ class RunSteps(object):
                 free["thread"] = threading.Thread(target=wait_free, name="gpus-free", daemon=True)
                 free["thread"].start()
 
-        if self.started_server or os.path.exists(os.path.join(s.node_dir, common.SERVER_JSON)):
+        if self.started_server or os.path.exists(os.path.join(s.node_dir, ownership.SERVER_JSON)):
             self.phases.begin("stopping")
             try:
                 out = s.stop_server(e.smi, e.stop_grace_s, e.path("stop.json") if self.started_server else None,
@@ -356,16 +356,16 @@ class RunSteps(object):
                 parts = {"versions": s.versions_cache.get(e.engine_python, {"note": "not probed (interrupted)"}),
                          "gpu": {"error": "not queried (interrupted)"}, "host": manifest.host_info(),
                          "models": {"target": None, "draft": None}}
-            common.write_json(a.out, manifest.build(a, parts))
+            osutil.write_json(a.out, manifest.build(a, parts))
         except Exception as exc:
-            common.log(traceback.format_exc())
+            cli.log(traceback.format_exc())
             self.fail("manifest", "cannot write the manifest: %s: %s" % (type(exc).__name__, exc))
         self.wait_sampler()
         self.phases.begin("done")
         if halt is not None and self.failure() != halt:
             self.result["teardown_error"] = halt
         self.result["finished_at"] = round(now(), 4)
-        common.write_json(e.path("done.json"), self.result)
+        osutil.write_json(e.path("done.json"), self.result)
         self.halt = halt
         return self.result
 

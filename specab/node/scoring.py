@@ -126,7 +126,7 @@ def _prompts(run_dir: str, summary: Dict[str, Any]) -> List[Any]:
     """The measured prompts of a run as its client built them (loadgen.run_benchmark), checked by their hash."""
     seed, n, input_len = int(summary["seed"]), int(summary["requests"]), int(summary["input_len"])
     data = summary.get("dataset") or {}
-    kt = loadgen.known_truth_of(run_dir)
+    kt, _ = loadgen.known_truth_of(run_dir)
     if data.get("kind") == "file":
         prompts = dataset.sample(dataset.load(str(data["path"])), seed, "measure", n)  # type: List[Any]
     elif kt is not None:

@@ -38,8 +38,8 @@ import traceback
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Type
 
-from specab.node import common, staging
-from specab.node.common import ToolError, UsageError
+from specab.node import cli, osutil, ownership, staging
+from specab.node.cli import ToolError, UsageError
 from specab.node.runqueue import (END_PREFIX, ENSURE_LOCK, ENTRY_RE, ID_RE, POLL_S,
                                   SEQUENCER_LOG, SERVE_LOCK, STAGING_DIR, Entry, log_tail,
                                   make_queue_dir, queue_dir, queued_names)
@@ -61,9 +61,9 @@ class WaitSpec:
     node_dir: str
     run_id: str
     timeout: float
-    pack: Optional[str] = common.arg("once the run is done, pack its directory into this tar (mode 0600, members "
+    pack: Optional[str] = cli.arg("once the run is done, pack its directory into this tar (mode 0600, members "
                                      "<run id>/...) for the controller", default=None, metavar="TAR")
-    also: List[str] = common.arg("with --pack: also pack these later runs (queue order) that are done by then, up to "
+    also: List[str] = cli.arg("with --pack: also pack these later runs (queue order) that are done by then, up to "
                                  "the first one that is not (one fetch for every finished run)",
                                  default_factory=list, action="append", metavar="RUN_ID")
 
@@ -81,7 +81,7 @@ class StageSpec:
     node_dir: str
     experiment_id: str
     batch: Any
-    finish: bool = common.arg("then write the END marker, as `finish` does: these are the experiment's last runs",
+    finish: bool = cli.arg("then write the END marker, as `finish` does: these are the experiment's last runs",
                               default=False)
 
 
@@ -98,21 +98,21 @@ SPECS: Dict[str, Type[Any]] = {"ensure": ServeSpec, "serve": ServeSpec, "reset":
 
 def ensure_lock(node_dir: str) -> ContextManager[None]:
     """ensure/reset of one node directory, one at a time."""
-    return common.flocked(os.path.join(node_dir, ENSURE_LOCK))
+    return osutil.flocked(os.path.join(node_dir, ENSURE_LOCK))
 
 
 def live_record(node_dir: str) -> Optional[Dict[str, Any]]:
-    rec = common.load_sequencer(node_dir)
-    return rec if common.sequencer_alive(rec) else None
+    rec = ownership.load_sequencer(node_dir)
+    return rec if ownership.sequencer_alive(rec) else None
 
 
 def stop_live(node_dir: str, grace: float) -> Optional[Dict[str, Any]]:
-    return common.stop_sequencer(node_dir, grace)
+    return ownership.stop_sequencer(node_dir, grace)
 
 
 def spawn(a: ServeSpec) -> Dict[str, Any]:
-    argv = common.tool_argv(sys.executable, "sequence") + [
-        common.SPEC_FLAG, json.dumps(dict(asdict(a), command="serve"))]
+    argv = cli.tool_argv(sys.executable, "sequence") + [
+        cli.SPEC_FLAG, json.dumps(dict(asdict(a), command="serve"))]
     log_path = os.path.join(a.node_dir, SEQUENCER_LOG)
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(argv, cwd=a.node_dir, stdin=subprocess.DEVNULL, stdout=logf,
@@ -121,7 +121,7 @@ def spawn(a: ServeSpec) -> Dict[str, Any]:
     while True:
         rec = None
         try:
-            rec = common.load_sequencer(a.node_dir)
+            rec = ownership.load_sequencer(a.node_dir)
         except ToolError:
             pass            # being written
         if rec and rec.get("pid") == proc.pid:
@@ -185,14 +185,14 @@ def cmd_reset(a: ResetSpec) -> Dict[str, Any]:
 
 def write_end_marker(node_dir: str, experiment_id: str) -> str:
     path = os.path.join(make_queue_dir(node_dir), END_PREFIX + experiment_id)
-    common.write_text(path, "%s\n" % common.now_iso(), 0o644)
+    osutil.write_text(path, "%s\n" % osutil.now_iso(), 0o644)
     return path
 
 
 def cmd_finish(a: FinishSpec) -> Dict[str, Any]:
     path = write_end_marker(a.node_dir, a.experiment_id)
-    rec = common.load_sequencer(a.node_dir)
-    return {"end_marker": path, "sequencer": rec if common.sequencer_alive(rec) else None}
+    rec = ownership.load_sequencer(a.node_dir)
+    return {"end_marker": path, "sequencer": rec if ownership.sequencer_alive(rec) else None}
 
 
 def cmd_stage(a: StageSpec) -> Dict[str, Any]:
@@ -265,7 +265,7 @@ def wait_done(a: WaitSpec) -> Dict[str, Any]:
 
     def read_done() -> Optional[Dict[str, Any]]:
         try:
-            return common.read_json(done)
+            return osutil.read_json(done)
         except (OSError, ValueError):
             return None
 
@@ -280,22 +280,22 @@ def wait_done(a: WaitSpec) -> Dict[str, Any]:
     while True:
         res = read_done()
         if res is not None:
-            return common.Verbatim(res)
+            return cli.Verbatim(res)
         if time.monotonic() >= next_check:
             next_check = time.monotonic() + 0.5
             rec = None
             try:
-                rec = common.load_sequencer(a.node_dir)
+                rec = ownership.load_sequencer(a.node_dir)
             except ToolError as exc:
                 raise ToolError("run %s: %s" % (a.run_id, exc.message))
-            alive = common.sequencer_alive(rec)
+            alive = ownership.sequencer_alive(rec)
             if not alive or (rec or {}).get("state") in ("halted", "exited"):
                 time.sleep(POLL_S)
                 res = read_done()
                 if res is not None:
-                    return common.Verbatim(res)
+                    return cli.Verbatim(res)
                 if rec is None:
-                    why = "no sequencer was started on this node (no %s)" % common.SEQUENCER_JSON
+                    why = "no sequencer was started on this node (no %s)" % ownership.SEQUENCER_JSON
                 else:
                     why = "the sequencer (pid %s, experiment %s) is %s%s" % (
                         rec.get("pid"), rec.get("experiment_id"),
@@ -339,23 +339,23 @@ def cmd_serve(a: ServeSpec) -> Dict[str, Any]:
         os.close(fd)
         rec = None
         try:
-            rec = common.load_sequencer(a.node_dir)
+            rec = ownership.load_sequencer(a.node_dir)
         except ToolError:
             pass
         raise ToolError("another sequencer holds %s (recorded: pid %s, experiment %s); use `sequence.py ensure` "
                         "(it replaces it) or `stop.py` to stop it" % (os.path.join(a.node_dir, SERVE_LOCK),
                                                                       (rec or {}).get("pid"),
                                                                       (rec or {}).get("experiment_id")))
-    common.log("sequencer %d for %s started in %s" % (os.getpid(), a.experiment_id, a.node_dir))
+    cli.log("sequencer %d for %s started in %s" % (os.getpid(), a.experiment_id, a.node_dir))
     seq = Sequencer(a)
     try:
         rc = seq.serve()
     except Exception as exc:   # a bug: say so in sequencer.json, so that `wait` can tell the driver
-        common.log(traceback.format_exc())
+        cli.log(traceback.format_exc())
         seq.save(state="halted", error="internal error of the sequencer: %s: %s (traceback in %s)"
                  % (type(exc).__name__, exc, os.path.join(a.node_dir, SEQUENCER_LOG)))
         rc = 1
-    common.log("sequencer %d: %s" % (os.getpid(), seq.record.get("state")))
+    cli.log("sequencer %d: %s" % (os.getpid(), seq.record.get("state")))
     out = dict(seq.record)
     if rc != 0:
         raise ToolError(str(seq.record.get("error")), out)
@@ -368,19 +368,19 @@ def cmd_serve(a: ServeSpec) -> Dict[str, Any]:
 
 def parse_args(argv: Optional[Sequence[str]]) -> Tuple[str, Spec]:
     """(command, its spec): from ``--spec-json`` (the object's ``command`` picks the dataclass) or the flags."""
-    obj = common.spec_json(argv)
+    obj = cli.spec_json(argv)
     if obj is not None:
         command = obj.pop("command", None)
         if command not in SPECS:
             raise UsageError("%s: the spec's \"command\" must be one of %s, got %r"
-                             % (common.SPEC_FLAG, ", ".join(SPECS), command))
-        return command, checked(common.spec_of(SPECS[command], obj))
+                             % (cli.SPEC_FLAG, ", ".join(SPECS), command))
+        return command, checked(cli.spec_of(SPECS[command], obj))
     p = argparse.ArgumentParser(prog="sequence.py", description=__doc__.split("\n")[0])
     p.add_argument("--node-dir", required=True)
     sub = p.add_subparsers(dest="command", required=True)
     for name, cls in SPECS.items():     # --node-dir comes before the command; stage's batch on stdin
         sp = sub.add_parser(name, help=STAGE_HELP) if name == "stage" else sub.add_parser(name)
-        common.spec_flags(sp, cls, skip=("node_dir", "batch"))
+        cli.spec_flags(sp, cls, skip=("node_dir", "batch"))
     a = p.parse_args(argv)
     if a.command == "stage":
         a.batch = sys.stdin.read()
@@ -407,4 +407,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_tool(main))
+    sys.exit(cli.run_tool(main))

@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
-from specab.node import common, gpufree, lease, manifest
+from specab.node import cli, gpufree, lease, manifest, osutil, ownership, procfs
 from specab.node import stop as stop_tool
-from specab.node.common import ToolError
+from specab.node.cli import ToolError
 from specab.node.runqueue import (END_PREFIX, ENTRY_RE, POLL_S, SEQUENCER_LOG, SEQUENCER_START, TASKS,
                                   Entry, now, queue_dir, queued_names)
 from specab.node.runsteps import Interrupted, PhaseLog, RunSteps, SignalGate
@@ -33,19 +33,19 @@ class ServeSpec:
     is the process itself): every setting from the controller, none from a literal here."""
     node_dir: str
     experiment_id: str
-    idle_timeout: float = common.arg("exit after this many seconds without work (a dead driver never leaves it "
+    idle_timeout: float = cli.arg("exit after this many seconds without work (a dead driver never leaves it "
                                      "forever; specab_queue_idle_timeout_s)")
-    lease_s: float = common.arg(
+    lease_s: float = cli.arg(
         "claim no new run when the controller gave no sign of life (its node lease's heartbeat, lease.py) for this "
         "many seconds, or the lease names another experiment: a killed driver never leaves its queued runs burning "
         "GPU time (0: never stale; specab_lease_stale_s)")
     gpus: str
     gpu_free_timeout: float
-    gpu_free_threshold_mib: float = common.arg(
+    gpu_free_threshold_mib: float = cli.arg(
         "startup GPU check: a GPU is free at most this many MiB used (enqueue.yml passes the inventory's "
         "specab_gpu_free_threshold_mib; each run's own checks use its entry's)")
     stop_grace: float
-    smi: Optional[List[str]] = common.arg("nvidia-smi argv (JSON list): at startup, stop leftovers and wait for free "
+    smi: Optional[List[str]] = cli.arg("nvidia-smi argv (JSON list): at startup, stop leftovers and wait for free "
                                           "GPUs", default=None)
 
 
@@ -60,7 +60,7 @@ class Sequencer(object):
         self.version_probes: Dict[str, threading.Thread] = {}   # engine python → its probe, running or done
         self.engines: List[int] = []     # engine pids start.py launched from this process (to reap)
         self.hostname = os.uname().nodename
-        st = common.proc_stat(os.getpid())
+        st = procfs.proc_stat(os.getpid())
         self.record: Dict[str, Any] = {
             "pid": os.getpid(), "starttime": st.starttime if st else None, "sid": os.getsid(0),
             "experiment_id": self.experiment_id, "started_at": round(now(), 4), "state": "running",
@@ -70,7 +70,7 @@ class Sequencer(object):
     def save(self, **changes: Any) -> None:
         self.record.update(changes)
         self.record["updated_at"] = round(now(), 4)
-        common.write_json(os.path.join(self.node_dir, common.SEQUENCER_JSON), self.record)
+        osutil.write_json(os.path.join(self.node_dir, ownership.SEQUENCER_JSON), self.record)
 
     def prefetch_versions(self, python: str) -> None:
         """Probe the engine's versions in the background, once per engine python (manifest.versions)."""
@@ -81,7 +81,7 @@ class Sequencer(object):
             try:
                 self.versions_cache[python] = manifest.versions(python, PROBE_TIMEOUT_S)
             except Exception as exc:   # the manifest probes again itself then
-                common.log("version probe failed: %s: %s" % (type(exc).__name__, exc))
+                cli.log("version probe failed: %s: %s" % (type(exc).__name__, exc))
 
         t = threading.Thread(target=probe, daemon=True)
         self.version_probes[python] = t
@@ -98,7 +98,7 @@ class Sequencer(object):
                     on_gone: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
         a = stop_tool.StopSpec(node_dir=self.node_dir, smi=list(smi), grace=grace, out=out)
         # its bench step's helpers are its own, ended by it (RunSteps.drop_helpers)
-        res = common.recorded(a.out, lambda: stop_tool.stop(a, stop_sequencer=False, on_gone=on_gone,
+        res = cli.recorded(a.out, lambda: stop_tool.stop(a, stop_sequencer=False, on_gone=on_gone,
                                                             helpers=False))
         self.reap()
         return res
@@ -107,7 +107,7 @@ class Sequencer(object):
                   csv: Optional[str] = None) -> Dict[str, Any]:
         a = gpufree.GpuFreeSpec(smi=list(smi), gpus=gpus, threshold_mib=threshold_mib, timeout=timeout,
                                 interval=POLL_S, node_dir=self.node_dir, out=out, csv=csv)
-        return common.recorded(a.out, lambda: gpufree.wait_free(a))
+        return cli.recorded(a.out, lambda: gpufree.wait_free(a))
 
     def reap(self) -> None:
         """Collect the exited engines start.py launched from this process (no zombies left)."""
@@ -132,13 +132,13 @@ class Sequencer(object):
                 self.clean = True
             except ToolError as exc:
                 res.update(ok=False, error=exc.message)
-                common.write_json(os.path.join(self.node_dir, SEQUENCER_START), res)
+                osutil.write_json(os.path.join(self.node_dir, SEQUENCER_START), res)
                 raise
         else:
             res["note"] = "no --smi: the first run stops leftovers and waits for free GPUs itself"
         res["ok"] = True
         res["elapsed_s"] = round(now() - res["t"], 4)
-        common.write_json(os.path.join(self.node_dir, SEQUENCER_START), res)
+        osutil.write_json(os.path.join(self.node_dir, SEQUENCER_START), res)
         self.save(startup={"ok": True, "clean": self.clean, "elapsed_s": res["elapsed_s"]})
 
     def held(self) -> bool:
@@ -151,7 +151,7 @@ class Sequencer(object):
         def loop() -> None:
             while not self.gate.requested:
                 if self.held():
-                    common.log("the node lease %s is on hold: the driver was interrupted"
+                    cli.log("the node lease %s is on hold: the driver was interrupted"
                                % lease.lease_path(self.node_dir))
                     os.kill(os.getpid(), signal.SIGTERM)
                     return
@@ -163,7 +163,7 @@ class Sequencer(object):
         for name in queued_names(self.node_dir):
             path = os.path.join(qdir, name)
             try:
-                data = common.read_json(path)
+                data = osutil.read_json(path)
             except (OSError, ValueError):
                 continue        # vanished (another claim, a reset) or a partial write: look again later
             if not isinstance(data, dict) or str(data.get("experiment_id")) != self.experiment_id:
@@ -183,7 +183,7 @@ class Sequencer(object):
 
     def refuse(self, path: str, name: str, why: str) -> None:
         """A malformed entry: done.json in its run directory (when there is one), the entry set aside."""
-        common.log("queue entry %s refused: %s" % (name, why))
+        cli.log("queue entry %s refused: %s" % (name, why))
         m = ENTRY_RE.match(name)
         run_dir = os.path.join(self.node_dir, "runs", m.group("run_id")) if m else None
         try:
@@ -192,7 +192,7 @@ class Sequencer(object):
             pass
         if run_dir and os.path.isdir(run_dir):
             t = round(now(), 4)
-            common.write_json(os.path.join(run_dir, "done.json"), {
+            osutil.write_json(os.path.join(run_dir, "done.json"), {
                 "ok": False, "status": "failed", "phase": "claimed", "task": TASKS["claimed"],
                 "headline": failure_headline("claimed", self.hostname),
                 "error": "the queue entry was refused: %s" % why, "run_id": m.group("run_id") if m else None,
@@ -214,7 +214,7 @@ class Sequencer(object):
             phases.close()
         self.save(runs_done=self.record["runs_done"] + 1, last_run={"run_id": entry.run_id,
                                                                     "status": result["status"]})
-        common.log("run %s: %s" % (entry.run_id, result["status"]))
+        cli.log("run %s: %s" % (entry.run_id, result["status"]))
         return steps.halt
 
     def serve(self) -> int:
@@ -224,7 +224,7 @@ class Sequencer(object):
             self.startup()
         except ToolError as exc:
             self.save(state="halted", error="startup: " + exc.message)
-            common.log("halted at startup: " + exc.message)
+            cli.log("halted at startup: " + exc.message)
             return 1
         except Interrupted:
             self.save(state="exited", error=None, reason="signal during startup")
@@ -245,7 +245,7 @@ class Sequencer(object):
                     self.save(state="exited", run_id=None,
                               reason="%s (--lease-s %g): queued runs left unclaimed; resume the experiment to run "
                                      "them" % (gone, self.a.lease_s))
-                    common.log(self.record["reason"])
+                    cli.log(self.record["reason"])
                     return 0
             if self.held():
                 self.save(state="exited", run_id=None, reason="the node lease %s is on hold: the driver was "
@@ -256,7 +256,7 @@ class Sequencer(object):
                 halt = self.run_entry(entry)
                 if halt is not None:
                     self.save(state="halted", run_id=None, error=halt)
-                    common.log("halted: " + halt)
+                    cli.log("halted: " + halt)
                     return 1
                 if self.gate.requested:
                     self.save(state="exited", run_id=None, reason="signal %s" % self.gate.requested)

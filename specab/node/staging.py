@@ -27,8 +27,7 @@ import shutil
 import subprocess
 from typing import Any, Callable, Dict, List, Sequence
 
-from specab.node import common
-from specab.node.common import ToolError
+from specab.node.cli import ToolError
 from specab.vocab import contract
 
 VERSION = 1
@@ -148,7 +147,7 @@ def check_files(runs: Sequence[StagedRun]) -> None:
                                 "queued. It was rendered from the launch template (templates/launch_server.sh.j2) "
                                 "with this arm's values: fix the template or the value the error points at"
                                 % (run.run_id, f.name, " ".join(CHECKS[f.check]),
-                                   common.redact_text((proc.stderr or proc.stdout).strip()) or
+                                   contract.redact_text((proc.stderr or proc.stdout).strip()) or
                                    "exit %d" % proc.returncode, len(runs)))
 
 

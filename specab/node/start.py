@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from specab.node import common
-from specab.node.common import ToolError
+from specab.node import cli, osutil, ownership, ports, procfs
+from specab.node.cli import ToolError
 from specab.vocab import contract
 
 LOG_MODE = contract.PRIVATE_RUN_FILES["server.log"]
@@ -28,31 +28,31 @@ class StartSpec:
     """One engine start: the launch script of a run directory, the address it will listen on."""
     node_dir: str
     run_dir: str
-    script: str = common.arg("the launch script (executable)")
+    script: str = cli.arg("the launch script (executable)")
     host: str
     port: int
-    run_id: Optional[str] = common.arg("default: the run directory's name", default=None)
-    arm: Optional[str] = common.arg("default: the run id without its '<seq>-' prefix", default=None)
-    log: Optional[str] = common.arg("default: RUN_DIR/server.log", default=None)
+    run_id: Optional[str] = cli.arg("default: the run directory's name", default=None)
+    arm: Optional[str] = cli.arg("default: the run id without its '<seq>-' prefix", default=None)
+    log: Optional[str] = cli.arg("default: RUN_DIR/server.log", default=None)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> StartSpec:
-    return common.parse_spec(StartSpec, argv, "start.py", __doc__)
+    return cli.parse_spec(StartSpec, argv, "start.py", __doc__)
 
 
 def check_previous(node_dir: str) -> Optional[Dict[str, Any]]:
     """Refuse when a recorded server of ours still lives; return a stale record otherwise."""
-    rec = common.load_record(node_dir)
+    rec = ownership.load_record(node_dir)
     if rec is None:
         return None
-    path = os.path.join(node_dir, common.SERVER_JSON)
-    if common.main_is_ours(rec):
+    path = os.path.join(node_dir, ownership.SERVER_JSON)
+    if ownership.main_is_ours(rec):
         raise ToolError("%s names a live server of ours (pid %s, run %s, port %s); stop it first "
                         "(stop.py --node-dir %s)" % (path, rec["pid"], rec.get("run_id"), rec.get("port"),
                                                      node_dir))
-    alive = common.members(rec)
+    alive = ownership.members(rec)
     if alive:
-        listed = "; ".join(common.describe_text(st.pid) for st in alive[:5])
+        listed = "; ".join(procfs.describe_text(st.pid) for st in alive[:5])
         raise ToolError("the server recorded in %s has exited but %d process(es) of its session are still "
                         "alive (%s); run stop.py --node-dir %s to sweep them" % (path, len(alive), listed,
                                                                                  node_dir))
@@ -60,12 +60,12 @@ def check_previous(node_dir: str) -> Optional[Dict[str, Any]]:
 
 
 def check_port(host: str, port: int) -> None:
-    holders = common.port_holders(port)
+    holders = ports.port_holders(port)
     if holders:
         who = "; ".join("PID %d, user %s, command %r" % (h["pid"], h["user"], h["command"]) for h in holders)
         raise ToolError("port %d is already taken (LISTEN) by %s; stop that process or choose another "
                         "port (server_args.port)" % (port, who), {"port": port, "holders": holders})
-    err = common.port_bindable(host, port)
+    err = ports.port_bindable(host, port)
     if err is not None:
         raise ToolError("port %d on %s cannot be bound (%s) and no process visible here holds it "
                         "(another network namespace or a user whose /proc is hidden?); choose another "
@@ -78,17 +78,17 @@ def ports_refused(node_dir: str, endpoints: Sequence[Sequence[Any]]) -> List[str
     stop step frees it before the start."""
     node_dir = os.path.abspath(os.path.expanduser(node_dir))
     ours: set = set()
-    for name in (common.SERVER_JSON, common.LAST_SERVER_JSON):
+    for name in (ownership.SERVER_JSON, ownership.LAST_SERVER_JSON):
         try:
-            rec = common.load_record(node_dir, name)
+            rec = ownership.load_record(node_dir, name)
         except ToolError:
             continue                 # an unreadable record is the stop step's concern
         if rec is not None:
             ours.add(int(rec["pid"]))
-            ours.update(st.pid for st in common.members(rec))
+            ours.update(st.pid for st in ownership.members(rec))
     problems = []
     for host, port in endpoints:
-        holders = common.port_holders(int(port))
+        holders = ports.port_holders(int(port))
         if holders and all(h["pid"] in ours for h in holders):
             continue
         try:
@@ -125,7 +125,7 @@ def start(a: StartSpec) -> Dict[str, Any]:
         started = time.time()
         proc = subprocess.Popen([script], cwd=run_dir, stdin=subprocess.DEVNULL, stdout=logf,
                                 stderr=subprocess.STDOUT, close_fds=True, start_new_session=True)
-    st = common.proc_stat(proc.pid)
+    st = procfs.proc_stat(proc.pid)
     rec: Dict[str, Any] = {
         "pid": proc.pid,
         "pgid": os.getpgid(proc.pid) if st is None else st.pgrp,
@@ -136,14 +136,14 @@ def start(a: StartSpec) -> Dict[str, Any]:
         "run_id": run_id,
         "arm": arm,
         "started_at": started,
-        "started_at_iso": common.now_iso(started),
+        "started_at_iso": osutil.now_iso(started),
         "launch": script,
         "run_dir": run_dir,
         "log": log_path,
-        "user": common.proc_user(os.getpid()),
+        "user": procfs.proc_user(os.getpid()),
     }
-    common.write_json(os.path.join(node_dir, common.SERVER_JSON), rec)
-    common.log("started %s: pid %d (session %d), log %s" % (script, proc.pid, rec["sid"], log_path))
+    osutil.write_json(os.path.join(node_dir, ownership.SERVER_JSON), rec)
+    cli.log("started %s: pid %d (session %d), log %s" % (script, proc.pid, rec["sid"], log_path))
     out = dict(rec)
     if stale is not None:
         out["replaced_stale_record"] = {k: stale.get(k) for k in ("pid", "run_id", "started_at_iso")}
@@ -155,4 +155,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_tool(main))
+    sys.exit(cli.run_tool(main))

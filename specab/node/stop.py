@@ -43,8 +43,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from specab.node import common
-from specab.node.common import ToolError
+from specab.node import cli, nvsmi, osutil, ownership, procfs
+from specab.node.cli import ToolError
 from specab.vocab import engines
 
 
@@ -52,20 +52,20 @@ from specab.vocab import engines
 class StopSpec:
     """One stop of the server (and sequencer) of ours recorded in a node directory."""
     node_dir: str
-    smi: List[str] = common.arg('nvidia-smi argv as a JSON list, e.g. \'["nvidia-smi"]\'')
-    grace: float = common.arg("seconds between SIGTERM and SIGKILL (timeouts.stop_grace_s)")
-    kill_wait: float = common.arg("seconds to wait for processes to vanish after SIGKILL", default=15.0)
-    force_foreign: bool = common.arg("also kill GPU compute processes that are NOT ours (never the default)",
+    smi: List[str] = cli.arg('nvidia-smi argv as a JSON list, e.g. \'["nvidia-smi"]\'')
+    grace: float = cli.arg("seconds between SIGTERM and SIGKILL (timeouts.stop_grace_s)")
+    kill_wait: float = cli.arg("seconds to wait for processes to vanish after SIGKILL", default=15.0)
+    force_foreign: bool = cli.arg("also kill GPU compute processes that are NOT ours (never the default)",
                                      default=False)
-    smi_timeout: float = common.DEFAULT_SMI_TIMEOUT
-    out: Optional[str] = common.arg("also write the JSON result to this file (stop.json)", default=None)
-    sequencer_grace: Optional[float] = common.arg(
+    smi_timeout: float = nvsmi.DEFAULT_SMI_TIMEOUT
+    out: Optional[str] = cli.arg("also write the JSON result to this file (stop.json)", default=None)
+    sequencer_grace: Optional[float] = cli.arg(
         "seconds between SIGTERM and SIGKILL for a live sequencer (default: --grace + 90: it first stops its server "
         "and waits for free GPUs)", default=None)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> StopSpec:
-    return common.parse_spec(StopSpec, argv, "stop.py", __doc__)
+    return cli.parse_spec(StopSpec, argv, "stop.py", __doc__)
 
 
 class Stopper(object):
@@ -73,7 +73,7 @@ class Stopper(object):
 
     def __init__(self, rec: Optional[Dict[str, Any]]) -> None:
         self.rec = rec
-        self.pid, self.pgid, self.sid = common.record_ids(rec) if rec is not None else (None, None, None)
+        self.pid, self.pgid, self.sid = ownership.record_ids(rec) if rec is not None else (None, None, None)
         self.t0 = time.time()
         self.signals: List[Dict[str, Any]] = []
 
@@ -82,36 +82,36 @@ class Stopper(object):
 
     def send(self, sig: int, target: str, ident: int, why: str) -> bool:
         """Send ``sig`` to a group (``target='pgid'``) or a process; log it; False if nothing was there."""
-        entry = common.send_signal(sig, target, ident, why, self.t0)
+        entry = ownership.send_signal(sig, target, ident, why, self.t0)
         self.signals.append(entry)
         return bool(entry["delivered"])
 
-    def remaining(self) -> List[common.ProcStat]:
-        return common.members(self.rec) if self.rec is not None else []
+    def remaining(self) -> List[procfs.ProcStat]:
+        return ownership.members(self.rec) if self.rec is not None else []
 
     def wait_gone(self, timeout: float) -> bool:
-        return common.poll_until(lambda: not self.remaining(), timeout, 0.05)
+        return osutil.poll_until(lambda: not self.remaining(), timeout, 0.05)
 
     def owns_session(self, sid: Optional[int]) -> bool:
         return (self.rec is not None and sid is not None and sid == self.sid
-                and common.session_is_ours(self.rec))
+                and ownership.session_is_ours(self.rec))
 
 
 def sweep_gpu(st: Stopper, smi: Sequence[str], timeout: float, force_foreign: bool) -> Dict[str, Any]:
     """Kill GPU compute processes of our session; report (or, when forced, kill) foreign ones."""
-    apps = common.query_compute_apps(smi, timeout)
+    apps = nvsmi.query_compute_apps(smi, timeout)
     orphans, foreign = [], []
     for app in apps:
         pid = app.get("pid")
         if not isinstance(pid, int) or pid <= 1 or pid == os.getpid():
             continue
-        sid = common.pid_session(pid)
+        sid = procfs.pid_session(pid)
         info = dict(app, session=sid)
         if st.owns_session(sid):
             orphans.append(info)
             st.send(signal.SIGKILL, "pid", pid, "GPU compute process in our session %d (orphan)" % st.sid)
         else:
-            d = common.describe_process(pid)
+            d = procfs.describe_process(pid)
             info.update(user=d["user"], command=d["command"], visible=d["visible"])
             foreign.append(info)
             if force_foreign and d["visible"]:
@@ -123,7 +123,7 @@ def sweep_leftovers(rec: Optional[Dict[str, Any]], st: Stopper) -> List[int]:
     """SIGKILL every process still alive in the session/group of a record; return their pids."""
     if rec is None:
         return []
-    left = common.members(rec)
+    left = ownership.members(rec)
     for p in left:
         st.send(signal.SIGKILL, "pid", p.pid, "still in our session %d / group %d" % (p.session, p.pgrp))
     return [p.pid for p in left]
@@ -166,7 +166,7 @@ def main_exit(pid: Optional[int]) -> Dict[str, Any]:
     return {"observable": True, "code": os.WEXITSTATUS(status), "status": os.WEXITSTATUS(status)}
 
 
-def shutdown_record(text: str, initially: List[common.ProcStat], pid: Optional[int], escalated: bool,
+def shutdown_record(text: str, initially: List[procfs.ProcStat], pid: Optional[int], escalated: bool,
                     exit_info: Dict[str, Any]) -> Dict[str, Any]:
     """How the engine shut itself down, from the log it wrote during this stop (engines.shutdown_marks) and
     the main process's exit (``exit_info``, from ``main_exit``): the style and its evidence."""
@@ -194,30 +194,30 @@ def end_helpers(rec: Optional[Dict[str, Any]], st: Stopper, kill_wait: float) ->
     run_dir = rec.get("run_dir") if rec is not None else None
     if not isinstance(run_dir, str) or not run_dir:
         return [], ""
-    found = sorted(common.live_helpers(run_dir),
+    found = sorted(ownership.live_helpers(run_dir),
                    key=lambda e: HELPER_ORDER.index(e["tool"]) if e["tool"] in HELPER_ORDER else len(HELPER_ORDER))
     ended = [{"tool": e["tool"], "pid": e["pid"]} for e in found]
     for e in found:
-        st.send(signal.SIGTERM, "pid", int(e["pid"]), "the run's %s (%s)" % (e["tool"], common.HELPERS_JSON))
+        st.send(signal.SIGTERM, "pid", int(e["pid"]), "the run's %s (%s)" % (e["tool"], ownership.HELPERS_JSON))
 
     def running() -> List[Dict[str, Any]]:
-        return [e for e in found if common.helper_is_ours(e)]
-    if not common.poll_until(lambda: not running(), HELPER_GRACE_S, 0.05):
+        return [e for e in found if ownership.helper_is_ours(e)]
+    if not osutil.poll_until(lambda: not running(), HELPER_GRACE_S, 0.05):
         for e in running():
             st.send(signal.SIGKILL, "pid", int(e["pid"]), "the run's %s survived SIGTERM for %gs"
                     % (e["tool"], HELPER_GRACE_S))
-        if not common.poll_until(lambda: not running(), kill_wait, 0.05):
+        if not osutil.poll_until(lambda: not running(), kill_wait, 0.05):
             return ended, ("the run's helpers survived SIGKILL for %gs (uninterruptible sleep?): %s; %s is kept so "
-                           "stop can be retried" % (kill_wait, "; ".join(common.describe_text(int(e["pid"]))
-                                                                         for e in running()), common.HELPERS_JSON))
-    common.forget_helpers(run_dir)
+                           "stop can be retried" % (kill_wait, "; ".join(procfs.describe_text(int(e["pid"]))
+                                                                         for e in running()), ownership.HELPERS_JSON))
+    ownership.forget_helpers(run_dir)
     return ended, ""
 
 
 def idle_stop(a: StopSpec, node_dir: str, helpers: bool = True) -> Dict[str, Any]:
     """Nothing recorded: the previous server's run's helpers and the survivors of its session (still ours) ended
     and, only with --force-foreign, the GPU compute processes."""
-    last = common.load_record(node_dir, common.LAST_SERVER_JSON)
+    last = ownership.load_record(node_dir, ownership.LAST_SERVER_JSON)
     st = Stopper(last)
     out: Dict[str, Any] = {"was_running": False}
     ended, helpers_left = end_helpers(last, st, a.kill_wait) if helpers else ([], "")
@@ -229,12 +229,12 @@ def idle_stop(a: StopSpec, node_dir: str, helpers: bool = True) -> Dict[str, Any
     if a.force_foreign:
         try:
             out.update(sweep_gpu(st, a.smi, a.smi_timeout, True))
-        except common.SmiError as exc:
+        except nvsmi.SmiError as exc:
             raise ToolError(exc.message, dict(out, signals=st.signals))
     out["signals"] = st.signals
     if killed and not st.wait_gone(a.kill_wait):
         raise ToolError("processes of the previous server's session %d survived SIGKILL: %s"
-                        % (st.sid, "; ".join(common.describe_text(p.pid) for p in st.remaining())), out)
+                        % (st.sid, "; ".join(procfs.describe_text(p.pid) for p in st.remaining())), out)
     if helpers_left:
         raise ToolError(helpers_left, out)
     return out
@@ -251,7 +251,7 @@ def stop(a: StopSpec, stop_sequencer: bool = True,
     seq = None
     if stop_sequencer:
         grace = a.sequencer_grace if a.sequencer_grace is not None else a.grace + 90.0
-        seq = common.stop_sequencer(node_dir, grace, a.kill_wait)
+        seq = ownership.stop_sequencer(node_dir, grace, a.kill_wait)
     try:
         out = stop_server(a, on_gone, helpers)
     except ToolError as exc:
@@ -266,17 +266,17 @@ def stop(a: StopSpec, stop_sequencer: bool = True,
 def stop_server(a: StopSpec, on_gone: Optional[Callable[[], None]] = None,
                 helpers: bool = True) -> Dict[str, Any]:
     node_dir = os.path.abspath(os.path.expanduser(a.node_dir))
-    rec = common.load_record(node_dir)
+    rec = ownership.load_record(node_dir)
     if rec is None:
         return idle_stop(a, node_dir, helpers)
 
     st = Stopper(rec)
-    out = {"was_running": common.main_is_ours(rec), "pid": st.pid, "pgid": st.pgid, "sid": st.sid,
+    out = {"was_running": ownership.main_is_ours(rec), "pid": st.pid, "pgid": st.pgid, "sid": st.sid,
            "run_id": rec.get("run_id"), "arm": rec.get("arm"), "escalated": False, "grace_s": a.grace}
     # before the server: a client must not go on sending requests to a server that drains
     out["helpers_ended"], helpers_left = end_helpers(rec, st, a.kill_wait) if helpers else ([], "")
     initially = st.remaining()
-    out["processes_at_start"] = [{"pid": p.pid, "name": common.display_name(p.pid)} for p in initially]
+    out["processes_at_start"] = [{"pid": p.pid, "name": procfs.display_name(p.pid)} for p in initially]
     log_offset = log_size(rec)
     if initially:
         out["was_running"] = True
@@ -289,7 +289,7 @@ def stop_server(a: StopSpec, on_gone: Optional[Callable[[], None]] = None,
         else:
             out["escalated"] = True
             survivors = st.remaining()
-            out["survivors_after_grace"] = [{"pid": p.pid, "name": common.display_name(p.pid)}
+            out["survivors_after_grace"] = [{"pid": p.pid, "name": procfs.display_name(p.pid)}
                                             for p in survivors]
             t_kill = time.time()
             st.send(signal.SIGKILL, "pgid", st.pgid, "grace period of %gs expired" % a.grace)
@@ -301,7 +301,7 @@ def stop_server(a: StopSpec, on_gone: Optional[Callable[[], None]] = None,
                 out["signals"] = st.signals
                 raise ToolError("processes of our server survived SIGKILL for %gs (uninterruptible sleep?): %s; "
                                 "server.json is kept so stop can be retried"
-                                % (a.kill_wait, "; ".join(common.describe_text(p.pid) for p in left)), out)
+                                % (a.kill_wait, "; ".join(procfs.describe_text(p.pid) for p in left)), out)
             out["kill_to_gone_s"] = round(time.time() - t_kill, 4)
         out["shutdown"] = shutdown_record(log_since(rec, log_offset), initially, st.pid, out["escalated"],
                                           main_exit(st.pid))
@@ -311,7 +311,7 @@ def stop_server(a: StopSpec, on_gone: Optional[Callable[[], None]] = None,
     # Sweep: GPU compute processes of our session, then anything left in the session/group.
     try:
         out.update(sweep_gpu(st, a.smi, a.smi_timeout, a.force_foreign))
-    except common.SmiError as exc:
+    except nvsmi.SmiError as exc:
         out["signals"] = st.signals
         raise ToolError("%s. The server's processes are gone, but GPU orphans could not be checked; "
                         "server.json is kept" % exc.message, out)
@@ -320,7 +320,7 @@ def stop_server(a: StopSpec, on_gone: Optional[Callable[[], None]] = None,
         if not st.wait_gone(a.kill_wait):
             out["signals"] = st.signals
             raise ToolError("orphaned processes of our session survived SIGKILL: %s"
-                            % "; ".join(common.describe_text(p.pid) for p in st.remaining()), out)
+                            % "; ".join(procfs.describe_text(p.pid) for p in st.remaining()), out)
     out["signals"] = st.signals
     out["total_s"] = st.rel()
     out["stopped_at"] = time.time()
@@ -328,12 +328,12 @@ def stop_server(a: StopSpec, on_gone: Optional[Callable[[], None]] = None,
     last = dict(rec)
     last["stopped_at"] = out["stopped_at"]
     last["stop"] = {k: out.get(k) for k in ("escalated", "term_to_gone_s", "kill_to_gone_s", "total_s", "shutdown")}
-    common.write_json(os.path.join(node_dir, common.LAST_SERVER_JSON), last)
-    os.remove(os.path.join(node_dir, common.SERVER_JSON))
+    osutil.write_json(os.path.join(node_dir, ownership.LAST_SERVER_JSON), last)
+    os.remove(os.path.join(node_dir, ownership.SERVER_JSON))
     if helpers_left:       # the server is stopped all the same; a retry finds them through last_server.json
         raise ToolError(helpers_left, out)
     if out["gpu_foreign"] and not a.force_foreign:
-        common.log("note: GPU compute processes that are not ours were left alone: %s"
+        cli.log("note: GPU compute processes that are not ours were left alone: %s"
                    % "; ".join("PID %s user %s %r" % (f["pid"], f.get("user"), f.get("command"))
                                for f in out["gpu_foreign"]))
     return out
@@ -341,8 +341,8 @@ def stop_server(a: StopSpec, on_gone: Optional[Callable[[], None]] = None,
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     a = parse_args(argv)
-    return common.recorded(a.out, lambda: stop(a))
+    return cli.recorded(a.out, lambda: stop(a))
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_tool(main))
+    sys.exit(cli.run_tool(main))

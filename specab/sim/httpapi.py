@@ -64,6 +64,13 @@ class _StreamOut:
         self.held = None
 
 
+async def _after_the_step() -> None:
+    """A stream's end (the [DONE] event, the response's close, the access log line) waits one turn of the event loop,
+    so that every stream with a chunk of the same engine step sends it first: ending each response in turn delayed the
+    last chunks of 32 requests that finished in one step by up to 15 ms, which a client then measured as decode time."""
+    await asyncio.sleep(0)
+
+
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(text=json.dumps(data), status=status, content_type="application/json")
 
@@ -358,6 +365,7 @@ class Api:
         out = _StreamOut(resp, self.s.buffered_stream)
         try:
             await self._stream_many(out, reqs, batch)
+            await _after_the_step()
             await out.write(b"data: [DONE]\n\n")
             await out.end()
         except (ConnectionResetError, asyncio.CancelledError):
@@ -478,6 +486,7 @@ class Api:
                 await send([choice])
                 if em.finished:
                     break
+            await _after_the_step()
             opts = body.get("stream_options") or {}
             if isinstance(opts, dict) and opts.get("include_usage"):
                 await send([], usage())

@@ -164,7 +164,7 @@ PRIVATE_RUN_FILES = {"launch.sh": 0o700, "nccl.env": 0o600, "args.json": 0o600, 
 
 
 # The node's record of a run's helper processes in its run directory (the bench step's client and GPU sampler, the
-# bench tool itself, a non-head rank's GPU sampler: specab.node.common.record_helpers), for a stop to end them when
+# bench tool itself, a non-head rank's GPU sampler: specab.node.ownership.record_helpers), for a stop to end them when
 # their owner was cut off; removed once they are gone, so never one of the run's records (the driver fetches no copy).
 HELPERS_JSON = "helpers.json"
 

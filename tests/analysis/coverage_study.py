@@ -4,7 +4,7 @@ Each replicate (seed) simulates one experiment in-process with the simulator's t
 (`specab.sim.timing`, default profile: step jitter, per-request factor, per-instance offset and the
 slow drift all on): every run is a fresh server instance (its own instance offset) started at its
 own wall-clock time; each request decodes token by token through the model (draft+verify cycles
-with drawn acceptance for EAGLE-3 arms). The runs go through `specab.analysis.stats.paired_speedup`
+with drawn acceptance for EAGLE-3 arms). The runs go through `specab.analysis.measures.stats.paired_speedup`
 exactly as a real experiment's would. Two designs share everything but the order:
 
 - interleaved: each block runs every arm once, in a seeded random order;
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specab.analysis import stats
-from specab.analysis.model import Arm, Experiment, Request, Run
+from specab.analysis.measures import stats
+from specab.analysis.evidence.model import Arm, Experiment, Request, Run
 from specab.sim.profile import Profile, load_profile
 from specab.sim.timing import TimingModel, true_decode_tok_s
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specab.analysis.model import Arm, EnvCheck, EnvVarCheck, Experiment, GpuSample, LogStats, Request, Run
+from specab.analysis.evidence.model import Arm, EnvCheck, EnvVarCheck, Experiment, GpuSample, LogStats, Request, Run
 
 TUNED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
          "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}

@@ -1,4 +1,4 @@
-"""The verdict per load (specab/analysis/concurrency.py) on constructed experiments whose speedups are known."""
+"""The verdict per load (specab/analysis/measures/concurrency.py) on constructed experiments whose speedups are known."""
 from __future__ import annotations
 
 import math
@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from specab.analysis import concurrency, report
-from specab.analysis.model import Arm
+from specab.analysis.measures import concurrency
+from specab.analysis.render import report
+from specab.analysis.evidence.model import Arm
 from tests.analysis.factory import BASE_ARGS, TUNED, experiment, spec_args
 
 LOADS = (1, 8, 32)

@@ -25,7 +25,7 @@ def test_blocked_design_fails_under_seed_like_drift():
 
 
 def _blocks_until_stop(profile, target: float, max_repeats: int, seed: int = 7) -> tuple[int, str]:
-    from specab.analysis import stats
+    from specab.analysis.measures import stats
     from tests.analysis.coverage_study import simulate_experiment, study_arms
     arms = study_arms((2, 3))
     for n in range(1, max_repeats + 1):

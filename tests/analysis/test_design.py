@@ -1,4 +1,4 @@
-"""The cost model, the variance components and the two-stage allocation (specab.analysis.design)."""
+"""The cost model, the variance components and the two-stage allocation (specab.analysis.cost.design)."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from specab.analysis import design
+from specab.analysis.cost import design
 
 COST = design.RunCost(load_s=360, per_request_s=6, fixed_bench_s=12, dead_s=20, gpus=8)
 

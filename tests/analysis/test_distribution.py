@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from specab.analysis import distribution
-from specab.analysis.model import Arm, Experiment, Request, Run
+from specab.analysis.measures import distribution
+from specab.analysis.evidence.model import Arm, Experiment, Request, Run
 from tests.analysis.factory import BASE_ARGS, spec_args
 
 N = 12          # measured requests per run

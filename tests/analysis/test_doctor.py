@@ -1,9 +1,9 @@
 """Every doctor rule fires on data that provokes it, quotes its evidence, and stays silent on a clean run."""
 import pytest
 
-from specab.analysis import model as analysis
-from specab.analysis import doctor
-from specab.analysis import stats
+from specab.analysis.evidence import model as analysis
+from specab.analysis.findings import doctor
+from specab.analysis.measures import stats
 from tests.analysis import factory as F
 
 CLEAN = {"baseline": 82.2, "eagle3-s2": 94.0}      # EAGLE wins at tau 2.1: nothing to report
@@ -209,7 +209,7 @@ def test_client_bottleneck_is_judged_by_the_busiest_client_process():
 def test_a_summary_from_before_client_processes_is_judged_by_its_one_process(tmp_path):
     """model reads the busiest process's CPU from the summary, and from client_cpu_s where a summary has no
     client_cpu_max_proc_s (the client ran one process)."""
-    from specab.analysis import model
+    from specab.analysis.evidence import model
     assert model._client_cpu_max_proc_s({"client_cpu_s": 9.5}) == 9.5 and model._client_procs({}) == 1
     assert model._client_cpu_max_proc_s({"client_cpu_s": 9.5, "client_cpu_max_proc_s": 3.0}) == 3.0
     assert model._client_procs({"client_procs": 4}) == 4
@@ -334,7 +334,7 @@ def test_doctor_advice_on_0523_names_only_flags_the_node_has():
 def test_engine_builds_are_judged_each_against_their_own_baseline_and_generation():
     """Engine axis: two builds' arms differ on purpose (0.5.9 vs 0.5.23 readback); like-for-like is
     judged within each build's group, and each spec arm's advice is spelt for its own build."""
-    from specab.analysis.model import Arm
+    from specab.analysis.evidence.model import Arm
     arm_list = [Arm("baseline-old", dict(F.BASE_ARGS), dict(F.TUNED), baseline="baseline-old"),
                 Arm("eagle3-s2-old", F.spec_args(2), dict(F.TUNED), baseline="baseline-old"),
                 Arm("baseline-new", dict(F.BASE_ARGS), dict(F.TUNED), baseline="baseline-new"),

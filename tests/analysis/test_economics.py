@@ -1,4 +1,4 @@
-"""GPU-seconds spent per run/arm/experiment and the profile's cost model (specab.analysis.economics)."""
+"""GPU-seconds spent per run/arm/experiment and the profile's cost model (specab.analysis.cost.economics)."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import yaml
 
-from specab.analysis import economics
-from specab.analysis.model import Arm, Experiment, Request, Run
+from specab.analysis.cost import economics
+from specab.analysis.evidence.model import Arm, Experiment, Request, Run
 from specab.config.yamlfile import REPO_ROOT
 from tests.stores import copy_store
 
@@ -115,7 +115,7 @@ def test_decide_block_buys_longer_runs_for_request_noise_and_keeps_them_for_inst
 def test_decide_block_stops_on_the_reports_interval_with_blocks_of_different_requests():
     rng = np.random.default_rng(5)
     exp = _noisy(rng, [4, 40, 40, 40], request=0.01)
-    from specab.analysis import stats
+    from specab.analysis.measures import stats
     sp = stats.paired_speedup(exp, "spec")
     assert len(sp.ratios) == 4 and sp.ci.half_width_rel < 0.02      # the paired speedup is per block
     d = economics.decide_block(exp, 0.02, max_blocks=10, keep_requests=4)
@@ -126,7 +126,7 @@ def test_decide_block_stops_on_the_reports_interval_with_blocks_of_different_req
 
 
 def test_the_report_states_the_designs_own_stop_and_lists_its_decisions_with_blocks_of_different_requests():
-    from specab.analysis import report
+    from specab.analysis.render import report
     exp = _noisy(np.random.default_rng(5), [4, 40, 40, 40], request=0.01)
     exp.target_ci = 0.02
     exp.meta["design_steps"] = [
@@ -145,7 +145,7 @@ def test_the_report_states_the_designs_own_stop_and_lists_its_decisions_with_blo
 def test_first_block_without_a_prior_keeps_the_experiments_requests_and_the_plan_says_so():
     """`run` starts with the experiment's requests where the node has a run cost but no prior noise; the plan's
     design by cost keeps them too (it would otherwise describe a first block the run never runs)."""
-    from specab.analysis import design
+    from specab.analysis.cost import design
     cost = design.RunCost(load_s=300.0, per_request_s=6.0, dead_s=7.7, gpus=8, source="history")
     prior = design.Components(between=2 * 0.01 ** 2, within=2 * 0.04 ** 2, between_df=8.0, within_df=100.0,
                               source="history")

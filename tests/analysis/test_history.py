@@ -1,4 +1,4 @@
-"""The per-node history (specab.analysis.history): written when an experiment ends, read as the design's prior
+"""The per-node history (specab.analysis.cost.history): written when an experiment ends, read as the design's prior
 for the next experiment with the same fingerprint on the same node."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from specab.analysis import design, history
-from specab.analysis.model import Arm, Experiment, Request, Run
+from specab.analysis.cost import design, history
+from specab.analysis.evidence.model import Arm, Experiment, Request, Run
 
 
 def _exp(rng, exp_id="e1", blocks=6, m=8, instance=0.02, request=0.01, host="gpu-node-1"):

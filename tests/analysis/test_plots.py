@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from matplotlib.colors import to_hex
 
-from specab.analysis import phases, report, stats
+from specab.analysis.measures import phases, stats
+from specab.analysis.render import report
 from tests.analysis import factory as F
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import provenance
+from specab.analysis.render import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
 SMI = json.dumps([sys.executable, "-m", "specab.sim.smi"])
@@ -45,7 +45,7 @@ def test_diff_of_two_runs_lists_exactly_the_nccl_variable_and_the_arg(tmp_path):
     (tmp_path / "node").mkdir()
     a = make_run(tmp_path, "003-eagle3-s2", ARGS, ENV)
     b = make_run(tmp_path, "007-eagle3-s2", {**ARGS, "mem_fraction_static": 0.85}, {**ENV, "NCCL_PROTO": "Simple"})
-    r = subprocess.run([sys.executable, "-m", "specab.analysis.provenance", "diff", str(a), str(b), "--format", "json"],
+    r = subprocess.run([sys.executable, "-m", "specab.analysis.render.provenance", "diff", str(a), str(b), "--format", "json"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -53,7 +53,7 @@ def test_diff_of_two_runs_lists_exactly_the_nccl_variable_and_the_arg(tmp_path):
     assert got == {("engine args", "mem_fraction_static", "0.88", "0.85"),
                    ("env", "NCCL_PROTO", '"LL"', '"Simple"')}
     assert "hf_s3cr3t_value" not in r.stdout
-    text = subprocess.run([sys.executable, "-m", "specab.analysis.provenance", "diff", str(a), str(b)],
+    text = subprocess.run([sys.executable, "-m", "specab.analysis.render.provenance", "diff", str(a), str(b)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
     assert "NCCL_PROTO: LL -> Simple" in text and "mem_fraction_static: 0.88 -> 0.85" in text
     # --all also shows what changes on every run (paths, timestamps, the rendered launch script)

@@ -4,8 +4,8 @@ head's as the run's own and lists the others as ranks, and the doctor reads ever
 import json
 from types import SimpleNamespace
 
-from specab.analysis import model as analysis
-from specab.analysis import doctor
+from specab.analysis.evidence import model as analysis
+from specab.analysis.findings import doctor
 from specab.results import store as st
 from specab.driver.record import ingest_run_dir, rank_dirs
 from tests.analysis import factory as F
@@ -71,7 +71,7 @@ def test_a_throttled_gpu_on_rank_1_is_reported_with_its_host(tmp_path):
 
 
 def test_diff_of_a_multinode_run_from_the_store_reads_the_heads_manifest(tmp_path):
-    from specab.analysis import provenance
+    from specab.analysis.render import provenance
     _, d, run = _multinode_store(tmp_path)
     label, manifest = provenance.load_manifest(f"{d}/{run.run_id}")
     assert label.endswith(run.run_id) and "extra" not in manifest and manifest["run_id"] == run.run_id

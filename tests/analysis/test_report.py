@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import report
+from specab.analysis.render import report
 from tests.analysis import factory as F
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,7 +165,7 @@ def test_distinct_points_keeps_every_outlier_and_drops_only_repeats():
 
 def test_an_engine_ab_gets_one_speedup_and_one_spec_model_per_build():
     """Each build's arms against its own baseline, in the speedup table and the spec model."""
-    from specab.analysis.model import Arm
+    from specab.analysis.evidence.model import Arm
     from tests.analysis import factory as F
     arm_list = [Arm(f"baseline-{b}", dict(F.BASE_ARGS), dict(F.TUNED), baseline=f"baseline-{b}") for b in ("a", "b")]
     arm_list += [Arm(f"eagle3-s2-{b}", F.spec_args(2), dict(F.TUNED), baseline=f"baseline-{b}") for b in ("a", "b")]

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import specmodel as sm
+from specab.analysis.measures import specmodel as sm
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_model(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specab.analysis.specmodel", "model", *args],
+    return subprocess.run([sys.executable, "-m", "specab.analysis.measures.specmodel", "model", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from specab.analysis import stats
+from specab.analysis.measures import stats
 from tests.analysis import factory as F
 
 

@@ -8,8 +8,9 @@ import statistics
 import numpy as np
 import pytest
 
-from specab.analysis import report, workload
-from specab.analysis.model import Arm, Run
+from specab.analysis.measures import workload
+from specab.analysis.render import report
+from specab.analysis.evidence.model import Arm, Run
 from tests.analysis import factory
 
 FILE = {"kind": "file", "path": "/data/prompts.jsonl", "sha256": "sha256:ab12", "records": 2,

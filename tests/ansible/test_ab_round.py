@@ -18,7 +18,7 @@ import pytest
 
 import sys
 
-from specab.analysis import doctor
+from specab.analysis.findings import doctor
 from tests.ansible.conftest import Result, SimNode, experiment, processes_mentioning
 from tests.ansible.template_render import render
 
@@ -79,8 +79,8 @@ def test_round_succeeds_and_prints_the_table(round_: tuple[SimNode, Result, dict
 def _driver_stats(exp_file: Path, exp_dir: Path, store_path: Path) -> Any:
     """What `driver.py report` computes for the round's runs: the arms as the driver builds them, each run
     directory ingested into a results store as the driver records a finished run, the store loaded and analysed."""
-    from specab.analysis import stats
-    from specab.analysis.model import load_store
+    from specab.analysis.measures import stats
+    from specab.analysis.evidence.model import load_store
     from specab.config.matrix import build_arms
     from specab.config.spec import load_experiment
     from specab.driver.record import ingest_run_dir

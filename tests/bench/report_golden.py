@@ -181,8 +181,8 @@ def build(root: Path) -> dict[str, Path]:
 
 def outputs(exp_dir: Path) -> dict[str, Any]:
     """What the golden files hold for one experiment: report.json, report.md and the plots' names."""
-    from specab.analysis import doctor
-    from specab.analysis import report
+    from specab.analysis.findings import doctor
+    from specab.analysis.render import report
 
     paths = report.write_report(exp_dir, config=doctor.DoctorConfig(usual_baseline_tok_s=90.0), target_tok_s=150.0)
     md = Path(paths["markdown"]).read_text(encoding="utf-8")

@@ -131,7 +131,7 @@ def test_verdict_cost_sequential_stops_within_target_or_at_the_cap(capsys):
     assert res["benchmark"] == "verdict cost (restarts per arm for a +-2% 95% CI)"
     seq = res["sequential"]
     assert sum(seq["distribution"].values()) == 12
-    assert min(int(k) for k in seq["distribution"]) >= 3          # specab.analysis.stats.MIN_BLOCKS
+    assert min(int(k) for k in seq["distribution"]) >= 3          # specab.analysis.measures.stats.MIN_BLOCKS
     assert seq["restarts_per_arm_max"] <= 8
     capped = seq["stopped_at_cap_without_target"]
     assert seq["within_target"] == pytest.approx(1 - capped / 12, abs=1e-3)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specab.analysis.model import Request, Run
+from specab.analysis.evidence.model import Request, Run
 
 
 def trace_of(trace: Path, run: Run) -> list[tuple[Request, dict]]:
@@ -24,6 +24,18 @@ def true_decode_tok_s(trace: Path, run: Run, times: str = "emit_mono") -> float:
     """The median of the simulator's own decode rates over the run's measured requests: from the times it emitted
     the tokens (``emit_mono``), or from the times its schedule had them due (``emit_due``)."""
     rates = sorted((rec["completion_tokens"] - 1) / (rec[times][-1] - rec[times][0]) / rec["time_scale"]
+                   for _, rec in trace_of(trace, run))
+    mid = len(rates) // 2
+    return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
+
+
+def modelled_decode_tok_s(trace: Path, run: Run) -> float:
+    """The median of the simulator's timing model's decode rates over the run's measured requests: each request's
+    tokens after the first over the modelled seconds of the decode passes that served it (``pass_forward_s``, at
+    scale 1), which neither a box slower than the schedule nor a restarted schedule moves. For a baseline request
+    served alone that is its decode steps exactly; under speculation it leaves out the cycle's time outside the
+    device-timer passes."""
+    rates = sorted((rec["completion_tokens"] - 1) / (sum(rec["pass_forward_s"].values()) * rec["time_scale"])
                    for _, rec in trace_of(trace, run))
     mid = len(rates) // 2
     return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2

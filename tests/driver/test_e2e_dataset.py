@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specab.analysis.model import load_store
+from specab.analysis.evidence.model import load_store
 from specab.results import store as st
 from tests.driver.simnode import SimNode, driver
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specab.analysis import distribution
-from specab.analysis.model import load_store
+from specab.analysis.measures import distribution
+from specab.analysis.evidence.model import load_store
 from specab.results import store as st
 from tests.driver.simnode import SimNode, driver
 from tests.driver.simtrace import trace_of

@@ -135,8 +135,8 @@ def _assert_phase_breakdown(s: st.Store, exp_dir: Path, arms, profile, trace: Pa
     recorded in their manifests), the report's per-phase section with intervals for each of them, in report.md
     and report.html, and the device-timer phases agreeing with the simulator's own cycle and with the cycle
     implied by tok/s and tau within 5 %."""
-    from specab.analysis import phases
-    from specab.analysis.model import load_store
+    from specab.analysis.measures import phases
+    from specab.analysis.evidence.model import load_store
     from specab.sim.timing import TimingModel
     runs = {r["seq"]: r for r in s.runs()}
     spec_arms = [a for a in arms if a.server_args.get("speculative_algorithm")]

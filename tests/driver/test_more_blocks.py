@@ -1,6 +1,6 @@
 """The --target-ci hook: after the planned blocks, the design decides whether to add one. By cost (the default) it
 also chooses the new block's measured requests per run, which reach the node through the run's playbook
-variables and are stored per run; the sequential rule (`--design sequential`) asks specab.analysis.stats."""
+variables and are stored per run; the sequential rule (`--design sequential`) asks specab.analysis.measures.stats."""
 from __future__ import annotations
 
 import io
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from specab.analysis import economics
+from specab.analysis.cost import economics
 from specab.config.plan import PlannedRun
 from specab.driver import context as ex
 from specab.driver import session

@@ -114,7 +114,7 @@ def _earlier_runs(seed: int, host: str, blocks: int, arms: list[tuple[str, float
 
     import numpy as np
 
-    from specab.analysis.model import Request, Run
+    from specab.analysis.evidence.model import Request, Run
 
     rng = np.random.default_rng(seed)
     runs = []
@@ -128,8 +128,8 @@ def _earlier_runs(seed: int, host: str, blocks: int, arms: list[tuple[str, float
 
 
 def test_plan_takes_the_noise_from_this_nodes_history_of_the_same_fingerprint(tmp_path):
-    from specab.analysis import history
-    from specab.analysis.model import Arm, Experiment
+    from specab.analysis.cost import history
+    from specab.analysis.evidence.model import Arm, Experiment
     from specab.config.fingerprint import fingerprint, fingerprint_doc
     from specab.driver.options import Options, prepare
 
@@ -159,8 +159,8 @@ def test_plan_on_a_real_node_estimates_from_the_history_it_measured_and_narrows_
     """A real node has no profile: with no history `plan` says so; once an experiment of the same fingerprint
     ended there, its measured restart and request seconds and its noise give an estimate, whose range has no
     dead-time guess in it and the history's degrees of freedom."""
-    from specab.analysis import history
-    from specab.analysis.model import Arm, Experiment
+    from specab.analysis.cost import history
+    from specab.analysis.evidence.model import Arm, Experiment
     from specab.config.fingerprint import fingerprint, fingerprint_doc
     from specab.driver.options import Options, prepare
 
@@ -194,8 +194,8 @@ def test_a_matrix_sweeps_history_is_the_prior_of_a_later_run_of_one_of_its_arms(
     """`--matrix steps=1,2` names its arms eagle3-s1-…, eagle3-s2-… and has another fingerprint than the plain
     experiment, whose arm eagle3-s2 is the same server args: the history matches the pair by content, so the
     plain experiment's `plan --target-ci` takes the sweep's eagle3-s2 noise and run cost, and not eagle3-s1's."""
-    from specab.analysis import history
-    from specab.analysis.model import Arm, Experiment
+    from specab.analysis.cost import history
+    from specab.analysis.evidence.model import Arm, Experiment
     from specab.config.fingerprint import fingerprint, fingerprint_doc
     from specab.driver.options import Options, prepare
 
@@ -231,7 +231,8 @@ def test_an_h200_store_written_before_ignore_eos_existed_is_the_prior_of_the_sam
     """The H200 sweep's store (written before bench.ignore_eos) recorded into a node history: `plan --target-ci`
     of experiments/known-truth-h200.yml (ignore_eos true by default: the same forced lengths) takes its steps-3
     pair as the prior, as scripts/known_truth_gpu.sh's SPECAB_KT_HISTORY does on the device."""
-    from specab.analysis import history, model
+    from specab.analysis.evidence import model
+    from specab.analysis.cost import history
     from specab.results.store import Store
 
     store = copy_store(REPO_ROOT / "tests/fixtures/known-truth/h200/known-truth-h200-20261204-055428",

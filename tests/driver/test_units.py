@@ -356,7 +356,7 @@ def test_no_library_warning_reaches_the_terminal(tmp_path):
     import sys
     import warnings
 
-    from specab.analysis import report
+    from specab.analysis.render import report
     from specab.driver import session
     from specab.results import store as st
     from tests.analysis import factory
@@ -391,7 +391,7 @@ def test_no_library_warning_reaches_the_terminal(tmp_path):
 def test_conclude_appends_the_experiment_to_its_nodes_history(tmp_path, monkeypatch):
     import io as _io
 
-    from specab.analysis import design, history
+    from specab.analysis.cost import design, history
     from specab.driver import session
     from specab.results import store as st
     from tests.analysis import factory

@@ -290,13 +290,13 @@ REAL_RUN = REPO / "tests" / "fixtures" / "sglang-0.5.17" / "specab-run"   # spec
 def real_stop_json(arm: str, with_record: bool = True, log_filter=None) -> Dict[str, Any]:
     """The real stop.json of that run (written before stop.py recorded the shutdown), plus the record
     stop.py makes of the log the real engine wrote during that stop (the per-run stop: exit not observable)."""
-    from specab.node import common, stop
+    from specab.node import procfs, stop
     rec = json.loads((REAL_RUN / f"{arm}.stop.json").read_text())
     if with_record:
         text = (REAL_RUN / f"{arm}.stop.log").read_text()
         if log_filter:
             text = "".join(ln for ln in text.splitlines(True) if log_filter(ln))
-        procs = [common.ProcStat(p["pid"], "python3", "S", 1, rec["pgid"], rec["sid"], 0)
+        procs = [procfs.ProcStat(p["pid"], "python3", "S", 1, rec["pgid"], rec["sid"], 0)
                  for p in rec["processes_at_start"]]
         rec["shutdown"] = stop.shutdown_record(text, procs, rec["pid"], False,
                                                {"observable": False, "why": "not a child"})

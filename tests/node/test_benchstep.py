@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from specab.config import defaults
-from specab.node import common
+from specab.node import procfs
 from specab.node import stop as stop_tool
 from tests.node.helpers import NODE_DIR_SRC, PY, ServerSetup, SimNode, ToolResult, free_port, wait_for
 
@@ -107,7 +107,7 @@ def test_a_ranks_sampler_runs_detached_until_stopped(tmp_path: Path, sim: SimNod
     pid = start.data["pid"]
     try:
         record = json.loads((tmp_path / "helpers.json").read_text())["helpers"]
-        assert record == [{"tool": "gpusample", "pid": pid, "starttime": common.proc_stat(pid).starttime}], record
+        assert record == [{"tool": "gpusample", "pid": pid, "starttime": procfs.proc_stat(pid).starttime}], record
         assert os.getsid(pid) == pid                                     # its own session, none of our pipes
         csv_file = tmp_path / "gpu_samples.csv"
         assert wait_for(lambda: csv_file.exists() and len(csv_file.read_text().splitlines()) >= 3, 30)
@@ -125,7 +125,7 @@ def test_stopping_a_ranks_sampler_leaves_a_reused_pid_alone(tmp_path: Path, sim:
     sampler's tool: the stop leaves it alone and the stale record goes."""
     other = subprocess.Popen([PY, "-c", "import time; time.sleep(60)", "gpusample"])
     try:
-        reused = {"tool": "gpusample", "pid": other.pid, "starttime": common.proc_stat(other.pid).starttime - 1}
+        reused = {"tool": "gpusample", "pid": other.pid, "starttime": procfs.proc_stat(other.pid).starttime - 1}
         (tmp_path / "helpers.json").write_text(json.dumps({"helpers": [reused]}))
         r = ranksampler({"action": "stop", "run_dir": str(tmp_path)}, sim.env)
         assert r.rc == 0 and r.data["stopped"] is False and r.data["note"] == "sampler already ended", r.data
@@ -148,14 +148,14 @@ def test_the_stop_ends_a_recorded_helper_that_is_still_ours_and_nothing_else(tmp
     try:
         record = json.loads((tmp_path / "helpers.json").read_text())["helpers"]
         assert [(h["tool"], h["pid"]) for h in record] == [("gpusample", sampler)], record
-        other_start = common.proc_stat(other.pid).starttime
+        other_start = procfs.proc_stat(other.pid).starttime
         record += [{"tool": "gpusample", "pid": other.pid, "starttime": other_start},
                    {"tool": "python", "pid": other.pid, "starttime": other_start + 1}]
         (tmp_path / "helpers.json").write_text(json.dumps({"helpers": record}))
         assert wait_for(lambda: (tmp_path / "gpu_samples.csv").exists(), 30)
         ended = stop_tool.end_helpers({"run_dir": str(tmp_path)}, stop_tool.Stopper(None), kill_wait=5.0)
         assert ended == ([{"tool": "gpusample", "pid": sampler}], ""), ended
-        assert not common.is_alive(sampler) and other.poll() is None
+        assert not procfs.is_alive(sampler) and other.poll() is None
         assert sampler_summary(tmp_path)["stopped_by"] == "SIGTERM"     # ended by the stop's SIGTERM, CSV whole
         assert not (tmp_path / "helpers.json").exists()
     finally:
@@ -185,7 +185,7 @@ def test_the_stop_ends_a_bench_tool_whose_playbook_was_cut_off_before_its_server
         r = server.stop(30)
         assert r.rc == 0, r.error
         assert [(h["tool"], h["pid"]) for h in r.data["helpers_ended"]] == [(h["tool"], h["pid"]) for h in record]
-        assert all(not common.is_alive(h["pid"]) for h in record) and tool.poll() is not None
+        assert all(not procfs.is_alive(h["pid"]) for h in record) and tool.poll() is not None
         assert not (server.run_dir / "helpers.json").exists()
         lines = [json.loads(x) for x in bench.read_text().splitlines() if x.endswith("}")]
         assert [x for x in lines if not x["ok"]] == [] and len(lines) < 401, lines[-3:]
@@ -212,4 +212,4 @@ def test_a_helper_that_outlives_sigkill_keeps_no_server_running(server: ServerSe
         assert exc.result["helpers_ended"] == [{"tool": "loadgen", "pid": 12345}] and exc.result["was_running"]
     else:
         raise AssertionError("the stop did not fail")
-    assert not common.is_alive(rec["pid"]) and not (server.node_dir / "server.json").exists()
+    assert not procfs.is_alive(rec["pid"]) and not (server.node_dir / "server.json").exists()

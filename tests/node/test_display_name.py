@@ -5,16 +5,16 @@ import sys
 import time
 
 
-from specab.node import common
+from specab.node import procfs
 
 
 def _named(pid, ready, within_s=10.0):
     """display_name once the child has reached the state `ready` accepts (polled; the last name otherwise)."""
     deadline = time.monotonic() + within_s
-    name = common.display_name(pid)
+    name = procfs.display_name(pid)
     while not ready(name) and time.monotonic() < deadline:
         time.sleep(0.01)
-        name = common.display_name(pid)
+        name = procfs.display_name(pid)
     return name
 
 
@@ -29,7 +29,7 @@ def test_an_untitled_process_is_named_by_its_program_and_module_not_its_install_
         assert name.startswith("python -c import sys"), name
         assert len(name) <= 60 and name.endswith("…")
         # the full command (paths included) stays in the long description
-        assert str(deep) in common.describe_process(proc.pid)["command"]
+        assert str(deep) in procfs.describe_process(proc.pid)["command"]
     finally:
         proc.communicate(b"")
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specab.node import common, envcheck, ready
+from specab.node import cli, envcheck, envfile, nvsmi, ports, procfs, ready
+from specab.vocab import contract
 
 NODE = Path(__file__).resolve().parents[2] / "specab" / "node"
 
@@ -33,7 +34,7 @@ def test_every_tool_parses_as_python38():
 
 
 def test_every_spec_annotation_evaluates_on_python38():
-    """A tool's flags are built from its spec dataclass's evaluated type hints (common.spec_flags), so on a node
+    """A tool's flags are built from its spec dataclass's evaluated type hints (cli.spec_flags), so on a node
     those annotations run: no list[...]/dict[...] or X | Y there, which python3.8 cannot evaluate."""
     found = []
     for f in sorted(NODE.glob("*.py")):
@@ -46,38 +47,38 @@ def test_every_spec_annotation_evaluates_on_python38():
 
 
 def test_smi_query_gpu_real_h200_line():
-    rows = common.parse_smi_csv(H200_QUERY, H200_FIELDS)
+    rows = nvsmi.parse_smi_csv(H200_QUERY, H200_FIELDS)
     assert rows == [{"index": 0, "uuid": "GPU-2592755b-9f24-f5f7-a815-34d27fe0aa35", "name": "NVIDIA H200",
                      "memory.used": 0, "memory.total": 143771, "utilization.gpu": 0, "temperature.gpu": 37,
                      "clocks.sm": 375, "clocks.mem": 3201, "power.draw": 117.18,
                      "clocks_event_reasons.active": "0x0000000000000001"}]
-    seed = common.parse_smi_csv(SEED_QUERY, SEED_FIELDS)[0]
+    seed = nvsmi.parse_smi_csv(SEED_QUERY, SEED_FIELDS)[0]
     assert seed["clocks.max.sm"] == 1980 and seed["power.limit"] == 700.0 and seed["pstate"] == "P0"
 
 
 def test_smi_units_and_not_available():
     # "without nounits" form and an [N/A] cell, both from the reference
-    rows = common.parse_smi_csv("430, python3, 8710 MiB, GPU-2592755b-9f24-f5f7-a815-34d27fe0aa35\n",
-                                common.APP_FIELDS)
+    rows = nvsmi.parse_smi_csv("430, python3, 8710 MiB, GPU-2592755b-9f24-f5f7-a815-34d27fe0aa35\n",
+                                nvsmi.APP_FIELDS)
     assert rows[0]["pid"] == 430 and rows[0]["used_memory"] == 8710
-    rows = common.parse_smi_csv("616 MiB, 80.91 W, [N/A], 39\n",
+    rows = nvsmi.parse_smi_csv("616 MiB, 80.91 W, [N/A], 39\n",
                                 ["memory.reserved", "power.draw.instant", "fan.speed", "temperature.memory"])
     assert rows[0] == {"memory.reserved": 616, "power.draw.instant": 80.91, "fan.speed": None,
                        "temperature.memory": 39}
 
 
 def test_smi_compute_apps_idle_is_empty_and_garbage_is_refused():
-    assert common.parse_smi_csv("", common.APP_FIELDS) == []
-    with pytest.raises(common.SmiError, match="unexpected nvidia-smi output"):
-        common.parse_smi_csv("Failed to initialize NVML\n", common.APP_FIELDS)
+    assert nvsmi.parse_smi_csv("", nvsmi.APP_FIELDS) == []
+    with pytest.raises(nvsmi.SmiError, match="unexpected nvidia-smi output"):
+        nvsmi.parse_smi_csv("Failed to initialize NVML\n", nvsmi.APP_FIELDS)
 
 
 def test_proc_stat_with_spaces_and_parens_in_comm():
     text = "4242 (sglang::sch (x) y) S 1 4240 4240 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 0 0\n"
-    st = common.parse_proc_stat(4242, text)
+    st = procfs.parse_proc_stat(4242, text)
     assert (st.comm, st.state, st.ppid, st.pgrp, st.session, st.starttime) == ("sglang::sch (x) y", "S", 1, 4240,
                                                                               4240, 987654)
-    real = common.proc_stat(os.getpid())
+    real = procfs.proc_stat(os.getpid())
     assert real is not None and real.session == os.getsid(0) and real.pgrp == os.getpgid(0)
 
 
@@ -86,21 +87,21 @@ def test_proc_net_tcp_listen_parse():
             "   0: 0100007F:7530 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 123456 1 0 20 4 30 10 -1\n"
             "   1: 0100007F:7530 0100007F:D2F0 01 00000000:00000000 00:00000000 00000000     0        0 123999 1 0 20 4 30 10 -1\n"
             "   2: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 777 1 0 20 4 30 10 -1\n")
-    assert common._parse_proc_net(text, 30000) == [("0100007F", 123456)]
-    assert common._parse_proc_net(text, 8000) == [("00000000", 777)]
-    assert common._parse_proc_net(text, 8001) == []
+    assert ports._parse_proc_net(text, 30000) == [("0100007F", 123456)]
+    assert ports._parse_proc_net(text, 8000) == [("00000000", 777)]
+    assert ports._parse_proc_net(text, 8001) == []
 
 
 def test_env_file_parse_shell_quoting():
     text = ("# rendered by specab\nset -a\nNCCL_PROTO=LL\nexport NCCL_ALGO='Ring'\n"
             "WEIRD='x; touch /tmp/pwned'\nSPACED=\"a b\"  # comment\nEMPTY=\n")
-    env = common.parse_env_text(text)
+    env = envfile.parse_env_text(text)
     assert env == {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "WEIRD": "x; touch /tmp/pwned", "SPACED": "a b",
                    "EMPTY": ""}
-    with pytest.raises(common.ToolError, match="not valid shell"):
-        common.parse_env_text("A='unterminated\n")
-    with pytest.raises(common.ToolError, match="line 2: unexpected word 'touch'"):
-        common.parse_env_text("A=1\ntouch /tmp/x\n")
+    with pytest.raises(cli.ToolError, match="not valid shell"):
+        envfile.parse_env_text("A='unterminated\n")
+    with pytest.raises(cli.ToolError, match="line 2: unexpected word 'touch'"):
+        envfile.parse_env_text("A=1\ntouch /tmp/x\n")
 
 
 def test_env_file_round_trips_what_the_template_renders():
@@ -110,20 +111,20 @@ def test_env_file_round_trips_what_the_template_renders():
     values = {"NCCL_PROTO": "LL", "A": "x; touch /tmp/pwned", "B": "two\nlines", "C": "it's $HOME `id`",
               "D": "", "E": "a=b", "F": "#not-a-comment"}
     text = "# header\n" + "".join("%s=%s\n" % (shlex.quote(k), shlex.quote(v)) for k, v in values.items())
-    assert common.parse_env_text(text) == values
+    assert envfile.parse_env_text(text) == values
 
 
 def test_secret_names_and_redaction():
     for name in ("HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET", "DB_PASSWORD", "mypassword_x", "api_key", "--api-key"):
-        assert common.is_secret_name(name), name
+        assert contract.is_secret_name(name), name
     for name in ("NCCL_PROTO", "TOKENIZER_PATH", "KEYBOARD", "SGLANG_SIMULATE_ACC_LEN"):
-        assert not common.is_secret_name(name), name
-    assert common.redact_mapping({"env": {"HF_TOKEN": "hf_abc", "A": "1"}, "api_key": "sk"}) == \
+        assert not contract.is_secret_name(name), name
+    assert contract.redact_mapping({"env": {"HF_TOKEN": "hf_abc", "A": "1"}, "api_key": "sk"}) == \
         {"env": {"HF_TOKEN": "<redacted>", "A": "1"}, "api_key": "<redacted>"}
     text = "export HF_TOKEN=hf_abcdef\nexec python -m sglang.launch_server --api-key 'sk-123' --port 8000\n"
-    red = common.redact_text(text)
+    red = contract.redact_text(text)
     assert "hf_abcdef" not in red and "sk-123" not in red and "--port 8000" in red
-    assert common.redact_argv(["--api-key", "sk", "--tp-size", "8", "--hf-token=x"]) == \
+    assert contract.redact_argv(["--api-key", "sk", "--tp-size", "8", "--hf-token=x"]) == \
         ["--api-key", "<redacted>", "--tp-size", "8", "--hf-token=<redacted>"]
 
 
@@ -250,7 +251,7 @@ def test_env_file_parse_agrees_with_bash(tmp_path):
     f.write_text("set -a\n" + "".join("%s=%s\n" % (k, shlex.quote(v)) for k, v in values.items()) + "set +a\n")
     out = subprocess.run(["bash", "-c", '. "$1"; python3 -c "import json,os; print(json.dumps({k: os.environ[k] '
                           'for k in \'ABCD\'}))"', "x", str(f)], capture_output=True, text=True, check=True).stdout
-    assert json.loads(out) == values == common.parse_env_file(str(f))
+    assert json.loads(out) == values == envfile.parse_env_file(str(f))
     assert not (tmp_path / "pwned").exists()
 
 

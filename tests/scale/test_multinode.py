@@ -16,8 +16,8 @@ from typing import Iterator
 
 import pytest
 
-from specab.analysis import model as analysis
-from specab.analysis import doctor
+from specab.analysis.evidence import model as analysis
+from specab.analysis.findings import doctor
 from tests.netns import unavailable_reason
 from tests.scale.cluster import (NCCL_TUNED, Node, experiment, experiment_dirs, namespace_nodes, pid_alive, reap_driver,
                                  run_driver, runs_of, start_driver, wait_while_driving, write_experiment,

@@ -1,4 +1,4 @@
-"""Per-cycle phase times at several requests in flight: the analysis (specab/analysis/phases.py) on a real
+"""Per-cycle phase times at several requests in flight: the analysis (specab/analysis/measures/phases.py) on a real
 benchmark-client run against the simulated 0.5.23 node agrees with the simulator's own ground truth, the device-timer
 seconds of the verify passes that served each measured request (its trace), within 5 %.
 
@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specab.analysis import doctor, phases, stats
-from specab.analysis.model import Arm, Experiment, load_run_dir
+from specab.analysis.measures import phases, stats
+from specab.analysis.findings import doctor
+from specab.analysis.evidence.model import Arm, Experiment, load_run_dir
 from specab.node import loadgen
 from tests.node.helpers import client_config
 from tests.sim.client import request_json

@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from specab.analysis import positions, specmodel
-from specab.analysis.model import load_run_dir
+from specab.analysis.measures import positions, specmodel
+from specab.analysis.evidence.model import load_run_dir
 from specab.node import loadgen
 from specab.vocab import engines
 from specab.sim.profile import load_profile

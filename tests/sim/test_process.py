@@ -153,7 +153,7 @@ def test_log_lines_in_sglang_format(module_launch):
         assert 1.0 <= float(rec["accept len"]) <= 3.0
     assert set(parse_batch_line(REAL_LINES[0])) <= set(prefills[0])
     try:
-        from specab.analysis.logparse import parse_line
+        from specab.analysis.evidence.logparse import parse_line
     except ImportError:  # the project parser is another part; the local one above is the reference
         return
     recs = [r for r in map(parse_line, lines) if r]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specab.analysis import workload
+from specab.analysis.measures import workload
 from specab.config import builtin_data
 from specab.config.spec import ConfigError, load_experiment
 from specab.vocab import dataset

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import logparse
+from specab.analysis.evidence import logparse
 from specab.vocab import engines
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0"
@@ -67,7 +67,7 @@ def test_no_drafts_gives_no_acceptance_not_a_division_by_zero() -> None:
 
 
 def test_spec_decoding_log_line_cross_checks_the_counters() -> None:
-    # the project's log parser reads vLLM's SpecDecoding lines (specab/analysis/logparse.py)
+    # the project's log parser reads vLLM's SpecDecoding lines (specab/analysis/evidence/logparse.py)
     lines = [r for r in logparse.iter_records(text("server.log").splitlines()) if r["kind"] == "vllm_spec"]
     assert [(r["mean_accept_len"], r["accepted_tokens"], r["drafted_tokens"], r["per_position_accept_rate"],
              r["accept_rate_pct"]) for r in lines] == [(3.69, 384, 429, [0.895, 0.895, 0.895], pytest.approx(89.5))]

@@ -3,7 +3,7 @@ import gc
 
 import pytest
 
-from specab.analysis.model import gc_paused
+from specab.analysis.evidence.model import gc_paused
 
 
 def test_gc_is_paused_inside_and_restored_after_even_on_error():

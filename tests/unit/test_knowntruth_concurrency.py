@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import concurrency, doctor, model, truthcheck
+from specab.analysis.evidence import model
+from specab.analysis.measures import concurrency, truthcheck
+from specab.analysis.findings import doctor
 from tests.stores import copy_store
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "known-truth" / "h200"

@@ -78,7 +78,7 @@ def python_copies(source: str, filename: str, node_tool: bool = True) -> list[st
                 if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
                         and item.target.id in names):
                     continue
-                # a field's default stands as the value or as field(default=...) / common.arg(..., default=...)
+                # a field's default stands as the value or as field(default=...) / cli.arg(..., default=...)
                 value = item.value
                 if isinstance(value, ast.Call):
                     value = next((kw.value for kw in value.keywords if kw.arg == "default"), None)
@@ -157,12 +157,12 @@ def test_no_default_value_stands_outside_roles_specab() -> None:
 def test_the_scanners_find_a_planted_copy() -> None:
     """Each kind of copy, planted in a copy of the real code, is found."""
     loadgen = (NODE / "loadgen.py").read_text()
-    planted = loadgen.replace('num_requests: int = common.arg("measured requests")',
-                              'num_requests: int = common.arg("measured requests", default=8)')
-    assert planted != loadgen and any("BenchConfig.num_requests = common.arg('measured requests', default=8)" in f
+    planted = loadgen.replace('num_requests: int = cli.arg("measured requests")',
+                              'num_requests: int = cli.arg("measured requests", default=8)')
+    assert planted != loadgen and any("BenchConfig.num_requests = cli.arg('measured requests', default=8)" in f
                                       for f in python_copies(planted, "loadgen.py"))
     planted = loadgen.replace('choices=("true", "false"))', 'choices=("true", "false"), default="true")')
-    assert planted != loadgen and any("BenchConfig.ignore_eos = common.arg(" in f
+    assert planted != loadgen and any("BenchConfig.ignore_eos = cli.arg(" in f
                                       for f in python_copies(planted, "loadgen.py"))
     planted = loadgen.replace("    concurrency: int\n", "    concurrency: int = 4\n")
     assert planted != loadgen and any("BenchConfig.concurrency = 4" in f for f in python_copies(planted, "loadgen.py"))
@@ -173,7 +173,7 @@ def test_the_scanners_find_a_planted_copy() -> None:
     planted = loadgen.replace('num_requests=int(bench["num_requests"])', 'num_requests=int(bench.get("num_requests", 8))')
     assert planted != loadgen and any(".get('num_requests', 8)" in f for f in python_copies(planted, "loadgen.py"))
     assert python_copies("class C:\n    stale_s: float = 600.0\n", "x.py")
-    assert python_copies("class C:\n    stale_s: float = common.arg('h', default=600.0)\n", "x.py")
+    assert python_copies("class C:\n    stale_s: float = cli.arg('h', default=600.0)\n", "x.py")
     assert python_copies("class C:\n    stale_s: float = field(default=600.0)\n", "x.py")
     assert python_copies("def show(node_dir, stale_s=600.0):\n    pass\n", "x.py")
     assert python_copies("DEFAULT_STALE_S = 600.0\n", "x.py")

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-from specab.analysis import logparse
+from specab.analysis.evidence import logparse
 from tests.node.helpers import client_default_argv
 
 REPO = Path(__file__).resolve().parents[2]

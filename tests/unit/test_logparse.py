@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import logparse
+from specab.analysis.evidence import logparse
 
 # --- REF_SGLANG (issue #11948, v0.5.3.post3) ------------------------------------------------------
 REF_PREFILL = ("[2025-10-22 10:27:56 TP0] Prefill batch. #new-seq: 1, #new-token: 28, #cached-token: 0, "
@@ -264,7 +264,7 @@ def test_fast_decode_stats_equal_the_line_parser(block_size: int) -> None:
 def test_cli_json_and_text(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text(_mixed_log())
-    proc = subprocess.run([sys.executable, "-m", "specab.analysis.logparse", str(log), "--format", "json"],
+    proc = subprocess.run([sys.executable, "-m", "specab.analysis.evidence.logparse", str(log), "--format", "json"],
                           capture_output=True, text=True, timeout=60, check=True)
     out = [json.loads(line) for line in proc.stdout.splitlines()]
     assert out[-1]["kind"] == "summary" and out[-1]["decode_lines"] == 6
@@ -272,15 +272,15 @@ def test_cli_json_and_text(tmp_path: Path) -> None:
     n = _mixed_log().splitlines().index(REF_DECODE) + 1
     assert lines[n]["accept_len"] == 1.95 and lines[n]["kind"] == "decode"
 
-    proc = subprocess.run([sys.executable, "-m", "specab.analysis.logparse", "parse-log", str(log), "--summary-only",
+    proc = subprocess.run([sys.executable, "-m", "specab.analysis.evidence.logparse", "parse-log", str(log), "--summary-only",
                            "--fast", "--format", "json"], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(proc.stdout)["cuda_graph_true"] == 5
 
-    proc = subprocess.run([sys.executable, "-m", "specab.analysis.logparse", str(log)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "specab.analysis.evidence.logparse", str(log)], capture_output=True, text=True,
                           timeout=60, check=True)
     assert "accept_len=1.95" in proc.stdout and "cuda_graph_share: 0.833" in proc.stdout
 
-    proc = subprocess.run([sys.executable, "-m", "specab.analysis.logparse", str(tmp_path / "missing.log")],
+    proc = subprocess.run([sys.executable, "-m", "specab.analysis.evidence.logparse", str(tmp_path / "missing.log")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "cannot read" in proc.stderr
 
@@ -313,7 +313,7 @@ def test_parse_log_of_nothing_recognised_exits_non_zero_with_the_hint_first(
     assert out.getvalue() == "" and "None" not in err
 
 
-@pytest.mark.parametrize("entry", [["driver.py", "parse-log"], ["-m", "specab.analysis.logparse"]])
+@pytest.mark.parametrize("entry", [["driver.py", "parse-log"], ["-m", "specab.analysis.evidence.logparse"]])
 def test_a_reader_that_goes_away_ends_parse_log_quietly_not_blaming_the_log(tmp_path: Path, entry: list[str]) -> None:
     """`parse-log LOG | head -1`: once the reader has closed the pipe the next write fails; that is the reader's
     doing, so nothing is said and the status is a SIGPIPE ending's (141), never "cannot read LOG". The output

@@ -2,7 +2,7 @@
 sglang.md (metrics_reporter.py, cuda_graph_setup.py, eagle_worker_v2.py), not from the simulator."""
 from __future__ import annotations
 
-from specab.analysis.logparse import iter_records, parse_line, summarize
+from specab.analysis.evidence.logparse import iter_records, parse_line, summarize
 from specab.vocab import contract
 
 P = "[2026-10-20 10:00:01 TP0] "

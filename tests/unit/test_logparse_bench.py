@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import logparse
+from specab.analysis.evidence import logparse
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("logparse_speed", REPO / "bench" / "logparse_speed.py")

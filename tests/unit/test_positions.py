@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import positions, specmodel
+from specab.analysis.measures import positions, specmodel
 from specab.node import loadgen
 from specab.vocab import engines
 

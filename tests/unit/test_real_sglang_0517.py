@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from specab.analysis import logparse
+from specab.analysis.evidence import logparse
 from specab.driver.preflight import parse_help_flags
-from specab.node import common, envcheck, loadgen, ready, stop
+from specab.node import envcheck, envfile, loadgen, procfs, ready, stop
 from specab.vocab import engines
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.17"
@@ -180,7 +180,7 @@ def _fake_proc(root: Path, without: tuple = ()) -> int:
     pids = [p["pid"] for p in rec["processes"]]
     exported, argv = _launch(SPECAB_RUN / "eagle3-s2.launch.sh")
     base = dict(_env_lines(FIX / "eagle3.environ-main"), **exported)
-    base.update(common.parse_env_file(str(SPECAB_RUN / "eagle3-s2.nccl.env")))
+    base.update(envfile.parse_env_file(str(SPECAB_RUN / "eagle3-s2.nccl.env")))
     main, tracker, sched, detok = pids
     table = {
         main: ("python3", 1, argv, base),
@@ -202,7 +202,7 @@ def _fake_proc(root: Path, without: tuple = ()) -> int:
 
 
 def test_envcheck_on_the_real_processes_finds_every_variable_as_it_did_on_the_h200(tmp_path, monkeypatch):
-    monkeypatch.setattr(common, "PROC", str(tmp_path))
+    monkeypatch.setattr(procfs, "PROC", str(tmp_path))
     main = _fake_proc(tmp_path)
     real = json.loads((SPECAB_RUN / "eagle3-s2.env_check.json").read_text())
     procs = envcheck.engine_processes(main)
@@ -213,7 +213,7 @@ def test_envcheck_on_the_real_processes_finds_every_variable_as_it_did_on_the_h2
     assert others[0].startswith("python3 -B -c from multiprocessing.res") and others[1:] == [
         "sglang::detokenizer", "sglang::scheduler"]                          # TP 1: no _TP0
     assert not any(p["skipped"] for p in procs)
-    expected = common.parse_env_file(str(SPECAB_RUN / "eagle3-s2.nccl.env"))
+    expected = envfile.parse_env_file(str(SPECAB_RUN / "eagle3-s2.nccl.env"))
     nccl = envcheck.parse_nccl_lines((FIX / "eagle3.log").read_text())
     assert len(nccl) == real["nccl_lines"] == 0, "TP 1: no communicator, no NCCL echo lines"
     variables = envcheck.check_environ(expected, procs, nccl)
@@ -226,7 +226,7 @@ def test_envcheck_on_the_real_processes_finds_every_variable_as_it_did_on_the_h2
 def test_envcheck_finds_what_the_real_server_set_only_in_its_scheduler(tmp_path, monkeypatch):
     """SGLang sets NCCL_CUMEM_ENABLE=0 and CUDA_DEVICE_MAX_CONNECTIONS=8 in its own os.environ after it started:
     /proc shows them in the scheduler it spawns, not in the main process's exec-time environ."""
-    monkeypatch.setattr(common, "PROC", str(tmp_path))
+    monkeypatch.setattr(procfs, "PROC", str(tmp_path))
     main = _fake_proc(tmp_path)
     procs = envcheck.engine_processes(main)
     sched = next(p["pid"] for p in procs if p["name"] == "sglang::scheduler")
@@ -239,11 +239,11 @@ def test_envcheck_finds_what_the_real_server_set_only_in_its_scheduler(tmp_path,
 
 
 def test_envcheck_names_the_real_scheduler_when_an_arm_lacks_nccl_algo(tmp_path, monkeypatch):
-    monkeypatch.setattr(common, "PROC", str(tmp_path))
+    monkeypatch.setattr(procfs, "PROC", str(tmp_path))
     main = _fake_proc(tmp_path, without=("NCCL_ALGO",))        # the arm started with `env -u NCCL_ALGO`
     procs = envcheck.engine_processes(main)
     sched = next(p["pid"] for p in procs if p["name"] == "sglang::scheduler")
-    expected = common.parse_env_file(str(SPECAB_RUN / "eagle3-s2.nccl.env"))
+    expected = envfile.parse_env_file(str(SPECAB_RUN / "eagle3-s2.nccl.env"))
     variables = envcheck.check_environ(expected, procs, [])
     assert [v for v, r in variables.items() if r["mismatches"]] == ["NCCL_ALGO"]
     assert len(variables["NCCL_ALGO"]["mismatches"]) == 4 and not variables["NCCL_ALGO"]["evidence"]
@@ -289,7 +289,7 @@ NOT_PARENT = {"observable": False, "why": "the server is not a child of this pro
 
 def _at_start(rec: dict) -> list:
     """The processes a real stop.json saw at its start, as the ProcStats stop.py had then."""
-    return [common.ProcStat(p["pid"], "python3", "S", 1, rec["pgid"], rec["sid"], 0) for p in rec["processes_at_start"]]
+    return [procfs.ProcStat(p["pid"], "python3", "S", 1, rec["pgid"], rec["sid"], 0) for p in rec["processes_at_start"]]
 
 
 def _tail_after_sigterm(log: str) -> str:
@@ -365,7 +365,10 @@ REAL_EXP = FIX / "experiment-real"     # driver.py on the H200 with the real 0.5
 def test_the_analysis_reads_a_real_engine_experiment(tmp_path):
     import shutil
 
-    from specab.analysis import doctor, model, report, stats
+    from specab.analysis.evidence import model
+    from specab.analysis.measures import stats
+    from specab.analysis.findings import doctor
+    from specab.analysis.render import report
 
     exp_dir = tmp_path / "exp"
     exp_dir.mkdir()

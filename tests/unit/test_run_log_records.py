@@ -15,8 +15,8 @@ import statistics
 
 import pytest
 
-from specab.analysis import model as analysis
-from specab.analysis import logparse
+from specab.analysis.evidence import model as analysis
+from specab.analysis.evidence import logparse
 
 DECODE_059 = ("[2026-01-05 10:00:{s:02d} TP0] Decode batch [{it}], #running-req: {run}, #token: {tok}, "
               "token usage: 0.01, accept len: {acc}, accept rate: 0.61, cuda graph: {g}, "

@@ -3,7 +3,7 @@
 import random
 import statistics
 
-from specab.analysis.model import Request, Run
+from specab.analysis.evidence.model import Request, Run
 
 
 def test_tok_s_is_the_median_of_the_measured_requests_decode_tok_s():

@@ -6,7 +6,7 @@ gpu-throttled rule and the report's clock plot) must divide the duration back, o
 time_scale times too far and count samples taken after the benchmark."""
 from __future__ import annotations
 
-from specab.analysis.model import Request, Run
+from specab.analysis.evidence.model import Request, Run
 
 
 def test_window_of_a_time_scaled_run_is_wall_clock() -> None:

@@ -20,8 +20,8 @@ from typing import Any, Dict
 
 import pytest
 
-from specab.node import common, envcheck, gpufree, gpusample, loadgen, manifest, ready, sequence, start, stop
-from specab.node.common import spec_of
+from specab.node import cli, envcheck, gpufree, gpusample, loadgen, manifest, ready, sequence, start, stop
+from specab.node.cli import spec_of
 
 REQUIRED = "<required>"
 
@@ -171,7 +171,7 @@ def test_the_flags_and_the_json_spec_build_the_same_spec(tool: str) -> None:
     from_flags = parse_args(argv_of(VALUES[tool]))
     # gpusample and loadgen take no --spec-json: their spec as the JSON path would build it
     whole = (spec_of(cls, dict(VALUES[tool])) if tool in ("gpusample", "loadgen")
-             else parse_args([common.SPEC_FLAG, json.dumps(VALUES[tool])]))
+             else parse_args([cli.SPEC_FLAG, json.dumps(VALUES[tool])]))
     assert from_flags == whole == cls(**VALUES[tool])
 
 
@@ -183,7 +183,7 @@ def test_each_sequence_command_builds_the_same_spec_from_flags_and_json(command:
     got = sequence.parse_args(["--node-dir", "/nd", command] + argv_of(SEQUENCE_VALUES[command]))
     extra = {"batch": batch} if command == "stage" else {}
     whole = dict(SEQUENCE_VALUES[command], node_dir="/nd", command=command, **extra)
-    assert got == sequence.parse_args([common.SPEC_FLAG, json.dumps(whole)])
+    assert got == sequence.parse_args([cli.SPEC_FLAG, json.dumps(whole)])
     assert got == (command, sequence.SPECS[command](node_dir="/nd", **SEQUENCE_VALUES[command], **extra))
 
 

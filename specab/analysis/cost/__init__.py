@@ -1,0 +1,1 @@
+"""Cost: what a verdict costs and the design that buys the next one."""

@@ -1,0 +1,1 @@
+"""Evidence in: what the runs recorded, read into the analysis data model."""

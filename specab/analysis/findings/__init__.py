@@ -1,0 +1,1 @@
+"""Findings: the doctor's rules, from an experiment's evidence and measures to sentences a user can act on."""
