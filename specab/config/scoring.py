@@ -7,7 +7,7 @@ earlier run of its speculative arms on its host that no earlier run of it scored
 baseline comes first, that block's speculative runs are scored by the next block's baseline run (on a fleet, the
 next block on the same host); the runs after the last baseline run of a host stay unscored, and the analysis says
 so (docs/analysis.md, "Output distribution"). The assignment depends only on the runs before a baseline run, so
-blocks added later (``--target-ci``) or a resume never change it.
+blocks added later (``--target-ci``) or a resume never change it. Burn-in runs (unmeasured) are given to none.
 """
 from __future__ import annotations
 
@@ -29,8 +29,3 @@ def assign(runs: Sequence[PlannedRun], baseline_of: Mapping[str, str]) -> dict[i
             waiting.setdefault(base, []).append(pr.run_id)
     return out
 
-
-def unscored(runs: Sequence[PlannedRun], baseline_of: Mapping[str, str]) -> list[str]:
-    """The run ids of one host no baseline run scores: those after the last run of their baseline there."""
-    scored = {rid for ids in assign(runs, baseline_of).values() for rid in ids}
-    return [pr.run_id for pr in sorted(runs, key=lambda r: r.seq) if pr.run_id not in scored]

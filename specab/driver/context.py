@@ -109,10 +109,10 @@ class RunContext:
         """What a baseline run's server scores after its measured window at temperature > 0 (specab.config.scoring:
         its own outputs and the earlier runs of its arms on its host that no earlier run of it scored), as the bench
         step takes it: {engine, experiment_id, runs}; {} for any other run."""
-        if not self.arms[pr.arm].is_baseline or float(self.bench_settings(pr)["temperature"]) <= 0:
+        if pr.burn_in or not self.arms[pr.arm].is_baseline or float(self.bench_settings(pr)["temperature"]) <= 0:
             return {}
         hosts = [h.name for h in self.p.inventory.hosts]
-        runs = [PlannedRun.from_row(r) for r in self.store.plan()]
+        runs = [r for r in map(PlannedRun.from_row, self.store.plan()) if not r.burn_in]    # burn-ins: not analysed
         if self.limit is not None and len(hosts) > 1:     # a fleet: block b runs on hosts[(b - 1) % n] (fleet.py)
             runs = [r for r in runs if hosts[(r.block - 1) % len(hosts)] == self.limit]
         ids = scoring.assign(runs, {a.name: a.baseline for a in self.arms.values()}).get(pr.seq, [])
