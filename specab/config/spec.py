@@ -28,7 +28,7 @@ EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args",
 ARM_KEYS = {"name", "description", "server_args", "env", "cost_only"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
               "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos", "request_rate",
-              "client_procs", "correctness_requests", "temperature", "top_p"}
+              "client_procs", "allow_queueing", "correctness_requests", "temperature", "top_p"}
 PHASE_TIMING_VALUES = ("auto", True, False)
 # what phase timing sets on an arm (the 2026 engines reference A5): the server's /metrics and, in SGLang
 # 0.5.23, the device timer that splits forward time into eagle_draft / eagle_draft_extend / target_verify
@@ -159,9 +159,11 @@ def overlay(common: dict[str, Any], arm: dict[str, Any] | None) -> dict[str, Any
 
 def resolve_arm(exp: ExperimentSpec, arm: dict[str, Any], baseline: str = "baseline",
                 matrix: dict[str, Any] | None = None) -> ArmSpec:
-    """Resolve one arm overlay of the experiment per the contract (arm wins; model_path added)."""
+    """Resolve one arm overlay of the experiment per the contract (arm wins; model_path added: the arm's own
+    `server_args.model_path` where it gives one, an override that runs and is recorded as given, else the
+    experiment's model)."""
     server_args = overlay(exp.server_args, arm.get("server_args"))
-    server_args["model_path"] = exp.model_path
+    server_args["model_path"] = str(server_args.get("model_path") or exp.model_path)
     env = overlay(exp.env, arm.get("env"))
     spec = _is_spec(server_args)
     timing = phase_timing_on(exp, spec)
@@ -380,9 +382,10 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
                           f"(every answer runs to output_len) or false (answers end where the model ends them), "
                           f"got {bench['ignore_eos']!r}.")
     rate = bench.get("request_rate")
-    if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate < 1e6):
+    if rate is not None and benchcfg.rate_problem(rate, zero_ok=True):
         raise ConfigError(f"{where}{key_line(root, base + ('bench', 'request_rate'))}: bench.request_rate must be a "
-                          f"number of requests per second (0: each as soon as one in flight ends), got {rate!r}.")
+                          f"number of requests per second (0: each as soon as one in flight ends) below "
+                          f"{benchcfg.MAX_REQUEST_RATE:g}, got {rate!r}: it {benchcfg.rate_problem(rate, zero_ok=True)}.")
     _check_sampling(bench, where, root, base)
     if bench.get("client_procs") is not None:
         try:

@@ -246,6 +246,9 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     # the spelling of each engine build the arms run on, when its flags are cached (plan touches no node)
     builds = preflight.builds_of(prepared.arms, host)
     cached = {b.name: preflight.cached_engine_flags(host, b) for b in builds}
+    # what `run` refuses of the arms' arguments on a build whose flags are known, `plan` refuses alike
+    preflight.refuse_flags([p for ef in cached.values() if ef
+                            for p in preflight.unknown_flags(prepared.arms, ef, prepared.experiment.engine)])
     prepared = session.spelled(prepared, [ef for ef in cached.values() if ef])
     described = [preflight.describe_engine(cached[b.name], b) for b in builds]
     # with --target-ci the runs `run` starts with and those it is expected to add, in the design's own words

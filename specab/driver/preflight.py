@@ -364,11 +364,16 @@ def check_engine_flags(arms: list[ArmSpec], hosts: list[Host], notice: Any = Non
                 continue
             results.append(ef)
             problems += unknown_flags(arms, ef, expected_kind)
+    refuse_flags(problems)
+    return results
+
+
+def refuse_flags(problems: list[str]) -> None:
+    """The refusal of arguments an engine build does not take (`run` before any launch, `plan` from the cache)."""
     if problems:
         raise PreflightError("\n".join(problems) + "\nThe engine would refuse these arguments after the launch. "
                              "Fix the names in the experiment file or --matrix (flags as `<engine> --help` lists "
                              "them, with '_' for '-').")
-    return results
 
 
 # --------------------------------------------------------------------------- deterministic mode (--correctness)

@@ -30,7 +30,7 @@ from specab.config.fingerprint import changes, fingerprint, fingerprint_doc
 from specab.config.plan import PlannedRun, make_plan
 from specab.config.spec import ExperimentSpec
 from specab.config.yamlfile import REPO_ROOT
-from specab.driver import preflight
+from specab.driver import keep, nodecheck, preflight
 from specab.driver.context import InterruptedRun, MoreBlocks, RunContext
 from specab.driver.design_inputs import DesignInputs, design_inputs
 from specab.driver.fleet import run_fleet
@@ -68,11 +68,13 @@ def make_executor(ctx: RunContext, signal_time: Callable[[], float | None]) -> E
     return PerRunExecutor(ctx, signal_time=signal_time)
 
 
-def execute(ctx: RunContext, todo: list[PlannedRun]) -> int:
-    """Run ``todo`` (and, with --target-ci, the blocks the statistics ask for) on one host set."""
+def execute(ctx: RunContext, todo: list[PlannedRun], resumed: bool = False) -> int:
+    """Run ``todo`` (and, with --target-ci, the blocks the statistics ask for) on one host set; a resume first
+    records the runs the node finished that were never recorded (``keep.adopt``)."""
     done_before = len(ctx.store.plan()) - len(todo)
     interrupted = False
     stopped: SystematicFailure | None = None
+    busy: tuple[st.StoreBusy, list[str]] | None = None
     # every arm failed at start-up for one cause: stop rather than play the rest into it
     fail_fast = FailFast.for_runs({pr.arm for pr in todo})
     with Interrupt() as intr:
@@ -80,12 +82,18 @@ def execute(ctx: RunContext, todo: list[PlannedRun]) -> int:
         more = ctx.more_blocks if ctx.opts.target_ci is not None else None
         try:
             try:
+                if resumed and isinstance(executor, QueueExecutor):
+                    todo = keep.adopt(executor, todo, done_before)
+                    done_before = len(ctx.store.plan()) - len(todo)
                 interrupted = executor.loop(list(todo), intr.event, done_before, more=more,
                                             on_status=lambda status: fail_fast.observe(ctx.store, status))
             except SystematicFailure as exc:
                 stopped = exc
                 executor.abort()           # the queue's sequencer would go on with the queued runs
                 ctx.store.set_experiment_status(STOPPED)
+            except st.StoreBusy as exc:    # nothing more can be recorded: the node stops, what it finished is kept
+                executor.abort()
+                busy = (exc, keep.fetch_unrecorded(executor) if isinstance(executor, QueueExecutor) else [])
             except BaseException:
                 executor.abort()
                 ctx.store.set_experiment_status("interrupted")
@@ -103,6 +111,15 @@ def execute(ctx: RunContext, todo: list[PlannedRun]) -> int:
         print(f"\nInterrupted. Finished runs are kept in {ctx.exp_dir}.\n"
               f"Resume with: {resume_command(ctx.exp_id, ctx.opts)}", file=ctx.out)
         return EXIT_INTERRUPTED
+    if busy is not None:
+        exc, kept = busy
+        print(f"\nStopped: the store could not be written. {exc}\n"
+              + (f"{len(kept)} run(s) the node finished were fetched into {ctx.exp_dir} but not recorded: "
+                 f"{', '.join(kept)}.\n" if kept else "")
+              + f"Every run recorded before is kept. Resume once the store is free: "
+              f"{resume_command(ctx.exp_id, ctx.opts)} (it records the fetched runs and runs only the missing ones).",
+              file=ctx.out)
+        return EXIT_FAILED_RUNS
     if stopped is not None:
         print(stopped.message(ctx.exp_id, len(ctx.store.missing()), resume_command(ctx.exp_id, ctx.opts)),
               file=ctx.out)
@@ -118,7 +135,7 @@ def resume_command(exp_id: str, opts: Options, *extra: str) -> str:
 
 
 def _run(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, store: st.Store, todo: list[PlannedRun],
-         out: TextIO, progress: Progress, total: int) -> int:
+         out: TextIO, progress: Progress, total: int, resumed: bool = False) -> int:
     # a resume counts what the store's runs spent already (a run started again replaces its row, so not its own)
     progress.start(exp_id, total, done=total - len(todo),
                    spent=store.spent_gpu_seconds(rerun={pr.seq for pr in todo}))
@@ -129,7 +146,7 @@ def _run(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, store: s
     if opts.fleet:     # every host of gpu_nodes runs its own blocks at once (docs/scale.md)
         return run_fleet(prepared, opts, exp_id, exp_dir, todo, out, progress, total=total,
                          make_context=RunContext, make_executor=make_executor)
-    return execute(RunContext(prepared, opts, exp_id, exp_dir, store, out, progress), todo)
+    return execute(RunContext(prepared, opts, exp_id, exp_dir, store, out, progress), todo, resumed=resumed)
 
 
 def _git_sha() -> str | None:
@@ -175,6 +192,8 @@ def check_nodes(prepared: Prepared, out: TextIO) -> list[preflight.EngineFlags]:
     def notice(n: str) -> None:
         print(f"notice: {n}", file=out)
     hosts = prepared.inventory.hosts
+    # the GPUs an arm takes, the context its prompts and answers need, the node directory's room: read-only
+    nodecheck.check_nodes(prepared.experiment, prepared.arms, hosts, is_multinode(hosts), notice)
     # the node's engine lists its flags (read-only, cached per node and engine version): an unknown flag is
     # refused now rather than after a model load of minutes
     checked = preflight.check_engine_flags(prepared.arms, hosts, notice=notice,
@@ -358,7 +377,7 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
             store.mark_running()
             store.write_plan([r.to_json() for r in det_block])
             code = _run(prepared, ropts, row["id"], exp_dir, store, todo, out, progress or Progress(),
-                        total=len(store.plan()))
+                        total=len(store.plan()), resumed=True)
         return conclude(code, store, exp_dir, out), exp_dir
     finally:
         store.close()

@@ -19,6 +19,7 @@ from aiohttp import web
 from specab.sim.args import ServerArgs
 from specab.sim import versions
 from specab.sim.engine import Engine, GenRequest, count_prompt_tokens
+from specab.sim.limits import context_error
 from specab.sim.loadplan import Capacity
 from specab.sim.sampling import Sampling
 from specab.sim import scoring
@@ -260,12 +261,17 @@ class Api:
         if input_ids is not None:
             if not isinstance(input_ids, list) or not all(isinstance(i, int) for i in input_ids):
                 raise ValueError("input_ids must be a list of integers")
-            return self.s.engine.submit(self.vocab.words_of(input_ids), max_new, ignore_eos, rid,
-                                        prompt_tokens=len(input_ids), sampled=sampled, internal=internal)
-        if not isinstance(prompt, str):
+            words, tokens = self.vocab.words_of(input_ids), len(input_ids)
+        elif not isinstance(prompt, str):
             raise ValueError("text must be a string or a list of strings")
-        words = count_prompt_tokens(prompt)
-        return self.s.engine.submit(words, max_new, ignore_eos, rid, sampled=sampled)
+        else:
+            words = count_prompt_tokens(prompt)
+            tokens = len(words) + 1          # the tokenizer's BOS, as the engine counts a text prompt
+        refused = context_error(tokens, max_new, self.s.cap.context_len)
+        if refused:
+            raise ValueError(refused)
+        return self.s.engine.submit(words, max_new, ignore_eos, rid, prompt_tokens=tokens, sampled=sampled,
+                                    internal=internal)
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """SGLang 0.5.17's /tokenize: ``prompt`` (a string or a list of them) or chat ``messages``; ``tokens`` and

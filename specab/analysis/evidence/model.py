@@ -84,6 +84,10 @@ class LogStats:
     gen_tok_s_per_req_median: float | None = None
     no_graph_example: str | None = None       # one decode line with `cuda graph: False`, quoted as evidence
     nccl_env: dict[str, str] = field(default_factory=dict)   # `NCCL INFO <VAR> set by environment to <v>`
+    # the most requests the server ran at once and held in its queue, by its own account: SGLang's decode lines
+    # (`#running-req`, `#queue-req`), vLLM's stats lines (`Running: N reqs, Waiting: M reqs`); None: no such line
+    running_max: int | None = None
+    queued_max: int | None = None
 
     @property
     def cuda_graph_share(self) -> float | None:
@@ -455,12 +459,23 @@ def env_check_from_json(d: dict) -> EnvCheck:
     return EnvCheck(variables=checks)
 
 
+def _count_load(st: LogStats, r: dict) -> None:
+    """The running and queued requests of one decode or vLLM stats record, into the log's maxima."""
+    running, queued = ((r.get("running_req"), r.get("queue_req")) if r.get("kind") == "decode"
+                       else (r.get("running"), r.get("waiting")) if r.get("kind") == "vllm_stats" else (None, None))
+    if isinstance(running, int) and not isinstance(running, bool):
+        st.running_max = max(st.running_max or 0, running)
+    if isinstance(queued, int) and not isinstance(queued, bool):
+        st.queued_max = max(st.queued_max or 0, queued)
+
+
 def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None = None) -> LogStats:
     """LogStats from parsed log records: dicts with kind 'decode' and keys accept_len, cuda_graph,
     gen_throughput, running_req, raw (the shape specab.analysis.evidence.logparse emits)."""
     st = LogStats(nccl_env=dict(nccl or {}))
     acc, gen, per_req = [], [], []
     for r in records:
+        _count_load(st, r)
         if r.get("kind") != "decode":
             continue
         cg = r.get("cuda_graph")
@@ -495,7 +510,7 @@ def parse_server_log(path: Path) -> LogStats:
                 if rec["kind"] == "nccl_env":
                     nccl.setdefault(rec["var"], str(rec["value"]).rstrip("."))
                 else:
-                    yield rec
+                    yield rec           # decode and vLLM stats records
 
     st = log_stats_from_records(decode_records())
     st.nccl_env = nccl

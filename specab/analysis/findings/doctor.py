@@ -19,6 +19,7 @@ from specab.analysis.measures import workload
 from specab.analysis.evidence.model import REASON_IDLE, Experiment, GpuSample, Run, arm_concurrency, reason_names
 from specab.analysis.measures.stats import ExperimentStats, analyse
 from specab.analysis.measures import validity as validity_analysis
+from specab.analysis.measures import concurrency
 from specab.vocab import contract, engines
 # scipy is imported in the functions that use it: importing scipy.stats takes ~1.3 s, which every start of
 # driver.py paid (status, --help, a run before its first report: 1.8 s -> 0.55 s for --help).
@@ -629,6 +630,8 @@ def cycle_time_unstable(exp: Experiment, ctx: Context) -> list[Finding]:
     spread = 1 + ctx.config.cycle_spread
     out = []
     for a in exp.spec_arms:
+        if concurrency.served(exp, a.name) or concurrency.served(exp, exp.baseline_of(a.name)):
+            continue        # its server queued requests: the batch changed size as the queue drained (server-queued)
         base_steps = {r.run_id: [q.tpot_s * 1e3 for q in r.requests if q.ok and not q.warmup and q.tpot_s]
                       for r in exp.runs_of(exp.baseline_of(a.name))}
         base_steps = {k: v for k, v in base_steps.items() if len(v) >= 2}
@@ -816,6 +819,33 @@ def forced_continuation(exp: Experiment, ctx: Context) -> list[Finding]:
     return out
 
 
+def server_queued(exp: Experiment, ctx: Context) -> list[Finding]:
+    """An arm whose server ran fewer requests at once than were in flight, by its own log (SGLang's `#running-req`
+    and `#queue-req`, vLLM's `Running` and `Waiting`): the rest waited in its queue (its cap, e.g.
+    max_running_requests, below bench.concurrency, asked with bench.allow_queueing). Its requests' times include
+    that wait and its batch changed size as the queue drained: the per-user speed is at the server's running
+    count, not at the requests in flight, and the variation is the queue's, not the host's CPU."""
+    out = []
+    for a in exp.arms:
+        ran = concurrency.served(exp, a.name)
+        if ran is None:
+            continue
+        running, queued = ran
+        asked = arm_concurrency(exp, a.name)
+        runs = [r for r in exp.runs_of(a.name) if r.log is not None and r.log.queued_max]
+        out.append(Finding(
+            "server-queued", "warning",
+            f"{a.name}: {asked} requests were in flight but its server ran at most {running} at once and held up to "
+            f"{queued} in its queue (its own log): each request's time includes its wait in the queue, and the batch "
+            f"changed size as the queue drained. Its tok/s is per user at {running} running with a queue, not at "
+            f"{asked} in flight; the spread between its requests is the queue's, not the host's CPU. Raise the "
+            f"server's cap of running requests (server_args.max_running_requests / max_num_seqs) to {asked}, or "
+            f"lower bench.concurrency to {running}.",
+            [f"{r.run_id}: at most {r.log.running_max} running, {r.log.queued_max} queued" for r in runs],
+            a.name, [r.run_id for r in runs]))
+    return out
+
+
 def _parity_evidence(v: validity_analysis.ArmValidity) -> list[str]:
     ev = []
     if v.identical_ci is not None:
@@ -887,6 +917,7 @@ def deterministic_pass_differs(exp: Experiment, ctx: Context) -> list[Finding]:
 
 RULES: dict[str, Rule] = {
     "outputs-not-valid": outputs_not_valid,
+    "server-queued": server_queued,
     "deterministic-pass-differs": deterministic_pass_differs,
     "known-truth-mismatch": known_truth_mismatch,
     "known-truth-unchecked": known_truth_unchecked,

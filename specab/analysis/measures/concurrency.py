@@ -88,6 +88,27 @@ class LoadPoint:
                 "tau": self.tau, "tau_star": self.tau_star, "latency": self.latency}
 
 
+def served(exp: Experiment, arm: str) -> tuple[int, int] | None:
+    """(most requests running at once, most queued) over the arm's runs by the server's own log, where its server
+    queued requests while fewer than the requests in flight ran (the load asked was not the load run); else None."""
+    logs = [r.log for r in exp.runs_of(arm) if r.log is not None and r.log.running_max is not None]
+    running = max((lg.running_max or 0 for lg in logs), default=0)
+    queued = max((lg.queued_max or 0 for lg in logs), default=0)
+    if not logs or not queued or running >= arm_concurrency(exp, arm):
+        return None
+    return running, queued
+
+
+def arm_load_label(exp: Experiment, arm: str) -> str:
+    """The load an arm's runs ran at: the requests in flight asked (and rate), and, where its server queued
+    requests, what the server ran (`served`)."""
+    label = load_label(arm_concurrency(exp, arm), arm_rate(exp, arm))
+    ran = served(exp, arm)
+    if ran is None:
+        return label
+    return f"{label}, of which the server ran at most {ran[0]} at once and queued up to {ran[1]} (its own log)"
+
+
 @dataclass
 class Crossover:
     """Where a speedup curve crosses 1 (see the module's definitions). ``estimate`` None: it does not cross within

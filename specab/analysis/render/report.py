@@ -13,6 +13,7 @@ import html
 import io
 import json
 import math
+import os
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -659,7 +660,8 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         sp = st.speedups[a.name]
         conc, rate = arm_concurrency(exp, a.name), arm_rate(exp, a.name)
         speed = f"{sp.verdict} over {len(sp.ratios)} paired block(s)" + (
-            f", per user at {load_label(conc, rate)}" if loads.several_loads or conc > 1 or rate else "")
+            f", per user at {concurrency.arm_load_label(exp, a.name)}" if loads.several_loads or conc > 1 or rate
+            else "")
         verdicts[a.name] = (f"{a.name} vs {sp.baseline}: "
                             f"{validity.verdict(speed, val.arms.get(a.name), val.deterministic.get(a.name))}.")
         rep.summary.append(verdicts[a.name])
@@ -1065,15 +1067,21 @@ def _workload_blocks(rep: Report, exp: Experiment
 def _write(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None,
            pooled: list[Path] | None = None) -> tuple[dict[str, str], Report]:
     """The report of the experiment in ``exp_dir``, or with ``pooled`` (the experiments' directories, the first
-    naming it) the report of their stores as one, written into ``exp_dir``."""
+    naming it) the report of their stores as one, written into ``exp_dir``; one experiment's store elsewhere (its
+    directory on read-only media) is ``pooled`` of one."""
     with gc_paused():       # a 1,000-run experiment: ~0.7 s of cyclic-GC passes over objects that hold no cycles
-        return _write_unpaused(exp_dir, config, target_tok_s, combine.combine(pooled) if pooled else None)
+        exp = None if not pooled else load_store(pooled[0]) if len(pooled) == 1 else combine.combine(pooled)
+        return _write_unpaused(exp_dir, config, target_tok_s, exp)
 
 
 def _write_unpaused(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None,
                     exp: Experiment | None = None) -> tuple[dict[str, str], Report]:
     exp = exp or load_store(exp_dir)
     rep = build_report(exp, config=config, target_tok_s=target_tok_s)
+    if exp.meta.get("status") == "running":     # the store's own word (a driver that died without one leaves it so)
+        done = sum(1 for r in exp.runs if r.status != "running")
+        rep.summary.insert(0, f"The experiment is still running (its store's status): this report covers the {done} "
+                              f"run(s) finished so far.")
     exp_dir.mkdir(parents=True, exist_ok=True)
     img_dir = exp_dir / "report"
     img_dir.mkdir(exist_ok=True)
@@ -1118,10 +1126,14 @@ def cmd_report(ns: argparse.Namespace, out: TextIO | None = None) -> int:
         print("specab report: --with pools several experiments into one report; give --out DIR for it (the "
               "experiments' own reports stay as they are).", file=out)
         return 2
+    if ns.out is None and not os.access(exp_dir, os.W_OK):
+        print(f"specab report: {exp_dir} cannot be written (read-only media?): the report reads the store there as "
+              f"it is; give --out DIR for the report files.", file=out)
+        return 2
     cfg = doctor.DoctorConfig(usual_baseline_tok_s=ns.usual_baseline_tok_s)
     try:
-        paths, rep = _quiet_write(Path(ns.out) if len(pooled) > 1 else exp_dir, cfg, ns.target_tok_s,
-                                  pooled if len(pooled) > 1 else None)
+        paths, rep = _quiet_write(Path(ns.out) if ns.out else exp_dir, cfg, ns.target_tok_s,
+                                  pooled if ns.out else None)
     except AnalysisError as e:
         print(f"specab report: {e}", file=out)
         return 2
@@ -1141,7 +1153,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--with", dest="with_", action="append", metavar="EXPERIMENT",
                    help="pool this experiment's blocks with the first's into one report (repeatable; the arms two "
                         "stores share must be the same by content); needs --out")
-    p.add_argument("--out", metavar="DIR", help="where the pooled report is written (with --with)")
+    p.add_argument("--out", metavar="DIR", help="where the report is written (default: the experiment's directory; "
+                                                "needed with --with, and for a store on read-only media)")
     p.set_defaults(func=cmd_report)
     return p
 
