@@ -88,5 +88,11 @@ def test_lossless_arm_same_distribution_lossy_arm_differs_scored_by_the_next_bas
     assert "80% power at 8 vs 16 scored requests" in good.power_note and good.temperature == 0.8
     report = (exp_dir / "report.md").read_text()
     assert "## Output distribution" in report and "DIFFERS" in report and "scoring cost: " in report
-    assert json.loads((exp_dir / "report.json").read_text())["distribution"]["arms"]["eagle3-lossy"]["same"] is False
+    data = json.loads((exp_dir / "report.json").read_text())
+    assert data["distribution"]["arms"]["eagle3-lossy"]["same"] is False
+    # one verdict with both parts: the sampled arms' validity is their distribution check
+    assert "sampled at temperature 0.8: same distribution as the baseline's" in data["verdicts"]["eagle3-s2"]
+    assert " -- NOT VALID: outputs not drawn from the target's distribution: differs from baseline's: mean target " \
+           "log-prob" in data["verdicts"]["eagle3-lossy"], data["verdicts"]["eagle3-lossy"]
+    assert f"verdict: {data['verdicts']['eagle3-lossy']}" in out
     assert "temperature 0.8, top_p 0.95" in report
