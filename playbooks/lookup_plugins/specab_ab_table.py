@@ -46,6 +46,11 @@ options:
     description: Arm name to the name of the arm it is compared with (a baseline arm names itself).
     type: dict
     required: true
+  experiment:
+    description: The experiment mapping (C(specab_experiment)) whose C(validity) rules, C(bench) and arms'
+      C(cost_only) the output checks read; empty for the defaults.
+    type: dict
+    default: {}
 """
 
 RETURN = """
@@ -72,7 +77,8 @@ class LookupModule(LookupBase):
                                  run_dir=exp_dir / f"{i + 1:03d}-{a['name']}" / suffix)
                 for i, a in enumerate(_plain(self.get_option("arms")))]
         try:
-            tab = abtable.table(abtable.round_experiment(self.get_option("experiment_id"), arms))
+            tab = abtable.table(abtable.round_experiment(self.get_option("experiment_id"), arms,
+                                                         _plain(self.get_option("experiment"))))
         except (AnalysisError, OSError, ValueError) as exc:
             raise AnsibleError(f"the round's results could not be analysed: {exc}") from exc
         return [{"rows": tab.to_json(), "lines": tab.lines(exp_dir)}]

@@ -17,14 +17,15 @@ import yaml
 
 from specab.config import bench as benchcfg, defaults, engine_args
 from specab.config.yamlfile import REPO_ROOT, ConfigError, check_unknown, key_line, load_yaml
-from specab.config import builtin_data
+from specab.config import builtin_data, validity
 from specab.vocab import dataset, engines
 from specab.vocab.contract import redact_env
 
 DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "default.yml"
 
-EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args", "env", "arms", "bench", "timeouts"}
-ARM_KEYS = {"name", "description", "server_args", "env"}
+EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args", "env", "arms", "bench", "timeouts",
+                   "validity"}
+ARM_KEYS = {"name", "description", "server_args", "env", "cost_only"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
               "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos", "request_rate",
               "client_procs"}
@@ -225,6 +226,12 @@ def _check_server_args(args: Any, where: str, root: yaml.Node | None, path: tupl
                 except engines.NoSpelling as exc:
                     raise ConfigError(f"{where}{key_line(root, path + (k,))}: server_args.{k}: {exc}") from None
                 continue
+            if isinstance(v, dict):
+                # vLLM's JSON-valued arguments (--override-generation-config, --hf-overrides, ...): one JSON word,
+                # rendered by the template; the node's `vllm --help` and vLLM's own parser check the rest
+                for sub, item in v.items():
+                    _check_value(item, f"{where}{key_line(root, path + (k, sub))}: server_args.{k}.{sub}")
+                continue
         elif not engine_args.is_known(k):
             warnings.append(engine_args.unknown_message(k, f"{where}{key_line(root, path + (k,))}")
                             + " (passed through; the node's engine --help is the final check)")
@@ -305,8 +312,9 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
         if aname in seen:
             raise ConfigError(f"{where}{key_line(root, apath + ('name',))}: duplicate arm name '{aname}'.")
         seen.add(aname)
-        _check_server_args(arm.get("server_args"), where, root, apath + ("server_args",), warnings, engine)
+        arm_args = _check_server_args(arm.get("server_args"), where, root, apath + ("server_args",), warnings, engine)
         _check_env(arm.get("env"), where, root, apath + ("env",))
+        validity.check_cost_only(arm, _is_spec(arm_args), where, root, apath)
     bench = exp.get("bench") or {}
     if not isinstance(bench, dict):
         raise ConfigError(f"{where}{key_line(root, base + ('bench',))}: bench must be a mapping.")
@@ -342,6 +350,7 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
         if k in bench and (not isinstance(bench[k], int) or isinstance(bench[k], bool) or bench[k] < least):
             raise ConfigError(f"{where}{key_line(root, base + ('bench', k))}: bench.{k} must be an integer of at "
                               f"least {least}, got {bench[k]!r}.")
+    validity.check_section(exp.get("validity"), where, root, base + ("validity",))
     timeouts = exp.get("timeouts") or {}
     if not isinstance(timeouts, dict):
         raise ConfigError(f"{where}{key_line(root, base + ('timeouts',))}: timeouts must be a mapping.")

@@ -27,7 +27,7 @@ from specab.config.plan import make_plan
 from specab.config.yamlfile import ConfigError
 from specab.driver import design_inputs, fleet, preflight, session
 from specab.driver.lease import lease_states
-from specab.driver.options import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, ExperimentError, Options, prepare
+from specab.driver.options import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ExperimentError, Options, prepare
 from specab.driver.remote import status_all
 from specab.driver.render import render_arm
 from specab.knowntruth import build as kt_build
@@ -74,6 +74,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="EXPERIMENT_ID",
                    help="run only the missing runs of an experiment, in the planned order")
     p.add_argument("--retry-failed", action="store_true", help="with --resume: run failed runs again too")
+    p.add_argument("--require-valid", action="store_true",
+                   help="exit 3 when a speculative arm's outputs are not its baseline's (the report's Output "
+                        "validity: NOT VALID; an arm declared cost_only is exempt)")
     p.add_argument("--force-changed", action="store_true",
                    help="with --resume: go on although the experiment's fingerprint changed (the report marks "
                         "the runs of each fingerprint)")
@@ -218,9 +221,11 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         if args.matrix or "--repeats" in args._argv or "--seed" in args._argv or "--order" in args._argv:
             raise ConfigError("--resume continues the recorded plan: --matrix, --repeats, --seed and --order "
                               "come from the experiment's store and cannot be changed.")
-        code, _ = session.resume(args.resume, opts, out)
-        return code
-    code, _ = session.start(opts, out)
+        code, exp_dir = session.resume(args.resume, opts, out)
+    else:
+        code, exp_dir = session.start(opts, out)
+    if args.require_valid and code == EXIT_OK:
+        return session.require_valid(exp_dir, out)
     return code
 
 

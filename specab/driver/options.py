@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specab.config import defaults
+from specab.config import defaults, validity
 from specab.config.inventory import Host, Inventory, default_inventory, load_inventory
 from specab.config.matrix import build_arms, parse_matrix
 from specab.config.plan import Order, PlannedRun, make_plan
@@ -17,6 +17,8 @@ from specab.config.yamlfile import ConfigError
 from specab.driver import preflight
 
 EXIT_OK, EXIT_FAILED_RUNS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# --require-valid: every run ended ok, but a speculative arm's outputs are not its baseline's
+EXIT_NOT_VALID = 3
 # The reader of our output went away (`driver.py plan | head`): the shell's status of a process SIGPIPE ended
 # (128 + 13), said without a word, as `cat` and `grep` end there.
 EXIT_BROKEN_PIPE = 141
@@ -100,7 +102,8 @@ def prepare(opts: Options) -> Prepared:
                           f"Narrow the matrix, or pass --max-runs {len(plan)} to run them all (`driver.py plan` "
                           f"shows the plan and its expected GPU-minutes first).")
     return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
-                    notices=exp.warnings + armset.notices + preflight.bind_warnings(armset.arms), plan=plan)
+                    notices=exp.warnings + armset.notices + preflight.bind_warnings(armset.arms)
+                    + validity.arm_notices(exp.arms, armset.arms), plan=plan)
 
 
 # The specab_bench_* variables that are an experiment's bench.<key> defaults (roles/specab). The driver's design,

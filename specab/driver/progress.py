@@ -19,6 +19,7 @@ from rich.text import Text
 
 from specab.analysis.evidence import model
 from specab.analysis.measures import stats
+from specab.analysis.measures import validity
 from specab.results.store import FAILED, INTERRUPTED, OK, StoreError
 
 
@@ -215,11 +216,13 @@ def _stats_rows(store) -> tuple[list[list[str]], str | None]:
     try:
         with warnings.catch_warnings():     # scipy's warnings on few runs are not the user's business
             warnings.simplefilter("ignore")
-            res = stats.analyse(model.load_store(store.path))
+            exp = model.load_store(store.path)
+            res = stats.analyse(exp)
+            val = validity.check(exp)
     except model.AnalysisError as e:
         runs = store.runs()
         return [[a["name"], *(str(sum(r["arm"] == a["name"] and r["status"] == s for r in runs))
-                              for s in (OK, FAILED, INTERRUPTED)), "-", "-", "-", "-"]
+                              for s in (OK, FAILED, INTERRUPTED)), "-", "-", "-", "-", "-"]
                 for a in store.arms()], str(e)
     rows = []
     for name, a in res.arms.items():
@@ -232,7 +235,8 @@ def _stats_rows(store) -> tuple[list[list[str]], str | None]:
             spd = "1 (baseline)" if name not in res.speedups else "-"
         rows.append([name, f"{a.runs}", f"{a.runs_failed}", f"{a.runs_interrupted}",
                      f"{d.median:.1f}" if d.median is not None else "-", ci,
-                     f"{a.accept_len.mean:.2f}" if a.accept_len.mean is not None else "-", spd])
+                     f"{a.accept_len.mean:.2f}" if a.accept_len.mean is not None else "-", spd,
+                     validity.cell(val.arms.get(name))])
     return rows, None
 
 
@@ -250,7 +254,8 @@ def print_summary(store, out: TextIO) -> int:
     meaning = (model.tok_s_meaning(concurrency) if len(loads) < 2 else
                "per-user decode speed at the arm's own load, its c<N> or r<R>: single-stream only at c1")
     t = Table(title=f"per-arm summary (tok/s = {meaning}, median over runs)")
-    for col in ("arm", "runs ok", "failed", "interrupted", "tok/s", "95% interval", "accept len", "speedup vs baseline"):
+    for col in ("arm", "runs ok", "failed", "interrupted", "tok/s", "95% interval", "accept len", "speedup vs baseline",
+                "outputs vs baseline"):
         t.add_column(col)
     for r in rows:
         t.add_row(*r)

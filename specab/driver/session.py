@@ -34,8 +34,8 @@ from specab.driver.context import InterruptedRun, MoreBlocks, RunContext
 from specab.driver.design_inputs import DesignInputs, design_inputs
 from specab.driver.fleet import run_fleet
 from specab.driver.lease import LeaseError, NodeLeases
-from specab.driver.options import (EXIT_FAILED_RUNS, EXIT_INTERRUPTED, EXIT_OK, ExperimentError, Options,
-                                   Prepared, is_multinode, prepare)
+from specab.driver.options import (EXIT_FAILED_RUNS, EXIT_INTERRUPTED, EXIT_NOT_VALID, EXIT_OK, ExperimentError,
+                                   Options, Prepared, is_multinode, prepare)
 from specab.driver.per_run import PerRunExecutor
 from specab.driver.progress import Progress, print_summary
 from specab.driver.queue_executor import QueueExecutor
@@ -399,6 +399,8 @@ def print_verdict_caveats(exp_dir: Path, store: st.Store, out: TextIO) -> None:
         data = json.loads((exp_dir / "report.json").read_text())
     except (OSError, ValueError):
         return
+    for line in (data.get("verdicts") or {}).values():
+        print(f"verdict: {line}", file=out)
     findings = data.get("findings") or []
     loads = data.get("loads") or {}
     if len(loads.get("loads") or []) > 1:      # the verdict at each load, per configuration
@@ -411,6 +413,21 @@ def print_verdict_caveats(exp_dir: Path, store: st.Store, out: TextIO) -> None:
     if warnings:
         more = f" (+{len(warnings) - 1} more in the report)" if len(warnings) > 1 else ""
         print(f"doctor: {warnings[0]['rule']}: {warnings[0]['message'][:300]}{more}", file=out)
+
+
+def require_valid(exp_dir: Path, out: TextIO) -> int:
+    """--require-valid: EXIT_NOT_VALID when the report names a speculative arm (not declared cost_only) whose
+    outputs are not its baseline's, or when the report that would say so is missing."""
+    try:
+        arms = json.loads((exp_dir / "report.json").read_text())["validity"]["arms"]
+    except (OSError, ValueError, KeyError, TypeError):
+        print(f"--require-valid: no output validity in {exp_dir / 'report.json'}: the verdict cannot be checked "
+              f"(run `driver.py report {exp_dir.name}`).", file=out)
+        return EXIT_NOT_VALID
+    bad = [a for a, v in arms.items() if v.get("status") == "NOT VALID" and not v.get("cost_only")]
+    for a in bad:
+        print(f"--require-valid: {a}: {arms[a].get('line')}", file=out)
+    return EXIT_NOT_VALID if bad else EXIT_OK
 
 
 def conclude(code: int, store: st.Store, exp_dir: Path, out: TextIO) -> int:

@@ -19,8 +19,13 @@ Token accounting per streamed chunk (one SSE ``data:`` event):
   * ``generate``: ``meta_info.completion_tokens`` (cumulative) when present, else ``output_ids``
     (cumulative or incremental, detected), else one token per non-empty chunk (flagged inexact).
   * ``completions`` / ``chat``: ``usage.completion_tokens`` (asked per chunk with
-    ``continuous_usage_stats``), else one token per chunk with text, and the final usage chunk
-    (``include_usage``) gives the exact total.
+    ``continuous_usage_stats``), else the chunk's ``token_ids`` (asked with ``return_token_ids``: SGLang 0.5.17,
+    vLLM 0.32), else one token per chunk with text, and the final usage chunk (``include_usage``) gives the exact
+    total.
+
+Every record keeps its output for the output-validity check (the speculative arm against its baseline, request by
+request): ``output_ids`` where the server sent token ids (``generate``'s ``output_ids``, the OpenAI chunks'
+``token_ids``), else ``output_text``.
 
 Known-truth models (``driver.py known-truth build``): when the served target's folder (``model_path`` in the
 run's ``args.json``, next to ``--out``) holds ``known_truth.json``, prompts are seeded token ids in
@@ -210,6 +215,7 @@ def build_body(api: str, prompt: Any, output_len: int, model: Optional[str], ign
         "ignore_eos": ignore_eos,
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "return_token_ids": True,       # the output's ids, for the output-validity check
     }  # type: Dict[str, Any]
     if api == "completions":
         body["prompt"] = prompt
@@ -315,24 +321,33 @@ class ChunkCounter:
 
     def _feed_openai(self, event: Dict[str, Any]) -> int:
         text = ""
+        ids = None  # type: Optional[List[int]]
         for choice in event.get("choices") or []:
             if self.api == "chat":
                 text += (choice.get("delta") or {}).get("content") or ""
             else:
                 text += choice.get("text") or ""
+            if isinstance(choice.get("token_ids"), list):       # return_token_ids: this chunk's new ids
+                ids = (ids or []) + [int(t) for t in choice["token_ids"]]
         self._add_text(text, False)
+        if ids is not None:
+            self.ids.extend(ids)
         usage = event.get("usage")
         if isinstance(usage, dict):
             if usage.get("prompt_tokens") is not None:
                 self.prompt_tokens = int(usage["prompt_tokens"])
             ct = usage.get("completion_tokens")
             if isinstance(ct, int):
-                if self.source == "chunks":
-                    # The final include_usage chunk after guessed per-chunk counts: the total is
-                    # exact now, the split over chunks stays a guess.
+                if self.source in ("chunks", "token_ids"):
+                    # The final include_usage chunk after per-chunk counts (guessed, or the chunks' ids): the
+                    # total is the server's now.
                     self.reported_total = ct
                     return 0
                 return self._from_cumulative(ct, "usage")
+        if ids:
+            self._set_source("token_ids")
+            self.total += len(ids)
+            return len(ids)
         return self._guess_one(bool(text))
 
 
@@ -413,10 +428,9 @@ def _error_text(obj: Dict[str, Any]) -> Optional[str]:
     return str(err)
 
 
-def run_request(target: Target, api: str, body: Dict[str, Any], timeout: float,
-                keep_output: bool = False) -> Dict[str, Any]:
-    """Send one streaming request; return the measured fields (never raises for request errors). With
-    ``keep_output`` the record keeps the output as ``output_ids`` (generate) or ``output_text``."""
+def run_request(target: Target, api: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+    """Send one streaming request; return the measured fields and the output (``output_ids`` where the server
+    sent ids, else ``output_text``); never raises for request errors."""
     rec = {
         "ok": False, "error": None, "start_ts": time.time(), "prompt_tokens": None,
         "output_tokens": None, "ttft_s": None, "e2e_s": None, "chunk_t_s": [], "chunk_tokens": [],
@@ -476,11 +490,10 @@ def run_request(target: Target, api: str, body: Dict[str, Any], timeout: float,
         rec["error"] = "%s talking to %s:%d%s: %s" % (type(exc).__name__, target.host, target.port, path, exc)
     finally:
         conn.close()
-    if keep_output:
-        if counter.ids:
-            rec["output_ids"] = counter.ids
-        else:
-            rec["output_text"] = counter.text
+    if counter.ids:
+        rec["output_ids"] = counter.ids
+    else:
+        rec["output_text"] = counter.text
     if rec["error"] is not None:
         rec["e2e_s"] = round(time.perf_counter() - t0, 6)
         rec["output_tokens"] = counter.total or None
@@ -734,7 +747,7 @@ def _one_request(cfg: BenchConfig, target: Target, i: int, prompt: Any, warmup: 
     body = build_body(cfg.api, prompt, cfg.output_len, cfg.model, cfg.ignore_eos)
     try:
         before = vllm_spec_metrics(target, cfg.timeout) if per_request_vllm else None
-        rec = run_request(target, cfg.api, body, cfg.timeout, keep_output=kt is not None)
+        rec = run_request(target, cfg.api, body, cfg.timeout)
         if kt is not None:
             _known_truth_fields(rec, prompt, kt)
         if before is not None and rec.get("ok"):

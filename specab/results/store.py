@@ -611,6 +611,18 @@ class Store:
             r["extra"] = json.loads(r.pop("extra_json") or "null")
         return out
 
+    def request_outputs(self, seq: int) -> list[dict[str, Any]]:
+        """A run's measured request records as the output checks read them: ``i``, ``ok``, ``warmup`` and, from
+        extra_json, ``output_ids`` / ``output_text`` / ``finish_reason`` (no chunk arrays)."""
+        cur = self._tuples("SELECT i, ok, extra_json FROM requests WHERE seq=? AND warmup=0 ORDER BY host, line",
+                           (seq,))
+        out = []
+        for i, ok, extra in cur:
+            rec = json.loads(extra or "null") or {}
+            out.append({"i": i, "ok": bool(ok), "warmup": False, "output_ids": rec.get("output_ids"),
+                        "output_text": rec.get("output_text"), "finish_reason": rec.get("finish_reason")})
+        return out
+
     # Lean readers for the analysis of large experiments (docs/performance.md, benchmarks 5 and 6): tuples
     # of the columns it uses, streamed from the cursor. The chunk arrays, extra_json and the GPU samples'
     # raw_json are not decoded (a 1,000-run experiment has ~330,000 GPU-sample rows).
@@ -621,10 +633,10 @@ class Store:
     GPU_SAMPLE_ROW = ("seq", "ts", "gpu", "sm_clock_mhz", "max_sm_clock_mhz", "mem_clock_mhz", "util_pct",
                       "power_w", "temp_c", "throttle_reasons", "host", "uuid")
 
-    def _tuples(self, sql: str) -> sqlite3.Cursor:
+    def _tuples(self, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Cursor:
         cur = self.conn.cursor()
         cur.row_factory = None          # plain tuples: a quarter of sqlite3.Row's cost per row
-        return cur.execute(sql)
+        return cur.execute(sql, args)
 
     def request_rows(self, include_warmup: bool = True) -> Iterator[tuple[Any, ...]]:
         """Request records as tuples in REQUEST_ROW order (warmup and ok as 0/1), ordered like requests(); the

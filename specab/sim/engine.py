@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from specab.sim.loadplan import Capacity
+from specab.sim.outputs import Departure, Output, prompt_digest
 from specab.sim.profiler import Profiler
 from specab.sim import versions
 from specab.sim.simlog import SimLogger
@@ -50,7 +51,7 @@ class GenRequest:
     stop_at: int
     rng: random.Random
     speed: float
-    id_rng: random.Random = field(default_factory=random.Random)   # output token ids (text), apart from timing
+    output: Optional[Output] = None     # the output token ids (specab/sim/outputs.py), apart from timing
     created: float = field(default_factory=time.time)
     queue: "asyncio.Queue[Emission]" = field(default_factory=asyncio.Queue)
     output_ids: list[int] = field(default_factory=list)
@@ -92,8 +93,9 @@ class GenRequest:
         return self.text_cache
 
     def _emit(self, n: int, due: float) -> Emission:
+        assert self.output is not None
         for _ in range(n):
-            self.output_ids.append(self.id_rng.randrange(1000, 150000))
+            self.output_ids.append(self.output.next_id())
         self.emit_mono.append(time.monotonic())
         self.emit_due.append(due)
         self.emit_tokens.append(n)
@@ -141,7 +143,7 @@ class Engine:
                  on_activity: Optional[Callable[[], None]] = None,
                  on_request_finished: Optional[Callable[[int], None]] = None,
                  trace_path: Optional[str] = None, throttle: Optional[Throttle] = None,
-                 started_at: Optional[float] = None):
+                 started_at: Optional[float] = None, departure: Departure = Departure()):
         self.timing = timing
         self.throttle = throttle
         self.started_at = time.time() if started_at is None else started_at
@@ -155,6 +157,8 @@ class Engine:
         self.on_activity = on_activity
         self.on_request_finished = on_request_finished
         self.trace_path = trace_path
+        # how this server's outputs depart from the target's: only a speculative server's do
+        self.departure = departure if timing.speculative else Departure()
         self.waiting: deque[GenRequest] = deque()
         self.running: list[GenRequest] = []
         self.stats = EngineStats()
@@ -181,14 +185,12 @@ class Engine:
             self._user_n += 1
             rng = request_rng(self.seed, self.timing.instance, self._user_n)
         max_new = max(0, int(max_new_tokens))
-        stop_at = max_new
-        if not ignore_eos and max_new > 1:
-            stop_at = rng.randint(max(1, max_new // 2), max_new)
+        where = f"{self.seed}:{self.timing.instance}:{self._n}"
+        output = Output(prompt, max_new, ignore_eos, self.departure, random.Random(f"departure:{where}"), where)
         req = GenRequest(rid=rid or f"{self._n:032x}", prompt=tuple(prompt),
                          prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt) + 1,
-                         max_new_tokens=max_new, stop_at=stop_at, rng=rng,
-                         speed=self.timing.request_factor(rng), internal=internal,
-                         id_rng=random.Random(f"ids:{self.seed}:{self.timing.instance}:{self._n}"))
+                         max_new_tokens=max_new, stop_at=output.stop_at, rng=rng,
+                         speed=self.timing.request_factor(rng), internal=internal, output=output)
         self.waiting.append(req)
         self.stats.num_requests_total += 1
         self._wake.set()
@@ -278,7 +280,9 @@ class Engine:
         rec = {"rid": req.rid, "prompt_tokens": req.prompt_tokens, "completion_tokens": n,
                "arrival_mono": req.arrival_mono, "arrival_wall": req.created, "emit_mono": req.emit_mono,
                "emit_due": req.emit_due,
-               "emit_tokens": req.emit_tokens, "spec_verify_ct": req.verify_ct, "accept_hist": req.accept_hist,
+               "emit_tokens": req.emit_tokens, "spec_verify_ct": req.verify_ct,
+               "diverged_at": req.output.diverged_at if req.output else None,
+               "prompt_digest": prompt_digest(req.prompt), "accept_hist": req.accept_hist,
                "pass_forward_s": req.pass_forward_s, "pass_batch_sum": req.pass_batch_sum,
                "ttft_s": req.emit_mono[0] - req.arrival_mono if req.emit_mono else None,
                "decode_tok_s": (n - 1) / span if span > 0 else None, "time_scale": self.scale}

@@ -367,6 +367,7 @@ class Api:
         if max_tokens is None:
             max_tokens = 128
         ignore_eos = bool(body.get("ignore_eos", False))
+        token_ids = bool(body.get("return_token_ids"))
         req = self._submit(prompt, None, int(max_tokens), ignore_eos)
         model = body.get("model") or self.s.args.served_model_name
         rid = req.rid
@@ -390,6 +391,8 @@ class Api:
             else:
                 choice = {"index": 0, "text": req.text(), "logprobs": None, "finish_reason": reason(),
                           "matched_stop": None}
+            if token_ids:
+                choice["token_ids"] = list(req.output_ids)
             return _json({"id": rid, "object": obj, "created": created, "model": model,
                           "choices": [choice], "usage": usage()})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -408,7 +411,7 @@ class Api:
             while True:
                 em = await req.queue.get()
                 delta = req.text(em.count)[len(req.text(sent)):]
-                sent = em.count
+                before, sent = sent, em.count
                 fr = reason() if em.finished else None
                 if chat:
                     d: dict[str, Any] = {"content": delta}
@@ -417,6 +420,8 @@ class Api:
                     choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": fr, "matched_stop": None}
                 else:
                     choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": fr, "matched_stop": None}
+                if token_ids:       # SGLang 0.5.17 / vLLM 0.32 return_token_ids: the chunk's new ids
+                    choice["token_ids"] = req.output_ids[before:em.count]
                 first = False
                 await send([choice])
                 if em.finished:

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from specab.sim.gpustate import DEFAULT_STATE
+from specab.sim.outputs import Departure
 from specab.sim.throttle import FaultSpecError, SlowInstance, Throttle
 
 KNOWN_FAULTS = ("oom_at_start", "crash_after=N", "ignore_sigterm", "orphan_workers", "slow_release=S",
-                "port_in_use", "throttle=FROM_S:RATIO:REASON", "slow_instance=K:PCT", "buffered_stream")
+                "port_in_use", "throttle=FROM_S:RATIO:REASON", "slow_instance=K:PCT", "buffered_stream",
+                "lossy=P", "late_divergence=FROM:SHARE", "loop=N")
 
 
 class SettingsError(ValueError):
@@ -37,6 +39,13 @@ class Faults:
     throttle: Optional[Throttle] = None   # GPU clocks drop (with an NVML reason) from a moment on
     slow_instance: Optional[SlowInstance] = None  # the k-th start on the node decodes pct % slower
     buffered_stream: bool = False       # the HTTP front end holds a stream's chunks and sends them when it ends
+    # a speculative server's outputs depart from the target's (specab/sim/outputs.py); a baseline ignores them
+    lossy: float = 0.0                  # each committed decode token is not the target's with probability P
+    late_divergence: Optional[tuple[float, float]] = None   # (FROM, SHARE): a share departs late, once
+    loop: Optional[int] = None          # outputs fall into a repeated N-token cycle and run to the token limit
+
+    def departure(self, forced: bool) -> Departure:
+        return Departure(forced=forced, lossy=self.lossy, late=self.late_divergence, loop=self.loop)
 
     @classmethod
     def parse(cls, text: str) -> "Faults":
@@ -56,6 +65,8 @@ class Faults:
                 if n < 0:
                     raise SettingsError(f"SPECAB_SIM_FAULT: {name} must be >= 0")
                 values[name] = n
+            elif name in ("lossy", "late_divergence", "loop") and arg:
+                values[name] = _departure_arg(name, arg)
             elif name in ("throttle", "slow_instance") and arg:
                 try:
                     values[name] = Throttle.parse(arg) if name == "throttle" else SlowInstance.parse(arg)
@@ -64,6 +75,26 @@ class Faults:
             else:
                 raise SettingsError(f"SPECAB_SIM_FAULT: unknown fault {item!r}; known: {', '.join(KNOWN_FAULTS)}")
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _departure_arg(name: str, arg: str) -> object:
+    """lossy=P (0 <= P <= 1), late_divergence=FROM:SHARE (both in [0, 1]), loop=N (N >= 1)."""
+    try:
+        if name == "loop":
+            n = int(arg)
+            if n < 1:
+                raise ValueError
+            return n
+        parts = [float(x) for x in arg.split(":")]
+        if len(parts) != (1 if name == "lossy" else 2) or not all(0.0 <= x <= 1.0 for x in parts):
+            raise ValueError
+    except ValueError:
+        example = {"lossy": "lossy=0.05 (each committed token wrong with probability 0.05)",
+                   "late_divergence": "late_divergence=0.5:0.25 (a quarter of requests depart once, in the second "
+                                      "half of their length)",
+                   "loop": "loop=4 (a repeated 4-token cycle)"}[name]
+        raise SettingsError(f"SPECAB_SIM_FAULT: {name}={arg!r}: expected {example}") from None
+    return parts[0] if name == "lossy" else (parts[0], parts[1])
 
 
 @dataclass(frozen=True)

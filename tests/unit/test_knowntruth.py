@@ -268,6 +268,10 @@ def test_the_console_puts_the_doctor_s_error_beside_the_verdict(tmp_path: Path) 
     d = _altered(tmp_path, "broken", "UPDATE requests SET spec_verify_ct = spec_verify_ct - 1 WHERE line=2")
     report.write_report(d)
     lines = _caveats(d)
+    # first each speculative arm's verdict, speed and outputs in one line (this store's outputs follow the rule)
+    verdicts = [line for line in lines if line.startswith("verdict: ")]
+    assert len(verdicts) == 3 and all("outputs identical to the baseline on" in v for v in verdicts), verdicts
+    lines = lines[len(verdicts):]
     assert lines[0].startswith("DOCTOR ERROR known-truth-mismatch (eagle3-s") and "measurement chain is broken" in lines[0]
     assert sum(line.startswith("DOCTOR ERROR known-truth-mismatch") for line in lines) == 3      # one per EAGLE-3 arm
     # then the top warning: the s2 arm's host-side cycle (the graph batch sizes differ only above the one request in

@@ -17,6 +17,7 @@ from specab.analysis.measures import truthcheck
 from specab.analysis.measures import workload
 from specab.analysis.evidence.model import REASON_IDLE, Experiment, GpuSample, Run, arm_concurrency, reason_names
 from specab.analysis.measures.stats import ExperimentStats, analyse
+from specab.analysis.measures import validity as validity_analysis
 from specab.vocab import contract, engines
 # scipy is imported in the functions that use it: importing scipy.stats takes ~1.3 s, which every start of
 # driver.py paid (status, --help, a run before its first report: 1.8 s -> 0.55 s for --help).
@@ -64,6 +65,12 @@ class DoctorConfig:
 class Context:
     stats: ExperimentStats
     config: DoctorConfig
+    validity: validity_analysis.Validity | None = None     # the output checks, read once when a rule asks
+
+    def outputs(self, exp: Experiment) -> validity_analysis.Validity:
+        if self.validity is None:
+            self.validity = validity_analysis.check(exp)
+        return self.validity
 
 
 Rule = Callable[[Experiment, Context], list[Finding]]
@@ -726,12 +733,16 @@ def known_truth_mismatch(exp: Experiment, ctx: Context) -> list[Finding]:
     """Runs of known-truth models whose measurement disagrees with the exact truth: a cycle count, the accept
     length or the greedy output that is not what the models make certain. Not a property of the arm: the
     measurement chain (the engine's counters, the client, the store) is broken, so every number of the run is
-    suspect."""
+    suspect. An arm whose settings force or relax acceptance (engines.output_departures) is meant to break the
+    truth's exact verification: outputs-not-valid names it, not this rule."""
     rep = truthcheck.check(exp)
     if rep is None:
         return []
     out = []
     for arm in dict.fromkeys(r.arm for r, _ in rep.problems):
+        a = exp.arm(arm)
+        if engines.output_departures(a.server_args, a.env):
+            continue
         runs = [r for r in rep.runs if r.arm == arm and r.problems]
         evidence = [f"{r.run_id}: {p}" for r in runs for p in r.problems][:8]
         out.append(Finding("known-truth-mismatch", "error",
@@ -773,7 +784,53 @@ def forced_continuation(exp: Experiment, ctx: Context) -> list[Finding]:
     return out
 
 
+def _parity_evidence(v: validity_analysis.ArmValidity) -> list[str]:
+    ev = []
+    if v.identical_ci is not None:
+        ev.append(f"identical to the baseline on {v.identical}/{v.compared} requests (95% CI "
+                  f"{v.identical_ci[0]:.0%}-{v.identical_ci[1]:.0%})")
+    ev += [f"request {q.i} (block {q.block}): agrees with the baseline on its first {q.agreed} of {q.tokens} {v.unit}"
+           for q in v.requests if not q.passes][:3]
+    if v.mean_len and v.baseline_mean_len:
+        ev.append(f"mean output length {v.mean_len:.1f} vs the baseline's {v.baseline_mean_len:.1f} {v.unit}; "
+                  f"finish reasons {v.finish} vs {v.baseline_finish}")
+    if v.loops:
+        ev.append(f"outputs that loop: requests {', '.join(str(i) for i in v.loops[:8])}")
+    return ev
+
+
+def outputs_not_valid(exp: Experiment, ctx: Context) -> list[Finding]:
+    """A speculative arm whose outputs are not its baseline's (specab/analysis/validity.py): its speedup is other
+    work done faster. The cause is named where the arm's settings show it (engines.output_departures: forced or
+    relaxed acceptance; engines.output_differences: another model, tokenizer, dtype or decoding defaults)."""
+    out = []
+    for name, v in ctx.outputs(exp).arms.items():
+        if v.status != validity_analysis.NOT_VALID:
+            continue
+        arm, base = exp.arm(name), exp.arm(v.baseline)
+        causes = (engines.output_departures(arm.server_args, arm.env)
+                  + engines.output_differences(arm.server_args, base.server_args))
+        runs = [r.run_id for r in exp.runs_of(name)]
+        if v.cost_only:
+            out.append(Finding("outputs-not-valid", "info",
+                               f"{name} is declared cost_only: {v.line[len('NOT VALID: '):]}, as declared; it is a "
+                               f"cost measurement and no speedup is claimed for it"
+                               + (f" (cause: {'; '.join(causes)})." if causes else "."),
+                               _parity_evidence(v), name, runs))
+            continue
+        cause, todo = ((f"cause in its settings: {'; '.join(causes)}", "Remove the setting, or declare the arm "
+                        "cost_only: true if it is meant as a cost measurement.") if causes else
+                       ("no setting of the arm explains it", "Compare the engine builds of the two arms, the draft's "
+                        "vocabulary mapping and tokenizer, and run --correctness (the engine's deterministic mode), "
+                        "where any greedy difference is a bug rather than numerics."))
+        out.append(Finding("outputs-not-valid", "error",
+                           f"{name}: {v.line}; {cause}. Its speedup is not the same work done faster: the verdict "
+                           f"does not hold. {todo}", _parity_evidence(v), name, runs))
+    return out
+
+
 RULES: dict[str, Rule] = {
+    "outputs-not-valid": outputs_not_valid,
     "known-truth-mismatch": known_truth_mismatch,
     "verify-without-cuda-graph": verify_without_cuda_graph,
     "env-not-confirmed": env_not_confirmed,
@@ -794,8 +851,9 @@ RULES: dict[str, Rule] = {
 
 
 def diagnose(exp: Experiment, stats: ExperimentStats | None = None, config: DoctorConfig | None = None,
-             rules: dict[str, Rule] | None = None) -> list[Finding]:
-    ctx = Context(stats or analyse(exp), config or DoctorConfig())
+             rules: dict[str, Rule] | None = None,
+             validity: validity_analysis.Validity | None = None) -> list[Finding]:
+    ctx = Context(stats or analyse(exp), config or DoctorConfig(), validity)
     out: list[Finding] = []
     for rule in (rules or RULES).values():
         out.extend(rule(exp, ctx))

@@ -214,8 +214,10 @@ class Speedup:
                 "ci": self.ci.to_dict() if self.ci else None, "verdict": self.verdict}
 
 
-def verdict_of(ci: Interval | None) -> str:
+def verdict_of(ci: Interval | None, ratios: Sequence[float] = ()) -> str:
     if ci is None or not math.isfinite(ci.lo):
+        if len(ratios) == 1:
+            return f"x{ratios[0]:.3f} from one block, not enough blocks for an interval"
         return "not enough blocks for an interval"
     pct = (ci.hi - ci.lo) / 2.0 * 100.0
     if ci.lo > 1.0:
@@ -260,7 +262,7 @@ def paired_speedup(exp: Experiment, arm: str, seed: int = DEFAULT_SEED,
         strata = [k[0] for k in keys] if len({k[0] for k in keys}) > 1 else None
         li = bootstrap_ci(logs, seed=seed, strata=strata)
         ci = Interval(math.exp(li.estimate), math.exp(li.lo), math.exp(li.hi), li.n, li.method + " of log ratios")
-    return Speedup(arm=arm, baseline=baseline, ratios=ratios, blocks=keys, ci=ci, verdict=verdict_of(ci))
+    return Speedup(arm=arm, baseline=baseline, ratios=ratios, blocks=keys, ci=ci, verdict=verdict_of(ci, ratios))
 
 
 def per_host_speedups(exp: Experiment, arm: str, seed: int = DEFAULT_SEED) -> dict[str, Speedup]:

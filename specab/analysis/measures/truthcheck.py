@@ -21,6 +21,7 @@ from typing import Any
 from specab.analysis.evidence.model import Experiment, Run
 from specab.analysis.measures.specmodel import SpecModelError, chain_alpha, conditional_rates
 from specab.knowntruth import truth as kt
+from specab.vocab import engines
 from specab.vocab.engines import speculative_view
 
 
@@ -89,6 +90,9 @@ class TruthReport:
     arms: list[ArmCheck] = field(default_factory=list)
     # per draft: steps -> true accept length (tokens / cycles) over the measured requests' prompts
     true_tau_by_steps: dict[str, dict[int, float]] = field(default_factory=dict)
+    # arms left out: their settings force or relax acceptance (engines.output_departures), which the truth (exact
+    # verification) does not model; arm -> why
+    skipped: dict[str, str] = field(default_factory=dict)
 
     @property
     def problems(self) -> list[tuple[RunCheck, str]]:
@@ -96,7 +100,7 @@ class TruthReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"runs": [dict(asdict(r), exact=r.exact) for r in self.runs], "arms": [asdict(a) for a in self.arms],
-                "true_tau_by_steps": self.true_tau_by_steps}
+                "true_tau_by_steps": self.true_tau_by_steps, "skipped": self.skipped}
 
 
 def _draft_truth(summary: dict[str, Any], where: str) -> tuple[kt.Rule, kt.DraftTruth | None]:
@@ -183,7 +187,12 @@ def _padded(recorded: Any, steps: int) -> list[int] | None:
 def check(exp: Experiment) -> TruthReport | None:
     """The known-truth check of every ok run whose summary carries known truth; None when none does."""
     from specab.results.store import Store
-    runs = [r for r in exp.runs if r.ok and r.known_truth]
+    skipped = {}
+    for a in exp.arms:
+        why = engines.output_departures(a.server_args, a.env)
+        if why:
+            skipped[a.name] = "; ".join(why)
+    runs = [r for r in exp.runs if r.ok and r.known_truth and r.arm not in skipped]
     if not runs:
         return None
     # each run's request rows from its own store: a pooled experiment's (specab/analysis/evidence/combine.py) come from
@@ -203,7 +212,7 @@ def check(exp: Experiment) -> TruthReport | None:
             rows.update({seq: store.requests(there) for seq, there in seqs})
         finally:
             store.close()
-    rep = TruthReport()
+    rep = TruthReport(skipped={a: why for a, why in skipped.items() if any(r.arm == a for r in exp.runs)})
     drafts: dict[str, tuple[kt.DraftTruth, list[tuple[int, int]]]] = {}
     for run in runs:
         rc, draft = _check_run(run, {"known_truth": run.known_truth}, rows[run.seq])

@@ -19,9 +19,10 @@ from typing import Any, Sequence
 from specab.analysis.measures import stats
 from specab.analysis.findings import doctor
 from specab.analysis.evidence.model import Arm, Experiment, Run, load_run_dir
+from specab.analysis.measures import validity
 
-HEADER = ("arm", "requests", "tok/s (median)", "TTFT (ms)", "accept len", "speedup")
-ROW_FORMAT = "%-16s %9s %14s %10s %11s %9s"
+HEADER = ("arm", "requests", "tok/s (median)", "TTFT (ms)", "accept len", "speedup", "outputs")
+ROW_FORMAT = "%-16s %9s %14s %10s %11s %9s  %s"
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class Row:
     speedup: float | None
     buffered: int           # measured requests that reached the client in bursts (no decode pace)
     engine_tok_s: float | None   # the engine's own decode rate (vLLM /metrics), where the engine reports one
+    outputs: str = "-"           # a speculative arm's outputs against its baseline's: valid / NOT VALID / unchecked
+    verdict: str = ""            # the arm's verdict with both parts, speed and validity (validity.verdict)
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,10 @@ class RoundTable:
         for r in self.rows:
             out.append(ROW_FORMAT % (r.arm, f"{r.ok}/{r.requests}", _fmt(r.tok_s, "{:.1f}"),
                                      _fmt(None if r.ttft_s is None else r.ttft_s * 1000, "{:.0f}"),
-                                     _fmt(r.accept_len, "{:.2f}"), _fmt(r.speedup, "{:.2f}x")))
-        out.append(f"speedup = tok/s / tok/s of arm {self.baseline} in this round (driver.py report's paired speedup)")
+                                     _fmt(r.accept_len, "{:.2f}"), _fmt(r.speedup, "{:.2f}x"), r.outputs))
+        out.append(f"speedup = tok/s / tok/s of arm {self.baseline} in this round (driver.py report's paired speedup); "
+                   f"outputs = each request's output against the baseline's on the same prompt")
+        out.extend(f"verdict: {r.arm}: {r.verdict}" for r in self.rows if r.verdict)
         out.append(f"why: {self.why}")
         out.append(f"artefacts in {exp_dir}")
         return out
@@ -76,8 +81,10 @@ def _fmt(v: float | None, fmt: str) -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def round_experiment(experiment_id: str, arms: Sequence[RoundArm]) -> Experiment:
-    """The round as one experiment of one block: arm i's run is its run directory, seq i + 1."""
+def round_experiment(experiment_id: str, arms: Sequence[RoundArm], config: dict[str, Any] | None = None
+                     ) -> Experiment:
+    """The round as one experiment of one block: arm i's run is its run directory, seq i + 1; ``config`` the
+    experiment mapping (its validity rules, bench and the arms' cost_only)."""
     if not arms:
         raise ValueError("a round has at least one arm")
     baseline = next((a.baseline for a in arms if a.baseline == a.name), arms[0].name)
@@ -85,7 +92,7 @@ def round_experiment(experiment_id: str, arms: Sequence[RoundArm]) -> Experiment
                       baseline=a.baseline) for a in arms]
     runs = [load_run_dir(a.run_dir, arm=a.name, seq=i + 1, block=1) for i, a in enumerate(arms)]
     return Experiment(id=experiment_id, arms=model_arms, runs=runs, order="blocked", baseline=baseline,
-                      root=arms[0].run_dir.parent)
+                      root=arms[0].run_dir.parent, meta={"config": config} if config else {})
 
 
 def _speedup(exp: Experiment, st: stats.ExperimentStats, arm: Arm) -> float | None:
@@ -113,15 +120,20 @@ def _why(findings: list[doctor.Finding]) -> str:
 def table(exp: Experiment) -> RoundTable:
     """The round's table: one row per arm, in the experiment's arm order."""
     st = stats.analyse(exp)
-    findings = doctor.diagnose(exp, st)
+    val = validity.check(exp)
+    findings = doctor.diagnose(exp, st, validity=val)
     rows = []
     for a in exp.arms:
+        v = val.arms.get(a.name)
+        sp = _speedup(exp, st, a)
         s = st.arms[a.name]
         run: Run | None = next(iter(exp.runs_of(a.name, ok_only=False)), None)
         measured = [q for q in run.requests if not q.warmup] if run else []
         rows.append(Row(arm=a.name, run_dir=str(run.run_dir) if run and run.run_dir else "", speculative=a.is_spec,
                         requests=len(measured), ok=len(run.measured) if run else 0, tok_s=s.tok_s_run.median,
-                        ttft_s=s.ttft_s.median, accept_len=s.accept_len.mean, speedup=_speedup(exp, st, a),
+                        ttft_s=s.ttft_s.median, accept_len=s.accept_len.mean, speedup=sp,
                         buffered=run.buffered_requests if run else 0,
-                        engine_tok_s=run.engine_tok_s if run else None))
+                        engine_tok_s=run.engine_tok_s if run else None,
+                        outputs=validity.cell(v),
+                        verdict="" if v is None else validity.verdict(_fmt(sp, "{:.2f}x"), v)))
     return RoundTable(baseline=exp.baseline, rows=rows, why=_why(findings))

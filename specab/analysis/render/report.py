@@ -17,7 +17,7 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, Collection, Sequence, TextIO
 
 from specab.analysis.evidence import combine
 from specab.analysis.measures import concurrency
@@ -31,6 +31,7 @@ from specab.analysis.measures import truthcheck
 from specab.analysis.measures import workload
 from specab.analysis.evidence.model import (AnalysisError, Experiment, arm_concurrency, arm_rate, bench_concurrency,
                                             gc_paused, load_label, load_store, tok_s_meaning)
+from specab.analysis.measures import validity
 from specab.results.locate import NotFound, locate
 from specab.analysis.subcommand import standalone_main
 
@@ -193,12 +194,16 @@ def _legend_outside(ax, **kw: Any) -> None:
 
 
 def _model_for(exp: Experiment, st: stats.ExperimentStats, baseline: str,
-               target_tok_s: float | None = None) -> specmodel.ModelResult | None:
+               target_tok_s: float | None = None, skip: Collection[str] = ()) -> specmodel.ModelResult | None:
+    """The spec model over the speculative arms compared with ``baseline``; ``skip``: arms whose accept length is
+    not their draft's (outputs not valid: a forced acceptance's tau would distort alpha)."""
     base = st.arms[baseline].tok_s_run.median
     arms = []
     measured = {p.arm: p for p in positions.table(exp) if not p.runs_without}
     for a in exp.spec_arms:
         s = st.arms[a.name]
+        if a.name in skip:
+            continue
         if exp.baseline_of(a.name) == baseline and a.steps and s.tok_s_run.median and s.accept_len.mean:
             rates = tuple(measured[a.name].pooled.chain_rates()[:a.steps]) if a.name in measured else ()
             arms.append(specmodel.SpecArm(a.steps, s.tok_s_run.median, s.accept_len.mean, a.name, rates))
@@ -544,7 +549,9 @@ def _known_truth_blocks(rep: Report, exp: Experiment, truth: truthcheck.TruthRep
                  f"(the chain rule over the draft's agreement set). Cycle counts equal to the truth on {exact} of "
                  f"{len(reqs)} speculative requests; greedy output follows the rule on every token in {follows} of "
                  f"{total} requests. " + ("Every measurement agrees with the truth." if not bad else
-                                          f"{len(bad)} disagreement(s): the doctor's known-truth-mismatch names them.")))
+                                          f"{len(bad)} disagreement(s): the doctor's known-truth-mismatch names them.")
+                 + "".join(f" {a} is not checked against the truth: {why}, which exact verification's truth does not "
+                           f"model." for a, why in truth.skipped.items())))
     rows = []
     for r in spec_runs:
         counted = [q for q in r.requests if q.measured_cycles is not None]
@@ -629,19 +636,23 @@ def _mean_alpha(model: specmodel.ModelResult) -> float | None:
 def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                  target_tok_s: float | None = None, plots: bool = True) -> Report:
     st = stats.analyse(exp)
-    findings = doctor.diagnose(exp, st, config)
+    val = validity.check(exp)
+    findings = doctor.diagnose(exp, st, config, validity=val)
     rep = Report(title=f"specab report: {exp.id}")
-    model = _model_for(exp, st, exp.baseline, target_tok_s)
+    invalid = {v.arm for v in val.invalid()}        # their tau is not their draft's: left out of the model
+    model = _model_for(exp, st, exp.baseline, target_tok_s, invalid)
 
     # summary: what was measured, then the verdicts
     rep.summary.append(f"Workload: {workload.label(exp)}.")
     loads = concurrency.analyse_loads(exp, per_user=st.speedups)
+    verdicts: dict[str, str] = {}       # each speculative arm's verdict, speed and validity in one line
     for a in exp.spec_arms:
         sp = st.speedups[a.name]
         conc, rate = arm_concurrency(exp, a.name), arm_rate(exp, a.name)
-        rep.summary.append(f"{a.name} vs {sp.baseline}: {sp.verdict} over {len(sp.ratios)} paired block(s)"
-                           + (f", per user at {load_label(conc, rate)}." if loads.several_loads or conc > 1 or rate
-                              else "."))
+        speed = f"{sp.verdict} over {len(sp.ratios)} paired block(s)" + (
+            f", per user at {load_label(conc, rate)}" if loads.several_loads or conc > 1 or rate else "")
+        verdicts[a.name] = f"{a.name} vs {sp.baseline}: {validity.verdict(speed, val.arms.get(a.name))}."
+        rep.summary.append(verdicts[a.name])
     if loads.several_loads:     # the verdict at each load, per configuration
         rep.summary.extend(f"Per load: {f.verdict()}" for f in loads.families if len(f.points) > 1)
     rep.summary.append(st.drift.message)
@@ -716,11 +727,14 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     for a in exp.spec_arms:
         sp = st.speedups[a.name]
         ci = f"{sp.ci.lo:.3f}-{sp.ci.hi:.3f}" if sp.ci and math.isfinite(sp.ci.lo) else "-"
+        v = val.arms.get(a.name)
         rows.append([a.name, sp.baseline, str(len(sp.ratios)), _f(sp.estimate, ".3f"), ci,
                      "-" if not sp.ci or not math.isfinite(sp.ci.lo) else f"+-{sp.ci.half_width_rel * 100:.1f}%",
-                     sp.verdict])
+                     sp.verdict if v is None or v.status != validity.NOT_VALID else
+                     ("cost only: no claim" if v.cost_only else f"{sp.verdict} -- NOT VALID (outputs)")])
     rep.add(Heading("Speedup (paired within blocks)"),
             Table(["arm", "baseline", "blocks", "speedup", "95% CI", "half-width", "verdict"], rows))
+    _validity_blocks(rep, val)
     if st.host_speedups:
         rep.add(Heading("Speedup per host", 3), *_host_blocks(exp, st))
     per_pos = _position_blocks(rep, exp)
@@ -732,7 +746,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     models = {exp.baseline: model}
     for b in exp.baselines:
         if b != exp.baseline and b in st.arms:
-            models[b] = _model_for(exp, st, b, target_tok_s)
+            models[b] = _model_for(exp, st, b, target_tok_s, invalid)
     several = len([m for m in models.values() if m]) > 1
     for b, m in models.items():
         if m is None and (several or b != exp.baseline):
@@ -740,6 +754,10 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         at = f" ({load_label(arm_concurrency(exp, b), arm_rate(exp, b))})" if loads.several_loads else ""
         rep.add(Heading(f"Speculative-decoding model vs {b}{at}" if several else "Speculative-decoding model"))
         _model_blocks(rep, m)
+        left = sorted(a for a in invalid if exp.baseline_of(a) == b)
+        if left:
+            rep.add(Para(f"Left out of the model: {', '.join(left)} (outputs not valid: an accept length that is not "
+                         f"the draft's would distort alpha)."))
 
     # per-phase breakdown (measured)
     ph = phases.analyse_phases(exp)
@@ -824,6 +842,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                 "models": {b: m.to_dict() if m else None for b, m in models.items()}, "phases": ph.to_dict(),
                 "findings": [f.to_dict() for f in findings], "summary": rep.summary, "cost": spent.to_dict(),
                 "known_truth": truth.to_dict() if truth is not None else None,
+                "validity": val.to_dict(), "verdicts": verdicts,
                 "loads": loads.to_dict(),
                 "workload": {"label": workload.label(exp), "ignore_eos": workload.ignore_eos(exp),
                              "lengths": {r.arm: r.to_dict() for r in lengths},
@@ -929,6 +948,37 @@ def _speedup_cell(row: workload.CategoryRow) -> str:
     if row.ci is None:
         return f"{row.speedup:.3f} (interval: none, {len(row.ratios)} block)"
     return f"{row.speedup:.3f} ({row.ci.lo:.3f}-{row.ci.hi:.3f}, {len(row.ratios)} blocks)"
+
+
+def _validity_blocks(rep: Report, val: validity.Validity) -> None:
+    """The section "Output validity": each speculative arm's outputs against its baseline's, on the same requests."""
+    if not val.arms:
+        return
+    r = val.rules
+    rows = []
+    for v in val.arms.values():
+        div = v.divergences
+        rows.append([v.arm, v.baseline, f"{v.identical}/{v.compared}" if v.requests else "-",
+                     f"{v.identical_ci[0]:.0%}-{v.identical_ci[1]:.0%}" if v.identical_ci else "-",
+                     f"{div[0]}/{div[len(div) // 2]}/{div[-1]}" if div else "-",
+                     f"{v.mean_len:.1f} / {v.baseline_mean_len:.1f}" if v.mean_len and v.baseline_mean_len else "-",
+                     ", ".join(f"{k} {n}" for k, n in sorted(v.finish.items())) or "-",
+                     str(len(v.loops)), ("cost only: " if v.cost_only else "") + v.status])
+    rep.add(Heading("Output validity"),
+            Para(f"Each speculative arm's measured outputs against its baseline's on the same requests (same prompt, "
+                 f"same request index, the baseline run of the same block). At temperature 0 a request passes when "
+                 f"its output is identical, or agrees on at least {r.greedy_min_match:.0%} of the baseline's tokens "
+                 f"before the first difference (a late divergence; validity.greedy_min_match); an arm's mean output "
+                 f"length must be within +-{r.length_window:.0%} of its baseline's (validity.length_window), and an "
+                 f"output whose {r.loop_ngram}-grams repeat at {r.loop_share:.0%} or more loops. Agreed before the "
+                 f"first difference: min/median/max over the requests that differ."),
+            Table(["arm", "baseline", "identical", "95% CI", "agreed before the first difference",
+                   "mean length (arm / baseline)", "finish reasons", "loops", "outputs"], rows),
+            Bullets([f"{v.arm}: {v.line}" for v in val.arms.values()]
+                    + [f"{b} against its own restarts: identical on {same}/{n} requests"
+                       + ("" if same == n else " (the engine is not deterministic across restarts: judge the arms' "
+                                               "differences against this floor)")
+                       for b, (same, n) in val.baseline_self.items()]))
 
 
 def _workload_blocks(rep: Report, exp: Experiment
