@@ -24,7 +24,7 @@ from specab.vocab.contract import redact_env
 DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "default.yml"
 
 EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args", "env", "arms", "bench", "timeouts",
-                   "validity"}
+                   "validity", "design"}
 ARM_KEYS = {"name", "description", "server_args", "env", "cost_only"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
               "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos", "request_rate",
@@ -35,6 +35,12 @@ PHASE_TIMING_VALUES = ("auto", True, False)
 PHASE_TIMING_ARGS = {"enable_metrics": True}
 PHASE_TIMING_ENV = {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}
 TIMEOUT_KEYS = {"ready_s", "stop_grace_s", "gpu_free_s"}
+DESIGN_KEYS = {"burn_in"}
+# design.burn_in: unmeasured server starts (each with its benchmark) before block 1 on every host. 0 by default: the
+# one node measured through the driver (an H100, SGLang 0.5.17) showed no first-instance effect, and a start costs
+# a model load; the H200's first starts were slow on one of two machines, which the doctor's instance-trend rule
+# names with the burn-in to set (docs/decisions/0014-burn-in-default-from-the-instance-spread.md).
+BURN_IN_DEFAULT = 0
 BENCH_APIS = {"generate", "completions", "chat"}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # as the server_start role requires
@@ -99,6 +105,12 @@ class ExperimentSpec:
     timeouts: dict[str, Any]
     raw: dict[str, Any]                 # the `specab_experiment` mapping as loaded
     warnings: list[str] = field(default_factory=list)
+    design: dict[str, Any] = field(default_factory=dict)   # the `design:` section as written
+
+    @property
+    def burn_in(self) -> int:
+        """design.burn_in: unmeasured server starts and benchmarks before block 1 (on every host of a fleet)."""
+        return int(self.design.get("burn_in", BURN_IN_DEFAULT))
 
     def as_extravar(self) -> dict[str, Any]:
         """The experiment dict passed to the playbook as `specab_experiment`."""
@@ -260,6 +272,22 @@ def _check_env(env: Any, where: str, root: yaml.Node | None, path: tuple[Any, ..
     return dict(env)
 
 
+def _check_design(design: Any, where: str, root: yaml.Node | None, base: tuple[Any, ...]) -> dict[str, Any]:
+    """The `design:` section: how the experiment runs its blocks, beyond the command line's --repeats and --order."""
+    if design is None:
+        return {}
+    if not isinstance(design, dict):
+        raise ConfigError(f"{where}{key_line(root, base + ('design',))}: design must be a mapping (e.g. "
+                          f"design: {{burn_in: 1}}).")
+    check_unknown(design.keys(), DESIGN_KEYS, where, root, base + ("design",), "design")
+    burn_in = design.get("burn_in", BURN_IN_DEFAULT)
+    if not isinstance(burn_in, int) or isinstance(burn_in, bool) or burn_in < 0:
+        raise ConfigError(f"{where}{key_line(root, base + ('design', 'burn_in'))}: design.burn_in must be a whole "
+                          f"number of unmeasured server starts before block 1 (0: none, 1: one start and benchmark "
+                          f"that is not analysed), got {burn_in!r}.")
+    return dict(design)
+
+
 def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpec:
     """Load and validate an experiment file (default: experiments/default.yml)."""
     p = Path(path) if path else DEFAULT_EXPERIMENT
@@ -359,6 +387,7 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
             raise ConfigError(f"{where}{key_line(root, base + ('timeouts', k))}: timeouts.{k} must be a "
                               f"positive number of seconds, got {v!r}.")
+    design = _check_design(exp.get("design"), where, root, base)
     return ExperimentSpec(path=p.resolve(), name=name, model_path=str(exp["model_path"]), server_args=server_args,
                       env=env, arms=[dict(a) for a in arms], bench=dict(bench), timeouts=dict(timeouts),
-                      raw=copy.deepcopy(exp), warnings=warnings)
+                      raw=copy.deepcopy(exp), warnings=warnings, design=design)

@@ -241,15 +241,19 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     prepared = replace(prepared, arms=preflight.spell_arms(prepared.arms, [ef for ef in cached.values() if ef]))
     described = [preflight.describe_engine(cached[b.name], b) for b in builds]
     # with --target-ci the runs `run` starts with and those it is expected to add, in the design's own words
-    runs, later, headline = list(prepared.plan), [], (f"{len(prepared.arms)} arms x {opts.repeats} blocks = "
-                                                      f"{len(prepared.plan)} runs")
+    burned = sum(r.burn_in for r in prepared.plan)
+    runs, later, headline = list(prepared.plan), [], (f"{len(prepared.arms)} arms x {opts.repeats} blocks"
+                                                      + (f" + {burned} burn-in" if burned else "")
+                                                      + f" = {len(prepared.plan)} runs")
     cost_lines: list[str] = []
-    if opts.target_ci is not None:
-        runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
-        inputs = design_inputs.design_inputs(prepared.experiment, prepared.arms, host, runs_dir, exp_fp)
+    runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
+    inputs = design_inputs.design_inputs(prepared.experiment, prepared.arms, host, runs_dir, exp_fp) \
+        if opts.target_ci is not None or burned else None
+    if opts.target_ci is not None and inputs is not None:
         first = session.first_block(prepared, opts, inputs)
         cost_lines, est = _cost_plan(prepared, opts, inputs, first)
         runs, later, headline = _target_ci_runs(prepared, opts, first, est)
+    burn = _burn_in_plan(prepared, opts, inputs, runs)
     if args.format == "json":
         arms = []
         for arm in prepared.arms:
@@ -259,7 +263,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
                    "hosts": [h.name for h in prepared.inventory.hosts],
                    "plan": [{**r.to_json(), **({"when": when} if opts.target_ci is not None else {})}
                             for r, when in [(r, "now") for r in runs] + later],
-                   "design": cost_lines, "arms": arms}, out, indent=2)
+                   "design": cost_lines, "burn_in": burn, "arms": arms}, out, indent=2)
         out.write("\n")
         return 0
     for n in prepared.notices:
@@ -271,6 +275,8 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     print(f"experiment {prepared.experiment.name} ({prepared.experiment.path}), inventory "
           f"{prepared.inventory.path} (hosts: {', '.join(h.name for h in prepared.inventory.hosts)})", file=out)
     print(f"{headline}, order {opts.order}, seed {opts.seed}", file=out)
+    if burn["runs"]:
+        print(burn["line"], file=out)
     print("\n".join(described) + "\n", file=out)
     hosts = [h.name for h in prepared.inventory.hosts]
     host_of = {r.seq: h for h, rs in fleet.assign_blocks(prepared.plan, hosts).items() for r in rs} \
@@ -278,14 +284,16 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     if opts.target_ci is None:
         print(f"{'seq':>4}  {'block':>5}  run_id" + ("  host (--fleet)" if host_of else ""), file=out)
         for r in prepared.plan:
-            print(f"{r.seq:>4}  {r.block:>5}  {r.run_id}" + (f"  {host_of[r.seq]}" if host_of else ""), file=out)
+            print(f"{r.seq:>4}  {r.block:>5}  {r.run_id}" + (f"  {host_of[r.seq]}" if host_of else "")
+                  + (f"  {BURN_IN_MARK}" if r.burn_in else ""), file=out)
     else:
         experiment_requests = int(prepared.experiment.bench_settings["num_requests"])
         print(f"{'seq':>4}  {'block':>5}  {'requests':>8}  {'run_id':<24}  when", file=out)
         for r, when in [(r, "now") for r in runs] + later:
             m = "?" if when.startswith("if") and opts.design == "cost" else \
                 str(r.num_requests if r.num_requests is not None else experiment_requests)
-            print(f"{r.seq:>4}  {r.block:>5}  {m:>8}  {r.run_id:<24}  {when}", file=out)
+            print(f"{r.seq:>4}  {r.block:>5}  {m:>8}  {r.run_id:<24}  {when}"
+                  + (f", {BURN_IN_MARK}" if r.burn_in else ""), file=out)
     for arm in prepared.arms:
         rendered = render_arm(_display_arm(arm), host, run_id=None,
                               experiment_engine=prepared.experiment.raw.get("engine"))
@@ -298,6 +306,32 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         print("--- nccl.env (mode 0600) ---", file=out)
         print(rendered.env_file, file=out)
     return 0
+
+
+BURN_IN_MARK = "burn-in: not measured"
+
+
+def _burn_in_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs | None, runs: list[Any]
+                  ) -> dict[str, Any]:
+    """The burn-in runs of the plan (design.burn_in) and what they are expected to cost: their count, GPU-minutes at
+    the run cost `plan --target-ci` uses (the node's history, else the simulator profile; None where neither is
+    known) and the plan's line saying so."""
+    burned = [r for r in runs if r.burn_in]
+    out: dict[str, Any] = {"per_host": prepared.experiment.burn_in, "runs": len(burned), "gpu_minutes": None,
+                           "cost_source": None, "line": ""}
+    if not burned:
+        return out
+    cost = inputs.cost if inputs is not None else None
+    if cost is not None:
+        m = int(prepared.experiment.bench_settings["num_requests"])
+        out["gpu_minutes"] = sum(cost.gpu_s(r.num_requests or m) for r in burned) / 60.0
+        out["cost_source"] = cost.source
+    before = "each host's first block" if len({r.block for r in burned}) > 1 else "block 1"
+    gpu = (f", expected {out['gpu_minutes']:.1f} GPU-minutes (run cost of {cost.source})" if cost is not None
+           else ", GPU-minutes not known before a run on this node")
+    out["line"] = (f"burn-in (design.burn_in: {prepared.experiment.burn_in}): {len(burned)} unmeasured server "
+                   f"start(s) and benchmark(s) before {before}, stored and not analysed{gpu}")
+    return out
 
 
 def _cost_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs, first: economics.FirstBlock
@@ -348,12 +382,14 @@ def _target_ci_runs(prepared: Any, opts: Options, first: economics.FirstBlock, e
                 else f"if {who} asks for it after the block before")
         later = [(r, when) for r in added]
     m_now = {r.num_requests for r in now}.pop() or int(prepared.experiment.bench_settings["num_requests"])
+    burned = sum(r.burn_in for r in now)
     blocks_now = "block 1" if started == 1 else f"blocks 1-{started}"
     if est is not None:
         after = f"{who} expects {expected} blocks = {expected * len(arms)} runs"
     else:
         after = f"no estimate of the blocks {who} adds"
-    headline = (f"{len(arms)} arms: {blocks_now} now ({len(now)} runs of {m_now} measured requests), {after}, at most "
+    headline = (f"{len(arms)} arms: {blocks_now} now ({len(now) - burned} runs of {m_now} measured requests"
+                f"{f', after {burned} burn-in runs' if burned else ''}), {after}, at most "
                 f"--max-repeats {cap} blocks = {cap * len(arms)} runs")
     return now, later, headline
 

@@ -95,9 +95,12 @@ def prepare(opts: Options) -> Prepared:
     check_executor(opts.executor, inv, opts.fleet)
     check_engines(armset.arms, inv)
     check_bench_vars(inv)
-    plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order)
+    plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order, burn_in=exp.burn_in,
+                     burn_in_blocks=burn_in_blocks(opts, inv))
     if opts.max_runs is not None and len(plan) > opts.max_runs:
-        raise ConfigError(f"{len(armset.arms)} arms x {opts.repeats} blocks = {len(plan)} runs, above --max-runs "
+        burned = sum(r.burn_in for r in plan)
+        raise ConfigError(f"{len(armset.arms)} arms x {opts.repeats} blocks"
+                          + (f" + {burned} burn-in" if burned else "") + f" = {len(plan)} runs, above --max-runs "
                           f"{opts.max_runs} (a real run costs a server start, ~1 GPU-minute on a GPU node). "
                           f"Narrow the matrix, or pass --max-runs {len(plan)} to run them all (`driver.py plan` "
                           f"shows the plan and its expected GPU-minutes first).")
@@ -141,6 +144,12 @@ def check_engines(arms: list[ArmSpec], inventory: Inventory) -> None:
         raise ConfigError(f"{inventory.path}: --matrix engine: " + "; ".join(problems) + ". Declare the builds "
                           f"under specab_engines (e.g. sglang-0.5.9: {{python: /opt/sgl059/bin/python}}) or "
                           f"use the names the inventory declares.")
+
+
+def burn_in_blocks(opts: Options, inventory: Inventory) -> int:
+    """The blocks a burn-in goes before: the first block of every host with --fleet (each host is a node of its own
+    that starts cold), else block 1."""
+    return len(inventory.hosts) if opts.fleet and not is_multinode(inventory.hosts) else 1
 
 
 def is_multinode(hosts: list[Host]) -> bool:

@@ -121,6 +121,10 @@ def _run(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, store: s
     # a resume counts what the store's runs spent already (a run started again replaces its row, so not its own)
     progress.start(exp_id, total, done=total - len(todo),
                    spent=store.spent_gpu_seconds(rerun={pr.seq for pr in todo}))
+    burned = [pr.run_id for pr in todo if pr.burn_in]
+    if burned:
+        progress.notice(f"burn-in (design.burn_in): {', '.join(burned)} start a server and benchmark it before "
+                        f"block 1, stored and not analysed")
     if opts.fleet:     # every host of gpu_nodes runs its own blocks at once (docs/scale.md)
         return run_fleet(prepared, opts, exp_id, exp_dir, todo, out, progress, total=total,
                          make_context=RunContext, make_executor=make_executor)
@@ -251,7 +255,8 @@ def first_runs(prepared: Prepared, opts: Options, first: economics.FirstBlock | 
     if first is None or opts.target_ci is None or opts.design != "cost":
         return list(prepared.plan)
     return make_plan([a.name for a in prepared.arms], 1, opts.seed, opts.order,
-                     num_requests=first.requests if first.design is not None else None)
+                     num_requests=first.requests if first.design is not None else None,
+                     burn_in=prepared.experiment.burn_in)
 
 
 def first_plan(prepared: Prepared, opts: Options, store: st.Store, fp: str

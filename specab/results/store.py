@@ -99,9 +99,10 @@ CREATE TABLE IF NOT EXISTS plan (
     block    INTEGER NOT NULL,              -- replicate block (1-based)
     position INTEGER NOT NULL,              -- position within the block
     arm      TEXT NOT NULL REFERENCES arms(name),
-    num_requests INTEGER                    -- measured requests the design by cost chose for the run's block;
+    num_requests INTEGER,                   -- measured requests the design by cost chose for the run's block;
                                             -- NULL: the experiment's bench.num_requests when the run runs (a
                                             -- --force-changed resume runs it with the changed experiment's)
+    burn_in  INTEGER NOT NULL DEFAULT 0     -- 1: an unmeasured start before its block (design.burn_in), not analysed
 );
 CREATE TABLE IF NOT EXISTS runs (
     seq            INTEGER PRIMARY KEY REFERENCES plan(seq),
@@ -347,11 +348,15 @@ class Store:
 
     def write_plan(self, runs: Iterable[dict[str, Any]], repeats: int | None = None) -> None:
         with self._tx() as c:
-            if "num_requests" not in {r[1] for r in c.execute("PRAGMA table_info(plan)")}:
+            cols = {r[1] for r in c.execute("PRAGMA table_info(plan)")}
+            if "num_requests" not in cols:
                 c.execute("ALTER TABLE plan ADD COLUMN num_requests INTEGER")     # a store before 2026-12
+            if "burn_in" not in cols:                                           # a store before design.burn_in
+                c.execute("ALTER TABLE plan ADD COLUMN burn_in INTEGER NOT NULL DEFAULT 0")
             for r in runs:
-                c.execute("INSERT INTO plan(seq, run_id, block, position, arm, num_requests) VALUES (?,?,?,?,?,?)",
-                          (r["seq"], r["run_id"], r["block"], r["position"], r["arm"], r.get("num_requests")))
+                c.execute("INSERT INTO plan(seq, run_id, block, position, arm, num_requests, burn_in)"
+                          " VALUES (?,?,?,?,?,?,?)", (r["seq"], r["run_id"], r["block"], r["position"], r["arm"],
+                                                     r.get("num_requests"), int(bool(r.get("burn_in")))))
             if repeats is not None:
                 c.execute("UPDATE experiment SET repeats=?", (repeats,))
 
@@ -561,12 +566,23 @@ class Store:
         return out
 
     def plan(self) -> list[dict[str, Any]]:
-        return self._rows("SELECT * FROM plan ORDER BY seq")
+        out = self._rows("SELECT * FROM plan ORDER BY seq")
+        for r in out:
+            r["burn_in"] = bool(r.get("burn_in"))       # absent (False) in a store written before design.burn_in
+        return out
+
+    def burn_in_seqs(self) -> set[int]:
+        """The seqs of the plan's burn-in runs (design.burn_in): run and stored like any, never analysed."""
+        if "burn_in" not in {r[1] for r in self.conn.execute("PRAGMA table_info(plan)")}:
+            return set()
+        return {r[0] for r in self.conn.execute("SELECT seq FROM plan WHERE burn_in != 0")}
 
     def runs(self, status: str | None = None) -> list[dict[str, Any]]:
         sql = "SELECT * FROM runs" + (" WHERE status=?" if status else "") + " ORDER BY seq"
         out = self._rows(sql, (status,) if status else ())
+        burn_in = self.burn_in_seqs()
         for r in out:
+            r["burn_in"] = r["seq"] in burn_in
             r.pop("timings_json", None)     # a version-1 store's column, no longer read
             for k in ("summary_json", "load_phases_json", "server_info_json", "stop_json", "gpu_free_json"):
                 v = r.pop(k)

@@ -240,8 +240,8 @@ class Launch:
         if st.faults.throttle is not None:
             sim_info["throttle"] = st.faults.throttle.to_dict()
         if slow is not None:
-            sim_info["slow_instance"] = {"instance": slow.instance, "pct": slow.pct,
-                                         "this_instance": slow.speed_factor(instance) != 1.0}
+            sim_info["slow_instance"] = {"instance": slow.instance, "last": slow.last, "pct": slow.pct,
+                                         "this_instance": slow.is_slow(instance)}
         self.state = ServerState(args=a, cap=cap, engine=engine, log=self.log, version=versions.current().name,
                                  architecture=self.profile.model.architecture, simulator=sim_info,
                                  buffered_stream=st.faults.buffered_stream)

@@ -20,7 +20,7 @@ from specab.sim.outputs import Departure
 from specab.sim.throttle import FaultSpecError, SlowInstance, Throttle
 
 KNOWN_FAULTS = ("oom_at_start", "crash_after=N", "ignore_sigterm", "orphan_workers", "slow_release=S",
-                "port_in_use", "throttle=FROM_S:RATIO:REASON", "slow_instance=K:PCT", "buffered_stream",
+                "port_in_use", "throttle=FROM_S:RATIO:REASON", "slow_instance=K[-K2]:PCT", "buffered_stream",
                 "lossy=P", "late_divergence=FROM:SHARE", "loop=N")
 
 
@@ -37,7 +37,7 @@ class Faults:
     slow_release: Optional[float] = None  # memory released S (simulated) seconds after a holder died
     port_in_use: bool = False           # behave as if the HTTP port were taken (uvicorn's bind error)
     throttle: Optional[Throttle] = None   # GPU clocks drop (with an NVML reason) from a moment on
-    slow_instance: Optional[SlowInstance] = None  # the k-th start on the node decodes pct % slower
+    slow_instance: Optional[SlowInstance] = None  # the k-th (to k2-th) start on the node decodes pct % slower
     buffered_stream: bool = False       # the HTTP front end holds a stream's chunks and sends them when it ends
     # a speculative server's outputs depart from the target's (specab/sim/outputs.py); a baseline ignores them
     lossy: float = 0.0                  # each committed decode token is not the target's with probability P

@@ -422,6 +422,9 @@ COVERAGE = {
     # output_len) fires it, ignore_eos false (answers that end) leaves it silent
     "forced-continuation": ("tests.driver.test_e2e_dataset::test_per_category_accept_and_speedup_on_the_generate_api",
                             "tests.driver.test_e2e_dataset::test_a_chat_dataset_runs_through_the_queue"),
+    # a node whose first two starts decode 30 % slower: named without a burn-in, absorbed by design.burn_in: 2
+    "instance-trend": ("test_e2e_burn_in::test_the_first_slow_starts_are_named_without_a_burn_in_and_absorbed_by_one",
+                       "test_e2e_burn_in::test_the_first_slow_starts_are_named_without_a_burn_in_and_absorbed_by_one"),
     "bursty-delivery": ("test_e2e_rules::test_a_starved_front_end_delivers_in_bursts",
                         "test_e2e_rules::test_faults_provoke_throttle_outlier_nccl_and_unlike_arms_and_nothing_else"),
 }

@@ -342,6 +342,9 @@ class Experiment:
     target_ci: float | None = None         # relative half-width, 0.02 = 2 %
     max_repeats: int | None = None
     meta: dict = field(default_factory=dict)
+    # the unmeasured starts before block 1 (design.burn_in, the store's plan.burn_in): kept apart from `runs`, so
+    # no statistic, rule or cost model sees them as measured instances; the report shows how fast they ran
+    burn_in: list[Run] = field(default_factory=list)
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:
@@ -758,7 +761,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
     base_rows = [a for a in arm_rows if a.get("is_baseline")]
     baseline = base_rows[0]["name"] if base_rows else (arms[0].name if arms else "baseline")
     by_arm = {a.name: a for a in arms}
-    runs = []
+    runs, burn_in = [], []
     for r in run_rows:
         arm = by_arm.get(r["arm"])
         info = r.get("server_info") or {}
@@ -773,7 +776,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
         manifest, check, ranks = _head_and_ranks(r, manifests.get(r["seq"], {}), checks.get(r["seq"], {}))
         scale = _time_scale(info)
         _unscale_run(reqs.get(r["seq"], []), log, scale)
-        runs.append(Run(
+        (burn_in if r.get("burn_in") else runs).append(Run(
             time_scale=scale,
             run_id=r["run_id"], arm=r["arm"], seq=r["seq"], block=r["block"], host=r.get("host") or "localhost",
             status=r["status"], started=r.get("started"), finished=r.get("finished"),
@@ -800,4 +803,5 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
                             "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
                             "matrix": e.get("matrix"), "time_scales": scales, "design_steps": design_steps,
                             "run_fingerprints": {r["run_id"]: run_fps[r["seq"]] for r in run_rows
-                                                 if r["seq"] in run_fps}})
+                                                 if r["seq"] in run_fps and not r.get("burn_in")}},
+                      burn_in=burn_in)

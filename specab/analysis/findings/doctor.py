@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specab.analysis.cost import economics
+from specab.analysis.cost import instances
 from specab.analysis.measures import phases as phase_analysis
 from specab.analysis.measures import specmodel
 from specab.analysis.measures import truthcheck
@@ -59,6 +60,7 @@ class DoctorConfig:
     outlier_mads: float = 4.0                   # ... and this many robust sd
     cycle_spread: float = 0.15                  # spec arm: cycle p90/p10 within a run, or run medians, beyond 1 + this
     baseline_steady: float = 0.05               # ... while the baseline's step stays within 1 + this
+    instance_trend_min: float = 0.02            # an arm's instances moving this much with their run order
 
 
 @dataclass
@@ -590,6 +592,13 @@ def instance_outlier(exp: Experiment, ctx: Context) -> list[Finding]:
     return out
 
 
+def instance_trend(exp: Experiment, ctx: Context) -> list[Finding]:
+    """An arm's instances on a host whose speed follows the order they started in: the first ones low (a freshly
+    started node warming up), or tok/s moving along the run order (specab.analysis.cost.instances.trends)."""
+    return [Finding("instance-trend", "warning", t.message(), t.evidence(), t.arm, t.low or list(t.run_ids))
+            for t in instances.trends(exp, ctx.config.instance_trend_min)]
+
+
 def _cycle_ms(q) -> float | None:
     """A speculative request's mean verify cycle: its decode time (after the first token) over its verify passes.
     The cycle's duration does not depend on how many drafts it accepted, so it is a pure timing quantity."""
@@ -843,6 +852,7 @@ RULES: dict[str, Rule] = {
     "client-bottleneck": client_bottleneck,
     "bursty-delivery": bursty_delivery,
     "instance-outlier": instance_outlier,
+    "instance-trend": instance_trend,
     "cycle-time-unstable": cycle_time_unstable,
     "dominant-phase": dominant_phase,
     "phase-accounting": phase_accounting,

@@ -23,6 +23,7 @@ from specab.analysis.evidence import combine
 from specab.analysis.measures import concurrency
 from specab.analysis.findings import doctor
 from specab.analysis.cost import economics
+from specab.analysis.cost import instances
 from specab.analysis.measures import phases
 from specab.analysis.measures import positions
 from specab.analysis.measures import specmodel
@@ -832,7 +833,9 @@ def _cost_blocks(rep: Report, exp: Experiment) -> tuple[economics.Spend, list[st
     rep.add(Heading("Verdict cost"), Para(" ".join(cost)))
     if spent.per_arm:
         rep.add(Table(["arm", "restarts", "GPU-minutes"],
-                      [[a, str(spent.restarts_per_arm[a]), f"{g / 60:.1f}"] for a, g in spent.per_arm.items()]))
+                      [[a, str(spent.restarts_per_arm[a]), f"{g / 60:.1f}"] for a, g in spent.per_arm.items()]
+                      + ([["burn-in (not analysed)", str(spent.burn_in_runs), f"{spent.burn_in / 60:.1f}"]]
+                         if spent.burn_in_runs else [])))
     steps = exp.meta.get("design_steps") or []
     if steps:           # --target-ci: what the design decided after each block, and why
         rep.add(Para("The design's decisions (--target-ci): after each block, another block or not, with how many "
@@ -858,6 +861,9 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     lengths, cats = _workload_blocks(rep, exp)
     _speedup_blocks(rep, exp, st, val)
     per_pos = _position_blocks(rep, exp)
+    spread = instances.analyse(exp)
+    rep.add(Heading("Instance spread"), Para(instances.INTRO), Table(instances.InstanceReport.HEADER, spread.rows()),
+            *[Para(n) for n in spread.notes()])
     if loads.several_loads:
         _load_blocks(rep, loads, plots)
     models = _models_blocks(rep, exp, st, model, target_tok_s, invalid, loads)
@@ -879,7 +885,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                 "findings": [f.to_dict() for f in findings], "summary": rep.summary, "cost": spent.to_dict(),
                 "known_truth": truth.to_dict() if truth is not None else None,
                 "validity": val.to_dict(), "verdicts": verdicts,
-                "loads": loads.to_dict(),
+                "loads": loads.to_dict(), "instances": spread.to_dict(),
                 "workload": {"label": workload.label(exp), "ignore_eos": workload.ignore_eos(exp),
                              "lengths": {r.arm: r.to_dict() for r in lengths},
                              "categories": {a: [r.to_dict() for r in rows] for a, rows in cats.items()}}}
