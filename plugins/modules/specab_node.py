@@ -31,10 +31,11 @@ description:
   - In check mode nothing runs; the task is reported skipped.
 options:
   tool:
-    description: The node tool.
+    description:
+      - The node tool, one of the node package's C(TOOLS) (C(specab/node/__main__.py), the one list of them); the
+        package refuses any other name, exit status 2.
     type: str
     required: true
-    choices: [stop, gpufree, start, ready, envcheck, bench, ranksampler, lease, manifest, sequence]
   spec:
     description:
       - The tool's spec (the fields of its dataclass, e.g. C(StopSpec) in C(specab/node/stop.py)).
@@ -133,9 +134,7 @@ def parse_output(stdout: str) -> Dict[str, Any]:
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            tool=dict(type="str", required=True,
-                      choices=["stop", "gpufree", "start", "ready", "envcheck", "bench", "ranksampler", "lease",
-                               "manifest", "sequence"]),
+            tool=dict(type="str", required=True),
             spec=dict(type="dict", required=True),
             node_dir=dict(type="str", required=True),
             python=dict(type="str", default="python3"),
