@@ -32,8 +32,8 @@ description:
 options:
   tool:
     description:
-      - The node tool, one of the node package's C(TOOLS) (C(specab/node/__main__.py), the one list of them); the
-        package refuses any other name, exit status 2.
+      - The node tool, a module of the node package that runs as a tool (C(tools) in C(specab/node/__main__.py): its
+        files are the one list of them); the package refuses any other name, exit status 2.
     type: str
     required: true
   spec:
@@ -80,12 +80,13 @@ options:
 author: specab
 """
 
-# What a successful run changed on the node: a stop changed something only when a server was running; a start
-# always starts one, a bench writes its run's measurements, a rank's sampler changed something when it was started or
-# stopped; a lease taken anew, put on hold or released, a manifest written, a sequencer started, a queue reset, staged
-# or finished; the other tools and commands only observe.
+# What a successful run changed on the node: a stop (or a teardown's) changed something only when a server was
+# running; a start always starts one, a bench writes its run's measurements, a rank's sampler changed something when it
+# was started or stopped; a lease taken anew, put on hold or released, a manifest written, a sequencer started, a queue
+# reset, staged or finished; the other tools and commands only observe.
 CHANGED = {
     "stop": lambda spec, out: bool(out.get("was_running")),
+    "teardown": lambda spec, out: bool((out.get("stop") or {}).get("was_running")),
     "start": lambda spec, out: True,
     "bench": lambda spec, out: True,
     "ranksampler": lambda spec, out: bool(out.get("started") or out.get("stopped")),

@@ -294,7 +294,7 @@ class QueueExecutor:
         tails = node_tails(self.host, node_dir, clock, *r.tail_handlers(clock, enter_phases=False, pr=pr))
         collect_started: list[float] = []
 
-        def on_phase(phase: str) -> None:          # only the collect role's tasks count (the node tells the rest)
+        def on_phase(phase: str, at: float | None = None) -> None:   # only collecting counts (the node tells the rest)
             if phase == "collecting":
                 if not collect_started:
                     collect_started.append(time.time())

@@ -88,9 +88,10 @@ def _node_tasks(value) -> list[dict]:
 
 
 def test_every_node_step_names_a_tool_of_the_node_package():
-    """The module specab_node keeps no list of the tools: the node package's launcher is the one list, and every
-    task of the roles and playbooks names a tool in it."""
-    from specab.node.__main__ import TOOLS
+    """The module specab_node keeps no list of the tools: the node package's files are the one list (its launcher's
+    `tools()`), and every task of the roles and playbooks names a tool in it."""
+    from specab.node.__main__ import tools
+    TOOLS = tools()
     files = [p for d in ("roles", "playbooks") for p in sorted((REPO / d).rglob("*.yml"))]
     tools = {(str(p.relative_to(REPO)), t["tool"]) for p in files for t in _node_tasks(yaml.safe_load(p.read_text()))}
     assert {t for _, t in tools} >= {"stop", "gpufree", "start", "ready", "envcheck", "bench", "manifest"}, tools
