@@ -28,7 +28,7 @@ EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args",
 ARM_KEYS = {"name", "description", "server_args", "env", "cost_only"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
               "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos", "request_rate",
-              "client_procs"}
+              "client_procs", "allow_queueing", "correctness_requests"}
 PHASE_TIMING_VALUES = ("auto", True, False)
 # what phase timing sets on an arm (the 2026 engines reference A5): the server's /metrics and, in SGLang
 # 0.5.23, the device timer that splits forward time into eagle_draft / eagle_draft_extend / target_verify
@@ -45,6 +45,9 @@ BENCH_APIS = {"generate", "completions", "chat"}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # as the server_start role requires
 EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# the matrix value that marks an arm of the deterministic pass (--correctness, specab/config/correctness.py): the
+# name of the measured arm it checks
+DETERMINISTIC_OF = "deterministic_of"
 
 
 # --------------------------------------------------------------------------- experiment
@@ -71,6 +74,12 @@ class ArmSpec:
     # bench settings of this arm's runs over the experiment's `bench:` (a bench condition of the matrix, e.g.
     # {"concurrency": 8}); empty: the experiment's bench as it is
     bench: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def deterministic_of(self) -> str | None:
+        """The measured arm this arm checks in the deterministic pass (--correctness); None: a measured arm."""
+        value = self.matrix.get(DETERMINISTIC_OF)
+        return str(value) if value else None
 
     def to_extravar(self) -> dict[str, Any]:
         args = self.server_args if self.node_args is None else self.node_args
@@ -150,9 +159,11 @@ def overlay(common: dict[str, Any], arm: dict[str, Any] | None) -> dict[str, Any
 
 def resolve_arm(exp: ExperimentSpec, arm: dict[str, Any], baseline: str = "baseline",
                 matrix: dict[str, Any] | None = None) -> ArmSpec:
-    """Resolve one arm overlay of the experiment per the contract (arm wins; model_path added)."""
+    """Resolve one arm overlay of the experiment per the contract (arm wins; model_path added: the arm's own
+    `server_args.model_path` where it gives one, an override that runs and is recorded as given, else the
+    experiment's model)."""
     server_args = overlay(exp.server_args, arm.get("server_args"))
-    server_args["model_path"] = exp.model_path
+    server_args["model_path"] = str(server_args.get("model_path") or exp.model_path)
     env = overlay(exp.env, arm.get("env"))
     spec = _is_spec(server_args)
     timing = phase_timing_on(exp, spec)
@@ -363,9 +374,10 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
                           f"(every answer runs to output_len) or false (answers end where the model ends them), "
                           f"got {bench['ignore_eos']!r}.")
     rate = bench.get("request_rate")
-    if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate < 1e6):
+    if rate is not None and benchcfg.rate_problem(rate, zero_ok=True):
         raise ConfigError(f"{where}{key_line(root, base + ('bench', 'request_rate'))}: bench.request_rate must be a "
-                          f"number of requests per second (0: each as soon as one in flight ends), got {rate!r}.")
+                          f"number of requests per second (0: each as soon as one in flight ends) below "
+                          f"{benchcfg.MAX_REQUEST_RATE:g}, got {rate!r}: it {benchcfg.rate_problem(rate, zero_ok=True)}.")
     if bench.get("client_procs") is not None:
         try:
             benchcfg.client_procs(bench["client_procs"])
@@ -373,7 +385,8 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
             raise ConfigError(f"{where}{key_line(root, base + ('bench', 'client_procs'))}: {exc}.") from None
     if bench.get("dataset") is not None:
         bench = exp["bench"] = dict(bench, dataset=_check_dataset(bench, p, where, root, base))
-    for k in ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed"):
+    for k in ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed",
+              "correctness_requests"):
         least = 0 if k in ("warmup_requests", "seed") else 1      # a run measures at least one request of a token
         if k in bench and (not isinstance(bench[k], int) or isinstance(bench[k], bool) or bench[k] < least):
             raise ConfigError(f"{where}{key_line(root, base + ('bench', k))}: bench.{k} must be an integer of at "

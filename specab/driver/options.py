@@ -6,9 +6,9 @@ arm against the engine's rules and makes the plan.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from specab.config import defaults, validity
+from specab.config import armchecks, correctness, defaults, validity
 from specab.config.inventory import Host, Inventory, default_inventory, load_inventory
 from specab.config.matrix import build_arms, parse_matrix
 from specab.config.plan import Order, PlannedRun, make_plan
@@ -53,6 +53,7 @@ class Options:
     fleet: bool = False                     # independent blocks per host at once (specab/driver/fleet.py)
     executor: Executor = "auto"             # auto: the run queue on one host, per-run otherwise
     force_changed: bool = False             # --resume although the experiment's fingerprint changed
+    correctness: bool = False               # the deterministic pass after the measured blocks (config/correctness.py)
 
 
 @dataclass
@@ -62,6 +63,13 @@ class Prepared:
     arms: list[ArmSpec]
     notices: list[str]
     plan: list[PlannedRun]
+    # the deterministic pass's arms (--correctness; empty without it): run after the measured blocks, never measured
+    det_arms: list[ArmSpec] = field(default_factory=list)
+
+    @property
+    def all_arms(self) -> list[ArmSpec]:
+        """The measured arms, then the deterministic pass's: every arm a run of the plan may name."""
+        return self.arms + self.det_arms
 
     @property
     def min_requests_per_run(self) -> int:
@@ -93,20 +101,36 @@ def prepare(opts: Options) -> Prepared:
     if opts.max_requests < 1:
         raise ConfigError(f"--max-requests must be at least 1, got {opts.max_requests}.")
     check_executor(opts.executor, inv, opts.fleet)
+    host_notices = check_hosts(inv, opts.fleet)
     check_engines(armset.arms, inv)
     check_bench_vars(inv)
     plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order, burn_in=exp.burn_in,
                      burn_in_blocks=burn_in_blocks(opts, inv))
+    det = correctness.derive(exp, armset.arms) if opts.correctness else correctness.DeterministicPass()
+    if opts.target_ci is None:      # with --target-ci the pass follows the design's last block (RunContext)
+        plan += correctness.plan_block(det.names, plan, opts.seed, opts.order)
     if opts.max_runs is not None and len(plan) > opts.max_runs:
         burned = sum(r.burn_in for r in plan)
+        passed = len(det.arms) if det.arms and opts.target_ci is None else 0
         raise ConfigError(f"{len(armset.arms)} arms x {opts.repeats} blocks"
-                          + (f" + {burned} burn-in" if burned else "") + f" = {len(plan)} runs, above --max-runs "
+                          + (f" + {burned} burn-in" if burned else "")
+                          + (f" + {passed} deterministic-pass" if passed else "") + f" = {len(plan)} runs, above --max-runs "
                           f"{opts.max_runs} (a real run costs a server start, ~1 GPU-minute on a GPU node). "
                           f"Narrow the matrix, or pass --max-runs {len(plan)} to run them all (`driver.py plan` "
                           f"shows the plan and its expected GPU-minutes first).")
+    checked = check_arms(exp, armset.arms)
     return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
-                    notices=exp.warnings + armset.notices + preflight.bind_warnings(armset.arms)
-                    + validity.arm_notices(exp.arms, armset.arms), plan=plan)
+                    notices=exp.warnings + armset.notices + checked + host_notices
+                    + preflight.bind_warnings(armset.arms) + validity.arm_notices(exp.arms, armset.arms)
+                    + det.notices, plan=plan, det_arms=det.arms)
+
+
+def check_arms(exp: ExperimentSpec, arms: list[ArmSpec]) -> list[str]:
+    """The arms' checks that the experiment alone decides (specab/config/armchecks.py); returns their notices."""
+    armchecks.check_experiment(exp)
+    notices = armchecks.check_models(exp, arms) + armchecks.check_queueing(exp, arms)
+    armchecks.check_context(exp, arms)
+    return notices
 
 
 # The specab_bench_* variables that are an experiment's bench.<key> defaults (roles/specab). The driver's design,
@@ -115,7 +139,8 @@ def prepare(opts: Options) -> Prepared:
 # specab_bench_python and specab_bench_sample_interval_s say how the node runs the client and samples the GPUs,
 # not what is measured: the inventory sets them.
 BENCH_KEY_VARS = {**{var: key for key, var in defaults.BENCH_DEFAULTS.items()},
-                  "specab_bench_phase_timing": "phase_timing"}
+                  "specab_bench_phase_timing": "phase_timing",
+                  "specab_bench_correctness_requests": "correctness_requests"}
 
 
 def check_bench_vars(inventory: Inventory) -> None:
@@ -127,6 +152,29 @@ def check_bench_vars(inventory: Inventory) -> None:
                           f"and its fingerprint read the experiment, so a bench setting in the inventory would run "
                           f"values they do not know. Remove it from the inventory and set bench.<key> in the "
                           f"experiment file (ansible-playbook playbooks/ab_test.yml, without the driver, honours it).")
+
+
+def check_hosts(inventory: Inventory, fleet: bool) -> list[str]:
+    """Several hosts: two that are one machine (both reached with the local connection, or at one address and SSH
+    port) would start two servers on one port and one set of GPUs at once: refused. Distinct hosts without --fleet or
+    a multi-node server run every run on each host at once (lockstep): said in a notice."""
+    hosts = inventory.hosts
+    if len(hosts) < 2:
+        return []
+    seen: dict[tuple[str, Any], str] = {}
+    for h in hosts:
+        key = ("local", None) if h.is_local else (h.address, h.port)
+        if key in seen:
+            how = "both reached with ansible_connection: local" if h.is_local else f"both at {h.address}:{h.port}"
+            raise ConfigError(f"{inventory.path}: hosts {seen[key]} and {h.name} are one machine ({how}): each run "
+                              f"would start a server on each at once, on one port and one set of GPUs. Keep one of "
+                              f"them in gpu_nodes.")
+        seen[key] = h.name
+    if fleet or is_multinode(hosts):
+        return []
+    return [f"every run runs on each of the {len(hosts)} hosts of gpu_nodes at once ({', '.join(h.name for h in hosts)}:"
+            f" lockstep, each host's results under <run dir>/<host>/): --fleet gives each host its own blocks instead, "
+            f"an inventory of one host runs on that host alone."]
 
 
 def check_engines(arms: list[ArmSpec], inventory: Inventory) -> None:

@@ -266,6 +266,11 @@ def print_summary(store, out: TextIO) -> int:
     if burned:
         console.print("burn-in (unmeasured starts before block 1, not in the table): "
                       + ", ".join(f"{r['run_id']} {r['status']}" for r in burned), markup=False)
+    det = {a["name"] for a in store.arms() if isinstance(a.get("matrix"), dict) and a["matrix"].get("deterministic_of")}
+    passed = [r for r in store.runs() if r["arm"] in det]
+    if passed:
+        console.print("deterministic pass (--correctness: not measured, not in the table; its outcome is in the "
+                      "verdict lines): " + ", ".join(f"{r['run_id']} {r['status']}" for r in passed), markup=False)
     failed = store.runs(status="failed")
     interrupted = store.runs(status="interrupted")
     for r in failed:

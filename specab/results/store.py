@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from specab.results import connect
 from specab.vocab import contract, engines
 
 SCHEMA_VERSION = 2
@@ -254,8 +255,8 @@ def gpu_csv_rows(text: str) -> GpuCsv:
     return GpuCsv(header, columns, out)
 
 
-class StoreError(Exception):
-    """The store file is missing, unreadable, or of another schema version."""
+# (the errors live with the connections; their names are the store's: st.StoreError, st.StoreBusy)
+StoreError, StoreBusy, StoreReadOnly = connect.StoreError, connect.StoreBusy, connect.StoreReadOnly
 
 
 def _dumps(v: Any) -> str | None:
@@ -281,8 +282,7 @@ class Store:
     def create(cls, path: str | Path) -> "Store":
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(p, timeout=30)
-        conn.row_factory = sqlite3.Row
+        conn = connect.connect(p)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.executescript(SCHEMA)
@@ -298,11 +298,17 @@ class Store:
         if not p.exists():
             raise StoreError(f"{p}: no results store here. Give an experiment directory runs/<experiment-id>/ "
                              f"or its results.sqlite.")
-        conn = sqlite3.connect(p, timeout=30)
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA foreign_keys=ON")
+        conn = connect.connect(p)
         try:
-            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            try:
+                conn.execute("PRAGMA foreign_keys=ON")
+                row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            except sqlite3.OperationalError as exc:
+                if not connect.cannot_open(exc):
+                    raise
+                conn.close()                    # on read-only media: read it as it is
+                conn = connect.connect_read_only(p)
+                row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{p}: not a specab results store ({exc}).") from None
         if row is None or int(row[0]) not in READABLE_SCHEMA_VERSIONS:
@@ -321,7 +327,11 @@ class Store:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self.conn:
+        # the write lock first (BEGIN IMMEDIATE): a store another program holds is waited for once, boundedly, at the
+        # transaction's start, never half-way through it
+        with connect.reported(self.path), self.conn:
+            if not self.conn.in_transaction:
+                self.conn.execute("BEGIN IMMEDIATE")
             yield self.conn
 
     # ----------------------------------------------------------------- writes

@@ -44,8 +44,13 @@ class Faults:
     late_divergence: Optional[tuple[float, float]] = None   # (FROM, SHARE): a share departs late, once
     loop: Optional[int] = None          # outputs fall into a repeated N-token cycle and run to the token limit
 
-    def departure(self, forced: bool) -> Departure:
-        return Departure(forced=forced, lossy=self.lossy, late=self.late_divergence, loop=self.loop)
+    def departure(self, forced: bool, deterministic: bool = False) -> Departure:
+        """How this server's outputs depart from the target's. In the deterministic mode
+        (--enable-deterministic-inference: batch-invariant kernels) there are no batch-dependent numerics, so the
+        late divergence they cause is off; forced acceptance, lossy commits and loops are the engine's own doing and
+        stay (a deterministic pass catches them)."""
+        return Departure(forced=forced, lossy=self.lossy, late=None if deterministic else self.late_divergence,
+                         loop=self.loop)
 
     @classmethod
     def parse(cls, text: str) -> "Faults":

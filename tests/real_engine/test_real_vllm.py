@@ -329,11 +329,16 @@ def test_sigkill_mid_benchmark_leaves_real_orphans_that_stop_cleans(real_vllm: R
         stop(node)
 
 
-def stop_mid_benchmark(real_vllm: RealVllm, tmp_path: Path, grace: float) -> tuple[dict[str, Any], str]:
-    """A real vLLM serving a benchmark, stopped by stop.py (SIGTERM to the recorded group, SIGKILL after ``grace``)
-    with its record written to stop.json as the playbook writes it. Returns (stop.json, server.log); the
-    benchmark has ended and failed by then (measured requests failed: recorded, not
+GRACE_S = 90      # longer than the benchmark's 60 s request timeout: a slow box alone does not make stop.py escalate
+
+
+@pytest.fixture(scope="module")
+def stopped_mid_benchmark(real_vllm: RealVllm, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    """One real vLLM serving a benchmark, stopped by stop.py (SIGTERM to the recorded group, SIGKILL after GRACE_S)
+    with its record written to stop.json as the playbook writes it; both tests below read this one stop. Returns
+    (stop.json, server.log); the benchmark has ended and failed by then (measured requests failed: recorded, not
     hidden), and nothing of the server's session is left."""
+    tmp_path = tmp_path_factory.mktemp("stop-mid-benchmark")
     port = free_port()
     node, run, rec = launch(real_vllm, tmp_path, port, str(real_vllm.models / "tiny-llama"))
     try:
@@ -342,7 +347,7 @@ def stop_mid_benchmark(real_vllm: RealVllm, tmp_path: Path, grace: float) -> tup
         bench = start_benchmark(run, port)
         engine = ours(rec["sid"])
         assert any(t.startswith("VLLM::Worker") for t in engine.values()), engine
-        out = stop(node, grace=grace, out_file=run / "stop.json")
+        out = stop(node, grace=GRACE_S, out_file=run / "stop.json")
         record = json.loads((run / "stop.json").read_text())
         # the file the user reads is the record the tool answered
         assert record["ok"] is True and {k: v for k, v in record.items() if k != "ok"} == \
@@ -369,39 +374,40 @@ def why_escalated(record: dict[str, Any], log: str) -> str:
 
 
 @REST
-def test_stop_mid_benchmark_ends_every_real_vllm_process_and_records_how(real_vllm: RealVllm, tmp_path: Path) -> None:
+def test_stop_mid_benchmark_ends_every_real_vllm_process_and_records_how(
+        stopped_mid_benchmark: tuple[dict[str, Any], str]) -> None:
     """What a user relies on from `stop` whichever way the engine goes: every process of the real vLLM's session (API
-    server, EngineCore, Worker, resource_tracker) is gone, the benchmark records the failure, and stop.json says
-    which path ended them. Both paths are real: quiet, vLLM's own shutdown ends them within the 20 s grace (0.5 s
-    here); on a loaded CI box its API server twice outlived it (with the resource_tracker, which waits for it) after
-    EngineCore and Worker had exited. Clean: no SIGKILL was sent and term_to_gone_s is within the grace. Escalated:
-    the survivors are named, each a process of the server, and the SIGKILL says why. That vLLM itself shuts down
-    cleanly is the next test's claim, not this one's."""
-    record, log = stop_mid_benchmark(real_vllm, tmp_path, grace=20)
+    server, EngineCore, Worker, resource_tracker) is gone (the fixture holds it), the benchmark records the failure,
+    and stop.json says which path ended them. Clean: no SIGKILL was sent and term_to_gone_s is within the grace.
+    Escalated (seen on a loaded CI box at a 20 s grace: the API server, with the resource_tracker that waits for it,
+    outlived it after EngineCore and Worker had exited): the survivors are named, each a process of the server, and
+    the SIGKILL says why. That vLLM itself shuts down cleanly is the next test's claim, not this one's."""
+    record, log = stopped_mid_benchmark
     assert "[shutdown] API server: shutdown triggered" in log, log[-3000:]   # the SIGTERM reached vLLM's handler
     kills = [s for s in record["signals"] if s["signal"] == "SIGKILL"]
     if record["escalated"]:
         print(why_escalated(record, log))
         survivors = {p["pid"] for p in record["survivors_after_grace"]}
         assert survivors and survivors <= {p["pid"] for p in record["processes_at_start"]}, record
-        assert kills and kills[0]["why"] == "grace period of 20s expired" and kills[0]["delivered"], record
+        assert kills and kills[0]["why"] == f"grace period of {GRACE_S}s expired" and kills[0]["delivered"], record
         assert record["shutdown"]["style"] == engines.SHUTDOWN_KILLED_BY_STOP, record["shutdown"]
         assert "term_to_gone_s" not in record, record
     else:
         assert not kills, record                              # a clean record with a SIGKILL in it would be a lie
-        assert 0 <= record["term_to_gone_s"] <= 20, record
+        assert 0 <= record["term_to_gone_s"] <= GRACE_S, record
         assert record["shutdown"]["children_gone_before_our_kill"], record["shutdown"]
         assert "survivors_after_grace" not in record, record
 
 
 @REST
-def test_sigterm_mid_benchmark_real_vllm_shuts_itself_down_within_the_grace(real_vllm: RealVllm, tmp_path: Path) -> None:
+def test_sigterm_mid_benchmark_real_vllm_shuts_itself_down_within_the_grace(
+        stopped_mid_benchmark: tuple[dict[str, Any], str]) -> None:
     """The clean path, asserted on its own: on SIGTERM mid-benchmark vLLM's own shutdown ends its API server,
     EngineCore, Worker and resource_tracker, with no SIGKILL from stop.py. Quiet they are gone in about 0.5 s; the
-    grace here (90 s) is longer than the benchmark's 60 s request timeout, so a slow box alone does not fail this,
-    an engine that does not shut itself down does. A failure quotes stop.json's cause (the survivors by name, the
+    grace (GRACE_S) is longer than the benchmark's 60 s request timeout, so a slow box alone does not fail this, an
+    engine that does not shut itself down does. A failure quotes stop.json's cause (the survivors by name, the
     signals and why) and vLLM's shutdown lines."""
-    record, log = stop_mid_benchmark(real_vllm, tmp_path, grace=90)
+    record, log = stopped_mid_benchmark
     assert not record["escalated"], why_escalated(record, log)
     assert not [s for s in record["signals"] if s["signal"] == "SIGKILL"], record
     assert "[shutdown] API server: shutdown triggered" in log, log[-3000:]   # the SIGTERM reached vLLM's handler

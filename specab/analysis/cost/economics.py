@@ -253,6 +253,12 @@ def profile_components(profile: Mapping[str, Any], output_len: int, spec_steps: 
 def cost_lines(exp: Experiment) -> list[str]:
     """The report's closing lines: what the verdict cost."""
     s = spend(exp)
+    # the store of an experiment still running (its status; a driver that ended without a word leaves it so):
+    # its runs in progress have no cost yet
+    running = exp.meta.get("status") == "running" or any(r.status == "running" for r in exp.runs)
+    if not s.runs and running:
+        return ["Verdict cost: not known yet: the experiment is still running and none of its runs has finished "
+                "(each run's cost is recorded when it ends)."]
     if not s.runs:
         return ["Verdict cost: not recorded (no run of this store has runs.gpu_seconds: it was written before "
                 "specab recorded what runs cost)."]
@@ -260,7 +266,8 @@ def cost_lines(exp: Experiment) -> list[str]:
     if s.burn_in_runs:
         arms += f", burn-in {s.burn_in / 60:.1f} ({s.burn_in_runs} unmeasured start{'s' if s.burn_in_runs > 1 else ''})"
     failed = f"; {s.failed / 60:.1f} of them on failed runs" if s.failed else ""
-    return [f"Verdict cost: {s.total / 60:.1f} GPU-minutes over {s.runs} runs ({arms}){failed}."]
+    so_far = " so far (the experiment is still running)" if running else ""
+    return [f"Verdict cost: {s.total / 60:.1f} GPU-minutes over {s.runs} runs{so_far} ({arms}){failed}."]
 
 
 def first_design(comps: design.Components, cost: design.RunCost, target_rel: float, *, arms: int, requests: int,

@@ -13,6 +13,7 @@ import html
 import io
 import json
 import math
+import os
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -539,6 +540,13 @@ STEPS_KEYS = ("speculative_num_steps", "speculative_num_draft_tokens", "speculat
 def _known_truth_blocks(rep: Report, exp: Experiment, truth: truthcheck.TruthReport,
                         model: specmodel.ModelResult | None) -> None:
     """The measurement against the exact truth of known-truth models (specab.knowntruth)."""
+    unchecked = ("" if not truth.unchecked else
+                 f" Not checked: {sum(len(u.runs) for u in truth.unchecked)} run(s) "
+                 f"({'; '.join(u.reason for u in truth.unchecked)}): the doctor's known-truth-unchecked names them.")
+    if not truth.runs:
+        rep.add(Heading("Known truth"), Para("The served models are known-truth models, but no run could be checked "
+                                             "against the truth." + unchecked))
+        return
     bad = truth.problems
     spec_runs = [r for r in truth.runs if r.steps]
     reqs = [q for r in spec_runs for q in r.requests]
@@ -552,7 +560,7 @@ def _known_truth_blocks(rep: Report, exp: Experiment, truth: truthcheck.TruthRep
                  f"{total} requests. " + ("Every measurement agrees with the truth." if not bad else
                                           f"{len(bad)} disagreement(s): the doctor's known-truth-mismatch names them.")
                  + "".join(f" {a} is not checked against the truth: {why}, which exact verification's truth does not "
-                           f"model." for a, why in truth.skipped.items())))
+                           f"model." for a, why in truth.skipped.items()) + unchecked))
     rows = []
     for r in spec_runs:
         counted = [q for q in r.requests if q.measured_cycles is not None]
@@ -650,8 +658,10 @@ def _summary(rep: Report, exp: Experiment, st: stats.ExperimentStats, val: valid
         sp = st.speedups[a.name]
         conc, rate = arm_concurrency(exp, a.name), arm_rate(exp, a.name)
         speed = f"{sp.verdict} over {len(sp.ratios)} paired block(s)" + (
-            f", per user at {load_label(conc, rate)}" if loads.several_loads or conc > 1 or rate else "")
-        verdicts[a.name] = f"{a.name} vs {sp.baseline}: {validity.verdict(speed, val.arms.get(a.name))}."
+            f", per user at {concurrency.arm_load_label(exp, a.name)}" if loads.several_loads or conc > 1 or rate
+            else "")
+        verdicts[a.name] = (f"{a.name} vs {sp.baseline}: "
+                            f"{validity.verdict(speed, val.arms.get(a.name), val.deterministic.get(a.name))}.")
         rep.summary.append(verdicts[a.name])
     if loads.several_loads:     # the verdict at each load, per configuration
         rep.summary.extend(f"Per load: {f.verdict()}" for f in loads.families if len(f.points) > 1)
@@ -733,8 +743,9 @@ def _speedup_blocks(rep: Report, exp: Experiment, st: stats.ExperimentStats,
         v = val.arms.get(a.name)
         rows.append([a.name, sp.baseline, str(len(sp.ratios)), _f(sp.estimate, ".3f"), ci,
                      "-" if not sp.ci or not math.isfinite(sp.ci.lo) else f"+-{sp.ci.half_width_rel * 100:.1f}%",
-                     sp.verdict if v is None or v.status != validity.NOT_VALID else
-                     ("cost only: no claim" if v.cost_only else f"{sp.verdict} -- NOT VALID (outputs)")])
+                     (sp.verdict if v is None or v.status != validity.NOT_VALID else
+                      ("cost only: no claim" if v.cost_only else f"{sp.verdict} -- NOT VALID (outputs)"))
+                     + (" -- BUG (deterministic pass)" if a.name in {d.arm for d in val.bugs()} else "")])
     rep.add(Heading("Speedup (paired within blocks)"),
             Table(["arm", "baseline", "blocks", "speedup", "95% CI", "half-width", "verdict"], rows))
     _validity_blocks(rep, val)
@@ -835,7 +846,8 @@ def _cost_blocks(rep: Report, exp: Experiment) -> tuple[economics.Spend, list[st
         rep.add(Table(["arm", "restarts", "GPU-minutes"],
                       [[a, str(spent.restarts_per_arm[a]), f"{g / 60:.1f}"] for a, g in spent.per_arm.items()]
                       + ([["burn-in (not analysed)", str(spent.burn_in_runs), f"{spent.burn_in / 60:.1f}"]]
-                         if spent.burn_in_runs else [])))
+                         if spent.burn_in_runs else [])
+                      + _pass_cost_row(exp)))
     steps = exp.meta.get("design_steps") or []
     if steps:           # --target-ci: what the design decided after each block, and why
         rep.add(Para("The design's decisions (--target-ci): after each block, another block or not, with how many "
@@ -1021,6 +1033,38 @@ def _validity_blocks(rep: Report, val: validity.Validity) -> None:
                        + ("" if same == n else " (the engine is not deterministic across restarts: judge the arms' "
                                                "differences against this floor)")
                        for b, (same, n) in val.baseline_self.items()]))
+    _deterministic_blocks(rep, val)
+
+
+def _pass_cost_row(exp: Experiment) -> list[list[str]]:
+    """The verdict cost's row of the deterministic pass (--correctness): its runs and what they held of the GPUs."""
+    runs = exp.deterministic.runs if exp.deterministic is not None else []
+    if not runs:
+        return []
+    gpu_s = sum(r.gpu_seconds or 0.0 for r in runs)
+    return [["deterministic pass (not measured)", str(len(runs)), f"{gpu_s / 60:.1f}"]]
+
+
+def _deterministic_blocks(rep: Report, val: validity.Validity) -> None:
+    """The part "Deterministic pass" of Output validity (driver.py run --correctness): each speculative arm and its
+    baseline once more in the engine's deterministic mode, after the measured blocks, any difference a bug."""
+    if not val.deterministic:
+        return
+    rows = []
+    for d in val.deterministic.values():
+        first = d.first
+        rows.append([d.arm, f"{d.det_arm} vs {d.det_baseline}", d.mode or "-",
+                     f"{d.identical}/{d.compared}" if d.requests else "-",
+                     f"request {first.i}, {d.unit[:-1]} {first.agreed}" if first is not None else "-",
+                     "-" if d.gpu_seconds is None else f"{d.gpu_seconds / 60:.1f}", d.status])
+    rep.add(Heading("Deterministic pass", 3),
+            Para("After the measured blocks, each speculative arm and its baseline ran once more in the engine's "
+                 "deterministic (batch-invariant) mode, where a request's greedy output depends neither on its "
+                 "batch nor on speculation: any difference is an engine bug, not numerics (judged with "
+                 "greedy_min_match 1). These runs are not measured: they are in no speedup, interval or fit."),
+            Table(["arm", "deterministic runs", "mode", "identical", "first difference", "GPU-minutes", "outcome"],
+                  rows),
+            Bullets([f"{d.arm}: {d.line}" for d in val.deterministic.values()]))
 
 
 def _workload_blocks(rep: Report, exp: Experiment
@@ -1053,15 +1097,21 @@ def _workload_blocks(rep: Report, exp: Experiment
 def _write(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None,
            pooled: list[Path] | None = None) -> tuple[dict[str, str], Report]:
     """The report of the experiment in ``exp_dir``, or with ``pooled`` (the experiments' directories, the first
-    naming it) the report of their stores as one, written into ``exp_dir``."""
+    naming it) the report of their stores as one, written into ``exp_dir``; one experiment's store elsewhere (its
+    directory on read-only media) is ``pooled`` of one."""
     with gc_paused():       # a 1,000-run experiment: ~0.7 s of cyclic-GC passes over objects that hold no cycles
-        return _write_unpaused(exp_dir, config, target_tok_s, combine.combine(pooled) if pooled else None)
+        exp = None if not pooled else load_store(pooled[0]) if len(pooled) == 1 else combine.combine(pooled)
+        return _write_unpaused(exp_dir, config, target_tok_s, exp)
 
 
 def _write_unpaused(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None,
                     exp: Experiment | None = None) -> tuple[dict[str, str], Report]:
     exp = exp or load_store(exp_dir)
     rep = build_report(exp, config=config, target_tok_s=target_tok_s)
+    if exp.meta.get("status") == "running":     # the store's own word (a driver that died without one leaves it so)
+        done = sum(1 for r in exp.runs if r.status != "running")
+        rep.summary.insert(0, f"The experiment is still running (its store's status): this report covers the {done} "
+                              f"run(s) finished so far.")
     exp_dir.mkdir(parents=True, exist_ok=True)
     img_dir = exp_dir / "report"
     img_dir.mkdir(exist_ok=True)
@@ -1106,10 +1156,14 @@ def cmd_report(ns: argparse.Namespace, out: TextIO | None = None) -> int:
         print("specab report: --with pools several experiments into one report; give --out DIR for it (the "
               "experiments' own reports stay as they are).", file=out)
         return 2
+    if ns.out is None and not os.access(exp_dir, os.W_OK):
+        print(f"specab report: {exp_dir} cannot be written (read-only media?): the report reads the store there as "
+              f"it is; give --out DIR for the report files.", file=out)
+        return 2
     cfg = doctor.DoctorConfig(usual_baseline_tok_s=ns.usual_baseline_tok_s)
     try:
-        paths, rep = _quiet_write(Path(ns.out) if len(pooled) > 1 else exp_dir, cfg, ns.target_tok_s,
-                                  pooled if len(pooled) > 1 else None)
+        paths, rep = _quiet_write(Path(ns.out) if ns.out else exp_dir, cfg, ns.target_tok_s,
+                                  pooled if ns.out else None)
     except AnalysisError as e:
         print(f"specab report: {e}", file=out)
         return 2
@@ -1129,7 +1183,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--with", dest="with_", action="append", metavar="EXPERIMENT",
                    help="pool this experiment's blocks with the first's into one report (repeatable; the arms two "
                         "stores share must be the same by content); needs --out")
-    p.add_argument("--out", metavar="DIR", help="where the pooled report is written (with --with)")
+    p.add_argument("--out", metavar="DIR", help="where the report is written (default: the experiment's directory; "
+                                                "needed with --with, and for a store on read-only media)")
     p.set_defaults(func=cmd_report)
     return p
 
