@@ -129,13 +129,15 @@ def test_open_refuses_an_unknown_schema_version(tmp_path):
 
 def test_finish_run_records_gpu_seconds_and_an_older_store_gains_the_columns(tmp_path):
     s = _store(tmp_path)
-    # a store written before runs.gpus / runs.gpu_seconds existed
+    s.start_run(seq=1, run_id="001-baseline", arm="baseline", block=1, host="h", run_dir="/r", runner_ident="a")
+    # a store written before runs.gpus / runs.gpu_seconds existed, opened again (a resume)
     s.conn.execute("ALTER TABLE runs DROP COLUMN gpu_seconds")
     s.conn.execute("ALTER TABLE runs DROP COLUMN gpus")
     s.conn.commit()
-    s.start_run(seq=1, run_id="001-baseline", arm="baseline", block=1, host="h", run_dir="/r", runner_ident="a")
+    s.close()
+    s = st.Store.open(s.path)
     assert "gpu_seconds" not in s.runs()[0]                        # readable without the columns
-    s.finish_run(1, status=st.OK, gpus=8)
+    s.finish_run(1, status=st.OK, gpus=8)                           # its first write adds them
     run = s.runs()[0]
     assert run["gpus"] == 8 and run["gpu_seconds"] == pytest.approx(8 * run["duration_s"])
     s.start_run(seq=2, run_id="002-x", arm="baseline", block=1, host="h", run_dir="/r", runner_ident="b")
@@ -185,3 +187,23 @@ def test_burn_in_runs_are_marked_in_the_plan_and_the_runs_and_an_older_store_gai
         s.finish_run(seq, status=st.OK)
     assert [(r["seq"], r["burn_in"]) for r in s.runs()] == [(1, True), (2, False)]
     assert [m["seq"] for m in s.missing()] == [3]           # a finished burn-in is not run again by a resume
+
+
+def test_an_older_stores_first_write_adds_every_table_and_column_it_lacks_and_reads_need_none(tmp_path):
+    """Store migrations live in one place (store.migrate): a store written before the fingerprints, the design's
+    decisions and every added column reads as it is, and its first write brings it up to this specab's schema."""
+    s = _store(tmp_path)
+    s.start_run(seq=1, run_id="001-baseline", arm="baseline", block=1, host="h", run_dir="/r", runner_ident="a")
+    for table, col, _ in st.ADDED_COLUMNS:
+        s.conn.execute(f"ALTER TABLE {table} DROP COLUMN {col}")
+    s.conn.executescript("DROP TABLE fingerprints; DROP TABLE run_fingerprints; DROP TABLE design_steps;")
+    s.close()
+    old = st.Store.open(tmp_path / "results.sqlite")
+    assert old.fingerprint() is None and old.run_fingerprints() == {} and old.design_steps() == []
+    assert [r["run_id"] for r in old.runs()] == ["001-baseline"] and old.burn_in_seqs() == set()
+    old.set_experiment_status("running")                            # any write
+    for table, col, _ in st.ADDED_COLUMNS:
+        assert col in {r[1] for r in old.conn.execute(f"PRAGMA table_info({table})")}, (table, col)
+    old.record_design_step(blocks=1, design="cost", more=True, requests=8, reason="r")
+    assert [d["requests"] for d in old.design_steps()] == [8]
+    old.close()
