@@ -221,7 +221,8 @@ class Launch:
             return await self._dummy_health()
         from aiohttp import web
         from specab.sim.engine import Engine
-        from specab.sim.httpapi import Api, ServerState
+        from specab.sim.httpapi import Api
+        from specab.sim.replies import ServerState
         env = timing_env(self.profile, self.reports, self.args.tp_size * self.args.pp_size)
         timing = TimingModel.create(self.profile, a, env, st.seed, instance)
         slow = st.faults.slow_instance
