@@ -79,7 +79,8 @@ CREATE TABLE IF NOT EXISTS experiment (
     argv_json       TEXT NOT NULL,
     hosts_json      TEXT NOT NULL,      -- inventory hosts of gpu_nodes
     specab_version  TEXT,
-    git_sha         TEXT
+    git_sha         TEXT,
+    options_json    TEXT                -- the driver's options as one record (what a resume continues)
 );
 CREATE TABLE IF NOT EXISTS arms (
     name                 TEXT PRIMARY KEY,
@@ -212,7 +213,8 @@ CREATE INDEX IF NOT EXISTS gpu_samples_seq ON gpu_samples(seq);
 ADDED_COLUMNS = (("gpu_samples", "uuid", "TEXT"),                     # 2026-11
                  ("plan", "num_requests", "INTEGER"),                 # 2026-12: the design by cost's requests
                  ("runs", "gpus", "INTEGER"), ("runs", "gpu_seconds", "REAL"),  # 2026-12: the verdict cost
-                 ("plan", "burn_in", "INTEGER NOT NULL DEFAULT 0"))   # design.burn_in
+                 ("plan", "burn_in", "INTEGER NOT NULL DEFAULT 0"),   # design.burn_in
+                 ("experiment", "options_json", "TEXT"))              # the options' record
 
 
 def migrate(c: sqlite3.Connection) -> None:
@@ -335,6 +337,7 @@ class StoreReads:
         e = rows[0]
         for k in ("config_json", "matrix_json", "argv_json", "hosts_json"):
             e[k[:-5]] = json.loads(e.pop(k))
+        e["options"] = json.loads(e.pop("options_json", None) or "null")     # None: a store before the record
         return e
 
     def arms(self) -> list[dict[str, Any]]:
@@ -576,13 +579,14 @@ class Store(StoreReads):
     def write_experiment(self, *, id: str, name: str, seed: int, repeats: int, order_mode: str,
                          experiment_file: str, inventory_file: str, config: dict[str, Any], matrix: list[str],
                          argv: list[str], hosts: list[str], specab_version: str | None,
-                         git_sha: str | None) -> None:
+                         git_sha: str | None, options: dict[str, Any] | None = None) -> None:
         with self._tx() as c:
             c.execute("INSERT INTO experiment(id, name, created, status, seed, repeats, order_mode, experiment_file,"
-                      " inventory_file, config_json, matrix_json, argv_json, hosts_json, specab_version, git_sha)"
-                      " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                      " inventory_file, config_json, matrix_json, argv_json, hosts_json, specab_version, git_sha,"
+                      " options_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                       (id, name, time.time(), "running", seed, repeats, order_mode, experiment_file, inventory_file,
-                       _dumps(config), _dumps(matrix), _dumps(argv), _dumps(hosts), specab_version, git_sha))
+                       _dumps(config), _dumps(matrix), _dumps(argv), _dumps(hosts), specab_version, git_sha,
+                       _dumps(options)))
 
     def write_arms(self, arms: Iterable[dict[str, Any]]) -> None:
         with self._tx() as c:

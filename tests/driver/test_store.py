@@ -1,6 +1,7 @@
 """The results store: written as results arrive, read back by the analysis, missing runs for --resume."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -207,3 +208,27 @@ def test_an_older_stores_first_write_adds_every_table_and_column_it_lacks_and_re
     old.record_design_step(blocks=1, design="cost", more=True, requests=8, reason="r")
     assert [d["requests"] for d in old.design_steps()] == [8]
     old.close()
+
+
+def test_a_resume_reads_the_options_record_the_start_stored_not_its_command_line(tmp_path):
+    """The driver's options are one record, stored at the start (experiment.options) and read back by a resume: the
+    plan's switches come from it, the blocks so far from the store; an older store (no record) gives them from its
+    columns and command line."""
+    from specab.driver import session
+    from specab.driver.options import Options
+    started = Options(matrix=["steps=1,2"], seed=7, order="blocked", fleet=True, correctness=True, max_runs=100,
+                      argv=["--matrix", "steps=1,2"])
+    s = st.Store.create(tmp_path / "results.sqlite")
+    s.write_experiment(id="t-1", name="t", seed=7, repeats=3, order_mode="blocked", experiment_file="/e.yml",
+                       inventory_file="/i.yml", config={}, matrix=started.matrix, argv=started.argv, hosts=["sim0"],
+                       specab_version="0", git_sha=None, options=started.to_json())
+    s.write_plan([], repeats=5)                                     # the design added two blocks
+    row = s.experiment()
+    s.close()
+    assert Options.from_json(row["options"]) == dataclasses.replace(started, argv=[])
+    got = session.resume_options(row, Options(max_runs=100, argv=["--resume", "t-1"]), "/e.yml")
+    assert (got.matrix, got.seed, got.order, got.repeats, got.fleet, got.correctness, got.max_runs) == \
+        (["steps=1,2"], 7, "blocked", 5, True, True, None)
+    older = {**row, "options": None, "argv": ["--fleet"]}
+    got = session.resume_options(older, Options(), "/e.yml")
+    assert (got.matrix, got.seed, got.order, got.fleet, got.correctness) == (["steps=1,2"], 7, "blocked", True, False)
