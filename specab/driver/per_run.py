@@ -89,6 +89,7 @@ class PerRunExecutor:
             "specab_run_id": pr.run_id,
             "specab_run_dir": str(run_dir),
             "specab_stop_after": True,
+            "specab_score": self.ctx.score_spec(pr),       # a baseline run at temperature > 0: what it scores
         }
         started = time.time()
         try:

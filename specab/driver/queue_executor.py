@@ -203,6 +203,15 @@ def fail_unqueued(r: RunContext, host: Host, pr: PlannedRun, res: PlaybookResult
     r.progress.run_finished(st.FAILED, 0.0, reason)
 
 
+def enqueue_vars(r: RunContext, runs: list[PlannedRun], reset: bool, finish: bool) -> dict[str, Any]:
+    """enqueue.yml's extra vars: the runs to queue, each with its arm, its measured requests (the design by cost
+    chooses them per block) and its scoring, in its queue entry; whether the queue starts anew, whether it ends."""
+    return {"specab_experiment": r.experiment_extravar(), "specab_experiment_id": r.exp_id,
+            "specab_runs": [{"seq": pr.seq, "run_id": pr.run_id, "arm": r.arms[pr.arm].to_extravar(),
+                             "num_requests": r.num_requests(pr), "score": r.score_spec(pr)} for pr in runs],
+            "specab_queue_reset": reset, "specab_queue_finish": finish}
+
+
 class QueueExecutor:
     """The queue loop of one host (a single-node inventory, or one host of a fleet)."""
 
@@ -225,15 +234,7 @@ class QueueExecutor:
     def _enqueue(self, runs: list[PlannedRun], *, reset: bool, finish: bool,
                  cancel: threading.Event) -> PlaybookResult:
         r = self.ctx
-        extravars = {
-            "specab_experiment": r.experiment_extravar(),
-            "specab_experiment_id": r.exp_id,
-            # each run's measured requests travel in its queue entry (the design by cost chooses them per block)
-            "specab_runs": [{"seq": pr.seq, "run_id": pr.run_id, "arm": r.arms[pr.arm].to_extravar(),
-                             "num_requests": r.num_requests(pr)} for pr in runs],
-            "specab_queue_reset": reset,
-            "specab_queue_finish": finish,
-        }
+        extravars = enqueue_vars(r, runs, reset, finish)
         ident = runner_ident("enqueue-" + ("-".join(pr.run_id.split("-", 1)[0] for pr in runs) or "none"))
         try:
             res = r.runner.run(ENQUEUE_PLAYBOOK, extravars, ident, cancel=cancel, secrets=r.secrets,
@@ -263,7 +264,10 @@ class QueueExecutor:
             wait_s = int(r.opts.run_timeout_s)
         elif wait_s is None:
             timeouts = bench.timeouts(bench.given(self.host.vars, defaults.TIMEOUT_DEFAULTS), r.p.experiment.timeouts)
-            wait_s = bench.queue_wait_s(r.bench_settings(pr), timeouts)
+            settings = r.bench_settings(pr)
+            # a baseline run that scores (temperature > 0): each scored run's requests, one scoring request each
+            scored = len(r.score_spec(pr).get("runs") or []) * int(settings["num_requests"])
+            wait_s = bench.queue_wait_s(settings, timeouts, scored)
         return {"specab_experiment": r.experiment_extravar(pr), "specab_experiment_id": r.exp_id,
                 "specab_run_id": pr.run_id, "specab_run_dir": str(run_dir), "specab_queue_wait_s": wait_s,
                 **({"specab_also_run_ids": [p.run_id for p in also]} if also else {}),

@@ -1,8 +1,9 @@
 """HTTP endpoints of the simulated SGLang server (aiohttp), same paths, statuses and JSON as SGLang 0.5.x.
 
 /health, /health_generate, /get_server_info, /server_info, /get_model_info, /model_info, /v1/models,
-/generate (SSE stream or JSON), /v1/completions, /v1/chat/completions, /flush_cache, /metrics,
-/start_profile, /stop_profile.
+/generate (SSE stream or JSON; with ``return_logprob`` and ``logprob_start_len`` the input's log-probabilities,
+scoring.py), /v1/completions, /v1/chat/completions, /tokenize and /v1/tokenize, /flush_cache, /metrics,
+/start_profile, /stop_profile. A request with a temperature > 0 is sampled (sampling.py); without one it is greedy.
 """
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from specab.sim import versions
 from specab.sim.engine import GenRequest, count_prompt_tokens
 from specab.sim.limits import context_error
 from specab.sim.profiler import Profiler, ProfileRequestError
-from specab.sim.replies import (ServerState, finish_type, meta, metrics_text, openai_choice, openai_request,
-                                openai_usage, server_info)
+from specab.sim.replies import (ServerState, finish_type, gen_out, metrics_text, model_info, openai_choice,
+                                openai_request, openai_usage, server_info, tokenized)
+from specab.sim.sampling import Sampling
+from specab.sim import scoring
 
 HEALTH_CHECK_TIMEOUT_S = 20.0
 FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
@@ -75,9 +78,19 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return data
 
 
+def _sampling(temperature: Any, top_p: Any) -> Optional[Sampling]:
+    """A request's sampling (None: greedy, temperature absent or 0); a value out of range is a ValueError."""
+    t = 0.0 if temperature is None else float(temperature)
+    p = 1.0 if top_p is None else float(top_p)
+    if t < 0 or not 0 < p <= 1:
+        raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {temperature!r}, {top_p!r}")
+    return Sampling(t, p) if t > 0 else None
+
+
 class Api:
     def __init__(self, state: ServerState):
         self.s = state
+        self.vocab = scoring.Vocab()
 
     # ----- app
     def app(self) -> web.Application:
@@ -94,6 +107,8 @@ class Api:
         r.add_route("PUT", "/generate", self.generate)
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/tokenize", self.tokenize)
+        r.add_post("/v1/tokenize", self.tokenize)
         r.add_route("GET", "/flush_cache", self.flush_cache)
         r.add_route("POST", "/flush_cache", self.flush_cache)
         r.add_get("/metrics", self.metrics)
@@ -152,18 +167,13 @@ class Api:
     async def server_info(self, request: web.Request) -> web.Response:
         return _json(server_info(self.s))
 
-    def _model_info(self) -> dict[str, Any]:
-        a = self.s.args
-        return {"model_path": a.model_path, "tokenizer_path": a.tokenizer_path, "is_generation": True,
-                "preferred_sampling_params": None, "weight_version": "default"}
-
     async def get_model_info(self, request: web.Request) -> web.Response:
         self.s.log.warning("Endpoint '/get_model_info' is deprecated and will be removed in a future version. "
                            "Please use '/model_info' instead.")
-        return _json(self._model_info())
+        return _json(model_info(self.s))
 
     async def model_info(self, request: web.Request) -> web.Response:
-        return _json({**self._model_info(), "served_model_name": self.s.args.served_model_name,
+        return _json({**model_info(self.s), "served_model_name": self.s.args.served_model_name,
                       "architectures": [self.s.architecture], "model_type": "kimi_k2",
                       "context_length": self.s.cap.context_len})
 
@@ -186,11 +196,11 @@ class Api:
         return None
 
     def _submit(self, prompt: Any, input_ids: Any, max_new: int, ignore_eos: bool,
-                rid: Optional[str] = None) -> GenRequest:
+                rid: Optional[str] = None, sampled: Optional[Sampling] = None, internal: bool = False) -> GenRequest:
         if input_ids is not None:
             if not isinstance(input_ids, list) or not all(isinstance(i, int) for i in input_ids):
                 raise ValueError("input_ids must be a list of integers")
-            words, tokens = [str(i) for i in input_ids], len(input_ids)
+            words, tokens = self.vocab.words_of(input_ids), len(input_ids)
         elif not isinstance(prompt, str):
             raise ValueError("text must be a string or a list of strings")
         else:
@@ -199,14 +209,28 @@ class Api:
         refused = context_error(tokens, max_new, self.s.cap.context_len)
         if refused:
             raise ValueError(refused)
-        return self.s.engine.submit(words, max_new, ignore_eos, rid, prompt_tokens=tokens)
+        return self.s.engine.submit(words, max_new, ignore_eos, rid, prompt_tokens=tokens, sampled=sampled,
+                                    internal=internal)
 
-    def _gen_out(self, req: GenRequest, count: int, finished: bool, index: Optional[int]) -> dict[str, Any]:
-        out = {"text": req.text(count), "output_ids": req.output_ids[:count],
-               "meta_info": meta(self.s, req, count, finished)}
-        if index is not None:
-            out["index"] = index
-        return out
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        try:
+            return _json(tokenized(self.vocab, body, self.s.cap.context_len))
+        except ValueError as exc:
+            return _error(str(exc))
+
+    async def _score(self, body: dict[str, Any], max_new: int) -> web.Response:
+        """A non-streaming ``/generate`` of ``input_ids`` with ``return_logprob``: the engine prefills it (and
+        generates ``max_new`` greedy tokens: 0 or 1 for scoring) without a trace line, and the answer's meta_info
+        holds ``input_token_logprobs`` from ``logprob_start_len`` on (scoring.py)."""
+        ids = body.get("input_ids")
+        start = int(body.get("logprob_start_len", -1))
+        req = self._submit(None, ids, max_new, True, body.get("rid"), internal=True)
+        await self._drain(req)
+        out = gen_out(self.s, req, req.completion_tokens, True, None)
+        out["meta_info"]["input_token_logprobs"] = scoring.input_token_logprobs(list(req.prompt), ids, start)
+        out["meta_info"]["output_token_logprobs"] = []
+        return _json(out)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request)
@@ -218,17 +242,21 @@ class Api:
         text, ids = body.get("text"), body.get("input_ids")
         batch = isinstance(text, list) or (isinstance(ids, list) and ids and isinstance(ids[0], list))
         try:
+            sampled = _sampling(sp.get("temperature"), sp.get("top_p"))
+            if body.get("return_logprob") and not batch and not body.get("stream") and isinstance(ids, list):
+                return await self._score(body, max_new)
             if batch:
                 items = text if isinstance(text, list) else ids
                 reqs = [self._submit(t if isinstance(text, list) else None,
-                                     None if isinstance(text, list) else t, max_new, ignore_eos) for t in items]
+                                     None if isinstance(text, list) else t, max_new, ignore_eos, sampled=sampled)
+                        for t in items]
             else:
-                reqs = [self._submit(text, ids, max_new, ignore_eos, body.get("rid"))]
+                reqs = [self._submit(text, ids, max_new, ignore_eos, body.get("rid"), sampled)]
         except ValueError as exc:
             return _json({"error": {"message": str(exc)}}, 400)
         if not body.get("stream"):
             await asyncio.gather(*(self._drain(r) for r in reqs))
-            outs = [self._gen_out(r, r.completion_tokens, True, None) for r in reqs]
+            outs = [gen_out(self.s, r, r.completion_tokens, True, None) for r in reqs]
             return _json(outs if batch else outs[0])
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -258,7 +286,7 @@ class Api:
             left = len(reqs)
             while left:
                 i, r, em = await queue.get()
-                payload = self._gen_out(r, em.count, em.finished, i if batch else None)
+                payload = gen_out(self.s, r, em.count, em.finished, i if batch else None)
                 await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
                 if em.finished:
                     left -= 1
@@ -279,7 +307,8 @@ class Api:
             return resp
         try:
             prompt, max_tokens = openai_request(body, chat)
-            req = self._submit(prompt, None, max_tokens, bool(body.get("ignore_eos", False)))
+            req = self._submit(prompt, None, max_tokens, bool(body.get("ignore_eos", False)),
+                               sampled=_sampling(body.get("temperature"), body.get("top_p")))
         except ValueError as exc:
             return _error(str(exc))
         token_ids = bool(body.get("return_token_ids"))

@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from specab.sim import versions
+from specab.sim import scoring, versions
 from specab.sim.args import ServerArgs
-from specab.sim.engine import Engine, GenRequest
+from specab.sim.engine import Engine, GenRequest, count_prompt_tokens
 from specab.sim.loadplan import Capacity
 from specab.sim.simlog import SimLogger
 
@@ -104,6 +104,15 @@ def meta(s: ServerState, req: GenRequest, count: int, finished: bool) -> dict[st
     return meta
 
 
+
+def gen_out(s: ServerState, req: GenRequest, count: int, finished: bool, index: int | None) -> dict[str, Any]:
+    """One /generate answer (or stream chunk) of a request after ``count`` tokens (``index``: its place in a batch)."""
+    out = {"text": req.text(count), "output_ids": req.output_ids[:count], "meta_info": meta(s, req, count, finished)}
+    if index is not None:
+        out["index"] = index
+    return out
+
+
 def metrics_text(s: ServerState) -> str:
     """/metrics: the Prometheus text of the simulated version's metrics."""
     eng = s.engine
@@ -156,8 +165,7 @@ def openai_request(body: dict[str, Any], chat: bool) -> tuple[str, int]:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             raise ValueError("messages must be a non-empty list")
-        prompt = "\n".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
-        prompt = f"<|im_system|>system<|im_middle|>\n{prompt}\n<|im_assistant|>assistant<|im_middle|>"
+        prompt = scoring.chat_prompt(msgs)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
@@ -191,3 +199,28 @@ def openai_choice(req: GenRequest, chat: bool, token_ids: bool) -> dict[str, Any
     if token_ids:
         choice["token_ids"] = list(req.output_ids)
     return choice
+
+
+def model_info(s: ServerState) -> dict[str, Any]:
+    """/get_model_info (and the start of /model_info)."""
+    a = s.args
+    return {"model_path": a.model_path, "tokenizer_path": a.tokenizer_path, "is_generation": True,
+            "preferred_sampling_params": None, "weight_version": "default"}
+
+
+def tokenized(vocab: scoring.Vocab, body: dict[str, Any], context_len: int) -> dict[str, Any]:
+    """SGLang 0.5.17's /tokenize of ``prompt`` (a string or a list of them) or chat ``messages``: ``tokens`` and
+    ``count`` (a list of each for a list of prompts), ``max_model_len``; ValueError for another prompt."""
+    prompt = body.get("prompt")
+    if isinstance(body.get("messages"), list):
+        prompt = scoring.chat_prompt(body["messages"])
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        tokens: Any = [vocab.ids(count_prompt_tokens(p)) for p in prompt]
+        count: Any = [len(t) for t in tokens]
+    elif isinstance(prompt, str):
+        tokens = vocab.ids(count_prompt_tokens(prompt))
+        count = len(tokens)
+    else:
+        raise ValueError("Invalid prompt type: expected str or List[str], or messages")
+    return {"tokens": tokens, "count": count, "max_model_len": context_len}
+
