@@ -31,10 +31,11 @@ description:
   - In check mode nothing runs; the task is reported skipped.
 options:
   tool:
-    description: The node tool.
+    description:
+      - The node tool, a module of the node package that runs as a tool (C(tools) in C(specab/node/__main__.py): its
+        files are the one list of them); the package refuses any other name, exit status 2.
     type: str
     required: true
-    choices: [stop, gpufree, start, ready, envcheck, bench, ranksampler, lease, manifest, sequence]
   spec:
     description:
       - The tool's spec (the fields of its dataclass, e.g. C(StopSpec) in C(specab/node/stop.py)).
@@ -79,12 +80,13 @@ options:
 author: specab
 """
 
-# What a successful run changed on the node: a stop changed something only when a server was running; a start
-# always starts one, a bench writes its run's measurements, a rank's sampler changed something when it was started or
-# stopped; a lease taken anew, put on hold or released, a manifest written, a sequencer started, a queue reset, staged
-# or finished; the other tools and commands only observe.
+# What a successful run changed on the node: a stop (or a teardown's) changed something only when a server was
+# running; a start always starts one, a bench writes its run's measurements, a rank's sampler changed something when it
+# was started or stopped; a lease taken anew, put on hold or released, a manifest written, a sequencer started, a queue
+# reset, staged or finished; the other tools and commands only observe.
 CHANGED = {
     "stop": lambda spec, out: bool(out.get("was_running")),
+    "teardown": lambda spec, out: bool((out.get("stop") or {}).get("was_running")),
     "start": lambda spec, out: True,
     "bench": lambda spec, out: True,
     "ranksampler": lambda spec, out: bool(out.get("started") or out.get("stopped")),
@@ -133,9 +135,7 @@ def parse_output(stdout: str) -> Dict[str, Any]:
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            tool=dict(type="str", required=True,
-                      choices=["stop", "gpufree", "start", "ready", "envcheck", "bench", "ranksampler", "lease",
-                               "manifest", "sequence"]),
+            tool=dict(type="str", required=True),
             spec=dict(type="dict", required=True),
             node_dir=dict(type="str", required=True),
             python=dict(type="str", default="python3"),

@@ -260,18 +260,8 @@ def check_variables(groups: dict[str, dict[str, Any]], where: str, root: Any) ->
                       f"another prefix.")
 
 
-def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
-    """Load a YAML inventory; hosts of group `gpu_nodes` (and its children) with merged, rendered variables."""
-    p = Path(path) if path else DEFAULT_INVENTORY
-    if p.is_dir() or p.suffix not in (".yml", ".yaml"):
-        raise ConfigError(f"{p}: specab reads YAML inventories (a .yml file with groups, hosts, vars).")
-    data, root = load_yaml(p)
-    where = str(p)
-    if not isinstance(data, dict) or not data:
-        raise ConfigError(f"{where}: an inventory must be a mapping of groups (e.g. 'all:' with 'children:').")
-    if "specab_experiment" in data:
-        raise ConfigError(f"{where}: this is an experiment file (top-level 'specab_experiment'), given as the "
-                          f"inventory: were -e and -i swapped? -e EXPERIMENT.yml -i INVENTORY.yml.")
+def _groups(data: dict[str, Any], where: str, root: Any) -> dict[str, dict[str, Any]]:
+    """Every group of the inventory, nested ones too: {name: {hosts: {host: vars}, vars, children}}."""
     groups: dict[str, dict[str, Any]] = {}
 
     def walk(name: str, body: Any, path: tuple[Any, ...]) -> None:
@@ -296,9 +286,12 @@ def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
 
     for gname, gbody in data.items():
         walk(str(gname), gbody, (gname,))
-    if NODE_GROUP not in groups:
-        raise ConfigError(f"{where}: no group '{NODE_GROUP}'. Put the GPU nodes in a group named '{NODE_GROUP}'.")
+    return groups
 
+
+def _node_vars(groups: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The variables of each host of NODE_GROUP (and its children), merged as Ansible does: group `all`'s, then
+    each of its groups' from the most general to the most specific, then the host's own."""
     parents: dict[str, list[str]] = {}
     for gname, g in groups.items():
         for child in g["children"]:
@@ -323,8 +316,7 @@ def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
             out += [x for x in ancestry(parent, seen) if x not in out]
         return out + [gname]
 
-    check_variables(groups, where, root)
-    hosts: list[Host] = []
+    out: dict[str, dict[str, Any]] = {}
     for hname in members(NODE_GROUP, set()):
         merged: dict[str, Any] = {}
         if "all" in groups:
@@ -337,6 +329,28 @@ def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
             merged.update(groups[g]["vars"])
         for g in host_groups:
             merged.update(groups[g]["hosts"][hname])
+        out[hname] = merged
+    return out
+
+
+def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
+    """Load a YAML inventory; hosts of group `gpu_nodes` (and its children) with merged, rendered variables."""
+    p = Path(path) if path else DEFAULT_INVENTORY
+    if p.is_dir() or p.suffix not in (".yml", ".yaml"):
+        raise ConfigError(f"{p}: specab reads YAML inventories (a .yml file with groups, hosts, vars).")
+    data, root = load_yaml(p)
+    where = str(p)
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"{where}: an inventory must be a mapping of groups (e.g. 'all:' with 'children:').")
+    if "specab_experiment" in data:
+        raise ConfigError(f"{where}: this is an experiment file (top-level 'specab_experiment'), given as the "
+                          f"inventory: were -e and -i swapped? -e EXPERIMENT.yml -i INVENTORY.yml.")
+    groups = _groups(data, where, root)
+    if NODE_GROUP not in groups:
+        raise ConfigError(f"{where}: no group '{NODE_GROUP}'. Put the GPU nodes in a group named '{NODE_GROUP}'.")
+    check_variables(groups, where, root)
+    hosts: list[Host] = []
+    for hname, merged in _node_vars(groups).items():
         host = Host(name=hname, vars=_render_vars(hname, merged, sys.executable, p))
         _check_engines(host, where)
         hosts.append(host)

@@ -307,43 +307,9 @@ def _check_design(design: Any, where: str, root: yaml.Node | None, base: tuple[A
     return dict(design)
 
 
-def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpec:
-    """Load and validate an experiment file (default: experiments/default.yml)."""
-    p = Path(path) if path else DEFAULT_EXPERIMENT
-    data, root = load_yaml(p)
-    where = str(p)
-    if isinstance(data, dict) and "specab_experiment" not in data and ("all" in data or "gpu_nodes" in data):
-        raise ConfigError(f"{where}: this is an inventory (top-level '{'all' if 'all' in data else 'gpu_nodes'}'), "
-                          f"given as the experiment: were -e and -i swapped? -e EXPERIMENT.yml -i INVENTORY.yml.")
-    if not isinstance(data, dict) or "specab_experiment" not in data:
-        raise ConfigError(f"{where}: the file must have one top-level key 'specab_experiment' "
-                          f"(see experiments/default.yml).")
-    check_unknown(data.keys(), {"specab_experiment"}, where, root, (), "the top level")
-    exp = data["specab_experiment"]
-    base = ("specab_experiment",)
-    if not isinstance(exp, dict):
-        raise ConfigError(f"{where}{key_line(root, base)}: specab_experiment must be a mapping.")
-    check_unknown(exp.keys(), EXPERIMENT_KEYS, where, root, base, "specab_experiment")
-    engine = exp.get("engine", "sglang")
-    if engine not in engines.ENGINES:
-        raise ConfigError(f"{where}{key_line(root, base + ('engine',))}: engine {engine!r} is not one of "
-                          f"{', '.join(engines.ENGINES)}.")
-    for req in ("name", "model_path", "arms"):
-        if req not in exp or exp[req] in (None, "", []):
-            raise ConfigError(f"{where}{key_line(root, base)}: specab_experiment.{req} is required.")
-    name = str(exp["name"])
-    if not EXPERIMENT_NAME.match(name):
-        raise ConfigError(f"{where}{key_line(root, base + ('name',))}: experiment name {name!r} may only "
-                          f"contain letters, digits, '.', '_' and '-'.")
-    _check_value(exp["model_path"], f"{where}{key_line(root, base + ('model_path',))}: model_path")
-    warnings: list[str] = []
-    server_args = _check_server_args(exp.get("server_args"), where, root, base + ("server_args",), warnings, engine)
-    if _is_spec(server_args):
-        raise ConfigError(f"{where}{key_line(root, base + ('server_args',))}: speculative_algorithm belongs in "
-                          f"an arm's server_args, not in the common server_args (the baseline arm must not "
-                          f"speculate).")
-    env = _check_env(exp.get("env"), where, root, base + ("env",))
-    arms = exp["arms"]
+def _check_arms(arms: Any, where: str, root: yaml.Node | None, base: tuple[Any, ...], warnings: list[str],
+                engine: str) -> None:
+    """Each arm: a mapping with a unique, well-formed name, known keys, checked server args and env."""
     if not isinstance(arms, list):
         raise ConfigError(f"{where}{key_line(root, base + ('arms',))}: arms must be a list.")
     seen: set[str] = set()
@@ -362,6 +328,11 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
         arm_args = _check_server_args(arm.get("server_args"), where, root, apath + ("server_args",), warnings, engine)
         _check_env(arm.get("env"), where, root, apath + ("env",))
         validity.check_cost_only(arm, _is_spec(arm_args), where, root, apath)
+
+
+def _check_bench(exp: dict[str, Any], p: Path, where: str, root: yaml.Node | None,
+                 base: tuple[Any, ...]) -> dict[str, Any]:
+    """The experiment's bench section, checked (its dataset resolved to an absolute path, also in `exp`)."""
     bench = exp.get("bench") or {}
     if not isinstance(bench, dict):
         raise ConfigError(f"{where}{key_line(root, base + ('bench',))}: bench must be a mapping.")
@@ -400,9 +371,11 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
         if k in bench and (not isinstance(bench[k], int) or isinstance(bench[k], bool) or bench[k] < least):
             raise ConfigError(f"{where}{key_line(root, base + ('bench', k))}: bench.{k} must be an integer of at "
                               f"least {least}, got {bench[k]!r}.")
-    validity.check_section(exp.get("validity"), where, root, base + ("validity",))
-    slo.check_section(exp.get("slo"), where, root, base + ("slo",))
-    timeouts = exp.get("timeouts") or {}
+    return bench
+
+
+def _check_timeouts(timeouts: Any, where: str, root: yaml.Node | None, base: tuple[Any, ...]) -> dict[str, Any]:
+    """The timeouts section: known keys, each a positive number of seconds."""
     if not isinstance(timeouts, dict):
         raise ConfigError(f"{where}{key_line(root, base + ('timeouts',))}: timeouts must be a mapping.")
     check_unknown(timeouts.keys(), TIMEOUT_KEYS, where, root, base + ("timeouts",), "timeouts")
@@ -410,6 +383,51 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
             raise ConfigError(f"{where}{key_line(root, base + ('timeouts', k))}: timeouts.{k} must be a "
                               f"positive number of seconds, got {v!r}.")
+    return timeouts
+
+
+def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpec:
+    """Load and validate an experiment file (default: experiments/default.yml)."""
+    p = Path(path) if path else DEFAULT_EXPERIMENT
+    data, root = load_yaml(p)
+    where = str(p)
+    if isinstance(data, dict) and "specab_experiment" not in data and ("all" in data or "gpu_nodes" in data):
+        raise ConfigError(f"{where}: this is an inventory (top-level '{'all' if 'all' in data else 'gpu_nodes'}'), "
+                          f"given as the experiment: were -e and -i swapped? -e EXPERIMENT.yml -i INVENTORY.yml.")
+    if not isinstance(data, dict) or "specab_experiment" not in data:
+        raise ConfigError(f"{where}: the file must have one top-level key 'specab_experiment' "
+                          f"(see experiments/default.yml).")
+    check_unknown(data.keys(), {"specab_experiment"}, where, root, (), "the top level")
+    exp = data["specab_experiment"]
+    base = ("specab_experiment",)
+    if not isinstance(exp, dict):
+        raise ConfigError(f"{where}{key_line(root, base)}: specab_experiment must be a mapping.")
+    check_unknown(exp.keys(), EXPERIMENT_KEYS, where, root, base, "specab_experiment")
+    engine = exp.get("engine", "sglang")
+    if engine not in engines.ENGINES:
+        raise ConfigError(f"{where}{key_line(root, base + ('engine',))}: engine {engine!r} is not one of "
+                          f"{', '.join(engines.ENGINES)}.")
+    for req in ("name", "model_path", "arms"):
+        if req not in exp or exp[req] in (None, "", []):
+            raise ConfigError(f"{where}{key_line(root, base)}: specab_experiment.{req} is required.")
+    name = str(exp["name"])
+    if not EXPERIMENT_NAME.match(name):
+        raise ConfigError(f"{where}{key_line(root, base + ('name',))}: experiment name {name!r} may only "
+                          f"contain letters, digits, '.', '_' and '-'.")
+    _check_value(exp["model_path"], f"{where}{key_line(root, base + ('model_path',))}: model_path")
+    warnings: list[str] = []
+    server_args = _check_server_args(exp.get("server_args"), where, root, base + ("server_args",), warnings, engine)
+    if _is_spec(server_args):
+        raise ConfigError(f"{where}{key_line(root, base + ('server_args',))}: speculative_algorithm belongs in "
+                          f"an arm's server_args, not in the common server_args (the baseline arm must not "
+                          f"speculate).")
+    env = _check_env(exp.get("env"), where, root, base + ("env",))
+    arms = exp["arms"]
+    _check_arms(arms, where, root, base, warnings, engine)
+    bench = _check_bench(exp, p, where, root, base)
+    validity.check_section(exp.get("validity"), where, root, base + ("validity",))
+    slo.check_section(exp.get("slo"), where, root, base + ("slo",))
+    timeouts = _check_timeouts(exp.get("timeouts") or {}, where, root, base)
     design = _check_design(exp.get("design"), where, root, base)
     return ExperimentSpec(path=p.resolve(), name=name, model_path=str(exp["model_path"]), server_args=server_args,
                       env=env, arms=[dict(a) for a in arms], bench=dict(bench), timeouts=dict(timeouts),

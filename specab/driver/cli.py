@@ -12,7 +12,7 @@ import difflib
 import json
 import os
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -57,14 +57,17 @@ def _add_experiment_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-i", "--inventory", metavar="FILE",
                    help="inventory (default: inventory/local.yml, the embedded simulated node; for an engine: vllm "
                         "experiment inventory/vllm-cpu.yml, a real vLLM on this CPU)")
-    p.add_argument("--matrix", action="append", default=[], metavar="KEY=VALUES",
+    # an option's default is Options' (driver/options.py): an option not given is not in the namespace
+    p.add_argument("--matrix", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUES",
                    help="steps=1,2,3 | topk=1,4 | draft_tokens=4,8 | <server_arg>=a,b | env.NAME=a,b | "
                         "ranges 1..4; repeat the option for a product")
-    p.add_argument("--repeats", type=int, default=3, help="blocks: every arm runs once per block (default 3)")
+    p.add_argument("--repeats", type=int, default=argparse.SUPPRESS,
+                   help=f"blocks: every arm runs once per block (default {Options.repeats})")
     p.add_argument("--max-runs", type=int, default=MAX_RUNS, metavar="N",
                    help=f"refuse a plan of more than N runs (default {MAX_RUNS}; each run restarts a server)")
-    p.add_argument("--seed", type=int, default=1, help="seed of the per-block random order (default 1)")
-    p.add_argument("--order", choices=("interleaved", "blocked"), default="interleaved",
+    p.add_argument("--seed", type=int, default=argparse.SUPPRESS,
+                   help=f"seed of the per-block random order (default {Options.seed})")
+    p.add_argument("--order", choices=("interleaved", "blocked"), default=argparse.SUPPRESS,
                    help="interleaved (default): every block in a seeded random order; blocked: all repeats "
                         "of one arm, then the next (for comparison only)")
     p.add_argument("--skip-invalid", action="store_true",
@@ -107,7 +110,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                                                    "--search (default: --repeats + 3)")
     _add_design_option(p)
     p.add_argument("--run-timeout", type=int, metavar="S", help="wall-clock limit of one run (its playbook, or its wait on the node's queue)")
-    p.add_argument("--executor", choices=("auto", "queue", "per-run"), default="auto",
+    p.add_argument("--executor", choices=("auto", "queue", "per-run"), default=argparse.SUPPRESS,
                    help="how runs reach the node: queue = the node's sequencer runs queued runs back to back "
                         "(no Ansible between two runs; the default for one host and for each host of a fleet); "
                         "per-run = one arm.yml per run (the default for a multi-node server)")
@@ -117,14 +120,14 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_design_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--design", choices=("cost", "sequential"), default="cost",
+    p.add_argument("--design", choices=("cost", "sequential"), default=argparse.SUPPRESS,
                    help="with --target-ci: cost (default) = one block at a time, the design by cost choosing each "
                         "block's requests per run and when to stop for the fewest GPU-minutes (docs/statistics.md); "
                         "sequential = the sequential rule: --repeats blocks at the experiment's requests per run, then one "
                         "more while the interval is wider than the target")
-    p.add_argument("--max-requests", type=int, default=400, metavar="N",
-                   help="with --target-ci and the design by cost: the most measured requests per run it may choose "
-                        "(default 400; the experiment's bench.num_requests is always allowed)")
+    p.add_argument("--max-requests", type=int, default=argparse.SUPPRESS, metavar="N",
+                   help=f"with --target-ci and the design by cost: the most measured requests per run it may choose "
+                        f"(default {Options.max_requests}; the experiment's bench.num_requests is always allowed)")
 
 
 def _percent(text: str) -> float:
@@ -220,20 +223,16 @@ def usage_error(argv: list[str], parser: argparse.ArgumentParser) -> str | None:
     return None
 
 
+# the command line's name of an Options field, where it differs
+OPTION_NAMES = {"experiment_file": "experiment", "inventory_file": "inventory", "run_timeout_s": "run_timeout"}
+
+
 def _options(args: argparse.Namespace, argv: list[str]) -> Options:
-    return Options(experiment_file=args.experiment, inventory_file=args.inventory, matrix=list(args.matrix),
-                      repeats=args.repeats, seed=args.seed, order=args.order,
-                      runs_dir=getattr(args, "runs_dir", None), verbose=getattr(args, "verbose", False),
-                      skip_invalid=args.skip_invalid, target_ci=getattr(args, "target_ci", None),
-                      max_repeats=getattr(args, "max_repeats", None), max_runs=None if args.command == "plan" else getattr(args, "max_runs", MAX_RUNS),
-                      design=getattr(args, "design", "cost"),
-                      max_requests=getattr(args, "max_requests", 400),
-                      retry_failed=getattr(args, "retry_failed", False),
-                      run_timeout_s=getattr(args, "run_timeout", None), argv=argv,
-                      fleet=getattr(args, "fleet", False), executor=getattr(args, "executor", "auto"),
-                      force_changed=getattr(args, "force_changed", False), search=getattr(args, "search", None),
-                      search_tol=getattr(args, "search_tol", None), slo=list(getattr(args, "slo", []) or []),
-                      correctness=getattr(args, "correctness", False))
+    """The command's options, read once into the typed record: what its command line gave, Options' defaults for
+    the rest (`plan` refuses no plan for its size: it only shows it)."""
+    given = {f.name: getattr(args, OPTION_NAMES.get(f.name, f.name)) for f in fields(Options)
+             if hasattr(args, OPTION_NAMES.get(f.name, f.name))}
+    return Options(**{**given, "max_runs": None if args.command == "plan" else given.get("max_runs"), "argv": argv})
 
 
 # --------------------------------------------------------------------------- commands
@@ -241,7 +240,7 @@ def _options(args: argparse.Namespace, argv: list[str]) -> Options:
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     opts = _options(args, args._argv)
     if args.resume:
-        if args.matrix or "--repeats" in args._argv or "--seed" in args._argv or "--order" in args._argv:
+        if {"matrix", "repeats", "seed", "order"} & set(vars(args)):
             raise ConfigError("--resume continues the recorded plan: --matrix, --repeats, --seed and --order "
                               "come from the experiment's store and cannot be changed.")
         code, exp_dir = session.resume(args.resume, opts, out)

@@ -62,7 +62,135 @@ def secrets_of(prepared: Prepared) -> list[str]:
 MoreBlocks = Callable[[], list[PlannedRun]]
 
 
-class RunContext:
+class NextBlocks:
+    """The --target-ci hook of a run context: after every planned run, the block the design asks for, and the
+    deterministic pass's (--correctness) after the design's last one; under --search, the search's next block."""
+
+    p: Prepared
+    arms: dict[str, ArmSpec]
+    opts: Options
+    store: st.Store
+    progress: Progress
+    exp_dir: Path
+    fingerprint: str
+    _design_inputs: DesignInputs | None
+
+    def more_blocks(self) -> list[PlannedRun]:
+        """The --target-ci hook, called when every planned run is done: the block the design asks for (design_block),
+        else, once, the deterministic pass's block (--correctness), after the design's last block. Under --search the
+        search decides (search_block)."""
+        if self.p.search is not None:
+            return self.search_block()
+        if self.opts.target_ci is None:
+            return []
+        planned = [PlannedRun.from_row(r) for r in self.store.plan()]
+        det = [a.name for a in self.p.det_arms]
+        if any(r.arm in det for r in planned):
+            return []           # the pass came after the design's last decision: nothing follows it
+        new = self.design_block()
+        if new or not det:
+            return new
+        block = correctness.plan_block(det, planned, self.store.experiment()["seed"], self.opts.order)
+        self.store.write_plan([r.to_json() for r in block])
+        self.progress.state.total = len(self.store.plan())
+        self.progress.notice(f"--correctness: the deterministic pass, {len(block)} runs after the last block")
+        return block
+
+    def design_block(self) -> list[PlannedRun]:
+        """Ask the design whether to add a block (and, by cost, with how many measured requests per run); the new
+        block is planned and stored with them, the decision stored (store.design_steps) and said, and the progress
+        display's total and projection updated."""
+        exp_row = self.store.experiment()
+        blocks = exp_row["repeats"]
+        limit = self.opts.max_repeats or (self.opts.repeats if self.opts.design == "cost" else blocks)
+        name = "design by cost" if self.opts.design == "cost" else "sequential design"
+        if blocks >= limit:        # (the interval's widths, and whether the target was met, from the statistics)
+            _, reason = decide_more_blocks(self.store, self.opts.target_ci, limit)
+            self.progress.notice(f"--target-ci: {reason}.")
+            self.store.record_design_step(blocks=blocks, design=self.opts.design, more=False, requests=None,
+                                          reason=reason)
+            return []
+        requests = int(self.p.experiment.bench_settings["num_requests"])
+        plan = None
+        if self.opts.design == "cost":
+            decision = self.decide_block(limit)
+            more, reason, requests, plan = decision.more, decision.reason, decision.requests, decision.plan
+            if decision.design != "cost":
+                name = "design by cost (no run cost yet)"
+        else:
+            more, reason = decide_more_blocks(self.store, self.opts.target_ci, limit)
+        self.store.record_design_step(blocks=blocks, design=self.opts.design, more=more,
+                                      requests=requests if more else None, reason=reason,
+                                      plan=plan.to_dict() if plan else None)
+        said = f"next block: {requests} measured requests per run; " if more and self.opts.design == "cost" else ""
+        self.progress.notice(f"--target-ci {self.opts.target_ci:.1%} ({name}): {said}{reason}")
+        if more and plan is not None:       # what the design expects to spend from here to the verdict
+            self.progress.projection(plan.gpu_s - plan.done_gpu_s, plan.cost.gpus if plan.cost else 1)
+        if not more:
+            return []
+        last_seq = max(r["seq"] for r in self.store.plan())
+        new = make_plan([a.name for a in self.p.arms], 1, exp_row["seed"], exp_row["order_mode"], first_block=blocks + 1,
+                        first_seq=last_seq + 1, num_requests=requests if self.opts.design == "cost" else None)
+        self.store.write_plan([r.to_json() for r in new], repeats=blocks + 1)
+        self.progress.state.total = len(self.store.plan())
+        return new
+
+    def search_block(self) -> list[PlannedRun]:
+        """The capacity search's next block (specab.analysis.cost.search.next_block on the runs stored so far): its
+        probe loads' arms added (stored, spelled for the node), the block planned in the seeded order and stored,
+        the decision stored and said; [] when the search stops."""
+        assert self.p.search is not None and self.p.slo is not None
+        exp_row = self.store.experiment()
+        least, most = search_blocks(self.opts)
+        step = searchdesign.next_block(model.load_store(self.store.path, read_logs=False), self.p.search, self.p.slo,
+                                       min_blocks=least, max_blocks=most)
+        blocks = exp_row["repeats"]
+        self.store.record_design_step(blocks=blocks, design="search", more=step.more, requests=None,
+                                      reason=step.reason, plan=step.to_dict())
+        self.progress.notice(f"--search: {step.reason}")
+        if not step.more:
+            return []
+        names = [a.name for a in self.add_probe_arms(step.loads)]
+        last_seq = max(r["seq"] for r in self.store.plan())
+        new = make_plan(names, 1, exp_row["seed"], exp_row["order_mode"], first_block=blocks + 1,
+                        first_seq=last_seq + 1)
+        self.store.write_plan([r.to_json() for r in new], repeats=blocks + 1)
+        self.progress.state.total = len(self.store.plan())
+        return new
+
+    def add_probe_arms(self, loads: list[float]) -> list[ArmSpec]:
+        """The arms of these probe loads (config.search.probe_arms, spelled as the node's engine lists its flags);
+        those not known yet are stored after the experiment's arms and run like them."""
+        assert self.p.search is not None
+        arms = preflight.spell_arms(searchcfg.probe_arms(self.p.experiment, self.p.axes, self.p.search, loads),
+                                    self.p.engine_flags)
+        new = [a for a in arms if a.name not in self.arms]
+        if new:
+            self.store.write_arms([a.to_json() for a in new], first_position=len(self.store.arms()) + 1)
+        self.arms.update({a.name: a for a in new})
+        return arms
+
+    def decide_block(self, limit: int) -> economics.Decision:
+        """The design by cost's decision on the experiment so far (specab.analysis.cost.economics.decide_block), with
+        the node's history or the simulator profile as the prior and as the run cost until this experiment has
+        measured its own (design_inputs)."""
+        if self._design_inputs is None:
+            try:
+                self._design_inputs = design_inputs(self.p.experiment, self.p.arms, self.p.inventory.hosts[0],
+                                                    self.exp_dir.parent, self.fingerprint)
+            except (HistoryError, ConfigError) as exc:     # read fine at the start; the experiment goes on
+                self.progress.notice(f"--target-ci: no prior ({exc}); the design goes on from this experiment's "
+                                     f"own runs")
+                self._design_inputs = DesignInputs(prior=None, cost=None)
+        inputs = self._design_inputs
+        exp = model.load_store(self.store.path, read_logs=False)
+        return economics.decide_block(exp, float(self.opts.target_ci or 0), max_blocks=limit,
+                                      keep_requests=int(self.p.experiment.bench_settings["num_requests"]),
+                                      prior=inputs.prior, cost=inputs.cost, max_requests=self.opts.max_requests,
+                                      min_requests=self.p.min_requests_per_run)
+
+
+class RunContext(NextBlocks):
     """One experiment's execution state (new or resumed), for one host set (a fleet makes one per host)."""
 
     def __init__(self, prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, store: st.Store,
@@ -308,122 +436,6 @@ class RunContext:
                 extra.update(node_rank=rank, nnodes=len(dests))
             hosts[h.name] = {"engine_python": h.engine_build(arm.engine).cmd[0], "extra": extra}
         return {"run_id": run.pr.run_id, "seed": self.bench_settings(run.pr)["seed"], "hosts": hosts}
-
-    # ------------------------------------------------------------------ more blocks
-    def more_blocks(self) -> list[PlannedRun]:
-        """The --target-ci hook, called when every planned run is done: the block the design asks for (design_block),
-        else, once, the deterministic pass's block (--correctness), after the design's last block. Under --search the
-        search decides (search_block)."""
-        if self.p.search is not None:
-            return self.search_block()
-        if self.opts.target_ci is None:
-            return []
-        planned = [PlannedRun.from_row(r) for r in self.store.plan()]
-        det = [a.name for a in self.p.det_arms]
-        if any(r.arm in det for r in planned):
-            return []           # the pass came after the design's last decision: nothing follows it
-        new = self.design_block()
-        if new or not det:
-            return new
-        block = correctness.plan_block(det, planned, self.store.experiment()["seed"], self.opts.order)
-        self.store.write_plan([r.to_json() for r in block])
-        self.progress.state.total = len(self.store.plan())
-        self.progress.notice(f"--correctness: the deterministic pass, {len(block)} runs after the last block")
-        return block
-
-    def design_block(self) -> list[PlannedRun]:
-        """Ask the design whether to add a block (and, by cost, with how many measured requests per run); the new
-        block is planned and stored with them, the decision stored (store.design_steps) and said, and the progress
-        display's total and projection updated."""
-        exp_row = self.store.experiment()
-        blocks = exp_row["repeats"]
-        limit = self.opts.max_repeats or (self.opts.repeats if self.opts.design == "cost" else blocks)
-        name = "design by cost" if self.opts.design == "cost" else "sequential design"
-        if blocks >= limit:        # (the interval's widths, and whether the target was met, from the statistics)
-            _, reason = decide_more_blocks(self.store, self.opts.target_ci, limit)
-            self.progress.notice(f"--target-ci: {reason}.")
-            self.store.record_design_step(blocks=blocks, design=self.opts.design, more=False, requests=None,
-                                          reason=reason)
-            return []
-        requests = int(self.p.experiment.bench_settings["num_requests"])
-        plan = None
-        if self.opts.design == "cost":
-            decision = self.decide_block(limit)
-            more, reason, requests, plan = decision.more, decision.reason, decision.requests, decision.plan
-            if decision.design != "cost":
-                name = "design by cost (no run cost yet)"
-        else:
-            more, reason = decide_more_blocks(self.store, self.opts.target_ci, limit)
-        self.store.record_design_step(blocks=blocks, design=self.opts.design, more=more,
-                                      requests=requests if more else None, reason=reason,
-                                      plan=plan.to_dict() if plan else None)
-        said = f"next block: {requests} measured requests per run; " if more and self.opts.design == "cost" else ""
-        self.progress.notice(f"--target-ci {self.opts.target_ci:.1%} ({name}): {said}{reason}")
-        if more and plan is not None:       # what the design expects to spend from here to the verdict
-            self.progress.projection(plan.gpu_s - plan.done_gpu_s, plan.cost.gpus if plan.cost else 1)
-        if not more:
-            return []
-        last_seq = max(r["seq"] for r in self.store.plan())
-        new = make_plan([a.name for a in self.p.arms], 1, exp_row["seed"], exp_row["order_mode"], first_block=blocks + 1,
-                        first_seq=last_seq + 1, num_requests=requests if self.opts.design == "cost" else None)
-        self.store.write_plan([r.to_json() for r in new], repeats=blocks + 1)
-        self.progress.state.total = len(self.store.plan())
-        return new
-
-    def search_block(self) -> list[PlannedRun]:
-        """The capacity search's next block (specab.analysis.cost.search.next_block on the runs stored so far): its
-        probe loads' arms added (stored, spelled for the node), the block planned in the seeded order and stored,
-        the decision stored and said; [] when the search stops."""
-        assert self.p.search is not None and self.p.slo is not None
-        exp_row = self.store.experiment()
-        least, most = search_blocks(self.opts)
-        step = searchdesign.next_block(model.load_store(self.store.path, read_logs=False), self.p.search, self.p.slo,
-                                       min_blocks=least, max_blocks=most)
-        blocks = exp_row["repeats"]
-        self.store.record_design_step(blocks=blocks, design="search", more=step.more, requests=None,
-                                      reason=step.reason, plan=step.to_dict())
-        self.progress.notice(f"--search: {step.reason}")
-        if not step.more:
-            return []
-        names = [a.name for a in self.add_probe_arms(step.loads)]
-        last_seq = max(r["seq"] for r in self.store.plan())
-        new = make_plan(names, 1, exp_row["seed"], exp_row["order_mode"], first_block=blocks + 1,
-                        first_seq=last_seq + 1)
-        self.store.write_plan([r.to_json() for r in new], repeats=blocks + 1)
-        self.progress.state.total = len(self.store.plan())
-        return new
-
-    def add_probe_arms(self, loads: list[float]) -> list[ArmSpec]:
-        """The arms of these probe loads (config.search.probe_arms, spelled as the node's engine lists its flags);
-        those not known yet are stored after the experiment's arms and run like them."""
-        assert self.p.search is not None
-        arms = preflight.spell_arms(searchcfg.probe_arms(self.p.experiment, self.p.axes, self.p.search, loads),
-                                    self.p.engine_flags)
-        new = [a for a in arms if a.name not in self.arms]
-        if new:
-            self.store.write_arms([a.to_json() for a in new], first_position=len(self.store.arms()) + 1)
-        self.arms.update({a.name: a for a in new})
-        return arms
-
-    def decide_block(self, limit: int) -> economics.Decision:
-        """The design by cost's decision on the experiment so far (specab.analysis.cost.economics.decide_block), with
-        the node's history or the simulator profile as the prior and as the run cost until this experiment has
-        measured its own (design_inputs)."""
-        if self._design_inputs is None:
-            try:
-                self._design_inputs = design_inputs(self.p.experiment, self.p.arms, self.p.inventory.hosts[0],
-                                                    self.exp_dir.parent, self.fingerprint)
-            except (HistoryError, ConfigError) as exc:     # read fine at the start; the experiment goes on
-                self.progress.notice(f"--target-ci: no prior ({exc}); the design goes on from this experiment's "
-                                     f"own runs")
-                self._design_inputs = DesignInputs(prior=None, cost=None)
-        inputs = self._design_inputs
-        exp = model.load_store(self.store.path, read_logs=False)
-        return economics.decide_block(exp, float(self.opts.target_ci or 0), max_blocks=limit,
-                                      keep_requests=int(self.p.experiment.bench_settings["num_requests"]),
-                                      prior=inputs.prior, cost=inputs.cost, max_requests=self.opts.max_requests,
-                                      min_requests=self.p.min_requests_per_run)
-
 
 def decide_more_blocks(store: st.Store, target_ci: float, max_repeats: int) -> tuple[bool, str]:
     """Whether another block is needed for the speedup's interval to reach ``target_ci``

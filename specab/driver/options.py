@@ -5,7 +5,7 @@ arm against the engine's rules and makes the plan.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from specab.config import armchecks, correctness, defaults, search as searchcfg, slo as slocfg, validity
@@ -33,6 +33,8 @@ class ExperimentError(Exception):
 
 @dataclass
 class Options:
+    """The driver's options, read once from its command line (cli._options) and stored with the experiment as one
+    record (`to_json`: the store's experiment.options), which a resume reads back (`from_json`)."""
     experiment_file: str | None = None
     inventory_file: str | None = None
     matrix: list[str] = field(default_factory=list)
@@ -57,6 +59,15 @@ class Options:
     search_tol: float | None = None         # --search-tol: its tolerance (default search.DEFAULT_TOL)
     slo: list[str] = field(default_factory=list)   # --slo TERM:pQ=TARGET, over the experiment's slo:
     correctness: bool = False               # the deterministic pass after the measured blocks (config/correctness.py)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k != "argv"}       # (the command line is stored apart)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "Options":
+        """The stored record (a key of another specab's Options left out)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in names})
 
 
 @dataclass

@@ -66,7 +66,7 @@ class PerRunExecutor:
         on_log, on_bench = self.ctx.tail_handlers(clock, pr=pr)
         warmups = int(self.ctx.bench_settings(pr)["warmup_requests"])
 
-        def on_phase(phase: str) -> None:
+        def on_phase(phase: str, at: float | None = None) -> None:
             if phase == "benchmarking" and warmups > 0 and clock.current not in ("warming up", "benchmarking"):
                 phase = "warming up"            # the client sends the warm-up requests first
             if phase == "loading":
@@ -80,7 +80,7 @@ class PerRunExecutor:
                 tails.append(LogTail(head, node_dir + "/bench.jsonl", on_bench).start())
             if phase == "benchmarking" and clock.current in ("warming up", "benchmarking"):
                 return
-            clock.enter(phase)
+            clock.enter(phase, at)
 
         extravars = {
             "specab_experiment": self.ctx.experiment_extravar(pr),     # its bench: the run's measured requests

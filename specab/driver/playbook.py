@@ -29,7 +29,12 @@ from ansible_runner.interface import init_runner
 import specab
 from specab.vocab.contract import (PRIVATE_RUN_FILES, is_secret_name, learnable, named_secret_values,
                                    nested_secret_values, scrub_bytes, scrub_text, scrub_values)
-from specab.vocab.phases import phase_of_event
+from specab.vocab.phases import display_phase, phase_of_event
+
+
+# told each phase as it begins: its display name, and when it began where that was before the event that tells it (a
+# node tool's phases, from its result); None: now
+OnPhase = Callable[[str, "float | None"], None]
 
 
 class RunnerSetupError(Exception):
@@ -145,7 +150,7 @@ class _Events:
     """What one playbook run's events say as they arrive: its phase, failures, hosts, `specab_*` facts and last
     printed lines, every secret the run may print scrubbed from them."""
 
-    def __init__(self, extravars: dict[str, Any], secrets: list[str] | None, on_phase: Callable[[str], None] | None,
+    def __init__(self, extravars: dict[str, Any], secrets: list[str] | None, on_phase: OnPhase | None,
                  stream: Callable[[str], None] | None) -> None:
         self.failures: list[Failure] = []
         self.stdout_lines: list[str] = []
@@ -153,6 +158,7 @@ class _Events:
         self.facts: dict[str, Any] = {}
         self.phase: str | None = None
         self.seen: set[str] = set()
+        self.task_started = time.time()
         self.on_phase, self.stream = on_phase, stream
         # every secret the run may print: the experiment's, those of the driver's own environment (the child
         # does not get them, but a node reached over a local connection may have them from elsewhere), any
@@ -164,7 +170,7 @@ class _Events:
                                       + nested_secret_values(extravars)))
         self.secret_values = scrub_values(self.known)
 
-    def set_phase(self, phase: str) -> None:
+    def set_phase(self, phase: str, at: float | None = None) -> None:
         if phase == "stopping" and "stopping" in self.seen and self.phase != "stopping":
             phase = "final stop"            # the run's second stop (its every task: one phase)
         if phase == self.phase:
@@ -172,7 +178,7 @@ class _Events:
         self.phase = phase
         self.seen.add(phase)
         if self.on_phase:
-            self.on_phase(phase)
+            self.on_phase(phase, at)
 
     def learn(self, value: Any) -> None:
         """A secret-named key's value in `value` (a task result: a node env read on the node, a rendered value
@@ -181,6 +187,14 @@ class _Events:
         if found:
             self.known.update(found)
             self.secret_values = scrub_values(self.known)
+
+    def replay(self, phases: Any) -> None:
+        """The phases a node tool went through in one task (the teardown's `phases`: node phase, seconds from the
+        tool's start), each from the task's start on."""
+        for p in phases if isinstance(phases, list) else []:
+            display = display_phase(p.get("phase")) if isinstance(p, dict) else None
+            if display:
+                self.set_phase(display, self.task_started + float(p.get("t_rel_s") or 0))
 
     def fail(self, phase: str | None, task: str, host: str | None, message: str, headline: str | None = None) -> None:
         self.failures.append(Failure(phase=phase, task=task, host=host, headline=headline,
@@ -199,6 +213,7 @@ class _Events:
                 self.stream(text)
         res = data.get("res") or {}
         if kind == "playbook_on_task_start":
+            self.task_started = time.time()
             phase = phase_of_event(data)
             if phase:
                 self.set_phase(phase)
@@ -218,6 +233,8 @@ class _Events:
                 for k, v in af.items():
                     if k.startswith("specab_"):
                         self.facts.setdefault(host or "", {})[k] = v
+        if kind in ("runner_on_ok", "runner_on_failed") and isinstance(res, dict):
+            self.replay(res.get("phases"))
         return True
 
 
@@ -250,7 +267,7 @@ class PlaybookRunner:
                 "PYTHONUNBUFFERED": "1"}
 
     def run(self, playbook: str, extravars: dict[str, Any], ident: str, *,
-            cancel: threading.Event | None = None, on_phase: Callable[[str], None] | None = None,
+            cancel: threading.Event | None = None, on_phase: OnPhase | None = None,
             secrets: list[str] | None = None, timeout: int | None = None,
             limit: str | None = None) -> PlaybookResult:
         """Run `playbook` once; blocks until it ends or `cancel` is set."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specab.config import bench, defaults
+from specab.config.inventory import Host
 from specab.config.plan import PlannedRun
 from specab.driver import lease
 from specab.driver.context import MoreBlocks, RunContext
@@ -111,6 +112,106 @@ class Collected:
     extras: list[PlannedRun] = field(default_factory=list)
 
 
+def node_tails(host: Host, node_dir: str, clock: PhaseClock, on_log: Callable[[str], None],
+               on_bench: Callable[[str], None]) -> list[LogTail]:
+    """The live view of a queued run, started: its node phases (phases.jsonl) entered on `clock`, its server log and
+    its benchmark's requests."""
+    def on_node_phase(line: str) -> None:
+        try:
+            phase = display_phase(str(json.loads(line)["phase"]))
+        except (ValueError, KeyError, TypeError):
+            return
+        if phase is not None:
+            clock.enter(phase)
+
+    return [LogTail(host, node_dir + "/phases.jsonl", on_node_phase, interval=0.1).start(),
+            LogTail(host, node_dir + "/server.log", on_log).start(),
+            LogTail(host, node_dir + "/bench.jsonl", on_bench).start()]
+
+
+def run_outcome(done: dict[str, Any] | None, result: PlaybookResult,
+             current: str | None) -> tuple[str, str | None, str | None]:
+    """(status, failure phase, failure reason) of a run from done.json and the collect playbook; `current`:
+    the phase the driver saw last."""
+    if done and done.get("status") == "interrupted":
+        return st.INTERRUPTED, display_phase(done.get("phase")) or current, INTERRUPTED_REASON
+    if not result.ok:
+        f = result.failures[0] if result.failures else None
+        reason = f"{f.task}: {f.message}" if f else f"ansible-runner status {result.status} rc {result.rc}"
+        phase = (display_phase(done.get("phase")) if done else None) or current
+        return st.FAILED, phase, reason
+    if not done:
+        return st.FAILED, current, ("the sequencer finished the run without a done.json; see "
+                                    "sequencer.log in the node directory")
+    if done.get("ok"):
+        return st.OK, None, None
+    error = done.get("error") or f"the run ended with status {done.get('status')!r}"
+    # the headline of a failure in its phase and the tool's own error, as the per-run path's module states it
+    headline = done.get("headline") or done.get("task") or "sequencer"
+    return st.FAILED, display_phase(done.get("phase")) or current, f"{headline}: {error}"
+
+
+def record_collected(r: RunContext, host: Host, pr: PlannedRun, run_dir: Path, result: PlaybookResult, started: float,
+                     window: tuple[float, float] | None, clock: PhaseClock | None, after_stop: float | None,
+                     signalled: Callable[[], bool]) -> tuple[str, bool]:
+    """Store a collected run: its node phases (and the collect's window), its outcome, its files; `signalled`: whether
+    this driver received SIGINT/SIGTERM (only that is an interruption by the user)."""
+    current = clock.current if clock else None
+    done = read_json(run_dir / "done.json")
+    if not isinstance(done, dict) and clock is not None:     # (the play's fact is the waited-for run's)
+        fact = (result.facts.get(host.name) or {}).get("specab_done")
+        done = fact if isinstance(fact, dict) and fact else None
+    rows = phase_rows(_read_lines(run_dir / "phases.jsonl"), load_marks(read_json(run_dir / "ready.json")))
+    if window is not None:
+        rows.append(("collecting", *window))
+    if not rows and clock is not None:    # nothing from the node (it never claimed the run): the live view
+        rows = list(clock.times)
+    for name, t0, t1 in rows:
+        r.store.record_phase(pr.seq, name, t0, t1)
+    ended = (done or {}).get("finished_at")
+    healthy = True
+    if after_stop is not None and not (done and done.get("ok")) and (
+            not done or not isinstance(ended, (int, float)) or ended > after_stop):
+        # Ctrl-C at time T: what had not ended by T is interrupted (and resumed), however long the stop
+        # took to reach the node; its phase is the one it was in at T (the node's phases, or the phase it
+        # was stopped in)
+        phase = phase_at(rows, after_stop) or display_phase((done or {}).get("phase")) or current
+        outcome = (st.INTERRUPTED, phase, INTERRUPTED_REASON)
+    else:
+        outcome = run_outcome(done, result, current)
+        if done and done.get("status") == "interrupted" and not signalled():
+            # the node's sequencer was stopped, but this driver received no signal: not an interruption
+            # by the user; the run failed, and the queue is started anew for the next runs
+            outcome = (st.FAILED, outcome[1], "the node's sequencer was stopped by a signal this driver did "
+                       "not send (another controller, stop.py or the system): " + str(done.get("error") or ""))
+            healthy = False
+    status = r.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=None,
+                             fetch_missing=False)
+    return status, healthy
+
+
+def fail_unqueued(r: RunContext, host: Host, pr: PlannedRun, res: PlaybookResult, index: int) -> None:
+    """Record run `pr` as failed because it could not be queued."""
+    r.progress.run_started(index, pr.run_id, pr.arm, pr.block)
+    f = res.failures[0] if res.failures else None
+    reason = (f"{f.task}: {f.message}" if f else f"enqueue.yml: ansible-runner status {res.status} rc {res.rc}")
+    run_dir = (r.exp_dir / pr.run_id).resolve()
+    r.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block, host=host.name,
+                      run_dir=str(run_dir), runner_ident=res.ident)
+    r.store.finish_run(pr.seq, status=st.FAILED, runner_status=res.status, runner_rc=res.rc,
+                       failure_phase="starting", failure_reason=reason, log_tail=res.stdout_tail or None)
+    r.progress.run_finished(st.FAILED, 0.0, reason)
+
+
+def enqueue_vars(r: RunContext, runs: list[PlannedRun], reset: bool, finish: bool) -> dict[str, Any]:
+    """enqueue.yml's extra vars: the runs to queue, each with its arm, its measured requests (the design by cost
+    chooses them per block) and its scoring, in its queue entry; whether the queue starts anew, whether it ends."""
+    return {"specab_experiment": r.experiment_extravar(), "specab_experiment_id": r.exp_id,
+            "specab_runs": [{"seq": pr.seq, "run_id": pr.run_id, "arm": r.arms[pr.arm].to_extravar(),
+                             "num_requests": r.num_requests(pr), "score": r.score_spec(pr)} for pr in runs],
+            "specab_queue_reset": reset, "specab_queue_finish": finish}
+
+
 class QueueExecutor:
     """The queue loop of one host (a single-node inventory, or one host of a fleet)."""
 
@@ -133,15 +234,7 @@ class QueueExecutor:
     def _enqueue(self, runs: list[PlannedRun], *, reset: bool, finish: bool,
                  cancel: threading.Event) -> PlaybookResult:
         r = self.ctx
-        extravars = {
-            "specab_experiment": r.experiment_extravar(),
-            "specab_experiment_id": r.exp_id,
-            # each run's measured requests travel in its queue entry (the design by cost chooses them per block)
-            "specab_runs": [{"seq": pr.seq, "run_id": pr.run_id, "arm": r.arms[pr.arm].to_extravar(),
-                             "num_requests": r.num_requests(pr), "score": r.score_spec(pr)} for pr in runs],
-            "specab_queue_reset": reset,
-            "specab_queue_finish": finish,
-        }
+        extravars = enqueue_vars(r, runs, reset, finish)
         ident = runner_ident("enqueue-" + ("-".join(pr.run_id.split("-", 1)[0] for pr in runs) or "none"))
         try:
             res = r.runner.run(ENQUEUE_PLAYBOOK, extravars, ident, cancel=cancel, secrets=r.secrets,
@@ -161,16 +254,24 @@ class QueueExecutor:
         base = self.node_path or self.host.node_dir.rstrip("/")
         return f"{base}/runs/{run_id}"
 
-    def wait_s(self, pr: PlannedRun) -> float:
-        """Seconds the collect of run `pr` waits for it (specab.config.bench.queue_wait_s): from the bench settings
-        its queue entry runs (the arm's own over the experiment's, its measured requests) and the timeouts of the
-        experiment over its host's."""
+    def _collect_vars(self, pr: PlannedRun, run_dir: Path, also: Sequence[PlannedRun],
+                      wait_s: float | None) -> dict[str, Any]:
+        """collect_run.yml's extra vars. It waits `wait_s` for the run, else the driver's --run-timeout, else what the
+        run's queue entry needs (specab.config.bench.queue_wait_s: its bench settings, the arm's own over the
+        experiment's, its measured requests; the timeouts of the experiment over its host's)."""
         r = self.ctx
-        run_timeouts = bench.timeouts(bench.given(self.host.vars, defaults.TIMEOUT_DEFAULTS), r.p.experiment.timeouts)
-        settings = r.bench_settings(pr)
-        # a baseline run that scores (temperature > 0): each scored run's requests, one scoring request each
-        scored = len(r.score_spec(pr).get("runs") or []) * int(settings["num_requests"])
-        return bench.queue_wait_s(settings, run_timeouts, scored)
+        if wait_s is None and r.opts.run_timeout_s:
+            wait_s = int(r.opts.run_timeout_s)
+        elif wait_s is None:
+            timeouts = bench.timeouts(bench.given(self.host.vars, defaults.TIMEOUT_DEFAULTS), r.p.experiment.timeouts)
+            settings = r.bench_settings(pr)
+            # a baseline run that scores (temperature > 0): each scored run's requests, one scoring request each
+            scored = len(r.score_spec(pr).get("runs") or []) * int(settings["num_requests"])
+            wait_s = bench.queue_wait_s(settings, timeouts, scored)
+        return {"specab_experiment": r.experiment_extravar(pr), "specab_experiment_id": r.exp_id,
+                "specab_run_id": pr.run_id, "specab_run_dir": str(run_dir), "specab_queue_wait_s": wait_s,
+                **({"specab_also_run_ids": [p.run_id for p in also]} if also else {}),
+                **({"specab_node_path": self.node_path} if self.node_path else {})}
 
     # ------------------------------------------------------------------ one run (and those done after it)
     def collect(self, pr: PlannedRun, cancel: threading.Event, *, new_row: bool = True,
@@ -194,47 +295,19 @@ class QueueExecutor:
                 shutil.rmtree(stale)
         clock = PhaseClock(r.progress)
         node_dir = self.node_run_dir(pr.run_id)
-        on_log, on_bench = r.tail_handlers(clock, enter_phases=False, pr=pr)
-
-        def on_node_phase(line: str) -> None:
-            try:
-                phase = display_phase(str(json.loads(line)["phase"]))
-            except (ValueError, KeyError, TypeError):
-                return
-            if phase is not None:
-                clock.enter(phase)
-
-        tails = [LogTail(self.host, node_dir + "/phases.jsonl", on_node_phase, interval=0.1).start(),
-                 LogTail(self.host, node_dir + "/server.log", on_log).start(),
-                 LogTail(self.host, node_dir + "/bench.jsonl", on_bench).start()]
+        tails = node_tails(self.host, node_dir, clock, *r.tail_handlers(clock, enter_phases=False, pr=pr))
         collect_started: list[float] = []
 
-        def on_phase(phase: str) -> None:          # only the collect role's tasks count (the node tells the rest)
+        def on_phase(phase: str, at: float | None = None) -> None:   # only collecting counts (the node tells the rest)
             if phase == "collecting":
                 if not collect_started:
                     collect_started.append(time.time())
                 clock.enter(phase)
 
-        extravars: dict[str, Any] = {
-            "specab_experiment": r.experiment_extravar(pr),
-            "specab_experiment_id": r.exp_id,
-            "specab_run_id": pr.run_id,
-            "specab_run_dir": str(run_dir),
-        }
-        if also:
-            extravars["specab_also_run_ids"] = [p.run_id for p in also]
-        if self.node_path:
-            extravars["specab_node_path"] = self.node_path
-        if wait_s is not None:
-            extravars["specab_queue_wait_s"] = wait_s
-        elif r.opts.run_timeout_s:
-            extravars["specab_queue_wait_s"] = int(r.opts.run_timeout_s)
-        else:
-            extravars["specab_queue_wait_s"] = self.wait_s(pr)
         started = time.time()
         try:
-            result = r.runner.run(COLLECT_PLAYBOOK, extravars, ident, cancel=cancel, on_phase=on_phase,
-                                  secrets=r.secrets, limit=r.limit)
+            result = r.runner.run(COLLECT_PLAYBOOK, self._collect_vars(pr, run_dir, also, wait_s), ident,
+                                  cancel=cancel, on_phase=on_phase, secrets=r.secrets, limit=r.limit)
         except Exception as exc:
             result = PlaybookResult(status="error", rc=None, ident=ident, artifact_dir=r.exp_dir / ".runner",
                                     failures=[Failure(phase=clock.current, task="ansible-runner (collect_run.yml)",
@@ -255,8 +328,8 @@ class QueueExecutor:
         if not result.ok:
             fetch_missing(self.host, node_dir, run_dir)
         window = (collect_started[0] if collect_started else started, time.time())
-        status, healthy = self._record(pr, run_dir, result, started, window if collect_started else None,
-                                       clock, after_stop)
+        status, healthy = record_collected(r, self.host, pr, run_dir, result, started,
+                                           window if collect_started else None, clock, after_stop, self._signalled)
         extras = []
         if result.ok:                  # the later runs the node had finished, in queue order
             for p in also:
@@ -275,67 +348,7 @@ class QueueExecutor:
                           run_dir=str(run_dir), runner_ident=c.ident)
         rows = phase_rows(_read_lines(run_dir / "phases.jsonl"))
         started = rows[0][1] if rows else c.window[0]     # the node claimed it then: its duration is the node's
-        return self._record(pr, run_dir, c.result, started, c.window, None, None)
-
-    def _record(self, pr: PlannedRun, run_dir: Path, result: PlaybookResult, started: float,
-                window: tuple[float, float] | None, clock: PhaseClock | None,
-                after_stop: float | None) -> tuple[str, bool]:
-        """Store a collected run: its node phases (and the collect's window), its outcome, its files."""
-        r = self.ctx
-        current = clock.current if clock else None
-        done = read_json(run_dir / "done.json")
-        if not isinstance(done, dict) and clock is not None:     # (the play's fact is the waited-for run's)
-            fact = (result.facts.get(self.host.name) or {}).get("specab_done")
-            done = fact if isinstance(fact, dict) and fact else None
-        rows = phase_rows(_read_lines(run_dir / "phases.jsonl"), load_marks(read_json(run_dir / "ready.json")))
-        if window is not None:
-            rows.append(("collecting", *window))
-        if not rows and clock is not None:    # nothing from the node (it never claimed the run): the live view
-            rows = list(clock.times)
-        for name, t0, t1 in rows:
-            r.store.record_phase(pr.seq, name, t0, t1)
-        ended = (done or {}).get("finished_at")
-        healthy = True
-        if after_stop is not None and not (done and done.get("ok")) and (
-                not done or not isinstance(ended, (int, float)) or ended > after_stop):
-            # Ctrl-C at time T: what had not ended by T is interrupted (and resumed), however long the stop
-            # took to reach the node; its phase is the one it was in at T (the node's phases, or the phase it
-            # was stopped in)
-            phase = phase_at(rows, after_stop) or display_phase((done or {}).get("phase")) or current
-            outcome = (st.INTERRUPTED, phase, INTERRUPTED_REASON)
-        else:
-            outcome = self._outcome(done, result, current)
-            if done and done.get("status") == "interrupted" and not self._signalled():
-                # the node's sequencer was stopped, but this driver received no signal: not an interruption
-                # by the user; the run failed, and the queue is started anew for the next runs
-                outcome = (st.FAILED, outcome[1], "the node's sequencer was stopped by a signal this driver did "
-                           "not send (another controller, stop.py or the system): " + str(done.get("error") or ""))
-                healthy = False
-        status = r.record_finish(pr, result, run_dir, started, outcome=outcome, load_phases=None,
-                                 fetch_missing=False)
-        return status, healthy
-
-    @staticmethod
-    def _outcome(done: dict[str, Any] | None, result: PlaybookResult,
-                 current: str | None) -> tuple[str, str | None, str | None]:
-        """(status, failure phase, failure reason) of a run from done.json and the collect playbook; `current`:
-        the phase the driver saw last."""
-        if done and done.get("status") == "interrupted":
-            return st.INTERRUPTED, display_phase(done.get("phase")) or current, INTERRUPTED_REASON
-        if not result.ok:
-            f = result.failures[0] if result.failures else None
-            reason = f"{f.task}: {f.message}" if f else f"ansible-runner status {result.status} rc {result.rc}"
-            phase = (display_phase(done.get("phase")) if done else None) or current
-            return st.FAILED, phase, reason
-        if not done:
-            return st.FAILED, current, ("the sequencer finished the run without a done.json; see "
-                                        "sequencer.log in the node directory")
-        if done.get("ok"):
-            return st.OK, None, None
-        error = done.get("error") or f"the run ended with status {done.get('status')!r}"
-        # the headline of a failure in its phase and the tool's own error, as the per-run path's module states it
-        headline = done.get("headline") or done.get("task") or "sequencer"
-        return st.FAILED, display_phase(done.get("phase")) or current, f"{headline}: {error}"
+        return record_collected(r, self.host, pr, run_dir, c.result, started, c.window, None, None, self._signalled)
 
     def hold_node(self) -> None:
         """Interrupted: the node's sequencer claims and starts no further run (its node lease on hold, at once,
@@ -405,7 +418,7 @@ class QueueExecutor:
                     if not batch:
                         break
                     first, rest = batch[0], batch[1:]
-                    self._fail_unqueued(first, res, index + 1)
+                    fail_unqueued(r, self.host, first, res, index + 1)
                     index += 1
                     if on_status:
                         on_status(st.FAILED)
@@ -424,28 +437,11 @@ class QueueExecutor:
             r.progress.run_started(index, pr.run_id, pr.arm, pr.block)
             # the runs queued after it that the node finished meanwhile come in the same play
             c = self.collect(pr, cancel, also=list(queued))
-            status, healthy = c.status, c.healthy
+            status = c.status
             if status == CANCELED or cancel.is_set():
                 self.interrupted(pr if status == CANCELED else None, list(queued), on_status)
                 return True
-            extras = list(c.extras) if status != st.INTERRUPTED else []
-            try:
-                if on_status:
-                    on_status(status)
-                # the later runs that came finished in the same play: recorded one by one, in queue order, as
-                # if each had had its own collect (a systematic stop after one of them leaves the rest missing)
-                while extras and healthy:
-                    extra = extras.pop(0)
-                    queued.popleft()          # (== extra: the extras lead the queue, in its order)
-                    index += 1
-                    r.progress.run_started(index, extra.run_id, extra.arm, extra.block)
-                    x_status, x_healthy = self.record_also(extra, c)
-                    healthy = healthy and x_healthy
-                    if on_status:
-                        on_status(x_status)
-            finally:
-                for extra in extras:          # fetched but not recorded: the store says missing, so does the disk
-                    shutil.rmtree(r.exp_dir / extra.run_id, ignore_errors=True)
+            index, healthy = self._record_extras(c, queued, index, on_status)
             if status == st.INTERRUPTED:      # (the driver's own signal: cancel is set, handled above)
                 self.interrupted(None, list(queued), on_status)
                 return True
@@ -460,18 +456,31 @@ class QueueExecutor:
             self._enqueue([], reset=False, finish=True, cancel=cancel)
         return cancel.is_set()
 
-    def _fail_unqueued(self, pr: PlannedRun, res: PlaybookResult, index: int) -> None:
-        """Record run `pr` as failed because it could not be queued."""
+    def _record_extras(self, c: Collected, queued: deque[PlannedRun], index: int,
+                       on_status: Callable[[str], None] | None) -> tuple[int, bool]:
+        """After the collect `c` of the run at `index`: its status reported, then the later runs that came finished in
+        the same play recorded one by one, in queue order, as if each had had its own collect (a systematic stop after
+        one of them leaves the rest missing). Returns the index of the last run recorded and whether the queue is
+        still healthy."""
         r = self.ctx
-        r.progress.run_started(index, pr.run_id, pr.arm, pr.block)
-        f = res.failures[0] if res.failures else None
-        reason = (f"{f.task}: {f.message}" if f else f"enqueue.yml: ansible-runner status {res.status} rc {res.rc}")
-        run_dir = (r.exp_dir / pr.run_id).resolve()
-        r.store.start_run(seq=pr.seq, run_id=pr.run_id, arm=pr.arm, block=pr.block, host=self.host.name,
-                          run_dir=str(run_dir), runner_ident=res.ident)
-        r.store.finish_run(pr.seq, status=st.FAILED, runner_status=res.status, runner_rc=res.rc,
-                           failure_phase="starting", failure_reason=reason, log_tail=res.stdout_tail or None)
-        r.progress.run_finished(st.FAILED, 0.0, reason)
+        status, healthy = c.status, c.healthy
+        extras = list(c.extras) if status != st.INTERRUPTED else []
+        try:
+            if on_status:
+                on_status(status)
+            while extras and healthy:
+                extra = extras.pop(0)
+                queued.popleft()          # (== extra: the extras lead the queue, in its order)
+                index += 1
+                r.progress.run_started(index, extra.run_id, extra.arm, extra.block)
+                x_status, x_healthy = self.record_also(extra, c)
+                healthy = healthy and x_healthy
+                if on_status:
+                    on_status(x_status)
+        finally:
+            for extra in extras:          # fetched but not recorded: the store says missing, so does the disk
+                shutil.rmtree(r.exp_dir / extra.run_id, ignore_errors=True)
+        return index, healthy
 
     def interrupted(self, current: PlannedRun | None, queued: list[PlannedRun],
                     on_status: Callable[[str], None] | None = None) -> None:

@@ -73,11 +73,12 @@ class PhaseClock:
         self.current: str | None = None
         self._lock = threading.Lock()
 
-    def enter(self, phase: str) -> None:
+    def enter(self, phase: str, at: float | None = None) -> None:
+        """Phase `phase` begins, now or at `at` (a time past: a node tool's phase told by its result)."""
         with self._lock:
             if phase == self.current:
                 return
-            now = time.time()
+            now = time.time() if at is None else at
             if self.times and self.times[-1][2] is None:
                 self.times[-1] = (self.times[-1][0], self.times[-1][1], now)
             names = [t[0] for t in self.times]

@@ -249,7 +249,7 @@ def _start(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, out: T
                                inventory_file=str(prepared.inventory.path),
                                config=redacted_config(prepared.experiment), matrix=list(opts.matrix),
                                argv=list(opts.argv), hosts=[h.name for h in prepared.inventory.hosts],
-                               specab_version=_specab_version(), git_sha=_git_sha())
+                               specab_version=_specab_version(), git_sha=_git_sha(), options=opts.to_json())
         store.write_arms([a.to_json() for a in prepared.all_arms])
         doc = fingerprint_doc(prepared.experiment, prepared.arms)
         store.set_session_fingerprint(fingerprint(doc), doc)
@@ -418,25 +418,36 @@ def stored_probe_arms(prepared: Prepared, store: st.Store) -> list[Any]:
             if a.name not in known]
 
 
-def resume_options(row: dict[str, Any], opts: Options, experiment_file: str) -> Options:
-    """The options a resume runs under: the plan's (matrix, repeats, seed, order, --fleet, --correctness) from the
-    store, how to run it from this command. --correctness cannot be added to an experiment planned without it."""
+def planned_options(row: dict[str, Any]) -> Options:
+    """The options the experiment started with: its stored record; of a store written before the record, its columns
+    and the two switches its command line gave."""
+    if row.get("options") is not None:
+        return Options.from_json(row["options"])
     argv = row.get("argv") or []
-    if opts.correctness and "--correctness" not in argv:
+    searched = stored_search_options(argv)
+    least, most = searched.pop("blocks")
+    return Options(matrix=list(row["matrix"]), seed=row["seed"], order=row["order_mode"], fleet="--fleet" in argv,
+                   correctness="--correctness" in argv, repeats=least or Options().repeats, max_repeats=most,
+                   **searched)
+
+
+def resume_options(row: dict[str, Any], opts: Options, experiment_file: str) -> Options:
+    """The options a resume runs under: the plan's (matrix, repeats, seed, order, --fleet, --correctness) as the
+    experiment recorded them (its blocks so far: repeats), how to run it from this command. --correctness cannot be
+    added to an experiment planned without it."""
+    planned = planned_options(row)
+    if opts.correctness and not planned.correctness:
         raise ExperimentError(f"experiment {row['id']} was planned without --correctness: its plan has no "
                               f"deterministic pass to resume. Resume without --correctness, or start a new "
                               f"experiment with it.")
-    searched = stored_search_options(argv)
-    least, most = searched.pop("blocks")
-    return Options(experiment_file=experiment_file,
-                   inventory_file=opts.inventory_file or row["inventory_file"], matrix=list(row["matrix"]),
-                   repeats=least or row["repeats"], seed=row["seed"], order=row["order_mode"],
-                   runs_dir=opts.runs_dir, verbose=opts.verbose, skip_invalid=True,
-                   target_ci=opts.target_ci, max_repeats=opts.max_repeats or most, design=opts.design,
-                   max_requests=opts.max_requests, retry_failed=opts.retry_failed,
-                   run_timeout_s=opts.run_timeout_s, argv=opts.argv,
-                   fleet=opts.fleet or "--fleet" in argv, executor=opts.executor,
-                   correctness="--correctness" in argv, **searched)
+    searching = planned.search is not None      # a search goes on with the blocks it wants and its cap
+    return dataclasses.replace(opts, experiment_file=experiment_file,
+                               inventory_file=opts.inventory_file or row["inventory_file"], matrix=planned.matrix,
+                               repeats=planned.repeats if searching else row["repeats"], seed=planned.seed,
+                               order=planned.order, skip_invalid=True, max_runs=None,
+                               fleet=opts.fleet or planned.fleet, correctness=planned.correctness,
+                               search=planned.search, search_tol=planned.search_tol, slo=list(planned.slo),
+                               max_repeats=opts.max_repeats or (planned.max_repeats if searching else None))
 
 
 def pass_not_planned(store: st.Store, prepared: Prepared, opts: Options, todo: list[PlannedRun]

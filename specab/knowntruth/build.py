@@ -158,6 +158,60 @@ class Built:
                 "realized_density": self.density, "seconds": round(self.seconds, 1), "device": self.device}
 
 
+class _Weights:
+    """The weights of the models of one build, drawn from one generator (the target's seed) on one device, in the
+    order the models are built: the same seed gives the same files."""
+
+    def __init__(self, torch: Any, device: str, seed: int) -> None:
+        self.torch, self.device = torch, device
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(self, *size: int, scale: float = 1.0) -> Any:
+        return self.torch.randn(*size, generator=self.gen, device=self.device) * scale
+
+    def layer(self, prefix: str, s: Shape, qkv_in: int | None = None) -> dict[str, Any]:
+        torch, device = self.torch, self.device
+        hd = s.hidden // s.heads
+        i_n = qkv_in or s.hidden
+        return {
+            prefix + "self_attn.q_proj.weight": self.randn(s.hidden, i_n, scale=0.02),
+            prefix + "self_attn.k_proj.weight": self.randn(s.kv_heads * hd, i_n, scale=0.02),
+            prefix + "self_attn.v_proj.weight": self.randn(s.kv_heads * hd, i_n, scale=0.02),
+            prefix + "self_attn.o_proj.weight": torch.zeros(s.hidden, s.hidden, device=device),
+            prefix + "input_layernorm.weight": torch.ones(s.hidden, device=device),
+            prefix + "post_attention_layernorm.weight": torch.ones(s.hidden, device=device),
+        }
+
+    def llama(self, s: Shape, E: Any, next_of: Any) -> dict[str, Any]:
+        """A Llama of shape `s` whose every layer adds nothing (zero output projections): its next token after t is
+        `next_of[t]`, through the embedding `E` tied to the rows of its lm_head."""
+        torch, device = self.torch, self.device
+        tens: dict[str, Any] = {
+            "model.embed_tokens.weight": E, "model.norm.weight": torch.ones(s.hidden, device=device),
+            "lm_head.weight": torch.zeros(s.vocab, s.hidden, device=device).index_add_(0, next_of, E)}
+        for i in range(s.layers):
+            pre = f"model.layers.{i}."
+            tens.update(self.layer(pre, s))
+            tens[pre + "mlp.gate_proj.weight"] = self.randn(s.intermediate, s.hidden, scale=0.02)
+            tens[pre + "mlp.up_proj.weight"] = self.randn(s.intermediate, s.hidden, scale=0.02)
+            tens[pre + "mlp.down_proj.weight"] = torch.zeros(s.hidden, s.intermediate, device=device)
+        return tens
+
+    def eagle3(self, shape: Shape, E: Any, fidx: Any, gidx: Any) -> dict[str, Any]:
+        """An EAGLE-3 head over the target of `shape` (embedding `E`, next token `fidx`) that proposes `gidx`."""
+        torch, device, H = self.torch, self.device, shape.hidden
+        eye = torch.eye(H, device=device) / 3
+        et = {"fc.weight": torch.cat([eye, eye, eye], dim=1),
+              "midlayer.hidden_norm.weight": torch.ones(H, device=device),
+              "midlayer.mlp.gate_proj.weight": E * (LOOKUP_GAIN / H),
+              "midlayer.mlp.up_proj.weight": E / H,
+              "midlayer.mlp.down_proj.weight": ((E[fidx] - E) / LOOKUP_GAIN).T.contiguous(),
+              "norm.weight": torch.ones(H, device=device),
+              "lm_head.weight": torch.zeros(shape.vocab, H, device=device).index_add_(0, gidx, E)}
+        et.update(self.layer("midlayer.", shape, qkv_in=2 * H))
+        return et
+
+
 def build(out: Path, shape: Shape, drafts: list[DraftSpec], seed: int = 0, device: str = "auto",
           twin_of: str | None = None, notes: list[str] | None = None) -> Built:
     """Write ``out/target`` and one folder per draft, each with its known_truth.json."""
@@ -169,37 +223,12 @@ def build(out: Path, shape: Shape, drafts: list[DraftSpec], seed: int = 0, devic
     out = Path(out)
     V, H = shape.vocab, shape.hidden
     rule = truth.Rule(V, FIRST)
-    gen = torch.Generator(device=device).manual_seed(seed)
+    w = _Weights(torch, device, seed)
     fidx = torch.tensor([rule.next(t) for t in range(V)], device=device)
-
-    def randn(*size: int, scale: float = 1.0) -> Any:
-        return torch.randn(*size, generator=gen, device=device) * scale
-
-    def layer(prefix: str, s: Shape, qkv_in: int | None = None) -> dict[str, Any]:
-        hd = s.hidden // s.heads
-        i_n = qkv_in or s.hidden
-        return {
-            prefix + "self_attn.q_proj.weight": randn(s.hidden, i_n, scale=0.02),
-            prefix + "self_attn.k_proj.weight": randn(s.kv_heads * hd, i_n, scale=0.02),
-            prefix + "self_attn.v_proj.weight": randn(s.kv_heads * hd, i_n, scale=0.02),
-            prefix + "self_attn.o_proj.weight": torch.zeros(s.hidden, s.hidden, device=device),
-            prefix + "input_layernorm.weight": torch.ones(s.hidden, device=device),
-            prefix + "post_attention_layernorm.weight": torch.ones(s.hidden, device=device),
-        }
-
-    E = randn(V, H)
-    tens: dict[str, Any] = {"model.embed_tokens.weight": E, "model.norm.weight": torch.ones(H, device=device),
-                            "lm_head.weight": torch.zeros(V, H, device=device).index_add_(0, fidx, E)}
-    for i in range(shape.layers):
-        pre = f"model.layers.{i}."
-        tens.update(layer(pre, shape))
-        tens[pre + "mlp.gate_proj.weight"] = randn(shape.intermediate, H, scale=0.02)
-        tens[pre + "mlp.up_proj.weight"] = randn(shape.intermediate, H, scale=0.02)
-        tens[pre + "mlp.down_proj.weight"] = torch.zeros(H, shape.intermediate, device=device)
+    E = w.randn(V, H)
     target_doc = {**_base_doc(shape), "role": "target", "shape": asdict(shape), "seed": seed,
                   "twin_of": twin_of, "notes": notes or []}
-    _save(out / "target", tens, _config(shape), target_doc)
-    del tens
+    _save(out / "target", w.llama(shape, E, fidx), _config(shape), target_doc)
     paths, density = {}, {}
     for spec in drafts:
         if not 0.0 <= spec.p <= 1.0:
@@ -213,31 +242,13 @@ def build(out: Path, shape: Shape, drafts: list[DraftSpec], seed: int = 0, devic
         if spec.kind == "draft":
             ds = replace(spec.shape or DRAFT_PRESETS["tiny"], vocab=V)
             ds.check()
-            Ed = randn(V, ds.hidden)
-            dt = {"model.embed_tokens.weight": Ed, "model.norm.weight": torch.ones(ds.hidden, device=device),
-                  "lm_head.weight": torch.zeros(V, ds.hidden, device=device).index_add_(0, gidx, Ed)}
-            for i in range(ds.layers):
-                pre = f"model.layers.{i}."
-                dt.update(layer(pre, ds))
-                dt[pre + "mlp.gate_proj.weight"] = randn(ds.intermediate, ds.hidden, scale=0.02)
-                dt[pre + "mlp.up_proj.weight"] = randn(ds.intermediate, ds.hidden, scale=0.02)
-                dt[pre + "mlp.down_proj.weight"] = torch.zeros(ds.hidden, ds.intermediate, device=device)
             doc["shape"] = asdict(ds)
-            _save(out / spec.name, dt, _config(ds), doc)
+            _save(out / spec.name, w.llama(ds, w.randn(V, ds.hidden), gidx), _config(ds), doc)
         elif spec.kind == "eagle3":
-            eye = torch.eye(H, device=device) / 3
-            et = {"fc.weight": torch.cat([eye, eye, eye], dim=1),
-                  "midlayer.hidden_norm.weight": torch.ones(H, device=device),
-                  "midlayer.mlp.gate_proj.weight": E * (LOOKUP_GAIN / H),
-                  "midlayer.mlp.up_proj.weight": E / H,
-                  "midlayer.mlp.down_proj.weight": ((E[fidx] - E) / LOOKUP_GAIN).T.contiguous(),
-                  "norm.weight": torch.ones(H, device=device),
-                  "lm_head.weight": torch.zeros(V, H, device=device).index_add_(0, gidx, E)}
-            et.update(layer("midlayer.", shape, qkv_in=2 * H))
             cfg = _config(replace(shape, layers=1, intermediate=V), architectures=["LlamaForCausalLMEagle3"],
                           draft_vocab_size=V, target_hidden_size=H)
             doc["shape"] = asdict(replace(shape, layers=1, intermediate=V))
-            _save(out / spec.name, et, cfg, doc)
+            _save(out / spec.name, w.eagle3(shape, E, fidx, gidx), cfg, doc)
         else:
             raise ValueError(f"draft {spec.name}: kind {spec.kind!r} is not 'draft' or 'eagle3'")
         paths[spec.name] = out / spec.name

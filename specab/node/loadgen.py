@@ -1360,14 +1360,10 @@ def add_engine_acceptance(summary: Dict[str, Any], before: Optional[Dict[str, An
         summary["accept_len_from"] = "metrics"
 
 
-def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> Dict[str, Any]:
-    """Run warm-up then measured requests; write cfg.out (and cfg.summary); return the summary."""
-    cfg.validate()
-    target = Target.from_url(cfg.url)
-    if cfg.api != "generate" and not cfg.model:
-        cfg.model = discover_model(target, cfg.timeout)
-    out_dir = os.path.dirname(os.path.abspath(cfg.out))
-    kt, kt_problems = known_truth_of(out_dir)
+def _prompts(cfg: BenchConfig, kt: Optional[Dict[str, Any]], log: Callable[[str], None]
+             ) -> Tuple[List[Any], List[Any], Optional[Dict[str, Any]]]:
+    """The warm-up and measured prompts: drawn from bench.dataset (with what the summary says of the file), else
+    token-id prompts for known-truth models, else the seeded word list."""
     data = None  # type: Optional[Dict[str, Any]]
     if cfg.dataset is not None:
         if kt is not None:
@@ -1399,6 +1395,18 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
         warm_prompts = make_token_prompts(cfg.seed, "warmup", cfg.warmup, cfg.input_len, first, vocab)
         prompts = make_token_prompts(cfg.seed, "measure", cfg.num_requests, cfg.input_len, first, vocab)
         log("known-truth models (%s): token-id prompts, outputs recorded" % kt["target"]["path"])
+    return warm_prompts, prompts, data
+
+
+def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> Dict[str, Any]:
+    """Run warm-up then measured requests; write cfg.out (and cfg.summary); return the summary."""
+    cfg.validate()
+    target = Target.from_url(cfg.url)
+    if cfg.api != "generate" and not cfg.model:
+        cfg.model = discover_model(target, cfg.timeout)
+    out_dir = os.path.dirname(os.path.abspath(cfg.out))
+    kt, kt_problems = known_truth_of(out_dir)
+    warm_prompts, prompts, data = _prompts(cfg, kt, log)
     data_hash = dataset_hash(prompts)
     os.makedirs(out_dir, exist_ok=True)
     with open(cfg.out, "w", encoding="utf-8") as fh:

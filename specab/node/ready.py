@@ -260,27 +260,91 @@ def tail_text(watcher: LogWatcher, n: int = 15) -> str:
     return "\n".join(contract.redact_text(l) for l in watcher.tail[-n:])
 
 
+class _Wait:
+    """One wait for readiness: the server's log watched from the start, the result built so far."""
+
+    def __init__(self, a: ReadySpec) -> None:
+        self.a = a
+        self.watcher = LogWatcher(a.log)
+        self.t0 = time.monotonic()
+        self.out: Dict[str, Any] = {"url": a.url.rstrip("/"), "pid": a.pid, "log": a.log}
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def fail(self, msg: str) -> ToolError:
+        watcher, out = self.watcher, self.out
+        watcher.flush()
+        out.update(ready=False, phase=watcher.phase(), phases=watcher.phases, durations=watcher.durations(),
+                   durations_source=watcher.durations_source(), startup_timings=watcher.startup_timings,
+                   elapsed_s=round(self.elapsed(), 3), fatal_line=contract.redact_text(
+                       watcher.best_fatal_line() or "") or None, log_tail=watcher.tail[-15:])
+        out["log_tail"] = [contract.redact_text(l) for l in out["log_tail"]]
+        write_progress(self.a.progress, "failed", self.t0, watcher)
+        return ToolError(msg, out)
+
+    def check_alive(self) -> None:
+        """Raises when the log says the server failed to start, or its process exited."""
+        a, watcher = self.a, self.watcher
+        if watcher.fatal is not None and (time.monotonic() - (watcher.fatal_at or 0) >= FATAL_SETTLE_S
+                                          or not procfs.is_alive(a.pid)):
+            # a short settle: "Scheduler hit an exception" comes before the line naming the cause
+            watcher.flush()
+            kind, line = watcher.fatal
+            raise self.fail("the server failed to start (%s) after %.1fs: %r. Log tail of %s:\n%s"
+                            % (kind, self.elapsed(), contract.redact_text(line), a.log, tail_text(watcher)))
+        if not procfs.is_alive(a.pid):
+            watcher.flush()
+            fatal = watcher.best_fatal_line()
+            raise self.fail("the server process %d exited before it was ready (after %.1fs, phase %r)%s. "
+                            "Log tail of %s:\n%s"
+                            % (a.pid, self.elapsed(), watcher.phase(),
+                               ": %r" % contract.redact_text(fatal) if fatal else "", a.log, tail_text(watcher)))
+
+    def check_generation(self, left: float) -> None:
+        """/health alone is not readiness: a real vLLM answered 200 while its engine could not serve one request
+        (the facts of real engines on CPU). Proves one real generation, else raises with the cause the log names."""
+        watcher = self.watcher
+        ok, why = probe_generation(self.out["url"], max(5.0, min(60.0, left)))
+        if not ok:
+            settle = time.monotonic() + FATAL_SETTLE_S + 2.0
+            while time.monotonic() < settle and watcher.fatal is None:
+                watcher.poll()
+                time.sleep(0.1)
+            watcher.poll()
+            # the exception the engine logged names the cause better than a generic fatal line
+            fatal = watcher.root_cause_line() or watcher.best_fatal_line()
+            error = self.fail("the server answered /health 200 after %.1fs but could not generate: %s%s. "
+                              "Log tail of %s:\n%s"
+                              % (self.elapsed(), why, "; the log says: %r" % contract.redact_text(fatal) if fatal
+                                 else "", self.a.log, tail_text(watcher)))
+            if fatal:
+                error.result["fatal_line"] = contract.redact_text(fatal)
+            raise error
+        self.out["generation_check"] = why
+
+    def ready(self, endpoint: str) -> Dict[str, Any]:
+        watcher = self.watcher
+        watcher.poll()
+        self.out.update(ready=True, endpoint=endpoint, elapsed_s=round(self.elapsed(), 3),
+                        ready_at=round(time.time(), 3), phase="ready", phases=watcher.phases,
+                        durations=watcher.durations(), durations_source=watcher.durations_source(),
+                        startup_timings=watcher.startup_timings, durations_observed=watcher.durations(observed=True))
+        if watcher.traceback_at is not None:
+            self.out["warning"] = "a Traceback appeared in the log before readiness: %r" % (
+                watcher.exception_line or "Traceback")
+        write_progress(self.a.progress, "ready", self.t0, watcher)
+        return self.out
+
+
 def wait_ready(a: ReadySpec) -> Dict[str, Any]:
-    base = a.url.rstrip("/")
-    watcher = LogWatcher(a.log)
-    t0 = time.monotonic()
+    w = _Wait(a)
+    base, watcher, t0 = w.out["url"], w.watcher, w.t0
     deadline = t0 + a.timeout
     endpoint = "/health_generate"
     last_phase = None
     last_progress = 0.0
     last_note = ""
-    out: Dict[str, Any] = {"url": base, "pid": a.pid, "log": a.log}
-
-    def fail(msg: str) -> ToolError:
-        watcher.flush()
-        out.update(ready=False, phase=watcher.phase(), phases=watcher.phases, durations=watcher.durations(),
-                   durations_source=watcher.durations_source(), startup_timings=watcher.startup_timings,
-                   elapsed_s=round(time.monotonic() - t0, 3), fatal_line=contract.redact_text(
-                       watcher.best_fatal_line() or "") or None, log_tail=watcher.tail[-15:])
-        out["log_tail"] = [contract.redact_text(l) for l in out["log_tail"]]
-        write_progress(a.progress, "failed", t0, watcher)
-        return ToolError(msg, out)
-
     while True:
         watcher.poll()
         phase = watcher.phase()
@@ -289,20 +353,7 @@ def wait_ready(a: ReadySpec) -> Dict[str, Any]:
             if phase != last_phase:
                 cli.log("phase: %s (%.1fs)" % (phase, time.monotonic() - t0))
             last_phase, last_progress = phase, time.monotonic()
-        if watcher.fatal is not None and (time.monotonic() - (watcher.fatal_at or 0) >= FATAL_SETTLE_S
-                                          or not procfs.is_alive(a.pid)):
-            # a short settle: "Scheduler hit an exception" comes before the line naming the cause
-            watcher.flush()
-            kind, line = watcher.fatal
-            raise fail("the server failed to start (%s) after %.1fs: %r. Log tail of %s:\n%s"
-                       % (kind, time.monotonic() - t0, contract.redact_text(line), a.log, tail_text(watcher)))
-        if not procfs.is_alive(a.pid):
-            watcher.flush()
-            fatal = watcher.best_fatal_line()
-            raise fail("the server process %d exited before it was ready (after %.1fs, phase %r)%s. "
-                       "Log tail of %s:\n%s"
-                       % (a.pid, time.monotonic() - t0, watcher.phase(),
-                          ": %r" % contract.redact_text(fatal) if fatal else "", a.log, tail_text(watcher)))
+        w.check_alive()
         left = deadline - time.monotonic()
         status, note = probe(base, endpoint, max(0.5, min(5.0, left)))
         if status == 404 and endpoint == "/health_generate":
@@ -310,46 +361,17 @@ def wait_ready(a: ReadySpec) -> Dict[str, Any]:
             status, note = probe(base, endpoint, max(0.5, min(5.0, left)))
         last_note = note
         if status == 200 and endpoint == "/health":
-            # /health alone is not readiness: a real vLLM answered 200 while its engine could not serve one
-            # request (the facts of real engines on CPU). Prove one real generation.
-            ok, why = probe_generation(base, max(5.0, min(60.0, left)))
-            if not ok:
-                settle = time.monotonic() + FATAL_SETTLE_S + 2.0
-                while time.monotonic() < settle and watcher.fatal is None:
-                    watcher.poll()
-                    time.sleep(0.1)
-                watcher.poll()
-                # the exception the engine logged names the cause better than a generic fatal line
-                fatal = watcher.root_cause_line() or watcher.best_fatal_line()
-                error = fail("the server answered /health 200 after %.1fs but could not generate: %s%s. "
-                             "Log tail of %s:\n%s"
-                             % (time.monotonic() - t0, why,
-                                "; the log says: %r" % contract.redact_text(fatal) if fatal else "",
-                                a.log, tail_text(watcher)))
-                if fatal:
-                    error.result["fatal_line"] = contract.redact_text(fatal)
-                raise error
-            out["generation_check"] = why
+            w.check_generation(left)
         if status == 200:
-            watcher.poll()
-            elapsed = round(time.monotonic() - t0, 3)
-            out.update(ready=True, endpoint=endpoint, elapsed_s=elapsed, ready_at=round(time.time(), 3),
-                       phase="ready", phases=watcher.phases, durations=watcher.durations(),
-                       durations_source=watcher.durations_source(), startup_timings=watcher.startup_timings,
-                       durations_observed=watcher.durations(observed=True))
-            if watcher.traceback_at is not None:
-                out["warning"] = "a Traceback appeared in the log before readiness: %r" % (
-                    watcher.exception_line or "Traceback")
-            write_progress(a.progress, "ready", t0, watcher)
-            return out
+            return w.ready(endpoint)
         if watcher.traceback_at is not None and time.monotonic() - watcher.last_line_at > a.traceback_grace:
-            raise fail("the server logged a Python traceback, then nothing for %gs, and is not ready: %r. "
-                       "Log tail of %s:\n%s" % (a.traceback_grace, contract.redact_text(
-                           watcher.exception_line or "Traceback"), a.log, tail_text(watcher)))
+            raise w.fail("the server logged a Python traceback, then nothing for %gs, and is not ready: %r. "
+                         "Log tail of %s:\n%s" % (a.traceback_grace, contract.redact_text(
+                             watcher.exception_line or "Traceback"), a.log, tail_text(watcher)))
         if time.monotonic() >= deadline:
-            raise fail("the server was not ready after %gs (phase %r, last health answer: %s; raise "
-                       "timeouts.ready_s if loading is just slow). Log tail of %s:\n%s"
-                       % (a.timeout, watcher.phase(), last_note, a.log, tail_text(watcher)))
+            raise w.fail("the server was not ready after %gs (phase %r, last health answer: %s; raise "
+                         "timeouts.ready_s if loading is just slow). Log tail of %s:\n%s"
+                         % (a.timeout, watcher.phase(), last_note, a.log, tail_text(watcher)))
         time.sleep(max(0.0, min(a.interval, deadline - time.monotonic())))
 
 

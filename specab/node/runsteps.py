@@ -15,7 +15,7 @@ import threading
 import traceback
 from typing import Any, Dict, Iterator, List, Optional, Protocol
 
-from specab.node import benchstep, cli, envcheck, manifest, osutil, ownership, ready
+from specab.node import benchstep, cli, envcheck, manifest, osutil, ownership, ready, teardown
 from specab.node import start as start_tool
 from specab.node.cli import ToolError
 from specab.node.runqueue import POLL_S, Entry, now
@@ -304,48 +304,20 @@ class RunSteps(object):
     def teardown(self) -> Dict[str, Any]:
         s, e = self.seq, self.e
         halt: Optional[str] = None
-        free: Dict[str, Any] = {}
-
-        def wait_free() -> None:
-            try:
-                free["out"] = s.wait_free(e.smi, e.gpus, e.gpu_free_s, e.gpu_free_threshold_mib, e.path("gpu_free.json"),
-                                          e.path("gpu_free.csv"))
-            except ToolError as exc:
-                free["error"] = exc.message
-            except Exception as exc:  # reported as a failed GPU check, never lost in the thread
-                free["error"] = "internal error: %s: %s" % (type(exc).__name__, exc)
-
-        def start_free() -> None:
-            """The GPU-free wait, in parallel with stop's GPU sweep once our processes are gone: its
-            smi polls overlap the sweep's; server.json still names our session, so an orphan the sweep
-            kills is ours to wait for, never refused."""
-            if "thread" not in free:
-                self.phases.begin("gpus free")
-                free["thread"] = threading.Thread(target=wait_free, name="gpus-free", daemon=True)
-                free["thread"].start()
-
-        if self.started_server or os.path.exists(os.path.join(s.node_dir, ownership.SERVER_JSON)):
-            self.phases.begin("stopping")
-            try:
-                out = s.stop_server(e.smi, e.stop_grace_s, e.path("stop.json") if self.started_server else None,
-                                    on_gone=start_free)
-                self.result["stop_s"] = out.get("total_s")
-            except ToolError as exc:
-                halt = "%s: %s" % (self.headline("stopping"), exc.message)
-                self.fail("stopping", exc.message)
-        if halt is None:
-            start_free()
-        if "thread" in free:
-            free["thread"].join()
+        stopped, freed, failed = teardown.stop_and_free(
+            lambda on_gone: s.stop_server(e.smi, e.stop_grace_s, e.path("stop.json") if self.started_server else None,
+                                          on_gone=on_gone),
+            lambda: s.wait_free(e.smi, e.gpus, e.gpu_free_s, e.gpu_free_threshold_mib, e.path("gpu_free.json"),
+                                e.path("gpu_free.csv")),
+            self.phases.begin, self.started_server or os.path.exists(os.path.join(s.node_dir, ownership.SERVER_JSON)))
+        if stopped is not None:
+            self.result["stop_s"] = stopped.get("total_s")
+        if failed is not None:
+            halt = "%s: %s" % (self.headline(failed[0]), failed[1])
+            self.fail(*failed)
         else:
-            self.phases.begin("gpus free")
-        if halt is None:
-            if "error" in free:
-                halt = "%s: %s" % (self.headline("gpus free"), free["error"])
-                self.fail("gpus free", free["error"])
-            else:
-                self.result["time_to_free_s"] = free["out"].get("time_to_free_s")
-                s.clean = True
+            self.result["time_to_free_s"] = (freed or {}).get("time_to_free_s")
+            s.clean = True
         self.phases.begin("manifest")
         try:
             if self.parts_thread is not None:

@@ -79,7 +79,8 @@ CREATE TABLE IF NOT EXISTS experiment (
     argv_json       TEXT NOT NULL,
     hosts_json      TEXT NOT NULL,      -- inventory hosts of gpu_nodes
     specab_version  TEXT,
-    git_sha         TEXT
+    git_sha         TEXT,
+    options_json    TEXT                -- the driver's options as one record (what a resume continues)
 );
 CREATE TABLE IF NOT EXISTS arms (
     name                 TEXT PRIMARY KEY,
@@ -206,6 +207,28 @@ CREATE INDEX IF NOT EXISTS requests_seq ON requests(seq);
 CREATE INDEX IF NOT EXISTS gpu_samples_seq ON gpu_samples(seq);
 """
 
+# What a store written by an older specab lacks, added by its first write transaction (`migrate`): each addition is
+# additive, the schema version unchanged, and a store only read (on read-only media too) is read as it is, the reads
+# knowing each absence. The tables are FINGERPRINT_SCHEMA's and DESIGN_SCHEMA's.
+ADDED_COLUMNS = (("gpu_samples", "uuid", "TEXT"),                     # 2026-11
+                 ("plan", "num_requests", "INTEGER"),                 # 2026-12: the design by cost's requests
+                 ("runs", "gpus", "INTEGER"), ("runs", "gpu_seconds", "REAL"),  # 2026-12: the verdict cost
+                 ("plan", "burn_in", "INTEGER NOT NULL DEFAULT 0"),   # design.burn_in
+                 ("experiment", "options_json", "TEXT"))              # the options' record
+
+
+def migrate(c: sqlite3.Connection) -> None:
+    """Bring the store of connection `c` up to this specab's tables and columns, inside a write transaction (so two
+    connections of one store, a fleet's host threads, add each once)."""
+    for table in (FINGERPRINT_SCHEMA + DESIGN_SCHEMA).split(";"):
+        if table.strip():
+            c.execute(table)
+    have: dict[str, set[str]] = {}
+    for table, col, kind in ADDED_COLUMNS:
+        if col not in have.setdefault(table, {r[1] for r in c.execute(f"PRAGMA table_info({table})")}):
+            c.execute(f"ALTER TABLE {table} ADD COLUMN {col} {kind}")
+
+
 REQUEST_FIELDS = ("i", "warmup", "ok", "error", "start_ts", "prompt_tokens", "output_tokens", "ttft_s", "e2e_s",
                   "decode_tok_s", "tpot_s", "spec_verify_ct", "accept_len")
 GPU_COLUMNS = {  # a GPU samples CSV's header cell (an nvidia-smi query name, any case, units dropped) -> store column
@@ -263,123 +286,18 @@ def _dumps(v: Any) -> str | None:
     return None if v is None else json.dumps(v, sort_keys=True)
 
 
-class Store:
-    """One experiment's SQLite store."""
+class StoreReads:
+    """What the analysis and the driver read back from a store: any store this specab reads, one written by an older
+    specab too (an absent table or column reads as empty), on read-only media too (nothing here writes)."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection):
-        self.path = path
-        self.conn = conn
-        self._gpu_uuid_column: bool | None = None    # gpu_samples.uuid exists (stores before 2026-11 lack it)
+    conn: sqlite3.Connection
+    _gpu_uuid_column: bool | None
 
     def _has_gpu_uuid_column(self) -> bool:
         if self._gpu_uuid_column is None:
             cols = {r[1] for r in self.conn.execute("PRAGMA table_info(gpu_samples)")}
             self._gpu_uuid_column = "uuid" in cols
         return self._gpu_uuid_column
-
-    # ----------------------------------------------------------------- open / create
-    @classmethod
-    def create(cls, path: str | Path) -> "Store":
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        conn = connect.connect(p)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA foreign_keys=ON")
-        conn.executescript(SCHEMA)
-        conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        conn.commit()
-        return cls(p, conn)
-
-    @classmethod
-    def open(cls, path: str | Path) -> "Store":
-        p = Path(path)
-        if p.is_dir():
-            p = p / FILENAME
-        if not p.exists():
-            raise StoreError(f"{p}: no results store here. Give an experiment directory runs/<experiment-id>/ "
-                             f"or its results.sqlite.")
-        conn = connect.connect(p)
-        try:
-            try:
-                conn.execute("PRAGMA foreign_keys=ON")
-                row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            except sqlite3.OperationalError as exc:
-                if not connect.cannot_open(exc):
-                    raise
-                conn.close()                    # on read-only media: read it as it is
-                conn = connect.connect_read_only(p)
-                row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{p}: not a specab results store ({exc}).") from None
-        if row is None or int(row[0]) not in READABLE_SCHEMA_VERSIONS:
-            readable = ", ".join(map(str, READABLE_SCHEMA_VERSIONS))
-            raise StoreError(f"{p}: schema version {row[0] if row else '?'}, this specab reads {readable}.")
-        return cls(p, conn)
-
-    def close(self) -> None:
-        self.conn.close()
-
-    def __enter__(self) -> "Store":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        # the write lock first (BEGIN IMMEDIATE): a store another program holds is waited for once, boundedly, at the
-        # transaction's start, never half-way through it
-        with connect.reported(self.path), self.conn:
-            if not self.conn.in_transaction:
-                self.conn.execute("BEGIN IMMEDIATE")
-            yield self.conn
-
-    # ----------------------------------------------------------------- writes
-    def write_experiment(self, *, id: str, name: str, seed: int, repeats: int, order_mode: str,
-                         experiment_file: str, inventory_file: str, config: dict[str, Any], matrix: list[str],
-                         argv: list[str], hosts: list[str], specab_version: str | None,
-                         git_sha: str | None) -> None:
-        with self._tx() as c:
-            c.execute("INSERT INTO experiment(id, name, created, status, seed, repeats, order_mode, experiment_file,"
-                      " inventory_file, config_json, matrix_json, argv_json, hosts_json, specab_version, git_sha)"
-                      " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                      (id, name, time.time(), "running", seed, repeats, order_mode, experiment_file, inventory_file,
-                       _dumps(config), _dumps(matrix), _dumps(argv), _dumps(hosts), specab_version, git_sha))
-
-    def write_arms(self, arms: Iterable[dict[str, Any]], first_position: int = 1) -> None:
-        """Arms in order of definition; ``first_position``: after the arms written before (a search's later probes)."""
-        with self._tx() as c:
-            for pos, a in enumerate(arms, start=first_position):
-                sa = a["server_args"]
-                spec = engines.speculative_view(sa)      # SGLang's speculative_* or vLLM's speculative_config
-                c.execute("INSERT INTO arms VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                          (a["name"], pos, int(a["is_baseline"]), a["baseline"], _dumps(sa), _dumps(a["env"]),
-                           _dumps(a.get("matrix") or {}), spec.algorithm, spec.steps, spec.topk,
-                           spec.draft_tokens))
-
-    def write_plan(self, runs: Iterable[dict[str, Any]], repeats: int | None = None) -> None:
-        with self._tx() as c:
-            cols = {r[1] for r in c.execute("PRAGMA table_info(plan)")}
-            if "num_requests" not in cols:
-                c.execute("ALTER TABLE plan ADD COLUMN num_requests INTEGER")     # a store before 2026-12
-            if "burn_in" not in cols:                                           # a store before design.burn_in
-                c.execute("ALTER TABLE plan ADD COLUMN burn_in INTEGER NOT NULL DEFAULT 0")
-            for r in runs:
-                c.execute("INSERT INTO plan(seq, run_id, block, position, arm, num_requests, burn_in)"
-                          " VALUES (?,?,?,?,?,?,?)", (r["seq"], r["run_id"], r["block"], r["position"], r["arm"],
-                                                     r.get("num_requests"), int(bool(r.get("burn_in")))))
-            if repeats is not None:
-                c.execute("UPDATE experiment SET repeats=?", (repeats,))
-
-    def record_design_step(self, *, blocks: int, design: str, more: bool, requests: int | None, reason: str,
-                           plan: dict[str, Any] | None = None) -> None:
-        """The design's decision once `blocks` blocks were started (another block or not, its requests per run)."""
-        if not self._has_table("design_steps"):          # a store written before the design's decisions
-            self.conn.executescript(DESIGN_SCHEMA)
-        with self._tx() as c:
-            c.execute("INSERT OR REPLACE INTO design_steps(blocks, decided, design, more, requests, reason, plan_json)"
-                      " VALUES (?,?,?,?,?,?,?)", (blocks, time.time(), design, int(more), requests, reason,
-                                                  _dumps(plan)))
 
     def design_steps(self) -> list[dict[str, Any]]:
         """The design's decisions in block order ([] for a store without any: no --target-ci, or older)."""
@@ -391,25 +309,9 @@ class Store:
             r["plan"] = json.loads(r.pop("plan_json") or "null")
         return out
 
-    def set_experiment_status(self, status: str) -> None:
-        with self._tx() as c:
-            c.execute("UPDATE experiment SET status=?, finished=? ", (status, time.time()))
-
-    # ----------------------------------------------------------------- fingerprints
     def _has_table(self, name: str) -> bool:
         return self.conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?",
                                  (name,)).fetchone() is not None
-
-    def set_session_fingerprint(self, fp: str, doc: dict[str, Any], *, forced: bool = False) -> None:
-        """The fingerprint this session runs under; the experiment's own one is the first ever set.
-        Every run started from now on is marked with it."""
-        if not self._has_table("run_fingerprints"):      # a store written before fingerprints
-            self.conn.executescript(FINGERPRINT_SCHEMA)
-        with self._tx() as c:
-            c.execute("INSERT OR IGNORE INTO fingerprints(fingerprint, doc_json, recorded, forced) VALUES (?,?,?,?)",
-                      (fp, _dumps(doc), time.time(), int(forced)))
-            c.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('fingerprint', ?)", (fp,))
-            c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('session_fingerprint', ?)", (fp,))
 
     def fingerprint(self) -> tuple[str, dict[str, Any]] | None:
         """(the experiment's fingerprint, its document); None for a store written before fingerprints."""
@@ -425,137 +327,6 @@ class Store:
             return {}
         return {r[0]: r[1] for r in self.conn.execute("SELECT seq, fingerprint FROM run_fingerprints")}
 
-    def start_run(self, *, seq: int, run_id: str, arm: str, block: int, host: str, run_dir: str,
-                  runner_ident: str) -> None:
-        """Record a run as running, replacing any earlier unfinished attempt of the same seq."""
-        marks = self._has_table("run_fingerprints")
-        with self._tx() as c:
-            if marks:
-                c.execute("DELETE FROM run_fingerprints WHERE seq=?", (seq,))
-                c.execute("INSERT INTO run_fingerprints(seq, fingerprint) SELECT ?, value FROM meta "
-                          "WHERE key='session_fingerprint'", (seq,))
-            prev = c.execute("SELECT attempt FROM runs WHERE seq=?", (seq,)).fetchone()
-            attempt = (prev["attempt"] + 1) if prev else 1
-            for table in ("run_phases", "requests", "gpu_samples", "manifests", "env_checks", "run_files"):
-                c.execute(f"DELETE FROM {table} WHERE seq=?", (seq,))
-            c.execute("DELETE FROM runs WHERE seq=?", (seq,))
-            c.execute("INSERT INTO runs(seq, run_id, arm, block, host, attempt, status, started, run_dir, runner_ident)"
-                      " VALUES (?,?,?,?,?,?,?,?,?,?)",
-                      (seq, run_id, arm, block, host, attempt, RUNNING, time.time(), run_dir, runner_ident))
-
-    def record_phase(self, seq: int, phase: str, started: float, finished: float | None) -> None:
-        with self._tx() as c:
-            c.execute("INSERT OR REPLACE INTO run_phases(seq, phase, started, finished, duration_s) VALUES (?,?,?,?,?)",
-                      (seq, phase, started, finished, None if finished is None else finished - started))
-
-    def _ensure_cost_columns(self, c: sqlite3.Connection) -> None:
-        """runs.gpus and runs.gpu_seconds (added 2026-12): a store written before them gets them on its first
-        finished run after an upgrade (a resume); reads of older stores see NULL."""
-        cols = {r[1] for r in c.execute("PRAGMA table_info(runs)")}
-        for col, kind in (("gpus", "INTEGER"), ("gpu_seconds", "REAL")):
-            if col not in cols:
-                c.execute(f"ALTER TABLE runs ADD COLUMN {col} {kind}")
-
-    def finish_run(self, seq: int, *, status: str, runner_status: str | None = None, runner_rc: int | None = None,
-                   failure_phase: str | None = None, failure_reason: str | None = None,
-                   log_tail: str | None = None, partial: bool = False,
-                   summary: dict[str, Any] | None = None, load_phases: Any = None,
-                   server_info: Any = None, stop: Any = None, gpu_free: Any = None,
-                   gpus: int | None = None) -> float | None:
-        """Record the run's end; returns the GPU-seconds stored for it (what the report's verdict cost adds up)."""
-        now = time.time()
-        with self._tx() as c:
-            self._ensure_cost_columns(c)
-            # the run held its GPUs from its first phase to its last on the node (the run queue's runs start
-            # before the controller sees them); without phases, from the controller's start to now
-            span = c.execute("SELECT MIN(started) AS a, MAX(COALESCE(finished, started)) AS b FROM run_phases"
-                             " WHERE seq=?", (seq,)).fetchone()
-            held = (span["b"] - span["a"]) if span["a"] is not None else None
-            c.execute("UPDATE runs SET gpus=?, gpu_seconds=COALESCE(?, ?-started)*? WHERE seq=?",
-                      (gpus, held, now, gpus, seq))
-            counts = c.execute("SELECT COUNT(*) AS n, COALESCE(SUM(ok), 0) AS k FROM requests"
-                               " WHERE seq=? AND warmup=0", (seq,)).fetchone()
-            c.execute("UPDATE runs SET status=?, finished=?, duration_s=?-started, failure_phase=?, failure_reason=?,"
-                      " log_tail=?, partial=?, n_requests=?, n_ok=?, decode_tok_s_median=?, accept_len_mean=?,"
-                      " runner_status=?, runner_rc=?, summary_json=?, load_phases_json=?,"
-                      " server_info_json=?, stop_json=?, gpu_free_json=? WHERE seq=?",
-                      (status, now, now, failure_phase, failure_reason, log_tail, int(partial), counts["n"],
-                       counts["k"], (summary or {}).get("decode_tok_s_median"),
-                       (summary or {}).get("accept_len_mean"), runner_status, runner_rc, _dumps(summary),
-                       _dumps(load_phases), _dumps(server_info), _dumps(stop), _dumps(gpu_free), seq))
-            row = c.execute("SELECT gpu_seconds FROM runs WHERE seq=?", (seq,)).fetchone()
-        return None if row is None or row["gpu_seconds"] is None else float(row["gpu_seconds"])
-
-    def record_teardown(self, seq: int, *, stop: Any = None, gpu_free: Any = None) -> None:
-        """The stop and GPUs-free records of a run whose teardown ended after its row was finished (a per-run run
-        interrupted by the user: the driver's stop is its teardown); a record not given keeps the row's."""
-        with self._tx() as c:
-            c.execute("UPDATE runs SET stop_json=COALESCE(?, stop_json), gpu_free_json=COALESCE(?, gpu_free_json)"
-                      " WHERE seq=?", (_dumps(stop), _dumps(gpu_free), seq))
-
-    def spent_gpu_seconds(self, rerun: Collection[int] = ()) -> tuple[float, int]:
-        """(GPU-seconds, runs) recorded so far, the runs of the seqs in `rerun` left out: a run started again
-        replaces its row (start_run), so what it spent before is no longer part of the experiment's verdict cost."""
-        with self._tx() as c:
-            self._ensure_cost_columns(c)        # a store written before the columns: nothing recorded, (0, 0)
-            rows = c.execute("SELECT seq, gpu_seconds FROM runs WHERE gpu_seconds IS NOT NULL").fetchall()
-        skip = set(rerun)
-        kept = [float(r["gpu_seconds"]) for r in rows if r["seq"] not in skip]
-        return sum(kept), len(kept)
-
-    def add_requests(self, seq: int, host: str, records: Iterable[dict[str, Any]]) -> int:
-        n = 0
-        with self._tx() as c:
-            for line, rec in enumerate(records):
-                extra = {k: v for k, v in rec.items()
-                         if k not in REQUEST_FIELDS and k not in ("chunk_t_s", "chunk_tokens")}
-                c.execute("INSERT OR REPLACE INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                          (seq, host, line, rec.get("i"), int(bool(rec.get("warmup"))), int(bool(rec.get("ok"))),
-                           rec.get("error"), rec.get("start_ts"), rec.get("prompt_tokens"), rec.get("output_tokens"),
-                           rec.get("ttft_s"), rec.get("e2e_s"), rec.get("decode_tok_s"), rec.get("tpot_s"),
-                           rec.get("spec_verify_ct"), rec.get("accept_len"), _dumps(rec.get("chunk_t_s")),
-                           _dumps(rec.get("chunk_tokens")), _dumps(extra) if extra else None))
-                n += 1
-        return n
-
-    def add_gpu_samples(self, seq: int, host: str, csv_text: str) -> int:
-        _header, columns, rows = gpu_csv_rows(csv_text)
-        if not any(columns):     # headerless: nothing we can map reliably
-            return 0
-        if not self._has_gpu_uuid_column():     # an older store (resumed): add the column; its old rows keep NULL
-            try:
-                with self._tx() as c:
-                    c.execute("ALTER TABLE gpu_samples ADD COLUMN uuid TEXT")
-            except sqlite3.OperationalError as exc:    # another connection (a fleet's other host) added it first
-                if "duplicate column" not in str(exc):
-                    raise
-            self._gpu_uuid_column = True
-        with self._tx() as c:
-            for vals, raw in rows:
-                c.execute("INSERT INTO gpu_samples(seq, host, ts, gpu, sm_clock_mhz, mem_clock_mhz, max_sm_clock_mhz,"
-                          " power_w, temp_c, util_pct, mem_used_mib, throttle_reasons, raw_json, uuid)"
-                          " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                          (seq, host, vals.get("ts"), None if vals.get("gpu") is None else int(vals["gpu"]),
-                           vals.get("sm_clock_mhz"), vals.get("mem_clock_mhz"), vals.get("max_sm_clock_mhz"),
-                           vals.get("power_w"), vals.get("temp_c"), vals.get("util_pct"), vals.get("mem_used_mib"),
-                           vals.get("throttle_reasons"), _dumps(raw), vals.get("uuid")))
-        return len(rows)
-
-    def add_manifest(self, seq: int, host: str, manifest: dict[str, Any]) -> None:
-        with self._tx() as c:
-            c.execute("INSERT OR REPLACE INTO manifests VALUES (?,?,?)", (seq, host, _dumps(manifest)))
-
-    def add_env_check(self, seq: int, host: str, check: dict[str, Any]) -> None:
-        ok = check.get("ok")
-        with self._tx() as c:
-            c.execute("INSERT OR REPLACE INTO env_checks VALUES (?,?,?,?)",
-                      (seq, host, None if ok is None else int(bool(ok)), _dumps(check)))
-
-    def add_file(self, seq: int, host: str, name: str, content: str) -> None:
-        with self._tx() as c:
-            c.execute("INSERT OR REPLACE INTO run_files VALUES (?,?,?,?)", (seq, host, name, content))
-
-    # ----------------------------------------------------------------- reads
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         return [dict(r) for r in self.conn.execute(sql, args).fetchall()]
 
@@ -566,6 +337,7 @@ class Store:
         e = rows[0]
         for k in ("config_json", "matrix_json", "argv_json", "hosts_json"):
             e[k[:-5]] = json.loads(e.pop(k))
+        e["options"] = json.loads(e.pop("options_json", None) or "null")     # None: a store before the record
         return e
 
     def arms(self) -> list[dict[str, Any]]:
@@ -605,11 +377,6 @@ class Store:
         """Planned runs without an ok record (missing, failed or interrupted), in planned order."""
         return self._rows("SELECT p.* FROM plan p LEFT JOIN runs r ON r.seq = p.seq"
                           " WHERE r.status IS NULL OR r.status != ? ORDER BY p.seq", (OK,))
-
-    def mark_running(self) -> None:
-        """A resumed experiment runs again (its finish time stays until it finishes again)."""
-        with self._tx() as c:
-            c.execute("UPDATE experiment SET status='running'")
 
     def missing(self) -> list[dict[str, Any]]:
         """Planned runs without a finished (ok or failed) record, in planned order."""
@@ -666,6 +433,7 @@ class Store:
     # whether its tokens reached the client in a burst (node/loadgen)
     REQUEST_EXTRAS = ("category", "finish_reason", "arrival_s", "arrival_wait_s", "buffered")
     REQUEST_ROW = ("seq",) + REQUEST_FIELDS + REQUEST_EXTRAS
+
     GPU_SAMPLE_ROW = ("seq", "ts", "gpu", "sm_clock_mhz", "max_sm_clock_mhz", "mem_clock_mhz", "util_pct",
                       "power_w", "temp_c", "throttle_reasons", "host", "uuid")
 
@@ -744,3 +512,245 @@ class Store:
 
     def files(self, seq: int) -> dict[str, str]:
         return {r["name"]: r["content"] for r in self._rows("SELECT name, content FROM run_files WHERE seq=?", (seq,))}
+
+
+class Store(StoreReads):
+    """One experiment's SQLite store."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection):
+        self.path = path
+        self.conn = conn
+        self._gpu_uuid_column: bool | None = None    # gpu_samples.uuid exists (stores before 2026-11 lack it)
+        self._migrated = False
+
+    # ----------------------------------------------------------------- open / create
+    @classmethod
+    def create(cls, path: str | Path) -> "Store":
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        conn = connect.connect(p)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.executescript(SCHEMA)
+        conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        conn.commit()
+        return cls(p, conn)
+
+    @classmethod
+    def open(cls, path: str | Path) -> "Store":
+        p = Path(path)
+        if p.is_dir():
+            p = p / FILENAME
+        if not p.exists():
+            raise StoreError(f"{p}: no results store here. Give an experiment directory runs/<experiment-id>/ "
+                             f"or its results.sqlite.")
+        conn = connect.connect(p)
+        try:
+            try:
+                conn.execute("PRAGMA foreign_keys=ON")
+                row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            except sqlite3.OperationalError as exc:
+                if not connect.cannot_open(exc):
+                    raise
+                conn.close()                    # on read-only media: read it as it is
+                conn = connect.connect_read_only(p)
+                row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{p}: not a specab results store ({exc}).") from None
+        if row is None or int(row[0]) not in READABLE_SCHEMA_VERSIONS:
+            readable = ", ".join(map(str, READABLE_SCHEMA_VERSIONS))
+            raise StoreError(f"{p}: schema version {row[0] if row else '?'}, this specab reads {readable}.")
+        return cls(p, conn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        # the write lock first (BEGIN IMMEDIATE): a store another program holds is waited for once, boundedly, at the
+        # transaction's start, never half-way through it
+        with connect.reported(self.path), self.conn:
+            if not self.conn.in_transaction:
+                self.conn.execute("BEGIN IMMEDIATE")
+            if not self._migrated:
+                migrate(self.conn)
+                self._migrated, self._gpu_uuid_column = True, True
+            yield self.conn
+
+    # ----------------------------------------------------------------- writes
+    def write_experiment(self, *, id: str, name: str, seed: int, repeats: int, order_mode: str,
+                         experiment_file: str, inventory_file: str, config: dict[str, Any], matrix: list[str],
+                         argv: list[str], hosts: list[str], specab_version: str | None,
+                         git_sha: str | None, options: dict[str, Any] | None = None) -> None:
+        with self._tx() as c:
+            c.execute("INSERT INTO experiment(id, name, created, status, seed, repeats, order_mode, experiment_file,"
+                      " inventory_file, config_json, matrix_json, argv_json, hosts_json, specab_version, git_sha,"
+                      " options_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                      (id, name, time.time(), "running", seed, repeats, order_mode, experiment_file, inventory_file,
+                       _dumps(config), _dumps(matrix), _dumps(argv), _dumps(hosts), specab_version, git_sha,
+                       _dumps(options)))
+
+    def write_arms(self, arms: Iterable[dict[str, Any]], first_position: int = 1) -> None:
+        """Arms in order of definition; ``first_position``: after the arms written before (a search's later probes)."""
+        with self._tx() as c:
+            for pos, a in enumerate(arms, start=first_position):
+                sa = a["server_args"]
+                spec = engines.speculative_view(sa)      # SGLang's speculative_* or vLLM's speculative_config
+                c.execute("INSERT INTO arms VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                          (a["name"], pos, int(a["is_baseline"]), a["baseline"], _dumps(sa), _dumps(a["env"]),
+                           _dumps(a.get("matrix") or {}), spec.algorithm, spec.steps, spec.topk,
+                           spec.draft_tokens))
+
+    def write_plan(self, runs: Iterable[dict[str, Any]], repeats: int | None = None) -> None:
+        with self._tx() as c:
+            for r in runs:
+                c.execute("INSERT INTO plan(seq, run_id, block, position, arm, num_requests, burn_in)"
+                          " VALUES (?,?,?,?,?,?,?)", (r["seq"], r["run_id"], r["block"], r["position"], r["arm"],
+                                                     r.get("num_requests"), int(bool(r.get("burn_in")))))
+            if repeats is not None:
+                c.execute("UPDATE experiment SET repeats=?", (repeats,))
+
+    def record_design_step(self, *, blocks: int, design: str, more: bool, requests: int | None, reason: str,
+                           plan: dict[str, Any] | None = None) -> None:
+        """The design's decision once `blocks` blocks were started (another block or not, its requests per run)."""
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO design_steps(blocks, decided, design, more, requests, reason, plan_json)"
+                      " VALUES (?,?,?,?,?,?,?)", (blocks, time.time(), design, int(more), requests, reason,
+                                                  _dumps(plan)))
+
+    def set_experiment_status(self, status: str) -> None:
+        with self._tx() as c:
+            c.execute("UPDATE experiment SET status=?, finished=? ", (status, time.time()))
+
+    # ----------------------------------------------------------------- fingerprints
+
+    def set_session_fingerprint(self, fp: str, doc: dict[str, Any], *, forced: bool = False) -> None:
+        """The fingerprint this session runs under; the experiment's own one is the first ever set.
+        Every run started from now on is marked with it."""
+        with self._tx() as c:
+            c.execute("INSERT OR IGNORE INTO fingerprints(fingerprint, doc_json, recorded, forced) VALUES (?,?,?,?)",
+                      (fp, _dumps(doc), time.time(), int(forced)))
+            c.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('fingerprint', ?)", (fp,))
+            c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('session_fingerprint', ?)", (fp,))
+
+    def start_run(self, *, seq: int, run_id: str, arm: str, block: int, host: str, run_dir: str,
+                  runner_ident: str) -> None:
+        """Record a run as running, replacing any earlier unfinished attempt of the same seq."""
+        with self._tx() as c:
+            c.execute("DELETE FROM run_fingerprints WHERE seq=?", (seq,))
+            c.execute("INSERT INTO run_fingerprints(seq, fingerprint) SELECT ?, value FROM meta "
+                      "WHERE key='session_fingerprint'", (seq,))
+            prev = c.execute("SELECT attempt FROM runs WHERE seq=?", (seq,)).fetchone()
+            attempt = (prev["attempt"] + 1) if prev else 1
+            for table in ("run_phases", "requests", "gpu_samples", "manifests", "env_checks", "run_files"):
+                c.execute(f"DELETE FROM {table} WHERE seq=?", (seq,))
+            c.execute("DELETE FROM runs WHERE seq=?", (seq,))
+            c.execute("INSERT INTO runs(seq, run_id, arm, block, host, attempt, status, started, run_dir, runner_ident)"
+                      " VALUES (?,?,?,?,?,?,?,?,?,?)",
+                      (seq, run_id, arm, block, host, attempt, RUNNING, time.time(), run_dir, runner_ident))
+
+    def record_phase(self, seq: int, phase: str, started: float, finished: float | None) -> None:
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO run_phases(seq, phase, started, finished, duration_s) VALUES (?,?,?,?,?)",
+                      (seq, phase, started, finished, None if finished is None else finished - started))
+
+    def finish_run(self, seq: int, *, status: str, runner_status: str | None = None, runner_rc: int | None = None,
+                   failure_phase: str | None = None, failure_reason: str | None = None,
+                   log_tail: str | None = None, partial: bool = False,
+                   summary: dict[str, Any] | None = None, load_phases: Any = None,
+                   server_info: Any = None, stop: Any = None, gpu_free: Any = None,
+                   gpus: int | None = None) -> float | None:
+        """Record the run's end; returns the GPU-seconds stored for it (what the report's verdict cost adds up)."""
+        now = time.time()
+        with self._tx() as c:
+            # the run held its GPUs from its first phase to its last on the node (the run queue's runs start
+            # before the controller sees them); without phases, from the controller's start to now
+            span = c.execute("SELECT MIN(started) AS a, MAX(COALESCE(finished, started)) AS b FROM run_phases"
+                             " WHERE seq=?", (seq,)).fetchone()
+            held = (span["b"] - span["a"]) if span["a"] is not None else None
+            c.execute("UPDATE runs SET gpus=?, gpu_seconds=COALESCE(?, ?-started)*? WHERE seq=?",
+                      (gpus, held, now, gpus, seq))
+            counts = c.execute("SELECT COUNT(*) AS n, COALESCE(SUM(ok), 0) AS k FROM requests"
+                               " WHERE seq=? AND warmup=0", (seq,)).fetchone()
+            c.execute("UPDATE runs SET status=?, finished=?, duration_s=?-started, failure_phase=?, failure_reason=?,"
+                      " log_tail=?, partial=?, n_requests=?, n_ok=?, decode_tok_s_median=?, accept_len_mean=?,"
+                      " runner_status=?, runner_rc=?, summary_json=?, load_phases_json=?,"
+                      " server_info_json=?, stop_json=?, gpu_free_json=? WHERE seq=?",
+                      (status, now, now, failure_phase, failure_reason, log_tail, int(partial), counts["n"],
+                       counts["k"], (summary or {}).get("decode_tok_s_median"),
+                       (summary or {}).get("accept_len_mean"), runner_status, runner_rc, _dumps(summary),
+                       _dumps(load_phases), _dumps(server_info), _dumps(stop), _dumps(gpu_free), seq))
+            row = c.execute("SELECT gpu_seconds FROM runs WHERE seq=?", (seq,)).fetchone()
+        return None if row is None or row["gpu_seconds"] is None else float(row["gpu_seconds"])
+
+    def record_teardown(self, seq: int, *, stop: Any = None, gpu_free: Any = None) -> None:
+        """The stop and GPUs-free records of a run whose teardown ended after its row was finished (a per-run run
+        interrupted by the user: the driver's stop is its teardown); a record not given keeps the row's."""
+        with self._tx() as c:
+            c.execute("UPDATE runs SET stop_json=COALESCE(?, stop_json), gpu_free_json=COALESCE(?, gpu_free_json)"
+                      " WHERE seq=?", (_dumps(stop), _dumps(gpu_free), seq))
+
+    def spent_gpu_seconds(self, rerun: Collection[int] = ()) -> tuple[float, int]:
+        """(GPU-seconds, runs) recorded so far, the runs of the seqs in `rerun` left out: a run started again
+        replaces its row (start_run), so what it spent before is no longer part of the experiment's verdict cost."""
+        with self._tx() as c:           # (a store written before the cost columns gains them: nothing recorded)
+            rows = c.execute("SELECT seq, gpu_seconds FROM runs WHERE gpu_seconds IS NOT NULL").fetchall()
+        skip = set(rerun)
+        kept = [float(r["gpu_seconds"]) for r in rows if r["seq"] not in skip]
+        return sum(kept), len(kept)
+
+    def add_requests(self, seq: int, host: str, records: Iterable[dict[str, Any]]) -> int:
+        n = 0
+        with self._tx() as c:
+            for line, rec in enumerate(records):
+                extra = {k: v for k, v in rec.items()
+                         if k not in REQUEST_FIELDS and k not in ("chunk_t_s", "chunk_tokens")}
+                c.execute("INSERT OR REPLACE INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                          (seq, host, line, rec.get("i"), int(bool(rec.get("warmup"))), int(bool(rec.get("ok"))),
+                           rec.get("error"), rec.get("start_ts"), rec.get("prompt_tokens"), rec.get("output_tokens"),
+                           rec.get("ttft_s"), rec.get("e2e_s"), rec.get("decode_tok_s"), rec.get("tpot_s"),
+                           rec.get("spec_verify_ct"), rec.get("accept_len"), _dumps(rec.get("chunk_t_s")),
+                           _dumps(rec.get("chunk_tokens")), _dumps(extra) if extra else None))
+                n += 1
+        return n
+
+    def add_gpu_samples(self, seq: int, host: str, csv_text: str) -> int:
+        _header, columns, rows = gpu_csv_rows(csv_text)
+        if not any(columns):     # headerless: nothing we can map reliably
+            return 0
+        with self._tx() as c:           # (an older store gains the uuid column: its old rows keep NULL)
+            for vals, raw in rows:
+                c.execute("INSERT INTO gpu_samples(seq, host, ts, gpu, sm_clock_mhz, mem_clock_mhz, max_sm_clock_mhz,"
+                          " power_w, temp_c, util_pct, mem_used_mib, throttle_reasons, raw_json, uuid)"
+                          " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                          (seq, host, vals.get("ts"), None if vals.get("gpu") is None else int(vals["gpu"]),
+                           vals.get("sm_clock_mhz"), vals.get("mem_clock_mhz"), vals.get("max_sm_clock_mhz"),
+                           vals.get("power_w"), vals.get("temp_c"), vals.get("util_pct"), vals.get("mem_used_mib"),
+                           vals.get("throttle_reasons"), _dumps(raw), vals.get("uuid")))
+        return len(rows)
+
+    def add_manifest(self, seq: int, host: str, manifest: dict[str, Any]) -> None:
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO manifests VALUES (?,?,?)", (seq, host, _dumps(manifest)))
+
+    def add_env_check(self, seq: int, host: str, check: dict[str, Any]) -> None:
+        ok = check.get("ok")
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO env_checks VALUES (?,?,?,?)",
+                      (seq, host, None if ok is None else int(bool(ok)), _dumps(check)))
+
+    def add_file(self, seq: int, host: str, name: str, content: str) -> None:
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO run_files VALUES (?,?,?,?)", (seq, host, name, content))
+
+
+    def mark_running(self) -> None:
+        """A resumed experiment runs again (its finish time stays until it finishes again)."""
+        with self._tx() as c:
+            c.execute("UPDATE experiment SET status='running'")

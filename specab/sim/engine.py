@@ -14,7 +14,7 @@ import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from specab.sim.loadplan import Capacity
 from specab.sim.outputs import Departure, Output, prompt_digest
@@ -147,6 +147,63 @@ class EngineStats:
         self.graph_passes[mode] = self.graph_passes.get(mode, 0) + 1
 
 
+def trace_record(req: GenRequest, time_scale: float) -> dict[str, Any]:
+    """The trace's line of a finished request (SPECAB_SIM_TRACE): its emission times and counts."""
+    n = req.completion_tokens
+    span = req.emit_mono[-1] - req.emit_mono[0] if len(req.emit_mono) > 1 else 0.0
+    return {"rid": req.rid, "prompt_tokens": req.prompt_tokens, "completion_tokens": n,
+            "arrival_mono": req.arrival_mono, "arrival_wall": req.created, "emit_mono": req.emit_mono,
+            "emit_due": req.emit_due,
+            "emit_tokens": req.emit_tokens, "spec_verify_ct": req.verify_ct,
+            "diverged_at": req.output.diverged_at if req.output else None,
+            "prompt_digest": prompt_digest(req.prompt), "sampled": _sample_truth(req.output),
+            "accept_hist": req.accept_hist,
+            "pass_forward_s": req.pass_forward_s, "pass_batch_sum": req.pass_batch_sum,
+            "ttft_s": req.emit_mono[0] - req.arrival_mono if req.emit_mono else None,
+            "decode_tok_s": (n - 1) / span if span > 0 else None, "time_scale": time_scale}
+
+
+def prefill_line(batch: list[GenRequest], new_tokens: int, cached: int, usage: float, running_before: int,
+                 waiting: deque[GenRequest], elapsed: float) -> str:
+    """SGLang's "Prefill batch" log line of the simulated version."""
+    if versions.current().name == "0.5.9":
+        return (f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, "
+                f"#cached-token: {cached}, token usage: {usage:.2f}, #running-req: {running_before}, "
+                f"#queue-req: {len(waiting)}, input throughput (token/s): {new_tokens / elapsed:.2f}, ")
+    # 0.5.23 metrics_reporter.py:754-779: #pending-token, then the graph field, no trailing comma
+    return (f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, "
+            f"#cached-token: {cached}, token usage: {usage:.2f}, #running-req: {running_before}, "
+            f"#queue-req: {len(waiting)}, #pending-token: {sum(r.prompt_tokens for r in waiting)}, "
+            f"cuda graph: False, input throughput (token/s): {new_tokens / elapsed:.2f}")
+
+
+def longest_prefix(cache: Iterable[tuple[str, ...]], prompt: tuple[str, ...]) -> int:
+    """The longest prefix of ``prompt`` that a cached prompt shares (the radix cache's hit, in tokens)."""
+    best = 0
+    for old in cache:
+        n = 0
+        for a, b in zip(old, prompt):
+            if a != b:
+                break
+            n += 1
+        best = max(best, n)
+    return best
+
+
+class DecodeWindow:
+    """The decode steps since the last "Decode batch" log line (one every decode_log_interval steps): the tokens
+    they generated and, on a speculative server, the tokens accepted per verify (the line's accept len)."""
+
+    def __init__(self, start: float) -> None:
+        self.tokens = 0
+        self.accept_tokens = 0
+        self.accept_steps = 0
+        self.start = start
+
+    def accept_len(self) -> float:
+        return self.accept_tokens / self.accept_steps if self.accept_steps else 0.0
+
+
 class Engine:
     def __init__(self, timing: TimingModel, cap: Capacity, log: SimLogger, time_scale: float, epoch: float,
                  seed: int, decode_log_interval: int, radix_cache: bool = True,
@@ -177,10 +234,7 @@ class Engine:
         self._user_n = 0
         self._cache: deque[tuple[str, ...]] = deque(maxlen=256)
         self._forward_ct_decode = 0
-        self._win_tokens = 0
-        self._win_accept_tokens = 0
-        self._win_accept_steps = 0
-        self._win_start = time.monotonic()
+        self._win = DecodeWindow(time.monotonic())
         self._last_prefill = time.monotonic()
         self.profiler: Optional[Profiler] = None
 
@@ -254,17 +308,7 @@ class Engine:
         return sum(r.prompt_tokens + r.completion_tokens for r in self.running)
 
     def _cached_prefix(self, prompt: tuple[str, ...]) -> int:
-        if not self.radix:
-            return 0
-        best = 0
-        for old in self._cache:
-            n = 0
-            for a, b in zip(old, prompt):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
-        return best
+        return longest_prefix(self._cache, prompt) if self.radix else 0
 
     async def _sleep_until(self, deadline: float) -> None:
         # the event loop may wake a timer up to its clock resolution early: wait until the deadline has passed
@@ -288,21 +332,9 @@ class Engine:
     def _trace(self, req: GenRequest) -> None:
         """One JSON line per finished request: the emission times the client's measurement should match."""
         import json
-        n = req.completion_tokens
-        span = req.emit_mono[-1] - req.emit_mono[0] if len(req.emit_mono) > 1 else 0.0
-        rec = {"rid": req.rid, "prompt_tokens": req.prompt_tokens, "completion_tokens": n,
-               "arrival_mono": req.arrival_mono, "arrival_wall": req.created, "emit_mono": req.emit_mono,
-               "emit_due": req.emit_due,
-               "emit_tokens": req.emit_tokens, "spec_verify_ct": req.verify_ct,
-               "diverged_at": req.output.diverged_at if req.output else None,
-               "prompt_digest": prompt_digest(req.prompt), "sampled": _sample_truth(req.output),
-               "accept_hist": req.accept_hist,
-               "pass_forward_s": req.pass_forward_s, "pass_batch_sum": req.pass_batch_sum,
-               "ttft_s": req.emit_mono[0] - req.arrival_mono if req.emit_mono else None,
-               "decode_tok_s": (n - 1) / span if span > 0 else None, "time_scale": self.scale}
         try:
             with open(self.trace_path, "a") as fh:
-                fh.write(json.dumps(rec) + "\n")
+                fh.write(json.dumps(trace_record(req, self.scale)) + "\n")
         except OSError as exc:
             self.log.warning(f"specab.sim: cannot write SPECAB_SIM_TRACE={self.trace_path}: {exc}")
             self.trace_path = None
@@ -356,15 +388,7 @@ class Engine:
         elapsed = max(1e-9, time.monotonic() - self._last_prefill)
         self._last_prefill = time.monotonic()
         usage = (self._num_used() + sum(r.prompt_tokens for r in batch)) / max(1, self.cap.max_total_num_tokens)
-        if versions.current().name == "0.5.9":
-            self.log.info(f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, "
-                          f"#cached-token: {cached}, token usage: {usage:.2f}, #running-req: {running_before}, "
-                          f"#queue-req: {len(self.waiting)}, input throughput (token/s): {new_tokens / elapsed:.2f}, ")
-        else:       # 0.5.23 metrics_reporter.py:754-779: #pending-token, then the graph field, no trailing comma
-            self.log.info(f"Prefill batch, #new-seq: {len(batch)}, #new-token: {new_tokens}, "
-                          f"#cached-token: {cached}, token usage: {usage:.2f}, #running-req: {running_before}, "
-                          f"#queue-req: {len(self.waiting)}, #pending-token: {sum(r.prompt_tokens for r in self.waiting)}, "
-                          f"cuda graph: False, input throughput (token/s): {new_tokens / elapsed:.2f}")
+        self.log.info(prefill_line(batch, new_tokens, cached, usage, running_before, self.waiting, elapsed))
         for r in batch:
             if r.aborted:
                 continue
@@ -412,13 +436,13 @@ class Engine:
                 self.stats.spec_verify_calls_total += 1
                 self.stats.cum_accept_tokens += n
                 self.stats.cum_accept_steps += 1
-                self._win_accept_tokens += n
-                self._win_accept_steps += 1
+                self._win.accept_tokens += n
+                self._win.accept_steps += 1
             else:
                 n = 1
             em = r._emit(n, next_t)
             self.stats.generation_tokens_total += n
-            self._win_tokens += n
+            self._win.tokens += n
             if em.finished:
                 done.append(r)
         self._forward_ct_decode += 1
@@ -461,13 +485,13 @@ class Engine:
 
     def _log_decode(self, graph: bool) -> None:
         now = time.monotonic()
-        gap = max(1e-9, now - self._win_start)
-        thr = self._win_tokens / gap
+        gap = max(1e-9, now - self._win.start)
+        thr = self._win.tokens / gap
         num_used = self._num_used()
         usage = num_used / max(1, self.cap.max_total_num_tokens)
         msg = f"Decode batch, #running-req: {len(self.running)}, #token: {num_used}, token usage: {usage:.2f}, "
         if self.timing.speculative:
-            acc = self._win_accept_tokens / self._win_accept_steps if self._win_accept_steps else 0.0
+            acc = self._win.accept_len()
             k = max(1, self.timing.draft_tokens)
             # 0.5.9: accepted tokens incl. bonus / (verify * draft tokens); 0.5.23: correct drafts /
             # (verify * (draft tokens - 1)) (engines-2026.md A3)
@@ -478,7 +502,4 @@ class Engine:
         self.log.info(msg)
         self.stats.last_gen_throughput = thr
         self.stats.last_token_usage = usage
-        self._win_tokens = 0
-        self._win_accept_tokens = 0
-        self._win_accept_steps = 0
-        self._win_start = now
+        self._win = DecodeWindow(now)

@@ -11,39 +11,22 @@ import asyncio
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from aiohttp import web
 
-from specab.sim.args import ServerArgs
 from specab.sim import versions
-from specab.sim.engine import Engine, GenRequest, count_prompt_tokens
+from specab.sim.engine import GenRequest, count_prompt_tokens
 from specab.sim.limits import context_error
-from specab.sim.loadplan import Capacity
+from specab.sim.profiler import Profiler, ProfileRequestError
+from specab.sim.replies import (ServerState, finish_type, gen_out, metrics_text, model_info, openai_choice,
+                                openai_request, openai_usage, server_info, tokenized)
 from specab.sim.sampling import Sampling
 from specab.sim import scoring
-from specab.sim.profiler import Profiler, ProfileRequestError
-from specab.sim.simlog import SimLogger
 
 HEALTH_CHECK_TIMEOUT_S = 20.0
 FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
               "requests, the operation will not be performed.)\n")
-
-
-@dataclass
-class ServerState:
-    args: ServerArgs
-    cap: Capacity
-    engine: Engine
-    log: SimLogger
-    version: str
-    architecture: str
-    status: str = "starting"          # starting | ready | exiting
-    inflight: int = 0                 # generation requests whose HTTP response is not finished yet
-    started_at: float = field(default_factory=time.time)
-    simulator: dict[str, Any] = field(default_factory=dict)
-    buffered_stream: bool = False     # fault: a starved front end, every stream's chunks sent at its end
 
 
 class _StreamOut:
@@ -175,66 +158,22 @@ class Api:
                 return
 
     # ----- info
-    def _internal_state(self) -> dict[str, Any]:
-        eng = self.s.engine
-        st: dict[str, Any] = {
-            "last_gen_throughput": eng.stats.last_gen_throughput,
-            "memory_usage": {"weight": round(self.s.cap.weights_mib / 1024, 2),
-                             "kvcache": round(self.s.cap.kv_mib / 1024, 2),
-                             "token_capacity": self.s.cap.max_total_num_tokens,
-                             "graph": round(self.s.cap.graph_mib / 1024, 2)},
-            "load": len(eng.running) + len(eng.waiting),
-        }
-        if self.s.args.speculative_algorithm:
-            st["avg_spec_accept_length"] = eng.avg_spec_accept_length
-        return st
-
-    def _server_info(self) -> dict[str, Any]:
-        args = self.s.args.to_dict()
-        if versions.current().name != "0.5.9":
-            # 0.5.23: no cuda_graph_max_bs/_bs keys; the resolved graph settings sit in cuda_graph_config
-            a = self.s.args
-            max_bs = self.s.engine.timing.cuda_graph_max_bs
-            for k in ("cuda_graph_max_bs", "cuda_graph_bs", "cuda_graph_max_bs_prefill", "cuda_graph_bs_prefill",
-                      "cuda_graph_backend_decode", "cuda_graph_backend_prefill", "stream_output"):
-                args.pop(k, None)
-            args["cuda_graph_config"] = {
-                "decode": {"backend": "disabled" if a.disable_cuda_graph else (a.cuda_graph_backend_decode or "full"),
-                           "max_bs": max_bs,
-                           "bs": list(a.cuda_graph_bs) if a.cuda_graph_bs else
-                           [b for b in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64) if b <= max_bs] or [1]},
-                "prefill": {"backend": a.cuda_graph_backend_prefill or ("disabled" if a.disable_cuda_graph else "full"),
-                            "max_bs": a.cuda_graph_max_bs_prefill, "bs": a.cuda_graph_bs_prefill}}
-        return {**args,
-                "max_total_num_tokens": self.s.cap.max_total_num_tokens,
-                "max_req_input_len": self.s.cap.context_len - 5,
-                "internal_states": [self._internal_state()],
-                "version": self.s.version,
-                "startup_time": self.s.started_at,
-                "simulator": {**self.s.simulator,
-                              "schedule_lag_max_s": round(self.s.engine.stats.schedule_lag_max_s, 4),
-                              "schedule_resets": self.s.engine.stats.schedule_resets}}
 
     async def get_server_info(self, request: web.Request) -> web.Response:
         self.s.log.warning("Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
                            "Please use '/server_info' instead.")
-        return _json(self._server_info())
+        return _json(server_info(self.s))
 
     async def server_info(self, request: web.Request) -> web.Response:
-        return _json(self._server_info())
-
-    def _model_info(self) -> dict[str, Any]:
-        a = self.s.args
-        return {"model_path": a.model_path, "tokenizer_path": a.tokenizer_path, "is_generation": True,
-                "preferred_sampling_params": None, "weight_version": "default"}
+        return _json(server_info(self.s))
 
     async def get_model_info(self, request: web.Request) -> web.Response:
         self.s.log.warning("Endpoint '/get_model_info' is deprecated and will be removed in a future version. "
                            "Please use '/model_info' instead.")
-        return _json(self._model_info())
+        return _json(model_info(self.s))
 
     async def model_info(self, request: web.Request) -> web.Response:
-        return _json({**self._model_info(), "served_model_name": self.s.args.served_model_name,
+        return _json({**model_info(self.s), "served_model_name": self.s.args.served_model_name,
                       "architectures": [self.s.architecture], "model_type": "kimi_k2",
                       "context_length": self.s.cap.context_len})
 
@@ -274,21 +213,11 @@ class Api:
                                     internal=internal)
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        """SGLang 0.5.17's /tokenize: ``prompt`` (a string or a list of them) or chat ``messages``; ``tokens`` and
-        ``count`` (a list of each for a list of prompts), ``max_model_len``."""
         body = await _body(request)
-        prompt = body.get("prompt")
-        if isinstance(body.get("messages"), list):
-            prompt = scoring.chat_prompt(body["messages"])
-        if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-            tokens: Any = [self.vocab.ids(count_prompt_tokens(p)) for p in prompt]
-            count: Any = [len(t) for t in tokens]
-        elif isinstance(prompt, str):
-            tokens = self.vocab.ids(count_prompt_tokens(prompt))
-            count = len(tokens)
-        else:
-            return _error("Invalid prompt type: expected str or List[str], or messages")
-        return _json({"tokens": tokens, "count": count, "max_model_len": self.s.cap.context_len})
+        try:
+            return _json(tokenized(self.vocab, body, self.s.cap.context_len))
+        except ValueError as exc:
+            return _error(str(exc))
 
     async def _score(self, body: dict[str, Any], max_new: int) -> web.Response:
         """A non-streaming ``/generate`` of ``input_ids`` with ``return_logprob``: the engine prefills it (and
@@ -298,47 +227,10 @@ class Api:
         start = int(body.get("logprob_start_len", -1))
         req = self._submit(None, ids, max_new, True, body.get("rid"), internal=True)
         await self._drain(req)
-        out = self._gen_out(req, req.completion_tokens, True, None)
+        out = gen_out(self.s, req, req.completion_tokens, True, None)
         out["meta_info"]["input_token_logprobs"] = scoring.input_token_logprobs(list(req.prompt), ids, start)
         out["meta_info"]["output_token_logprobs"] = []
         return _json(out)
-
-    def _meta(self, req: GenRequest, count: int, finished: bool) -> dict[str, Any]:
-        meta: dict[str, Any] = {
-            "id": req.rid,
-            "finish_reason": req.finished_reason if finished else None,
-            "prompt_tokens": req.prompt_tokens,
-            "weight_version": "default",
-            "completion_tokens": count,
-            "cached_tokens": req.cached_tokens,
-        }
-        if self.s.args.speculative_algorithm and finished:
-            # per-request spec fields in the final chunk only (both versions; engines-2026.md A4), 0.5.23 names
-            meta["spec_verify_ct"] = req.verify_ct
-            meta["spec_accept_length"] = count / req.verify_ct if req.verify_ct else 0.0
-            k = max(1, (self.s.args.speculative_num_draft_tokens or 1) - 1)
-            # as SGLang counts: every cycle's correct proposals, the last cycle's also past the request's end
-            # (the histogram's weighted sum; the known-truth facts), so they can exceed count - verify_ct by a few
-            hist = list(req.accept_hist) if finished else []
-            correct = sum(j * c for j, c in enumerate(hist)) if hist else max(0, count - req.verify_ct)
-            proposed = req.verify_ct * k
-            old = versions.current().name == "0.5.9"
-            meta["spec_accept_token_num" if old else "spec_num_correct_drafts"] = correct
-            meta["spec_draft_token_num" if old else "spec_num_proposed_drafts"] = proposed
-            if hist:
-                meta["spec_accept_histogram" if old else "spec_correct_drafts_histogram"] = hist
-            if not old:
-                meta["spec_accept_rate"] = correct / proposed if proposed else 0.0
-        if finished:
-            meta["e2e_latency"] = (req.finished_at or time.time()) - req.created
-        return meta
-
-    def _gen_out(self, req: GenRequest, count: int, finished: bool, index: Optional[int]) -> dict[str, Any]:
-        out = {"text": req.text(count), "output_ids": req.output_ids[:count],
-               "meta_info": self._meta(req, count, finished)}
-        if index is not None:
-            out["index"] = index
-        return out
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request)
@@ -364,7 +256,7 @@ class Api:
             return _json({"error": {"message": str(exc)}}, 400)
         if not body.get("stream"):
             await asyncio.gather(*(self._drain(r) for r in reqs))
-            outs = [self._gen_out(r, r.completion_tokens, True, None) for r in reqs]
+            outs = [gen_out(self.s, r, r.completion_tokens, True, None) for r in reqs]
             return _json(outs if batch else outs[0])
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
@@ -394,7 +286,7 @@ class Api:
             left = len(reqs)
             while left:
                 i, r, em = await queue.get()
-                payload = self._gen_out(r, em.count, em.finished, i if batch else None)
+                payload = gen_out(self.s, r, em.count, em.finished, i if batch else None)
                 await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
                 if em.finished:
                     left -= 1
@@ -413,54 +305,21 @@ class Api:
         body = await _body(request)
         if (resp := self._not_ready()) is not None:
             return resp
-        if chat:
-            msgs = body.get("messages")
-            if not isinstance(msgs, list) or not msgs:
-                return _error("messages must be a non-empty list")
-            prompt = scoring.chat_prompt(msgs)
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1:
-                prompt = prompt[0]
-            if not isinstance(prompt, str):
-                return _error("prompt must be a string")
-        max_tokens = body.get("max_completion_tokens") if chat else None
-        max_tokens = max_tokens or body.get("max_tokens") or (None if chat else 16)
-        if max_tokens is None:
-            max_tokens = 128
-        ignore_eos = bool(body.get("ignore_eos", False))
-        token_ids = bool(body.get("return_token_ids"))
         try:
-            req = self._submit(prompt, None, int(max_tokens), ignore_eos,
+            prompt, max_tokens = openai_request(body, chat)
+            req = self._submit(prompt, None, max_tokens, bool(body.get("ignore_eos", False)),
                                sampled=_sampling(body.get("temperature"), body.get("top_p")))
         except ValueError as exc:
             return _error(str(exc))
+        token_ids = bool(body.get("return_token_ids"))
         model = body.get("model") or self.s.args.served_model_name
         rid = req.rid
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
-
-        def usage() -> dict[str, Any]:
-            return {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.completion_tokens,
-                    "total_tokens": req.prompt_tokens + req.completion_tokens, "prompt_tokens_details": None}
-
-        def reason() -> Optional[str]:
-            fr = req.finished_reason or {}
-            return fr.get("type")
-
         if not body.get("stream"):
             await self._drain(req)
-            if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": req.text(),
-                                                  "reasoning_content": None, "tool_calls": None},
-                          "logprobs": None, "finish_reason": reason(), "matched_stop": None}
-            else:
-                choice = {"index": 0, "text": req.text(), "logprobs": None, "finish_reason": reason(),
-                          "matched_stop": None}
-            if token_ids:
-                choice["token_ids"] = list(req.output_ids)
             return _json({"id": rid, "object": obj, "created": created, "model": model,
-                          "choices": [choice], "usage": usage()})
+                          "choices": [openai_choice(req, chat, token_ids)], "usage": openai_usage(req)})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
@@ -478,7 +337,7 @@ class Api:
                 em = await req.queue.get()
                 delta = req.text(em.count)[len(req.text(sent)):]
                 before, sent = sent, em.count
-                fr = reason() if em.finished else None
+                fr = finish_type(req) if em.finished else None
                 if chat:
                     d: dict[str, Any] = {"content": delta}
                     if first:
@@ -495,7 +354,7 @@ class Api:
             await _after_the_step()
             opts = body.get("stream_options") or {}
             if isinstance(opts, dict) and opts.get("include_usage"):
-                await send([], usage())
+                await send([], openai_usage(req))
             await out.write(b"data: [DONE]\n\n")
             await out.end()
         except (ConnectionResetError, asyncio.CancelledError):
@@ -524,47 +383,7 @@ class Api:
     async def metrics(self, request: web.Request) -> web.Response:
         if not self.s.args.enable_metrics:
             return web.Response(status=404, text="Not Found")
-        eng = self.s.engine
-        new = versions.current().name != "0.5.9"
-        model = f'model_name="{self.s.args.served_model_name}",engine_type="unified"'
-        labels = f'{model},tp_rank="0",pp_rank="0"'
-        sched = f'{model},moe_ep_rank="0",pp_rank="0",tp_rank="0"'    # scheduler metrics (0.5.17 probe)
-        lines: list[str] = []
-
-        def metric(name: str, kind: str, help_text: str, value: float) -> None:
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
-            lines.append(f"{name}{{{labels}}} {float(value)}")
-
-        def family(name: str, help_text: str, label: str, values: dict[str, float]) -> None:
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} counter")
-            for key, value in values.items():
-                lines.append(f'{name}{{{label}="{key}",{sched}}} {float(value)}')
-
-        metric("sglang:num_running_reqs", "gauge", "The number of running requests.", len(eng.running))
-        metric("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", len(eng.waiting))
-        metric("sglang:token_usage", "gauge", "The token usage.", eng.stats.last_token_usage)
-        metric("sglang:gen_throughput", "gauge", "The generation throughput (token/s).",
-               eng.stats.last_gen_throughput)
-        metric("sglang:spec_accept_length", "gauge", "The average acceptance length of speculative decoding.",
-               eng.stats.last_accept_length)
-        metric("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-               eng.stats.prompt_tokens_total)
-        metric("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
-               eng.stats.generation_tokens_total)
-        metric("sglang:num_requests_total", "counter", "Number of requests processed.",
-               eng.stats.num_requests_total)
-        if new:     # 0.5.23 only (engines-2026.md A5)
-            metric("sglang:spec_verify_calls_total", "counter", "Number of speculative verify calls.",
-                   eng.stats.spec_verify_calls_total)
-            family("sglang:cuda_graph_passes_total", "Total number of forward passes categorized by CUDA graph.",
-                   "mode", dict(eng.stats.graph_passes))
-            if eng.timing.env.get("SGLANG_ENABLE_METRICS_DEVICE_TIMER") == "1":
-                family("sglang:forward_execution_seconds_total",
-                       "Total time that GPU is busy executing model forward passes. Refer to ForwardMode for "
-                       "category labels.", "category", dict(eng.stats.forward_s))
-        return web.Response(text="\n".join(lines) + "\n",
+        return web.Response(text=metrics_text(self.s),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 

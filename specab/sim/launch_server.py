@@ -33,7 +33,25 @@ from specab.sim.timing import TimingModel, nccl_factor
 SGLANG_LAUNCH_FILE = "/usr/local/lib/python3.12/dist-packages/sglang/launch_server.py"
 
 
+def timing_env(profile: Profile, reports: dict[int, dict[str, Any]], world: int) -> dict[str, str]:
+    """The environment that decides the timing: the scheduler whose NCCL setting is slowest (of the ready reports of
+    the local schedulers, by rank); the simulated acceptance length is the first one's."""
+    envs = [r.get("env", {}) for _, r in sorted(reports.items())]
+    if not envs:
+        return {}
+    slowest = max(envs, key=lambda e: nccl_factor(profile, e, world))
+    env = dict(slowest)
+    acc = envs[0].get("SGLANG_SIMULATE_ACC_LEN")
+    env.pop("SGLANG_SIMULATE_ACC_LEN", None)
+    if acc is not None:
+        env["SGLANG_SIMULATE_ACC_LEN"] = acc
+    return env
+
+
 class Launch:
+    """One simulated SGLang launch: its worker processes (detokenizer, one scheduler per local rank), the HTTP
+    server, the faults it was asked for and SGLang's way of dying."""
+
     def __init__(self, args: ServerArgs, settings: SimSettings, profile: Profile, log: SimLogger):
         self.args = args
         self.settings = settings
@@ -141,20 +159,6 @@ class Launch:
             self.reports[rank] = json.loads(line)
         return True
 
-    def timing_env(self) -> dict[str, str]:
-        """The environment that decides the timing: the scheduler whose NCCL setting is slowest."""
-        world = self.args.tp_size * self.args.pp_size
-        envs = [r.get("env", {}) for _, r in sorted(self.reports.items())]
-        if not envs:
-            return {}
-        slowest = max(envs, key=lambda e: nccl_factor(self.profile, e, world))
-        env = dict(slowest)
-        acc = envs[0].get("SGLANG_SIMULATE_ACC_LEN")
-        env.pop("SGLANG_SIMULATE_ACC_LEN", None)
-        if acc is not None:
-            env["SGLANG_SIMULATE_ACC_LEN"] = acc
-        return env
-
     def fail_scheduler(self, error: str) -> None:
         """Make the first local scheduler fail with ``error`` (it SIGQUITs this process, as in SGLang)."""
         proc = self.schedulers.get(min(self.schedulers)) if self.schedulers else None
@@ -217,8 +221,9 @@ class Launch:
             return await self._dummy_health()
         from aiohttp import web
         from specab.sim.engine import Engine
-        from specab.sim.httpapi import Api, ServerState
-        env = self.timing_env()
+        from specab.sim.httpapi import Api
+        from specab.sim.replies import ServerState
+        env = timing_env(self.profile, self.reports, self.args.tp_size * self.args.pp_size)
         timing = TimingModel.create(self.profile, a, env, st.seed, instance)
         slow = st.faults.slow_instance
         if slow is not None and slow.speed_factor(instance) != 1.0:

@@ -15,9 +15,11 @@ On the per-run path the driver reads a task's phase from the role that ansible-r
 (``phase_of_event``), so task names are free text: renaming one changes no recorded phase. A task outside these
 roles (a check of ``playbooks/tasks/run_arm.yml`` between two of them) belongs to the phase in effect.
 
-``RUN_STEPS`` is the run order on a node: the per-run playbook (``playbooks/tasks/run_arm.yml``, one role per step)
-and the sequencer (``runsteps.py``) both follow it (``tests/unit/test_architecture.py`` holds the playbook to it,
-``tests/node/test_sequence.py`` the sequencer). stdlib only (Python >= 3.8), part of the shared vocabulary.
+A row whose ``step`` names a role begins a step of the run: ``RUN_STEPS``, derived from those rows, is the run order on
+a node, which the per-run playbook (``playbooks/tasks/run_arm.yml``, one role per step) and the sequencer
+(``runsteps.py``) both follow (``tests/unit/test_architecture.py`` holds the playbook to it,
+``tests/node/test_sequence.py`` the sequencer). A new step is one row here, its role, its node tool and its method
+of ``RunSteps``. stdlib only (Python >= 3.8), part of the shared vocabulary.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ class Phase(NamedTuple):
     role: Optional[str]       # the role whose tasks are this phase on the per-run path; None: no role of its own
     doing: str                # what the run was doing when it failed there; "{arm}" = the arm's name
     failure: str              # the headline of a failure there; "{host}" = the inventory's name of the host
+    step: Optional[str] = None    # a step of the run begins here: the role the per-run playbook includes for it
 
 
 # headlines that several phases share (a step before the start and after the run; a phase and the next of one step)
@@ -42,22 +45,25 @@ PHASES: Tuple[Phase, ...] = (
     Phase("claimed", "preparing", "node_prepare", "Queue | Claim the queued run",
           "Preparing the run on {host} failed"),
     Phase("stopping-leftover", "stopping", "server_stop", "Stop | Stop any server of ours left on the node",
-          STOP_FAILED),
+          STOP_FAILED, step="server_stop"),
     Phase("gpus-free-before", "waiting for GPUs", "gpu_free",
-          "GPUs free | Wait until the GPUs are free before starting", GPUS_BUSY),
-    Phase("starting", "starting", "server_start", "Start | Start arm {arm}", "Starting arm {arm} on {host} failed"),
-    Phase("loading", "loading", "server_ready", "Ready | Wait until the server is ready", NOT_READY),
+          "GPUs free | Wait until the GPUs are free before starting", GPUS_BUSY, step="gpu_free"),
+    Phase("starting", "starting", "server_start", "Start | Start arm {arm}", "Starting arm {arm} on {host} failed",
+          step="server_start"),
+    Phase("loading", "loading", "server_ready", "Ready | Wait until the server is ready", NOT_READY,
+          step="server_ready"),
     Phase("ready", "ready", None, "Ready | Wait until the server is ready", NOT_READY),
     Phase("env", "verifying env", "env_verify", "Env | Verify env and server args",
-          "Env verification failed on {host}"),
+          "Env verification failed on {host}", step="env_verify"),
     Phase("warming up", "warming up", None, "Bench | Benchmark arm {arm}", BENCH_FAILED),
-    Phase("benchmarking", "benchmarking", "bench", "Bench | Benchmark arm {arm}", BENCH_FAILED),
-    Phase("stopping", "stopping", "server_stop", "Stop | Stop the server and record how", STOP_FAILED),
+    Phase("benchmarking", "benchmarking", "bench", "Bench | Benchmark arm {arm}", BENCH_FAILED, step="bench"),
+    Phase("stopping", "stopping", "server_stop", "Stop | Stop the server and record how", STOP_FAILED,
+          step="server_stop"),
     Phase("gpus free", "waiting for GPUs", "gpu_free",
-          "GPUs free | Wait until the GPUs are free again and record the time to free", GPUS_BUSY),
+          "GPUs free | Wait until the GPUs are free again and record the time to free", GPUS_BUSY, step="gpu_free"),
     # on the per-run path the collect role writes the manifest and fetches the run: all of it is collecting
     Phase("manifest", "writing manifest", None, "Collect | Write manifest.json on the node",
-          "Writing the manifest on {host} failed"),
+          "Writing the manifest on {host} failed", step="collect"),
     Phase("done", None, None, "Queue | Write done.json", "Writing done.json on {host} failed"),
     Phase(None, "collecting", "collect", "Collect | Fetch the run's artefacts",
           "Collecting the run from {host} failed"),
@@ -72,17 +78,7 @@ class RunStep(NamedTuple):
     role: str         # the role the per-run playbook includes for it
 
 
-RUN_STEPS: Tuple[RunStep, ...] = (
-    RunStep("stopping-leftover", "server_stop"),
-    RunStep("gpus-free-before", "gpu_free"),
-    RunStep("starting", "server_start"),
-    RunStep("loading", "server_ready"),
-    RunStep("env", "env_verify"),
-    RunStep("benchmarking", "bench"),
-    RunStep("stopping", "server_stop"),
-    RunStep("gpus free", "gpu_free"),
-    RunStep("manifest", "collect"),
-)
+RUN_STEPS: Tuple[RunStep, ...] = tuple(RunStep(p.node, p.step) for p in PHASES if p.node is not None and p.step)
 
 # The views of PHASES that the parts read.
 NODE_PHASES: Tuple[str, ...] = tuple(p.node for p in PHASES if p.node is not None)       # phases.jsonl, in order

@@ -56,7 +56,7 @@ def test_renaming_every_task_changes_no_recorded_phase(tmp_path: Path) -> None:
         result = runner.run(str(project / "playbooks" / "arm.yml"), {
             "specab_experiment": exp, "specab_arm": resolved_arm(exp, 0), "specab_experiment_id": "t-phases",
             "specab_run_id": "001-baseline", "specab_run_dir": str(node.runs_dir / "t-phases" / "001-baseline"),
-            "specab_runs_dir": str(node.runs_dir)}, "phases", on_phase=seen.append)
+            "specab_runs_dir": str(node.runs_dir)}, "phases", on_phase=lambda phase, at: seen.append(phase))
     finally:
         node.stop()
     assert result.ok, (result.failures, result.stdout_tail[-3000:])

@@ -1,6 +1,7 @@
 """The results store: written as results arrive, read back by the analysis, missing runs for --resume."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -129,13 +130,15 @@ def test_open_refuses_an_unknown_schema_version(tmp_path):
 
 def test_finish_run_records_gpu_seconds_and_an_older_store_gains_the_columns(tmp_path):
     s = _store(tmp_path)
-    # a store written before runs.gpus / runs.gpu_seconds existed
+    s.start_run(seq=1, run_id="001-baseline", arm="baseline", block=1, host="h", run_dir="/r", runner_ident="a")
+    # a store written before runs.gpus / runs.gpu_seconds existed, opened again (a resume)
     s.conn.execute("ALTER TABLE runs DROP COLUMN gpu_seconds")
     s.conn.execute("ALTER TABLE runs DROP COLUMN gpus")
     s.conn.commit()
-    s.start_run(seq=1, run_id="001-baseline", arm="baseline", block=1, host="h", run_dir="/r", runner_ident="a")
+    s.close()
+    s = st.Store.open(s.path)
     assert "gpu_seconds" not in s.runs()[0]                        # readable without the columns
-    s.finish_run(1, status=st.OK, gpus=8)
+    s.finish_run(1, status=st.OK, gpus=8)                           # its first write adds them
     run = s.runs()[0]
     assert run["gpus"] == 8 and run["gpu_seconds"] == pytest.approx(8 * run["duration_s"])
     s.start_run(seq=2, run_id="002-x", arm="baseline", block=1, host="h", run_dir="/r", runner_ident="b")
@@ -185,3 +188,47 @@ def test_burn_in_runs_are_marked_in_the_plan_and_the_runs_and_an_older_store_gai
         s.finish_run(seq, status=st.OK)
     assert [(r["seq"], r["burn_in"]) for r in s.runs()] == [(1, True), (2, False)]
     assert [m["seq"] for m in s.missing()] == [3]           # a finished burn-in is not run again by a resume
+
+
+def test_an_older_stores_first_write_adds_every_table_and_column_it_lacks_and_reads_need_none(tmp_path):
+    """Store migrations live in one place (store.migrate): a store written before the fingerprints, the design's
+    decisions and every added column reads as it is, and its first write brings it up to this specab's schema."""
+    s = _store(tmp_path)
+    s.start_run(seq=1, run_id="001-baseline", arm="baseline", block=1, host="h", run_dir="/r", runner_ident="a")
+    for table, col, _ in st.ADDED_COLUMNS:
+        s.conn.execute(f"ALTER TABLE {table} DROP COLUMN {col}")
+    s.conn.executescript("DROP TABLE fingerprints; DROP TABLE run_fingerprints; DROP TABLE design_steps;")
+    s.close()
+    old = st.Store.open(tmp_path / "results.sqlite")
+    assert old.fingerprint() is None and old.run_fingerprints() == {} and old.design_steps() == []
+    assert [r["run_id"] for r in old.runs()] == ["001-baseline"] and old.burn_in_seqs() == set()
+    old.set_experiment_status("running")                            # any write
+    for table, col, _ in st.ADDED_COLUMNS:
+        assert col in {r[1] for r in old.conn.execute(f"PRAGMA table_info({table})")}, (table, col)
+    old.record_design_step(blocks=1, design="cost", more=True, requests=8, reason="r")
+    assert [d["requests"] for d in old.design_steps()] == [8]
+    old.close()
+
+
+def test_a_resume_reads_the_options_record_the_start_stored_not_its_command_line(tmp_path):
+    """The driver's options are one record, stored at the start (experiment.options) and read back by a resume: the
+    plan's switches come from it, the blocks so far from the store; an older store (no record) gives them from its
+    columns and command line."""
+    from specab.driver import session
+    from specab.driver.options import Options
+    started = Options(matrix=["steps=1,2"], seed=7, order="blocked", fleet=True, correctness=True, max_runs=100,
+                      argv=["--matrix", "steps=1,2"])
+    s = st.Store.create(tmp_path / "results.sqlite")
+    s.write_experiment(id="t-1", name="t", seed=7, repeats=3, order_mode="blocked", experiment_file="/e.yml",
+                       inventory_file="/i.yml", config={}, matrix=started.matrix, argv=started.argv, hosts=["sim0"],
+                       specab_version="0", git_sha=None, options=started.to_json())
+    s.write_plan([], repeats=5)                                     # the design added two blocks
+    row = s.experiment()
+    s.close()
+    assert Options.from_json(row["options"]) == dataclasses.replace(started, argv=[])
+    got = session.resume_options(row, Options(max_runs=100, argv=["--resume", "t-1"]), "/e.yml")
+    assert (got.matrix, got.seed, got.order, got.repeats, got.fleet, got.correctness, got.max_runs) == \
+        (["steps=1,2"], 7, "blocked", 5, True, True, None)
+    older = {**row, "options": None, "argv": ["--fleet"]}
+    got = session.resume_options(older, Options(), "/e.yml")
+    assert (got.matrix, got.seed, got.order, got.fleet, got.correctness) == (["steps=1,2"], 7, "blocked", True, False)

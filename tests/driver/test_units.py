@@ -36,6 +36,25 @@ def test_the_role_of_an_event_names_its_phase(event_data, phase):
     assert phase_of_event(event_data) == phase
 
 
+def test_a_teardowns_phases_are_recorded_from_its_task_start_and_its_failure_stays_the_runs_first():
+    """The per-run rescue's one teardown task goes through stop and the GPU wait: the phases its result reports are
+    told in order, each at the task's start plus its offset; the run's failure (the ready step's) stays the first."""
+    from specab.driver import playbook
+    told: list[tuple[str, float | None]] = []
+    ev = playbook._Events({}, [], lambda phase, at: told.append((phase, at)), None)
+    ev.on_event({"event": "playbook_on_task_start", "event_data": {"role": "server_stop"}})
+    ev.on_event({"event": "playbook_on_task_start", "event_data": {"role": "server_ready"}})
+    ev.on_event({"event": "runner_on_failed", "event_data": {"role": "server_ready", "task": "Ready | wait",
+                                                            "res": {"msg": "The server did not become ready: OOM"}}})
+    ev.on_event({"event": "playbook_on_task_start", "event_data": {"task": "Stop | Tear down the failed run"}})
+    started = ev.task_started
+    ev.on_event({"event": "runner_on_ok", "event_data": {"task": "Stop | Tear down the failed run", "res": {
+        "phases": [{"phase": "stopping", "t_rel_s": 0.0}, {"phase": "gpus free", "t_rel_s": 1.5}]}}})
+    assert [p for p, _ in told] == ["stopping", "loading", "final stop", "waiting for GPUs"]
+    assert told[-2:] == [("final stop", started), ("waiting for GPUs", started + 1.5)]
+    assert [(f.phase, f.message) for f in ev.failures] == [("loading", "The server did not become ready: OOM")]
+
+
 def test_failure_message_prefers_the_node_tools_error():
     assert failure_message({"stdout": json.dumps({"ok": False, "error": "GPU 0 held by pid 42 (bob): python train.py"}),
                      "msg": "non-zero return code", "rc": 1}) == "GPU 0 held by pid 42 (bob): python train.py"

@@ -189,3 +189,27 @@ def test_stop_without_record_sweeps_leftovers_of_the_last_server(server, sim):
     assert len(r.data["leftovers_killed"]) == 3
     assert not session_pids(rec["sid"])
     assert bystander.poll() is None
+
+
+def test_teardown_stops_the_server_waits_for_free_gpus_and_says_when_each_phase_began(server, sim):
+    """The per-run playbook's rescue tears a failed run down with one tool (teardown.py, the run queue's own
+    sequence): the server stopped, the GPUs verified free, both recorded in the run directory, and the phases it
+    went through with their offsets from its start, in the run queue's names."""
+    assert server.start().rc == 0 and server.ready().rc == 0
+    rec = json.loads((server.node_dir / "server.json").read_text())
+    r = run_tool("teardown", "--node-dir", server.node_dir, "--smi", sim.smi_json, "--gpus", "all",
+                 "--grace", "30", "--gpu-free-timeout", "60", "--threshold-mib", "64", "--run-dir", server.run_dir,
+                 env=sim.env)
+    assert r.rc == 0, r.error
+    assert r.data["stop"]["was_running"] and not session_pids(rec["sid"])
+    assert r.data["gpu_free"]["time_to_free_s"] >= 0 and all(g["memory_used_mib"] <= 64 for g in r.data["gpu_free"]["final"])
+    assert [p["phase"] for p in r.data["phases"]] == ["stopping", "gpus free"]
+    stop_rec = json.loads((server.run_dir / "stop.json").read_text())
+    # the GPU wait began once stop had seen our processes gone, before stop's end
+    assert 0 <= r.data["phases"][1]["t_rel_s"] <= stop_rec["total_s"] + 0.5, (r.data["phases"], stop_rec["total_s"])
+    assert json.loads((server.run_dir / "gpu_free.json").read_text())["ok"] is True
+    assert (server.run_dir / "gpu_free.csv").read_text().startswith("timestamp,index,uuid")
+    # nothing left to stop: the teardown records an idle stop and still verifies the GPUs free
+    again = run_tool("teardown", "--node-dir", server.node_dir, "--smi", sim.smi_json, "--gpus", "all",
+                     "--grace", "30", "--gpu-free-timeout", "60", "--threshold-mib", "64", env=sim.env)
+    assert again.rc == 0 and not again.data["stop"]["was_running"], again.data

@@ -77,6 +77,27 @@ def test_one_task_file_runs_an_arm_on_one_host_or_over_several():
     assert not [p for p in (REPO / "playbooks").rglob("*run_arm*.yml") if p.name != "run_arm.yml"]
 
 
+def _node_tasks(value) -> list[dict]:
+    """Every `specab_node` task's arguments in a loaded task file, blocks and rescues included."""
+    if isinstance(value, list):
+        return [t for v in value for t in _node_tasks(v)]
+    if isinstance(value, dict):
+        return ([value["specab_node"]] if isinstance(value.get("specab_node"), dict) else []) + \
+            [t for k, v in value.items() if k in ("block", "rescue", "always") for t in _node_tasks(v)]
+    return []
+
+
+def test_every_node_step_names_a_tool_of_the_node_package():
+    """The module specab_node keeps no list of the tools: the node package's files are the one list (its launcher's
+    `tools()`), and every task of the roles and playbooks names a tool in it."""
+    from specab.node.__main__ import tools
+    TOOLS = tools()
+    files = [p for d in ("roles", "playbooks") for p in sorted((REPO / d).rglob("*.yml"))]
+    tools = {(str(p.relative_to(REPO)), t["tool"]) for p in files for t in _node_tasks(yaml.safe_load(p.read_text()))}
+    assert {t for _, t in tools} >= {"stop", "gpufree", "start", "ready", "envcheck", "bench", "manifest"}, tools
+    assert not [(p, t) for p, t in tools if t not in TOOLS], sorted(tools)
+
+
 def test_the_sequencer_names_its_phases_after_the_vocabulary():
     from specab.node import runqueue, runsteps
     assert runsteps.PHASES == phases.NODE_PHASES and runqueue.TASKS == phases.TASKS

@@ -772,6 +772,23 @@ def load_store(path: str | Path, *, read_logs: bool = True) -> Experiment:
         return _load_store(path, read_logs=read_logs)
 
 
+def _store_rows(p: Path) -> tuple[Any, ...]:
+    """Everything the loader reads of a store, in one open: the experiment, arms, runs, run fingerprints, requests
+    and GPU samples by seq, manifests and env checks by seq and host, phase metrics, design steps."""
+    store = Store.open(p)
+    try:
+        manifests: dict[int, dict[str, dict]] = {}
+        for m in store.manifests():
+            manifests.setdefault(m["seq"], {})[m["host"]] = m["manifest"]
+        checks: dict[int, dict[str, dict]] = {}
+        for c in store.env_checks():
+            checks.setdefault(c["seq"], {})[c["host"]] = c["check"]
+        return (store.experiment(), store.arms(), store.runs(), store.run_fingerprints(), _store_requests(store),
+                _store_gpu_samples(store), manifests, checks, store.phase_metrics(), store.design_steps())
+    finally:
+        store.close()
+
+
 def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
     p = Path(path)
     if p.is_dir():
@@ -779,24 +796,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
     if not p.exists():
         raise AnalysisError(f"{p}: no results store here; give an experiment directory (runs/<experiment-id>) "
                             f"or its {FILENAME}")
-    store = Store.open(p)
-    try:
-        e = store.experiment()
-        arm_rows = store.arms()
-        run_rows = store.runs()
-        run_fps = store.run_fingerprints()
-        reqs = _store_requests(store)
-        samples = _store_gpu_samples(store)
-        manifests: dict[int, dict[str, dict]] = {}
-        for m in store.manifests():
-            manifests.setdefault(m["seq"], {})[m["host"]] = m["manifest"]
-        checks: dict[int, dict[str, dict]] = {}
-        for c in store.env_checks():
-            checks.setdefault(c["seq"], {})[c["host"]] = c["check"]
-        phase_files = store.phase_metrics()
-        design_steps = store.design_steps()
-    finally:
-        store.close()
+    e, arm_rows, run_rows, run_fps, reqs, samples, manifests, checks, phase_files, design_steps = _store_rows(p)
     arms = [Arm(name=a["name"], server_args=a.get("server_args") or {}, env=a.get("env") or {},
                 baseline=a.get("baseline"), matrix=a.get("matrix") or {}) for a in arm_rows]
     base_rows = [a for a in arm_rows if a.get("is_baseline")]

@@ -29,8 +29,8 @@ from specab.analysis.measures import specmodel
 from specab.analysis.measures import stats
 from specab.analysis.measures import truthcheck
 from specab.analysis.measures import workload
-from specab.analysis.evidence.model import (AnalysisError, Experiment, arm_concurrency, arm_rate, bench_concurrency,
-                                            gc_paused, load_label, load_store, tok_s_meaning)
+from specab.analysis.evidence.model import (AnalysisError, Experiment, Run, arm_concurrency, arm_rate,
+                                            bench_concurrency, gc_paused, load_label, load_store, tok_s_meaning)
 from specab.analysis.measures import validity
 # the document model (Report and its blocks, Markdown and HTML), used here and by the callers as report.<name>
 from specab.analysis.render.document import (Bullets, Heading, Image, Para, Pre, Report, Table,  # noqa: F401
@@ -536,19 +536,17 @@ def _mean_alpha(model: specmodel.ModelResult) -> float | None:
     return sum(a.alpha for a in model.arms) / len(model.arms) if model.arms else None
 
 
-def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
-                 target_tok_s: float | None = None, plots: bool = True,
-                 capacity: CapacityOptions | None = None) -> Report:
-    st = stats.analyse(exp)
-    val = validity.check(exp)
-    findings = doctor.diagnose(exp, st, config, validity=val)
-    rep = Report(title=f"specab report: {exp.id}")
-    invalid = {v.arm for v in val.invalid()}        # their tau is not their draft's: left out of the model
-    model = _model_for(exp, st, exp.baseline, target_tok_s, invalid)
+def _failed(exp: Experiment) -> tuple[list[Run], list[Run]]:
+    """The runs that failed or measured nothing, and those the user interrupted."""
+    return ([r for r in exp.runs if not r.ok and r.status not in ("running", "interrupted")],
+            [r for r in exp.runs if r.status == "interrupted"])
 
-    # summary: what was measured, then the verdicts
+
+def _summary(rep: Report, exp: Experiment, st: stats.ExperimentStats, val: validity.Validity,
+             loads: concurrency.LoadReport, findings: list[doctor.Finding]) -> dict[str, str]:
+    """The summary (what was measured, the verdicts, the runs that did not finish, the doctor's count, what the
+    experiment pooled or mixed) and the order paragraph; returns each speculative arm's verdict line."""
     rep.summary.append(f"Workload: {workload.label(exp)}.")
-    loads = concurrency.analyse_loads(exp, per_user=st.speedups)
     verdicts: dict[str, str] = {}       # each speculative arm's verdict, speed and validity in one line
     for a in exp.spec_arms:
         sp = st.speedups[a.name]
@@ -565,8 +563,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     stop = stopping_statement(exp)
     if stop:
         rep.summary.append(stop)
-    failed = [r for r in exp.runs if not r.ok and r.status not in ("running", "interrupted")]
-    interrupted = [r for r in exp.runs if r.status == "interrupted"]
+    failed, interrupted = _failed(exp)
     running = [r for r in exp.runs if r.status == "running"]
     if running:
         rep.summary.append(f"{len(running)} run(s) still running or cut short without a result: "
@@ -599,8 +596,11 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     rep.add(Para(f"Order: {exp.order}; {st.blocks} complete block(s); {len(exp.runs)} run(s); hosts: "
                  f"{', '.join(st.hosts)}. Intervals are 95% over runs (requests are not pooled as if independent); "
                  f"speedups are paired within blocks (see docs/statistics.md)."))
+    return verdicts
 
-    # per-arm table
+
+def _arm_blocks(rep: Report, exp: Experiment, st: stats.ExperimentStats, loads: concurrency.LoadReport) -> None:
+    """The per-arm table, with what its tok/s means at the arms' load."""
     rows = []
     for a in exp.arms:
         s = st.arms[a.name]
@@ -626,9 +626,10 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                    "tok/s median (requests)", "TTFT ms", "TPOT ms", "e2e s", "accept length", "cuda graph share"],
                   rows))
 
-    lengths, cats = _workload_blocks(rep, exp)
 
-    # speedups
+def _speedup_blocks(rep: Report, exp: Experiment, st: stats.ExperimentStats,
+                    val: validity.Validity) -> None:
+    """The paired speedups, their validity, and per host."""
     rows = []
     for a in exp.spec_arms:
         sp = st.speedups[a.name]
@@ -644,16 +645,12 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     _validity_blocks(rep, val)
     if st.host_speedups:
         rep.add(Heading("Speedup per host", 3), *_host_blocks(exp, st))
-    per_pos = _position_blocks(rep, exp)
-    spread = instances.analyse(exp)
-    rep.add(Heading("Instance spread"), Para(instances.INTRO), Table(instances.InstanceReport.HEADER, spread.rows()),
-            *[Para(n) for n in spread.notes()])
 
-    if loads.several_loads:
-        _load_blocks(rep, loads, plots)
-    slo_data = capacity_section(rep, exp, times=loads.times, plots=plots, opts=capacity)
 
-    # spec model: one per baseline with speculative arms (e.g. per engine build of an engine A/B, per load)
+def _models_blocks(rep: Report, exp: Experiment, st: stats.ExperimentStats, model: specmodel.ModelResult | None,
+                   target_tok_s: float | None, invalid: set[str], loads: concurrency.LoadReport
+                   ) -> dict[str, specmodel.ModelResult | None]:
+    """The spec model: one per baseline with speculative arms (e.g. per engine build of an engine A/B, per load)."""
     models = {exp.baseline: model}
     for b in exp.baselines:
         if b != exp.baseline and b in st.arms:
@@ -669,9 +666,11 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         if left:
             rep.add(Para(f"Left out of the model: {', '.join(left)} (outputs not valid: an accept length that is not "
                          f"the draft's would distort alpha)."))
+    return models
 
-    # per-phase breakdown (measured)
-    ph = phases.analyse_phases(exp)
+
+def _phase_blocks(rep: Report, exp: Experiment, ph: phases.PhaseReport, plots: bool) -> None:
+    """The per-phase breakdown (measured)."""
     if exp.spec_arms:
         rep.add(Heading("Where the cycle goes (measured)"))
         if ph.arms:
@@ -702,17 +701,9 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         rep.add(Image("cycle_phases.png", "per-phase ms per cycle, per arm, against the baseline step",
                       plot_phases(ph)))
 
-    truth = truthcheck.check(exp)
-    if truth is not None:
-        _known_truth_blocks(rep, exp, truth, model)
-    dist = distribution.section(exp)        # temperature > 0: each arm's outputs against its baseline's law
-    if dist is not None:
-        rep.add(Heading("Output distribution"), Para(dist.intro), Table(dist.header, dist.rows), Bullets(dist.notes))
 
-    # drift
-    rep.add(Heading("Drift"), Para(st.drift.message))
-
-    # doctor
+def _doctor_blocks(rep: Report, exp: Experiment, findings: list[doctor.Finding]) -> None:
+    """The doctor's findings, then the runs that failed or were interrupted."""
     rep.add(Heading("Doctor"))
     if findings:
         for f in findings:
@@ -721,20 +712,27 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         rep.add(Para("No rule fired: CUDA graph, env propagation, like-for-like args, break-even, clocks, drift, "
                      "client and outliers all look clean."))
 
+    failed, interrupted = _failed(exp)
     if failed or interrupted:
         rep.add(Heading("Failed and interrupted runs" if interrupted else "Failed runs"),
                 Table(["run", "status", "reason"], [[r.run_id, r.status, (r.error or "no measured requests")[:200]]
                                                     for r in failed + interrupted]))
 
-    if plots:
-        rep.add(Heading("Plots"),
-                Image("tok_s_per_arm.png", "tok/s per arm with 95% intervals", plot_tok_s(exp, st)),
-                Image("speedup_vs_steps.png", "speedup vs steps with the model's prediction",
-                      plot_speedup_vs_steps(exp, st, model)),
-                Image("tau_vs_break_even.png", "accept length vs break-even", plot_tau(exp, st, model)),
-                Image("baseline_over_time.png", "baseline over time", plot_baseline_over_time(exp, st)),
-                Image("gpu_clocks.png", "GPU clocks during runs", plot_gpu_clocks(exp)))
-    # what the verdict cost: always last (docs/statistics.md, "Design by cost")
+
+def _plot_blocks(rep: Report, exp: Experiment, st: stats.ExperimentStats,
+                 model: specmodel.ModelResult | None) -> None:
+    """The plots of the whole experiment."""
+    rep.add(Heading("Plots"),
+            Image("tok_s_per_arm.png", "tok/s per arm with 95% intervals", plot_tok_s(exp, st)),
+            Image("speedup_vs_steps.png", "speedup vs steps with the model's prediction",
+                  plot_speedup_vs_steps(exp, st, model)),
+            Image("tau_vs_break_even.png", "accept length vs break-even", plot_tau(exp, st, model)),
+            Image("baseline_over_time.png", "baseline over time", plot_baseline_over_time(exp, st)),
+            Image("gpu_clocks.png", "GPU clocks during runs", plot_gpu_clocks(exp)))
+
+
+def _cost_blocks(rep: Report, exp: Experiment) -> tuple[economics.Spend, list[str]]:
+    """What the verdict cost: always last (docs/statistics.md, "Design by cost")."""
     spent = economics.spend(exp)
     cost = economics.cost_lines(exp)
     rep.add(Heading("Verdict cost"), Para(" ".join(cost)))
@@ -752,6 +750,44 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                       [[str(d["blocks"]), DESIGN_NAMES.get(d["design"], d["design"]),
                         "another block" if d["more"] else "stop", str(d["requests"] or "-"), d["reason"]]
                        for d in steps]))
+    return spent, cost
+
+
+def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
+                 target_tok_s: float | None = None, plots: bool = True,
+                 capacity: CapacityOptions | None = None) -> Report:
+    st = stats.analyse(exp)
+    val = validity.check(exp)
+    findings = doctor.diagnose(exp, st, config, validity=val)
+    rep = Report(title=f"specab report: {exp.id}")
+    invalid = {v.arm for v in val.invalid()}        # their tau is not their draft's: left out of the model
+    model = _model_for(exp, st, exp.baseline, target_tok_s, invalid)
+    loads = concurrency.analyse_loads(exp, per_user=st.speedups)
+    verdicts = _summary(rep, exp, st, val, loads, findings)
+    _arm_blocks(rep, exp, st, loads)
+    lengths, cats = _workload_blocks(rep, exp)
+    _speedup_blocks(rep, exp, st, val)
+    per_pos = _position_blocks(rep, exp)
+    spread = instances.analyse(exp)
+    rep.add(Heading("Instance spread"), Para(instances.INTRO), Table(instances.InstanceReport.HEADER, spread.rows()),
+            *[Para(n) for n in spread.notes()])
+    if loads.several_loads:
+        _load_blocks(rep, loads, plots)
+    slo_data = capacity_section(rep, exp, times=loads.times, plots=plots, opts=capacity)
+    models = _models_blocks(rep, exp, st, model, target_tok_s, invalid, loads)
+    ph = phases.analyse_phases(exp)
+    _phase_blocks(rep, exp, ph, plots)
+    truth = truthcheck.check(exp)
+    if truth is not None:
+        _known_truth_blocks(rep, exp, truth, model)
+    dist = distribution.section(exp)        # temperature > 0: each arm's outputs against its baseline's law
+    if dist is not None:
+        rep.add(Heading("Output distribution"), Para(dist.intro), Table(dist.header, dist.rows), Bullets(dist.notes))
+    rep.add(Heading("Drift"), Para(st.drift.message))
+    _doctor_blocks(rep, exp, findings)
+    if plots:
+        _plot_blocks(rep, exp, st, model)
+    spent, cost = _cost_blocks(rep, exp)
     rep.summary.extend(cost)
     # "model": the experiment's first baseline (as before); "models": one per baseline (an engine A/B, a matrix
     # condition), each over the arms compared with it
