@@ -34,7 +34,7 @@ options:
     description: The node tool.
     type: str
     required: true
-    choices: [stop, gpufree, start, ready, envcheck, bench, ranksampler, lease, manifest, sequence]
+    choices: [stop, gpufree, start, ready, envcheck, bench, ranksampler, lease, manifest, sequence, instance]
   spec:
     description:
       - The tool's spec (the fields of its dataclass, e.g. C(StopSpec) in C(specab/node/stop.py)).
@@ -82,7 +82,7 @@ author: specab
 # What a successful run changed on the node: a stop changed something only when a server was running; a start
 # always starts one, a bench writes its run's measurements, a rank's sampler changed something when it was started or
 # stopped; a lease taken anew, put on hold or released, a manifest written, a sequencer started, a queue reset, staged
-# or finished; the other tools and commands only observe.
+# or finished; an instance's server taken over, its cache reset or kept; the other tools and commands only observe.
 CHANGED = {
     "stop": lambda spec, out: bool(out.get("was_running")),
     "start": lambda spec, out: True,
@@ -91,6 +91,7 @@ CHANGED = {
     "lease": lambda spec, out: spec.get("command") in ("take", "hold", "release") and not out.get("already")
     and out.get("released") is not False,
     "manifest": lambda spec, out: True,
+    "instance": lambda spec, out: spec.get("action") in ("take", "reset", "keep"),
     "sequence": lambda spec, out: spec.get("command") in ("reset", "stage", "finish")
     or out.get("ensured") == "started",
 }
@@ -135,7 +136,7 @@ def main() -> None:
         argument_spec=dict(
             tool=dict(type="str", required=True,
                       choices=["stop", "gpufree", "start", "ready", "envcheck", "bench", "ranksampler", "lease",
-                               "manifest", "sequence"]),
+                               "manifest", "sequence", "instance"]),
             spec=dict(type="dict", required=True),
             node_dir=dict(type="str", required=True),
             python=dict(type="str", default="python3"),

@@ -24,7 +24,7 @@ from specab.vocab.contract import redact_env
 DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "default.yml"
 
 EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args", "env", "arms", "bench", "timeouts",
-                   "validity"}
+                   "validity", "design"}
 ARM_KEYS = {"name", "description", "server_args", "env", "cost_only"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
               "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos", "request_rate",
@@ -35,6 +35,10 @@ PHASE_TIMING_VALUES = ("auto", True, False)
 PHASE_TIMING_ARGS = {"enable_metrics": True}
 PHASE_TIMING_ENV = {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}
 TIMEOUT_KEYS = {"ready_s", "stop_grace_s", "gpu_free_s"}
+DESIGN_KEYS = {"server"}
+# design.server: one server start per run, or per instance (the runs of one arm and block that differ only in load,
+# docs/decisions/0011-one-server-across-a-load-sweep.md); unset: config/instances.py's default
+SERVER_MODES = ("per-run", "per-instance")
 BENCH_APIS = {"generate", "completions", "chat"}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # as the server_start role requires
@@ -99,6 +103,13 @@ class ExperimentSpec:
     timeouts: dict[str, Any]
     raw: dict[str, Any]                 # the `specab_experiment` mapping as loaded
     warnings: list[str] = field(default_factory=list)
+    design: dict[str, Any] = field(default_factory=dict)   # the `design:` section as written
+
+    @property
+    def server(self) -> str | None:
+        """design.server as written (per-run | per-instance), None where the experiment leaves it to the default."""
+        value = self.design.get("server")
+        return None if value is None else str(value)
 
     def as_extravar(self) -> dict[str, Any]:
         """The experiment dict passed to the playbook as `specab_experiment`."""
@@ -260,6 +271,22 @@ def _check_env(env: Any, where: str, root: yaml.Node | None, path: tuple[Any, ..
     return dict(env)
 
 
+def _check_design(design: Any, where: str, root: yaml.Node | None, base: tuple[Any, ...]) -> dict[str, Any]:
+    """The `design:` section: how the experiment runs its blocks, beyond the command line's --repeats and --order."""
+    if design is None:
+        return {}
+    if not isinstance(design, dict):
+        raise ConfigError(f"{where}{key_line(root, base + ('design',))}: design must be a mapping (e.g. "
+                          f"design: {{server: per-instance}}).")
+    check_unknown(design.keys(), DESIGN_KEYS, where, root, base + ("design",), "design")
+    server = design.get("server")
+    if "server" in design and server not in SERVER_MODES:
+        raise ConfigError(f"{where}{key_line(root, base + ('design', 'server'))}: design.server must be per-run (every "
+                          f"run starts its own server) or per-instance (the runs of one arm and block that differ "
+                          f"only in load share one server start, its cache reset between the loads), got {server!r}.")
+    return dict(design)
+
+
 def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpec:
     """Load and validate an experiment file (default: experiments/default.yml)."""
     p = Path(path) if path else DEFAULT_EXPERIMENT
@@ -351,6 +378,7 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
             raise ConfigError(f"{where}{key_line(root, base + ('bench', k))}: bench.{k} must be an integer of at "
                               f"least {least}, got {bench[k]!r}.")
     validity.check_section(exp.get("validity"), where, root, base + ("validity",))
+    design = _check_design(exp.get("design"), where, root, base)
     timeouts = exp.get("timeouts") or {}
     if not isinstance(timeouts, dict):
         raise ConfigError(f"{where}{key_line(root, base + ('timeouts',))}: timeouts must be a mapping.")
@@ -361,4 +389,4 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
                               f"positive number of seconds, got {v!r}.")
     return ExperimentSpec(path=p.resolve(), name=name, model_path=str(exp["model_path"]), server_args=server_args,
                       env=env, arms=[dict(a) for a in arms], bench=dict(bench), timeouts=dict(timeouts),
-                      raw=copy.deepcopy(exp), warnings=warnings)
+                      raw=copy.deepcopy(exp), warnings=warnings, design=design)

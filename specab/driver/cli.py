@@ -343,7 +343,7 @@ def _target_ci_runs(prepared: Any, opts: Options, first: economics.FirstBlock, e
     later: list[tuple[Any, str]] = []
     if expected > started:
         added = make_plan(arms, expected - started, opts.seed, opts.order, first_block=started + 1,
-                          first_seq=len(now) + 1, num_requests=m_later)
+                          first_seq=len(now) + 1, num_requests=m_later, groups=prepared.groups)
         when = (f"expected ({who} decides after each block)" if est is not None
                 else f"if {who} asks for it after the block before")
         later = [(r, when) for r in added]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specab.config import defaults, validity
+from specab.config import defaults, instances, validity
 from specab.config.inventory import Host, Inventory, default_inventory, load_inventory
 from specab.config.matrix import build_arms, parse_matrix
 from specab.config.plan import Order, PlannedRun, make_plan
@@ -62,6 +62,13 @@ class Prepared:
     arms: list[ArmSpec]
     notices: list[str]
     plan: list[PlannedRun]
+    # one server per run or per instance (config/instances.py): the groups of arms that share a server in a block
+    server: instances.ServerChoice = field(default_factory=lambda: instances.ServerChoice(instances.PER_RUN))
+
+    @property
+    def groups(self) -> dict[str, str]:
+        """arm -> its group of arms that differ only in load (one server per instance); empty: one per run."""
+        return self.server.groups if self.server.per_instance else {}
 
     @property
     def min_requests_per_run(self) -> int:
@@ -95,7 +102,9 @@ def prepare(opts: Options) -> Prepared:
     check_executor(opts.executor, inv, opts.fleet)
     check_engines(armset.arms, inv)
     check_bench_vars(inv)
-    plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order)
+    server = instances.choose(exp, armset.arms, inv, opts.order)
+    plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order,
+                     groups=server.groups if server.per_instance else None)
     if opts.max_runs is not None and len(plan) > opts.max_runs:
         raise ConfigError(f"{len(armset.arms)} arms x {opts.repeats} blocks = {len(plan)} runs, above --max-runs "
                           f"{opts.max_runs} (a real run costs a server start, ~1 GPU-minute on a GPU node). "
@@ -103,7 +112,7 @@ def prepare(opts: Options) -> Prepared:
                           f"shows the plan and its expected GPU-minutes first).")
     return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
                     notices=exp.warnings + armset.notices + preflight.bind_warnings(armset.arms)
-                    + validity.arm_notices(exp.arms, armset.arms), plan=plan)
+                    + validity.arm_notices(exp.arms, armset.arms) + server.notices, plan=plan, server=server)
 
 
 # The specab_bench_* variables that are an experiment's bench.<key> defaults (roles/specab). The driver's design,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specab.config import bench, defaults
+from specab.config import bench, defaults, plan
 from specab.config.plan import PlannedRun
 from specab.driver import lease
 from specab.driver.context import MoreBlocks, RunContext
@@ -128,6 +128,7 @@ class QueueExecutor:
         self.finish_sent = False
         self.stopped = False                      # interrupt: the node was stopped through stop.yml
         self.signal_time = signal_time            # when the user's SIGINT/SIGTERM came
+        self.keeps: set[int] = set()              # runs whose server is kept for their instance's next run
 
     # ------------------------------------------------------------------ playbooks
     def _enqueue(self, runs: list[PlannedRun], *, reset: bool, finish: bool,
@@ -138,7 +139,7 @@ class QueueExecutor:
             "specab_experiment_id": r.exp_id,
             # each run's measured requests travel in its queue entry (the design by cost chooses them per block)
             "specab_runs": [{"seq": pr.seq, "run_id": pr.run_id, "arm": r.arms[pr.arm].to_extravar(),
-                             "num_requests": r.num_requests(pr)} for pr in runs],
+                             "num_requests": r.num_requests(pr), "instance": self.instance_of(pr)} for pr in runs],
             "specab_queue_reset": reset,
             "specab_queue_finish": finish,
         }
@@ -156,6 +157,13 @@ class QueueExecutor:
         if res.ok and finish:
             self.finish_sent = True
         return res
+
+    def instance_of(self, pr: PlannedRun) -> dict[str, Any] | None:
+        """The queue entry's instance of run `pr` (docs/decisions/0011): its id, whether its server is kept up for the
+        instance's next run (the next run to run continues it), the engine whose cache reset it uses."""
+        if pr.instance is None:
+            return None
+        return {"id": str(pr.instance), "keep": pr.seq in self.keeps, "engine": self.ctx.p.experiment.engine}
 
     def node_run_dir(self, run_id: str) -> str:
         base = self.node_path or self.host.node_dir.rstrip("/")
@@ -376,6 +384,7 @@ class QueueExecutor:
         r = self.ctx
         pending: deque[PlannedRun] = deque(todo)
         queued: deque[PlannedRun] = deque()
+        self.keeps = plan.keeps(todo)
         reset = True                      # a new driver session or a resume starts from a clean queue
         final = more is None              # no run can be added after the planned ones
         while pending or queued:
@@ -451,6 +460,7 @@ class QueueExecutor:
             if not pending and not queued and more is not None:
                 added = more()
                 pending.extend(added)
+                self.keeps |= plan.keeps(added)
                 if not added:
                     break
         if not self.finish_sent and not cancel.is_set():

@@ -251,7 +251,7 @@ def first_runs(prepared: Prepared, opts: Options, first: economics.FirstBlock | 
     if first is None or opts.target_ci is None or opts.design != "cost":
         return list(prepared.plan)
     return make_plan([a.name for a in prepared.arms], 1, opts.seed, opts.order,
-                     num_requests=first.requests if first.design is not None else None)
+                     num_requests=first.requests if first.design is not None else None, groups=prepared.groups)
 
 
 def first_plan(prepared: Prepared, opts: Options, store: st.Store, fp: str

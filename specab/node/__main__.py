@@ -11,7 +11,7 @@ import os
 import runpy
 import sys
 
-TOOLS = ("bench", "envcheck", "gpufree", "gpusample", "lease", "loadgen", "manifest", "ranksampler", "ready",
+TOOLS = ("bench", "envcheck", "gpufree", "gpusample", "instance", "lease", "loadgen", "manifest", "ranksampler", "ready",
          "sequence", "start", "stop", "tracesum")
 # a tool whose module is named otherwise (the bench tool is the bench step, which RunSteps also imports)
 MODULES = {"bench": "benchstep"}

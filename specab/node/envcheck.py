@@ -23,6 +23,7 @@ Secret values (``*_TOKEN``, ``*_KEY``, ``*_SECRET``, ``*PASSWORD*``) are printed
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -362,6 +363,14 @@ def check(a: EnvCheckSpec) -> Dict[str, Any]:
 
     procs = engine_processes(int(rec["pid"]))
     nccl_lines: List[Dict[str, Any]] = []
+    # the server's own log where it is another file than those given: a server kept across the loads of an
+    # instance (instance.py) writes on into its instance's log, whose start holds the lines of its start
+    logs = list(a.log)
+    live = rec.get("log")
+    if isinstance(live, str) and live and os.path.exists(live) \
+            and os.path.abspath(live) not in [os.path.abspath(p) for p in logs]:
+        logs.append(live)
+    a = dataclasses.replace(a, log=logs)
     for path in a.log:
         try:
             with open(path, "r", errors="replace") as fh:

@@ -99,9 +99,12 @@ CREATE TABLE IF NOT EXISTS plan (
     block    INTEGER NOT NULL,              -- replicate block (1-based)
     position INTEGER NOT NULL,              -- position within the block
     arm      TEXT NOT NULL REFERENCES arms(name),
-    num_requests INTEGER                    -- measured requests the design by cost chose for the run's block;
+    num_requests INTEGER,                   -- measured requests the design by cost chose for the run's block;
                                             -- NULL: the experiment's bench.num_requests when the run runs (a
                                             -- --force-changed resume runs it with the changed experiment's)
+    instance INTEGER,                       -- one server per instance: the seq of its instance's first run;
+                                            -- NULL: the run starts a server of its own
+    instance_pos INTEGER                    -- its position in that instance (1-based); NULL without one
 );
 CREATE TABLE IF NOT EXISTS runs (
     seq            INTEGER PRIMARY KEY REFERENCES plan(seq),
@@ -132,7 +135,9 @@ CREATE TABLE IF NOT EXISTS runs (
     stop_json        TEXT,                  -- stop.json (signals, escalation, durations)
     gpu_free_json    TEXT,                  -- gpu_free.json (time-to-free)
     gpus           INTEGER,                 -- GPUs the run's server held (tp_size x pp_size)
-    gpu_seconds    REAL                     -- duration_s x gpus: what the run cost (docs/statistics.md)
+    gpu_seconds    REAL,                    -- duration_s x gpus: what the run cost (docs/statistics.md)
+    server_seq     INTEGER                  -- the run whose server start this run measured on (itself, or the run
+                                            -- that started its instance's server: docs/decisions/0011)
 );
 CREATE TABLE IF NOT EXISTS run_phases (
     seq        INTEGER NOT NULL REFERENCES runs(seq),
@@ -347,11 +352,15 @@ class Store:
 
     def write_plan(self, runs: Iterable[dict[str, Any]], repeats: int | None = None) -> None:
         with self._tx() as c:
-            if "num_requests" not in {r[1] for r in c.execute("PRAGMA table_info(plan)")}:
-                c.execute("ALTER TABLE plan ADD COLUMN num_requests INTEGER")     # a store before 2026-12
+            cols = {r[1] for r in c.execute("PRAGMA table_info(plan)")}
+            for col in ("num_requests", "instance", "instance_pos"):      # added in place: a store before them
+                if col not in cols:
+                    c.execute(f"ALTER TABLE plan ADD COLUMN {col} INTEGER")
             for r in runs:
-                c.execute("INSERT INTO plan(seq, run_id, block, position, arm, num_requests) VALUES (?,?,?,?,?,?)",
-                          (r["seq"], r["run_id"], r["block"], r["position"], r["arm"], r.get("num_requests")))
+                c.execute("INSERT INTO plan(seq, run_id, block, position, arm, num_requests, instance, instance_pos)"
+                          " VALUES (?,?,?,?,?,?,?,?)",
+                          (r["seq"], r["run_id"], r["block"], r["position"], r["arm"], r.get("num_requests"),
+                           r.get("instance"), r.get("instance_pos") or None))
             if repeats is not None:
                 c.execute("UPDATE experiment SET repeats=?", (repeats,))
 
@@ -433,10 +442,10 @@ class Store:
                       (seq, phase, started, finished, None if finished is None else finished - started))
 
     def _ensure_cost_columns(self, c: sqlite3.Connection) -> None:
-        """runs.gpus and runs.gpu_seconds (added 2026-12): a store written before them gets them on its first
-        finished run after an upgrade (a resume); reads of older stores see NULL."""
+        """runs.gpus, runs.gpu_seconds and runs.server_seq (added 2026-12): a store written before them gets them on
+        its first finished run after an upgrade (a resume); reads of older stores see NULL."""
         cols = {r[1] for r in c.execute("PRAGMA table_info(runs)")}
-        for col, kind in (("gpus", "INTEGER"), ("gpu_seconds", "REAL")):
+        for col, kind in (("gpus", "INTEGER"), ("gpu_seconds", "REAL"), ("server_seq", "INTEGER")):
             if col not in cols:
                 c.execute(f"ALTER TABLE runs ADD COLUMN {col} {kind}")
 
@@ -445,7 +454,7 @@ class Store:
                    log_tail: str | None = None, partial: bool = False,
                    summary: dict[str, Any] | None = None, load_phases: Any = None,
                    server_info: Any = None, stop: Any = None, gpu_free: Any = None,
-                   gpus: int | None = None) -> float | None:
+                   gpus: int | None = None, server_seq: int | None = None) -> float | None:
         """Record the run's end; returns the GPU-seconds stored for it (what the report's verdict cost adds up)."""
         now = time.time()
         with self._tx() as c:
@@ -455,8 +464,8 @@ class Store:
             span = c.execute("SELECT MIN(started) AS a, MAX(COALESCE(finished, started)) AS b FROM run_phases"
                              " WHERE seq=?", (seq,)).fetchone()
             held = (span["b"] - span["a"]) if span["a"] is not None else None
-            c.execute("UPDATE runs SET gpus=?, gpu_seconds=COALESCE(?, ?-started)*? WHERE seq=?",
-                      (gpus, held, now, gpus, seq))
+            c.execute("UPDATE runs SET gpus=?, gpu_seconds=COALESCE(?, ?-started)*?, server_seq=? WHERE seq=?",
+                      (gpus, held, now, gpus, seq if server_seq is None else server_seq, seq))
             counts = c.execute("SELECT COUNT(*) AS n, COALESCE(SUM(ok), 0) AS k FROM requests"
                                " WHERE seq=? AND warmup=0", (seq,)).fetchone()
             c.execute("UPDATE runs SET status=?, finished=?, duration_s=?-started, failure_phase=?, failure_reason=?,"

@@ -2,7 +2,7 @@
 
 /health, /health_generate, /get_server_info, /server_info, /get_model_info, /model_info, /v1/models,
 /generate (SSE stream or JSON), /v1/completions, /v1/chat/completions, /flush_cache, /metrics,
-/start_profile, /stop_profile.
+/start_profile, /stop_profile, /openapi.json.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from aiohttp import web
 
@@ -40,6 +40,7 @@ class ServerState:
     started_at: float = field(default_factory=time.time)
     simulator: dict[str, Any] = field(default_factory=dict)
     buffered_stream: bool = False     # fault: a starved front end, every stream's chunks sent at its end
+    on_flush: Optional[Callable[[bool], None]] = None     # told of every /flush_cache answered (done or refused)
 
 
 class _StreamOut:
@@ -106,6 +107,7 @@ class Api:
         r.add_route("GET", "/flush_cache", self.flush_cache)
         r.add_route("POST", "/flush_cache", self.flush_cache)
         r.add_get("/metrics", self.metrics)
+        r.add_get("/openapi.json", self.openapi)
         r.add_route("GET", "/start_profile", self.start_profile)
         r.add_route("POST", "/start_profile", self.start_profile)
         r.add_route("GET", "/stop_profile", self.stop_profile)
@@ -223,7 +225,18 @@ class Api:
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         ok = self.s.engine.flush_cache()
+        if self.s.on_flush is not None:
+            self.s.on_flush(ok)
         return web.Response(text=FLUSH_TEXT, status=200 if ok else 400)
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        """FastAPI's route list, as SGLang's server (a FastAPI app) serves it: every path with its methods."""
+        paths: dict[str, dict[str, Any]] = {}
+        for route in request.app.router.routes():
+            path = route.resource.canonical if route.resource is not None else ""
+            if route.method in ("GET", "POST", "PUT") and path:
+                paths.setdefault(path, {})[route.method.lower()] = {"summary": path.strip("/").replace("_", " ")}
+        return _json({"openapi": "3.1.0", "info": {"title": "FastAPI", "version": "0.1.0"}, "paths": paths})
 
     # ----- generation
     def _not_ready(self) -> Optional[web.Response]:

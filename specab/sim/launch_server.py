@@ -244,7 +244,8 @@ class Launch:
                                          "this_instance": slow.speed_factor(instance) != 1.0}
         self.state = ServerState(args=a, cap=cap, engine=engine, log=self.log, version=versions.current().name,
                                  architecture=self.profile.model.architecture, simulator=sim_info,
-                                 buffered_stream=st.faults.buffered_stream)
+                                 buffered_stream=st.faults.buffered_stream,
+                                 on_flush=lambda ok: self.node.record_flush(instance, ok))
         await asyncio.sleep(self.profile.load.http_start_s / st.time_scale)
         sock = self.bind()
         if sock is None:
