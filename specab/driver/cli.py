@@ -20,6 +20,7 @@ from specab.analysis.evidence import logparse
 from specab.analysis.measures import specmodel
 from specab.analysis.cost import design, economics, history
 from specab.analysis.render import provenance, report
+from specab.config import instances
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.inventory import load_inventory
 from specab.config.matrix import MatrixError
@@ -275,10 +276,15 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     hosts = [h.name for h in prepared.inventory.hosts]
     host_of = {r.seq: h for h, rs in fleet.assign_blocks(prepared.plan, hosts).items() for r in rs} \
         if opts.fleet else {}
+    for line in _instance_lines(prepared, opts, exp_fp):
+        print(line, file=out)
+    inst = prepared.server.per_instance
     if opts.target_ci is None:
-        print(f"{'seq':>4}  {'block':>5}  run_id" + ("  host (--fleet)" if host_of else ""), file=out)
+        print(f"{'seq':>4}  {'block':>5}  " + (f"{'instance':>8}  " if inst else "") + "run_id"
+              + ("  host (--fleet)" if host_of else ""), file=out)
         for r in prepared.plan:
-            print(f"{r.seq:>4}  {r.block:>5}  {r.run_id}" + (f"  {host_of[r.seq]}" if host_of else ""), file=out)
+            print(f"{r.seq:>4}  {r.block:>5}  " + (f"{_instance_cell(r):>8}  " if inst else "") + r.run_id
+                  + (f"  {host_of[r.seq]}" if host_of else ""), file=out)
     else:
         experiment_requests = int(prepared.experiment.bench_settings["num_requests"])
         print(f"{'seq':>4}  {'block':>5}  {'requests':>8}  {'run_id':<24}  when", file=out)
@@ -298,6 +304,29 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         print("--- nccl.env (mode 0600) ---", file=out)
         print(rendered.env_file, file=out)
     return 0
+
+
+def _instance_cell(r: Any) -> str:
+    """The plan table's instance of a run: `<first seq>.<position>`, or - for a run with a server of its own."""
+    return "-" if r.instance is None else f"{r.instance}.{r.instance_pos}"
+
+
+def _instance_lines(prepared: Any, opts: Options, exp_fp: str) -> list[str]:
+    """With one server per instance (docs/decisions/0011): the server starts the plan saves and their GPU-minutes at
+    the node's run cost (its history of this fingerprint, else its simulator profile; a real node without history:
+    not estimated)."""
+    if not prepared.server.per_instance:
+        return []
+    n, continued = instances.describe(prepared.plan)
+    host = prepared.inventory.hosts[0]
+    runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
+    cost = design_inputs.design_inputs(prepared.experiment, prepared.arms, host, runs_dir, exp_fp).cost
+    saved = (f"{economics.instance_saving_s(cost, continued) / 60:.1f} GPU-minutes saved at the run cost of "
+             f"{cost.source} (load {cost.load_s:.1f} s and a stop per start)" if cost is not None else
+             f"the GPU-minutes saved are not estimated: no run cost is known for {host.name} (no history of this "
+             f"experiment, not a simulated node)")
+    return [f"one server per instance: {n} instances, {continued} of {len(prepared.plan)} runs continue their "
+            f"instance's server ({continued} server starts saved): {saved}", ""]
 
 
 def _cost_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs, first: economics.FirstBlock

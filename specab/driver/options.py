@@ -5,7 +5,7 @@ arm against the engine's rules and makes the plan.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from specab.config import defaults, instances, validity
@@ -110,6 +110,12 @@ def prepare(opts: Options) -> Prepared:
                           f"{opts.max_runs} (a real run costs a server start, ~1 GPU-minute on a GPU node). "
                           f"Narrow the matrix, or pass --max-runs {len(plan)} to run them all (`driver.py plan` "
                           f"shows the plan and its expected GPU-minutes first).")
+    if server.per_instance:
+        n, continued = instances.describe(plan)
+        server = replace(server, notices=server.notices + [
+            f"one server per instance (design.server {exp.server or 'per-instance, the default'}): {n} instances "
+            f"of the arms that differ only in load; {continued} of {len(plan)} runs continue the server an earlier load "
+            f"of their block started, its cache reset before their load"])
     return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
                     notices=exp.warnings + armset.notices + preflight.bind_warnings(armset.arms)
                     + validity.arm_notices(exp.arms, armset.arms) + server.notices, plan=plan, server=server)
