@@ -1,6 +1,6 @@
 """One server across the loads of an instance (docs/decisions/0011) on the node: the sequencer runs an instance's
 runs on one server start, resets the engine's cache before each load after the first, gives each run its part of the
-server's log, and a failed run ends its instance. The simulator's own records are the truth: its launch counter
+server's log (a failed run ends its instance: tests/driver/test_e2e_instances.py). The simulator's own records are the truth: its launch counter
 (``<state>/instances``) and its /flush_cache record (``<state>/flushes.jsonl``).
 
 Laid out as enqueue.yml does (tests/node/seqnode.py); `instant` profile, TP 2, time scale 10.
@@ -37,14 +37,12 @@ def _flushes(node: SeqNode) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _instance_runs(node: SeqNode, loads: list[int], keeps: list[bool], first_env: dict | None = None,
-                   first_seq: int = 1) -> list[str]:
+def _instance_runs(node: SeqNode, loads: list[int], keeps: list[bool], first_seq: int = 1) -> list[str]:
     """Runs of an instance of one arm at `loads` (each run's bench concurrency), queued in one batch: their ids."""
     runs = []
     for i, (c, keep) in enumerate(zip(loads, keeps)):
         arm = dict(node.arm("baseline"), name=f"baseline-c{c}")
         runs.append(node.batch_run(first_seq + i, arm, dict(BENCH, concurrency=c),
-                                   node_env_extra=first_env if i == 0 else None,
                                    instance={"id": "1", "keep": keep, "engine": "sglang"}))
     r = node.stage(runs)
     assert r.rc == 0, r.data
@@ -105,23 +103,6 @@ def test_an_instance_runs_its_loads_on_one_start_with_the_cache_reset_before_eac
     assert done[0]["time_to_ready_s"] > 0 and done[1]["time_to_ready_s"] is None and done[2]["stop_s"] > 0
     assert not (node.node_dir / "server.json").exists()
     assert not (node.node_dir / instance.INSTANCE_LOG).exists()
-
-
-def test_a_failed_run_ends_its_instance_and_the_next_run_starts_a_server_of_its_own(node):
-    # the first run's server dies after its 4th request: the first run's warm-up and 2 measured requests, then the
-    # second run's warm-up; the second run's measured requests fail
-    ids = _instance_runs(node, [1, 2, 4], [True, True, False], first_env={"SPECAB_SIM_FAULT": "crash_after=4"})
-    assert node.ensure().rc == 0
-    status = [node.wait(rid).data for rid in ids]
-    assert [(d["status"], d["phase"]) for d in status] == [("ok", None), ("failed", "benchmarking"), ("ok", None)]
-    assert _launches(node) == 2, "the third run started a server of its own"
-    records = [json.loads(_text(node, rid, "instance.json")) for rid in ids]
-    assert [(r["continued"], r["started_run_id"]) for r in records] == \
-        [(False, ids[0]), (True, ids[0]), (False, ids[2])]
-    assert not node.run_file(ids[2], "cache_reset.json").exists(), "a fresh server needs no reset"
-    assert [f["ok"] for f in _flushes(node)] == [True]
-    assert node.run_file(ids[1], "stop.json").exists() and node.run_file(ids[2], "stop.json").exists()
-    assert not (node.node_dir / "server.json").exists()
 
 
 def _reset_while_busy(node: SeqNode) -> int:
