@@ -230,9 +230,10 @@ def reset_cache(url: str, engine: str, timeout: float, interval: float = 0.2) ->
         out["refused"] += 1           # requests still ran or waited: asked again
         time.sleep(interval)
     out["elapsed_s"] = round(time.time() - t0, 4)
-    raise ToolError("the cache reset %s %s was not done after %d attempt(s) in %.1fs: %s" % (
+    absent = "; " + reset.why_env if status == 404 and reset.why_env else ""
+    raise ToolError("the cache reset %s %s was not done after %d attempt(s) in %.1fs: %s%s" % (
         reset.method, reset.path, out["attempts"], out["elapsed_s"],
-        "HTTP %s %s" % (status, out["answer"]) if status is not None else body), out)
+        "HTTP %s %s" % (status, out["answer"]) if status is not None else body, absent), out)
 
 
 # --------------------------------------------------------------------------- the tool
