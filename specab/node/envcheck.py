@@ -215,7 +215,11 @@ def fetch_server_info(base: str, timeout: float) -> Tuple[str, Dict[str, Any]]:
     for path in ("/server_info", "/get_server_info"):
         try:
             with urllib.request.urlopen(base + path, timeout=timeout) as resp:
-                return path, json.loads(resp.read().decode("utf-8"))
+                info = json.loads(resp.read().decode("utf-8"))
+            if engines.is_vllm_dev_server_info(info):     # not SGLang's server args: vLLM's readback applies
+                errors.append("%s: vLLM's development route (VLLM_SERVER_DEV_MODE), not SGLang's server args" % path)
+                continue
+            return path, info
         except urllib.error.HTTPError as exc:
             errors.append("%s: HTTP %d" % (path, exc.code))
         except (urllib.error.URLError, OSError, ValueError) as exc:

@@ -46,6 +46,8 @@ ACTIONS = ("check", "take", "reset", "keep")
 # How long a cache reset is asked again while the engine refuses it (requests of the run before still running or
 # waiting: after its benchmark, none should)
 RESET_TIMEOUT_S = 60.0
+# An engine's route list is read whole (vLLM 0.32's /openapi.json: ~200 kB; a list cut short is no list)
+OPENAPI_MAX_BYTES = 16 << 20
 
 
 @dataclass
@@ -181,20 +183,20 @@ def release(node_dir: str, rec: Optional[Dict[str, Any]]) -> Optional[Dict[str, 
 
 # --------------------------------------------------------------------------- the cache reset
 
-def _request(url: str, method: str, timeout: float) -> Tuple[Optional[int], str]:
+def _request(url: str, method: str, timeout: float, limit: int = 65536) -> Tuple[Optional[int], str]:
     req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read(65536).decode("utf-8", "replace")
+            return resp.status, resp.read(limit).decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(65536).decode("utf-8", "replace")
+        return exc.code, exc.read(limit).decode("utf-8", "replace")
     except (urllib.error.URLError, OSError) as exc:
         return None, "%s: %s" % (type(exc).__name__, getattr(exc, "reason", exc))
 
 
 def served_routes(base: str, timeout: float = 10.0) -> Tuple[Optional[Dict[str, Any]], str]:
     """The engine's routes from its own /openapi.json, and where they came from (None: it serves no such list)."""
-    status, body = _request(base + "/openapi.json", "GET", timeout)
+    status, body = _request(base + "/openapi.json", "GET", timeout, limit=OPENAPI_MAX_BYTES)
     if status != 200:
         return None, "no route list (/openapi.json: %s)" % (status if status is not None else body)
     routes = engines.routes_of_openapi(body)

@@ -754,6 +754,12 @@ def cache_reset_done(reset: CacheReset, status: int, body: str) -> bool:
     return True
 
 
+def is_vllm_dev_server_info(doc: Any) -> bool:
+    """Whether a /server_info answer is vLLM's development route (mounted with VLLM_SERVER_DEV_MODE=1: its config,
+    env and system, not SGLang's server args): vLLM's server args are read from its log line instead."""
+    return isinstance(doc, dict) and "vllm_config" in doc and "internal_states" not in doc
+
+
 def routes_of_openapi(text: str) -> Optional[Dict[str, List[str]]]:
     """The routes a FastAPI server lists in its /openapi.json ({path: [METHOD, ...]}), or None when the text is not
     such a document."""
