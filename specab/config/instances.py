@@ -27,7 +27,7 @@ LOAD_KEYS = frozenset({"concurrency", "request_rate"})
 PER_RUN, PER_INSTANCE = SERVER_MODES
 # design.server where the experiment does not say (docs/decisions/0011, "The default"): the measurement behind it
 # is in that record.
-DEFAULT_SERVER = PER_RUN
+DEFAULT_SERVER = PER_INSTANCE
 
 
 def server_key(arm: ArmSpec) -> str:
@@ -69,8 +69,8 @@ def _refusal(exp: ExperimentSpec, arms: list[ArmSpec], inventory: Inventory, ord
     for a in arms:
         why = engines.cache_reset_refusal(exp.engine, a.env)
         if why is not None:
-            return (f"the engine's cache cannot be reset between two loads: {why}. Set it in the experiment's env "
-                    f"to run per instance, or run design.server: per-run")
+            return (f"the engine's cache cannot be reset between two loads: {why} (specab never sets it: an "
+                    f"experiment that shares a server across loads on this engine sets it in its env)")
     return None
 
 
@@ -86,7 +86,8 @@ def choose(exp: ExperimentSpec, arms: list[ArmSpec], inventory: Inventory, order
     why = _refusal(exp, arms, inventory, order)
     if why is not None:
         if asked == PER_INSTANCE:
-            raise ConfigError(f"{exp.path}: design.server: per-instance cannot run here: {why}.")
+            raise ConfigError(f"{exp.path}: design.server: per-instance cannot run here: {why}. Remove what keeps "
+                              f"it from running, or set design.server: per-run.")
         return ServerChoice(PER_RUN, notices=[f"one server per run (the default per-instance cannot run here: {why})"])
     return ServerChoice(PER_INSTANCE, groups)
 

@@ -82,6 +82,9 @@ def test_design_server_is_checked_and_chooses_the_plan(write):
     prepared = prepare(Options(experiment_file=str(per_instance), matrix=LOADS, repeats=2))
     assert prepared.server.per_instance and len({r.instance for r in prepared.plan}) == 4
     assert any("4 instances" in n and "8 of 12 runs continue" in n for n in prepared.notices), prepared.notices
+    default = prepare(Options(experiment_file=str(write("d.yml", EXPERIMENT)), matrix=LOADS, repeats=2))
+    assert instances.DEFAULT_SERVER == "per-instance" and default.server.per_instance
+    assert any("per-instance, the default" in n for n in default.notices), default.notices
     per_run = write("r.yml", EXPERIMENT + "  design: {server: per-run}\n")
     prepared = prepare(Options(experiment_file=str(per_run), matrix=LOADS, repeats=2))
     assert not prepared.server.per_instance and {r.instance for r in prepared.plan} == {None}
@@ -104,6 +107,13 @@ def test_per_instance_is_refused_before_anything_runs_where_it_cannot_run(write,
     with pytest.raises(ConfigError, match=r"only among its development routes, mounted with VLLM_SERVER_DEV_MODE=1.*"
                                           r"the arm's env does not set VLLM_SERVER_DEV_MODE=1"):
         prepare(Options(experiment_file=str(vllm), inventory_file=inventory, matrix=LOADS))
+    # the default falls back to a server per run where it cannot run, and says why
+    fallback = prepare(Options(experiment_file=str(write("f.yml", vllm.read_text().replace(
+        "  design: {server: per-instance}\n", ""))), inventory_file=inventory, matrix=LOADS))
+    assert not fallback.server.per_instance and {r.instance for r in fallback.plan} == {None}
+    assert any(n.startswith("one server per run (the default per-instance cannot run here: the engine's cache "
+                            "cannot be reset between two loads: vLLM serves /reset_prefix_cache only among its "
+                            "development routes") for n in fallback.notices), fallback.notices
     dev = write("d.yml", vllm.read_text().replace("    NCCL_PROTO: LL", '    NCCL_PROTO: LL\n    VLLM_SERVER_DEV_MODE: "1"'))
     assert prepare(Options(experiment_file=str(dev), inventory_file=inventory, matrix=LOADS)).server.per_instance
     multinode = Path(__file__).resolve().parents[2] / "inventory" / "example-multinode.yml"
