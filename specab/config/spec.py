@@ -378,7 +378,6 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
             raise ConfigError(f"{where}{key_line(root, base + ('bench', k))}: bench.{k} must be an integer of at "
                               f"least {least}, got {bench[k]!r}.")
     validity.check_section(exp.get("validity"), where, root, base + ("validity",))
-    design = _check_design(exp.get("design"), where, root, base)
     timeouts = exp.get("timeouts") or {}
     if not isinstance(timeouts, dict):
         raise ConfigError(f"{where}{key_line(root, base + ('timeouts',))}: timeouts must be a mapping.")
@@ -389,4 +388,4 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
                               f"positive number of seconds, got {v!r}.")
     return ExperimentSpec(path=p.resolve(), name=name, model_path=str(exp["model_path"]), server_args=server_args,
                       env=env, arms=[dict(a) for a in arms], bench=dict(bench), timeouts=dict(timeouts),
-                      raw=copy.deepcopy(exp), warnings=warnings, design=design)
+                      raw=copy.deepcopy(exp), warnings=warnings, design=_check_design(exp.get("design"), where, root, base))

@@ -370,6 +370,7 @@ class QueueExecutor:
              more: MoreBlocks | None = None, on_status: Callable[[str], None] | None = None) -> bool:
         """Run `todo` (and what `more` adds when it runs out) through the queue. Returns True when
         interrupted (`cancel` set), after stopping the node's sequencer and server."""
+        self.keeps = plan.keeps(todo)
         over = threading.Event()
         watcher = threading.Thread(target=self._watch_cancel, args=(cancel, over), name="queue-hold", daemon=True)
         watcher.start()
@@ -384,7 +385,6 @@ class QueueExecutor:
         r = self.ctx
         pending: deque[PlannedRun] = deque(todo)
         queued: deque[PlannedRun] = deque()
-        self.keeps = plan.keeps(todo)
         reset = True                      # a new driver session or a resume starts from a clean queue
         final = more is None              # no run can be added after the planned ones
         while pending or queued:
@@ -458,14 +458,19 @@ class QueueExecutor:
             if not healthy:
                 reset = True              # the sequencer may be gone, halted or still busy: start it anew
             if not pending and not queued and more is not None:
-                added = more()
+                added = self.more_runs(more)
                 pending.extend(added)
-                self.keeps |= plan.keeps(added)
                 if not added:
                     break
         if not self.finish_sent and not cancel.is_set():
             self._enqueue([], reset=False, finish=True, cancel=cancel)
         return cancel.is_set()
+
+    def more_runs(self, more: MoreBlocks) -> list[PlannedRun]:
+        """The runs `more` adds (the design's next block), their kept servers among the instances' runs."""
+        added = more()
+        self.keeps |= plan.keeps(added)
+        return added
 
     def _fail_unqueued(self, pr: PlannedRun, res: PlaybookResult, index: int) -> None:
         """Record run `pr` as failed because it could not be queued."""
