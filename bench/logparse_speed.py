@@ -62,7 +62,7 @@ def _lines(rng: random.Random):
         ts = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
         it += 40
         bs = rng.choice((1, 1, 1, 2, 4, 8))
-        acc = rng.uniform(1.5, 3.2)
+        acc = rng.uniform(1.5, 3.0)     # tau of 2 steps (K+1 = 3 tokens at most): accept rate tau/3 <= 1
         graph = "True" if rng.random() < 0.9 else "False"
         gen = rng.uniform(55, 95) * bs
         r = rng.random()

@@ -3,7 +3,7 @@
 ansible-core zips each module with the module_utils it imports (AnsiballZ) once per ansible-playbook process, in a
 cache under that process's own temporary directory (``local_tmp``), and deletes it at exit. specab runs a short
 playbook per run, so every run rebuilt the same payloads (0.35-0.6 s each here): about a fifth of ansible-playbook's
-CPU in the suite's e2e tests (a py-spy profile, docs/performance.md §1). This callback, loaded with every playbook
+CPU in the suite's e2e tests (a py-spy profile, docs/performance.md §7). This callback, loaded with every playbook
 of the repository, copies the payloads a previous run built into the new process's cache before the first task, and
 copies the new ones back when the playbook ends.
 

@@ -50,12 +50,13 @@ CONTRACT_MODULE = "specab_redact_contract"
 def load_contract() -> ModuleType:
     """specab/vocab/contract.py of this checkout (stdlib only), imported once under a private name.
 
-    collect_scrub.py has the same eight lines, by necessity: a controller-side plugin can import no shared file of
-    ours. Ansible's module_utils paths feed only the payloads of modules sent to a node (ansible.module_utils.X
-    of a custom path is not importable in ansible-playbook itself), the two plugins are loaded by file path from
-    two directories, and putting the checkout on sys.path would let it clash with an installed specab. Both load
-    the same file under CONTRACT_MODULE, so whichever runs first, the other gets that module;
-    tests/ansible/test_plugin_contract.py holds them to it."""
+    The repository's other controller-side plugins (the lookups, the launch filter) import specab from the Python
+    that runs ansible-playbook, as set up by the driver and the Makefile. The two plugins that apply the secret rule
+    do not: the redaction must hold whatever Python runs Ansible, with specab installed or not (a playbook then still
+    prints redacted output up to the task that fails), and must never take another installed specab's rule. So this
+    callback and collect_scrub.py each load the checkout's file by path, with the same eight lines (each plugin is
+    loaded by file path from its own directory, so neither can import the other's), under CONTRACT_MODULE: whichever
+    runs first, the other gets that module; tests/ansible/test_plugin_contract.py holds them to it."""
     mod = sys.modules.get(CONTRACT_MODULE)
     if mod is None:
         spec = importlib.util.spec_from_file_location(CONTRACT_MODULE, CONTRACT)

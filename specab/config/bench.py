@@ -25,6 +25,26 @@ SETTINGS = (*defaults.BENCH_DEFAULTS, "model", "dataset")
 # seconds the run queue's collect waits beyond the run's own bound (the sequencer's bookkeeping, the manifest's
 # probes, packing the run directory)
 QUEUE_WAIT_MARGIN_S = 300.0
+# the highest arrival rate a schedule may ask (requests per second): arrivals less than a microsecond apart are no
+# schedule the client can keep, only "all at once up to bench.concurrency"
+MAX_REQUEST_RATE = 1e6
+
+
+def rate_problem(rate: Any, *, zero_ok: bool) -> str | None:
+    """What is wrong with an arrival rate (None when nothing), in words that name the bound it broke: not a number,
+    not above 0 (where a schedule must have arrivals: `zero_ok` False; else below 0), or not below
+    MAX_REQUEST_RATE."""
+    number = isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate == rate
+    if not zero_ok and not (number and rate > 0):
+        return "is not a rate of requests per second above 0"
+    if not number:
+        return "is not a number of requests per second"
+    if rate < 0:
+        return "is below 0"
+    if rate >= MAX_REQUEST_RATE:
+        return (f"is not below {MAX_REQUEST_RATE:g} requests per second, the highest rate a schedule may ask "
+                f"(arrivals less than a microsecond apart are no schedule the client can keep)")
+    return None
 
 
 def given(variables: Mapping[str, Any], names: Mapping[str, str],

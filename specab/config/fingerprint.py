@@ -31,10 +31,15 @@ from specab.vocab.contract import redact_mapping
 # and the busiest one's CPU; the doctor's client-bottleneck finding), so an experiment rerun with more client processes
 # after that finding resumes rather than being refused as another experiment.
 CLIENT_ONLY = frozenset({"client_procs"})
+# bench settings of the deterministic pass (--correctness) alone: its runs are not measured runs, and its arms are
+# not in the document either, so an experiment run with and without --correctness is one experiment (its history
+# one prior)
+PASS_ONLY = frozenset({"correctness_requests"})
 
 
 def fingerprint_doc(exp: ExperimentSpec, arms: list[ArmSpec]) -> dict[str, Any]:
-    """What the fingerprint hashes (JSON-able, secrets redacted)."""
+    """What the fingerprint hashes (JSON-able, secrets redacted): the measured arms (not the deterministic pass's)."""
+    arms = [a for a in arms if a.deterministic_of is None]
     return redact_mapping({
         "model_path": exp.model_path,
         "server_args": dict(exp.server_args),
@@ -43,7 +48,7 @@ def fingerprint_doc(exp: ExperimentSpec, arms: list[ArmSpec]) -> dict[str, Any]:
         # one hash as before it existed
         "arms": {a.name: {"server_args": a.to_json()["server_args"], "env": a.to_json()["env"],
                           **({"bench": dict(a.bench)} if a.bench else {})} for a in arms},
-        "bench": {k: v for k, v in exp.bench_settings.items() if k not in CLIENT_ONLY},
+        "bench": {k: v for k, v in exp.bench_settings.items() if k not in CLIENT_ONLY | PASS_ONLY},
         "timeouts": dict(exp.timeout_settings),
     })
 

@@ -92,6 +92,17 @@ def choose(exp: ExperimentSpec, arms: list[ArmSpec], inventory: Inventory, order
     return ServerChoice(PER_INSTANCE, groups)
 
 
+def notices(exp: ExperimentSpec, choice: ServerChoice, plan: list[Any]) -> list[str]:
+    """What the plan says of its servers: why a default per instance runs per run, or its instances."""
+    if not choice.per_instance:
+        return list(choice.notices)
+    n, continued = describe(plan)
+    return choice.notices + [
+        f"one server per instance (design.server {exp.server or 'per-instance, the default'}): {n} instances of the "
+        f"arms that differ only in load; {continued} of {len(plan)} runs continue the server an earlier load of their "
+        f"block started, its cache reset before their load"]
+
+
 def describe(plan: list[Any]) -> tuple[int, int]:
     """(instances, runs that continue an instance's server) of a plan: the server starts saved."""
     instances = {r.instance for r in plan if r.instance is not None}

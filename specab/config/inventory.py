@@ -1,6 +1,7 @@
 """Load and validate the inventory (group `gpu_nodes`) before any node is touched."""
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from dataclasses import dataclass
@@ -9,7 +10,8 @@ from typing import Any
 
 import jinja2
 
-from specab.config.yamlfile import REPO_ROOT, ConfigError, check_unknown, key_line, load_yaml
+from specab.config import defaults
+from specab.config.yamlfile import REPO_ROOT, ConfigError, check_unknown, key_line, key_position, load_yaml
 
 DEFAULT_INVENTORY = REPO_ROOT / "inventory" / "local.yml"
 # without -i, an experiment runs on the node made for its engine kind: the embedded simulated SGLang node, or a
@@ -24,6 +26,15 @@ INVENTORY_GROUP_KEYS = {"hosts", "vars", "children"}
 NODE_GROUP = "gpu_nodes"     # the group whose hosts are the GPU nodes
 DEFAULT_ENGINE_CMD = ["python3", "-m", "sglang.launch_server"]
 ENGINE_BUILD_KEYS = {"python", "cmd", "env"}
+# The specab_* variables an inventory may set, besides the defaults file's (roles/specab/defaults/main.yml): the
+# node variables (docs/architecture.md "Node variables"), the multi-node ones (docs/scale.md), testinfra's ports, and
+# the extra vars playbooks/ab_test.yml documents. Any other specab_* name is a misspelling: the roles would never
+# read it (specab_nodedir left the node directory at its default, ~/specab).
+NODE_VARS = frozenset({
+    "specab_engine_cmd", "specab_engines", "specab_engine", "specab_smi_cmd", "specab_python", "specab_node_dir",
+    "specab_node_env", "specab_gpu_indices", "specab_bench_python", "specab_multinode", "specab_dist_init_host",
+    "specab_dist_init_port", "specab_check_ports", "specab_runs_dir", "specab_experiment_file",
+})
 
 
 @dataclass(frozen=True)
@@ -225,6 +236,30 @@ def _check_engines(host: Host, where: str) -> None:
             raise ConfigError(f"{what}.{name}.env must map environment variable names to values.")
 
 
+def known_variables() -> frozenset[str]:
+    """The specab_* names an inventory may set (NODE_VARS and the defaults file's)."""
+    return NODE_VARS | frozenset(defaults.load())
+
+
+def check_variables(groups: dict[str, dict[str, Any]], where: str, root: Any) -> None:
+    """Refuse a specab_* variable that no role reads (a misspelt name), with the closest known names, in every
+    group's vars and host vars alike: before any lease is taken or node touched."""
+    known = known_variables()
+    given = {str(k) for g in groups.values() for k in [*g["vars"], *(k for hv in g["hosts"].values() for k in hv)]}
+    bad = sorted(k for k in given if k.startswith(defaults.PREFIX) and k not in known)
+    if not bad:
+        return
+    lines = []
+    for k in bad:
+        close = difflib.get_close_matches(k, sorted(known), n=1)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        lines.append(f"{where}{key_position(root, k)}: unknown variable {k}{hint}")
+    raise ConfigError("\n".join(lines) + f"\nspecab reads these specab_* variables from an inventory: "
+                      f"{', '.join(sorted(NODE_VARS))} and the defaults of roles/specab/defaults/main.yml "
+                      f"(docs/architecture.md \"Node variables\"). Fix the name; a variable of your own needs "
+                      f"another prefix.")
+
+
 def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
     """Load a YAML inventory; hosts of group `gpu_nodes` (and its children) with merged, rendered variables."""
     p = Path(path) if path else DEFAULT_INVENTORY
@@ -288,6 +323,7 @@ def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
             out += [x for x in ancestry(parent, seen) if x not in out]
         return out + [gname]
 
+    check_variables(groups, where, root)
     hosts: list[Host] = []
     for hname in members(NODE_GROUP, set()):
         merged: dict[str, Any] = {}

@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from specab.config import engine_args
+from specab.config import bench, engine_args
 from specab.config.spec import ENV_NAME, ArmSpec, ExperimentSpec, overlay, resolve_arm
 from specab.vocab import engines
 
@@ -141,10 +141,11 @@ def _parse_values(key: str, label: str, text: str) -> tuple[Any, ...]:
                 rate = float(token)
             except ValueError:
                 rate = float("nan")
-            if not 0 < rate < 1e6:
-                raise MatrixError(f"--matrix {label}: {token!r} is not a rate of requests per second above 0; write "
-                                  f"positive numbers, e.g. {label}=2,4,8 (a closed loop is bench.request_rate 0, "
-                                  f"without this axis).")
+            bad = bench.rate_problem(rate, zero_ok=False)
+            if bad:
+                raise MatrixError(f"--matrix {label}: {token!r} {bad}; write positive numbers below "
+                                  f"{bench.MAX_REQUEST_RATE:g}, e.g. {label}=2,4,8 (a closed loop is "
+                                  f"bench.request_rate 0, without this axis).")
             values.append(int(rate) if rate.is_integer() else rate)
         elif key in INT_KEYS:
             values.append(_parse_int(token, label))

@@ -28,14 +28,19 @@ EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args",
 ARM_KEYS = {"name", "description", "server_args", "env", "cost_only"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
               "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos", "request_rate",
-              "client_procs"}
+              "client_procs", "allow_queueing", "correctness_requests"}
 PHASE_TIMING_VALUES = ("auto", True, False)
 # what phase timing sets on an arm (the 2026 engines reference A5): the server's /metrics and, in SGLang
 # 0.5.23, the device timer that splits forward time into eagle_draft / eagle_draft_extend / target_verify
 PHASE_TIMING_ARGS = {"enable_metrics": True}
 PHASE_TIMING_ENV = {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}
 TIMEOUT_KEYS = {"ready_s", "stop_grace_s", "gpu_free_s"}
-DESIGN_KEYS = {"server"}
+DESIGN_KEYS = {"burn_in", "server"}
+# design.burn_in: unmeasured server starts (each with its benchmark) before block 1 on every host. 0 by default: the
+# one node measured through the driver (an H100, SGLang 0.5.17) showed no first-instance effect, and a start costs
+# a model load; the H200's first starts were slow on one of two machines, which the doctor's instance-trend rule
+# names with the burn-in to set (docs/decisions/0014-burn-in-default-from-the-instance-spread.md).
+BURN_IN_DEFAULT = 0
 # design.server: one server start per run, or per instance (the runs of one arm and block that differ only in load,
 # docs/decisions/0011-one-server-across-a-load-sweep.md); unset: config/instances.py's default
 SERVER_MODES = ("per-run", "per-instance")
@@ -43,6 +48,9 @@ BENCH_APIS = {"generate", "completions", "chat"}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # as the server_start role requires
 EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# the matrix value that marks an arm of the deterministic pass (--correctness, specab/config/correctness.py): the
+# name of the measured arm it checks
+DETERMINISTIC_OF = "deterministic_of"
 
 
 # --------------------------------------------------------------------------- experiment
@@ -69,6 +77,12 @@ class ArmSpec:
     # bench settings of this arm's runs over the experiment's `bench:` (a bench condition of the matrix, e.g.
     # {"concurrency": 8}); empty: the experiment's bench as it is
     bench: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def deterministic_of(self) -> str | None:
+        """The measured arm this arm checks in the deterministic pass (--correctness); None: a measured arm."""
+        value = self.matrix.get(DETERMINISTIC_OF)
+        return str(value) if value else None
 
     def to_extravar(self) -> dict[str, Any]:
         args = self.server_args if self.node_args is None else self.node_args
@@ -104,6 +118,11 @@ class ExperimentSpec:
     raw: dict[str, Any]                 # the `specab_experiment` mapping as loaded
     warnings: list[str] = field(default_factory=list)
     design: dict[str, Any] = field(default_factory=dict)   # the `design:` section as written
+
+    @property
+    def burn_in(self) -> int:
+        """design.burn_in: unmeasured server starts and benchmarks before block 1 (on every host of a fleet)."""
+        return int(self.design.get("burn_in", BURN_IN_DEFAULT))
 
     @property
     def server(self) -> str | None:
@@ -149,9 +168,11 @@ def overlay(common: dict[str, Any], arm: dict[str, Any] | None) -> dict[str, Any
 
 def resolve_arm(exp: ExperimentSpec, arm: dict[str, Any], baseline: str = "baseline",
                 matrix: dict[str, Any] | None = None) -> ArmSpec:
-    """Resolve one arm overlay of the experiment per the contract (arm wins; model_path added)."""
+    """Resolve one arm overlay of the experiment per the contract (arm wins; model_path added: the arm's own
+    `server_args.model_path` where it gives one, an override that runs and is recorded as given, else the
+    experiment's model)."""
     server_args = overlay(exp.server_args, arm.get("server_args"))
-    server_args["model_path"] = exp.model_path
+    server_args["model_path"] = str(server_args.get("model_path") or exp.model_path)
     env = overlay(exp.env, arm.get("env"))
     spec = _is_spec(server_args)
     timing = phase_timing_on(exp, spec)
@@ -277,8 +298,13 @@ def _check_design(design: Any, where: str, root: yaml.Node | None, base: tuple[A
         return {}
     if not isinstance(design, dict):
         raise ConfigError(f"{where}{key_line(root, base + ('design',))}: design must be a mapping (e.g. "
-                          f"design: {{server: per-instance}}).")
+                          f"design: {{burn_in: 1, server: per-instance}}).")
     check_unknown(design.keys(), DESIGN_KEYS, where, root, base + ("design",), "design")
+    burn_in = design.get("burn_in", BURN_IN_DEFAULT)
+    if not isinstance(burn_in, int) or isinstance(burn_in, bool) or burn_in < 0:
+        raise ConfigError(f"{where}{key_line(root, base + ('design', 'burn_in'))}: design.burn_in must be a whole "
+                          f"number of unmeasured server starts before block 1 (0: none, 1: one start and benchmark "
+                          f"that is not analysed), got {burn_in!r}.")
     server = design.get("server")
     if "server" in design and server not in SERVER_MODES:
         raise ConfigError(f"{where}{key_line(root, base + ('design', 'server'))}: design.server must be per-run (every "
@@ -362,9 +388,10 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
                           f"(every answer runs to output_len) or false (answers end where the model ends them), "
                           f"got {bench['ignore_eos']!r}.")
     rate = bench.get("request_rate")
-    if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate < 1e6):
+    if rate is not None and benchcfg.rate_problem(rate, zero_ok=True):
         raise ConfigError(f"{where}{key_line(root, base + ('bench', 'request_rate'))}: bench.request_rate must be a "
-                          f"number of requests per second (0: each as soon as one in flight ends), got {rate!r}.")
+                          f"number of requests per second (0: each as soon as one in flight ends) below "
+                          f"{benchcfg.MAX_REQUEST_RATE:g}, got {rate!r}: it {benchcfg.rate_problem(rate, zero_ok=True)}.")
     if bench.get("client_procs") is not None:
         try:
             benchcfg.client_procs(bench["client_procs"])
@@ -372,7 +399,8 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
             raise ConfigError(f"{where}{key_line(root, base + ('bench', 'client_procs'))}: {exc}.") from None
     if bench.get("dataset") is not None:
         bench = exp["bench"] = dict(bench, dataset=_check_dataset(bench, p, where, root, base))
-    for k in ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed"):
+    for k in ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed",
+              "correctness_requests"):
         least = 0 if k in ("warmup_requests", "seed") else 1      # a run measures at least one request of a token
         if k in bench and (not isinstance(bench[k], int) or isinstance(bench[k], bool) or bench[k] < least):
             raise ConfigError(f"{where}{key_line(root, base + ('bench', k))}: bench.{k} must be an integer of at "
@@ -386,6 +414,7 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
             raise ConfigError(f"{where}{key_line(root, base + ('timeouts', k))}: timeouts.{k} must be a "
                               f"positive number of seconds, got {v!r}.")
+    design = _check_design(exp.get("design"), where, root, base)
     return ExperimentSpec(path=p.resolve(), name=name, model_path=str(exp["model_path"]), server_args=server_args,
                       env=env, arms=[dict(a) for a in arms], bench=dict(bench), timeouts=dict(timeouts),
-                      raw=copy.deepcopy(exp), warnings=warnings, design=_check_design(exp.get("design"), where, root, base))
+                      raw=copy.deepcopy(exp), warnings=warnings, design=design)

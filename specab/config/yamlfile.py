@@ -31,7 +31,38 @@ def load_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
         raise ConfigError(f"{where}: YAML error: {what}. Fix the YAML syntax at that line and column.") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: YAML error: {exc}") from None
+    duplicates = duplicate_keys(node)
+    if duplicates:
+        raise ConfigError("\n".join(
+            f"{path}:{second.line + 1}:{second.column + 1}: duplicate key '{key}' (first at {path}:{first.line + 1}:"
+            f"{first.column + 1}): YAML keeps only the last value, so the first would be silently ignored. Keep one "
+            f"of the two lines." for key, first, second in duplicates))
     return data, node
+
+
+def duplicate_keys(root: yaml.Node | None) -> list[tuple[str, yaml.Mark, yaml.Mark]]:
+    """Every key given twice in one mapping of the document (key, first position, second position), in file
+    order. Merge keys (`<<`) are not keys of their own mapping."""
+    found: list[tuple[str, yaml.Mark, yaml.Mark]] = []
+    seen_nodes: set[int] = set()
+    stack = [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        if id(node) in seen_nodes:        # an alias: the node it names is walked once
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[str, yaml.Mark] = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if key.value in first:
+                        found.append((key.value, first[key.value], key.start_mark))
+                    else:
+                        first[key.value] = key.start_mark
+                stack.append(value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return sorted(found, key=lambda d: (d[2].line, d[2].column))
 
 
 def node_at(node: yaml.Node | None, keys: tuple[Any, ...]) -> yaml.Node | None:
@@ -61,6 +92,23 @@ def key_line(root: yaml.Node | None, keys: tuple[Any, ...]) -> str:
     if node is not None:
         return f":{node.start_mark.line + 1}:{node.start_mark.column + 1}"
     return ""
+
+
+def key_position(root: yaml.Node | None, name: str) -> str:
+    """`:line:col` of the first mapping key `name` anywhere in the document (file order), or ""."""
+    stack = [root] if root is not None else []
+    best: yaml.Mark | None = None
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.value == name and (
+                        best is None or (k.start_mark.line, k.start_mark.column) < (best.line, best.column)):
+                    best = k.start_mark
+                stack.append(v)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return f":{best.line + 1}:{best.column + 1}" if best is not None else ""
 
 
 def check_unknown(keys: Any, allowed: set[str], where: str, root: yaml.Node | None, path: tuple[Any, ...],

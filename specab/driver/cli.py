@@ -20,7 +20,7 @@ from specab.analysis.evidence import logparse
 from specab.analysis.measures import specmodel
 from specab.analysis.cost import design, economics, history
 from specab.analysis.render import provenance, report
-from specab.config import instances
+from specab.config import correctness, instances
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.inventory import load_inventory
 from specab.config.matrix import MatrixError
@@ -34,6 +34,7 @@ from specab.driver.render import render_arm
 from specab.knowntruth import build as kt_build
 from specab.results import store as st
 from specab.results.locate import NotFound, default_runs_dir, locate
+from specab.vocab import engines
 from specab.vocab.contract import redact_env
 
 COMMON_FORMS = """common forms (options go after the subcommand; `driver.py COMMAND --help` lists them):
@@ -67,6 +68,10 @@ def _add_experiment_options(p: argparse.ArgumentParser) -> None:
                         "of one arm, then the next (for comparison only)")
     p.add_argument("--skip-invalid", action="store_true",
                    help="run the valid matrix combinations and skip the refused ones (default: refuse all)")
+    p.add_argument("--correctness", action="store_true",
+                   help="after the measured blocks, run each speculative arm and its baseline once more in the "
+                        "engine's deterministic mode (bench.correctness_requests requests each, not measured): any "
+                        "difference of their outputs is an engine bug (docs/analysis.md, Output validity)")
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -77,7 +82,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retry-failed", action="store_true", help="with --resume: run failed runs again too")
     p.add_argument("--require-valid", action="store_true",
                    help="exit 3 when a speculative arm's outputs are not its baseline's (the report's Output "
-                        "validity: NOT VALID; an arm declared cost_only is exempt)")
+                        "validity: NOT VALID; an arm declared cost_only is exempt), or differ in the deterministic "
+                        "pass (--correctness: BUG)")
     p.add_argument("--force-changed", action="store_true",
                    help="with --resume: go on although the experiment's fingerprint changed (the report marks "
                         "the runs of each fingerprint)")
@@ -211,7 +217,8 @@ def _options(args: argparse.Namespace, argv: list[str]) -> Options:
                       retry_failed=getattr(args, "retry_failed", False),
                       run_timeout_s=getattr(args, "run_timeout", None), argv=argv,
                       fleet=getattr(args, "fleet", False), executor=getattr(args, "executor", "auto"),
-                      force_changed=getattr(args, "force_changed", False))
+                      force_changed=getattr(args, "force_changed", False),
+                      correctness=getattr(args, "correctness", False))
 
 
 # --------------------------------------------------------------------------- commands
@@ -239,28 +246,41 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     # the spelling of each engine build the arms run on, when its flags are cached (plan touches no node)
     builds = preflight.builds_of(prepared.arms, host)
     cached = {b.name: preflight.cached_engine_flags(host, b) for b in builds}
-    prepared = replace(prepared, arms=preflight.spell_arms(prepared.arms, [ef for ef in cached.values() if ef]))
+    # what `run` refuses of the arms' arguments on a build whose flags are known, `plan` refuses alike
+    preflight.refuse_flags([p for ef in cached.values() if ef
+                            for p in preflight.unknown_flags(prepared.arms, ef, prepared.experiment.engine)])
+    prepared = session.spelled(prepared, [ef for ef in cached.values() if ef])
     described = [preflight.describe_engine(cached[b.name], b) for b in builds]
     # with --target-ci the runs `run` starts with and those it is expected to add, in the design's own words
-    runs, later, headline = list(prepared.plan), [], (f"{len(prepared.arms)} arms x {opts.repeats} blocks = "
-                                                      f"{len(prepared.plan)} runs")
+    burned = sum(r.burn_in for r in prepared.plan)
+    det_names = {a.name for a in prepared.det_arms}
+    passed = sum(r.arm in det_names for r in prepared.plan)
+    runs, later, headline = list(prepared.plan), [], (f"{len(prepared.arms)} arms x {opts.repeats} blocks"
+                                                      + (f" + {burned} burn-in" if burned else "")
+                                                      + (f" + {passed} deterministic-pass runs" if passed else "")
+                                                      + f" = {len(prepared.plan)} runs")
     cost_lines: list[str] = []
-    if opts.target_ci is not None:
-        runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
-        inputs = design_inputs.design_inputs(prepared.experiment, prepared.arms, host, runs_dir, exp_fp)
+    runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
+    inputs = design_inputs.design_inputs(prepared.experiment, prepared.arms, host, runs_dir, exp_fp) \
+        if opts.target_ci is not None or burned or det_names or prepared.server.per_instance else None
+    if opts.target_ci is not None and inputs is not None:
         first = session.first_block(prepared, opts, inputs)
         cost_lines, est = _cost_plan(prepared, opts, inputs, first)
         runs, later, headline = _target_ci_runs(prepared, opts, first, est)
+    burn = _burn_in_plan(prepared, opts, inputs, runs)
+    det = _pass_plan(prepared, opts, inputs, [r for r, _ in later] or runs, list(cached.values()))
+    later += [(r, "after the design's last block") for r in det["planned"] if opts.target_ci is not None]
     if args.format == "json":
         arms = []
-        for arm in prepared.arms:
+        for arm in prepared.all_arms:
             r = render_arm(_display_arm(arm), host, experiment_engine=prepared.experiment.raw.get("engine"))
             arms.append({**arm.to_json(), "launch_sh": r.launch_sh, "env_file": r.env_file})
         json.dump({"engine": "; ".join(described), "seed": opts.seed, "order": opts.order, "repeats": opts.repeats, "notices": prepared.notices,
                    "hosts": [h.name for h in prepared.inventory.hosts],
                    "plan": [{**r.to_json(), **({"when": when} if opts.target_ci is not None else {})}
                             for r, when in [(r, "now") for r in runs] + later],
-                   "design": cost_lines, "arms": arms}, out, indent=2)
+                   "design": cost_lines, "burn_in": burn, "instances": _instance_lines(prepared, inputs),
+                   "deterministic_pass": {k: v for k, v in det.items() if k != "planned"}, "arms": arms}, out, indent=2)
         out.write("\n")
         return 0
     for n in prepared.notices:
@@ -272,30 +292,50 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     print(f"experiment {prepared.experiment.name} ({prepared.experiment.path}), inventory "
           f"{prepared.inventory.path} (hosts: {', '.join(h.name for h in prepared.inventory.hosts)})", file=out)
     print(f"{headline}, order {opts.order}, seed {opts.seed}", file=out)
+    for line in ([burn["line"]] if burn["runs"] else []) + det["lines"] + _instance_lines(prepared, inputs):
+        print(line, file=out)
     print("\n".join(described) + "\n", file=out)
+    _print_runs(prepared, opts, runs, later, det, out)
+    _print_arms(prepared, host, out)
+    return 0
+
+
+def _print_runs(prepared: Any, opts: Options, runs: list[Any], later: list[tuple[Any, str]], det: dict[str, Any],
+                out: TextIO) -> None:
+    """The plan's run table: every run (with --fleet its host), or with --target-ci the runs `run` starts with and
+    those the design is expected to add, with their measured requests; burn-in and deterministic-pass runs marked."""
     hosts = [h.name for h in prepared.inventory.hosts]
     host_of = {r.seq: h for h, rs in fleet.assign_blocks(prepared.plan, hosts).items() for r in rs} \
         if opts.fleet else {}
-    for line in _instance_lines(prepared, opts, exp_fp):
-        print(line, file=out)
+    mark = {r.seq: BURN_IN_MARK for r in prepared.plan if r.burn_in}
+    mark.update({r.seq: PASS_MARK for r in det["planned"]})
     inst = prepared.server.per_instance
     if opts.target_ci is None:
         print(f"{'seq':>4}  {'block':>5}  " + (f"{'instance':>8}  " if inst else "") + "run_id"
               + ("  host (--fleet)" if host_of else ""), file=out)
         for r in prepared.plan:
             print(f"{r.seq:>4}  {r.block:>5}  " + (f"{_instance_cell(r):>8}  " if inst else "") + r.run_id
-                  + (f"  {host_of[r.seq]}" if host_of else ""), file=out)
-    else:
-        experiment_requests = int(prepared.experiment.bench_settings["num_requests"])
-        print(f"{'seq':>4}  {'block':>5}  {'requests':>8}  {'run_id':<24}  when", file=out)
-        for r, when in [(r, "now") for r in runs] + later:
-            m = "?" if when.startswith("if") and opts.design == "cost" else \
-                str(r.num_requests if r.num_requests is not None else experiment_requests)
-            print(f"{r.seq:>4}  {r.block:>5}  {m:>8}  {r.run_id:<24}  {when}", file=out)
-    for arm in prepared.arms:
+                  + (f"  {host_of[r.seq]}" if host_of else "") + (f"  {mark[r.seq]}" if r.seq in mark else ""),
+                  file=out)
+        return
+    experiment_requests = int(prepared.experiment.bench_settings["num_requests"])
+    print(f"{'seq':>4}  {'block':>5}  {'requests':>8}  {'run_id':<24}  when", file=out)
+    for r, when in [(r, "now") for r in runs] + later:
+        m = "?" if when.startswith("if") and opts.design == "cost" else \
+            str(r.num_requests if r.num_requests is not None else experiment_requests)
+        m = str(det["requests_per_run"]) if mark.get(r.seq) == PASS_MARK else m
+        print(f"{r.seq:>4}  {r.block:>5}  {m:>8}  {r.run_id:<24}  {when}"
+              + (f", {BURN_IN_MARK}" if r.burn_in else ""), file=out)
+
+
+def _print_arms(prepared: Any, host: Any, out: TextIO) -> None:
+    """Every arm's launch script and env file as the roles deploy them, the deterministic pass's arms too."""
+    for arm in prepared.all_arms:
         rendered = render_arm(_display_arm(arm), host, run_id=None,
                               experiment_engine=prepared.experiment.raw.get("engine"))
         kind = "baseline" if arm.is_baseline else f"compared with {arm.baseline}"
+        if arm.deterministic_of is not None:
+            kind = f"the deterministic pass of {arm.deterministic_of}, " + kind
         if arm.engine is not None:
             kind += f", engine build {arm.engine}"
         print(f"\n=== arm {arm.name} ({kind}) on {host.name} ===", file=out)
@@ -303,7 +343,69 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         print(rendered.launch_sh, file=out)
         print("--- nccl.env (mode 0600) ---", file=out)
         print(rendered.env_file, file=out)
-    return 0
+
+
+PASS_MARK = "deterministic pass: not measured"
+
+
+def _pass_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs | None, before: list[Any],
+               cached: list[preflight.EngineFlags | None]) -> dict[str, Any]:
+    """The deterministic pass (--correctness) as `run` plans it: its runs (the plan's; with --target-ci one block
+    after `before`, the blocks the design is expected to add), their expected GPU-minutes at the run cost `plan
+    --target-ci` uses (the node's history, else the simulator profile; None where neither is known), and the plan's
+    lines saying so, with what a cached flag set already shows of the build's deterministic mode."""
+    names = [a.name for a in prepared.det_arms]
+    planned = [r for r in prepared.plan if r.arm in names] or \
+        correctness.plan_block(names, before, opts.seed, opts.order)
+    n = correctness.requests_per_run(prepared.experiment)
+    out: dict[str, Any] = {"arms": names, "runs": len(planned), "requests_per_run": n, "gpu_minutes": None,
+                           "cost_source": None, "lines": [], "planned": planned}
+    if not planned:
+        return out
+    cost = inputs.cost if inputs is not None else None
+    if cost is not None:
+        out["gpu_minutes"] = len(planned) * cost.gpu_s(n) / 60.0
+        out["cost_source"] = cost.source
+    gpu = (f", expected {out['gpu_minutes']:.1f} GPU-minutes (run cost of {cost.source}; the mode itself decodes "
+           f"slower, ~18 % measured on SGLang 0.5.17)" if cost is not None
+           else ", GPU-minutes not known before a run on this node")
+    when = "after the design's last block" if opts.target_ci is not None else "after the measured blocks"
+    out["lines"].append(f"deterministic pass (--correctness): {len(planned)} runs of {n} requests in the engine's "
+                        f"deterministic mode, {when}: not measured; each speculative arm's outputs against its "
+                        f"baseline's, where any difference is an engine bug{gpu}")
+    for ef in cached:
+        why = engines.sglang_deterministic_missing(ef.flags) \
+            if ef is not None and ef.kind != engines.VLLM else None
+        if why:
+            out["lines"].append(f"notice: --correctness: the cached flag set of {ef.label} on {ef.host}: {why}; "
+                                f"`run --correctness` refuses it unless the build changed")
+    return out
+
+
+BURN_IN_MARK = "burn-in: not measured"
+
+
+def _burn_in_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs | None, runs: list[Any]
+                  ) -> dict[str, Any]:
+    """The burn-in runs of the plan (design.burn_in) and what they are expected to cost: their count, GPU-minutes at
+    the run cost `plan --target-ci` uses (the node's history, else the simulator profile; None where neither is
+    known) and the plan's line saying so."""
+    burned = [r for r in runs if r.burn_in]
+    out: dict[str, Any] = {"per_host": prepared.experiment.burn_in, "runs": len(burned), "gpu_minutes": None,
+                           "cost_source": None, "line": ""}
+    if not burned:
+        return out
+    cost = inputs.cost if inputs is not None else None
+    if cost is not None:
+        m = int(prepared.experiment.bench_settings["num_requests"])
+        out["gpu_minutes"] = sum(cost.gpu_s(r.num_requests or m) for r in burned) / 60.0
+        out["cost_source"] = cost.source
+    before = "each host's first block" if len({r.block for r in burned}) > 1 else "block 1"
+    gpu = (f", expected {out['gpu_minutes']:.1f} GPU-minutes (run cost of {cost.source})" if cost is not None
+           else ", GPU-minutes not known before a run on this node")
+    out["line"] = (f"burn-in (design.burn_in: {prepared.experiment.burn_in}): {len(burned)} unmeasured server "
+                   f"start(s) and benchmark(s) before {before}, stored and not analysed{gpu}")
+    return out
 
 
 def _instance_cell(r: Any) -> str:
@@ -311,22 +413,20 @@ def _instance_cell(r: Any) -> str:
     return "-" if r.instance is None else f"{r.instance}.{r.instance_pos}"
 
 
-def _instance_lines(prepared: Any, opts: Options, exp_fp: str) -> list[str]:
+def _instance_lines(prepared: Any, inputs: design_inputs.DesignInputs | None) -> list[str]:
     """With one server per instance (docs/decisions/0011): the server starts the plan saves and their GPU-minutes at
-    the node's run cost (its history of this fingerprint, else its simulator profile; a real node without history:
-    not estimated)."""
+    the node's run cost (`inputs`: its history of this fingerprint, else its simulator profile; a real node without
+    history: not estimated)."""
     if not prepared.server.per_instance:
         return []
     n, continued = instances.describe(prepared.plan)
-    host = prepared.inventory.hosts[0]
-    runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
-    cost = design_inputs.design_inputs(prepared.experiment, prepared.arms, host, runs_dir, exp_fp).cost
+    cost = inputs.cost if inputs is not None else None
     saved = (f"{economics.instance_saving_s(cost, continued) / 60:.1f} GPU-minutes saved at the run cost of "
              f"{cost.source} (load {cost.load_s:.1f} s and a stop per start)" if cost is not None else
-             f"the GPU-minutes saved are not estimated: no run cost is known for {host.name} (no history of this "
-             f"experiment, not a simulated node)")
+             f"the GPU-minutes saved are not estimated: no run cost is known for {prepared.inventory.hosts[0].name} "
+             f"(no history of this experiment, not a simulated node)")
     return [f"one server per instance: {n} instances, {continued} of {len(prepared.plan)} runs continue their "
-            f"instance's server ({continued} server starts saved): {saved}", ""]
+            f"instance's server ({continued} server starts saved): {saved}"]
 
 
 def _cost_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs, first: economics.FirstBlock
@@ -377,12 +477,14 @@ def _target_ci_runs(prepared: Any, opts: Options, first: economics.FirstBlock, e
                 else f"if {who} asks for it after the block before")
         later = [(r, when) for r in added]
     m_now = {r.num_requests for r in now}.pop() or int(prepared.experiment.bench_settings["num_requests"])
+    burned = sum(r.burn_in for r in now)
     blocks_now = "block 1" if started == 1 else f"blocks 1-{started}"
     if est is not None:
         after = f"{who} expects {expected} blocks = {expected * len(arms)} runs"
     else:
         after = f"no estimate of the blocks {who} adds"
-    headline = (f"{len(arms)} arms: {blocks_now} now ({len(now)} runs of {m_now} measured requests), {after}, at most "
+    headline = (f"{len(arms)} arms: {blocks_now} now ({len(now) - burned} runs of {m_now} measured requests"
+                f"{f', after {burned} burn-in runs' if burned else ''}), {after}, at most "
                 f"--max-repeats {cap} blocks = {cap * len(arms)} runs")
     return now, later, headline
 

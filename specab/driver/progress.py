@@ -244,7 +244,7 @@ def print_summary(store, out: TextIO) -> int:
     """Print the per-arm table (failed and interrupted runs counted apart) and the failures; returns the number
     of failed runs (interrupted ones are not failures: a resume runs them)."""
     rows, unreadable = _stats_rows(store)
-    console = Console(file=out, highlight=False, width=max(120, Console(file=out).width))
+    console = Console(file=out, highlight=False, width=max(150, Console(file=out).width))
     try:
         concurrency = model.bench_concurrency(store.experiment().get("config"))
     except StoreError:          # a store without its experiment row still gets its table
@@ -262,6 +262,15 @@ def print_summary(store, out: TextIO) -> int:
     console.print(t)
     if unreadable:
         console.print(f"no statistics: {unreadable}", markup=False)
+    burned = [r for r in store.runs() if r["burn_in"]]
+    if burned:
+        console.print("burn-in (unmeasured starts before block 1, not in the table): "
+                      + ", ".join(f"{r['run_id']} {r['status']}" for r in burned), markup=False)
+    det = {a["name"] for a in store.arms() if isinstance(a.get("matrix"), dict) and a["matrix"].get("deterministic_of")}
+    passed = [r for r in store.runs() if r["arm"] in det]
+    if passed:
+        console.print("deterministic pass (--correctness: not measured, not in the table; its outcome is in the "
+                      "verdict lines): " + ", ".join(f"{r['run_id']} {r['status']}" for r in passed), markup=False)
     failed = store.runs(status="failed")
     interrupted = store.runs(status="interrupted")
     for r in failed:

@@ -25,11 +25,12 @@ import yaml
 from specab.analysis.cost import design, economics, history
 from specab.analysis.evidence.model import load_store
 from specab.analysis.render.report import write_report
+from specab.config import correctness
 from specab.config.fingerprint import changes, fingerprint, fingerprint_doc
 from specab.config.plan import PlannedRun, make_plan
 from specab.config.spec import ExperimentSpec
 from specab.config.yamlfile import REPO_ROOT
-from specab.driver import preflight
+from specab.driver import keep, nodecheck, preflight
 from specab.driver.context import InterruptedRun, MoreBlocks, RunContext
 from specab.driver.design_inputs import DesignInputs, design_inputs
 from specab.driver.fleet import run_fleet
@@ -67,11 +68,13 @@ def make_executor(ctx: RunContext, signal_time: Callable[[], float | None]) -> E
     return PerRunExecutor(ctx, signal_time=signal_time)
 
 
-def execute(ctx: RunContext, todo: list[PlannedRun]) -> int:
-    """Run ``todo`` (and, with --target-ci, the blocks the statistics ask for) on one host set."""
+def execute(ctx: RunContext, todo: list[PlannedRun], resumed: bool = False) -> int:
+    """Run ``todo`` (and, with --target-ci, the blocks the statistics ask for) on one host set; a resume first
+    records the runs the node finished that were never recorded (``keep.adopt``)."""
     done_before = len(ctx.store.plan()) - len(todo)
     interrupted = False
     stopped: SystematicFailure | None = None
+    busy: tuple[st.StoreBusy, list[str]] | None = None
     # every arm failed at start-up for one cause: stop rather than play the rest into it
     fail_fast = FailFast.for_runs({pr.arm for pr in todo})
     with Interrupt() as intr:
@@ -79,12 +82,18 @@ def execute(ctx: RunContext, todo: list[PlannedRun]) -> int:
         more = ctx.more_blocks if ctx.opts.target_ci is not None else None
         try:
             try:
+                if resumed and isinstance(executor, QueueExecutor):
+                    todo = keep.adopt(executor, todo, done_before)
+                    done_before = len(ctx.store.plan()) - len(todo)
                 interrupted = executor.loop(list(todo), intr.event, done_before, more=more,
                                             on_status=lambda status: fail_fast.observe(ctx.store, status))
             except SystematicFailure as exc:
                 stopped = exc
                 executor.abort()           # the queue's sequencer would go on with the queued runs
                 ctx.store.set_experiment_status(STOPPED)
+            except st.StoreBusy as exc:    # nothing more can be recorded: the node stops, what it finished is kept
+                executor.abort()
+                busy = (exc, keep.fetch_unrecorded(executor) if isinstance(executor, QueueExecutor) else [])
             except BaseException:
                 executor.abort()
                 ctx.store.set_experiment_status("interrupted")
@@ -102,6 +111,15 @@ def execute(ctx: RunContext, todo: list[PlannedRun]) -> int:
         print(f"\nInterrupted. Finished runs are kept in {ctx.exp_dir}.\n"
               f"Resume with: {resume_command(ctx.exp_id, ctx.opts)}", file=ctx.out)
         return EXIT_INTERRUPTED
+    if busy is not None:
+        exc, kept = busy
+        print(f"\nStopped: the store could not be written. {exc}\n"
+              + (f"{len(kept)} run(s) the node finished were fetched into {ctx.exp_dir} but not recorded: "
+                 f"{', '.join(kept)}.\n" if kept else "")
+              + f"Every run recorded before is kept. Resume once the store is free: "
+              f"{resume_command(ctx.exp_id, ctx.opts)} (it records the fetched runs and runs only the missing ones).",
+              file=ctx.out)
+        return EXIT_FAILED_RUNS
     if stopped is not None:
         print(stopped.message(ctx.exp_id, len(ctx.store.missing()), resume_command(ctx.exp_id, ctx.opts)),
               file=ctx.out)
@@ -117,14 +135,18 @@ def resume_command(exp_id: str, opts: Options, *extra: str) -> str:
 
 
 def _run(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, store: st.Store, todo: list[PlannedRun],
-         out: TextIO, progress: Progress, total: int) -> int:
+         out: TextIO, progress: Progress, total: int, resumed: bool = False) -> int:
     # a resume counts what the store's runs spent already (a run started again replaces its row, so not its own)
     progress.start(exp_id, total, done=total - len(todo),
                    spent=store.spent_gpu_seconds(rerun={pr.seq for pr in todo}))
+    burned = [pr.run_id for pr in todo if pr.burn_in]
+    if burned:
+        progress.notice(f"burn-in (design.burn_in): {', '.join(burned)} start a server and benchmark it before "
+                        f"block 1, stored and not analysed")
     if opts.fleet:     # every host of gpu_nodes runs its own blocks at once (docs/scale.md)
         return run_fleet(prepared, opts, exp_id, exp_dir, todo, out, progress, total=total,
                          make_context=RunContext, make_executor=make_executor)
-    return execute(RunContext(prepared, opts, exp_id, exp_dir, store, out, progress), todo)
+    return execute(RunContext(prepared, opts, exp_id, exp_dir, store, out, progress), todo, resumed=resumed)
 
 
 def _git_sha() -> str | None:
@@ -170,14 +192,25 @@ def check_nodes(prepared: Prepared, out: TextIO) -> list[preflight.EngineFlags]:
     def notice(n: str) -> None:
         print(f"notice: {n}", file=out)
     hosts = prepared.inventory.hosts
+    # the GPUs an arm takes, the context its prompts and answers need, the node directory's room: read-only
+    nodecheck.check_nodes(prepared.experiment, prepared.arms, hosts, is_multinode(hosts), notice)
     # the node's engine lists its flags (read-only, cached per node and engine version): an unknown flag is
     # refused now rather than after a model load of minutes
     checked = preflight.check_engine_flags(prepared.arms, hosts, notice=notice,
                                            expected_kind=prepared.experiment.engine)
+    # --correctness: a build without a deterministic mode is refused now, not after the measured blocks (the pass's
+    # arms are the measured arms' with the mode on, on the same builds)
+    preflight.check_deterministic(prepared.det_arms, checked, hosts, notice=notice)
     # a port another process holds fails every run at its start; a server over several
     # hosts binds its HTTP port on the head only
-    preflight.check_ports(prepared.arms, hosts[:1] if is_multinode(hosts) else hosts, notice=notice)
+    preflight.check_ports(prepared.all_arms, hosts[:1] if is_multinode(hosts) else hosts, notice=notice)
     return checked
+
+
+def spelled(prepared: Prepared, checked: list[preflight.EngineFlags]) -> Prepared:
+    """The arms (the deterministic pass's too) in the spelling of the engine builds the nodes reported."""
+    return dataclasses.replace(prepared, arms=preflight.spell_arms(prepared.arms, checked),
+                               det_arms=preflight.spell_arms(prepared.det_arms, checked))
 
 
 def redacted_config(exp: ExperimentSpec) -> dict[str, Any]:
@@ -215,23 +248,29 @@ def _start(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, out: T
                                config=redacted_config(prepared.experiment), matrix=list(opts.matrix),
                                argv=list(opts.argv), hosts=[h.name for h in prepared.inventory.hosts],
                                specab_version=_specab_version(), git_sha=_git_sha())
-        store.write_arms([a.to_json() for a in prepared.arms])
+        store.write_arms([a.to_json() for a in prepared.all_arms])
         doc = fingerprint_doc(prepared.experiment, prepared.arms)
         store.set_session_fingerprint(fingerprint(doc), doc)
         plan, first = first_plan(prepared, opts, store, fingerprint(doc))
         prepared = dataclasses.replace(prepared, plan=plan)
-        store.write_plan([r.to_json() for r in plan], repeats=max(r.block for r in plan))
+        store.write_plan([r.to_json() for r in plan], repeats=measured_blocks(plan, prepared))
         progress = progress or Progress()
         if first is not None:       # the live projection: what the design expects the whole experiment to cost
             progress.projection(first.gpu_s, first.cost.gpus if first.cost else 1)
         # stored: the experiment's logical names; launched: the node engine's spelling
-        prepared = dataclasses.replace(prepared, arms=preflight.spell_arms(prepared.arms, checked))
+        prepared = spelled(prepared, checked)
         code = _run(prepared, opts, exp_id, exp_dir, store, list(prepared.plan), out, progress,
                     total=len(prepared.plan))
         return code, store
     except BaseException:
         store.close()
         raise
+
+
+def measured_blocks(plan: list[PlannedRun], prepared: Prepared) -> int:
+    """The measured blocks of a plan (the experiment's `repeats`): the deterministic pass's block is not one."""
+    det = {a.name for a in prepared.det_arms}
+    return max(r.block for r in plan if r.arm not in det)
 
 
 def first_block(prepared: Prepared, opts: Options, inputs: DesignInputs) -> economics.FirstBlock:
@@ -251,7 +290,8 @@ def first_runs(prepared: Prepared, opts: Options, first: economics.FirstBlock | 
     if first is None or opts.target_ci is None or opts.design != "cost":
         return list(prepared.plan)
     return make_plan([a.name for a in prepared.arms], 1, opts.seed, opts.order,
-                     num_requests=first.requests if first.design is not None else None, groups=prepared.groups)
+                     num_requests=first.requests if first.design is not None else None,
+                     burn_in=prepared.experiment.burn_in, groups=prepared.groups)
 
 
 def first_plan(prepared: Prepared, opts: Options, store: st.Store, fp: str
@@ -309,19 +349,11 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
     try:
         row = store.experiment()
         experiment_file = opts.experiment_file or stored_experiment_file(row, exp_dir, out)
-        ropts = Options(experiment_file=experiment_file,
-                        inventory_file=opts.inventory_file or row["inventory_file"], matrix=list(row["matrix"]),
-                        repeats=row["repeats"], seed=row["seed"], order=row["order_mode"],
-                        runs_dir=opts.runs_dir, verbose=opts.verbose, skip_invalid=True,
-                        target_ci=opts.target_ci, max_repeats=opts.max_repeats, design=opts.design,
-                        max_requests=opts.max_requests,
-                        retry_failed=opts.retry_failed,
-                        run_timeout_s=opts.run_timeout_s, argv=opts.argv,
-                        fleet=opts.fleet or "--fleet" in (row.get("argv") or []), executor=opts.executor)
+        ropts = resume_options(row, opts, experiment_file)
         prepared = prepare(ropts)
         forced = check_fingerprint(store, prepared, force=opts.force_changed, out=out)
         stored = {a["name"]: a for a in store.arms()}
-        for arm in prepared.arms:
+        for arm in prepared.all_arms:
             s = stored.get(arm.name)
             now = arm.to_json()
             # (redact_env: experiments stored before server args were redacted hold them verbatim)
@@ -332,20 +364,55 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
                                       f"experiments. Restore the file or start a new experiment.")
         todo_rows = store.not_ok() if opts.retry_failed else store.missing()
         todo = [PlannedRun.from_row(r) for r in todo_rows]
-        print(f"resuming {row['id']}: {len(todo)} of {len(store.plan())} runs to do", file=out)
+        det_block = pass_not_planned(store, prepared, ropts, todo)
+        todo += det_block
+        print(f"resuming {row['id']}: {len(todo)} of {len(store.plan()) + len(det_block)} runs to do", file=out)
         if not todo:
             return conclude(EXIT_OK, store, exp_dir, out), exp_dir
         checked = check_nodes(prepared, out)
         doc = fingerprint_doc(prepared.experiment, prepared.arms)       # the logical arms, as start() hashed them
-        prepared = dataclasses.replace(prepared, arms=preflight.spell_arms(prepared.arms, checked))
+        prepared = spelled(prepared, checked)
         with node_leases(prepared, row["id"], out):
             store.set_session_fingerprint(fingerprint(doc), doc, forced=forced)
             store.mark_running()
+            store.write_plan([r.to_json() for r in det_block])
             code = _run(prepared, ropts, row["id"], exp_dir, store, todo, out, progress or Progress(),
-                        total=len(store.plan()))
+                        total=len(store.plan()), resumed=True)
         return conclude(code, store, exp_dir, out), exp_dir
     finally:
         store.close()
+
+
+def resume_options(row: dict[str, Any], opts: Options, experiment_file: str) -> Options:
+    """The options a resume runs under: the plan's (matrix, repeats, seed, order, --fleet, --correctness) from the
+    store, how to run it from this command. --correctness cannot be added to an experiment planned without it."""
+    argv = row.get("argv") or []
+    if opts.correctness and "--correctness" not in argv:
+        raise ExperimentError(f"experiment {row['id']} was planned without --correctness: its plan has no "
+                              f"deterministic pass to resume. Resume without --correctness, or start a new "
+                              f"experiment with it.")
+    return Options(experiment_file=experiment_file,
+                   inventory_file=opts.inventory_file or row["inventory_file"], matrix=list(row["matrix"]),
+                   repeats=row["repeats"], seed=row["seed"], order=row["order_mode"],
+                   runs_dir=opts.runs_dir, verbose=opts.verbose, skip_invalid=True,
+                   target_ci=opts.target_ci, max_repeats=opts.max_repeats, design=opts.design,
+                   max_requests=opts.max_requests, retry_failed=opts.retry_failed,
+                   run_timeout_s=opts.run_timeout_s, argv=opts.argv,
+                   fleet=opts.fleet or "--fleet" in argv, executor=opts.executor,
+                   correctness="--correctness" in argv)
+
+
+def pass_not_planned(store: st.Store, prepared: Prepared, opts: Options, todo: list[PlannedRun]
+                     ) -> list[PlannedRun]:
+    """The deterministic pass's block for a resume to add, when the experiment has one (--correctness) that its plan
+    does not hold yet: a --target-ci experiment plans it after the design's last block, and was stopped before that.
+    With --target-ci and measured runs still to do, the design plans it when it stops (RunContext). The caller
+    stores it once the nodes are checked."""
+    names = [a.name for a in prepared.det_arms]
+    planned = [PlannedRun.from_row(r) for r in store.plan()]
+    if not names or any(r.arm in names for r in planned) or (opts.target_ci is not None and todo):
+        return []
+    return correctness.plan_block(names, planned, opts.seed, opts.order)
 
 
 def check_fingerprint(store: st.Store, prepared: Prepared, *, force: bool, out: TextIO) -> bool:
@@ -417,16 +484,19 @@ def print_verdict_caveats(exp_dir: Path, store: st.Store, out: TextIO) -> None:
 
 def require_valid(exp_dir: Path, out: TextIO) -> int:
     """--require-valid: EXIT_NOT_VALID when the report names a speculative arm (not declared cost_only) whose
-    outputs are not its baseline's, or when the report that would say so is missing."""
+    outputs are not its baseline's, or one whose deterministic pass (--correctness) differs (an engine bug), or
+    when the report that would say so is missing."""
     try:
-        arms = json.loads((exp_dir / "report.json").read_text())["validity"]["arms"]
+        val = json.loads((exp_dir / "report.json").read_text())["validity"]
+        arms, passes = val["arms"], val.get("deterministic") or {}
     except (OSError, ValueError, KeyError, TypeError):
         print(f"--require-valid: no output validity in {exp_dir / 'report.json'}: the verdict cannot be checked "
               f"(run `driver.py report {exp_dir.name}`).", file=out)
         return EXIT_NOT_VALID
-    bad = [a for a, v in arms.items() if v.get("status") == "NOT VALID" and not v.get("cost_only")]
-    for a in bad:
-        print(f"--require-valid: {a}: {arms[a].get('line')}", file=out)
+    bad = [f"{a}: {v.get('line')}" for a, v in arms.items() if v.get("status") == "NOT VALID" and not v.get("cost_only")]
+    bad += [f"{a}: {d.get('line')}" for a, d in passes.items() if d.get("status") == "BUG"]
+    for line in bad:
+        print(f"--require-valid: {line}", file=out)
     return EXIT_NOT_VALID if bad else EXIT_OK
 
 

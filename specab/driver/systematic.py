@@ -33,6 +33,9 @@ _NORMALISE: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"((?:\d{1,3}\.){3}\d{1,3}|localhost)(['\"],\s*)\d{2,5}\b"), r"\1\2<port>"),
     (re.compile(r"\b0x[0-9a-fA-F]{6,}\b"), "0x<addr>"),
     (re.compile(r"\b\d+(?:\.\d+)?\s?(?:ms|s|sec|seconds)\b"), "<t>"),
+    # every other number: one cause met on GPU 3 and on GPU 7 (`GPU 15 does not exist`, `CUDA out of memory. Tried
+    # to allocate 2.00 GiB. GPU 3 has ...`), with another rank, size or count, is still one cause
+    (re.compile(r"\d+(?:\.\d+)?"), "<n>"),
     (re.compile(r"\s+"), " "),
 )
 MAX_CAUSE = 400
@@ -40,9 +43,9 @@ STOPPED = "stopped"          # the experiment's status after a systematic failur
 
 
 def startup_cause(reason: str | None, run_id: str = "", arm: str = "") -> str:
-    """A failure reason reduced to what two runs hit by one systematic problem share: the text before the
-    quoted log tail, with timestamps, pids, ports, durations and the run's own id, arm and directory
-    replaced by placeholders."""
+    """A failure reason reduced to what two runs hit by one systematic problem share, its cause: the text before
+    the quoted log tail, with timestamps, pids, ports, durations, every other number (GPU indices, ranks, sizes) and
+    the run's own id, arm and directory replaced by placeholders."""
     text = _TAIL_MARK.split(reason or "", maxsplit=1)[0]
     if run_id:
         text = text.replace(run_id, "<run>")

@@ -31,7 +31,9 @@ Known-truth models (``driver.py known-truth build``): when the served target's f
 run's ``args.json``, next to ``--out``) holds ``known_truth.json``, prompts are seeded token ids in
 ``[first, vocab_size)`` (``generate``: ``input_ids``; ``completions``: a token-id ``prompt``; ``chat`` is refused),
 every record adds ``prompt_last_token`` and ``output_ids``, and the summary's ``known_truth`` carries the target's
-and the draft's files (the draft's agreement set as a bitmap) so the analysis can recompute every cycle. On vLLM,
+and the draft's files (the draft's agreement set as a bitmap) so the analysis can recompute every cycle; a
+``known_truth.json`` that cannot be used, or a speculative run whose draft has none, is named in the summary's
+``known_truth_problems``. On vLLM,
 whose responses carry no per-request cycle count, each request's ``spec_verify_ct`` is the delta of
 ``vllm:spec_decode_num_drafts`` around it (concurrency 1 only).
 
@@ -150,44 +152,64 @@ KNOWN_TRUTH_FILE = "known_truth.json"
 _KT_WORD = re.compile(r"(?<![^\s])w(\d+)(?![^\s])")
 
 
-def _read_known_truth(folder: Any) -> Optional[Dict[str, Any]]:
+def _read_known_truth(folder: Any, problems: List[str]) -> Optional[Dict[str, Any]]:
+    """A model folder's known_truth.json; None when the folder has none. A file that is there but cannot be read or
+    does not describe a known-truth model adds to ``problems`` (the file, what is wrong): the known-truth check of
+    the run must not vanish without a word."""
     if not isinstance(folder, str) or not folder:
         return None
     path = os.path.join(folder, KNOWN_TRUTH_FILE)
+    if not os.path.lexists(path):
+        return None
     try:
         with open(path, "rb") as fh:
             raw = fh.read()
         doc = json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
+        problems.append("%s: cannot be read as JSON (%s)" % (path, exc))
         return None
     if not isinstance(doc, dict) or doc.get("rule") != "t+1":
+        problems.append("%s: not a known-truth model's file (%s)" % (
+            path, "rule %r, not 't+1'" % doc.get("rule") if isinstance(doc, dict) else "not a JSON object"))
+        return None
+    if not all(isinstance(doc.get(k), int) for k in ("vocab_size", "first")):
+        problems.append("%s: needs integer 'vocab_size' and 'first'" % path)
         return None
     doc["path"] = path
     doc["sha256"] = "sha256:" + hashlib.sha256(raw).hexdigest()
     return doc
 
 
-def known_truth_of(run_dir: str) -> Optional[Dict[str, Any]]:
+def known_truth_of(run_dir: str) -> Tuple[Optional[Dict[str, Any]], List[str]]:
     """The served models' known truth, found through the run's args.json: {"target": doc, "draft": doc or None}
-    (a draft's ``agree`` list becomes ``agree_bitmap_b64``); None when the target carries no known_truth.json."""
+    (a draft's ``agree`` list becomes ``agree_bitmap_b64``), None when the target carries no known_truth.json; and
+    what keeps it from being checked: a known_truth.json of the target or the draft that cannot be used, or a
+    speculative run on a known-truth target whose draft has none (each names the file)."""
+    problems = []  # type: List[str]
     try:
         with open(os.path.join(run_dir, "args.json"), encoding="utf-8") as fh:
             args = json.load(fh)
     except (OSError, ValueError):
-        return None
+        return None, problems
     if not isinstance(args, dict):
-        return None
-    target = _read_known_truth(args.get("model_path") or args.get("model"))
+        return None, problems
+    target = _read_known_truth(args.get("model_path") or args.get("model"), problems)
     if target is None:
-        return None
+        return None, problems
     view = engines.speculative_view(args)
-    draft = _read_known_truth(view.draft_model) if view.draft_model else None
+    draft = _read_known_truth(view.draft_model, problems) if view.draft_model else None
+    if view.algorithm and draft is None and not problems:
+        problems.append(("%s: no such file: the run speculates (%s) on a known-truth target, but its draft has no "
+                         "truth, so its cycles cannot be checked" % (
+                             os.path.join(view.draft_model, KNOWN_TRUTH_FILE), view.algorithm)) if view.draft_model
+                        else ("the run speculates (%s) on a known-truth target (%s) without a draft model: no truth "
+                              "for its cycles" % (view.algorithm, target["path"])))
     if draft is not None and isinstance(draft.get("agree"), list):
         bits = bytearray((int(draft["vocab_size"]) + 7) // 8)
         for t in draft.pop("agree"):
             bits[int(t) >> 3] |= 1 << (int(t) & 7)
         draft["agree_bitmap_b64"] = base64.b64encode(bytes(bits)).decode("ascii")
-    return {"target": target, "draft": draft, "steps": view.steps, "algorithm": view.algorithm}
+    return {"target": target, "draft": draft, "steps": view.steps, "algorithm": view.algorithm}, problems
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1299,7 +1321,7 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
     if cfg.api != "generate" and not cfg.model:
         cfg.model = discover_model(target, cfg.timeout)
     out_dir = os.path.dirname(os.path.abspath(cfg.out))
-    kt = known_truth_of(out_dir)
+    kt, kt_problems = known_truth_of(out_dir)
     data = None  # type: Optional[Dict[str, Any]]
     if cfg.dataset is not None:
         if kt is not None:
@@ -1378,6 +1400,8 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None)
     add_engine_acceptance(summary, before, after)
     if kt is not None:
         summary["known_truth"] = kt
+    if kt_problems:
+        summary["known_truth_problems"] = kt_problems
     if cfg.summary:
         osutil.write_json(cfg.summary, summary)
     return summary

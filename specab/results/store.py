@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from specab.results import connect
 from specab.vocab import contract, engines
 
 SCHEMA_VERSION = 2
@@ -102,6 +103,7 @@ CREATE TABLE IF NOT EXISTS plan (
     num_requests INTEGER,                   -- measured requests the design by cost chose for the run's block;
                                             -- NULL: the experiment's bench.num_requests when the run runs (a
                                             -- --force-changed resume runs it with the changed experiment's)
+    burn_in  INTEGER NOT NULL DEFAULT 0,    -- 1: an unmeasured start before its block (design.burn_in), not analysed
     instance INTEGER,                       -- one server per instance: the seq of its instance's first run;
                                             -- NULL: the run starts a server of its own
     instance_pos INTEGER                    -- its position in that instance (1-based); NULL without one
@@ -258,8 +260,8 @@ def gpu_csv_rows(text: str) -> GpuCsv:
     return GpuCsv(header, columns, out)
 
 
-class StoreError(Exception):
-    """The store file is missing, unreadable, or of another schema version."""
+# (the errors live with the connections; their names are the store's: st.StoreError, st.StoreBusy)
+StoreError, StoreBusy, StoreReadOnly = connect.StoreError, connect.StoreBusy, connect.StoreReadOnly
 
 
 def _dumps(v: Any) -> str | None:
@@ -285,8 +287,7 @@ class Store:
     def create(cls, path: str | Path) -> "Store":
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(p, timeout=30)
-        conn.row_factory = sqlite3.Row
+        conn = connect.connect(p)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.executescript(SCHEMA)
@@ -302,11 +303,17 @@ class Store:
         if not p.exists():
             raise StoreError(f"{p}: no results store here. Give an experiment directory runs/<experiment-id>/ "
                              f"or its results.sqlite.")
-        conn = sqlite3.connect(p, timeout=30)
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA foreign_keys=ON")
+        conn = connect.connect(p)
         try:
-            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            try:
+                conn.execute("PRAGMA foreign_keys=ON")
+                row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            except sqlite3.OperationalError as exc:
+                if not connect.cannot_open(exc):
+                    raise
+                conn.close()                    # on read-only media: read it as it is
+                conn = connect.connect_read_only(p)
+                row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{p}: not a specab results store ({exc}).") from None
         if row is None or int(row[0]) not in READABLE_SCHEMA_VERSIONS:
@@ -325,7 +332,11 @@ class Store:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self.conn:
+        # the write lock first (BEGIN IMMEDIATE): a store another program holds is waited for once, boundedly, at the
+        # transaction's start, never half-way through it
+        with connect.reported(self.path), self.conn:
+            if not self.conn.in_transaction:
+                self.conn.execute("BEGIN IMMEDIATE")
             yield self.conn
 
     # ----------------------------------------------------------------- writes
@@ -353,14 +364,18 @@ class Store:
     def write_plan(self, runs: Iterable[dict[str, Any]], repeats: int | None = None) -> None:
         with self._tx() as c:
             cols = {r[1] for r in c.execute("PRAGMA table_info(plan)")}
-            for col in ("num_requests", "instance", "instance_pos"):      # added in place: a store before them
+            if "num_requests" not in cols:
+                c.execute("ALTER TABLE plan ADD COLUMN num_requests INTEGER")     # a store before 2026-12
+            if "burn_in" not in cols:                                           # a store before design.burn_in
+                c.execute("ALTER TABLE plan ADD COLUMN burn_in INTEGER NOT NULL DEFAULT 0")
+            for col in ("instance", "instance_pos"):        # a store before one server per instance
                 if col not in cols:
                     c.execute(f"ALTER TABLE plan ADD COLUMN {col} INTEGER")
             for r in runs:
-                c.execute("INSERT INTO plan(seq, run_id, block, position, arm, num_requests, instance, instance_pos)"
-                          " VALUES (?,?,?,?,?,?,?,?)",
+                c.execute("INSERT INTO plan(seq, run_id, block, position, arm, num_requests, burn_in, instance,"
+                          " instance_pos) VALUES (?,?,?,?,?,?,?,?,?)",
                           (r["seq"], r["run_id"], r["block"], r["position"], r["arm"], r.get("num_requests"),
-                           r.get("instance"), r.get("instance_pos") or None))
+                           int(bool(r.get("burn_in"))), r.get("instance"), r.get("instance_pos") or None))
             if repeats is not None:
                 c.execute("UPDATE experiment SET repeats=?", (repeats,))
 
@@ -570,12 +585,23 @@ class Store:
         return out
 
     def plan(self) -> list[dict[str, Any]]:
-        return self._rows("SELECT * FROM plan ORDER BY seq")
+        out = self._rows("SELECT * FROM plan ORDER BY seq")
+        for r in out:
+            r["burn_in"] = bool(r.get("burn_in"))       # absent (False) in a store written before design.burn_in
+        return out
+
+    def burn_in_seqs(self) -> set[int]:
+        """The seqs of the plan's burn-in runs (design.burn_in): run and stored like any, never analysed."""
+        if "burn_in" not in {r[1] for r in self.conn.execute("PRAGMA table_info(plan)")}:
+            return set()
+        return {r[0] for r in self.conn.execute("SELECT seq FROM plan WHERE burn_in != 0")}
 
     def runs(self, status: str | None = None) -> list[dict[str, Any]]:
         sql = "SELECT * FROM runs" + (" WHERE status=?" if status else "") + " ORDER BY seq"
         out = self._rows(sql, (status,) if status else ())
+        burn_in = self.burn_in_seqs()
         for r in out:
+            r["burn_in"] = r["seq"] in burn_in
             r.pop("timings_json", None)     # a version-1 store's column, no longer read
             for k in ("summary_json", "load_phases_json", "server_info_json", "stop_json", "gpu_free_json"):
                 v = r.pop(k)

@@ -102,6 +102,8 @@ class ServerArgs:
     reasoning_parser: Optional[str] = None
     enable_cache_report: bool = False
     allow_auto_truncate: bool = False
+    # batch-invariant kernels (0.5.9 and 0.5.23 list it): no numeric divergence of a greedy output (outputs.py)
+    enable_deterministic_inference: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

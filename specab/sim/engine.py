@@ -267,7 +267,9 @@ class Engine:
         if req.internal:
             return
         if self.trace_path:
-            self._trace(req)
+            # after the HTTP handlers woken by this step's emissions have sent them: written here, the lines of
+            # every request that ended in the step (32 at 32 in flight) held their last chunks back by ~15 ms
+            asyncio.get_running_loop().call_soon(self._trace, req)
         self.stats.finished_requests += 1
         if self.on_request_finished:
             self.on_request_finished(self.stats.finished_requests)

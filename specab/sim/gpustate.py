@@ -109,25 +109,36 @@ class GpuNode:
         with _locked(self.state / ".node.lock"):
             if path.is_file():
                 return json.loads(path.read_text())
-            from specab.sim.profile import load_profile  # lazy: smi stays light once node.json exists
-            prof = load_profile(profile_ref or os.environ.get("SPECAB_SIM_PROFILE"))
-            g = prof.gpu
-            node = {
-                "created_at": time.time(),
-                "profile": prof.name,
-                "name": g.name,
-                "memory_total_mib": g.memory_total_mib,
-                "clocks_max_sm": g.clocks_max_sm,
-                "power_limit_w": g.power_limit_w,
-                "idle": vars(g.idle), "busy": vars(g.busy),
-                "release_lag_s": g.release_lag_s,
-                "gpus": [{"index": i, "uuid": gpu_uuid(self.state, i)} for i in range(g.count)],
-            }
+            node = self._fresh(profile_ref)
             _atomic_write(path, node)
             return node
 
+    def _fresh(self, profile_ref: Optional[str] = None) -> dict[str, Any]:
+        from specab.sim.profile import load_profile  # lazy: smi stays light once node.json exists
+        prof = load_profile(profile_ref or os.environ.get("SPECAB_SIM_PROFILE"))
+        g = prof.gpu
+        return {
+            "created_at": time.time(),
+            "profile": prof.name,
+            "name": g.name,
+            "memory_total_mib": g.memory_total_mib,
+            "clocks_max_sm": g.clocks_max_sm,
+            "power_limit_w": g.power_limit_w,
+            "idle": vars(g.idle), "busy": vars(g.busy),
+            "release_lag_s": g.release_lag_s,
+            "gpus": [{"index": i, "uuid": gpu_uuid(self.state, i)} for i in range(g.count)],
+        }
+
     def node(self) -> dict[str, Any]:
         return self.ensure()
+
+    def describe(self) -> dict[str, Any]:
+        """The node as a query sees it, written nowhere: nvidia-smi changes nothing on a node, so a node nothing ran
+        on yet is described from its profile without creating its state (the same GPUs and UUIDs `ensure` writes)."""
+        path = self.state / "node.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        return self._fresh()
 
     def next_instance(self) -> int:
         self.ensure()
@@ -216,7 +227,7 @@ class GpuNode:
 
     def memory_used(self, now: Optional[float] = None) -> dict[int, int]:
         now = time.time() if now is None else now
-        used = {g["index"]: 0 for g in self.node()["gpus"]}
+        used = {g["index"]: 0 for g in self.describe()["gpus"]}
         for a in self.allocations():
             if a.gpu in used and a.holds_memory(now):
                 used[a.gpu] += a.mib

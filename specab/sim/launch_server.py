@@ -232,7 +232,8 @@ class Launch:
                         on_activity=lambda: self._report_activity(engine, gpus),
                         on_request_finished=self.on_request_finished, trace_path=st.trace,
                         throttle=st.faults.throttle, started_at=started_at,
-                        departure=st.faults.departure(forced=timing.simulate_acc_len is not None))
+                        departure=st.faults.departure(forced=timing.simulate_acc_len is not None,
+                                                      deterministic=a.enable_deterministic_inference))
         sim_info = {"profile": self.profile.name, "time_scale": st.time_scale, "seed": st.seed,
                     "instance": instance, "state": str(st.state), "nccl_factor": timing.nccl,
                     "true_decode_tok_s": round(timing.true_decode_tok_s((time.time() - epoch) * st.time_scale)
@@ -240,8 +241,8 @@ class Launch:
         if st.faults.throttle is not None:
             sim_info["throttle"] = st.faults.throttle.to_dict()
         if slow is not None:
-            sim_info["slow_instance"] = {"instance": slow.instance, "pct": slow.pct,
-                                         "this_instance": slow.speed_factor(instance) != 1.0}
+            sim_info["slow_instance"] = {"instance": slow.instance, "last": slow.last, "pct": slow.pct,
+                                         "this_instance": slow.is_slow(instance)}
         self.state = ServerState(args=a, cap=cap, engine=engine, log=self.log, version=versions.current().name,
                                  architecture=self.profile.model.architecture, simulator=sim_info,
                                  buffered_stream=st.faults.buffered_stream,

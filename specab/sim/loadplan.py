@@ -11,6 +11,7 @@ from typing import Any
 
 from specab.sim.args import ServerArgs
 from specab.sim import versions
+from specab.sim.limits import model_context
 from specab.sim.profile import Profile
 
 GIB_MIB = 1024.0
@@ -47,7 +48,7 @@ def capacity(profile: Profile, args: ServerArgs) -> Capacity:
     tokens = max(0, int(kv / GIB_MIB * m.kv_tokens_per_gib))
     if args.max_total_tokens is not None:
         tokens = min(tokens, args.max_total_tokens)
-    context = args.context_length or m.context_length
+    context = args.context_length or model_context(args.model_path) or m.context_length
     max_reqs = min(max(int(tokens / context * 512), 2048), 4096)
     running = args.max_running_requests if args.max_running_requests is not None else min(tokens // 2, max_reqs)
     return Capacity(frac, total, final, weights, draft, graph, kv, tokens, max(1, running), context)

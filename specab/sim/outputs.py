@@ -12,7 +12,8 @@ none) in the simulator's trace, the truth the output-validity analysis is tested
   3 requests followed the target);
 - fault ``lossy=P``: each token a decode step commits is not the target's with probability P;
 - fault ``late_divergence=FROM:SHARE``: a share SHARE of requests departs once, at a position drawn uniformly from
-  the last (1 - FROM) of its length: the late divergence batch-dependent numerics give real models;
+  the last (1 - FROM) of its length: the late divergence batch-dependent numerics give real models; off in the
+  deterministic mode (``--enable-deterministic-inference``: batch-invariant kernels), where the others stay;
 - fault ``loop=N``: the output departs within its first 8 tokens into a repeated N-token cycle and runs to the token
   limit (a loop is easy to draft: acceptance and tok/s rise).
 

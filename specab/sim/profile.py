@@ -97,8 +97,7 @@ class SpecProfile:
     draft_passes_offset: int = 0
     # the cycle's growth with the batch that is logarithmic in it: cycle factor = 1 + bs_slope*(bs-1) +
     # bs_log2_slope*log2(bs). A batched verify pass checks bs x draft tokens at once and costs far more than a decode
-    # step of the same batch: on the H200 (the known-truth facts, concurrency) the EAGLE-3 cycle took 2.28x its
-    # single-stream time at 8 in flight and 3.13x at 32 (1 + 0.428 log2 bs), the baseline step 1.10x and 1.37x
+    # step of the same batch (h200-known-truth: fitted to the H200 concurrency stores, 1.64x at 8 in flight, 2.41x at 32)
     bs_log2_slope: float = 0.0
 
 

@@ -20,7 +20,7 @@ from specab.sim.outputs import Departure
 from specab.sim.throttle import FaultSpecError, SlowInstance, Throttle
 
 KNOWN_FAULTS = ("oom_at_start", "crash_after=N", "ignore_sigterm", "orphan_workers", "slow_release=S",
-                "port_in_use", "throttle=FROM_S:RATIO:REASON", "slow_instance=K:PCT", "buffered_stream",
+                "port_in_use", "throttle=FROM_S:RATIO:REASON", "slow_instance=K[-K2]:PCT", "buffered_stream",
                 "lossy=P", "late_divergence=FROM:SHARE", "loop=N")
 
 
@@ -37,15 +37,20 @@ class Faults:
     slow_release: Optional[float] = None  # memory released S (simulated) seconds after a holder died
     port_in_use: bool = False           # behave as if the HTTP port were taken (uvicorn's bind error)
     throttle: Optional[Throttle] = None   # GPU clocks drop (with an NVML reason) from a moment on
-    slow_instance: Optional[SlowInstance] = None  # the k-th start on the node decodes pct % slower
+    slow_instance: Optional[SlowInstance] = None  # the k-th (to k2-th) start on the node decodes pct % slower
     buffered_stream: bool = False       # the HTTP front end holds a stream's chunks and sends them when it ends
     # a speculative server's outputs depart from the target's (specab/sim/outputs.py); a baseline ignores them
     lossy: float = 0.0                  # each committed decode token is not the target's with probability P
     late_divergence: Optional[tuple[float, float]] = None   # (FROM, SHARE): a share departs late, once
     loop: Optional[int] = None          # outputs fall into a repeated N-token cycle and run to the token limit
 
-    def departure(self, forced: bool) -> Departure:
-        return Departure(forced=forced, lossy=self.lossy, late=self.late_divergence, loop=self.loop)
+    def departure(self, forced: bool, deterministic: bool = False) -> Departure:
+        """How this server's outputs depart from the target's. In the deterministic mode
+        (--enable-deterministic-inference: batch-invariant kernels) there are no batch-dependent numerics, so the
+        late divergence they cause is off; forced acceptance, lossy commits and loops are the engine's own doing and
+        stay (a deterministic pass catches them)."""
+        return Departure(forced=forced, lossy=self.lossy, late=None if deterministic else self.late_divergence,
+                         loop=self.loop)
 
     @classmethod
     def parse(cls, text: str) -> "Faults":

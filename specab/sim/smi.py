@@ -84,7 +84,7 @@ def _timestamp() -> str:
 
 
 def _gpu_values(node: GpuNode) -> list[dict[str, str]]:
-    desc = node.node()
+    desc = node.describe()
     now = time.time()
     used = node.memory_used(now)
     busy, clock_ratio, busy_reasons = node.busy_look(now)
@@ -187,8 +187,8 @@ def run(argv: list[str]) -> tuple[int, str]:
                   "  --query-gpu=FIELDS --format=csv[,noheader][,nounits] [-i IDS]\n" \
                   "  --query-compute-apps=FIELDS --format=csv[,noheader][,nounits]\n  -L\n"
     if flags & {"-L", "--list-gpus"}:
-        return 0, "".join(f"GPU {g['index']}: {node.node()['name']} (UUID: {g['uuid']})\n"
-                          for g in node.node()["gpus"])
+        return 0, "".join(f"GPU {g['index']}: {node.describe()['name']} (UUID: {g['uuid']})\n"
+                          for g in node.describe()["gpus"])
     if "--query-gpu" in opts:
         fields = _parse_fields(opts["--query-gpu"], GPU_FIELDS)
         header, units = _parse_format(opts.get("--format"))
@@ -202,7 +202,7 @@ def run(argv: list[str]) -> tuple[int, str]:
     if "--query-compute-apps" in opts:
         fields = _parse_fields(opts["--query-compute-apps"], APP_FIELDS)
         header, units = _parse_format(opts.get("--format"))
-        desc = node.node()
+        desc = node.describe()
         uuids = {g["index"]: g["uuid"] for g in desc["gpus"]}
         rows = [{"timestamp": _timestamp(), "gpu_name": desc["name"],
                  "gpu_bus_id": f"00000000:{0x18 + 0x10 * a.gpu:02X}:00.0", "gpu_serial": "[N/A]",
@@ -226,7 +226,7 @@ def _process_name(pid: int, recorded: str) -> str:
 
 
 def _summary(node: GpuNode) -> str:
-    desc = node.node()
+    desc = node.describe()
     used = node.memory_used()
     out = [f"{datetime.now():%a %b %d %H:%M:%S %Y}",
            f"| NVIDIA-SMI {DRIVER_VERSION}   Driver Version: {DRIVER_VERSION}   (simulated node {node.state}) |"]

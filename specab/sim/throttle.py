@@ -6,7 +6,9 @@ started, the GPUs run at ``ratio`` x their busy SM clock (what ``smi`` reports a
 takes ``1 / ratio`` as long: decode is compute-bound, so tok/s falls with the clock.
 
 ``slow_instance=<k>:<pct>``: the k-th server start on the node (the launch counter of the state dir,
-0-based) decodes ``pct`` % slower than its siblings, as an instance placed on a degraded GPU would.
+0-based) decodes ``pct`` % slower than its siblings, as an instance placed on a degraded GPU would;
+``slow_instance=<k>-<k2>:<pct>``: every start from the k-th to the k2-th (``0-1``: a freshly started node
+whose first two server starts run slow, as the H200's did).
 
 Pure: nothing here sleeps or touches files.
 """
@@ -86,20 +88,27 @@ class Throttle:
 
 @dataclass(frozen=True)
 class SlowInstance:
-    instance: int        # the node's launch counter value (0-based) of the slow start
+    instance: int        # the node's launch counter value (0-based) of the (first) slow start
     pct: float           # how much slower it decodes, in percent of tok/s
+    last: int | None = None   # the last slow start of a range k-k2 (None: the one start `instance`)
 
     @classmethod
     def parse(cls, arg: str) -> "SlowInstance":
         k, sep, pct = arg.partition(":")
+        first, dash, last = k.partition("-")
         try:
-            inst, slower = int(k), float(pct)
+            inst, slower = int(first), float(pct)
+            end = int(last) if dash else None
         except ValueError:
-            raise FaultSpecError(f"slow_instance={arg!r}: expected slow_instance=<k>:<pct>, e.g. "
-                                 f"slow_instance=2:15 (the third start on the node decodes 15 % slower)") from None
-        if not sep or inst < 0 or not 0 < slower < 100:
-            raise FaultSpecError(f"slow_instance={arg!r}: <k> >= 0 and 0 < <pct> < 100")
-        return cls(inst, slower)
+            raise FaultSpecError(f"slow_instance={arg!r}: expected slow_instance=<k>:<pct> or <k>-<k2>:<pct>, e.g. "
+                                 f"slow_instance=2:15 (the third start on the node decodes 15 % slower) or "
+                                 f"slow_instance=0-1:20 (its first two starts 20 % slower)") from None
+        if not sep or inst < 0 or not 0 < slower < 100 or (end is not None and end < inst):
+            raise FaultSpecError(f"slow_instance={arg!r}: <k> >= 0, <k2> >= <k> and 0 < <pct> < 100")
+        return cls(inst, slower, end)
+
+    def is_slow(self, instance: int) -> bool:
+        return self.instance <= instance <= (self.instance if self.last is None else self.last)
 
     def speed_factor(self, instance: int) -> float:
-        return 1.0 - self.pct / 100.0 if instance == self.instance else 1.0
+        return 1.0 - self.pct / 100.0 if self.is_slow(instance) else 1.0

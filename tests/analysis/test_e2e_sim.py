@@ -19,7 +19,7 @@ from specab.analysis.evidence import model as analysis
 from specab.analysis.findings import doctor
 from specab.analysis.measures import stats
 from tests.driver.simnode import NCCL_TUNED, SimNode, driver, free_port
-from tests.driver.simtrace import true_cycles_ms, true_decode_tok_s
+from tests.driver.simtrace import modelled_decode_tok_s, true_cycles_ms, true_decode_tok_s
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SCALE = "20"
@@ -86,12 +86,12 @@ def test_doctor_explains_the_losing_arm_and_is_silent_on_the_winning_one(node: S
     base = st.arms["baseline"].tok_s_run.median
     # the client's figure is the simulator's own (the times it emitted the tokens). Those depend on the box: the
     # steps are paced on absolute deadlines, so a late first token followed by a schedule met again reads faster
-    # than the profile. The schedule itself is the seed's 82.2 tok/s in simulated seconds (its noise within 1 %),
-    # or less where the box held the simulator back so far that it restarted its schedule
+    # than the profile. The timing model behind them is the seed's 82.2 tok/s (the decode steps that served each
+    # request, in simulated seconds: the profile's noise keeps them within 1 %), whatever the box did to the schedule
     base_run = next(r for r in e.runs if r.arm == "baseline")
     true_base = true_decode_tok_s(trace, base_run)
     assert base == pytest.approx(true_base, rel=0.01)
-    assert 60 < true_decode_tok_s(trace, base_run, "emit_due") < 82.2 * 1.01
+    assert modelled_decode_tok_s(trace, base_run) == pytest.approx(82.2, rel=0.01)
     assert st.arms["eagle3-nograph"].cuda_graph_share == 0.0
     assert st.arms["eagle3-graph"].cuda_graph_share == 1.0
     assert st.arms["eagle3-nograph"].tok_s_run.median < base < st.arms["eagle3-graph"].tok_s_run.median

@@ -207,3 +207,16 @@ def test_a_samples_csv_reads_the_same_into_the_store_and_from_the_run_directory(
         assert s.add_gpu_samples(1, "localhost", text) == 2
         stored = [(g["ts"], g["sm_clock_mhz"]) for g in s.gpu_samples(1) if g["ts"] in (10.0, 11.0, 12.0)]
     assert stored == [(g.ts, g.sm_mhz) for g in direct]
+
+
+def test_a_burn_in_run_is_loaded_apart_from_the_measured_runs(tmp_path):
+    exp = F.experiment({"baseline": 82.2, "eagle3-s2": 60.5}, blocks=3, accept={"eagle3-s2": 2.1})
+    d = F.write_store(exp, tmp_path)
+    from specab.results.store import Store
+    with Store.open(d) as s:
+        s.conn.execute("UPDATE plan SET burn_in = 1 WHERE seq = 1")      # as make_plan(burn_in=1) writes it
+        s.conn.commit()
+    back = analysis.load_store(d)
+    assert [r.run_id for r in back.burn_in] == [exp.runs[0].run_id] and back.burn_in[0].ok
+    assert [r.seq for r in back.runs] == [r.seq for r in exp.runs[1:]]
+    assert stats.analyse(back).arms[exp.runs[0].arm].runs == 2

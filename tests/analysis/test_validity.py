@@ -73,6 +73,14 @@ def test_the_report_doctor_and_verdicts_on_the_real_store(tmp_path: Path) -> Non
     assert "known-truth-mismatch" not in found
     md = report.to_markdown(rep)
     assert "## Output validity" in md and "| eagle3-s3-forced | baseline | 0/12 | 0%-24% | 1/1/1 |" in md
+    # the known-truth check holds the three real arms to the exact truth (every cycle of every request), and leaves
+    # the forced arm out, saying why; so does the spec model's fit of alpha
+    truth = rep.data["known_truth"]
+    assert {r["arm"] for r in truth["runs"]} == {"baseline", "eagle3-s1", "eagle3-s2", "eagle3-s3"}
+    assert all(r["exact"] for r in truth["runs"]) and set(truth["skipped"]) == {"eagle3-s3-forced"}
+    assert "Cycle counts equal to the truth on 36 of 36 speculative requests" in md
+    assert [a["name"] for a in rep.data["model"]["arms"]] == ["eagle3-s1", "eagle3-s2", "eagle3-s3"]
+    assert "Left out of the model: eagle3-s3-forced" in md
 
 
 def test_the_restart_spread_store_is_identical_across_every_instance(tmp_path: Path) -> None:

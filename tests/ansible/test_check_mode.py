@@ -66,6 +66,16 @@ def test_misspelt_server_arg_is_refused_by_the_playbook_before_any_start(sim_nod
     assert "did you mean --mem-fraction-static" in result.flat
 
 
+def test_a_tp_size_above_the_nodes_gpus_is_refused_by_the_playbook_before_any_start(sim_node: SimNode) -> None:
+    """The playbook path checks the arms against the node as the driver does (specab/driver/nodecheck.py)."""
+    exp = experiment(sim_node.port)
+    exp["server_args"]["tp_size"] = 16
+    result = sim_node.playbook("ab_test.yml", {"specab_experiment_file": str(sim_node.write_experiment(exp))})
+    _refused_before_any_start(sim_node, result)
+    assert "arm baseline on sim0: its server takes 16 GPU(s) (tp_size 16: server_args.tp_size at" in result.flat
+    assert "but sim0 has 8 (nvidia-smi)" in result.flat
+
+
 def test_misspelt_bench_key_is_refused_with_a_suggestion(sim_node: SimNode) -> None:
     exp = experiment(sim_node.port)
     exp["bench"]["num_request"] = exp["bench"].pop("num_requests")

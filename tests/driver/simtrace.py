@@ -29,6 +29,18 @@ def true_decode_tok_s(trace: Path, run: Run, times: str = "emit_mono") -> float:
     return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
 
 
+def modelled_decode_tok_s(trace: Path, run: Run) -> float:
+    """The median of the simulator's timing model's decode rates over the run's measured requests: each request's
+    tokens after the first over the modelled seconds of the decode passes that served it (``pass_forward_s``, at
+    scale 1), which neither a box slower than the schedule nor a restarted schedule moves. For a baseline request
+    served alone that is its decode steps exactly; under speculation it leaves out the cycle's time outside the
+    device-timer passes."""
+    rates = sorted((rec["completion_tokens"] - 1) / (sum(rec["pass_forward_s"].values()) * rec["time_scale"])
+                   for _, rec in trace_of(trace, run))
+    mid = len(rates) // 2
+    return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
+
+
 def true_cycles_ms(trace: Path, run: Run, times: str = "emit_mono") -> float:
     """The simulator's own decode cycle over a run's measured requests (its trace: the times it emitted the
     tokens, or with ``emit_due`` the times its schedule had them due), defined as the analysis defines the implied

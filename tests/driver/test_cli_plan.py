@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -296,3 +297,41 @@ def test_plan_spells_each_build_with_its_own_cached_flags(tmp_path, write, inven
     arms = {a.split(" ", 1)[0]: a for a in out.split("=== arm ")[1:]}
     assert "--cuda-graph-max-bs-decode 16" in arms["baseline-sglang-0.5.23"]
     assert "--cuda-graph-max-bs 16" in arms["baseline-sglang-0.5.9"]
+
+
+def test_plan_shows_the_burn_in_runs_and_their_gpu_minutes(tmp_path, write, inventory, no_processes, monkeypatch):
+    import json
+
+    from specab.analysis.cost import economics
+    from specab.config.spec import load_experiment
+    from specab.driver import design_inputs
+    from tests.driver.conftest import EXPERIMENT
+    inv, node_dir = inventory
+    monkeypatch.chdir(tmp_path)
+    exp = write("b.yml", EXPERIMENT + "  design:\n    burn_in: 2\n")
+    code, out = run_cli("plan", "-e", str(exp), "-i", str(inv), "--repeats", "2", "--runs-dir", str(tmp_path / "r"))
+    assert code == 0
+    assert "2 arms x 2 blocks + 2 burn-in = 6 runs, order interleaved, seed 1" in out
+    rows = [m.groups() for m in map(re.compile(r"^\s*(\d+)\s+1\s+\d{3}-\S+(  burn-in: not measured)?$").match,
+                                     out.splitlines()) if m]
+    assert rows == [("1", "  burn-in: not measured"), ("2", "  burn-in: not measured"), ("3", None), ("4", None)]
+    # the GPU-minutes: two runs at the run cost plan --target-ci uses, here the simulator profile's
+    arms = ["eagle3-s2", "baseline"]
+    spec = load_experiment(exp)
+    profile, scale = design_inputs.simulator_profile(load_inventory_host(inv))
+    cost = [economics.profile_cost(profile, speculative=a != "baseline", gpus=2, output_len=32, warmup=1,
+                                   time_scale=scale) for a in arms]
+    expected = sum(c.gpu_s(spec.bench_settings["num_requests"]) for c in cost) / 2 * 2 / 60
+    code, js = run_cli("plan", "-e", str(exp), "-i", str(inv), "--repeats", "2", "--format", "json",
+                       "--runs-dir", str(tmp_path / "r"))
+    burn = json.loads(js)["burn_in"]
+    assert (burn["per_host"], burn["runs"]) == (2, 2) and burn["gpu_minutes"] == pytest.approx(expected, rel=1e-9)
+    assert f"burn-in (design.burn_in: 2): 2 unmeasured server start(s) and benchmark(s) before block 1, stored and " \
+           f"not analysed, expected {expected:.1f} GPU-minutes (run cost of simulator profile default" in out
+    assert [p["burn_in"] for p in json.loads(js)["plan"]] == [True, True, False, False, False, False]
+    assert not node_dir.exists() and not (tmp_path / "r").exists()
+
+
+def load_inventory_host(inv: Path):
+    from specab.config.inventory import load_inventory
+    return load_inventory(str(inv)).hosts[0]

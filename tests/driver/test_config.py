@@ -191,3 +191,40 @@ def test_a_driver_run_with_a_bench_setting_in_the_inventory_touches_no_node(tmp_
     assert f"host {node.host} sets specab_bench_num_requests (set bench.num_requests in the experiment file" in out
     assert "Nothing was started." in out
     assert not node.node_dir.exists() and not node.runs_dir.exists(), "the refused run touched the node"
+
+
+@pytest.mark.parametrize("value, shown", [("-1", "-1"), ("1.5", "1.5"), ('"2"', "'2'"), ("true", "True"),
+                                          ("null", "None")])
+def test_a_burn_in_that_is_not_a_whole_number_of_starts_is_refused_at_its_line(write, value, shown):
+    f = write("b.yml", EXPERIMENT + f"  design:\n    burn_in: {value}\n")
+    with pytest.raises(ConfigError) as e:
+        load_experiment(f)
+    assert str(e.value) == (f"{f}:35:5: design.burn_in must be a whole number of unmeasured server starts before "
+                            f"block 1 (0: none, 1: one start and benchmark that is not analysed), got {shown}.")
+
+
+def test_the_design_section_is_checked_like_the_others(write):
+    with pytest.raises(ConfigError) as e:
+        load_experiment(write("k.yml", EXPERIMENT + "  design:\n    burnin: 1\n"))
+    assert "unknown key 'burnin' in design (did you mean 'burn_in'?)" in str(e.value)
+    assert "Allowed keys in design: burn_in, server." in str(e.value)
+    with pytest.raises(ConfigError, match=r":34:3: design must be a mapping"):
+        load_experiment(write("m.yml", EXPERIMENT + "  design: 2\n"))
+    assert load_experiment(write("ok.yml", EXPERIMENT + "  design:\n    burn_in: 2\n")).burn_in == 2
+    assert load_experiment(write("none.yml", EXPERIMENT)).burn_in == 0
+
+
+def test_a_driver_run_with_a_bad_burn_in_touches_no_node(tmp_path):
+    from tests.driver.simnode import SimNode, driver, free_port, reap_driver
+    node = SimNode(root=tmp_path, port=free_port())
+    exp = node.write_experiment("refused")
+    exp.write_text(exp.read_text() + "  design:\n    burn_in: -2\n")
+    proc = driver("-e", str(exp), "-i", str(node.write_inventory()), "--runs-dir", str(node.runs_dir), "--repeats", "1")
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        reap_driver(proc, 30)
+    assert proc.returncode == 2, out
+    assert "design.burn_in must be a whole number of unmeasured server starts before block 1" in out and "got -2" in out
+    assert "Nothing was started." in out
+    assert not node.node_dir.exists() and not node.runs_dir.exists(), "the refused run touched the node"

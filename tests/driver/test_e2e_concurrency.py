@@ -1,10 +1,11 @@
-"""The verdict per load end to end: `driver.py --matrix steps=1,2 concurrency=1,8,32` on the simulated node (the
+"""The verdict per load end to end: `driver.py --matrix steps=1,2 concurrency=1,8,16` on the simulated node (the
 run queue), checked against the simulator's own trace (the times it emitted each chunk, the device-timer seconds of
 the passes that served each request), not against wall-clock speed.
 
-The node runs the h200-known-truth profile, whose batched speculative cycle grows as the real H200's did (the
-known-truth facts, concurrency), so speculation wins at one request in flight and loses from a few on; its start-up
-is cut to nothing (the timing model is untouched) to keep the 18 runs cheap."""
+The node runs the h200-known-truth profile, whose batched speculative cycle grows as the real H200's did (fitted to
+the concurrency stores); with the prefills of arriving requests pausing the batch (requests of 48 tokens end at
+different cycles) speculation wins at one request in flight and loses at 8 and 16 by the simulator's own schedule.
+Its start-up is cut to nothing (the timing model is untouched) to keep the 18 runs cheap."""
 from __future__ import annotations
 
 import json
@@ -21,16 +22,17 @@ from specab.results import store as st
 from tests.driver.simnode import SimNode, driver, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-SCALE = 1           # real time: at a faster scale the baseline's chunks at 8 in flight came every ~80 us of wall time
-                    # and the client (one Python thread per request) read them late: 9 % off the trace at scale 4
-# how far the per-user speedup at one request in flight may lie from the simulator's own. With several in flight the
-# client (one Python thread per request) reads a stream of small chunks later than one of fewer, fuller chunks when
-# the box is busy: at 32 in flight ~6 % on an idle 2-core box, at 8 up to 6 % beside another test module. That is the
-# client's reading, not the analysis: there the test holds the analysis to the client's own numbers exactly and the
-# shape to the facts. (A late read can also make a request look faster: a first chunk read late shortens its decode
-# span, so no bound in either direction holds for the client's rate under load.)
-TRUTH_TOL_SINGLE_STREAM = 0.05
-LOADS = (1, 8, 32)
+SCALE = 0.5         # half real time, and at most 16 in flight: at 32 and scale 1 the baseline streamed ~12,000 chunks a
+                    # second, and on a busy 2-core box the client's reads fell behind by 5-27 % of a request's span
+# how far a run's per-user rate as the client measured it may lie from the simulator's emissions of the same
+# requests: a late read of a request's first or last chunk moves its span (the last chunks of a wave of requests that
+# end in one step share the simulator's one event loop with the next wave's arrivals); up to 3 % at load 4 on the
+# 2-core box, 5 % at load 12. A client that lost or merged chunks, mistimed them or counted tokens wrong is off by
+# far more (counting chunks instead of tokens: x0.5 on a speculative run)
+CLIENT_TOL = 0.05
+# the simulator's own verdict (its schedule) must be this far from 1 for the measured one to be held to its side
+CLEAR = 0.05
+LOADS = (1, 8, 16)
 
 
 def _profile(tmp: Path) -> Path:
@@ -79,17 +81,11 @@ def _traced(trace: list[dict], run) -> list[dict]:
     return out
 
 
-def _true_per_user(trace: list[dict], run) -> float:
-    """The run's per-user tok/s by the simulator's own emission times: the median request decode rate."""
-    return statistics.median((t["completion_tokens"] - 1) / ((t["emit_mono"][-1] - t["emit_mono"][0]) * SCALE)
-                             for t in _traced(trace, run))
-
-
-def _modelled_per_user(trace: list[dict], run) -> float:
-    """The run's per-user tok/s by the simulator's timing model: the median request's decode tokens over the modelled
-    seconds of the forward passes that served it (the batch each pass actually had), which the box's speed does not
-    move."""
-    return statistics.median((t["completion_tokens"] - 1) / sum(t["pass_forward_s"].values())
+def _true_per_user(trace: list[dict], run, times: str = "emit_mono") -> float:
+    """The run's per-user tok/s by the simulator's own trace: the median request decode rate from the times it emitted
+    the chunks (``emit_mono``), or from the times its schedule had them due (``emit_due``: the timing model's, with the
+    prefills of arriving requests that paused the batch, which a box slower than the schedule does not move)."""
+    return statistics.median((t["completion_tokens"] - 1) / ((t[times][-1] - t[times][0]) * SCALE)
                              for t in _traced(trace, run))
 
 
@@ -98,7 +94,7 @@ def test_matrix_steps_and_concurrency_to_a_verdict_per_load(node: SimNode):
     inv = node.write_inventory({**node.host_vars(),
                                 "specab_node_env": {**node.node_env(), "SPECAB_SIM_TRACE": str(trace_file)}})
     proc = driver("-e", str(_experiment(node)), "-i", str(inv), "--runs-dir", str(node.runs_dir),
-                  "--matrix", "steps=1,2", "--matrix", "concurrency=1,8,32", "--repeats", "2", "--seed", "2")
+                  "--matrix", "steps=1,2", "--matrix", "concurrency=1,8,16", "--repeats", "2", "--seed", "2")
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
     exp_dir = next(d for d in node.runs_dir.iterdir() if (d / st.FILENAME).exists())
@@ -128,31 +124,28 @@ def test_matrix_steps_and_concurrency_to_a_verdict_per_load(node: SimNode):
             for measure in ("per_user", "throughput"):
                 ci = p[measure]["ci"]
                 assert ci and math.isfinite(ci["lo"]) and ci["lo"] <= p[measure]["estimate"] <= ci["hi"], (name, p)
-            # the per-user speedup is the runs' paired ratio of the client's per-user rates, exactly; at one in flight
-            # the ratio is the simulator's own
+            # the per-user speedup is the runs' paired ratio of the client's per-user rates, exactly
             arm_runs = {r.block: r for r in exp.runs_of(p["arm"])}
             base_runs = {r.block: r for r in exp.runs_of(p["baseline"])}
             got = p["per_user"]["ratios"]
             assert got == pytest.approx([arm_runs[b].tok_s / base_runs[b].tok_s for b in sorted(arm_runs)], rel=1e-9)
-            if p["concurrency"] == 1:
-                truth = [_true_per_user(trace, arm_runs[b]) / _true_per_user(trace, base_runs[b])
-                         for b in sorted(arm_runs)]
-                assert got == pytest.approx(truth, rel=TRUTH_TOL_SINGLE_STREAM), (p["arm"], got, truth)
-        # the shape of the facts: a win at one in flight, a loss at 8 and 32. The engine ran the losing regime at
-        # both loads by its own timing model, in every block; the client measured the win and the loss at 8 per
-        # user and in throughput. At 32 the measured verdict is only held below the single-stream one: on a slow
-        # 2-core host the simulated server itself falls behind its model at 32 in flight (its own emission times
-        # gave 0.98 for a block whose model gives 0.82), so the client reads what the box produced, not the model.
-        one, eight, many = pts
-        for p in (eight, many):
-            arm_runs, base_runs = exp.runs_of(p["arm"]), {r.block: r for r in exp.runs_of(p["baseline"])}
-            modelled = [_modelled_per_user(trace, r) / _modelled_per_user(trace, base_runs[r.block]) for r in arm_runs]
-            assert max(modelled) < 0.95, (p["arm"], modelled)
-        assert one["per_user"]["estimate"] > 1.1 and one["label"] == "1 in flight (single-stream)"
-        assert eight["per_user"]["estimate"] < 0.95 and eight["throughput"]["estimate"] < 0.95
-        assert many["per_user"]["estimate"] < one["per_user"]["estimate"]
+            # the client's per-user rate of every run is the simulator's own (the times it emitted the chunks)
+            for r in (*arm_runs.values(), *base_runs.values()):
+                true = _true_per_user(trace, r)
+                assert r.tok_s == pytest.approx(true, rel=CLIENT_TOL), (r.run_id, r.tok_s, true)
+            # the measured verdict is on the side of 1 where the simulator's schedule put it, wherever that is clear of
+            # 1: the box's load moves what the client reads, not the schedule
+            p["modelled"] = statistics.median(_true_per_user(trace, arm_runs[b], "emit_due")
+                                              / _true_per_user(trace, base_runs[b], "emit_due") for b in arm_runs)
+            if abs(p["modelled"] - 1) > CLEAR:
+                assert (p["per_user"]["estimate"] > 1) == (p["modelled"] > 1), (name, p, p["modelled"])
+        one = pts[0]
+        assert one["modelled"] > 1.2 and one["label"] == "1 in flight (single-stream)"
+        # the crossover lies between the last load the model wins at and the first it loses at
         x = fam["per_user"]
-        assert x["direction"] == "stops" and 1 < x["estimate"] < 8, x
+        win = max(q["concurrency"] for q in pts if q["modelled"] > 1 + CLEAR)
+        lose = min(q["concurrency"] for q in pts if q["modelled"] < 1 - CLEAR)
+        assert x["direction"] == "stops" and win < x["estimate"] < lose, (x, [q["modelled"] for q in pts])
         assert (x["lo_open"] or x["lo"] <= x["estimate"]) and (x["hi_open"] or x["estimate"] <= x["hi"])
         # stated per load in the console, with "single-stream" only at 1 in flight
         line = next(li for li in out.splitlines() if li.startswith(f"per load: {name}:"))

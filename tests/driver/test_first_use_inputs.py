@@ -53,7 +53,7 @@ CASES = [
      r"bench.ignore_eos must be true \(every answer runs to output_len\) or false"),
     ("request_rate negative", lambda t: ["plan", "-e", experiment(t, r"output_len: \d+", "output_len: 64\n    request_rate: -2")],
      r"exp.yml:\d+:\d+: bench.request_rate must be a number of requests per second \(0: each as soon as one in flight "
-     r"ends\), got -2."),
+     r"ends\) below 1e\+06, got -2: it is below 0."),
     ("client_procs 0", lambda t: ["plan", "-e", experiment(t, r"output_len: \d+", "output_len: 64\n    client_procs: 0")],
      r"exp.yml:\d+:\d+: bench.client_procs must be auto \(one client process per 8 requests in flight, at most one per "
      r"CPU of the node\) or a whole number of processes >= 1, got 0."),

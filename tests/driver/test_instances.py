@@ -61,6 +61,10 @@ def test_each_block_runs_its_instances_back_to_back_with_the_loads_in_a_seeded_o
     assert len(load_orders) == 6, "every order of the three loads occurs"
     # a later block (--target-ci, --resume) is what it would have been in a longer plan
     assert make_plan(arms, 1, seed=5, first_block=3, first_seq=13, groups=groups) == plan[12:18]
+    # burn-in runs (design.burn_in) start servers of their own before block 1, whose instances come after them
+    burned = make_plan(arms, 1, seed=5, groups=groups, burn_in=2)
+    assert [(r.burn_in, r.instance) for r in burned[:2]] == [(True, None), (True, None)]
+    assert [r.instance_pos for r in burned[2:]] == [1, 2, 3, 1, 2, 3] and burned[2].instance == 3
 
 
 def test_a_run_keeps_its_server_only_for_its_instances_next_run():

@@ -92,15 +92,20 @@ def test_resume_refuses_a_stored_configuration_whose_secrets_were_redacted(node:
 def test_resume_counts_the_gpu_minutes_spent_before_it(node: SimNode) -> None:
     """The console's "X GPU-min spent" after a resume is the experiment's since its start: the runs the store held
     before the resume are counted (a run started again replaces its row, so what it spent before is not), and
-    after the last run it equals the report's verdict cost."""
+    after the last run it equals the report's verdict cost. The experiment burns in (design.burn_in: 1): its first
+    run, the one kept before the resume, is the burn-in, run by the per-run executor; the resume does not burn in
+    again, and the verdict cost counts the burn-in's GPU-minutes."""
     exp = node.write_experiment("spent", output_len=16)
+    exp.write_text(exp.read_text() + "  design:\n    burn_in: 1\n")
     common = ["-i", str(node.write_inventory()), "--runs-dir", str(node.runs_dir)]
     out = _interrupted_after_its_first_run(exp, common)
     exp_id = re.search(r"experiment directory: .*/(spent-\d{8}-\d{6})", out).group(1)
     with st.Store.open(node.runs_dir / exp_id) as s:
         kept = [r for r in s.runs() if r["status"] == "ok"]
         todo = len(s.plan()) - len(kept)
+        burn_in = [(r["run_id"], r["status"], r["finished"]) for r in s.runs() if r["burn_in"]]
     assert len(kept) >= 1 and todo >= 1, (kept, todo)
+    assert kept[0]["burn_in"] and [b[:2] for b in burn_in] == [(kept[0]["run_id"], "ok")], burn_in
     before = sum(r["gpu_seconds"] for r in kept) / 60
     assert before >= 0.2, f"a run's GPU-minutes ({before:.2f}) must show at the console's precision"
     out = run("--resume", exp_id, *common)
@@ -111,8 +116,11 @@ def test_resume_counts_the_gpu_minutes_spent_before_it(node: SimNode) -> None:
     # printed to 0.1: what the store held and the first resumed run's own, rounded, is never below the former rounded
     assert spent[0] >= round(before, 1), f"the first run after the resume shows {spent[0]} GPU-min spent, the " \
                                          f"store held {before:.2f}"
-    report = re.search(r"Verdict cost: ([\d.]+) GPU-minutes", (node.runs_dir / exp_id / "report.md").read_text())
-    assert f"{spent[-1]:.1f}" == report.group(1), (spent, report.group(0))
+    report = re.search(r"Verdict cost: ([\d.]+) GPU-minutes.*burn-in [\d.]+ \(1 unmeasured start\)",
+                       (node.runs_dir / exp_id / "report.md").read_text())
+    assert report and f"{spent[-1]:.1f}" == report.group(1), (spent, report and report.group(0))
+    with st.Store.open(node.runs_dir / exp_id) as s:
+        assert [(r["run_id"], r["status"], r["finished"]) for r in s.runs() if r["burn_in"]] == burn_in
 
 
 def test_a_runs_directory_packed_and_unpacked_on_a_fresh_node_resumes_to_its_end(node: SimNode, tmp_path: Path) -> None:

@@ -165,3 +165,23 @@ def test_console_summary_says_single_stream_only_at_concurrency_1(tmp_path):
         progress.print_summary(s, out)
         title = next(line for line in out.getvalue().splitlines() if "per-arm summary" in line)
         assert want in title and absent not in title, title
+
+
+def test_burn_in_runs_are_marked_in_the_plan_and_the_runs_and_an_older_store_gains_the_column(tmp_path):
+    s = st.Store.create(tmp_path / "results.sqlite")
+    s.conn.execute("ALTER TABLE plan DROP COLUMN burn_in")          # a store written before design.burn_in
+    assert s.burn_in_seqs() == set()
+    s.write_experiment(id="t-1", name="t", seed=1, repeats=1, order_mode="interleaved", experiment_file="/e.yml",
+                       inventory_file="/i.yml", config={"name": "t"}, matrix=[], argv=[], hosts=["sim0"],
+                       specab_version="0", git_sha=None)
+    s.write_arms([{"name": "baseline", "is_baseline": True, "baseline": "baseline", "server_args": {}, "env": {}}])
+    s.write_plan([r.to_json() for r in make_plan(["baseline"], 2, seed=1, burn_in=1)])
+    assert [(r["run_id"], r["block"], r["burn_in"]) for r in s.plan()] == [
+        ("001-baseline", 1, True), ("002-baseline", 1, False), ("003-baseline", 2, False)]
+    assert s.burn_in_seqs() == {1}
+    for seq in (1, 2):
+        s.start_run(seq=seq, run_id=f"{seq:03d}-baseline", arm="baseline", block=1, host="sim0", run_dir="/r",
+                    runner_ident="x")
+        s.finish_run(seq, status=st.OK)
+    assert [(r["seq"], r["burn_in"]) for r in s.runs()] == [(1, True), (2, False)]
+    assert [m["seq"] for m in s.missing()] == [3]           # a finished burn-in is not run again by a resume

@@ -31,7 +31,24 @@ def test_normalised_cause_drops_what_differs_between_runs():
     assert "address already in use" in a
     # the quoted log tail is not part of the cause (its lines carry timestamps and other ranks' lines)
     c = startup_cause(row(2, "baseline", reason=OOM)["failure_reason"], "002-baseline", "baseline")
-    assert "Log tail" not in c and "CUDA out of memory" in c and "2.00 GiB" in c
+    assert "Log tail" not in c and "CUDA out of memory" in c and "Tried to allocate <n> GiB" in c
+
+
+CUDA_OOM = ("The server on vm did not become ready: the server failed to start (out of memory) after {t}s: "
+            "'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {gpu} has a total capacity "
+            "of 139.81 GiB of which {free} MiB is free.'")
+
+
+def test_failures_that_differ_only_in_a_gpu_index_are_one_cause_and_stop():
+    """`CUDA_VISIBLE_DEVICES` with too few GPUs for the TP size: every arm's server dies with CUDA out of memory on
+    another GPU (another index, another free size). One cause: the experiment stops instead of playing every
+    remaining run into it."""
+    ff = FailFast(arms=frozenset({"baseline", "s2"}), since=0)
+    runs = [row(1, "baseline", reason=CUDA_OOM.replace("{gpu}", "4").replace("{free}", "120.00")),
+            row(2, "s2", reason=CUDA_OOM.replace("{gpu}", "6").replace("{free}", "98.50"))]
+    stop = ff.check(runs)
+    assert stop is not None and stop.runs == ["001-baseline", "002-s2"], stop
+    assert "GPU <n> has a total capacity of <n> GiB" in stop.cause
 
 
 def test_every_arm_failing_at_start_up_for_one_cause_stops():

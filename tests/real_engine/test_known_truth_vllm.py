@@ -84,6 +84,7 @@ def test_known_truth_draft_model_matrix_on_a_real_vllm_is_exact(real_vllm: RealV
     from specab.analysis.evidence import model
     from specab.analysis.measures import truthcheck
     from specab.analysis.findings import doctor
+    from specab.analysis.measures import validity
     build_models(real_vllm, tmp_path / "kt", "draft:0.8:7:draft")
     exp = yaml.safe_load((REPO / "experiments" / "known-truth-vllm-cpu.yml").read_text())["specab_experiment"]
     exp["server_args"]["port"] = free_port()
@@ -124,5 +125,11 @@ def test_known_truth_draft_model_matrix_on_a_real_vllm_is_exact(real_vllm: RealV
               f"density {r.density:.4f}")
     assert sorted(r.steps for r in rep.runs if r.steps) == [1, 2, 3]
     assert "known-truth-mismatch" not in {f.rule for f in doctor.diagnose(e)}
+    # output validity on a known-truth pair: greedy parity is exact, every speculative arm identical to the baseline
+    # on every request (vLLM's own token ids, returned with return_token_ids)
+    v = validity.check(e)
+    n = exp["bench"]["num_requests"]
+    assert {a: (x.status, x.identical, x.compared) for a, x in v.arms.items()} == \
+        {f"draft_model-s{k}": (validity.VALID, n, n) for k in (1, 2, 3)}, {a: x.line for a, x in v.arms.items()}
     md = (exp_dir / "report.md").read_text()
     assert "## Known truth" in md and "Cycle counts equal to the truth on 12 of 12 speculative requests" in md

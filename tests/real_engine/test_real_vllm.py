@@ -173,9 +173,11 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     bad = rows["draft-self-k3-penalty"]
     assert bad["outputs"] == "NOT VALID" and "NOT VALID: outputs differ from the baseline on 3/3 requests" in \
         bad["verdict"], bad
-    printed = proc.stdout
-    assert f"verdict: draft-self-k3-penalty: {bad['verdict']}" in printed
-    why = next(line for line in printed.splitlines() if "why: " in line)
+    # the table as a user reads it (`make demo`'s view of the playbook's output: Ansible quotes and folds the lines)
+    printed = subprocess.run([sys.executable, str(REPO / "scripts" / "demo_view.py"), str(tmp_path / "ansible.log")],
+                             input=proc.stdout, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert f"verdict: draft-self-k3-penalty: {bad['verdict']}" in printed.splitlines(), printed
+    why = next(line for line in printed.splitlines() if line.startswith("why: "))
     assert "outputs-not-valid" in why and "override_generation_config" in why, why
 
     def run_file(arm: str, name: str) -> Any:
@@ -279,6 +281,13 @@ def test_driver_matrix_steps_to_a_report_on_a_real_vllm(real_vllm: RealVllm, tmp
         assert arms[name]["accept_len"]["mean"] == pytest.approx(sum(taus) / 2)      # the report's = vLLM's own
         assert model[name]["accept_len"] == pytest.approx(sum(taus) / 2)
     assert arms["baseline"]["accept_len"]["mean"] is None
+    # output validity through the driver: the self-draft is lossless, so its greedy outputs are the baseline's on
+    # every request of both blocks (vLLM's token ids), and the verdict line says so
+    for k in (1, 2, 3):
+        v = report["validity"]["arms"][f"draft_model-s{k}"]
+        assert (v["status"], v["identical"], v["compared"]) == ("valid", 12, 12), v["line"]
+        assert report["verdicts"][f"draft_model-s{k}"].endswith("outputs identical to the baseline on 12/12 requests.")
+        assert f"verdict: {report['verdicts'][f'draft_model-s{k}']}" in proc.stdout
     fired = {f["rule"] for f in report["findings"]}
     assert not fired & SGLANG_ONLY_RULES, report["findings"]
     md = (exp_dir / "report.md").read_text()
@@ -331,7 +340,6 @@ def test_sigkill_mid_benchmark_leaves_real_orphans_that_stop_cleans(real_vllm: R
     try:
         rc, ready, err = wait_ready(run, port, rec["pid"])
         assert rc == 0, (ready, err)
-        no_cache_reset_without_dev_mode(f"http://127.0.0.1:{port}")
         bench = start_benchmark(run, port)
         engine = ours(rec["sid"])
         assert any(t.startswith("VLLM::EngineCore") for t in engine.values()), engine
@@ -368,11 +376,16 @@ def no_cache_reset_without_dev_mode(url: str) -> None:
     assert "VLLM_SERVER_DEV_MODE=1" in refused.value.message and refused.value.result["attempts"] == 0
 
 
-def stop_mid_benchmark(real_vllm: RealVllm, tmp_path: Path, grace: float) -> tuple[dict[str, Any], str]:
-    """A real vLLM serving a benchmark, stopped by stop.py (SIGTERM to the recorded group, SIGKILL after ``grace``)
-    with its record written to stop.json as the playbook writes it. Returns (stop.json, server.log); the
-    benchmark has ended and failed by then (measured requests failed: recorded, not
+GRACE_S = 90      # longer than the benchmark's 60 s request timeout: a slow box alone does not make stop.py escalate
+
+
+@pytest.fixture(scope="module")
+def stopped_mid_benchmark(real_vllm: RealVllm, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    """One real vLLM serving a benchmark, stopped by stop.py (SIGTERM to the recorded group, SIGKILL after GRACE_S)
+    with its record written to stop.json as the playbook writes it; both tests below read this one stop. Returns
+    (stop.json, server.log); the benchmark has ended and failed by then (measured requests failed: recorded, not
     hidden), and nothing of the server's session is left."""
+    tmp_path = tmp_path_factory.mktemp("stop-mid-benchmark")
     port = free_port()
     node, run, rec = launch(real_vllm, tmp_path, port, str(real_vllm.models / "tiny-llama"))
     try:
@@ -382,7 +395,7 @@ def stop_mid_benchmark(real_vllm: RealVllm, tmp_path: Path, grace: float) -> tup
         bench = start_benchmark(run, port)
         engine = ours(rec["sid"])
         assert any(t.startswith("VLLM::Worker") for t in engine.values()), engine
-        out = stop(node, grace=grace, out_file=run / "stop.json")
+        out = stop(node, grace=GRACE_S, out_file=run / "stop.json")
         record = json.loads((run / "stop.json").read_text())
         # the file the user reads is the record the tool answered
         assert record["ok"] is True and {k: v for k, v in record.items() if k != "ok"} == \
@@ -409,39 +422,40 @@ def why_escalated(record: dict[str, Any], log: str) -> str:
 
 
 @REST
-def test_stop_mid_benchmark_ends_every_real_vllm_process_and_records_how(real_vllm: RealVllm, tmp_path: Path) -> None:
+def test_stop_mid_benchmark_ends_every_real_vllm_process_and_records_how(
+        stopped_mid_benchmark: tuple[dict[str, Any], str]) -> None:
     """What a user relies on from `stop` whichever way the engine goes: every process of the real vLLM's session (API
-    server, EngineCore, Worker, resource_tracker) is gone, the benchmark records the failure, and stop.json says
-    which path ended them. Both paths are real: quiet, vLLM's own shutdown ends them within the 20 s grace (0.5 s
-    here); on a loaded CI box its API server twice outlived it (with the resource_tracker, which waits for it) after
-    EngineCore and Worker had exited. Clean: no SIGKILL was sent and term_to_gone_s is within the grace. Escalated:
-    the survivors are named, each a process of the server, and the SIGKILL says why. That vLLM itself shuts down
-    cleanly is the next test's claim, not this one's."""
-    record, log = stop_mid_benchmark(real_vllm, tmp_path, grace=20)
+    server, EngineCore, Worker, resource_tracker) is gone (the fixture holds it), the benchmark records the failure,
+    and stop.json says which path ended them. Clean: no SIGKILL was sent and term_to_gone_s is within the grace.
+    Escalated (seen on a loaded CI box at a 20 s grace: the API server, with the resource_tracker that waits for it,
+    outlived it after EngineCore and Worker had exited): the survivors are named, each a process of the server, and
+    the SIGKILL says why. That vLLM itself shuts down cleanly is the next test's claim, not this one's."""
+    record, log = stopped_mid_benchmark
     assert "[shutdown] API server: shutdown triggered" in log, log[-3000:]   # the SIGTERM reached vLLM's handler
     kills = [s for s in record["signals"] if s["signal"] == "SIGKILL"]
     if record["escalated"]:
         print(why_escalated(record, log))
         survivors = {p["pid"] for p in record["survivors_after_grace"]}
         assert survivors and survivors <= {p["pid"] for p in record["processes_at_start"]}, record
-        assert kills and kills[0]["why"] == "grace period of 20s expired" and kills[0]["delivered"], record
+        assert kills and kills[0]["why"] == f"grace period of {GRACE_S}s expired" and kills[0]["delivered"], record
         assert record["shutdown"]["style"] == engines.SHUTDOWN_KILLED_BY_STOP, record["shutdown"]
         assert "term_to_gone_s" not in record, record
     else:
         assert not kills, record                              # a clean record with a SIGKILL in it would be a lie
-        assert 0 <= record["term_to_gone_s"] <= 20, record
+        assert 0 <= record["term_to_gone_s"] <= GRACE_S, record
         assert record["shutdown"]["children_gone_before_our_kill"], record["shutdown"]
         assert "survivors_after_grace" not in record, record
 
 
 @REST
-def test_sigterm_mid_benchmark_real_vllm_shuts_itself_down_within_the_grace(real_vllm: RealVllm, tmp_path: Path) -> None:
+def test_sigterm_mid_benchmark_real_vllm_shuts_itself_down_within_the_grace(
+        stopped_mid_benchmark: tuple[dict[str, Any], str]) -> None:
     """The clean path, asserted on its own: on SIGTERM mid-benchmark vLLM's own shutdown ends its API server,
     EngineCore, Worker and resource_tracker, with no SIGKILL from stop.py. Quiet they are gone in about 0.5 s; the
-    grace here (90 s) is longer than the benchmark's 60 s request timeout, so a slow box alone does not fail this,
-    an engine that does not shut itself down does. A failure quotes stop.json's cause (the survivors by name, the
+    grace (GRACE_S) is longer than the benchmark's 60 s request timeout, so a slow box alone does not fail this, an
+    engine that does not shut itself down does. A failure quotes stop.json's cause (the survivors by name, the
     signals and why) and vLLM's shutdown lines."""
-    record, log = stop_mid_benchmark(real_vllm, tmp_path, grace=90)
+    record, log = stopped_mid_benchmark
     assert not record["escalated"], why_escalated(record, log)
     assert not [s for s in record["signals"] if s["signal"] == "SIGKILL"], record
     assert "[shutdown] API server: shutdown triggered" in log, log[-3000:]   # the SIGTERM reached vLLM's handler

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,46 @@ def test_item14_unknown_engine_flag_refused_before_launch(node: SimNode):
     # the flag list came from the simulated node's own --help and is now cached for it
     cached = [json.loads(p.read_text()) for p in preflight.cache_dir().glob("simT-*.json")]
     assert cached and "--speculative-num-steps" in cached[0]["flags"] and cached[0]["version"]
+
+
+# An SGLang build from before the deterministic mode: the simulated server, its --help without the flag.
+OLD_SGLANG = """\
+import contextlib, io, runpy, sys
+if "--help" not in sys.argv:
+    runpy.run_module("specab.sim.launch_server", run_name="__main__", alter_sys=True)
+    sys.exit(0)
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        runpy.run_module("specab.sim.launch_server", run_name="__main__", alter_sys=True)
+    except SystemExit:
+        pass
+print("\\n".join(line for line in out.getvalue().splitlines() if "deterministic-inference" not in line))
+"""
+
+
+def test_item14_correctness_on_a_build_without_a_deterministic_mode_is_refused_naming_it(node: SimNode, tmp_path):
+    """--correctness on an engine build whose --help lists no --enable-deterministic-inference is refused (exit 2)
+    before any experiment or server exists, naming the build (command, flag set, fingerprint): the pass runs after
+    the measured blocks, where a launch failure would come hours late."""
+    engine = tmp_path / "old_sglang.py"
+    engine.write_text(OLD_SGLANG)
+    inv = node.write_inventory({**node.host_vars(), "specab_engine_cmd": [sys.executable, str(engine)]})
+    exp = node.write_experiment("det")
+    proc = driver("-e", str(exp), "-i", str(inv), "--runs-dir", str(node.runs_dir), "--correctness",
+                  env={"XDG_CACHE_HOME": os.environ["XDG_CACHE_HOME"]})
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 2, out[-3000:]
+    help_text = subprocess.run([sys.executable, str(engine), "--help"], capture_output=True, text=True,
+                               timeout=120).stdout
+    flags = preflight.parse_help_flags(help_text)
+    assert "--speculative-num-steps" in flags and "--enable-deterministic-inference" not in flags
+    assert (f"simT: engine build {sys.executable} {engine} (`{sys.executable} {engine}`, SGLang 0.5.23 flags, "
+            f"fingerprint {preflight.engines.flags_fingerprint(flags)}) has no deterministic mode: its --help lists "
+            f"no --enable-deterministic-inference") in out
+    assert "Run without --correctness" in out and "Nothing was started." in out
+    assert not node.runs_dir.exists() or not any(node.runs_dir.iterdir())
+    assert node.server() is None and node.gpus_busy() == []
 
 
 # --------------------------------------------------------------------------- bind address

@@ -100,8 +100,11 @@ def test_fleet_runs_whole_blocks_per_host_in_parallel(fleet) -> None:
           f"one after another: {seq_wall:.1f} s; measured ratio {ratio:.2f} (ideal 0.50); the nodes' run "
           f"spans (first run claimed .. last run done): {node_span(fleet_dir):.1f} s vs {node_span(seq_dir):.1f} s, "
           f"ratio {node_ratio:.2f}")
-    # the runs themselves overlap (what --fleet parallelises); the whole wall time also holds the
-    # experiment's one-off start (preflight, first enqueue) and end (report), which do not: printed above
+    # What the bound guards: the hosts run their blocks at the same time. From the nodes' own clocks (first run
+    # claimed .. last run done), two hosts that took turns give a ratio of ~1.0 and two that overlapped fully 0.5;
+    # 0.75 leaves room for the controller's work that two hosts on the test machine's two cores share. The whole
+    # wall-time ratio is printed, not bounded: it also holds the experiment's one-off start (preflight, first
+    # enqueue) and end (report), which a fleet does not shorten and which move with the box's load.
     assert node_ratio < 0.75, (node_ratio, ratio)
 
     runs = runs_of(fleet_dir)

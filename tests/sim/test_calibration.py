@@ -7,6 +7,8 @@ each chunk was due on the absolute deadlines its steps run on (``emit_due``), wh
 test client's reads move; the server never emits a chunk before it is due (tests/sim/test_server.py). A schedule the
 server restarted (it fell 0.5 s behind) is refused. The log's gen throughput is measured on the server's wall clock:
 its bound adds the server's worst schedule lag (``simulator.schedule_lag_max_s``) relative to the shortest span.
+Every measurement also checks the stream against the trace (``check_stream``): the client received each emitted
+chunk with its tokens, never before it was emitted, at the emission times' rate.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import json
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import pytest
@@ -25,6 +28,7 @@ from tests.sim.conftest import EAGLE_S2, TUNED, Launcher, wait_for
 from tests.sim.test_process import parse_batch_line
 
 ARGS = ["--mem-fraction-static", "0.88", "--disable-custom-all-reduce", "--trust-remote-code"]
+STREAM_TOL = 0.02
 SPEC_S2 = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/models/eagle3",
            "speculative_num_steps": 2, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 3}
 
@@ -50,6 +54,19 @@ class Measured:
     def slack(self) -> float:
         """The most the server's own lateness can move a rate read on its wall clock (the log's), relative."""
         return self.sim["schedule_lag_max_s"] / min(map(self.span, self.trace))
+
+    @property
+    def client_rates(self) -> list[float]:
+        """Each request's decode tok/s at scale 1 as the client read the stream: the tokens after the first chunk over
+        the time between reading the first and the last."""
+        return [(r.final["meta_info"]["completion_tokens"] - r.chunks[0]["meta_info"]["completion_tokens"])
+                / (r.chunk_t[-1] - r.chunk_t[0]) / self.scale for r in self.results]
+
+    @property
+    def emitted_rates(self) -> list[float]:
+        """The same tokens over the times the server emitted their chunks."""
+        return [(rec["completion_tokens"] - rec["emit_tokens"][0]) / (rec["emit_mono"][-1] - rec["emit_mono"][0])
+                / self.scale for rec in self.trace]
 
     def decodes(self) -> list[dict]:
         return [r for r in map(parse_batch_line, self.srv.log_text().splitlines()) if r and r["kind"] == "decode"]
@@ -87,7 +104,21 @@ def measure(launch: Launcher, args: list[str], env: dict, scale: float, n: int, 
     assert all(r["time_scale"] == scale and r["completion_tokens"] == output_len for r in recs), recs
     assert all(e >= d for r in recs for e, d in zip(r["emit_mono"], r["emit_due"])), "a chunk emitted before due"
     assert sim["schedule_resets"] == 0, f"the box held the simulator 0.5 s behind: it restarted its schedule: {m.why()}"
+    check_stream(m)
     return m
+
+
+def check_stream(m: Measured) -> None:
+    """What the client received is what the server emitted: one chunk per emission carrying the emitted tokens
+    (cumulative counts exact), none read before it was emitted (one monotonic clock on the box), and the decode
+    rate the client reads within STREAM_TOL of the emission times' (a late read of a first or last chunk moves a
+    span of ~0.5 s by a few ms; a stream held back, merged or paced on another clock moves it far more)."""
+    for res, rec in zip(m.results, m.trace):
+        counts = [c["meta_info"]["completion_tokens"] for c in res.chunks]
+        assert counts == list(accumulate(rec["emit_tokens"])), (rec["rid"], counts, rec["emit_tokens"])
+        assert all(read >= emitted for read, emitted in zip(res.chunk_t, rec["emit_mono"])), rec["rid"]
+    client, emitted = statistics.median(m.client_rates), statistics.median(m.emitted_rates)
+    assert client == pytest.approx(emitted, rel=STREAM_TOL), (client, emitted, m.why())
 
 
 def test_baseline_with_tuned_nccl_is_82_tok_s(launch):

@@ -120,6 +120,28 @@ def test_openai_completions_and_chat(spec_server):
     assert out["usage"]["completion_tokens"] == 16 and out["object"] == "chat.completion"
 
 
+def test_a_request_beyond_the_context_length_is_refused_with_sglangs_own_error(spec_server):
+    """A 10,001-token prompt at a 4096-token context ran "ok" on the simulator; SGLang's TokenizerManager refuses a
+    prompt of the context length or more, and a prompt and answer beyond it, before the scheduler sees them (400,
+    its own words: python/sglang/srt/managers/tokenizer_manager.py, _validate_one_request)."""
+    ctx = request_json(spec_server.port, "GET", "/model_info")[1]["context_length"]
+    status, out, _ = request_json(spec_server.port, "POST", "/generate",
+                                  {"input_ids": [7] * ctx, "sampling_params": {"max_new_tokens": 8}})
+    assert status == 400 and out == {"error": {"message": f"The input ({ctx} tokens) is longer than the model's "
+                                                          f"context length ({ctx} tokens)."}}
+    status, out, _ = request_json(spec_server.port, "POST", "/generate", gen_body(10_000_000))
+    n = len(PROMPT.split()) + len([c for c in PROMPT if c == "."]) + 1    # words, full stops, BOS
+    assert status == 400 and out["error"]["message"] == (
+        f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested a total of "
+        f"{n + 10_000_000} tokens: {n} tokens from the input messages and 10000000 tokens for the completion. Please "
+        f"reduce the number of tokens in the input messages or the completion to fit within the limit.")
+    status, out, _ = request_json(spec_server.port, "POST", "/v1/completions",
+                                  {"model": "x", "prompt": PROMPT, "max_tokens": 10_000_000})
+    assert status == 400 and out["object"] == "error" and out["type"] == "BadRequestError" and out["code"] == 400
+    assert out["message"].startswith(f"Requested token count exceeds the model's maximum context length of {ctx}")
+    assert request_json(spec_server.port, "POST", "/generate", gen_body(8))[0] == 200     # within: served
+
+
 def test_flush_cache_refuses_while_running_and_resets_accept_length(spec_server):
     """SGLang refuses /flush_cache (400) while a request runs and flushes (200, accept length reset) when idle.
     The request is held open by the test itself (first chunk read, then the rest left unread), so it is running

@@ -40,6 +40,8 @@ def test_fault_specs_parse_with_nvml_reason_names_or_bits():
     ("throttle=0:0.5:Hot", "give an NVML bit"),
     ("slow_instance=x:10", "slow_instance=<k>:<pct>"),
     ("slow_instance=1:100", "0 < <pct> < 100"),
+    ("slow_instance=2-1:10", "<k2> >= <k>"),
+    ("slow_instance=0-x:10", "<k>-<k2>:<pct>"),
 ])
 def test_bad_fault_specs_are_refused_with_the_expected_form(spec, words):
     with pytest.raises(SettingsError, match="SPECAB_SIM_FAULT") as exc:
@@ -53,6 +55,9 @@ def test_throttle_slows_forwards_by_the_clock_ratio_from_its_start():
     assert t.time_factor(60.0) == pytest.approx(1.25) and t.active(61)
     assert SlowInstance(3, 20).speed_factor(3) == pytest.approx(0.8)
     assert SlowInstance(3, 20).speed_factor(2) == 1.0
+    first_two = Faults.parse("slow_instance=0-1:20").slow_instance
+    assert first_two == SlowInstance(0, 20.0, 1)
+    assert [first_two.speed_factor(k) for k in range(4)] == [pytest.approx(0.8), pytest.approx(0.8), 1.0, 1.0]
 
 
 def test_the_engine_applies_the_throttle_on_the_servers_clock(tmp_path):

@@ -1,14 +1,20 @@
 """The H200 crossover with its interval, pooled over three machine leases (docs/validation/known-truth.md,
 "Concurrency on the H200"), the steps matrix over two leases, and the STANDALONE draft under the driver: SGLang
 0.5.17 serving the ~4B known-truth target. `driver.py report A --with B --with C --out DIR` pools the blocks of stores of one experiment after checking
-that the arms they share are the same by content."""
+that the arms they share are the same by content. Every pooled speedup and interval is also recomputed from the
+stores' rows without specab's analysis (``recomputed``), so an error in the pooling or in ``stats.paired_speedup``
+shows as a disagreement, not as a new pinned number."""
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
+import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from specab.analysis.evidence import combine, model
 from specab.analysis.measures import concurrency, phases, stats, truthcheck
@@ -33,6 +39,38 @@ def _copies(tmp_path: Path, *srcs: Path) -> list[Path]:
     return [copy_store(s, tmp_path / s.name) for s in srcs]
 
 
+def recomputed(stores: list[Path], measure: str = "per_user") -> dict[str, tuple[float, float, float]]:
+    """Per arm, the paired speedup from the stores' rows alone (sqlite3, numpy, scipy; nothing of specab.analysis):
+    each ok run's value (per user: the median decode tok/s of its measured requests; throughput: their output
+    tokens over the first send to the last finish), divided by the same store's and block's baseline run, then the
+    geometric mean of the ratios and its 95 % t interval on the log scale (the report's interval below 5 blocks)."""
+    ratios: dict[str, list[float]] = {}
+    for path in stores:
+        con = sqlite3.connect(path / "results.sqlite")
+        baseline = dict(con.execute("SELECT name, baseline FROM arms"))
+        value = {}
+        for seq, arm, block, host in con.execute("SELECT seq, arm, block, host FROM runs WHERE status = 'ok'"):
+            rows = con.execute("SELECT decode_tok_s, output_tokens, start_ts, e2e_s FROM requests "
+                               "WHERE seq = ? AND warmup = 0 AND ok = 1", (seq,)).fetchall()
+            value[arm, block, host] = (statistics.median(r[0] for r in rows if r[0]) if measure == "per_user" else
+                                       sum(r[1] for r in rows) / (max(r[2] + r[3] for r in rows) - min(r[2] for r in rows)))
+        con.close()
+        for (arm, block, host), v in value.items():
+            if baseline[arm] != arm and (baseline[arm], block, host) in value:
+                ratios.setdefault(arm, []).append(v / value[baseline[arm], block, host])
+    out = {}
+    for arm, rs in ratios.items():
+        logs = np.log(rs)
+        assert 2 <= len(logs) < 5, (arm, rs)          # the t interval's range; beyond it the report bootstraps
+        h = scipy_stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs))
+        out[arm] = (math.exp(logs.mean()), math.exp(logs.mean() - h), math.exp(logs.mean() + h))
+    return out
+
+
+def assert_same(got: stats.Speedup, want: tuple[float, float, float]) -> None:
+    assert got.ci is not None and (got.ci.estimate, got.ci.lo, got.ci.hi) == pytest.approx(want, rel=1e-9), (got, want)
+
+
 def test_the_third_lease_had_the_true_cycle_count_on_every_request(tmp_path: Path) -> None:
     [d] = _copies(tmp_path, NEW)
     rep = truthcheck.check(model.load_store(d))
@@ -54,6 +92,12 @@ def test_pooled_over_three_leases_the_verdict_per_load_and_the_crossings_with_th
     [fam] = concurrency.analyse_loads(e).families
     user = {p.concurrency: round(p.per_user.estimate, 3) for p in fam.points}
     thr = {p.concurrency: round(p.throughput.estimate, 3) for p in fam.points}
+    stores = [tmp_path / s.name for s in (LOW, HIGH, NEW)]
+    per_user, throughput = recomputed(stores), recomputed(stores, "throughput")
+    for p in fam.points:
+        assert_same(p.per_user, per_user[p.arm])
+        assert_same(p.throughput, throughput[p.arm])
+    # the numbers docs/validation/known-truth.md records
     assert user == {1: 2.024, 2: 1.857, 4: 1.113, 8: 1.487, 16: 1.117, 32: 0.976}
     assert thr == {1: 1.784, 2: 1.695, 4: 1.049, 8: 1.330, 16: 0.871, 32: 0.813}
     at8 = next(p for p in fam.points if p.concurrency == 8)
@@ -136,6 +180,9 @@ def test_a_standalone_draft_at_steps_1_to_3_three_blocks_exact_truth_and_a_verdi
     assert {r.steps: round(r.true_tau, 4) for r in rep.runs if r.steps} == TRUE_TAU_P09
     assert all(r.measured_tau == r.true_tau for r in rep.runs if r.steps)
     sp = _speedups(e)
+    want = recomputed([d])
+    for a in e.spec_arms:
+        assert_same(sp[a.steps], want[a.name])
     assert {k: round(v.estimate, 3) for k, v in sp.items()} == {1: 1.291, 2: 1.841, 3: 2.181}
     assert {k: (round(v.ci.lo, 3), round(v.ci.hi, 3)) for k, v in sp.items()} == \
         {1: (1.190, 1.401), 2: (1.261, 2.690), 3: (1.246, 3.818)}
@@ -161,6 +208,9 @@ def test_the_eagle3_steps_matrix_pooled_over_two_leases_has_four_blocks_and_tigh
     assert len(reqs) == 72 and all(q.measured_cycles == q.true_cycles and q.rule_ok for q in reqs)
     assert {r.steps: round(r.true_tau, 4) for r in rep.runs if r.steps} == {1: 1.9128, 2: 2.7380, 3: 3.4439}
     sp = _speedups(e)
+    want = recomputed([tmp_path / s.name for s in (STEPS, *STEPS_LATER)])
+    for a in e.spec_arms:
+        assert_same(sp[a.steps], want[a.name])
     assert {k: round(v.estimate, 3) for k, v in sp.items()} == {1: 1.389, 2: 1.730, 3: 2.049}
     assert {k: (round(v.ci.lo, 3), round(v.ci.hi, 3)) for k, v in sp.items()} == \
         {1: (1.375, 1.404), 2: (1.586, 1.887), 3: (2.017, 2.080)}

@@ -344,3 +344,25 @@ def test_a_broken_pipe_in_the_driver_is_its_reader_s_not_a_usage_error(tmp_path:
     with redirect_stderr(err):
         assert cli.main(["parse-log", str(log)], out=Gone()) == 141
     assert err.getvalue() == ""
+
+
+def test_parse_log_leaves_out_values_out_of_range_and_counts_the_lines_it_could_not_read(tmp_path: Path) -> None:
+    """A garbage `gen throughput (token/s): -40.59` was folded into the mean and a garbled line went uncounted: the
+    mean is now over the sane values, and both are counted and named (stderr and the summary)."""
+    good = ["[2026-01-05 10:00:0%d TP0] Decode batch, #running-req: 1, #token: 300, token usage: 0.01, "
+            "accept len: 2.00, cuda graph: True, gen throughput (token/s): %.2f, #queue-req: 0" % (i, v)
+            for i, v in enumerate((80.0, 90.0))]
+    negative = ("[2026-01-05 10:00:05 TP0] Decode batch, #running-req: 1, #token: 300, token usage: 0.01, "
+                "accept len: 2.00, cuda graph: True, gen throughput (token/s): -40.59, #queue-req: 0")
+    garbled = "[2026-01-05 10:00:06 TP0] Decode batch, #running-req: one, gen throughput (token/s): 9x9.1"
+    log = tmp_path / "server.log"
+    log.write_text("\n".join([good[0], negative, garbled, good[1]]) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "specab.analysis.evidence.logparse", str(log), "--summary-only",
+                           "--format", "json"], capture_output=True, text=True, timeout=60, check=True)
+    s = json.loads(proc.stdout)
+    assert s["gen_throughput_mean"] == pytest.approx(85.0)
+    assert s["accept_len_mean"] == pytest.approx(2.0) and s["accept_len_lines"] == 3
+    assert s["unreadable_lines"] == 1 and s["unreadable_at"] == ["line 3 (running_req, gen_throughput)"]
+    assert s["out_of_range"] == {"gen_throughput": 1} and s["out_of_range_at"] == ["line 2: gen_throughput=-40.59"]
+    assert "1 line(s) of a summarised kind could not be read and are left out (line 3" in proc.stderr
+    assert "1 value(s) out of range are left out of the means (line 2: gen_throughput=-40.59)" in proc.stderr

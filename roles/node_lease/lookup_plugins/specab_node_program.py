@@ -1,6 +1,7 @@
 """The python -c program that runs a node tool where none is deployed yet (the node lease, taken before node_prepare
-ships anything): specab/driver/nodeprogram.py of this checkout, the driver's own, loaded by path (a controller-side
-plugin imports nothing of an installed specab; it is stdlib only).
+ships anything): specab/driver/nodeprogram.py of this checkout, the driver's own, loaded by path (it is stdlib only):
+the program carries the node modules found beside it, so what reaches the node is this checkout's whatever specab the
+Python running Ansible can import (docs/architecture.md, "The map", on controller-side plugins).
 """
 from __future__ import annotations
 

@@ -133,24 +133,13 @@ def estimate_components(ratios: Sequence[float], requests: Sequence[tuple[Sequen
     design; the data outweigh it as blocks accumulate."""
     if len(ratios) != len(requests):
         raise DesignError(f"estimate_components: {len(ratios)} ratios but {len(requests)} blocks of requests")
-    ss = {0: 0.0, 1: 0.0}
-    df = {0: 0, 1: 0}
-    inv_m = []
-    for arm_req, base_req in requests:
-        inv = 0.0
-        for side, req in ((0, arm_req), (1, base_req)):
-            x = np.asarray(req, dtype=float)
-            if len(x) >= 2:
-                ss[side] += float(((x - x.mean()) ** 2).sum())
-                df[side] += len(x) - 1
-            inv += 1.0 / max(len(x), 1)
-        inv_m.append(inv / 2.0)
-    w_df = float(min(df.values()))
-    within = sum(ss[s] / df[s] for s in (0, 1) if df[s]) if w_df else None
+    sides = [_pooled_within([pair[side] for pair in requests]) for side in (0, 1)]
+    inv_m = [(_inverse_count(arm_req) + _inverse_count(base_req)) / 2.0 for arm_req, base_req in requests]
+    w_df = float(min(df for _, df in sides))
+    within = sum(ss / df for ss, df in sides if df) if w_df else None
     between, b_df = None, 0.0
     if len(ratios) >= 2 and within is not None:
-        d_var = float(np.var(np.asarray(ratios, dtype=float), ddof=1))
-        between = max(0.0, d_var - MEDIAN_VAR_FACTOR * within * float(np.mean(inv_m)))
+        between = _between_moment(ratios, within, inv_m)
         b_df = float(len(ratios) - 1)
     if prior is not None:
         within = _pool(within, w_df, prior.within, prior.within_df)
@@ -166,6 +155,47 @@ def estimate_components(ratios: Sequence[float], requests: Sequence[tuple[Sequen
         between, src = DEFAULT_BETWEEN, src + " + default between"
         b_df = DEFAULT_BETWEEN_DF
     return Components(between=between, within=within, between_df=b_df, within_df=w_df, source=src)
+
+
+def instance_components(values: Sequence[float], requests: Sequence[Sequence[float]]) -> Components:
+    """The same one-way model for ONE arm's runs: ``values`` the runs' log tok/s (one per server instance),
+    ``requests`` each run's measured request log speeds. ``within`` is the per-request variance inside a run,
+    ``between`` the variance of the instances less the part their requests explain (truncated at 0), with n - 1
+    degrees of freedom (0, and ``between`` 0, below two instances: no default is put in its place). It is the
+    spread across restarts of an arm beside the spread within its runs (specab.analysis.instances)."""
+    if len(values) != len(requests):
+        raise DesignError(f"instance_components: {len(values)} runs but {len(requests)} runs of requests")
+    ss, df = _pooled_within(requests)
+    if not df:
+        raise DesignError("instance_components: no run with 2 or more measured requests")
+    within = ss / df
+    if len(values) < 2:
+        return Components(between=0.0, within=within, between_df=0.0, within_df=float(df), source="data")
+    between = _between_moment(values, within, [_inverse_count(r) for r in requests])
+    return Components(between=between, within=within, between_df=float(len(values) - 1), within_df=float(df),
+                      source="data")
+
+
+def _pooled_within(runs: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """Sum of squares about each run's mean and its degrees of freedom, pooled over the runs with 2+ requests."""
+    ss, df = 0.0, 0
+    for req in runs:
+        x = np.asarray(req, dtype=float)
+        if len(x) >= 2:
+            ss += float(((x - x.mean()) ** 2).sum())
+            df += len(x) - 1
+    return ss, df
+
+
+def _inverse_count(req: Sequence[float]) -> float:
+    return 1.0 / max(len(req), 1)
+
+
+def _between_moment(values: Sequence[float], within: float, inv_m: Sequence[float]) -> float:
+    """The variance of ``values`` less what their runs' requests explain (the median of m requests adds
+    MEDIAN_VAR_FACTOR * within / m), truncated at 0."""
+    var = float(np.var(np.asarray(values, dtype=float), ddof=1))
+    return max(0.0, var - MEDIAN_VAR_FACTOR * within * float(np.mean(inv_m)))
 
 
 def _pool(est: float | None, df: float, prior: float, prior_df: float) -> float:

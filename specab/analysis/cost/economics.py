@@ -49,26 +49,35 @@ def run_gpu_seconds(run: Run) -> float | None:
 
 @dataclass
 class Spend:
-    """GPU-seconds spent: per arm, in all, and how much of it went to runs that failed."""
+    """GPU-seconds spent: per arm, in all, how much of it went to runs that failed, and to the burn-in starts (counted
+    in the total: a verdict bought with a burn-in cost that much more)."""
     per_arm: dict[str, float] = field(default_factory=dict)
     total: float = 0.0
     failed: float = 0.0
     runs: int = 0
     restarts_per_arm: dict[str, int] = field(default_factory=dict)
+    burn_in: float = 0.0
+    burn_in_runs: int = 0
 
     def to_dict(self) -> dict:
         return {"per_arm_gpu_s": self.per_arm, "total_gpu_s": self.total, "total_gpu_minutes": self.total / 60.0,
-                "failed_gpu_s": self.failed, "runs": self.runs, "restarts_per_arm": self.restarts_per_arm}
+                "failed_gpu_s": self.failed, "runs": self.runs, "restarts_per_arm": self.restarts_per_arm,
+                "burn_in_gpu_s": self.burn_in, "burn_in_runs": self.burn_in_runs}
 
 
 def spend(exp: Experiment) -> Spend:
     s = Spend()
-    for r in exp.runs:
+    burned = {id(r) for r in exp.burn_in}
+    for r in exp.runs + exp.burn_in:
         g = run_gpu_seconds(r)
         if g is None:
             continue
-        s.per_arm[r.arm] = s.per_arm.get(r.arm, 0.0) + g
-        s.restarts_per_arm[r.arm] = s.restarts_per_arm.get(r.arm, 0) + 1
+        if id(r) in burned:
+            s.burn_in += g
+            s.burn_in_runs += 1
+        else:
+            s.per_arm[r.arm] = s.per_arm.get(r.arm, 0.0) + g
+            s.restarts_per_arm[r.arm] = s.restarts_per_arm.get(r.arm, 0) + 1
         s.total += g
         s.runs += 1
         if not r.ok:
@@ -254,12 +263,21 @@ def profile_components(profile: Mapping[str, Any], output_len: int, spec_steps: 
 def cost_lines(exp: Experiment) -> list[str]:
     """The report's closing lines: what the verdict cost."""
     s = spend(exp)
+    # the store of an experiment still running (its status; a driver that ended without a word leaves it so):
+    # its runs in progress have no cost yet
+    running = exp.meta.get("status") == "running" or any(r.status == "running" for r in exp.runs)
+    if not s.runs and running:
+        return ["Verdict cost: not known yet: the experiment is still running and none of its runs has finished "
+                "(each run's cost is recorded when it ends)."]
     if not s.runs:
         return ["Verdict cost: not recorded (no run of this store has runs.gpu_seconds: it was written before "
                 "specab recorded what runs cost)."]
     arms = ", ".join(f"{a} {g / 60:.1f} ({s.restarts_per_arm[a]} restarts)" for a, g in s.per_arm.items())
+    if s.burn_in_runs:
+        arms += f", burn-in {s.burn_in / 60:.1f} ({s.burn_in_runs} unmeasured start{'s' if s.burn_in_runs > 1 else ''})"
     failed = f"; {s.failed / 60:.1f} of them on failed runs" if s.failed else ""
-    return [f"Verdict cost: {s.total / 60:.1f} GPU-minutes over {s.runs} runs ({arms}){failed}."]
+    so_far = " so far (the experiment is still running)" if running else ""
+    return [f"Verdict cost: {s.total / 60:.1f} GPU-minutes over {s.runs} runs{so_far} ({arms}){failed}."]
 
 
 def first_design(comps: design.Components, cost: design.RunCost, target_rel: float, *, arms: int, requests: int,

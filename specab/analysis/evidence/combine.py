@@ -106,4 +106,5 @@ def combine(paths: list[Path], *, read_logs: bool = True) -> Experiment:
                       order="interleaved" if all(e.order == "interleaved" for e in exps) else "blocked",
                       baseline=first.baseline, name=first.name, root=first.root,
                       meta={**first.meta, "combined": ids, "run_fingerprints": fps, "sources": sources,
-                            "design_steps": [], "finished": exps[-1].meta.get("finished")})
+                            "design_steps": [], "finished": exps[-1].meta.get("finished")},
+                      burn_in=[dataclasses.replace(r, run_id=f"{tag(e.id)}/{r.run_id}") for e in exps for r in e.burn_in])

@@ -279,7 +279,42 @@ def _parse_vllm(line: str, kind: str, fields: list) -> dict[str, Any]:
     for name, rx, conv in fields:
         m = rx.search(line)
         if m:
-            rec[name] = conv(m.group(1))
+            try:
+                rec[name] = conv(m.group(1))
+            except ValueError:          # a number cut or garbled ("1.2.3"): the line is not read
+                rec.setdefault("unreadable", []).append(name)
+    return rec
+
+
+# The numeric fields of the lines summarised, and the range each value must lie in (an out-of-range value is kept in
+# its record, marked, and left out of the summary): counts, throughputs and lengths are never negative, rates are
+# fractions (vLLM's percentages up to 100).
+_NUMERIC = {**{name: (0.0, None) for name in _BATCH_KEYS.values()}, "accept_rate": (0.0, 1.0),
+            **{name: (0.0, None) for name, _, conv in _VLLM_SPEC + _VLLM_STATS if conv in (int, float)},
+            "accept_rate_pct": (0.0, 100.0), "kv_cache_usage_pct": (0.0, 100.0), "prefix_cache_hit_pct": (0.0, 100.0)}
+_CHECKED_KINDS = ("decode", "prefill", "vllm_spec", "vllm_stats")
+
+
+def _checked(rec: dict[str, Any]) -> dict[str, Any]:
+    """Mark a batch or vLLM stats record's fields that hold no number (``unreadable``: the line is not read) or a
+    number out of its range (``out_of_range``: that value is not summarised); a line with no number at all is not
+    read either."""
+    unreadable, out = list(rec.pop("unreadable", [])), []
+    numbers = 0
+    for name, (low, high) in _NUMERIC.items():
+        if name not in rec:
+            continue
+        v = rec[name]
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            unreadable.append(name)
+        elif not math.isfinite(v) or v < low or (high is not None and v > high):
+            out.append(name)
+        else:
+            numbers += 1
+    if unreadable or not (numbers or out):
+        rec["unreadable"] = unreadable or ["no field"]
+    if out:
+        rec["out_of_range"] = out
     return rec
 
 
@@ -288,13 +323,13 @@ def parse_line(line: str) -> dict[str, Any] | None:
     if "batch" in line:
         m = _BATCH.search(line)
         if m:
-            return _parse_batch(line, m)
+            return _checked(_parse_batch(line, m))
     if "NCCL INFO" in line:
         return _parse_nccl(line)
     if "SpecDecoding metrics:" in line:
-        return _parse_vllm(line, "vllm_spec", _VLLM_SPEC)
+        return _checked(_parse_vllm(line, "vllm_spec", _VLLM_SPEC))
     if "Avg generation throughput:" in line:
-        return _parse_vllm(line, "vllm_stats", _VLLM_STATS)
+        return _checked(_parse_vllm(line, "vllm_stats", _VLLM_STATS))
     if _READY in line:
         rec: dict[str, Any] = {"kind": "ready", "ts": None, "rank": None}
         _sgl_prefix(line, rec)
@@ -366,8 +401,33 @@ class Summary:
     vllm_drafted: int = 0
     vllm_gen_throughput: _Mean = field(default_factory=_Mean)
     accept_rate_defs: set = field(default_factory=set)     # engine generations whose definition a line showed
+    unreadable: int = 0                                     # lines of a summarised kind that held no number
+    unreadable_at: list = field(default_factory=list)       # the first few: "line N (field, ...)"
+    out_of_range: dict[str, int] = field(default_factory=dict)     # values left out of the summary, per field
+    out_of_range_at: list = field(default_factory=list)     # the first few: "line N: field=value"
+
+    def _screened(self, rec: dict[str, Any]) -> dict[str, Any] | None:
+        """The record as summarised: None for a line that could not be read (counted), else without the values
+        out of range (counted)."""
+        where = f"line {rec['line']}" if "line" in rec else "a line"
+        if rec.get("unreadable"):
+            self.unreadable += 1
+            if len(self.unreadable_at) < 5:
+                self.unreadable_at.append(f"{where} ({', '.join(rec['unreadable'])})")
+            return None
+        if rec.get("out_of_range"):
+            for name in rec["out_of_range"]:
+                self.out_of_range[name] = self.out_of_range.get(name, 0) + 1
+                if len(self.out_of_range_at) < 5:
+                    self.out_of_range_at.append(f"{where}: {name}={rec[name]}")
+            rec = {k: v for k, v in rec.items() if k not in rec["out_of_range"]}
+        return rec
 
     def add(self, rec: dict[str, Any]) -> None:
+        screened = self._screened(rec)
+        if screened is None:
+            return
+        rec = screened
         kind = rec["kind"]
         self.counts[kind] = self.counts.get(kind, 0) + 1
         ts = rec.get("ts")
@@ -446,6 +506,10 @@ class Summary:
             "nccl_env": dict(sorted(self.nccl_env.items())),
             "nccl_env_conflicts": self.nccl_conflicts,
             "nccl_versions": sorted(self.nccl_versions),
+            "unreadable_lines": self.unreadable,
+            "unreadable_at": list(self.unreadable_at),
+            "out_of_range": dict(self.out_of_range),
+            "out_of_range_at": list(self.out_of_range_at),
         }
         if self.counts.get("vllm_spec") or self.counts.get("vllm_stats"):
             out["vllm"] = {
@@ -532,19 +596,19 @@ def decode_stats(fh: IO[bytes], block_size: int = 8 << 20) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 # what the analysis reads from a run's server log
 
-_RUN_LOG_HIT = re.compile(r"batch|NCCL INFO")
-RUN_LOG_DECODE_FIELDS = ("accept_len", "cuda_graph", "gen_throughput", "running_req")
+_RUN_LOG_HIT = re.compile(r"batch|NCCL INFO|Avg generation throughput:")
+RUN_LOG_DECODE_FIELDS = ("accept_len", "cuda_graph", "gen_throughput", "running_req", "queue_req")
 _RUN_LOG_WANTED = frozenset(RUN_LOG_DECODE_FIELDS)
 
 
 def run_log_records(fh: IO[str], block_chars: int = 4 << 20) -> Iterator[dict[str, Any]]:
-    """The ``decode`` and ``nccl_env`` records of a text log, exactly as ``parse_line`` makes them for
-    those lines, in file order, with ``raw`` (the line without its newline). Decode records carry only
+    """The ``decode``, ``nccl_env`` and ``vllm_stats`` records of a text log, exactly as ``parse_line`` makes them
+    for those lines, in file order, with ``raw`` (the line without its newline). Decode records carry only
     RUN_LOG_DECODE_FIELDS (those present). Streams in blocks of whole lines.
 
     The analysis reads every run's log (a 1,000-run experiment: 1,000 logs): only lines holding
-    ``batch`` or ``NCCL INFO`` are looked at (one regex scan per block finds them), and of a decode
-    line only the four fields are converted, by the same field splitting as ``parse_line``.
+    ``batch``, ``NCCL INFO`` or vLLM's stats are looked at (one regex scan per block finds them), and of a decode
+    line only those fields are converted, by the same field splitting as ``parse_line``.
     """
     carry = ""
     while True:
@@ -579,6 +643,8 @@ def run_log_records(fh: IO[str], block_chars: int = 4 << 20) -> Iterator[dict[st
                 if rec2 is not None and rec2["kind"] == "nccl_env":
                     rec2["raw"] = line.rstrip("\n")
                     yield rec2
+            elif "Avg generation throughput:" in line:       # vLLM's stats: its running and waiting requests
+                yield _parse_vllm(line, "vllm_stats", _VLLM_STATS)
         if not block:
             break
 
@@ -608,6 +674,18 @@ def _text_summary(s: dict[str, Any]) -> str:
         else:
             rows.append("  %s: %s" % (k, fmt(v)))
     return "\n".join(rows)
+
+
+def screening_notes(summary: dict[str, Any]) -> list[str]:
+    """What the summary left out, in words: the lines it could not read and the values out of range."""
+    notes = []
+    if summary.get("unreadable_lines"):
+        notes.append("%d line(s) of a summarised kind could not be read and are left out (%s)"
+                     % (summary["unreadable_lines"], "; ".join(summary.get("unreadable_at") or [])))
+    if summary.get("out_of_range"):
+        notes.append("%d value(s) out of range are left out of the means (%s)"
+                     % (sum(summary["out_of_range"].values()), "; ".join(summary.get("out_of_range_at") or [])))
+    return notes
 
 
 def cmd_parse_log(ns: argparse.Namespace, out: IO[str] | None = None) -> int:
@@ -643,6 +721,8 @@ def cmd_parse_log(ns: argparse.Namespace, out: IO[str] | None = None) -> int:
         out.write(json.dumps({"kind": "summary", **summary}) + "\n")
     else:
         out.write(_text_summary(summary) + "\n")
+    for note in screening_notes(summary):
+        print("parse-log: %s" % note, file=sys.stderr)
     if not summary.get("decode_lines") and not summary.get("counts", {}).get("vllm_spec"):
         print("parse-log: no Decode batch or SpecDecoding lines in %s (is it a server log at "
               "--log-level info?)" % path, file=sys.stderr)

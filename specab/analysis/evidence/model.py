@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from specab.analysis.evidence import logparse
+from specab.config.spec import DETERMINISTIC_OF
 from specab.results.store import FILENAME, Store, gpu_csv_rows
 from specab.vocab import contract, engines
 
@@ -83,6 +84,10 @@ class LogStats:
     gen_tok_s_per_req_median: float | None = None
     no_graph_example: str | None = None       # one decode line with `cuda graph: False`, quoted as evidence
     nccl_env: dict[str, str] = field(default_factory=dict)   # `NCCL INFO <VAR> set by environment to <v>`
+    # the most requests the server ran at once and held in its queue, by its own account: SGLang's decode lines
+    # (`#running-req`, `#queue-req`), vLLM's stats lines (`Running: N reqs, Waiting: M reqs`); None: no such line
+    running_max: int | None = None
+    queued_max: int | None = None
 
     @property
     def cuda_graph_share(self) -> float | None:
@@ -171,6 +176,7 @@ class Run:
                                              # /metrics histograms, bench_summary engine_decode): tok/s where the
                                              # client could time no request (tok_s_source "engine")
     known_truth: dict | None = None          # bench_summary's known_truth: the served models' (specab.knowntruth)
+    known_truth_problems: list[str] = field(default_factory=list)   # what kept the client from it, each naming a file
     workload: dict | None = None             # bench_summary's dataset (kind synthetic, or file with path, sha256,
                                              # records, categories) and ignore_eos; None: not recorded
     # bench_summary's latency percentiles over the measured requests, seconds (simulated seconds on a time-scaled
@@ -351,6 +357,12 @@ class Experiment:
     target_ci: float | None = None         # relative half-width, 0.02 = 2 %
     max_repeats: int | None = None
     meta: dict = field(default_factory=dict)
+    # the unmeasured starts before block 1 (design.burn_in, the store's plan.burn_in): kept apart from `runs`, so
+    # no statistic, rule or cost model sees them as measured instances; the report shows how fast they ran
+    burn_in: list[Run] = field(default_factory=list)
+    # the deterministic pass (--correctness): its arms (matrix value deterministic_of) and runs, kept apart from
+    # `arms` and `runs` so no statistic, rule or verdict sees them as measured; its own arms compared within it
+    deterministic: "Experiment | None" = None
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:
@@ -379,6 +391,22 @@ class Experiment:
     @property
     def hosts(self) -> list[str]:
         return sorted({r.host for r in self.runs})
+
+    def stores_of(self, runs: Iterable[Run]) -> tuple[dict[Path, list[tuple[int, int]]], list[Run]]:
+        """Where each run's request rows are: per store file, (seq here, seq there) of its runs (a pooled
+        experiment's come from several stores, under the seq each had there, ``meta["sources"]``), and the runs
+        whose store is not there (a run-directory round, or a pooled store that is gone)."""
+        sources = self.meta.get("sources") or {}
+        own = self.root / "results.sqlite" if self.root is not None else None
+        groups: dict[Path, list[tuple[int, int]]] = {}
+        gone = []
+        for r in runs:
+            path, seq = sources.get(r.seq, (own, r.seq))
+            if path is None or not Path(path).is_file():
+                gone.append(r)
+            else:
+                groups.setdefault(Path(path), []).append((r.seq, seq))
+        return groups, gone
 
 
 # =========================================================================== loaders
@@ -445,12 +473,23 @@ def env_check_from_json(d: dict) -> EnvCheck:
     return EnvCheck(variables=checks)
 
 
+def _count_load(st: LogStats, r: dict) -> None:
+    """The running and queued requests of one decode or vLLM stats record, into the log's maxima."""
+    running, queued = ((r.get("running_req"), r.get("queue_req")) if r.get("kind") == "decode"
+                       else (r.get("running"), r.get("waiting")) if r.get("kind") == "vllm_stats" else (None, None))
+    if isinstance(running, int) and not isinstance(running, bool):
+        st.running_max = max(st.running_max or 0, running)
+    if isinstance(queued, int) and not isinstance(queued, bool):
+        st.queued_max = max(st.queued_max or 0, queued)
+
+
 def log_stats_from_records(records: Iterable[dict], nccl: dict[str, str] | None = None) -> LogStats:
     """LogStats from parsed log records: dicts with kind 'decode' and keys accept_len, cuda_graph,
     gen_throughput, running_req, raw (the shape specab.analysis.evidence.logparse emits)."""
     st = LogStats(nccl_env=dict(nccl or {}))
     acc, gen, per_req = [], [], []
     for r in records:
+        _count_load(st, r)
         if r.get("kind") != "decode":
             continue
         cg = r.get("cuda_graph")
@@ -485,7 +524,7 @@ def parse_server_log(path: Path) -> LogStats:
                 if rec["kind"] == "nccl_env":
                     nccl.setdefault(rec["var"], str(rec["value"]).rstrip("."))
                 else:
-                    yield rec
+                    yield rec           # decode and vLLM stats records
 
     st = log_stats_from_records(decode_records())
     st.nccl_env = nccl
@@ -772,7 +811,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
     base_rows = [a for a in arm_rows if a.get("is_baseline")]
     baseline = base_rows[0]["name"] if base_rows else (arms[0].name if arms else "baseline")
     by_arm = {a.name: a for a in arms}
-    runs = []
+    runs, burn_in = [], []
     for r in run_rows:
         arm = by_arm.get(r["arm"])
         info = r.get("server_info") or {}
@@ -787,7 +826,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
         manifest, check, ranks = _head_and_ranks(r, manifests.get(r["seq"], {}), checks.get(r["seq"], {}))
         scale = _time_scale(info)
         _unscale_run(reqs.get(r["seq"], []), log, scale)
-        runs.append(Run(
+        (burn_in if r.get("burn_in") else runs).append(Run(
             time_scale=scale,
             run_id=r["run_id"], arm=r["arm"], seq=r["seq"], block=r["block"], host=r.get("host") or "localhost",
             status=r["status"], started=r.get("started"), finished=r.get("finished"),
@@ -801,17 +840,38 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             engine_accept_len=_engine_accept_len(summary), engine_tok_s=_engine_tok_s(summary, scale),
             buffered_requests=int(summary.get("buffered_requests") or 0),
             phase_metrics=phase_files.get(r["seq"]), known_truth=summary.get("known_truth"),
+            known_truth_problems=[str(p) for p in summary.get("known_truth_problems") or []],
             workload=_workload(summary), latency=_latency(summary, scale),
             spec_positions=_spec_positions(summary), server_seq=_int(r.get("server_seq"))))
     argv = e.get("argv") or []
+    arms, runs, det = _deterministic_apart(e["id"], arms, runs, arm_rows)
     scales = sorted({r.time_scale for r in runs})
-    return Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",
-                      baseline=baseline, name=e.get("name") or "", root=p.parent,
-                      target_ci=_percent(_argv_option(argv, "--target-ci")),
-                      max_repeats=int(_argv_option(argv, "--max-repeats") or 0) or None,
-                      meta={"status": e.get("status"), "seed": e.get("seed"), "repeats": e.get("repeats"),
-                            "created": e.get("created"), "finished": e.get("finished"),
-                            "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
-                            "matrix": e.get("matrix"), "time_scales": scales, "design_steps": design_steps,
-                            "run_fingerprints": {r["run_id"]: run_fps[r["seq"]] for r in run_rows
-                                                 if r["seq"] in run_fps}})
+    exp = Experiment(id=e["id"], arms=arms, runs=runs, order=e.get("order_mode") or "interleaved",
+                     baseline=baseline, name=e.get("name") or "", root=p.parent,
+                     target_ci=_percent(_argv_option(argv, "--target-ci")),
+                     max_repeats=int(_argv_option(argv, "--max-repeats") or 0) or None,
+                     meta={"status": e.get("status"), "seed": e.get("seed"), "repeats": e.get("repeats"),
+                           "created": e.get("created"), "finished": e.get("finished"),
+                           "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
+                           "matrix": e.get("matrix"), "time_scales": scales, "design_steps": design_steps,
+                           "run_fingerprints": {r["run_id"]: run_fps[r["seq"]] for r in run_rows
+                                                if r["seq"] in run_fps and not r.get("burn_in")}},
+                     burn_in=burn_in)
+    if det is not None:
+        det.meta, det.root = exp.meta, exp.root
+    exp.deterministic = det
+    return exp
+
+
+def _deterministic_apart(exp_id: str, arms: list[Arm], runs: list[Run], arm_rows: list[dict]
+                         ) -> tuple[list[Arm], list[Run], Experiment | None]:
+    """The measured arms and runs, and the deterministic pass's (arms whose matrix names the arm they check,
+    `deterministic_of`) as an experiment of its own, or None where the experiment has no pass."""
+    det_names = {a.name for a in arms if a.matrix.get(DETERMINISTIC_OF)}
+    if not det_names:
+        return arms, runs, None
+    base_rows = [a["name"] for a in arm_rows if a.get("is_baseline") and a["name"] in det_names]
+    det = Experiment(id=exp_id, arms=[a for a in arms if a.name in det_names],
+                     runs=[r for r in runs if r.arm in det_names],
+                     baseline=base_rows[0] if base_rows else "baseline")
+    return ([a for a in arms if a.name not in det_names], [r for r in runs if r.arm not in det_names], det)

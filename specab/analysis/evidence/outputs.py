@@ -72,17 +72,8 @@ def _records_of_dir(run_dir: Path) -> list[dict[str, Any]]:
 
 def read(exp: Experiment, runs: Iterable[Run]) -> dict[int, dict[int, Output]]:
     """Each run's measured outputs by request index, by the run's seq in ``exp`` (runs with none left out)."""
-    runs = list(runs)
-    sources = exp.meta.get("sources") or {}
-    own = exp.root / "results.sqlite" if exp.root is not None else None
-    by_store: dict[Path, list[tuple[int, int]]] = {}
-    records: dict[int, list[dict[str, Any]]] = {}
-    for r in runs:
-        path, seq = sources.get(r.seq, (own, r.seq))
-        if path is not None and Path(path).is_file():
-            by_store.setdefault(Path(path), []).append((r.seq, seq))
-        elif r.run_dir is not None:
-            records[r.seq] = _records_of_dir(Path(r.run_dir))
+    by_store, elsewhere = exp.stores_of(runs)
+    records = {r.seq: _records_of_dir(Path(r.run_dir)) for r in elsewhere if r.run_dir is not None}
     for path, pairs in by_store.items():
         there = _records_of_store(path, [seq for _, seq in pairs])
         records.update({here: there[seq] for here, seq in pairs})

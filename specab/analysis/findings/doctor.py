@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specab.analysis.cost import economics
+from specab.analysis.cost import instances
 from specab.analysis.measures import phases as phase_analysis
 from specab.analysis.measures import specmodel
 from specab.analysis.measures import truthcheck
@@ -18,6 +19,7 @@ from specab.analysis.measures import workload
 from specab.analysis.evidence.model import REASON_IDLE, Experiment, GpuSample, Run, arm_concurrency, reason_names
 from specab.analysis.measures.stats import ExperimentStats, analyse
 from specab.analysis.measures import validity as validity_analysis
+from specab.analysis.measures import concurrency
 from specab.vocab import contract, engines
 # scipy is imported in the functions that use it: importing scipy.stats takes ~1.3 s, which every start of
 # driver.py paid (status, --help, a run before its first report: 1.8 s -> 0.55 s for --help).
@@ -59,6 +61,7 @@ class DoctorConfig:
     outlier_mads: float = 4.0                   # ... and this many robust sd
     cycle_spread: float = 0.15                  # spec arm: cycle p90/p10 within a run, or run medians, beyond 1 + this
     baseline_steady: float = 0.05               # ... while the baseline's step stays within 1 + this
+    instance_trend_min: float = 0.02            # an arm's instances moving this much with their run order
 
 
 @dataclass
@@ -66,11 +69,18 @@ class Context:
     stats: ExperimentStats
     config: DoctorConfig
     validity: validity_analysis.Validity | None = None     # the output checks, read once when a rule asks
+    truth: truthcheck.TruthReport | None = None               # the known-truth check (None: no known truth) ...
+    truth_read: bool = False                                   # ... read once when a rule asks
 
     def outputs(self, exp: Experiment) -> validity_analysis.Validity:
         if self.validity is None:
             self.validity = validity_analysis.check(exp)
         return self.validity
+
+    def known_truth(self, exp: Experiment) -> truthcheck.TruthReport | None:
+        if not self.truth_read:
+            self.truth, self.truth_read = truthcheck.check(exp), True
+        return self.truth
 
 
 Rule = Callable[[Experiment, Context], list[Finding]]
@@ -590,6 +600,13 @@ def instance_outlier(exp: Experiment, ctx: Context) -> list[Finding]:
     return out
 
 
+def instance_trend(exp: Experiment, ctx: Context) -> list[Finding]:
+    """An arm's instances on a host whose speed follows the order they started in: the first ones low (a freshly
+    started node warming up), or tok/s moving along the run order (specab.analysis.cost.instances.trends)."""
+    return [Finding("instance-trend", "warning", t.message(), t.evidence(), t.arm, t.low or list(t.run_ids))
+            for t in instances.trends(exp, ctx.config.instance_trend_min)]
+
+
 def _cycle_ms(q) -> float | None:
     """A speculative request's mean verify cycle: its decode time (after the first token) over its verify passes.
     The cycle's duration does not depend on how many drafts it accepted, so it is a pure timing quantity."""
@@ -613,6 +630,8 @@ def cycle_time_unstable(exp: Experiment, ctx: Context) -> list[Finding]:
     spread = 1 + ctx.config.cycle_spread
     out = []
     for a in exp.spec_arms:
+        if concurrency.served(exp, a.name) or concurrency.served(exp, exp.baseline_of(a.name)):
+            continue        # its server queued requests: the batch changed size as the queue drained (server-queued)
         base_steps = {r.run_id: [q.tpot_s * 1e3 for q in r.requests if q.ok and not q.warmup and q.tpot_s]
                       for r in exp.runs_of(exp.baseline_of(a.name))}
         base_steps = {k: v for k, v in base_steps.items() if len(v) >= 2}
@@ -735,7 +754,7 @@ def known_truth_mismatch(exp: Experiment, ctx: Context) -> list[Finding]:
     measurement chain (the engine's counters, the client, the store) is broken, so every number of the run is
     suspect. An arm whose settings force or relax acceptance (engines.output_departures) is meant to break the
     truth's exact verification: outputs-not-valid names it, not this rule."""
-    rep = truthcheck.check(exp)
+    rep = ctx.known_truth(exp)
     if rep is None:
         return []
     out = []
@@ -751,6 +770,22 @@ def known_truth_mismatch(exp: Experiment, ctx: Context) -> list[Finding]:
                            f"Check which engine build served the run and the client's per-request counters before "
                            f"trusting any number of these runs.", evidence, arm, [r.run_id for r in runs]))
     return out
+
+
+def known_truth_unchecked(exp: Experiment, ctx: Context) -> list[Finding]:
+    """Runs of known-truth models whose check could not run: a known_truth.json the client could not use, a
+    speculative run whose draft has no truth, a pooled store that is gone. Each finding names the file, so a
+    known-truth experiment never loses its check in silence."""
+    rep = ctx.known_truth(exp)
+    if rep is None:
+        return []
+    return [Finding("known-truth-unchecked", "warning",
+                    f"{len(u.runs)} run(s) of known-truth models were not checked against the exact truth: "
+                    f"{u.reason}. Their numbers stand without that check until the file named is restored or fixed "
+                    f"(a model's known_truth.json: then the runs run again).",
+                    [f"{rid}: {u.reason}" for rid in u.runs][:8],
+                    u.arms[0] if len(u.arms) == 1 else None, u.runs)
+            for u in rep.unchecked]
 
 
 def forced_continuation(exp: Experiment, ctx: Context) -> list[Finding]:
@@ -781,6 +816,33 @@ def forced_continuation(exp: Experiment, ctx: Context) -> list[Finding]:
                f"output tokens {min(toks)}-{max(toks)}" if toks else
                f"finish reason length on {length} of {len(reqs)} measured requests (the engine's own)"],
             arm.name, [r.run_id for r in runs]))
+    return out
+
+
+def server_queued(exp: Experiment, ctx: Context) -> list[Finding]:
+    """An arm whose server ran fewer requests at once than were in flight, by its own log (SGLang's `#running-req`
+    and `#queue-req`, vLLM's `Running` and `Waiting`): the rest waited in its queue (its cap, e.g.
+    max_running_requests, below bench.concurrency, asked with bench.allow_queueing). Its requests' times include
+    that wait and its batch changed size as the queue drained: the per-user speed is at the server's running
+    count, not at the requests in flight, and the variation is the queue's, not the host's CPU."""
+    out = []
+    for a in exp.arms:
+        ran = concurrency.served(exp, a.name)
+        if ran is None:
+            continue
+        running, queued = ran
+        asked = arm_concurrency(exp, a.name)
+        runs = [r for r in exp.runs_of(a.name) if r.log is not None and r.log.queued_max]
+        out.append(Finding(
+            "server-queued", "warning",
+            f"{a.name}: {asked} requests were in flight but its server ran at most {running} at once and held up to "
+            f"{queued} in its queue (its own log): each request's time includes its wait in the queue, and the batch "
+            f"changed size as the queue drained. Its tok/s is per user at {running} running with a queue, not at "
+            f"{asked} in flight; the spread between its requests is the queue's, not the host's CPU. Raise the "
+            f"server's cap of running requests (server_args.max_running_requests / max_num_seqs) to {asked}, or "
+            f"lower bench.concurrency to {running}.",
+            [f"{r.run_id}: at most {r.log.running_max} running, {r.log.queued_max} queued" for r in runs],
+            a.name, [r.run_id for r in runs]))
     return out
 
 
@@ -829,9 +891,36 @@ def outputs_not_valid(exp: Experiment, ctx: Context) -> list[Finding]:
     return out
 
 
+def deterministic_pass_differs(exp: Experiment, ctx: Context) -> list[Finding]:
+    """The deterministic pass (--correctness) of a speculative arm whose outputs differ from its baseline's in the
+    engine's deterministic mode, where neither the batch nor speculation may change a greedy output: an engine bug.
+    Names the arm, the mode and the first differing request."""
+    out = []
+    for d in ctx.outputs(exp).bugs():
+        first = d.first
+        if first is None:       # (a BUG has a differing request)
+            continue
+        mode = d.mode or "the engine's deterministic mode"
+        out.append(Finding(
+            "deterministic-pass-differs", "error",
+            f"{d.arm}: with {mode} its outputs differ from its baseline's on {d.compared - d.identical}/{d.compared} "
+            f"requests of the deterministic pass, the first at request {first.i} after {first.agreed} agreeing "
+            f"{d.unit} ({d.det_arm} vs {d.det_baseline}). In this mode a greedy output depends neither on its batch "
+            f"nor on speculation, so this is an engine bug, not numerics: the arm's speedup is not the same work "
+            f"done faster. Report it to the engine with the two runs' outputs of request {first.i} (their bench.jsonl).",
+            [f"request {q.i}: agrees with the baseline on its first {q.agreed} of {q.tokens} {d.unit}"
+             for q in sorted(d.requests, key=lambda q: (q.agreed, q.i)) if not q.identical][:3]
+            + [f"identical on {d.identical}/{d.compared} requests"],
+            d.arm, d.runs))
+    return out
+
+
 RULES: dict[str, Rule] = {
     "outputs-not-valid": outputs_not_valid,
+    "server-queued": server_queued,
+    "deterministic-pass-differs": deterministic_pass_differs,
     "known-truth-mismatch": known_truth_mismatch,
+    "known-truth-unchecked": known_truth_unchecked,
     "verify-without-cuda-graph": verify_without_cuda_graph,
     "env-not-confirmed": env_not_confirmed,
     "nccl-untuned-baseline-slow": nccl_missing_baseline_slow,
@@ -843,6 +932,7 @@ RULES: dict[str, Rule] = {
     "client-bottleneck": client_bottleneck,
     "bursty-delivery": bursty_delivery,
     "instance-outlier": instance_outlier,
+    "instance-trend": instance_trend,
     "cycle-time-unstable": cycle_time_unstable,
     "dominant-phase": dominant_phase,
     "phase-accounting": phase_accounting,

@@ -2,8 +2,8 @@
 
 A speculative verdict depends on how many requests share the batch: a batched verify pass checks every request's
 drafts at once and grows much faster with the batch than a decode step does (known-truth models on the H200,
-docs/validation/known-truth.md: EAGLE-3 s3 2.02x per user at 1 in flight, 0.76x at 32; in throughput 0.91x from 16
-in flight, at an unchanged accept length). An experiment that ran
+docs/validation/known-truth.md, pooled over three leases: EAGLE-3 s3 x2.02 per user at 1 in flight, x1.49 at 8,
+x0.98 at 32; in throughput x0.87 from 16 in flight, at an unchanged accept length). An experiment that ran
 at several loads (`--matrix ... concurrency=1,8,32`: each load its own arms and its own baseline) is read here
 per configuration ("family": the arms that differ only in their load) and per load.
 
@@ -86,6 +86,27 @@ class LoadPoint:
                 "arm_tok_s": self.arm_tok_s, "baseline_tok_s": self.baseline_tok_s,
                 "arm_throughput": self.arm_throughput, "baseline_throughput": self.baseline_throughput,
                 "tau": self.tau, "tau_star": self.tau_star, "latency": self.latency}
+
+
+def served(exp: Experiment, arm: str) -> tuple[int, int] | None:
+    """(most requests running at once, most queued) over the arm's runs by the server's own log, where its server
+    queued requests while fewer than the requests in flight ran (the load asked was not the load run); else None."""
+    logs = [r.log for r in exp.runs_of(arm) if r.log is not None and r.log.running_max is not None]
+    running = max((lg.running_max or 0 for lg in logs), default=0)
+    queued = max((lg.queued_max or 0 for lg in logs), default=0)
+    if not logs or not queued or running >= arm_concurrency(exp, arm):
+        return None
+    return running, queued
+
+
+def arm_load_label(exp: Experiment, arm: str) -> str:
+    """The load an arm's runs ran at: the requests in flight asked (and rate), and, where its server queued
+    requests, what the server ran (`served`)."""
+    label = load_label(arm_concurrency(exp, arm), arm_rate(exp, arm))
+    ran = served(exp, arm)
+    if ran is None:
+        return label
+    return f"{label}, of which the server ran at most {ran[0]} at once and queued up to {ran[1]} (its own log)"
 
 
 @dataclass

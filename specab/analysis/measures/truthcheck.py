@@ -21,6 +21,7 @@ from typing import Any
 from specab.analysis.evidence.model import Experiment, Run
 from specab.analysis.measures.specmodel import SpecModelError, chain_alpha, conditional_rates
 from specab.knowntruth import truth as kt
+from specab.vocab import engines
 from specab.vocab.engines import speculative_view
 
 
@@ -84,11 +85,23 @@ class ArmCheck:
 
 
 @dataclass
+class Unchecked:
+    """Runs of known-truth models that could not be checked, and why (naming the file that stopped it)."""
+    runs: list[str]
+    arms: list[str]
+    reason: str
+
+
+@dataclass
 class TruthReport:
     runs: list[RunCheck] = field(default_factory=list)
     arms: list[ArmCheck] = field(default_factory=list)
     # per draft: steps -> true accept length (tokens / cycles) over the measured requests' prompts
     true_tau_by_steps: dict[str, dict[int, float]] = field(default_factory=dict)
+    # arms left out: their settings force or relax acceptance (engines.output_departures), which the truth (exact
+    # verification) does not model; arm -> why
+    skipped: dict[str, str] = field(default_factory=dict)
+    unchecked: list[Unchecked] = field(default_factory=list)
 
     @property
     def problems(self) -> list[tuple[RunCheck, str]]:
@@ -96,7 +109,8 @@ class TruthReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"runs": [dict(asdict(r), exact=r.exact) for r in self.runs], "arms": [asdict(a) for a in self.arms],
-                "true_tau_by_steps": self.true_tau_by_steps}
+                "true_tau_by_steps": self.true_tau_by_steps, "skipped": self.skipped,
+                "unchecked": [asdict(u) for u in self.unchecked]}
 
 
 def _draft_truth(summary: dict[str, Any], where: str) -> tuple[kt.Rule, kt.DraftTruth | None]:
@@ -180,22 +194,44 @@ def _padded(recorded: Any, steps: int) -> list[int] | None:
     return [int(x) for x in recorded] + [0] * (steps - len(recorded))
 
 
+def _unchecked_reason(run: Run) -> str | None:
+    """Why a run of known-truth models cannot be checked from its summary alone: what the client could not use (its
+    known_truth_problems), or a speculative run recorded without its draft's truth; None when it can be."""
+    if run.known_truth_problems:
+        return "; ".join(run.known_truth_problems)
+    view = speculative_view(run.server_args)
+    if view.algorithm and not (run.known_truth or {}).get("draft"):
+        where = f"{Path(view.draft_model) / kt.FILE}" if view.draft_model else f"{view.algorithm} (no draft model)"
+        return f"{where}: not recorded: the run speculates, but its draft has no truth, so its cycles are not checked"
+    return None
+
+
 def check(exp: Experiment) -> TruthReport | None:
-    """The known-truth check of every ok run whose summary carries known truth; None when none does."""
+    """The known-truth check of every ok run whose summary carries known truth; None when no run's does or names a
+    problem with it. A run that cannot be checked (an unusable known_truth.json, a draft without truth, a pooled
+    store that is gone) is listed in ``unchecked`` with the file that stopped it, never dropped in silence."""
     from specab.results.store import Store
-    runs = [r for r in exp.runs if r.ok and r.known_truth]
+    skipped = {}
+    for a in exp.arms:
+        departs = engines.output_departures(a.server_args, a.env)
+        if departs:
+            skipped[a.name] = "; ".join(departs)
+    runs = [r for r in exp.runs if r.ok and (r.known_truth or r.known_truth_problems) and r.arm not in skipped]
     if not runs:
         return None
-    # each run's request rows from its own store: a pooled experiment's (specab/analysis/evidence/combine.py) come from
-    # several, under the seq each had there
-    sources = exp.meta.get("sources") or {}
-    own = exp.root / "results.sqlite" if exp.root is not None else None
-    by_store: dict[Path, list[tuple[int, int]]] = {}
+    rep = TruthReport(skipped={a: why for a, why in skipped.items() if any(r.arm == a for r in exp.runs)})
+    why: dict[str, list[Run]] = {}
     for r in runs:
-        path, seq = sources.get(r.seq, (own, r.seq))
-        if path is None or not Path(path).is_file():
-            return None
-        by_store.setdefault(Path(path), []).append((r.seq, seq))
+        reason = _unchecked_reason(r)
+        if reason is not None:
+            why.setdefault(reason, []).append(r)
+    # each run's request rows from its own store (a pooled experiment's come from several)
+    by_store, gone = exp.stores_of(r for r in runs if r.known_truth and not r.known_truth_problems)
+    sources = exp.meta.get("sources") or {}
+    for r in gone:
+        path = sources.get(r.seq, (exp.root / "results.sqlite" if exp.root is not None else None, r.seq))[0]
+        why.setdefault(f"{path or 'the experiment'}: the store these runs were read from is missing: their "
+                       f"requests cannot be checked against the truth", []).append(r)
     rows: dict[int, list[dict[str, Any]]] = {}
     for path, seqs in by_store.items():
         store = Store.open(path)
@@ -203,10 +239,16 @@ def check(exp: Experiment) -> TruthReport | None:
             rows.update({seq: store.requests(there) for seq, there in seqs})
         finally:
             store.close()
-    rep = TruthReport()
+    rep.unchecked = [Unchecked([r.run_id for r in rs], list(dict.fromkeys(r.arm for r in rs)), reason)
+                     for reason, rs in why.items()]
+    runs = [r for r in runs if r.seq in rows and _unchecked_reason(r) is None]
     drafts: dict[str, tuple[kt.DraftTruth, list[tuple[int, int]]]] = {}
     for run in runs:
-        rc, draft = _check_run(run, {"known_truth": run.known_truth}, rows[run.seq])
+        try:
+            rc, draft = _check_run(run, {"known_truth": run.known_truth}, rows[run.seq])
+        except kt.KnownTruthError as exc:
+            rep.unchecked.append(Unchecked([run.run_id], [run.arm], f"bench_summary.json of run {exc}"))
+            continue
         rep.runs.append(rc)
         if draft is not None and rc.draft:
             reqs = drafts.setdefault(rc.draft, (draft, []))[1]

@@ -19,6 +19,10 @@ rejection sampling) runs fast and generates other text. Per speculative arm, aga
 
 At temperature > 0 outputs differ by design and greedy parity does not apply; lengths, endings and loops still do.
 An arm declared ``cost_only`` is checked the same way and never gets a speedup claim. docs/analysis.md has the rules.
+
+The deterministic pass (``driver.py run --correctness``, ``Experiment.deterministic``): each speculative arm and its
+baseline ran once more in the engine's deterministic mode, where a greedy output depends neither on the batch nor on
+speculation, so the pass is judged with ``greedy_min_match`` 1: any difference is an engine bug, not numerics.
 """
 from __future__ import annotations
 
@@ -32,10 +36,12 @@ from scipy import stats as sps
 from specab.analysis.evidence import outputs as outs
 from specab.analysis.evidence.model import Experiment, Run
 from specab.config.validity import DEFAULTS
+from specab.vocab import engines
 
 KEYS = tuple(DEFAULTS)
 
 VALID, NOT_VALID, UNCHECKED = "valid", "NOT VALID", "unchecked"
+IDENTICAL, BUG = "identical", "BUG"         # the deterministic pass of an arm
 
 
 @dataclass(frozen=True)
@@ -99,17 +105,50 @@ class ArmValidity:
 
 
 @dataclass
+class DeterministicPass:
+    """A speculative arm's deterministic pass: its outputs against its baseline's, both in the engine's deterministic
+    mode (the pass's own arms, ``<arm>-det``), any difference a bug."""
+    arm: str                    # the measured arm it checks
+    det_arm: str
+    det_baseline: str
+    mode: str | None            # the mode in the engine's words (--enable-deterministic-inference, ...)
+    status: str                 # IDENTICAL | BUG | UNCHECKED
+    line: str                   # the verdict's deterministic part, in words
+    compared: int = 0
+    identical: int = 0
+    unit: str = "tokens"
+    requests: list[RequestParity] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)           # the pass's runs of the arm and of its baseline
+    gpu_seconds: float | None = None                        # what those runs cost
+
+    @property
+    def first(self) -> RequestParity | None:
+        """The differing request whose difference comes first (None: every compared request is identical)."""
+        return min((q for q in self.requests if not q.identical), key=lambda q: (q.agreed, q.i), default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["requests"] = [asdict(q) for q in self.requests]
+        return d
+
+
+@dataclass
 class Validity:
     rules: Rules
     arms: dict[str, ArmValidity] = field(default_factory=dict)
     baseline_self: dict[str, tuple[int, int]] = field(default_factory=dict)   # baseline: (identical, compared)
+    deterministic: dict[str, DeterministicPass] = field(default_factory=dict)   # measured arm: its pass
 
     def invalid(self) -> list[ArmValidity]:
         return [a for a in self.arms.values() if a.status == NOT_VALID]
 
+    def bugs(self) -> list[DeterministicPass]:
+        return [d for d in self.deterministic.values() if d.status == BUG]
+
     def to_dict(self) -> dict[str, Any]:
         return {"rules": asdict(self.rules), "arms": {k: v.to_dict() for k, v in self.arms.items()},
-                "baseline_self": {k: {"identical": v[0], "compared": v[1]} for k, v in self.baseline_self.items()}}
+                "baseline_self": {k: {"identical": v[0], "compared": v[1]} for k, v in self.baseline_self.items()},
+                "deterministic": {k: v.to_dict() for k, v in self.deterministic.items()}}
 
 
 # --------------------------------------------------------------------------- the measures
@@ -298,18 +337,63 @@ def check(exp: Experiment) -> Validity:
             same, n = _baseline_self(exp, base, got)
             if n:
                 v.baseline_self[base] = (same, n)
+    v.deterministic = check_deterministic(exp)
     return v
 
 
-def verdict(speedup_text: str, v: ArmValidity | None) -> str:
-    """One arm's verdict with both parts: '1.52x (95 % CI ...), outputs identical ...' / '... NOT VALID: ...'."""
+# --------------------------------------------------------------------------- the deterministic pass
+
+def _det_line(d: DeterministicPass) -> str:
+    if d.status == BUG and d.first is not None:
+        return (f"BUG: differs in deterministic mode on {d.compared - d.identical}/{d.compared} requests from "
+                f"{d.unit[:-1]} {d.first.agreed}")
+    return f"deterministic pass: identical on {d.identical}/{d.compared} requests"
+
+
+def _det_pass(det: Experiment, arm: str, got: dict[int, dict[int, outs.Output]]) -> DeterministicPass:
+    base = det.baseline_of(arm)
+    a = det.arm(arm)
+    runs = det.runs_of(arm, ok_only=False) + det.runs_of(base, ok_only=False)
+    cost = [r.gpu_seconds for r in runs if r.gpu_seconds is not None]
+    d = DeterministicPass(arm=str(a.matrix.get("deterministic_of") or arm), det_arm=arm, det_baseline=base,
+                          mode=engines.deterministic_mode_of(a.server_args, a.env), status=UNCHECKED, line="",
+                          runs=[r.run_id for r in runs], gpu_seconds=sum(cost) if cost else None)
+    v = check_arm(det, arm, base, got, Rules(greedy_min_match=1.0))
+    if not v.requests:
+        failed = [f"{r.run_id} {r.status}" for r in runs if not r.ok]
+        why = v.line[len("outputs not checked ("):-1] if v.line.startswith("outputs not checked (") else v.line
+        d.line = f"deterministic pass: not checked ({'; '.join(failed) or why})"
+        return d
+    d.compared, d.identical, d.unit, d.requests = v.compared, v.identical, v.unit, v.requests
+    d.status = IDENTICAL if v.identical == v.compared else BUG
+    d.line = _det_line(d)
+    return d
+
+
+def check_deterministic(exp: Experiment) -> dict[str, DeterministicPass]:
+    """Each speculative arm's deterministic pass (--correctness), by the measured arm it checks; empty without one."""
+    det = exp.deterministic
+    if det is None:
+        return {}
+    got = outs.read(det, [r for r in det.runs if r.ok])
+    out = {}
+    for a in det.spec_arms:
+        d = _det_pass(det, a.name, got)
+        out[d.arm] = d
+    return out
+
+
+def verdict(speedup_text: str, v: ArmValidity | None, det: DeterministicPass | None = None) -> str:
+    """One arm's verdict with both parts: '1.52x (95 % CI ...), outputs identical ...' / '... NOT VALID: ...', and
+    with a deterministic pass its outcome: '...; deterministic pass: identical on 4/4 requests' / '...; BUG: ...'."""
+    tail = f"; {det.line}" if det is not None else ""
     if v is None:
-        return speedup_text
+        return speedup_text + tail
     if v.cost_only:
-        return f"cost only (declared: its outputs are not the target's), no speedup claim; {v.line}"
+        return f"cost only (declared: its outputs are not the target's), no speedup claim; {v.line}{tail}"
     if v.status == NOT_VALID:
-        return f"{speedup_text} -- {v.line}"
-    return f"{speedup_text}, {v.line}"
+        return f"{speedup_text} -- {v.line}{tail}"
+    return f"{speedup_text}, {v.line}{tail}"
 
 
 def cell(v: ArmValidity | None) -> str:

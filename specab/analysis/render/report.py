@@ -13,16 +13,18 @@ import html
 import io
 import json
 import math
+import os
 import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, Collection, Sequence, TextIO
 
 from specab.analysis.evidence import combine
 from specab.analysis.measures import concurrency
 from specab.analysis.findings import doctor
 from specab.analysis.cost import economics
+from specab.analysis.cost import instances
 from specab.analysis.measures import phases
 from specab.analysis.measures import positions
 from specab.analysis.measures import specmodel
@@ -194,12 +196,16 @@ def _legend_outside(ax, **kw: Any) -> None:
 
 
 def _model_for(exp: Experiment, st: stats.ExperimentStats, baseline: str,
-               target_tok_s: float | None = None) -> specmodel.ModelResult | None:
+               target_tok_s: float | None = None, skip: Collection[str] = ()) -> specmodel.ModelResult | None:
+    """The spec model over the speculative arms compared with ``baseline``; ``skip``: arms whose accept length is
+    not their draft's (outputs not valid: a forced acceptance's tau would distort alpha)."""
     base = st.arms[baseline].tok_s_run.median
     arms = []
     measured = {p.arm: p for p in positions.table(exp) if not p.runs_without}
     for a in exp.spec_arms:
         s = st.arms[a.name]
+        if a.name in skip:
+            continue
         if exp.baseline_of(a.name) == baseline and a.steps and s.tok_s_run.median and s.accept_len.mean:
             rates = tuple(measured[a.name].pooled.chain_rates()[:a.steps]) if a.name in measured else ()
             arms.append(specmodel.SpecArm(a.steps, s.tok_s_run.median, s.accept_len.mean, a.name, rates))
@@ -534,6 +540,13 @@ STEPS_KEYS = ("speculative_num_steps", "speculative_num_draft_tokens", "speculat
 def _known_truth_blocks(rep: Report, exp: Experiment, truth: truthcheck.TruthReport,
                         model: specmodel.ModelResult | None) -> None:
     """The measurement against the exact truth of known-truth models (specab.knowntruth)."""
+    unchecked = ("" if not truth.unchecked else
+                 f" Not checked: {sum(len(u.runs) for u in truth.unchecked)} run(s) "
+                 f"({'; '.join(u.reason for u in truth.unchecked)}): the doctor's known-truth-unchecked names them.")
+    if not truth.runs:
+        rep.add(Heading("Known truth"), Para("The served models are known-truth models, but no run could be checked "
+                                             "against the truth." + unchecked))
+        return
     bad = truth.problems
     spec_runs = [r for r in truth.runs if r.steps]
     reqs = [q for r in spec_runs for q in r.requests]
@@ -545,7 +558,9 @@ def _known_truth_blocks(rep: Report, exp: Experiment, truth: truthcheck.TruthRep
                  f"(the chain rule over the draft's agreement set). Cycle counts equal to the truth on {exact} of "
                  f"{len(reqs)} speculative requests; greedy output follows the rule on every token in {follows} of "
                  f"{total} requests. " + ("Every measurement agrees with the truth." if not bad else
-                                          f"{len(bad)} disagreement(s): the doctor's known-truth-mismatch names them.")))
+                                          f"{len(bad)} disagreement(s): the doctor's known-truth-mismatch names them.")
+                 + "".join(f" {a} is not checked against the truth: {why}, which exact verification's truth does not "
+                           f"model." for a, why in truth.skipped.items()) + unchecked))
     rows = []
     for r in spec_runs:
         counted = [q for q in r.requests if q.measured_cycles is not None]
@@ -633,7 +648,8 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     val = validity.check(exp)
     findings = doctor.diagnose(exp, st, config, validity=val)
     rep = Report(title=f"specab report: {exp.id}")
-    model = _model_for(exp, st, exp.baseline, target_tok_s)
+    invalid = {v.arm for v in val.invalid()}        # their tau is not their draft's: left out of the model
+    model = _model_for(exp, st, exp.baseline, target_tok_s, invalid)
 
     # summary: what was measured, then the verdicts
     rep.summary.append(f"Workload: {workload.label(exp)}.")
@@ -643,8 +659,10 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         sp = st.speedups[a.name]
         conc, rate = arm_concurrency(exp, a.name), arm_rate(exp, a.name)
         speed = f"{sp.verdict} over {len(sp.ratios)} paired block(s)" + (
-            f", per user at {load_label(conc, rate)}" if loads.several_loads or conc > 1 or rate else "")
-        verdicts[a.name] = f"{a.name} vs {sp.baseline}: {validity.verdict(speed, val.arms.get(a.name))}."
+            f", per user at {concurrency.arm_load_label(exp, a.name)}" if loads.several_loads or conc > 1 or rate
+            else "")
+        verdicts[a.name] = (f"{a.name} vs {sp.baseline}: "
+                            f"{validity.verdict(speed, val.arms.get(a.name), val.deterministic.get(a.name))}.")
         rep.summary.append(verdicts[a.name])
     if loads.several_loads:     # the verdict at each load, per configuration
         rep.summary.extend(f"Per load: {f.verdict()}" for f in loads.families if len(f.points) > 1)
@@ -723,14 +741,18 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         v = val.arms.get(a.name)
         rows.append([a.name, sp.baseline, str(len(sp.ratios)), _f(sp.estimate, ".3f"), ci,
                      "-" if not sp.ci or not math.isfinite(sp.ci.lo) else f"+-{sp.ci.half_width_rel * 100:.1f}%",
-                     sp.verdict if v is None or v.status != validity.NOT_VALID else
-                     ("cost only: no claim" if v.cost_only else f"{sp.verdict} -- NOT VALID (outputs)")])
+                     (sp.verdict if v is None or v.status != validity.NOT_VALID else
+                      ("cost only: no claim" if v.cost_only else f"{sp.verdict} -- NOT VALID (outputs)"))
+                     + (" -- BUG (deterministic pass)" if a.name in {d.arm for d in val.bugs()} else "")])
     rep.add(Heading("Speedup (paired within blocks)"),
             Table(["arm", "baseline", "blocks", "speedup", "95% CI", "half-width", "verdict"], rows))
     _validity_blocks(rep, val)
     if st.host_speedups:
         rep.add(Heading("Speedup per host", 3), *_host_blocks(exp, st))
     per_pos = _position_blocks(rep, exp)
+    spread = instances.analyse(exp)
+    rep.add(Heading("Instance spread"), Para(instances.INTRO), Table(instances.InstanceReport.HEADER, spread.rows()),
+            *[Para(n) for n in spread.notes()])
 
     if loads.several_loads:
         _load_blocks(rep, loads, plots)
@@ -739,7 +761,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     models = {exp.baseline: model}
     for b in exp.baselines:
         if b != exp.baseline and b in st.arms:
-            models[b] = _model_for(exp, st, b, target_tok_s)
+            models[b] = _model_for(exp, st, b, target_tok_s, invalid)
     several = len([m for m in models.values() if m]) > 1
     for b, m in models.items():
         if m is None and (several or b != exp.baseline):
@@ -747,6 +769,10 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
         at = f" ({load_label(arm_concurrency(exp, b), arm_rate(exp, b))})" if loads.several_loads else ""
         rep.add(Heading(f"Speculative-decoding model vs {b}{at}" if several else "Speculative-decoding model"))
         _model_blocks(rep, m)
+        left = sorted(a for a in invalid if exp.baseline_of(a) == b)
+        if left:
+            rep.add(Para(f"Left out of the model: {', '.join(left)} (outputs not valid: an accept length that is not "
+                         f"the draft's would distort alpha)."))
 
     # per-phase breakdown (measured)
     ph = phases.analyse_phases(exp)
@@ -815,7 +841,10 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     rep.add(Heading("Verdict cost"), Para(" ".join(cost)))
     if spent.per_arm:
         rep.add(Table(["arm", "restarts", "GPU-minutes"],
-                      [[a, str(spent.restarts_per_arm[a]), f"{g / 60:.1f}"] for a, g in spent.per_arm.items()]))
+                      [[a, str(spent.restarts_per_arm[a]), f"{g / 60:.1f}"] for a, g in spent.per_arm.items()]
+                      + ([["burn-in (not analysed)", str(spent.burn_in_runs), f"{spent.burn_in / 60:.1f}"]]
+                         if spent.burn_in_runs else [])
+                      + _pass_cost_row(exp)))
     steps = exp.meta.get("design_steps") or []
     if steps:           # --target-ci: what the design decided after each block, and why
         rep.add(Para("The design's decisions (--target-ci): after each block, another block or not, with how many "
@@ -832,7 +861,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                 "findings": [f.to_dict() for f in findings], "summary": rep.summary, "cost": spent.to_dict(),
                 "known_truth": truth.to_dict() if truth is not None else None,
                 "validity": val.to_dict(), "verdicts": verdicts,
-                "loads": loads.to_dict(),
+                "loads": loads.to_dict(), "instances": spread.to_dict(),
                 "workload": {"label": workload.label(exp), "ignore_eos": workload.ignore_eos(exp),
                              "lengths": {r.arm: r.to_dict() for r in lengths},
                              "categories": {a: [r.to_dict() for r in rows] for a, rows in cats.items()}}}
@@ -968,6 +997,38 @@ def _validity_blocks(rep: Report, val: validity.Validity) -> None:
                        + ("" if same == n else " (the engine is not deterministic across restarts: judge the arms' "
                                                "differences against this floor)")
                        for b, (same, n) in val.baseline_self.items()]))
+    _deterministic_blocks(rep, val)
+
+
+def _pass_cost_row(exp: Experiment) -> list[list[str]]:
+    """The verdict cost's row of the deterministic pass (--correctness): its runs and what they held of the GPUs."""
+    runs = exp.deterministic.runs if exp.deterministic is not None else []
+    if not runs:
+        return []
+    gpu_s = sum(r.gpu_seconds or 0.0 for r in runs)
+    return [["deterministic pass (not measured)", str(len(runs)), f"{gpu_s / 60:.1f}"]]
+
+
+def _deterministic_blocks(rep: Report, val: validity.Validity) -> None:
+    """The part "Deterministic pass" of Output validity (driver.py run --correctness): each speculative arm and its
+    baseline once more in the engine's deterministic mode, after the measured blocks, any difference a bug."""
+    if not val.deterministic:
+        return
+    rows = []
+    for d in val.deterministic.values():
+        first = d.first
+        rows.append([d.arm, f"{d.det_arm} vs {d.det_baseline}", d.mode or "-",
+                     f"{d.identical}/{d.compared}" if d.requests else "-",
+                     f"request {first.i}, {d.unit[:-1]} {first.agreed}" if first is not None else "-",
+                     "-" if d.gpu_seconds is None else f"{d.gpu_seconds / 60:.1f}", d.status])
+    rep.add(Heading("Deterministic pass", 3),
+            Para("After the measured blocks, each speculative arm and its baseline ran once more in the engine's "
+                 "deterministic (batch-invariant) mode, where a request's greedy output depends neither on its "
+                 "batch nor on speculation: any difference is an engine bug, not numerics (judged with "
+                 "greedy_min_match 1). These runs are not measured: they are in no speedup, interval or fit."),
+            Table(["arm", "deterministic runs", "mode", "identical", "first difference", "GPU-minutes", "outcome"],
+                  rows),
+            Bullets([f"{d.arm}: {d.line}" for d in val.deterministic.values()]))
 
 
 def _workload_blocks(rep: Report, exp: Experiment
@@ -1000,15 +1061,21 @@ def _workload_blocks(rep: Report, exp: Experiment
 def _write(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None,
            pooled: list[Path] | None = None) -> tuple[dict[str, str], Report]:
     """The report of the experiment in ``exp_dir``, or with ``pooled`` (the experiments' directories, the first
-    naming it) the report of their stores as one, written into ``exp_dir``."""
+    naming it) the report of their stores as one, written into ``exp_dir``; one experiment's store elsewhere (its
+    directory on read-only media) is ``pooled`` of one."""
     with gc_paused():       # a 1,000-run experiment: ~0.7 s of cyclic-GC passes over objects that hold no cycles
-        return _write_unpaused(exp_dir, config, target_tok_s, combine.combine(pooled) if pooled else None)
+        exp = None if not pooled else load_store(pooled[0]) if len(pooled) == 1 else combine.combine(pooled)
+        return _write_unpaused(exp_dir, config, target_tok_s, exp)
 
 
 def _write_unpaused(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None,
                     exp: Experiment | None = None) -> tuple[dict[str, str], Report]:
     exp = exp or load_store(exp_dir)
     rep = build_report(exp, config=config, target_tok_s=target_tok_s)
+    if exp.meta.get("status") == "running":     # the store's own word (a driver that died without one leaves it so)
+        done = sum(1 for r in exp.runs if r.status != "running")
+        rep.summary.insert(0, f"The experiment is still running (its store's status): this report covers the {done} "
+                              f"run(s) finished so far.")
     exp_dir.mkdir(parents=True, exist_ok=True)
     img_dir = exp_dir / "report"
     img_dir.mkdir(exist_ok=True)
@@ -1053,10 +1120,14 @@ def cmd_report(ns: argparse.Namespace, out: TextIO | None = None) -> int:
         print("specab report: --with pools several experiments into one report; give --out DIR for it (the "
               "experiments' own reports stay as they are).", file=out)
         return 2
+    if ns.out is None and not os.access(exp_dir, os.W_OK):
+        print(f"specab report: {exp_dir} cannot be written (read-only media?): the report reads the store there as "
+              f"it is; give --out DIR for the report files.", file=out)
+        return 2
     cfg = doctor.DoctorConfig(usual_baseline_tok_s=ns.usual_baseline_tok_s)
     try:
-        paths, rep = _quiet_write(Path(ns.out) if len(pooled) > 1 else exp_dir, cfg, ns.target_tok_s,
-                                  pooled if len(pooled) > 1 else None)
+        paths, rep = _quiet_write(Path(ns.out) if ns.out else exp_dir, cfg, ns.target_tok_s,
+                                  pooled if ns.out else None)
     except AnalysisError as e:
         print(f"specab report: {e}", file=out)
         return 2
@@ -1076,7 +1147,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--with", dest="with_", action="append", metavar="EXPERIMENT",
                    help="pool this experiment's blocks with the first's into one report (repeatable; the arms two "
                         "stores share must be the same by content); needs --out")
-    p.add_argument("--out", metavar="DIR", help="where the pooled report is written (with --with)")
+    p.add_argument("--out", metavar="DIR", help="where the report is written (default: the experiment's directory; "
+                                                "needed with --with, and for a store on read-only media)")
     p.set_defaults(func=cmd_report)
     return p
 
