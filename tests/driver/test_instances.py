@@ -141,3 +141,40 @@ def test_the_store_keeps_the_plans_instances_and_the_server_each_run_measured_on
         s.start_run(seq=r.seq, run_id=r.run_id, arm=r.arm, block=1, host="h", run_dir="d", runner_ident="i")
         s.finish_run(r.seq, status=st.OK, gpus=1, server_seq=plan[0].seq)
     assert [r["server_seq"] for r in s.runs()] == [1, 1]
+
+
+def test_plan_shows_each_runs_instance_and_the_gpu_minutes_saved(write, tmp_path, monkeypatch):
+    """`driver.py plan` with one server per instance: the table's instance column (`<first seq>.<position>`) and the
+    starts saved at the simulated node's run cost (the profile's load and a stop, per continued run); touches no
+    node."""
+    import io
+    import json
+
+    from specab.analysis.cost import economics
+    from specab.driver import design_inputs
+    from specab.driver.cli import main
+    from tests.driver.test_cli_plan import INVENTORY
+    monkeypatch.chdir(tmp_path)
+    inv = write("inv.yml", INVENTORY.replace("NODEDIR", str(tmp_path / "node")))
+    exp = write("e.yml", EXPERIMENT)
+    out = io.StringIO()
+    assert main(["plan", "-e", str(exp), "-i", str(inv), "--matrix", LOADS[0], "--repeats", "2", "--runs-dir",
+                 str(tmp_path / "runs")], out=out) == 0
+    text = out.getvalue()
+    prepared = prepare(Options(experiment_file=str(exp), inventory_file=str(inv), matrix=LOADS, repeats=2))
+    cost = design_inputs.design_inputs(prepared.experiment, prepared.arms, prepared.inventory.hosts[0],
+                                       tmp_path / "runs", "fp").cost
+    saved = economics.instance_saving_s(cost, 8) / 60
+    assert saved == pytest.approx(8 * (cost.load_s + economics.DEFAULT_STOP_S) * 2 / 60)      # TP 2: two GPUs
+    assert (f"one server per instance: 4 instances, 8 of 12 runs continue their instance's server (8 server starts "
+            f"saved): {saved:.1f} GPU-minutes saved") in text, text
+    rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit() and "-c" in line]
+    assert [r[2] for r in rows] == [f"{r.instance}.{r.instance_pos}" for r in prepared.plan]
+    out = io.StringIO()
+    main(["plan", "-e", str(exp), "-i", str(inv), "--matrix", LOADS[0], "--repeats", "2", "--format", "json",
+          "--runs-dir", str(tmp_path / "runs")], out=out)
+    data = json.loads(out.getvalue())
+    assert [(r["instance"], r["instance_pos"]) for r in data["plan"]] == \
+        [(r.instance, r.instance_pos) for r in prepared.plan]
+    assert data["instances"] and data["instances"][0].startswith("one server per instance: 4 instances")
+    assert not (tmp_path / "node").exists() and not (tmp_path / "runs").exists()
