@@ -77,7 +77,8 @@ def spend(exp: Experiment) -> Spend:
             s.burn_in_runs += 1
         else:
             s.per_arm[r.arm] = s.per_arm.get(r.arm, 0.0) + g
-            s.restarts_per_arm[r.arm] = s.restarts_per_arm.get(r.arm, 0) + 1
+            # a run that continued its instance's server (docs/decisions/0011) is no restart
+            s.restarts_per_arm[r.arm] = s.restarts_per_arm.get(r.arm, 0) + int(r.instance == r.seq)
         s.total += g
         s.runs += 1
         if not r.ok:
