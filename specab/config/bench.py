@@ -18,7 +18,11 @@ from specab.config.yamlfile import ConfigError
 from specab.vocab import contract
 
 INTS = ("num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed")
-FLOATS = ("request_rate", "timeout_s")
+FLOATS = ("request_rate", "timeout_s", "temperature", "top_p")
+# the sampling settings' allowed ranges (what SGLang and vLLM accept and the distribution check is meant for):
+# temperature in [0, 2] (0: greedy), top_p in (0, 1]
+SAMPLING_RANGES = {"temperature": ("[0, 2]", lambda v: 0.0 <= v <= 2.0),
+                   "top_p": ("(0, 1]", lambda v: 0.0 < v <= 1.0)}
 # what the client takes: the settings with a specab_bench_* default, and the two without one. Other keys of an
 # experiment's bench (e.g. phase_timing, which decides the server's flags) are not bench settings of the run.
 SETTINGS = (*defaults.BENCH_DEFAULTS, "model", "dataset")
@@ -65,6 +69,17 @@ def flag(value: Any) -> bool:
     raise ConfigError(f"bench.ignore_eos must be true or false, got {value!r}")
 
 
+def sampling_problem(key: str, value: Any) -> str | None:
+    """Why ``value`` is no valid bench.temperature / bench.top_p (None: it is): the key, the value and the range."""
+    allowed, ok = SAMPLING_RANGES[key]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and ok(float(value)):
+        return None
+    what = {"temperature": "the sampling temperature of every request (0: greedy)",
+            "top_p": "the nucleus share of every request (1: the whole distribution)"}[key]
+    return f"bench.{key} must be a number in {allowed}, {what}; got {value!r}"
+
+
 def client_procs(value: Any) -> str | int:
     """bench.client_procs: ``auto`` or a whole number of client processes >= 1 (contract.client_procs)."""
     try:
@@ -76,8 +91,8 @@ def client_procs(value: Any) -> str | int:
 def resolve(base: Mapping[str, Any], experiment_bench: Mapping[str, Any] | None,
             arm_bench: Mapping[str, Any] | None, dataset_dir: str | None = None) -> dict[str, Any]:
     """``base`` (the specab_bench_* values by setting name) < the experiment's bench < the arm's; typed as the
-    client takes them (counts int, the request rate and the timeout float, ignore_eos bool, client_procs auto or
-    int). ``dataset_dir``: the
+    client takes them (counts int, the request rate, the timeout and the sampling settings float, ignore_eos bool,
+    client_procs auto or int; a temperature or top_p out of range refused). ``dataset_dir``: the
     node directory the dataset is copied to; ``dataset`` then becomes the node path of the file there."""
     merged = dict(base)
     for layer in (experiment_bench, arm_bench):
@@ -90,10 +105,14 @@ def resolve(base: Mapping[str, Any], experiment_bench: Mapping[str, Any] | None,
             out[key] = float(out[key])
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"a bench setting has no usable value ({type(exc).__name__}: {exc}); counts must be "
-                          f"integers, bench.request_rate and bench.timeout_s numbers") from exc
+                          f"integers, bench.request_rate, bench.timeout_s, bench.temperature and bench.top_p numbers") from exc
     out["api"] = str(out["api"])
     out["ignore_eos"] = flag(out["ignore_eos"])
     out["client_procs"] = client_procs(out["client_procs"])
+    for key in SAMPLING_RANGES:
+        bad = sampling_problem(key, out[key])
+        if bad:
+            raise ConfigError(bad)
     if out.get("model") is not None:
         out["model"] = str(out["model"])
     if out.get("dataset") is not None and dataset_dir:
@@ -113,12 +132,15 @@ def timeouts(base: Mapping[str, Any], experiment_timeouts: Mapping[str, Any] | N
             from exc
 
 
-def queue_wait_s(bench: Mapping[str, Any], run_timeouts: Mapping[str, Any]) -> float:
+def queue_wait_s(bench: Mapping[str, Any], run_timeouts: Mapping[str, Any], scored_requests: int = 0) -> float:
     """Seconds the run queue's collect (playbooks/collect_run.yml) waits for one queued run before it gives up:
     the server's ready timeout, two stops and two waits for free GPUs (a leftover's before the run, the run's own
-    after it), each of the run's requests, warm-up included, at its timeout, and QUEUE_WAIT_MARGIN_S. ``bench``:
-    the run's resolved settings (``resolve``, with the arm's own), ``run_timeouts``: ``timeouts``."""
+    after it), each of the run's requests, warm-up included, and each request its server scores after them
+    (``scored_requests``: a baseline run at temperature > 0, specab/node/scoring.py) at its timeout, and
+    QUEUE_WAIT_MARGIN_S. ``bench``: the run's resolved settings (``resolve``, with the arm's own), ``run_timeouts``:
+    ``timeouts``."""
     return (float(run_timeouts["ready_s"]) + 2 * float(run_timeouts["stop_grace_s"])
             + 2 * float(run_timeouts["gpu_free_s"])
-            + float(bench["timeout_s"]) * (int(bench["num_requests"]) + int(bench["warmup_requests"]))
+            + float(bench["timeout_s"]) * (int(bench["num_requests"]) + int(bench["warmup_requests"])
+                                           + int(scored_requests))
             + QUEUE_WAIT_MARGIN_S)

@@ -23,7 +23,8 @@ BENCH_DEFAULTS = {"api": "specab_bench_api", "num_requests": "specab_bench_num_r
                   "output_len": "specab_bench_output_len", "concurrency": "specab_bench_concurrency",
                   "seed": "specab_bench_seed", "timeout_s": "specab_bench_timeout_s",
                   "ignore_eos": "specab_bench_ignore_eos", "request_rate": "specab_bench_request_rate",
-                  "client_procs": "specab_bench_client_procs"}
+                  "client_procs": "specab_bench_client_procs", "temperature": "specab_bench_temperature",
+                  "top_p": "specab_bench_top_p"}
 TIMEOUT_DEFAULTS = {"ready_s": "specab_ready_timeout_s", "stop_grace_s": "specab_stop_grace_s",
                     "gpu_free_s": "specab_gpu_free_timeout_s"}
 

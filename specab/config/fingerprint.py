@@ -58,6 +58,8 @@ def fingerprint_doc(exp: ExperimentSpec, arms: list[ArmSpec]) -> dict[str, Any]:
 LATER_KEYS: dict[tuple[str, str], Any] = {
     ("bench", "ignore_eos"): True,       # requests ran to output_len, past EOS
     ("bench", "request_rate"): 0,        # each request went as soon as one in flight ended
+    ("bench", "temperature"): 0,         # every request was greedy
+    ("bench", "top_p"): 1,               # over the whole distribution
 }
 
 

@@ -28,7 +28,7 @@ EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args",
 ARM_KEYS = {"name", "description", "server_args", "env", "cost_only"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
               "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos", "request_rate",
-              "client_procs", "allow_queueing", "correctness_requests"}
+              "client_procs", "allow_queueing", "correctness_requests", "temperature", "top_p"}
 PHASE_TIMING_VALUES = ("auto", True, False)
 # what phase timing sets on an arm (the 2026 engines reference A5): the server's /metrics and, in SGLang
 # 0.5.23, the device timer that splits forward time into eagle_draft / eagle_draft_extend / target_verify
@@ -239,6 +239,14 @@ def _check_dataset(bench: dict[str, Any], exp_path: Path, where: str, root: yaml
     return str(path)
 
 
+def _check_sampling(bench: dict[str, Any], where: str, root: yaml.Node | None, base: tuple[Any, ...]) -> None:
+    """bench.temperature in [0, 2] and bench.top_p in (0, 1], refused with the key's line before any node is touched."""
+    for key in benchcfg.SAMPLING_RANGES:
+        bad = benchcfg.sampling_problem(key, bench[key]) if key in bench else None
+        if bad:
+            raise ConfigError(f"{where}{key_line(root, base + ('bench', key))}: {bad}.")
+
+
 def _check_server_args(args: Any, where: str, root: yaml.Node | None, path: tuple[Any, ...],
                        warnings: list[str], engine: str = "sglang") -> dict[str, Any]:
     if args is None:
@@ -392,6 +400,7 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
         raise ConfigError(f"{where}{key_line(root, base + ('bench', 'request_rate'))}: bench.request_rate must be a "
                           f"number of requests per second (0: each as soon as one in flight ends) below "
                           f"{benchcfg.MAX_REQUEST_RATE:g}, got {rate!r}: it {benchcfg.rate_problem(rate, zero_ok=True)}.")
+    _check_sampling(bench, where, root, base)
     if bench.get("client_procs") is not None:
         try:
             benchcfg.client_procs(bench["client_procs"])

@@ -14,7 +14,7 @@ from specab.analysis.evidence import model
 from specab.analysis.measures import stats
 from specab.analysis.cost import economics
 from specab.analysis.cost.history import HistoryError
-from specab.config import bench, correctness
+from specab.config import bench, correctness, scoring
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.inventory import Host
 from specab.config.plan import PlannedRun, make_plan
@@ -104,6 +104,19 @@ class RunContext:
     def num_requests(self, pr: PlannedRun | None) -> int:
         """The run's measured requests: the design's choice for its block, else its arm's, else the experiment's."""
         return int(self.bench_settings(pr)["num_requests"])
+
+    def score_spec(self, pr: PlannedRun) -> dict[str, Any]:
+        """What a baseline run's server scores after its measured window at temperature > 0 (specab.config.scoring:
+        its own outputs and the earlier runs of its arms on its host that no earlier run of it scored), as the bench
+        step takes it: {engine, experiment_id, runs}; {} for any other run."""
+        if pr.burn_in or not self.arms[pr.arm].is_baseline or float(self.bench_settings(pr)["temperature"]) <= 0:
+            return {}
+        hosts = [h.name for h in self.p.inventory.hosts]
+        runs = [r for r in map(PlannedRun.from_row, self.store.plan()) if not r.burn_in]    # burn-ins: not analysed
+        if self.limit is not None and len(hosts) > 1:     # a fleet: block b runs on hosts[(b - 1) % n] (fleet.py)
+            runs = [r for r in runs if hosts[(r.block - 1) % len(hosts)] == self.limit]
+        ids = scoring.assign(runs, {a.name: a.baseline for a in self.arms.values()}).get(pr.seq, [])
+        return {"engine": self.p.experiment.engine, "experiment_id": self.exp_id, "runs": ids}
 
     def experiment_extravar(self, pr: PlannedRun | None = None) -> dict[str, Any]:
         """`specab_experiment` for the run's playbook: the experiment, its bench with the run's measured requests

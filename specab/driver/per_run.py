@@ -93,6 +93,7 @@ class PerRunExecutor:
             "specab_run_id": pr.run_id,
             "specab_run_dir": str(run_dir),
             "specab_stop_after": pr.seq not in self.keeps,
+            "specab_score": self.ctx.score_spec(pr),       # a baseline run at temperature > 0: what it scores
         }
         if pr.instance is not None:         # one server per instance (docs/decisions/0011)
             extravars["specab_instance"] = {"id": str(pr.instance), "keep": pr.seq in self.keeps}

@@ -139,7 +139,8 @@ class QueueExecutor:
             "specab_experiment_id": r.exp_id,
             # each run's measured requests travel in its queue entry (the design by cost chooses them per block)
             "specab_runs": [{"seq": pr.seq, "run_id": pr.run_id, "arm": r.arms[pr.arm].to_extravar(),
-                             "num_requests": r.num_requests(pr), "instance": self.instance_of(pr)} for pr in runs],
+                             "num_requests": r.num_requests(pr), "score": r.score_spec(pr),
+                             "instance": self.instance_of(pr)} for pr in runs],
             "specab_queue_reset": reset,
             "specab_queue_finish": finish,
         }
@@ -175,7 +176,10 @@ class QueueExecutor:
         experiment over its host's."""
         r = self.ctx
         run_timeouts = bench.timeouts(bench.given(self.host.vars, defaults.TIMEOUT_DEFAULTS), r.p.experiment.timeouts)
-        return bench.queue_wait_s(r.bench_settings(pr), run_timeouts)
+        settings = r.bench_settings(pr)
+        # a baseline run that scores (temperature > 0): each scored run's requests, one scoring request each
+        scored = len(r.score_spec(pr).get("runs") or []) * int(settings["num_requests"])
+        return bench.queue_wait_s(settings, run_timeouts, scored)
 
     # ------------------------------------------------------------------ one run (and those done after it)
     def collect(self, pr: PlannedRun, cancel: threading.Event, *, new_row: bool = True,

@@ -317,6 +317,8 @@ def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -
         if isinstance(env_check, dict):
             store.add_env_check(seq, host, env_check)
     # the GPU samples are stored as samples (above), not as a file
+    # scores.jsonl: a baseline run's scores of outputs under the target (temperature > 0, specab/node/scoring.py)
     out.update(ingest_host_files(store, seq, run_dir, hosts,
-                                 lambda name: name.endswith((".json", ".csv")) and name != "gpu_samples.csv"))
+                                 lambda name: (name.endswith((".json", ".csv")) and name != "gpu_samples.csv")
+                                 or name == "scores.jsonl"))
     return out

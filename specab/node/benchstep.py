@@ -2,7 +2,8 @@
 """The bench step of one run, the same on both paths (the bench role's one tool call, and the run queue's
 RunSteps): the GPUs sampled once (gpu_before.csv) -> the GPU sampler running (gpu_samples.csv/.json/.log) -> the
 load generator (bench.jsonl, bench_summary.json, phase_metrics.json) -> the sampler told to stop -> the GPUs
-sampled once more (gpu_after.csv) -> the summary.
+sampled once more (gpu_after.csv) -> with a ``score`` spec (a baseline run at temperature > 0), its server scores
+the outputs of the runs the spec names (scoring.py: scores.jsonl) -> the summary.
 
     python3 <root>/specab/node bench --spec-json -      (the spec, a BenchSpec, as JSON on stdin)
 
@@ -25,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Sequence
 
-from specab.node import cli, gpusample, loadgen, osutil, ownership
+from specab.node import cli, gpusample, loadgen, osutil, ownership, scoring
 from specab.node.cli import ToolError, UsageError
 from specab.vocab import contract
 
@@ -73,6 +74,9 @@ class BenchSpec:
     gpus: Any                       # "all", "0,1" or a list of indices: the GPUs sampled
     sample_interval_s: float
     bench: Dict[str, Any]
+    # a baseline run at temperature > 0: the runs whose outputs its server scores after the measured window
+    # (scoring.check_spec: engine, experiment_id, runs); None: no scoring
+    score: Optional[Dict[str, Any]] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.gpus, (list, tuple)):
@@ -85,6 +89,12 @@ class BenchSpec:
         self.sample_interval_s = float(self.sample_interval_s)
         if self.sample_interval_s <= 0:
             raise UsageError("sample_interval_s must be > 0, got %r" % self.sample_interval_s)
+        self.score = self.score or None             # {}: none (as a playbook passes it)
+        if self.score is not None:
+            try:
+                scoring.check_spec(self.score)
+            except ValueError as exc:
+                raise UsageError(str(exc))
 
     def path(self, name: str) -> str:
         return os.path.join(self.run_dir, name)
@@ -283,6 +293,10 @@ class BenchStep(object):
             raise ToolError("loadgen exit %s: %s of %s measured requests failed; first errors: %s. Client log: %s"
                             % (rc, summary.get("failed", "?"), summary.get("requests", "?"),
                                errors[0] if errors else "", log), {"summary": summary})
+        if s.score is not None and cfg.temperature > 0:
+            with guard():           # after the measured window and the samples: cut short by an interrupt
+                scoring.score(s.score, s.run_dir, cfg.url, summary.get("model") or cfg.model, cfg.timeout,
+                              cli.log)
         return summary
 
     def wait_sampler_header(self) -> None:

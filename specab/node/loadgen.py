@@ -77,7 +77,7 @@ from specab.vocab import contract, dataset, engines
 APIS = ("generate", "completions", "chat")
 # the experiment's bench: keys the client reads (a queue entry's bench mapping, resolved on the controller)
 BENCH_KEYS = ("api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency", "seed", "timeout_s",
-              "ignore_eos", "request_rate", "client_procs")
+              "ignore_eos", "request_rate", "client_procs", "temperature", "top_p")
 # A request was delivered in bursts (`buffered`) when more than BUFFERED_SHARE of its tokens after the first came
 # in chunks that followed the previous one within 1/BUFFERED_RATE_RATIO of the request's own time per token, with
 # at least BUFFERED_MIN_TOKENS of them: a CPU-starved API server forwarding what the engine made long before (seen
@@ -216,10 +216,12 @@ def known_truth_of(run_dir: str) -> Tuple[Optional[Dict[str, Any]], List[str]]:
 # request bodies and chunk decoding
 
 
-def build_body(api: str, prompt: Any, output_len: int, model: Optional[str], ignore_eos: bool) -> Dict[str, Any]:
+def build_body(api: str, prompt: Any, output_len: int, model: Optional[str], ignore_eos: bool,
+               temperature: float = 0.0, top_p: float = 1.0) -> Dict[str, Any]:
     """A streaming request; ``prompt`` is text, a list of token ids (generate: input_ids; completions: prompt) or a
     dataset record ({"prompt": text} or, chat only, {"messages": [...]}, sent as they are so the engine applies the
-    model's chat template). ``ignore_eos``: every answer runs to ``output_len`` (True) or ends at the model's end."""
+    model's chat template). ``ignore_eos``: every answer runs to ``output_len`` (True) or ends at the model's end;
+    ``temperature`` and ``top_p``: the sampling (temperature 0: greedy)."""
     if isinstance(prompt, dict):
         if "messages" in prompt and api != "chat":
             raise UsageError("a dataset record with \"messages\" needs --api chat (got %s)" % api)
@@ -227,13 +229,15 @@ def build_body(api: str, prompt: Any, output_len: int, model: Optional[str], ign
     if api == "generate":
         return {
             ("input_ids" if isinstance(prompt, list) else "text"): prompt,
-            "sampling_params": {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": ignore_eos},
+            "sampling_params": {"max_new_tokens": output_len, "temperature": temperature, "top_p": top_p,
+                                "ignore_eos": ignore_eos},
             "stream": True,
         }
     body = {
         "model": model or "default",
         "max_tokens": output_len,
-        "temperature": 0.0,
+        "temperature": temperature,
+        "top_p": top_p,
         "ignore_eos": ignore_eos,
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
@@ -649,6 +653,10 @@ class BenchConfig:
     dataset: Optional[str] = cli.arg("JSONL prompts ({\"prompt\"} or {\"messages\"}, optional \"category\"; "
                                         "dataset.py), drawn with --seed (default: the seeded word list)",
                                         default=None, metavar="FILE")
+    # the controller always passes them (bench.temperature, bench.top_p); the defaults are the greedy requests the
+    # client sent before they were settings
+    temperature: float = cli.arg("sampling temperature of every request, 0 to 2 (0: greedy)", default=0.0)
+    top_p: float = cli.arg("nucleus sampling share of every request, in (0, 1]", default=1.0)
 
     @classmethod
     def from_settings(cls, url: str, bench: Dict[str, Any], out: str, summary: Optional[str],
@@ -665,7 +673,8 @@ class BenchConfig:
                    ignore_eos=_flag(bench["ignore_eos"], "ignore_eos"), request_rate=float(bench["request_rate"]),
                    client_procs=procs_setting(bench["client_procs"]), out=out, summary=summary,
                    model=None if bench.get("model") is None else str(bench["model"]), phase_metrics=phase_metrics,
-                   dataset=None if bench.get("dataset") is None else str(bench["dataset"]))
+                   dataset=None if bench.get("dataset") is None else str(bench["dataset"]),
+                   temperature=float(bench["temperature"]), top_p=float(bench["top_p"]))
 
     def to_argv(self) -> List[str]:
         """The client's command line for this config (``parse_args(cfg.to_argv()) == cfg`` when it has a summary)."""
@@ -675,6 +684,7 @@ class BenchConfig:
                 "--concurrency", str(self.concurrency), "--request-rate", repr(self.request_rate),
                 "--client-procs", str(self.client_procs),
                 "--seed", str(self.seed), "--timeout", repr(self.timeout),
+                "--temperature", repr(self.temperature), "--top-p", repr(self.top_p),
                 "--out", self.out]
         if self.summary is not None:
             argv += ["--summary", self.summary]
@@ -699,6 +709,10 @@ class BenchConfig:
                              "flight ends), got %r" % self.request_rate)
         if self.timeout <= 0:
             raise UsageError("--timeout must be > 0 (got %r)" % self.timeout)
+        if not 0.0 <= self.temperature <= 2.0:
+            raise UsageError("--temperature must be in [0, 2] (0: greedy), got %r" % self.temperature)
+        if not 0.0 < self.top_p <= 1.0:
+            raise UsageError("--top-p must be in (0, 1] (1: the whole distribution), got %r" % self.top_p)
         procs_setting(self.client_procs)
         Target.from_url(self.url)
 
@@ -766,7 +780,7 @@ def arrival_offsets(rate: float, n: int, seed: int) -> List[float]:
 def _one_request(cfg: BenchConfig, target: Target, i: int, prompt: Any, warmup: bool, kt: Optional[Dict[str, Any]],
                  per_request_vllm: bool) -> Dict[str, Any]:
     """Request ``i``'s bench.jsonl record (never raises: a client bug is the record's error)."""
-    body = build_body(cfg.api, prompt, cfg.output_len, cfg.model, cfg.ignore_eos)
+    body = build_body(cfg.api, prompt, cfg.output_len, cfg.model, cfg.ignore_eos, cfg.temperature, cfg.top_p)
     try:
         before = vllm_spec_metrics(target, cfg.timeout) if per_request_vllm else None
         rec = run_request(target, cfg.api, body, cfg.timeout)
@@ -1205,6 +1219,7 @@ def summarize(cfg: BenchConfig, records: List[Dict[str, Any]], duration_s: float
         # where the prompts came from: the seeded word list (synthetic) or a file with its sha256
         "dataset": data or {"kind": "synthetic"},
         "ignore_eos": cfg.ignore_eos,
+        "temperature": cfg.temperature, "top_p": cfg.top_p,
         "tokens_from": sorted({str(r.get("tokens_from")) for r in ok}),
         "spec_positions": spec_positions(ok),
     }

@@ -95,6 +95,8 @@ class Entry(object):
             raise ValueError("queue entry %s: its bench lacks %s (enqueue.yml resolves every bench setting from "
                              "the experiment and roles/specab)" % (name, ", ".join(missing)))
         self.bench_env = {str(k): str(v) for k, v in (data.get("bench_env") or {}).items() if v is not None}
+        # a baseline run at temperature > 0: the runs its server scores after its measured window (scoring.py)
+        self.score = data.get("score") or None  # type: Optional[Dict[str, Any]]
         self.python = str(data["python"])
         self.engine_python = str(data.get("engine_python") or self.python)
         self.sample_interval_s = float(data["sample_interval_s"])

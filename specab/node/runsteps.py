@@ -227,7 +227,7 @@ class RunSteps(object):
         env.update(e.bench_env)
         self.bench = benchstep.BenchStep(benchstep.BenchSpec(
             run_dir=e.run_dir, url=e.url, python=e.python, smi=list(e.smi), gpus=e.gpus,
-            sample_interval_s=e.sample_interval_s, bench=e.bench), env, client_log="sequencer.log")
+            sample_interval_s=e.sample_interval_s, bench=e.bench, score=e.score), env, client_log="sequencer.log")
         self.bench.start_ahead()
         # the engine's version probes (two interpreter starts that import torch/sglang: ~5 s on the H200)
         # run once per engine python, while the first engine loads: not in the benchmark, not in the

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 from specab.sim.loadplan import Capacity
 from specab.sim.outputs import Departure, Output, prompt_digest
+from specab.sim.sampling import Sampling
 from specab.sim.profiler import Profiler
 from specab.sim import versions
 from specab.sim.simlog import SimLogger
@@ -111,6 +112,15 @@ class GenRequest:
         return em
 
 
+def _sample_truth(output: Optional[Output]) -> Optional[dict]:
+    """A sampled request's truth for the trace (sampling.py): tokens off the target's law, the sum of the target's
+    log-probabilities of its output, whether a drawn end of sequence ended it; None for a greedy request."""
+    if output is None or output.sample is None:
+        return None
+    s = output.sample
+    return {"off_law": s.off_law, "target_logprob": s.target_logprob, "tokens": len(s.ids), "stopped": s.stopped}
+
+
 @dataclass
 class EngineStats:
     prompt_tokens_total: int = 0
@@ -177,7 +187,7 @@ class Engine:
     # ----- requests
     def submit(self, prompt: list[str] | tuple[str, ...], max_new_tokens: int, ignore_eos: bool,
                rid: Optional[str] = None, prompt_tokens: Optional[int] = None,
-               internal: bool = False) -> GenRequest:
+               internal: bool = False, sampled: Optional[Sampling] = None) -> GenRequest:
         self._n += 1
         if internal:
             rng = random.Random(f"internal:{self.seed}:{self.timing.instance}:{self._n}")
@@ -186,7 +196,8 @@ class Engine:
             rng = request_rng(self.seed, self.timing.instance, self._user_n)
         max_new = max(0, int(max_new_tokens))
         where = f"{self.seed}:{self.timing.instance}:{self._n}"
-        output = Output(prompt, max_new, ignore_eos, self.departure, random.Random(f"departure:{where}"), where)
+        output = Output(prompt, max_new, ignore_eos, self.departure, random.Random(f"departure:{where}"), where,
+                        sampled)
         req = GenRequest(rid=rid or f"{self._n:032x}", prompt=tuple(prompt),
                          prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt) + 1,
                          max_new_tokens=max_new, stop_at=output.stop_at, rng=rng,
@@ -284,7 +295,8 @@ class Engine:
                "emit_due": req.emit_due,
                "emit_tokens": req.emit_tokens, "spec_verify_ct": req.verify_ct,
                "diverged_at": req.output.diverged_at if req.output else None,
-               "prompt_digest": prompt_digest(req.prompt), "accept_hist": req.accept_hist,
+               "prompt_digest": prompt_digest(req.prompt), "sampled": _sample_truth(req.output),
+               "accept_hist": req.accept_hist,
                "pass_forward_s": req.pass_forward_s, "pass_batch_sum": req.pass_batch_sum,
                "ttft_s": req.emit_mono[0] - req.arrival_mono if req.emit_mono else None,
                "decode_tok_s": (n - 1) / span if span > 0 else None, "time_scale": self.scale}

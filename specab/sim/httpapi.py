@@ -1,8 +1,10 @@
 """HTTP endpoints of the simulated SGLang server (aiohttp), same paths, statuses and JSON as SGLang 0.5.x.
 
 /health, /health_generate, /get_server_info, /server_info, /get_model_info, /model_info, /v1/models,
-/generate (SSE stream or JSON), /v1/completions, /v1/chat/completions, /flush_cache, /metrics,
-/start_profile, /stop_profile, /openapi.json.
+/generate (SSE stream or JSON; with ``return_logprob`` and ``logprob_start_len`` the input's log-probabilities,
+scoring.py), /v1/completions, /v1/chat/completions, /tokenize and /v1/tokenize, /flush_cache, /metrics,
+/start_profile, /stop_profile, /openapi.json. A request with a temperature > 0 is sampled (sampling.py); without one it
+is greedy.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from specab.sim import versions
 from specab.sim.engine import Engine, GenRequest, count_prompt_tokens
 from specab.sim.limits import context_error
 from specab.sim.loadplan import Capacity
+from specab.sim.sampling import Sampling
+from specab.sim import scoring
 from specab.sim.profiler import Profiler, ProfileRequestError
 from specab.sim.simlog import SimLogger
 
@@ -93,9 +97,19 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return data
 
 
+def _sampling(temperature: Any, top_p: Any) -> Optional[Sampling]:
+    """A request's sampling (None: greedy, temperature absent or 0); a value out of range is a ValueError."""
+    t = 0.0 if temperature is None else float(temperature)
+    p = 1.0 if top_p is None else float(top_p)
+    if t < 0 or not 0 < p <= 1:
+        raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {temperature!r}, {top_p!r}")
+    return Sampling(t, p) if t > 0 else None
+
+
 class Api:
     def __init__(self, state: ServerState):
         self.s = state
+        self.vocab = scoring.Vocab()
 
     # ----- app
     def app(self) -> web.Application:
@@ -112,6 +126,8 @@ class Api:
         r.add_route("PUT", "/generate", self.generate)
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/tokenize", self.tokenize)
+        r.add_post("/v1/tokenize", self.tokenize)
         r.add_route("GET", "/flush_cache", self.flush_cache)
         r.add_route("POST", "/flush_cache", self.flush_cache)
         r.add_get("/metrics", self.metrics)
@@ -255,11 +271,11 @@ class Api:
         return None
 
     def _submit(self, prompt: Any, input_ids: Any, max_new: int, ignore_eos: bool,
-                rid: Optional[str] = None) -> GenRequest:
+                rid: Optional[str] = None, sampled: Optional[Sampling] = None, internal: bool = False) -> GenRequest:
         if input_ids is not None:
             if not isinstance(input_ids, list) or not all(isinstance(i, int) for i in input_ids):
                 raise ValueError("input_ids must be a list of integers")
-            words, tokens = [str(i) for i in input_ids], len(input_ids)
+            words, tokens = self.vocab.words_of(input_ids), len(input_ids)
         elif not isinstance(prompt, str):
             raise ValueError("text must be a string or a list of strings")
         else:
@@ -268,7 +284,38 @@ class Api:
         refused = context_error(tokens, max_new, self.s.cap.context_len)
         if refused:
             raise ValueError(refused)
-        return self.s.engine.submit(words, max_new, ignore_eos, rid, prompt_tokens=tokens)
+        return self.s.engine.submit(words, max_new, ignore_eos, rid, prompt_tokens=tokens, sampled=sampled,
+                                    internal=internal)
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """SGLang 0.5.17's /tokenize: ``prompt`` (a string or a list of them) or chat ``messages``; ``tokens`` and
+        ``count`` (a list of each for a list of prompts), ``max_model_len``."""
+        body = await _body(request)
+        prompt = body.get("prompt")
+        if isinstance(body.get("messages"), list):
+            prompt = scoring.chat_prompt(body["messages"])
+        if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+            tokens: Any = [self.vocab.ids(count_prompt_tokens(p)) for p in prompt]
+            count: Any = [len(t) for t in tokens]
+        elif isinstance(prompt, str):
+            tokens = self.vocab.ids(count_prompt_tokens(prompt))
+            count = len(tokens)
+        else:
+            return _error("Invalid prompt type: expected str or List[str], or messages")
+        return _json({"tokens": tokens, "count": count, "max_model_len": self.s.cap.context_len})
+
+    async def _score(self, body: dict[str, Any], max_new: int) -> web.Response:
+        """A non-streaming ``/generate`` of ``input_ids`` with ``return_logprob``: the engine prefills it (and
+        generates ``max_new`` greedy tokens: 0 or 1 for scoring) without a trace line, and the answer's meta_info
+        holds ``input_token_logprobs`` from ``logprob_start_len`` on (scoring.py)."""
+        ids = body.get("input_ids")
+        start = int(body.get("logprob_start_len", -1))
+        req = self._submit(None, ids, max_new, True, body.get("rid"), internal=True)
+        await self._drain(req)
+        out = self._gen_out(req, req.completion_tokens, True, None)
+        out["meta_info"]["input_token_logprobs"] = scoring.input_token_logprobs(list(req.prompt), ids, start)
+        out["meta_info"]["output_token_logprobs"] = []
+        return _json(out)
 
     def _meta(self, req: GenRequest, count: int, finished: bool) -> dict[str, Any]:
         meta: dict[str, Any] = {
@@ -317,12 +364,16 @@ class Api:
         text, ids = body.get("text"), body.get("input_ids")
         batch = isinstance(text, list) or (isinstance(ids, list) and ids and isinstance(ids[0], list))
         try:
+            sampled = _sampling(sp.get("temperature"), sp.get("top_p"))
+            if body.get("return_logprob") and not batch and not body.get("stream") and isinstance(ids, list):
+                return await self._score(body, max_new)
             if batch:
                 items = text if isinstance(text, list) else ids
                 reqs = [self._submit(t if isinstance(text, list) else None,
-                                     None if isinstance(text, list) else t, max_new, ignore_eos) for t in items]
+                                     None if isinstance(text, list) else t, max_new, ignore_eos, sampled=sampled)
+                        for t in items]
             else:
-                reqs = [self._submit(text, ids, max_new, ignore_eos, body.get("rid"))]
+                reqs = [self._submit(text, ids, max_new, ignore_eos, body.get("rid"), sampled)]
         except ValueError as exc:
             return _json({"error": {"message": str(exc)}}, 400)
         if not body.get("stream"):
@@ -380,8 +431,7 @@ class Api:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
                 return _error("messages must be a non-empty list")
-            prompt = "\n".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
-            prompt = f"<|im_system|>system<|im_middle|>\n{prompt}\n<|im_assistant|>assistant<|im_middle|>"
+            prompt = scoring.chat_prompt(msgs)
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1:
@@ -395,7 +445,8 @@ class Api:
         ignore_eos = bool(body.get("ignore_eos", False))
         token_ids = bool(body.get("return_token_ids"))
         try:
-            req = self._submit(prompt, None, int(max_tokens), ignore_eos)
+            req = self._submit(prompt, None, int(max_tokens), ignore_eos,
+                               sampled=_sampling(body.get("temperature"), body.get("top_p")))
         except ValueError as exc:
             return _error(str(exc))
         model = body.get("model") or self.s.args.served_model_name

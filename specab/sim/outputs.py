@@ -18,7 +18,9 @@ none) in the simulator's trace, the truth the output-validity analysis is tested
   limit (a loop is easy to draft: acceptance and tok/s rise).
 
 From its first departure on, an output follows a trajectory of its own (a real model conditions on what it emitted),
-and without ``ignore_eos`` ends where that trajectory ends. Pure: nothing here sleeps or touches files.
+and without ``ignore_eos`` ends where that trajectory ends. A request sampled at temperature > 0 draws its output
+from the target's distribution instead (sampling.py), each departure changing that law. Pure: nothing here sleeps or
+touches files.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ import math
 import random
 from dataclasses import dataclass
 from typing import Optional, Sequence
+
+from specab.sim import sampling
 
 ID_LOW, ID_HIGH = 1000, 150000      # output token ids are drawn from [ID_LOW, ID_HIGH)
 LOOP_START_MAX = 8                  # a looping output departs within its first 8 tokens
@@ -60,8 +64,13 @@ class Output:
     """One request's output, token by token: the target's, then (from ``diverged_at``) a trajectory of its own."""
 
     def __init__(self, prompt: Sequence[str], max_new: int, ignore_eos: bool, departure: Departure,
-                 draw: random.Random, other_seed: str) -> None:
+                 draw: random.Random, other_seed: str, sampled: Optional[sampling.Sampling] = None) -> None:
         digest = prompt_digest(prompt)
+        self.ids: list[int] = []
+        self.sample: Optional[sampling.Sample] = None
+        if sampled is not None:
+            self._sampled(digest, max(0, max_new), ignore_eos, departure, draw, sampled, other_seed)
+            return
         self._target = random.Random(f"target:{digest}")
         target_end = _end(random.Random(f"target-end:{digest}"), max_new, ignore_eos)
         self.diverged_at = self._departure(departure, target_end, draw)
@@ -73,7 +82,19 @@ class Output:
                 self.stop_at = max(0, max_new)
             else:
                 self.stop_at = max(self.diverged_at + 1, _end(self._other, max_new, ignore_eos))
-        self.ids: list[int] = []
+
+    def _sampled(self, digest: str, max_new: int, ignore_eos: bool, d: Departure, draw: random.Random,
+                 s: sampling.Sampling, other_seed: str) -> None:
+        """The whole output drawn at once from the target's law (sampling.py), departing where ``d`` says."""
+        departs = sampling.Departs(forced=d.forced, lossy=d.lossy, loop=d.loop)
+        if d.loop is not None and max_new > 1:
+            departs.loop_from = draw.randint(1, min(LOOP_START_MAX, max_new - 1))
+        if d.late is not None and max_new > 1 and draw.random() < d.late[1]:
+            departs.late_from = draw.randint(min(max_new - 1, max(1, math.ceil(d.late[0] * max_new))), max_new - 1)
+        self.sample = sampling.sample(digest, max_new, ignore_eos, s, random.Random(f"sample:{other_seed}"), departs)
+        self.diverged_at = self.sample.diverged_at
+        self.loop = d.loop if departs.loop_from is not None else None
+        self.stop_at = len(self.sample.ids)
 
     @staticmethod
     def _departure(d: Departure, n: int, draw: random.Random) -> Optional[int]:
@@ -98,6 +119,9 @@ class Output:
 
     def next_id(self) -> int:
         pos = len(self.ids)
+        if self.sample is not None:
+            self.ids.append(self.sample.ids[pos])
+            return self.ids[-1]
         target = self._target.randrange(ID_LOW, ID_HIGH)    # drawn at every position: the target's stays aligned
         if self.diverged_at is None or pos < self.diverged_at:
             tok = target

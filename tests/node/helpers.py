@@ -74,7 +74,8 @@ def client_default_argv() -> List[str]:
             "--input-len", str(b["input_len"]), "--output-len", str(b["output_len"]),
             "--ignore-eos", "true" if b["ignore_eos"] else "false",
             "--concurrency", str(b["concurrency"]), "--request-rate", str(b["request_rate"]), "--client-procs", str(b["client_procs"]),
-            "--seed", str(b["seed"]), "--timeout", str(b["timeout_s"])]
+            "--seed", str(b["seed"]), "--timeout", str(b["timeout_s"]), "--temperature", str(b["temperature"]),
+            "--top-p", str(b["top_p"])]
 
 
 def client_config(url: str, out: str, summary: Optional[str], **kw: Any) -> Any:

@@ -5,6 +5,7 @@ import argparse
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -259,6 +260,27 @@ def test_item15_driver_refuses_a_malformed_file_before_touching_the_node(node: S
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2 and f"{bad}:" in out and "Nothing was started." in out, out
     assert not node.node_dir.exists()
+
+
+@pytest.mark.parametrize("key,value,allowed", [("temperature", "2.5", "[0, 2]"), ("top_p", "0", "(0, 1]")])
+def test_item17_sampling_settings_outside_their_range_refused_before_the_node_is_touched(
+        node: SimNode, key: str, value: str, allowed: str) -> None:
+    """bench.temperature outside [0, 2] or bench.top_p outside (0, 1]: `driver.py run` exits 2 naming the file's
+    line, the key, the value and the range, and the node directory is never made (every other bad value the same
+    way, checked on the loader the driver and the playbook path both call)."""
+    inv = node.write_inventory()
+    exp = node.write_experiment("sampling")
+    exp.write_text(exp.read_text().replace("  timeout_s: 120", f"  timeout_s: 120\n    {key}: {value}"))
+    proc = driver("-e", str(exp), "-i", str(inv), "--runs-dir", str(node.runs_dir))
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "Nothing was started." in out, out
+    assert re.search(rf"sampling.yml:\d+:\d+: bench.{key} must be a number in {re.escape(allowed)}, .*; got "
+                     rf"{value}", out), out
+    assert not node.node_dir.exists()
+    for bad in ("-0.1", "2.01", "true", "hot") if key == "temperature" else ("-0.5", "1.01", "false", "all"):
+        exp.write_text(re.sub(rf"{key}: .*", f"{key}: {bad}", exp.read_text()))
+        with pytest.raises(ConfigError, match=rf"bench.{key} must be a number in {re.escape(allowed)}.*got "):
+            load_experiment(exp)
 
 
 # --------------------------------------------------------------------------- disk full

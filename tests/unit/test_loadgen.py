@@ -284,7 +284,7 @@ def test_generate_stream_measured_against_server_emit_times(make_server, tmp_pat
     summary, records = run(srv, tmp_path, num_requests=2, warmup=1, input_len=16, output_len=12)
     assert [r["warmup"] for r in records] == [True, False, False]
     body = srv.bodies[-1]
-    assert body["sampling_params"] == {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    assert body["sampling_params"] == {"max_new_tokens": 12, "temperature": 0.0, "top_p": 1.0, "ignore_eos": True}
     assert body["stream"] is True and len(body["text"].split()) == 16
     for rec, emits in zip(records, srv.emits):
         assert rec["ok"] and rec["error"] is None
@@ -320,6 +320,18 @@ def test_openai_streams(make_server, tmp_path: Path, api: str, usage: str) -> No
     else:
         assert rec["chunk_tokens"] == [1] * 6 and rec["chunk_tokens_exact"] is False
         assert rec["decode_tok_s"] == pytest.approx(11 / (rec["chunk_t_s"][-1] - rec["chunk_t_s"][0]))
+
+
+@pytest.mark.parametrize("api", ["generate", "completions", "chat"])
+def test_the_sampling_settings_go_in_every_request_and_the_summary(make_server, tmp_path: Path, api: str) -> None:
+    """bench.temperature and bench.top_p reach the engine on every API (generate: sampling_params) and the summary
+    records them (the report's workload line, the distribution check)."""
+    srv = make_server(spec=False)
+    summary, _ = run(srv, tmp_path, api=api, num_requests=2, warmup=1, output_len=12, temperature=0.8, top_p=0.9)
+    for body in srv.bodies:
+        sent = body["sampling_params"] if api == "generate" else body
+        assert (sent["temperature"], sent["top_p"]) == (0.8, 0.9), body
+    assert (summary["temperature"], summary["top_p"]) == (0.8, 0.9)
 
 
 @pytest.mark.parametrize("kw", [dict(meta_counts=False, ids_mode="incremental"),

@@ -124,7 +124,8 @@ VALUES: Dict[str, Dict[str, Any]] = {
                       keep_after_parent_exit=True),
     "loadgen": dict(url="http://h:1", api="chat", num_requests=5, warmup=1, input_len=16, output_len=8, concurrency=4,
                     seed=3, timeout=20.0, ignore_eos=True, request_rate=2.5, client_procs=2, out="/b.jsonl",
-                    summary="/s.json", model="m", phase_metrics="/p.json", dataset="/d.jsonl"),
+                    summary="/s.json", model="m", phase_metrics="/p.json", dataset="/d.jsonl", temperature=0.7,
+                    top_p=0.9),
 }
 SEQUENCE_VALUES: Dict[str, Dict[str, Any]] = {
     "ensure": dict(experiment_id="exp1", idle_timeout=60.0, lease_s=600.0, gpus="0,1", gpu_free_timeout=30.0,

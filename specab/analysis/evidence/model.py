@@ -597,12 +597,14 @@ def _client_procs(summary: dict) -> int:
 
 
 def _workload(summary: dict) -> dict | None:
-    """Where the run's prompts came from and whether answers ran past the model's end, as the benchmark client
-    recorded them in bench_summary.json (node/loadgen), or None for a summary without them (an older client)."""
+    """Where the run's prompts came from, whether answers ran past the model's end and how they were sampled
+    (temperature, top_p; absent: greedy, a client from before they were settings), as the benchmark client recorded
+    them in bench_summary.json (node/loadgen), or None for a summary without them (an older client)."""
     data = summary.get("dataset")
     if not isinstance(data, dict):
         return None
-    return dict(data, ignore_eos=summary.get("ignore_eos"))
+    return dict(data, ignore_eos=summary.get("ignore_eos"), temperature=summary.get("temperature", 0.0),
+                top_p=summary.get("top_p", 1.0))
 
 
 def _latency(summary: dict, scale: float) -> dict | None:

@@ -34,6 +34,7 @@ from typing import Any
 from scipy import stats as sps
 
 from specab.analysis.evidence import outputs as outs
+from specab.analysis.measures import distribution
 from specab.analysis.evidence.model import Experiment, Run
 from specab.config.validity import DEFAULTS
 from specab.vocab import engines
@@ -138,6 +139,8 @@ class Validity:
     arms: dict[str, ArmValidity] = field(default_factory=dict)
     baseline_self: dict[str, tuple[int, int]] = field(default_factory=dict)   # baseline: (identical, compared)
     deterministic: dict[str, DeterministicPass] = field(default_factory=dict)   # measured arm: its pass
+    # temperature > 0: each sampled arm's distribution check (measures/distribution.py), in its verdict
+    distribution: dict[str, distribution.DistributionCheck] = field(default_factory=dict)
 
     def invalid(self) -> list[ArmValidity]:
         return [a for a in self.arms.values() if a.status == NOT_VALID]
@@ -254,10 +257,19 @@ def _length_problem(v: ArmValidity, rules: Rules) -> str | None:
             f"(window +-{rules.length_window:.0%})")
 
 
-def _valid_line(v: ArmValidity) -> str:
+def _distribution_problem(v: ArmValidity, dist: distribution.DistributionCheck | None) -> str | None:
+    if v.temperature > 0 and dist is not None and dist.same is False:
+        return f"outputs not drawn from the target's distribution: {dist.reason}"
+    return None
+
+
+def _valid_line(v: ArmValidity, dist: distribution.DistributionCheck | None = None) -> str:
     if v.temperature > 0:
-        return (f"sampled at temperature {v.temperature:g}: outputs not compared token by token; lengths and loops "
-                f"checked on {v.compared} requests")
+        law = ("distribution not checked (no scored outputs)" if dist is None else
+               f"same distribution as the baseline's ({dist.reason})" if dist.same else
+               f"distribution not checked ({dist.reason})")
+        return (f"sampled at temperature {v.temperature:g}: {law}; lengths and loops checked on {v.compared} "
+                f"requests")
     late = v.compared - v.identical
     line = f"outputs identical to the baseline on {v.identical}/{v.compared} requests"
     if late:
@@ -267,7 +279,9 @@ def _valid_line(v: ArmValidity) -> str:
 
 
 def check_arm(exp: Experiment, arm: str, baseline: str, got: dict[int, dict[int, outs.Output]], rules: Rules,
-              cost_only: bool = False) -> ArmValidity:
+              cost_only: bool = False, dist: distribution.DistributionCheck | None = None) -> ArmValidity:
+    """One speculative arm against its baseline; ``dist``: its distribution check at temperature > 0
+    (measures/distribution.py: the baseline server's scores of both arms' samples)."""
     temperature = _temperature(exp, arm)
     v = ArmValidity(arm=arm, baseline=baseline, status=UNCHECKED, line="", cost_only=cost_only,
                     temperature=temperature)
@@ -301,9 +315,10 @@ def check_arm(exp: Experiment, arm: str, baseline: str, got: dict[int, dict[int,
     v.baseline_finish = dict(Counter(str(o.finish_reason) for o in theirs))
     loops = (f"{len(v.loops)}/{v.compared} outputs loop ({rules.loop_ngram}-grams repeating, "
              f"{rules.loop_share:.0%} or more)" if v.loops else None)
-    v.problems = [p for p in (_parity_problem(v, rules), _length_problem(v, rules), loops) if p]
+    v.problems = [p for p in (_parity_problem(v, rules), _distribution_problem(v, dist), _length_problem(v, rules),
+                              loops) if p]
     v.status = NOT_VALID if v.problems else VALID
-    v.line = "NOT VALID: " + "; ".join(v.problems) if v.problems else _valid_line(v)
+    v.line = "NOT VALID: " + "; ".join(v.problems) if v.problems else _valid_line(v, dist)
     return v
 
 
@@ -329,9 +344,10 @@ def check(exp: Experiment) -> Validity:
         return v
     got = outs.read(exp, [r for r in exp.runs if r.ok])
     declared = cost_only_arms(exp)
+    v.distribution = distribution.check(exp)        # {} for a greedy experiment
     for a in spec:
         base = exp.baseline_of(a.name)
-        v.arms[a.name] = check_arm(exp, a.name, base, got, v.rules, a.name in declared)
+        v.arms[a.name] = check_arm(exp, a.name, base, got, v.rules, a.name in declared, v.distribution.get(a.name))
     for base in {exp.baseline_of(a.name) for a in spec}:
         if _temperature(exp, base) == 0:
             same, n = _baseline_self(exp, base, got)

@@ -46,7 +46,10 @@ def label(exp: Experiment) -> str:
         return "not recorded (the runs' benchmark client did not record its prompts' source)"
     eos = sorted({str(r.workload.get("ignore_eos")).lower() for r in exp.runs if r.workload})
     text = seen[0] if len(seen) == 1 else "runs differ: " + "; ".join(seen)
-    return f"{text}; ignore_eos {', '.join(eos)}"
+    # the sampling, where any run sampled (greedy runs say nothing: the label of a greedy experiment is unchanged)
+    sampled = sorted({f"temperature {r.workload.get('temperature'):g}, top_p {r.workload.get('top_p', 1.0):g}"
+                      for r in exp.runs if r.workload and (r.workload.get("temperature") or 0) > 0})
+    return f"{text}; ignore_eos {', '.join(eos)}" + "".join(f"; {s}" for s in sampled)
 
 
 def ignore_eos(exp: Experiment) -> bool | None:

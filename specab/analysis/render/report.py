@@ -22,6 +22,7 @@ from typing import Any, Collection, Sequence, TextIO
 
 from specab.analysis.evidence import combine
 from specab.analysis.measures import concurrency
+from specab.analysis.measures import distribution
 from specab.analysis.findings import doctor
 from specab.analysis.cost import economics
 from specab.analysis.cost import instances
@@ -809,6 +810,9 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
     truth = truthcheck.check(exp)
     if truth is not None:
         _known_truth_blocks(rep, exp, truth, model)
+    dist = distribution.section(exp)        # temperature > 0: each arm's outputs against its baseline's law
+    if dist is not None:
+        rep.add(Heading("Output distribution"), Para(dist.intro), Table(dist.header, dist.rows), Bullets(dist.notes))
 
     # drift
     rep.add(Heading("Drift"), Para(st.drift.message))
@@ -867,6 +871,8 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                              "categories": {a: [r.to_dict() for r in rows] for a, rows in cats.items()}}}
     if per_pos:           # only where measured: reports of engines without per-position counts keep their shape
         rep.data["positions"] = {p.arm: p.to_dict() for p in per_pos}
+    if dist is not None:
+        rep.data["distribution"] = dist.data
     return rep
 
 
