@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 BENCH = {"api": "generate", "num_requests": 2, "warmup_requests": 1, "input_len": 16, "output_len": 16,
          "concurrency": 1, "seed": 1, "timeout_s": 60, "ignore_eos": True, "request_rate": 0,
-         "client_procs": "auto"}
+         "client_procs": "auto", "temperature": 0, "top_p": 1}
 
 
 def free_port() -> int:
