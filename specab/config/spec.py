@@ -17,14 +17,14 @@ import yaml
 
 from specab.config import bench as benchcfg, defaults, engine_args
 from specab.config.yamlfile import REPO_ROOT, ConfigError, check_unknown, key_line, load_yaml
-from specab.config import builtin_data, validity
+from specab.config import builtin_data, slo, validity
 from specab.vocab import dataset, engines
 from specab.vocab.contract import redact_env
 
 DEFAULT_EXPERIMENT = REPO_ROOT / "experiments" / "default.yml"
 
 EXPERIMENT_KEYS = {"name", "description", "engine", "model_path", "server_args", "env", "arms", "bench", "timeouts",
-                   "validity", "design"}
+                   "validity", "design", "slo"}
 ARM_KEYS = {"name", "description", "server_args", "env", "cost_only"}
 BENCH_KEYS = {"api", "num_requests", "warmup_requests", "input_len", "output_len", "concurrency",
               "seed", "timeout_s", "model", "max_tokens", "dataset", "phase_timing", "ignore_eos", "request_rate",
@@ -415,6 +415,7 @@ def load_experiment(path: str | os.PathLike[str] | None = None) -> ExperimentSpe
             raise ConfigError(f"{where}{key_line(root, base + ('bench', k))}: bench.{k} must be an integer of at "
                               f"least {least}, got {bench[k]!r}.")
     validity.check_section(exp.get("validity"), where, root, base + ("validity",))
+    slo.check_section(exp.get("slo"), where, root, base + ("slo",))
     timeouts = exp.get("timeouts") or {}
     if not isinstance(timeouts, dict):
         raise ConfigError(f"{where}{key_line(root, base + ('timeouts',))}: timeouts must be a mapping.")

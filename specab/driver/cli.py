@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from specab.analysis.evidence import logparse
 from specab.analysis.measures import specmodel
-from specab.analysis.cost import design, economics, history
+from specab.analysis.cost import design, economics, history, search as searchdesign
 from specab.analysis.render import provenance, report
 from specab.config import correctness, instances
 from specab.config.fingerprint import fingerprint, fingerprint_doc
@@ -28,7 +28,8 @@ from specab.config.plan import make_plan
 from specab.config.yamlfile import ConfigError
 from specab.driver import design_inputs, fleet, preflight, session
 from specab.driver.lease import lease_states
-from specab.driver.options import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ExperimentError, Options, prepare
+from specab.driver.options import (EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ExperimentError, Options,
+                                   prepare, search_blocks)
 from specab.driver.remote import status_all
 from specab.driver.render import render_arm
 from specab.knowntruth import build as kt_build
@@ -68,6 +69,18 @@ def _add_experiment_options(p: argparse.ArgumentParser) -> None:
                         "of one arm, then the next (for comparison only)")
     p.add_argument("--skip-invalid", action="store_true",
                    help="run the valid matrix combinations and skip the refused ones (default: refuse all)")
+    p.add_argument("--slo", action="append", default=[], metavar="TERM:pQ=TARGET",
+                   help="a latency target over the experiment's slo: (repeatable): ttft_ms, tpot_ms, itl_ms (per "
+                        "token) or e2e_s at a percentile, e.g. --slo ttft_ms:p95=200 --slo tpot_ms:p95=10")
+    p.add_argument("--search", metavar="AXIS[=LO..HI]",
+                   help="find each arm's highest load that meets the SLO: request_rate (default 1..32 req/s) or "
+                        "concurrency (1..64 in flight); block 1 doubles the load from LO to HI, each later block "
+                        "brackets every configuration again, narrower (--repeats: the bracketed blocks wanted, "
+                        "--max-repeats: the most blocks; docs/analysis.md, SLO and capacity)")
+    p.add_argument("--search-tol", metavar="PCT", type=_percent,
+                   help="with --search: the tolerance the bracket narrows to, the grid's step (default 10%%)")
+    p.add_argument("--gpu-hour-usd", type=float, metavar="USD",
+                   help="price of one GPU-hour: the report gives the cost per million output tokens at the SLO")
     p.add_argument("--correctness", action="store_true",
                    help="after the measured blocks, run each speculative arm and its baseline once more in the "
                         "engine's deterministic mode (bench.correctness_requests requests each, not measured): any "
@@ -90,7 +103,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-ci", metavar="PCT", type=_percent,
                    help="add blocks until every speedup's 95%% CI half-width is within PCT (e.g. 2%%); by default "
                         "the design by cost chooses each block's requests per run and when to stop (--design)")
-    p.add_argument("--max-repeats", type=int, help="upper bound on blocks with --target-ci (default: --repeats)")
+    p.add_argument("--max-repeats", type=int, help="upper bound on blocks with --target-ci (default: --repeats) or "
+                                                   "--search (default: --repeats + 3)")
     _add_design_option(p)
     p.add_argument("--run-timeout", type=int, metavar="S", help="wall-clock limit of one run (its playbook, or its wait on the node's queue)")
     p.add_argument("--executor", choices=("auto", "queue", "per-run"), default="auto",
@@ -217,7 +231,8 @@ def _options(args: argparse.Namespace, argv: list[str]) -> Options:
                       retry_failed=getattr(args, "retry_failed", False),
                       run_timeout_s=getattr(args, "run_timeout", None), argv=argv,
                       fleet=getattr(args, "fleet", False), executor=getattr(args, "executor", "auto"),
-                      force_changed=getattr(args, "force_changed", False),
+                      force_changed=getattr(args, "force_changed", False), search=getattr(args, "search", None),
+                      search_tol=getattr(args, "search_tol", None), slo=list(getattr(args, "slo", []) or []),
                       correctness=getattr(args, "correctness", False))
 
 
@@ -267,6 +282,8 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         first = session.first_block(prepared, opts, inputs)
         cost_lines, est = _cost_plan(prepared, opts, inputs, first)
         runs, later, headline = _target_ci_runs(prepared, opts, first, est)
+    if prepared.search is not None:
+        cost_lines, headline = _search_plan(prepared, opts, host, exp_fp)
     burn = _burn_in_plan(prepared, opts, inputs, runs)
     det = _pass_plan(prepared, opts, inputs, [r for r, _ in later] or runs, list(cached.values()))
     later += [(r, "after the design's last block") for r in det["planned"] if opts.target_ci is not None]
@@ -285,7 +302,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     for n in prepared.notices:
         print(f"notice: {n}", file=out)
-    if opts.target_ci is not None:
+    if cost_lines:
         for line in cost_lines:
             print(line, file=out)
         print(file=out)
@@ -454,6 +471,21 @@ def _cost_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs,
                                   max_requests=opts.max_requests, first=first, repeats=opts.repeats,
                                   min_requests=prepared.min_requests_per_run)
     return est.lines(target), est
+
+
+def _search_plan(prepared: Any, opts: Options, host: Any, exp_fp: str) -> tuple[list[str], str]:
+    """What `run --search` will do: its ladder, the probes it is expected to add, their expected GPU-minutes (the
+    node's history or the simulator profile gives the run cost), and the plan's headline."""
+    runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
+    inputs = design_inputs.design_inputs(prepared.experiment, prepared.arms, host, runs_dir, exp_fp)
+    least, most = search_blocks(opts)
+    loads = prepared.search.ladder()
+    arms_per_load = len(prepared.arms) // max(1, len(loads))
+    lines = searchdesign.plan_lines(prepared.search, prepared.slo, families=arms_per_load,
+                                    arms=arms_per_load, requests=int(prepared.experiment.bench_settings["num_requests"]),
+                                    min_blocks=least, max_blocks=most, cost=inputs.cost)
+    return lines, (f"--search: block 1 now ({len(prepared.plan)} runs: {len(loads)} loads x {arms_per_load} arms), "
+                   f"then a block at a time until every configuration's capacity is bracketed")
 
 
 def _target_ci_runs(prepared: Any, opts: Options, first: economics.FirstBlock, est: economics.PlanEstimate | None

@@ -12,17 +12,19 @@ from typing import Any, TextIO
 
 from specab.analysis.evidence import model
 from specab.analysis.measures import stats
-from specab.analysis.cost import economics
+from specab.analysis.cost import economics, search as searchdesign
 from specab.analysis.cost.history import HistoryError
-from specab.config import bench, correctness, scoring
+from specab.config import bench, correctness, scoring, search as searchcfg
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.inventory import Host
 from specab.config.plan import PlannedRun, make_plan
+from specab.config.spec import ArmSpec
 from specab.config.yamlfile import REPO_ROOT, ConfigError
-from specab.driver import record
+from specab.driver import preflight, record
 from specab.driver.design_inputs import DesignInputs, design_inputs
 from specab.driver.lease import active_holder
-from specab.driver.options import ExperimentError, Options, Prepared, choose_executor, is_multinode
+from specab.driver.options import (ExperimentError, Options, Prepared, choose_executor, is_multinode,
+                                   search_blocks)
 from specab.driver.playbook import PlaybookResult, PlaybookRunner, runner_ident, scrub_tree
 from specab.driver.progress import Progress
 from specab.driver.record import (INTERRUPTED_REASON, PhaseClock, ingest_run_dir, log_excerpt, node_run_dir,
@@ -82,7 +84,7 @@ class RunContext:
         self.store = store
         self.out = out
         self.progress = progress
-        self.arms = {a.name: a for a in prepared.all_arms}    # every arm a run names (the deterministic pass's too)
+        self.arms = {a.name: a for a in prepared.all_arms + prepared.more_arms}    # every arm a run names
         self.runner = PlaybookRunner(REPO_ROOT, prepared.inventory.path, exp_dir / ".runner",
                                      verbose=opts.verbose, stream=lambda s: progress.notice(s))
         self.secrets = secrets_of(prepared)
@@ -310,7 +312,10 @@ class RunContext:
     # ------------------------------------------------------------------ more blocks
     def more_blocks(self) -> list[PlannedRun]:
         """The --target-ci hook, called when every planned run is done: the block the design asks for (design_block),
-        else, once, the deterministic pass's block (--correctness), after the design's last block."""
+        else, once, the deterministic pass's block (--correctness), after the design's last block. Under --search the
+        search decides (search_block)."""
+        if self.p.search is not None:
+            return self.search_block()
         if self.opts.target_ci is None:
             return []
         planned = [PlannedRun.from_row(r) for r in self.store.plan()]
@@ -365,6 +370,41 @@ class RunContext:
         self.store.write_plan([r.to_json() for r in new], repeats=blocks + 1)
         self.progress.state.total = len(self.store.plan())
         return new
+
+    def search_block(self) -> list[PlannedRun]:
+        """The capacity search's next block (specab.analysis.cost.search.next_block on the runs stored so far): its
+        probe loads' arms added (stored, spelled for the node), the block planned in the seeded order and stored,
+        the decision stored and said; [] when the search stops."""
+        assert self.p.search is not None and self.p.slo is not None
+        exp_row = self.store.experiment()
+        least, most = search_blocks(self.opts)
+        step = searchdesign.next_block(model.load_store(self.store.path, read_logs=False), self.p.search, self.p.slo,
+                                       min_blocks=least, max_blocks=most)
+        blocks = exp_row["repeats"]
+        self.store.record_design_step(blocks=blocks, design="search", more=step.more, requests=None,
+                                      reason=step.reason, plan=step.to_dict())
+        self.progress.notice(f"--search: {step.reason}")
+        if not step.more:
+            return []
+        names = [a.name for a in self.add_probe_arms(step.loads)]
+        last_seq = max(r["seq"] for r in self.store.plan())
+        new = make_plan(names, 1, exp_row["seed"], exp_row["order_mode"], first_block=blocks + 1,
+                        first_seq=last_seq + 1)
+        self.store.write_plan([r.to_json() for r in new], repeats=blocks + 1)
+        self.progress.state.total = len(self.store.plan())
+        return new
+
+    def add_probe_arms(self, loads: list[float]) -> list[ArmSpec]:
+        """The arms of these probe loads (config.search.probe_arms, spelled as the node's engine lists its flags);
+        those not known yet are stored after the experiment's arms and run like them."""
+        assert self.p.search is not None
+        arms = preflight.spell_arms(searchcfg.probe_arms(self.p.experiment, self.p.axes, self.p.search, loads),
+                                    self.p.engine_flags)
+        new = [a for a in arms if a.name not in self.arms]
+        if new:
+            self.store.write_arms([a.to_json() for a in new], first_position=len(self.store.arms()) + 1)
+        self.arms.update({a.name: a for a in new})
+        return arms
 
     def decide_block(self, limit: int) -> economics.Decision:
         """The design by cost's decision on the experiment so far (specab.analysis.cost.economics.decide_block), with

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from specab.config import armchecks, correctness, defaults, instances, validity
+from specab.config import armchecks, correctness, defaults, instances, search as searchcfg, slo as slocfg, validity
 from specab.config.inventory import Host, Inventory, default_inventory, load_inventory
-from specab.config.matrix import build_arms, parse_matrix
+from specab.config.matrix import Axis, build_arms, parse_matrix
 from specab.config.plan import Order, PlannedRun, make_plan
 from specab.config.spec import ArmSpec, ExperimentSpec, load_experiment
 from specab.config.yamlfile import ConfigError
@@ -53,6 +53,9 @@ class Options:
     fleet: bool = False                     # independent blocks per host at once (specab/driver/fleet.py)
     executor: Executor = "auto"             # auto: the run queue on one host, per-run otherwise
     force_changed: bool = False             # --resume although the experiment's fingerprint changed
+    search: str | None = None               # --search AXIS[=LO..HI]: the capacity search (config/search.py)
+    search_tol: float | None = None         # --search-tol: its tolerance (default search.DEFAULT_TOL)
+    slo: list[str] = field(default_factory=list)   # --slo TERM:pQ=TARGET, over the experiment's slo:
     correctness: bool = False               # the deterministic pass after the measured blocks (config/correctness.py)
 
 
@@ -63,6 +66,13 @@ class Prepared:
     arms: list[ArmSpec]
     notices: list[str]
     plan: list[PlannedRun]
+    slo: slocfg.Slo | None = None           # the experiment's slo: with --slo over it
+    search: searchcfg.Search | None = None  # --search: the capacity search (arms: block 1's probes)
+    axes: list[Axis] = field(default_factory=list)      # the matrix, for the search's later probe arms
+    engine_flags: list[preflight.EngineFlags] = field(default_factory=list)    # what the nodes listed (spelling)
+    # probe arms a search planned after block 1 (a resume rebuilds them from the store): run like the others, not
+    # part of the fingerprint, which is the experiment's and its first block's
+    more_arms: list[ArmSpec] = field(default_factory=list)
     # the deterministic pass's arms (--correctness; empty without it): run after the measured blocks, never measured
     det_arms: list[ArmSpec] = field(default_factory=list)
     # one server per run or per instance (config/instances.py): the groups of arms that share a server in a block
@@ -98,7 +108,7 @@ def prepare(opts: Options) -> Prepared:
         raise ConfigError(f"--max-repeats {opts.max_repeats} is below --repeats {opts.repeats}: --repeats blocks always "
                           f"run and --max-repeats caps the blocks --target-ci may add. Give --max-repeats >= "
                           f"{opts.repeats}, or fewer --repeats.")
-    if opts.max_repeats is not None and opts.target_ci is None:
+    if opts.max_repeats is not None and opts.target_ci is None and opts.search is None:
         raise ConfigError(f"--max-repeats caps the blocks --target-ci adds; without --target-ci the experiment runs "
                           f"--repeats {opts.repeats} blocks. Drop --max-repeats or add --target-ci.")
     if opts.target_ci is not None and opts.order == "blocked":
@@ -111,8 +121,14 @@ def prepare(opts: Options) -> Prepared:
     host_notices = check_hosts(inv, opts.fleet)
     check_engines(armset.arms, inv)
     check_bench_vars(inv)
-    server = instances.choose(exp, armset.arms, inv, opts.order)
-    plan = make_plan([a.name for a in armset.arms], opts.repeats, opts.seed, opts.order, burn_in=exp.burn_in,
+    axes = parse_matrix(opts.matrix, exp.engine)
+    slo = slocfg.resolve(slocfg.check_section(exp.raw.get("slo"), str(exp.path), None, ("slo",)),
+                         slocfg.parse_cli(opts.slo))
+    search = prepare_search(opts, exp, axes, slo)
+    arms = armset.arms if search is None else searchcfg.probe_arms(exp, axes, search, search.ladder())
+    blocks = 1 if search else opts.repeats
+    server = instances.choose(exp, arms, inv, opts.order)
+    plan = make_plan([a.name for a in arms], blocks, opts.seed, opts.order, burn_in=exp.burn_in,
                      burn_in_blocks=burn_in_blocks(opts, inv), groups=server.groups if server.per_instance else None)
     det = correctness.derive(exp, armset.arms) if opts.correctness else correctness.DeterministicPass()
     if opts.target_ci is None:      # with --target-ci the pass follows the design's last block (RunContext)
@@ -120,17 +136,18 @@ def prepare(opts: Options) -> Prepared:
     if opts.max_runs is not None and len(plan) > opts.max_runs:
         burned = sum(r.burn_in for r in plan)
         passed = len(det.arms) if det.arms and opts.target_ci is None else 0
-        raise ConfigError(f"{len(armset.arms)} arms x {opts.repeats} blocks"
+        raise ConfigError(f"{len(arms)} arms x {blocks} blocks"
                           + (f" + {burned} burn-in" if burned else "")
                           + (f" + {passed} deterministic-pass" if passed else "") + f" = {len(plan)} runs, above --max-runs "
                           f"{opts.max_runs} (a real run costs a server start, ~1 GPU-minute on a GPU node). "
                           f"Narrow the matrix, or pass --max-runs {len(plan)} to run them all (`driver.py plan` "
                           f"shows the plan and its expected GPU-minutes first).")
     checked = check_arms(exp, armset.arms)
-    return Prepared(experiment=exp, inventory=inv, arms=armset.arms,
+    return Prepared(experiment=exp, inventory=inv, arms=arms,
                     notices=exp.warnings + armset.notices + checked + host_notices
-                    + preflight.bind_warnings(armset.arms) + validity.arm_notices(exp.arms, armset.arms)
-                    + det.notices + instances.notices(exp, server, plan), plan=plan, det_arms=det.arms, server=server)
+                    + preflight.bind_warnings(arms) + validity.arm_notices(exp.arms, arms)
+                    + det.notices + instances.notices(exp, server, plan), plan=plan, det_arms=det.arms, slo=slo,
+                    search=search, axes=axes, server=server)
 
 
 def check_arms(exp: ExperimentSpec, arms: list[ArmSpec]) -> list[str]:
@@ -139,6 +156,33 @@ def check_arms(exp: ExperimentSpec, arms: list[ArmSpec]) -> list[str]:
     notices = armchecks.check_models(exp, arms) + armchecks.check_queueing(exp, arms)
     armchecks.check_context(exp, arms)
     return notices
+
+
+SEARCH_EXTRA_BLOCKS = 3       # a search's default cap: --repeats bracketed blocks and this many more to get them
+
+
+def search_blocks(opts: Options) -> tuple[int, int]:
+    """(the bracketed blocks a search wants: --repeats; the blocks it may run: --max-repeats, by default --repeats
+    + SEARCH_EXTRA_BLOCKS)."""
+    return opts.repeats, opts.max_repeats or opts.repeats + SEARCH_EXTRA_BLOCKS
+
+
+def prepare_search(opts: Options, exp: ExperimentSpec, axes: list[Axis], slo: slocfg.Slo | None
+                   ) -> searchcfg.Search | None:
+    """--search checked against the experiment and the other options (ConfigError before anything runs)."""
+    if opts.search is None:
+        if opts.search_tol is not None:
+            raise ConfigError("--search-tol is the tolerance of a capacity search: add --search request_rate (or "
+                              "concurrency), or drop it.")
+        return None
+    search = searchcfg.check(searchcfg.parse(opts.search, opts.search_tol), slo is not None, exp, axes)
+    for bad, why in ((opts.target_ci is not None, "--target-ci (the search adds its own blocks)"),
+                     (opts.fleet, "--fleet (its blocks run at once; the search decides each block after the last)"),
+                     (opts.order == "blocked", "--order blocked (every probe is an interleaved run)"),
+                     (opts.correctness, "--correctness (run the deterministic pass as an experiment at one load)")):
+        if bad:
+            raise ConfigError(f"--search cannot be combined with {why}.")
+    return search
 
 
 # The specab_bench_* variables that are an experiment's bench.<key> defaults (roles/specab). The driver's design,

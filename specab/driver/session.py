@@ -25,7 +25,7 @@ import yaml
 from specab.analysis.cost import design, economics, history
 from specab.analysis.evidence.model import load_store
 from specab.analysis.render.report import write_report
-from specab.config import correctness
+from specab.config import correctness, search as searchcfg
 from specab.config.fingerprint import changes, fingerprint, fingerprint_doc
 from specab.config.plan import PlannedRun, make_plan
 from specab.config.spec import ExperimentSpec
@@ -79,7 +79,7 @@ def execute(ctx: RunContext, todo: list[PlannedRun], resumed: bool = False) -> i
     fail_fast = FailFast.for_runs({pr.arm for pr in todo})
     with Interrupt() as intr:
         executor = make_executor(ctx, signal_time=lambda: intr.at)
-        more = ctx.more_blocks if ctx.opts.target_ci is not None else None
+        more = ctx.more_blocks if ctx.opts.target_ci is not None or ctx.p.search is not None else None
         try:
             try:
                 if resumed and isinstance(executor, QueueExecutor):
@@ -208,9 +208,11 @@ def check_nodes(prepared: Prepared, out: TextIO) -> list[preflight.EngineFlags]:
 
 
 def spelled(prepared: Prepared, checked: list[preflight.EngineFlags]) -> Prepared:
-    """The arms (the deterministic pass's too) in the spelling of the engine builds the nodes reported."""
+    """The arms (the deterministic pass's and a search's later probes too) in the spelling of the engine builds the
+    nodes reported, which a search spells its next probes in."""
     return dataclasses.replace(prepared, arms=preflight.spell_arms(prepared.arms, checked),
-                               det_arms=preflight.spell_arms(prepared.det_arms, checked))
+                               det_arms=preflight.spell_arms(prepared.det_arms, checked),
+                               more_arms=preflight.spell_arms(prepared.more_arms, checked), engine_flags=checked)
 
 
 def redacted_config(exp: ExperimentSpec) -> dict[str, Any]:
@@ -254,6 +256,11 @@ def _start(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, out: T
         plan, first = first_plan(prepared, opts, store, fingerprint(doc))
         prepared = dataclasses.replace(prepared, plan=plan)
         store.write_plan([r.to_json() for r in plan], repeats=measured_blocks(plan, prepared))
+        if prepared.search is not None:
+            store.record_design_step(blocks=0, design="search", more=True, requests=None,
+                                     reason=f"block 1, the ladder: {', '.join(f'{x:g}' for x in prepared.search.ladder())}"
+                                            f" {prepared.search.unit} ({prepared.search.text()}; SLO "
+                                            f"{prepared.slo.text() if prepared.slo else '-'})")
         progress = progress or Progress()
         if first is not None:       # the live projection: what the design expects the whole experiment to cost
             progress.projection(first.gpu_s, first.cost.gpus if first.cost else 1)
@@ -371,7 +378,7 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
             return conclude(EXIT_OK, store, exp_dir, out), exp_dir
         checked = check_nodes(prepared, out)
         doc = fingerprint_doc(prepared.experiment, prepared.arms)       # the logical arms, as start() hashed them
-        prepared = spelled(prepared, checked)
+        prepared = spelled(dataclasses.replace(prepared, more_arms=stored_probe_arms(prepared, store)), checked)
         with node_leases(prepared, row["id"], out):
             store.set_session_fingerprint(fingerprint(doc), doc, forced=forced)
             store.mark_running()
@@ -383,6 +390,34 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
         store.close()
 
 
+def stored_search_options(argv: list[str]) -> dict[str, Any]:
+    """--search, --search-tol and --slo as the experiment's command line gave them (a resume goes on searching), and
+    under a search its "blocks": (--repeats, --max-repeats) as given, the bracketed blocks it wants and its cap (the
+    store's repeats count the blocks planned so far); (None, None) without a search."""
+    def values(flag: str) -> list[str]:
+        return ([argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+                + [a.split("=", 1)[1] for a in argv if a.startswith(flag + "=")])
+    search, tol = values("--search"), values("--search-tol")
+    repeats, cap = values("--repeats"), values("--max-repeats")
+    blocks = (int(repeats[-1]) if repeats else Options().repeats, int(cap[-1]) if cap else None) if search \
+        else (None, None)
+    return {"search": search[-1] if search else None, "slo": values("--slo"), "blocks": blocks,
+            "search_tol": float(tol[-1].rstrip("%")) / (100 if tol[-1].endswith("%") else 1) if tol else None}
+
+
+def stored_probe_arms(prepared: Prepared, store: st.Store) -> list[Any]:
+    """The probe arms a search stored after its first block, rebuilt from the experiment as it planned them."""
+    if prepared.search is None:
+        return []
+    known = {a.name for a in prepared.arms}
+    loads = {x for a in store.arms() if a["name"] not in known
+             and (x := searchcfg.load_of(a, prepared.search.axis)) is not None}
+    if not loads:
+        return []
+    return [a for a in searchcfg.probe_arms(prepared.experiment, prepared.axes, prepared.search, sorted(loads))
+            if a.name not in known]
+
+
 def resume_options(row: dict[str, Any], opts: Options, experiment_file: str) -> Options:
     """The options a resume runs under: the plan's (matrix, repeats, seed, order, --fleet, --correctness) from the
     store, how to run it from this command. --correctness cannot be added to an experiment planned without it."""
@@ -391,15 +426,17 @@ def resume_options(row: dict[str, Any], opts: Options, experiment_file: str) -> 
         raise ExperimentError(f"experiment {row['id']} was planned without --correctness: its plan has no "
                               f"deterministic pass to resume. Resume without --correctness, or start a new "
                               f"experiment with it.")
+    searched = stored_search_options(argv)
+    least, most = searched.pop("blocks")
     return Options(experiment_file=experiment_file,
                    inventory_file=opts.inventory_file or row["inventory_file"], matrix=list(row["matrix"]),
-                   repeats=row["repeats"], seed=row["seed"], order=row["order_mode"],
+                   repeats=least or row["repeats"], seed=row["seed"], order=row["order_mode"],
                    runs_dir=opts.runs_dir, verbose=opts.verbose, skip_invalid=True,
-                   target_ci=opts.target_ci, max_repeats=opts.max_repeats, design=opts.design,
+                   target_ci=opts.target_ci, max_repeats=opts.max_repeats or most, design=opts.design,
                    max_requests=opts.max_requests, retry_failed=opts.retry_failed,
                    run_timeout_s=opts.run_timeout_s, argv=opts.argv,
                    fleet=opts.fleet or "--fleet" in argv, executor=opts.executor,
-                   correctness="--correctness" in argv)
+                   correctness="--correctness" in argv, **searched)
 
 
 def pass_not_planned(store: st.Store, prepared: Prepared, opts: Options, todo: list[PlannedRun]
@@ -469,6 +506,8 @@ def print_verdict_caveats(exp_dir: Path, store: st.Store, out: TextIO) -> None:
     for line in (data.get("verdicts") or {}).values():
         print(f"verdict: {line}", file=out)
     findings = data.get("findings") or []
+    for line in (data.get("capacity") or {}).get("verdicts") or []:     # the iso-SLO ratios (SLO and capacity)
+        print(f"capacity: {line}", file=out)
     loads = data.get("loads") or {}
     if len(loads.get("loads") or []) > 1:      # the verdict at each load, per configuration
         for fam in loads.get("families") or []:

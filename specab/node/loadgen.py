@@ -45,7 +45,10 @@ the bottleneck however many there are), ``client_cpu_per_proc_s`` each one's (th
 how many worked.
 
 Under speculative decoding one chunk carries several tokens (one verify step), so per-chunk gaps
-are not per-token latencies; ``decode_tok_s`` and ``tpot_s`` are computed from token counts.
+are not per-token latencies; ``decode_tok_s`` and ``tpot_s`` are computed from token counts, and the summary's
+``latency`` has the inter-token latency both per chunk (``itl_s``) and per token (``itl_token_s``: a chunk's gap
+spread over its tokens). Under an open load (``--request-rate``) each measured record has its scheduled arrival
+(``arrival_s``, from the measurement's start) and how long it waited after it for a free slot (``arrival_wait_s``).
 """
 
 from __future__ import annotations
@@ -778,12 +781,18 @@ def arrival_offsets(rate: float, n: int, seed: int) -> List[float]:
 
 
 def _one_request(cfg: BenchConfig, target: Target, i: int, prompt: Any, warmup: bool, kt: Optional[Dict[str, Any]],
-                 per_request_vllm: bool) -> Dict[str, Any]:
-    """Request ``i``'s bench.jsonl record (never raises: a client bug is the record's error)."""
+                 per_request_vllm: bool, arrival: Optional[Tuple[float, float]] = None) -> Dict[str, Any]:
+    """Request ``i``'s bench.jsonl record (never raises: a client bug is the record's error). ``arrival``: (its
+    scheduled arrival in seconds from the measurement's start, that arrival on time.monotonic()) under an open load:
+    the record keeps both the arrival (``arrival_s``) and how long after it the request was sent (``arrival_wait_s``:
+    it waited for a free slot of the client's in-flight cap), so a latency can be counted from the arrival."""
     body = build_body(cfg.api, prompt, cfg.output_len, cfg.model, cfg.ignore_eos, cfg.temperature, cfg.top_p)
     try:
         before = vllm_spec_metrics(target, cfg.timeout) if per_request_vllm else None
+        wait = None if arrival is None else max(0.0, time.monotonic() - arrival[1])
         rec = run_request(target, cfg.api, body, cfg.timeout)
+        if arrival is not None:
+            rec["arrival_s"], rec["arrival_wait_s"] = round(arrival[0], 6), round(wait or 0.0, 6)
         if kt is not None:
             _known_truth_fields(rec, prompt, kt)
         if before is not None and rec.get("ok"):
@@ -836,6 +845,7 @@ def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: boo
     jobs = queue.Queue()  # type: queue.Queue
     # warm-ups go back to back: the arrival schedule is the measured load's
     due = arrival_offsets(0.0 if warmup else cfg.request_rate, len(prompts), cfg.seed)
+    open_load = not warmup and cfg.request_rate > 0
     for i, p in enumerate(prompts):
         jobs.put((i, p))
     t0 = time.monotonic()
@@ -847,7 +857,8 @@ def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: boo
             except queue.Empty:
                 return
             _sleep_until(t0 + due[i])
-            recorder.write(_one_request(cfg, target, i, prompt, warmup, kt, per_request_vllm))
+            recorder.write(_one_request(cfg, target, i, prompt, warmup, kt, per_request_vllm,
+                                        (due[i], t0 + due[i]) if open_load else None))
 
     threads = [threading.Thread(target=worker, name="loadgen-%d" % k, daemon=True)
                for k in range(min(cfg.concurrency, len(prompts)))]
@@ -878,8 +889,9 @@ def worker_process(fd: int) -> None:
 
 def _worker_main(conn: Any, settings: Dict[str, Any], kt: Optional[Dict[str, Any]], slots: int) -> None:
     """One client worker process, serving the benchmark's phases (warm-up, measured) one after another: per phase,
-    ``slots`` threads that each send the jobs the parent hands this process, one at a time ((i, prompt, due, warmup)
-    with due on time.monotonic(), which is system-wide: the parent's clock), and send each record back as it
+    ``slots`` threads that each send the jobs the parent hands this process, one at a time ((i, prompt, due, warmup,
+    offset) with due on time.monotonic(), which is system-wide: the parent's clock, and offset the scheduled arrival
+    from the phase's start under an open load, else None), and send each record back as it
     finishes. Messages to the parent: ("ready", pid) once, ("rec", i, record), and ("done", cpu_s) at each phase's
     end (this process's CPU seconds in that phase); from it: a job, or None (this phase has no more for it). The
     parent's end closing ends this process: between phases that is the benchmark's end, within one the parent died
@@ -897,9 +909,10 @@ def _worker_main(conn: Any, settings: Dict[str, Any], kt: Optional[Dict[str, Any
             job = jobs.get()
             if job is None:
                 return
-            i, prompt, due, warmup = job
+            i, prompt, due, warmup, offset = job
             _sleep_until(due)
-            send(("rec", i, _one_request(cfg, target, i, prompt, warmup, kt, False)))
+            send(("rec", i, _one_request(cfg, target, i, prompt, warmup, kt, False,
+                                         None if offset is None else (offset, due))))
 
     send(("ready", os.getpid()))
     while True:
@@ -1034,6 +1047,7 @@ class _ProcPool(object):
         conns = self.conns
         live = set(self.alive)          # the phase's workers that have not said "done" (nor died)
         due = arrival_offsets(0.0 if self.warmup else self.cfg.request_rate, len(self.prompts), self.cfg.seed)
+        open_load = not self.warmup and self.cfg.request_rate > 0
         t0 = time.monotonic()
         nxt = 0
         finished = set()                # told there is no more work
@@ -1042,7 +1056,8 @@ class _ProcPool(object):
                 while self.died is None and nxt < len(self.prompts) and len(self.held[w]) < self.slots[w]:
                     self.held[w].add(nxt)
                     try:
-                        conns[w].send((nxt, self.prompts[nxt], t0 + due[nxt], self.warmup))
+                        conns[w].send((nxt, self.prompts[nxt], t0 + due[nxt], self.warmup,
+                                       due[nxt] if open_load else None))
                     except OSError:
                         self.held[w].discard(nxt)   # not sent: recorded with the rest (its EOF is read below)
                         break
@@ -1124,7 +1139,7 @@ def _mean(values: List[float]) -> Optional[float]:
     return statistics.fmean(values) if values else None
 
 
-LATENCY_PERCENTILES = (50, 90, 99)
+LATENCY_PERCENTILES = (50, 90, 95, 99)
 
 
 def percentile(values: List[float], q: float) -> Optional[float]:
@@ -1139,18 +1154,34 @@ def percentile(values: List[float], q: float) -> Optional[float]:
 
 
 def inter_token_latencies(rec: Dict[str, Any]) -> List[float]:
-    """A request's inter-token latencies: the gaps between its consecutive streamed chunks (seconds). A chunk that
-    carries several tokens (a speculative cycle's accepted drafts) is one gap, as a user sees it arrive."""
+    """A request's inter-token latencies per streamed chunk (``itl_s``): the gaps between its consecutive chunks
+    (seconds). A chunk that carries several tokens (a speculative cycle's accepted drafts) is one gap, as a user sees
+    it arrive."""
     t = rec.get("chunk_t_s") or []
     return [b - a for a, b in zip(t, t[1:])]
 
 
+def per_token_latencies(chunk_t: List[float], chunk_n: List[int]) -> List[float]:
+    """Inter-token latencies per token (``itl_token_s``): each chunk after the first spreads its gap over the tokens
+    it carries, one value per token (a chunk of 3 tokens 6 ms after the previous one: three values of 2 ms). Their
+    mean is the request's time per token after its first chunk: a speculative arm's chunks of several tokens compare
+    with a baseline's chunks of one. A chunk that carries no token count is skipped."""
+    out = []  # type: List[float]
+    for a, b, n in zip(chunk_t, chunk_t[1:], chunk_n[1:]):
+        if n and n > 0:
+            out.extend([(b - a) / n] * int(n))
+    return out
+
+
 def latency_percentiles(ok: List[Dict[str, Any]]) -> Dict[str, Dict[str, Optional[float]]]:
-    """p50/p90/p99 of the measured requests' TTFT, TPOT and end-to-end latency (one value per request) and of their
-    inter-token latencies (every gap of every request), seconds."""
+    """p50/p90/p95/p99 of the measured requests' TTFT, TPOT and end-to-end latency (one value per request), of their
+    inter-token latencies per chunk (``itl_s``: every gap of every request) and per token (``itl_token_s``: every
+    token's share of its chunk's gap; requests delivered in a burst left out, as for TPOT), seconds."""
     cols = {k: [r[k] for r in ok if r.get(k) is not None] for k in ("ttft_s", "tpot_s", "e2e_s")}
     cols["itl_s"] = [g for r in ok for g in inter_token_latencies(r)]
-    return {k: {"p%d" % q: percentile(v, q) for q in LATENCY_PERCENTILES} for k, v in cols.items()}
+    cols["itl_token_s"] = [g for r in ok if not r.get("buffered")
+                           for g in per_token_latencies(r.get("chunk_t_s") or [], r.get("chunk_tokens") or [])]
+    return {k: {"p%g" % q: percentile(v, q) for q in LATENCY_PERCENTILES} for k, v in cols.items()}
 
 
 def spec_positions(records: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:

@@ -351,9 +351,10 @@ class Store:
                       (id, name, time.time(), "running", seed, repeats, order_mode, experiment_file, inventory_file,
                        _dumps(config), _dumps(matrix), _dumps(argv), _dumps(hosts), specab_version, git_sha))
 
-    def write_arms(self, arms: Iterable[dict[str, Any]]) -> None:
+    def write_arms(self, arms: Iterable[dict[str, Any]], first_position: int = 1) -> None:
+        """Arms in order of definition; ``first_position``: after the arms written before (a search's later probes)."""
         with self._tx() as c:
-            for pos, a in enumerate(arms, start=1):
+            for pos, a in enumerate(arms, start=first_position):
                 sa = a["server_args"]
                 spec = engines.speculative_view(sa)      # SGLang's speculative_* or vLLM's speculative_config
                 c.execute("INSERT INTO arms VALUES (?,?,?,?,?,?,?,?,?,?,?)",
@@ -646,6 +647,13 @@ class Store:
             r["extra"] = json.loads(r.pop("extra_json") or "null")
         return out
 
+    def request_chunks(self, seq: int) -> list[tuple[int, list[float], list[int]]]:
+        """A run's measured, answered requests as (i, chunk_t_s, chunk_tokens): the per-chunk arrays that
+        request_rows leaves out (an empty list where a record had none)."""
+        cur = self._tuples("SELECT i, chunk_t_json, chunk_tokens_json FROM requests WHERE seq=? AND warmup=0 AND ok=1"
+                           " ORDER BY host, line", (seq,))
+        return [(i, json.loads(t or "null") or [], json.loads(n or "null") or []) for i, t, n in cur]
+
     def request_outputs(self, seq: int) -> list[dict[str, Any]]:
         """A run's measured request records as the output checks read them: ``i``, ``ok``, ``warmup`` and, from
         extra_json, ``output_ids`` / ``output_text`` / ``finish_reason`` (no chunk arrays)."""
@@ -663,7 +671,9 @@ class Store:
     # raw_json are not decoded (a 1,000-run experiment has ~330,000 GPU-sample rows).
     # plus the keys of extra_json the analysis reads: a dataset request's category (loadgen copies it from the
     # record) and the engine's finish reason (stop: the model ended the answer; length: output_len was reached)
-    REQUEST_EXTRAS = ("category", "finish_reason")
+    # and, under an open load, the request's scheduled arrival and its wait for a free slot of the client, and
+    # whether its tokens reached the client in a burst (node/loadgen)
+    REQUEST_EXTRAS = ("category", "finish_reason", "arrival_s", "arrival_wait_s", "buffered")
     REQUEST_ROW = ("seq",) + REQUEST_FIELDS + REQUEST_EXTRAS
     GPU_SAMPLE_ROW = ("seq", "ts", "gpu", "sm_clock_mhz", "max_sm_clock_mhz", "mem_clock_mhz", "util_pct",
                       "power_w", "temp_c", "throttle_reasons", "host", "uuid")

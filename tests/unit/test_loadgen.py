@@ -379,6 +379,27 @@ def test_an_open_load_sends_each_request_at_its_arrival_time(make_server, tmp_pa
     assert due[-1] > 0.05 and summary["request_rate"] == 20.0 and summary["ok"] == 6
 
 
+@pytest.mark.parametrize("procs", [1, 2])
+def test_an_open_load_records_each_arrival_and_the_wait_for_a_slot(make_server, tmp_path: Path, procs: int) -> None:
+    """At most 2 in flight at 40 arrivals per second for requests of ~0.1 s: later requests find both slots busy and
+    go out late. Each record keeps its scheduled arrival (arrival_s, the seeded schedule's) and how long after it it
+    was sent (arrival_wait_s): arrival + wait is when it went, on one clock with the others' (the client's threads
+    and its worker processes alike); a closed loop's records have neither."""
+    srv = make_server(first_delay_s=0.02, gap_s=0.02)
+    summary, records = run(srv, tmp_path, num_requests=8, warmup=1, concurrency=2, request_rate=40.0,
+                           client_procs=procs)
+    due = loadgen.arrival_offsets(40.0, 8, seed=summary["seed"])
+    measured = sorted((r for r in records if not r["warmup"]), key=lambda r: r["i"])
+    t0 = measured[0]["start_ts"] - measured[0]["arrival_wait_s"]
+    for r in measured:
+        assert r["arrival_s"] == pytest.approx(due[r["i"]], abs=1e-6)
+        assert r["start_ts"] - t0 == pytest.approx(r["arrival_s"] + r["arrival_wait_s"], abs=0.01), r["i"]
+    assert max(r["arrival_wait_s"] for r in measured) > 0.05          # the slots were busy: a real wait
+    assert all("arrival_s" not in r for r in records if r["warmup"])
+    _, closed = run(srv, tmp_path, num_requests=2, warmup=0, concurrency=2, request_rate=0.0)
+    assert all("arrival_s" not in r and "arrival_wait_s" not in r for r in closed)
+
+
 @pytest.mark.parametrize("fail,needle", [("http500", "HTTP 500"), ("cut", "before 'data: [DONE]'"),
                                          ("error_event", "scheduler died"), ("hang", "timeout")])
 def test_failures_are_recorded_not_fatal(make_server, tmp_path: Path, fail: str, needle: str) -> None:

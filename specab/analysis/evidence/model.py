@@ -62,6 +62,9 @@ class Request:
     accept_len: float | None = None
     category: str | None = None           # the dataset record's category (None: synthetic or uncategorised)
     finish_reason: str | None = None      # the engine's: stop (the model's own end) or length (output_len reached)
+    arrival_s: float | None = None        # open load: its scheduled arrival, seconds from the measurement's start
+    arrival_wait_s: float | None = None   # open load: from that arrival to its send (a free slot of the client)
+    buffered: bool | None = None          # its tokens reached the client in a burst (no decode pace: node/loadgen)
 
     @classmethod
     def from_json(cls, d: dict) -> "Request":
@@ -680,7 +683,7 @@ def _time_scale(server_info: Any) -> float:
 
 def _unscale_request(q: Request, scale: float) -> None:
     """A simulated node at time scale s runs s times faster: convert back to simulated seconds."""
-    for k in ("ttft_s", "e2e_s", "tpot_s"):
+    for k in ("ttft_s", "e2e_s", "tpot_s", "arrival_s", "arrival_wait_s"):
         v = getattr(q, k)
         if v is not None:
             setattr(q, k, v * scale)
@@ -856,6 +859,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
                            "created": e.get("created"), "finished": e.get("finished"),
                            "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
                            "matrix": e.get("matrix"), "time_scales": scales, "design_steps": design_steps,
+                           "argv": list(argv),
                            "run_fingerprints": {r["run_id"]: run_fps[r["seq"]] for r in run_rows
                                                 if r["seq"] in run_fps and not r.get("burn_in")}},
                      burn_in=burn_in)

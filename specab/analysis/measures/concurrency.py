@@ -15,7 +15,12 @@ Definitions (docs/analysis.md, "Verdict per load"):
 - break-even at load c: tau* = cycle / baseline step, both from the runs at c (cycle = tau / per-user tok/s of the
   arm, step = 1 / per-user tok/s of the baseline), so the verify pass is costed at that batch, never from the
   single-stream step;
-- crossover: where the speedup crosses 1 as the load grows. Between the two measured loads that bracket the first
+- at an arrival rate (an open load) each run's offered and achieved rates and queueing (measures.loadserve): where
+  both arms of a point kept up in every block, the point "served the offered load": its throughput ratio is ~1 by
+  construction and is not stated (nor used for a crossover); the comparison there is latency (TTFT, TPOT, per-token
+  ITL percentiles, paired ratios over blocks). A closed loop (requests in flight) saturates by construction and
+  keeps its throughput verdict;
+- crossover: where the speedup crosses 1 as the load grows (in throughput: over the points whose ratio is stated). Between the two measured loads that bracket the first
   crossing, log speedup is interpolated linearly in log concurrency (the geometric-mean speedup is a mean of logs;
   loads are sown on a doubling scale). Its 95 % range carries the intervals' ends through the same interpolation:
   the curve of interval lower ends crosses 1 first (the low end of the range), the curve of upper ends last (the
@@ -30,7 +35,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from specab.analysis.measures import stats
+from specab.analysis.measures import loadserve, stats
+from specab.analysis.measures.latency import RunTimes, times_of
 from specab.analysis.evidence.model import Experiment, Run, arm_concurrency, arm_rate, load_label
 
 _LOAD_SUFFIX = re.compile(r"-c(\d+)$")
@@ -58,6 +64,31 @@ class LoadPoint:
     tau: float | None                  # the arm's accept length at this load (mean over runs)
     latency: dict[str, dict[str, dict[str, float | None]]] = field(default_factory=dict)  # arm|baseline -> metric -> pXX
     rate: float = 0.0                  # measured requests per second at arrival times; 0: a closed loop
+    serve: dict[str, list[loadserve.Serve]] = field(default_factory=dict)   # arm|baseline -> per run
+    latency_ratios: dict[str, stats.Speedup] = field(default_factory=dict)  # label -> paired ratio arm / baseline
+
+    @property
+    def served(self) -> bool:
+        """Both arms kept up with the offered arrival rate in every run (never at a closed loop): the throughput
+        ratio is the arrival rate's by construction and is not stated."""
+        runs = [s for who in ("arm", "baseline") for s in self.serve.get(who, [])]
+        return self.rate > 0 and bool(runs) and all(s.kept_up for s in runs)
+
+    @property
+    def throughput_stated(self) -> bool:
+        return not self.served
+
+    def served_text(self) -> str:
+        """"both served the offered load (4 req/s offered; achieved 3.98 / 4.01 req/s)" with the latency ratios."""
+        def achieved(who: str) -> str:
+            v = [s.achieved for s in self.serve.get(who, []) if s.achieved]
+            return f"{statistics.median(v):.3g}" if v else "-"
+        offered = [s.offered for w in ("arm", "baseline") for s in self.serve.get(w, []) if s.offered]
+        lat = ", ".join(loadserve.ratio_text(k, v) for k, v in self.latency_ratios.items()
+                        if k in ("TTFT p95", "TPOT p50", "ITL/token p95"))
+        return (f"both served the offered load ({statistics.median(offered):.3g} req/s offered; achieved "
+                f"{achieved('arm')} / {achieved('baseline')} req/s), no throughput ratio; latency arm/baseline: "
+                f"{lat}") if offered else "both served the offered load"
 
     @property
     def load(self) -> float:
@@ -85,7 +116,10 @@ class LoadPoint:
                 "per_user": self.per_user.to_dict(), "throughput": self.throughput.to_dict(),
                 "arm_tok_s": self.arm_tok_s, "baseline_tok_s": self.baseline_tok_s,
                 "arm_throughput": self.arm_throughput, "baseline_throughput": self.baseline_throughput,
-                "tau": self.tau, "tau_star": self.tau_star, "latency": self.latency}
+                "tau": self.tau, "tau_star": self.tau_star, "latency": self.latency,
+                "served": self.served, "throughput_stated": self.throughput_stated,
+                "serve": {w: [x.to_dict() for x in v] for w, v in self.serve.items()},
+                "latency_ratios": {k: v.to_dict() for k, v in self.latency_ratios.items()}}
 
 
 def served(exp: Experiment, arm: str) -> tuple[int, int] | None:
@@ -123,9 +157,12 @@ class Crossover:
     pays: str | None = None             # without a crossing: "everywhere" | "nowhere" | None (too few loads)
     loads: tuple[float, ...] = ()
     unit: str = IN_FLIGHT               # of the loads: requests in flight, or arrivals per second
+    note: str | None = None             # why there is no verdict at all (every point served its offered load)
 
     def text(self) -> str:
         lo_c, hi_c = (f"{min(self.loads):g}", f"{max(self.loads):g}") if self.loads else ("0", "0")
+        if self.note:
+            return self.note
         if self.estimate is None:
             if self.pays == "everywhere":
                 return f"pays {self.measure} at every measured load (up to {hi_c} {self.unit})"
@@ -140,7 +177,7 @@ class Crossover:
     def to_dict(self) -> dict[str, Any]:
         return {"measure": self.measure, "estimate": self.estimate, "lo": self.lo, "hi": self.hi,
                 "lo_open": self.lo_open, "hi_open": self.hi_open, "direction": self.direction, "pays": self.pays,
-                "loads": list(self.loads), "unit": self.unit, "text": self.text()}
+                "loads": list(self.loads), "unit": self.unit, "note": self.note, "text": self.text()}
 
 
 @dataclass
@@ -152,16 +189,20 @@ class Family:
     throughput: Crossover
 
     def verdict(self) -> str:
-        """One line: the speedup at each load, per user then in throughput, and the crossovers."""
-        def series(measure: str) -> str:
-            parts = []
-            for i, p in enumerate(self.points):
-                est = getattr(p, measure).estimate
-                where = p.label if i == 0 else f"{p.load:g}" + ("" if p.unit == IN_FLIGHT else f" {p.unit}")
-                parts.append(f"{_x(est)} at {where}")
-            return ", ".join(parts)
-        return (f"{self.name}: {series('per_user')} per user; {series('throughput')} in throughput; "
-                f"{self.per_user.text()}; {self.throughput.text()}.")
+        """One line: the speedup at each load, per user then in throughput (where stated: a load both arms served
+        says so, with its latency ratios, instead), and the crossovers."""
+        def where(i: int, p: LoadPoint) -> str:
+            return p.label if i == 0 else f"{p.load:g}" + ("" if p.unit == IN_FLIGHT else f" {p.unit}")
+
+        per_user = ", ".join(f"{_x(p.per_user.estimate)} at {where(i, p)}" for i, p in enumerate(self.points))
+        thr = [f"{_x(p.throughput.estimate)} at {where(i, p)}" for i, p in enumerate(self.points)
+               if p.throughput_stated]
+        served = [f"at {where(i, p)} {p.served_text()}" for i, p in enumerate(self.points) if p.served]
+        parts = [f"{self.name}: {per_user} per user"]
+        if thr:
+            parts.append(f"{', '.join(thr)} in throughput")
+        parts += served + [self.per_user.text(), self.throughput.text()]
+        return "; ".join(parts) + "."
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "points": [p.to_dict() for p in self.points], "per_user": self.per_user.to_dict(),
@@ -171,6 +212,7 @@ class Family:
 @dataclass
 class LoadReport:
     families: list[Family] = field(default_factory=list)
+    times: dict[str, RunTimes] | None = None      # the runs' request latencies read for the points (not reported)
 
     @property
     def loads(self) -> list[float]:
@@ -220,8 +262,14 @@ def crossing(loads: list[float], speedups: list[float | None]) -> tuple[float | 
 
 
 def crossover(measure: str, points: list[LoadPoint], attr: str) -> Crossover:
-    loads = [p.load for p in points]
     unit = points[0].unit if points else IN_FLIGHT
+    if attr == "throughput":        # a ratio that is the arrival rate's by construction places no crossover
+        stated = [p for p in points if p.throughput_stated]
+        if not stated and points:
+            return Crossover(measure, None, None, None, loads=tuple(p.load for p in points), unit=unit,
+                             note=f"no verdict {measure}: both arms served the offered load at every measured rate")
+        points = stated
+    loads = [p.load for p in points]
     sps = [getattr(p, attr) for p in points]
     est = [s.estimate for s in sps]
     have = [e for e in est if e is not None]
@@ -274,10 +322,30 @@ def _latency(runs: list[Run]) -> dict[str, dict[str, float | None]]:
             for m, qs in out.items()}
 
 
+def _latency_of(runs: list[Run], times: dict[str, RunTimes]) -> dict[str, dict[str, float | None]]:
+    """Median over runs of each latency percentile: recomputed from the requests (latency.RunTimes, TTFT and e2e from
+    the scheduled arrival under an arrival rate, ITL per chunk and per token) where read, else the client's."""
+    if not runs or not all(r.run_id in times for r in runs):
+        return _latency(runs)
+    per = [times[r.run_id].percentiles() for r in runs]
+    return {m: {q: _median([p[m][q] for p in per]) for q in per[0][m]} for m in per[0]}
+
+
+def _serve(points: list[LoadPoint], exp: Experiment, times: dict[str, RunTimes], seed: int) -> None:
+    """Each point's runs' offered and achieved rates and queueing, and its paired latency ratios."""
+    for p in points:
+        for who, name in (("arm", p.arm), ("baseline", p.baseline)):
+            p.serve[who] = [loadserve.serve_of(r, times[r.run_id]) for r in exp.runs_of(name) if r.run_id in times]
+            p.latency[who] = _latency_of(exp.runs_of(name), times)
+        p.latency_ratios = loadserve.latency_ratios(exp, p.arm, times, seed)
+
+
 def analyse_loads(exp: Experiment, seed: int = stats.DEFAULT_SEED,
-                  per_user: dict[str, stats.Speedup] | None = None) -> LoadReport:
+                  per_user: dict[str, stats.Speedup] | None = None,
+                  times: dict[str, RunTimes] | None = None) -> LoadReport:
     """Every speculative arm as a point (configuration, load), grouped into families. ``per_user``: speedups
-    already computed (stats.analyse), reused rather than drawn again."""
+    already computed (stats.analyse), reused rather than drawn again; ``times``: the runs' request latencies
+    (latency.times_of), read here where several loads or an arrival rate need them and not given."""
     groups: dict[str, list[LoadPoint]] = {}
     for a in exp.spec_arms:
         c = arm_concurrency(exp, a.name)
@@ -295,6 +363,12 @@ def analyse_loads(exp: Experiment, seed: int = stats.DEFAULT_SEED,
             latency={"arm": _latency(arm_runs), "baseline": _latency(base_runs)}, rate=arm_rate(exp, a.name))
         groups.setdefault(family_name(a.name, c, a.matrix), []).append(point)
     rep = LoadReport()
+    points = [p for pts in groups.values() for p in pts]
+    if len({p.load for p in points}) > 1 or any(p.rate > 0 for p in points):
+        wanted = list({r.run_id: r for p in points for name in (p.arm, p.baseline) for r in exp.runs_of(name)}.values())
+        times = times if times is not None else times_of(exp, wanted)
+        _serve(points, exp, times, seed)
+        rep.times = times
     for name, pts in groups.items():
         pts.sort(key=lambda p: p.load)
         rep.families.append(Family(name, pts, crossover("per user", pts, "per_user"),

@@ -8,15 +8,12 @@ the statistics, the spec model and the doctor, writes both files into the experi
 from __future__ import annotations
 
 import argparse
-import base64
-import html
 import io
 import json
 import math
 import os
 import sys
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Sequence, TextIO
 
@@ -35,118 +32,14 @@ from specab.analysis.measures import workload
 from specab.analysis.evidence.model import (AnalysisError, Experiment, arm_concurrency, arm_rate, bench_concurrency,
                                             gc_paused, load_label, load_store, tok_s_meaning)
 from specab.analysis.measures import validity
+# the document model (Report and its blocks, Markdown and HTML), used here and by the callers as report.<name>
+from specab.analysis.render.document import (Bullets, Heading, Image, Para, Pre, Report, Table,  # noqa: F401
+                                             to_html, to_markdown)
+from specab.analysis.render.capacity import CapacityOptions, capacity_section
+from specab.analysis.render.loadserve import serve_blocks
+from specab.config.yamlfile import ConfigError
 from specab.results.locate import NotFound, locate
 from specab.analysis.subcommand import standalone_main
-
-# ------------------------------------------------------------------------------ document model
-# A report is a list of blocks rendered twice (Markdown and HTML) from the same data.
-
-
-@dataclass
-class Heading:
-    text: str
-    level: int = 2
-
-
-@dataclass
-class Para:
-    text: str
-
-
-@dataclass
-class Bullets:
-    items: list[str]
-
-
-@dataclass
-class Table:
-    header: list[str]
-    rows: list[list[str]]
-
-
-@dataclass
-class Pre:
-    text: str
-
-
-@dataclass
-class Image:
-    name: str          # file name under report/
-    title: str
-    png: bytes
-
-
-@dataclass
-class Report:
-    title: str
-    blocks: list[Any] = field(default_factory=list)
-    summary: list[str] = field(default_factory=list)
-    data: dict = field(default_factory=dict)
-
-    def add(self, *blocks: Any) -> None:
-        self.blocks.extend(blocks)
-
-
-def _md_cell(s: str) -> str:
-    return s.replace("|", "\\|").replace("\n", " ")
-
-
-def to_markdown(rep: Report, image_dir: str = "report") -> str:
-    out = [f"# {rep.title}", ""]
-    if rep.summary:
-        out += ["## Summary", ""] + [f"- {s}" for s in rep.summary] + [""]
-    for b in rep.blocks:
-        if isinstance(b, Heading):
-            out += [f"{'#' * b.level} {b.text}", ""]
-        elif isinstance(b, Para):
-            out += [b.text, ""]
-        elif isinstance(b, Bullets):
-            out += [f"- {i}" for i in b.items] + [""]
-        elif isinstance(b, Table):
-            out.append("| " + " | ".join(_md_cell(h) for h in b.header) + " |")
-            out.append("|" + "---|" * len(b.header))
-            out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in b.rows]
-            out.append("")
-        elif isinstance(b, Pre):
-            out += ["```", b.text, "```", ""]
-        elif isinstance(b, Image):
-            out += [f"![{b.title}]({image_dir}/{b.name})", ""]
-    return "\n".join(out)
-
-
-_CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;
-padding:0 1em;color:#1b1f23;line-height:1.45}table{border-collapse:collapse;margin:.5em 0 1.2em}
-td,th{border:1px solid #d0d7de;padding:.3em .6em;text-align:left;font-size:.92em}th{background:#f6f8fa}
-pre{background:#f6f8fa;padding:.8em;overflow-x:auto;font-size:.85em}img{max-width:100%;border:1px solid #eee}
-h1{border-bottom:2px solid #d0d7de}.summary{background:#eef6ff;border-left:4px solid #0969da;padding:.6em 1em}"""
-
-
-def to_html(rep: Report) -> str:
-    e = html.escape
-    out = ["<!DOCTYPE html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">",
-           f"<title>{e(rep.title)}</title><style>{_CSS}</style></head><body>", f"<h1>{e(rep.title)}</h1>"]
-    if rep.summary:
-        out.append("<div class=\"summary\"><ul>" + "".join(f"<li>{e(s)}</li>" for s in rep.summary) + "</ul></div>")
-    for b in rep.blocks:
-        if isinstance(b, Heading):
-            out.append(f"<h{b.level}>{e(b.text)}</h{b.level}>")
-        elif isinstance(b, Para):
-            out.append(f"<p>{e(b.text)}</p>")
-        elif isinstance(b, Bullets):
-            out.append("<ul>" + "".join(f"<li>{e(i)}</li>" for i in b.items) + "</ul>")
-        elif isinstance(b, Table):
-            out.append("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in b.header) + "</tr></thead><tbody>"
-                       + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in b.rows)
-                       + "</tbody></table>")
-        elif isinstance(b, Pre):
-            out.append(f"<pre>{e(b.text)}</pre>")
-        elif isinstance(b, Image):
-            data = base64.b64encode(b.png).decode("ascii")
-            out.append(f"<figure><img alt=\"{e(b.title)}\" title=\"{e(b.title)}\" "
-                       f"src=\"data:image/png;base64,{data}\"><figcaption>{e(b.title)}</figcaption></figure>")
-    out.append("</body></html>")
-    return "\n".join(out)
-
 
 # ------------------------------------------------------------------------------ plots
 
@@ -644,7 +537,8 @@ def _mean_alpha(model: specmodel.ModelResult) -> float | None:
 
 
 def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
-                 target_tok_s: float | None = None, plots: bool = True) -> Report:
+                 target_tok_s: float | None = None, plots: bool = True,
+                 capacity: CapacityOptions | None = None) -> Report:
     st = stats.analyse(exp)
     val = validity.check(exp)
     findings = doctor.diagnose(exp, st, config, validity=val)
@@ -757,6 +651,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
 
     if loads.several_loads:
         _load_blocks(rep, loads, plots)
+    slo_data = capacity_section(rep, exp, times=loads.times, plots=plots, opts=capacity)
 
     # spec model: one per baseline with speculative arms (e.g. per engine build of an engine A/B, per load)
     models = {exp.baseline: model}
@@ -865,7 +760,7 @@ def build_report(exp: Experiment, *, config: doctor.DoctorConfig | None = None,
                 "findings": [f.to_dict() for f in findings], "summary": rep.summary, "cost": spent.to_dict(),
                 "known_truth": truth.to_dict() if truth is not None else None,
                 "validity": val.to_dict(), "verdicts": verdicts,
-                "loads": loads.to_dict(), "instances": spread.to_dict(),
+                "loads": loads.to_dict(), "instances": spread.to_dict(), "capacity": slo_data,
                 "workload": {"label": workload.label(exp), "ignore_eos": workload.ignore_eos(exp),
                              "lengths": {r.arm: r.to_dict() for r in lengths},
                              "categories": {a: [r.to_dict() for r in rows] for a, rows in cats.items()}}}
@@ -884,8 +779,13 @@ def _sp_cell(sp: stats.Speedup) -> str:
     return f"{sp.estimate:.3f} ({sp.ci.lo:.3f}-{sp.ci.hi:.3f})"
 
 
+# (the latency's key, its column): the client's summary names the per-chunk ITL itl_s, the recomputed one itl_chunk_s
+LATENCY_COLUMNS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_chunk_s", "ITL per chunk"),
+                   ("itl_token_s", "ITL per token"))
+
+
 def _ms(lat: dict, metric: str, q: str) -> str:
-    v = (lat.get(metric) or {}).get(q)
+    v = (lat.get(metric) or (lat.get("itl_s") if metric == "itl_chunk_s" else None) or {}).get(q)
     return "-" if v is None else f"{v * 1000:.1f}"
 
 
@@ -895,7 +795,9 @@ def _load_blocks(rep: Report, loads: concurrency.LoadReport, plots: bool) -> Non
     rep.add(Heading("Verdict per load"),
             Para("Each load ran its own arms against its own baseline at the same requests in flight. Per user: the "
                  "paired speedup of each run's median per-request decode tok/s; in throughput: of each run's total "
-                 "output tok/s (all measured output tokens over the measured window); 95% intervals over blocks. "
+                 "output tok/s (all measured output tokens over the measured window), stated only where a "
+                 "closed loop saturates or an arm could not keep up with its arrival rate (below saturation an open "
+                 "load's throughput is its arrival rate: see Offered and achieved load); 95% intervals over blocks. "
                  "tau* is the break-even accept length from the runs at that load (cycle = tau / per-user tok/s, "
                  "step = 1 / the baseline's per-user tok/s), so the batched verify pass is costed at its own batch. "
                  "The crossover interpolates log speedup linearly in the log of the load (requests in flight, or "
@@ -906,7 +808,8 @@ def _load_blocks(rep: Report, loads: concurrency.LoadReport, plots: bool) -> Non
     for f in loads.families:
         for p in f.points:
             margin = f"{p.tau - p.tau_star:+.2f}" if p.tau and p.tau_star else "-"
-            rows.append([f.name, p.label, _sp_cell(p.per_user), _sp_cell(p.throughput), _f(p.arm_tok_s),
+            thr = _sp_cell(p.throughput) if p.throughput_stated else "both served the offered load: no ratio"
+            rows.append([f.name, p.label, _sp_cell(p.per_user), thr, _f(p.arm_tok_s),
                          _f(p.baseline_tok_s), _f(p.arm_throughput), _f(p.baseline_throughput),
                          _f(p.tau, ".2f"), _f(p.tau_star, ".2f"), margin])
     rep.add(Table(["configuration", "load", "speedup per user (95% CI)", "speedup in throughput (95% CI)",
@@ -920,16 +823,19 @@ def _load_blocks(rep: Report, loads: concurrency.LoadReport, plots: bool) -> Non
                 lat = p.latency.get(who) or {}
                 if not lat:
                     continue
-                lat_rows.append([name, p.label] + [_ms(lat, m, q) for m in ("ttft_s", "tpot_s", "itl_s")
-                                                   for q in ("p50", "p90", "p99")])
+                lat_rows.append([name, p.label] + [_ms(lat, m, q) for m, _ in LATENCY_COLUMNS
+                                                   for q in ("p50", "p95", "p99")])
     if lat_rows:
         seen: set[str] = set()
         lat_rows = [r for r in lat_rows if not (r[0] in seen or seen.add(r[0]))]   # a baseline once
         rep.add(Heading("Latency per load", 3),
-                Para("Percentiles over each run's measured requests (ITL: every gap between streamed chunks), median "
-                     "over runs, ms."),
-                Table(["arm", "load"] + [f"{m} {q}" for m in ("TTFT", "TPOT", "ITL") for q in ("p50", "p90", "p99")],
+                Para("Percentiles over each run's measured requests, median over runs, ms. TTFT from each request's "
+                     "scheduled arrival under an arrival rate. ITL per chunk: every gap between streamed chunks (a "
+                     "speculative chunk carries several tokens); ITL per token: each chunk's gap spread over the "
+                     "tokens it carried. Compare each definition with itself, never one with the other."),
+                Table(["arm", "load"] + [f"{label} {q}" for _, label in LATENCY_COLUMNS for q in ("p50", "p95", "p99")],
                       lat_rows))
+    serve_blocks(rep, loads)
     if plots:
         rep.add(Image("speedup_vs_concurrency.png", "speedup per user and in throughput vs "
                       + ("arrival rate" if loads.unit == concurrency.PER_SECOND else "requests in flight"),
@@ -1065,19 +971,21 @@ def _workload_blocks(rep: Report, exp: Experiment
 
 
 def _write(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None,
-           pooled: list[Path] | None = None) -> tuple[dict[str, str], Report]:
+           pooled: list[Path] | None = None, capacity: CapacityOptions | None = None
+           ) -> tuple[dict[str, str], Report]:
     """The report of the experiment in ``exp_dir``, or with ``pooled`` (the experiments' directories, the first
     naming it) the report of their stores as one, written into ``exp_dir``; one experiment's store elsewhere (its
     directory on read-only media) is ``pooled`` of one."""
     with gc_paused():       # a 1,000-run experiment: ~0.7 s of cyclic-GC passes over objects that hold no cycles
         exp = None if not pooled else load_store(pooled[0]) if len(pooled) == 1 else combine.combine(pooled)
-        return _write_unpaused(exp_dir, config, target_tok_s, exp)
+        return _write_unpaused(exp_dir, config, target_tok_s, exp, capacity)
 
 
 def _write_unpaused(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None,
-                    exp: Experiment | None = None) -> tuple[dict[str, str], Report]:
+                    exp: Experiment | None = None, capacity: CapacityOptions | None = None
+                    ) -> tuple[dict[str, str], Report]:
     exp = exp or load_store(exp_dir)
-    rep = build_report(exp, config=config, target_tok_s=target_tok_s)
+    rep = build_report(exp, config=config, target_tok_s=target_tok_s, capacity=capacity)
     if exp.meta.get("status") == "running":     # the store's own word (a driver that died without one leaves it so)
         done = sum(1 for r in exp.runs if r.status != "running")
         rep.summary.insert(0, f"The experiment is still running (its store's status): this report covers the {done} "
@@ -1104,12 +1012,12 @@ def write_report(exp_dir: str | Path, *, config: doctor.DoctorConfig | None = No
 
 
 def _quiet_write(exp_dir: Path, config: doctor.DoctorConfig | None, target_tok_s: float | None,
-                 pooled: list[Path] | None = None) -> Any:
+                 pooled: list[Path] | None = None, capacity: CapacityOptions | None = None) -> Any:
     """`_write` with the libraries' warnings (matplotlib, scipy) kept from the user's terminal: the report
     itself says what is uncertain."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _write(exp_dir, config, target_tok_s, pooled)
+        return _write(exp_dir, config, target_tok_s, pooled, capacity)
 
 
 # ------------------------------------------------------------------------------ CLI
@@ -1133,8 +1041,9 @@ def cmd_report(ns: argparse.Namespace, out: TextIO | None = None) -> int:
     cfg = doctor.DoctorConfig(usual_baseline_tok_s=ns.usual_baseline_tok_s)
     try:
         paths, rep = _quiet_write(Path(ns.out) if ns.out else exp_dir, cfg, ns.target_tok_s,
-                                  pooled if ns.out else None)
-    except AnalysisError as e:
+                                  pooled if ns.out else None,
+                                  CapacityOptions(slo=list(ns.slo or []), gpu_hour_usd=ns.gpu_hour_usd))
+    except (AnalysisError, ConfigError) as e:
         print(f"specab report: {e}", file=out)
         return 2
     print("\n".join(rep.summary), file=out)
@@ -1155,6 +1064,11 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "stores share must be the same by content); needs --out")
     p.add_argument("--out", metavar="DIR", help="where the report is written (default: the experiment's directory; "
                                                 "needed with --with, and for a store on read-only media)")
+    p.add_argument("--slo", action="append", metavar="TERM:pQ=TARGET",
+                   help="judge the runs at this latency target (over the experiment's SLO; repeatable), e.g. "
+                        "--slo tpot_ms:p95=10")
+    p.add_argument("--gpu-hour-usd", type=float, metavar="USD",
+                   help="price of one GPU-hour: the cost per million output tokens at the SLO")
     p.set_defaults(func=cmd_report)
     return p
 
