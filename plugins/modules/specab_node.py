@@ -83,7 +83,8 @@ author: specab
 # What a successful run changed on the node: a stop (or a teardown's) changed something only when a server was
 # running; a start always starts one, a bench writes its run's measurements, a rank's sampler changed something when it
 # was started or stopped; a lease taken anew, put on hold or released, a manifest written, a sequencer started, a queue
-# reset, staged or finished; the other tools and commands only observe.
+# reset, staged or finished; an instance's server taken over, its cache reset or kept; the other tools and commands
+# only observe.
 CHANGED = {
     "stop": lambda spec, out: bool(out.get("was_running")),
     "teardown": lambda spec, out: bool((out.get("stop") or {}).get("was_running")),
@@ -93,6 +94,7 @@ CHANGED = {
     "lease": lambda spec, out: spec.get("command") in ("take", "hold", "release") and not out.get("already")
     and out.get("released") is not False,
     "manifest": lambda spec, out: True,
+    "instance": lambda spec, out: spec.get("action") in ("take", "reset", "keep"),
     "sequence": lambda spec, out: spec.get("command") in ("reset", "stage", "finish")
     or out.get("ensured") == "started",
 }

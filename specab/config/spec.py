@@ -35,12 +35,15 @@ PHASE_TIMING_VALUES = ("auto", True, False)
 PHASE_TIMING_ARGS = {"enable_metrics": True}
 PHASE_TIMING_ENV = {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}
 TIMEOUT_KEYS = {"ready_s", "stop_grace_s", "gpu_free_s"}
-DESIGN_KEYS = {"burn_in"}
+DESIGN_KEYS = {"burn_in", "server"}
 # design.burn_in: unmeasured server starts (each with its benchmark) before block 1 on every host. 0 by default: the
 # one node measured through the driver (an H100, SGLang 0.5.17) showed no first-instance effect, and a start costs
 # a model load; the H200's first starts were slow on one of two machines, which the doctor's instance-trend rule
 # names with the burn-in to set (docs/decisions/0014-burn-in-default-from-the-instance-spread.md).
 BURN_IN_DEFAULT = 0
+# design.server: one server start per run, or per instance (the runs of one arm and block that differ only in load,
+# docs/decisions/0011-one-server-across-a-load-sweep.md); unset: config/instances.py's default
+SERVER_MODES = ("per-run", "per-instance")
 BENCH_APIS = {"generate", "completions", "chat"}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")   # as the server_start role requires
@@ -120,6 +123,12 @@ class ExperimentSpec:
     def burn_in(self) -> int:
         """design.burn_in: unmeasured server starts and benchmarks before block 1 (on every host of a fleet)."""
         return int(self.design.get("burn_in", BURN_IN_DEFAULT))
+
+    @property
+    def server(self) -> str | None:
+        """design.server as written (per-run | per-instance), None where the experiment leaves it to the default."""
+        value = self.design.get("server")
+        return None if value is None else str(value)
 
     def as_extravar(self) -> dict[str, Any]:
         """The experiment dict passed to the playbook as `specab_experiment`."""
@@ -297,13 +306,18 @@ def _check_design(design: Any, where: str, root: yaml.Node | None, base: tuple[A
         return {}
     if not isinstance(design, dict):
         raise ConfigError(f"{where}{key_line(root, base + ('design',))}: design must be a mapping (e.g. "
-                          f"design: {{burn_in: 1}}).")
+                          f"design: {{burn_in: 1, server: per-instance}}).")
     check_unknown(design.keys(), DESIGN_KEYS, where, root, base + ("design",), "design")
     burn_in = design.get("burn_in", BURN_IN_DEFAULT)
     if not isinstance(burn_in, int) or isinstance(burn_in, bool) or burn_in < 0:
         raise ConfigError(f"{where}{key_line(root, base + ('design', 'burn_in'))}: design.burn_in must be a whole "
                           f"number of unmeasured server starts before block 1 (0: none, 1: one start and benchmark "
                           f"that is not analysed), got {burn_in!r}.")
+    server = design.get("server")
+    if "server" in design and server not in SERVER_MODES:
+        raise ConfigError(f"{where}{key_line(root, base + ('design', 'server'))}: design.server must be per-run (every "
+                          f"run starts its own server) or per-instance (the runs of one arm and block that differ "
+                          f"only in load share one server start, its cache reset between the loads), got {server!r}.")
     return dict(design)
 
 

@@ -20,7 +20,7 @@ from specab.analysis.evidence import logparse
 from specab.analysis.measures import specmodel
 from specab.analysis.cost import design, economics, history, search as searchdesign
 from specab.analysis.render import provenance, report
-from specab.config import correctness
+from specab.config import correctness, instances
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.inventory import load_inventory
 from specab.config.matrix import MatrixError
@@ -276,7 +276,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     cost_lines: list[str] = []
     runs_dir = Path(opts.runs_dir) if opts.runs_dir else default_runs_dir()
     inputs = design_inputs.design_inputs(prepared.experiment, prepared.arms, host, runs_dir, exp_fp) \
-        if opts.target_ci is not None or burned or det_names else None
+        if opts.target_ci is not None or burned or det_names or prepared.server.per_instance else None
     if opts.target_ci is not None and inputs is not None:
         first = session.first_block(prepared, opts, inputs)
         cost_lines, est = _cost_plan(prepared, opts, inputs, first)
@@ -295,7 +295,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
                    "hosts": [h.name for h in prepared.inventory.hosts],
                    "plan": [{**r.to_json(), **({"when": when} if opts.target_ci is not None else {})}
                             for r, when in [(r, "now") for r in runs] + later],
-                   "design": cost_lines, "burn_in": burn,
+                   "design": cost_lines, "burn_in": burn, "instances": _instance_lines(prepared, inputs),
                    "deterministic_pass": {k: v for k, v in det.items() if k != "planned"}, "arms": arms}, out, indent=2)
         out.write("\n")
         return 0
@@ -308,7 +308,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     print(f"experiment {prepared.experiment.name} ({prepared.experiment.path}), inventory "
           f"{prepared.inventory.path} (hosts: {', '.join(h.name for h in prepared.inventory.hosts)})", file=out)
     print(f"{headline}, order {opts.order}, seed {opts.seed}", file=out)
-    for line in ([burn["line"]] if burn["runs"] else []) + det["lines"]:
+    for line in ([burn["line"]] if burn["runs"] else []) + det["lines"] + _instance_lines(prepared, inputs):
         print(line, file=out)
     print("\n".join(described) + "\n", file=out)
     _print_runs(prepared, opts, runs, later, det, out)
@@ -325,11 +325,14 @@ def _print_runs(prepared: Any, opts: Options, runs: list[Any], later: list[tuple
         if opts.fleet else {}
     mark = {r.seq: BURN_IN_MARK for r in prepared.plan if r.burn_in}
     mark.update({r.seq: PASS_MARK for r in det["planned"]})
+    inst = prepared.server.per_instance
     if opts.target_ci is None:
-        print(f"{'seq':>4}  {'block':>5}  run_id" + ("  host (--fleet)" if host_of else ""), file=out)
+        print(f"{'seq':>4}  {'block':>5}  " + (f"{'instance':>8}  " if inst else "") + "run_id"
+              + ("  host (--fleet)" if host_of else ""), file=out)
         for r in prepared.plan:
-            print(f"{r.seq:>4}  {r.block:>5}  {r.run_id}" + (f"  {host_of[r.seq]}" if host_of else "")
-                  + (f"  {mark[r.seq]}" if r.seq in mark else ""), file=out)
+            print(f"{r.seq:>4}  {r.block:>5}  " + (f"{_instance_cell(r):>8}  " if inst else "") + r.run_id
+                  + (f"  {host_of[r.seq]}" if host_of else "") + (f"  {mark[r.seq]}" if r.seq in mark else ""),
+                  file=out)
         return
     experiment_requests = int(prepared.experiment.bench_settings["num_requests"])
     print(f"{'seq':>4}  {'block':>5}  {'requests':>8}  {'run_id':<24}  when", file=out)
@@ -421,6 +424,27 @@ def _burn_in_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInpu
     return out
 
 
+def _instance_cell(r: Any) -> str:
+    """The plan table's instance of a run: `<first seq>.<position>`, or - for a run with a server of its own."""
+    return "-" if r.instance is None else f"{r.instance}.{r.instance_pos}"
+
+
+def _instance_lines(prepared: Any, inputs: design_inputs.DesignInputs | None) -> list[str]:
+    """With one server per instance (docs/decisions/0011): the server starts the plan saves and their GPU-minutes at
+    the node's run cost (`inputs`: its history of this fingerprint, else its simulator profile; a real node without
+    history: not estimated)."""
+    if not prepared.server.per_instance:
+        return []
+    n, continued = instances.describe(prepared.plan)
+    cost = inputs.cost if inputs is not None else None
+    saved = (f"{economics.instance_saving_s(cost, continued) / 60:.1f} GPU-minutes saved at the run cost of "
+             f"{cost.source} (load {cost.load_s:.1f} s and a stop per start)" if cost is not None else
+             f"the GPU-minutes saved are not estimated: no run cost is known for {prepared.inventory.hosts[0].name} "
+             f"(no history of this experiment, not a simulated node)")
+    return [f"one server per instance: {n} instances, {continued} of {len(prepared.plan)} runs continue their "
+            f"instance's server ({continued} server starts saved): {saved}"]
+
+
 def _cost_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs, first: economics.FirstBlock
                ) -> tuple[list[str], economics.PlanEstimate | None]:
     """What `run --target-ci` will do and its expected GPU-minutes, before anything runs (docs/statistics.md,
@@ -479,7 +503,7 @@ def _target_ci_runs(prepared: Any, opts: Options, first: economics.FirstBlock, e
     later: list[tuple[Any, str]] = []
     if expected > started:
         added = make_plan(arms, expected - started, opts.seed, opts.order, first_block=started + 1,
-                          first_seq=len(now) + 1, num_requests=m_later)
+                          first_seq=len(now) + 1, num_requests=m_later, groups=prepared.groups)
         when = (f"expected ({who} decides after each block)" if est is not None
                 else f"if {who} asks for it after the block before")
         later = [(r, when) for r in added]

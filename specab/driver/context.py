@@ -130,7 +130,8 @@ class NextBlocks:
             return []
         last_seq = max(r["seq"] for r in self.store.plan())
         new = make_plan([a.name for a in self.p.arms], 1, exp_row["seed"], exp_row["order_mode"], first_block=blocks + 1,
-                        first_seq=last_seq + 1, num_requests=requests if self.opts.design == "cost" else None)
+                        first_seq=last_seq + 1, num_requests=requests if self.opts.design == "cost" else None,
+                        groups=self.p.groups)
         self.store.write_plan([r.to_json() for r in new], repeats=blocks + 1)
         self.progress.state.total = len(self.store.plan())
         return new
@@ -342,7 +343,7 @@ class RunContext(NextBlocks):
                               load_phases=load_phases or ingested.get("ready"),
                               server_info=ingested.get("server_info"), stop=ingested.get("stop"),
                               gpu_free=ingested.get("gpu_free"),
-                              gpus=gpus)
+                              gpus=gpus, server_seq=record.server_seq(run_dir, pr.seq))
         self.progress.run_finished(status, time.time() - started, reason, gpus=gpus, gpu_seconds=gpu_seconds)
         return status
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-from specab.config import armchecks, correctness, defaults, search as searchcfg, slo as slocfg, validity
+from specab.config import armchecks, correctness, defaults, instances, search as searchcfg, slo as slocfg, validity
 from specab.config.inventory import Host, Inventory, default_inventory, load_inventory
 from specab.config.matrix import Axis, build_arms, parse_matrix
 from specab.config.plan import Order, PlannedRun, make_plan
@@ -86,11 +86,18 @@ class Prepared:
     more_arms: list[ArmSpec] = field(default_factory=list)
     # the deterministic pass's arms (--correctness; empty without it): run after the measured blocks, never measured
     det_arms: list[ArmSpec] = field(default_factory=list)
+    # one server per run or per instance (config/instances.py): the groups of arms that share a server in a block
+    server: instances.ServerChoice = field(default_factory=lambda: instances.ServerChoice(instances.PER_RUN))
 
     @property
     def all_arms(self) -> list[ArmSpec]:
         """The measured arms, then the deterministic pass's: every arm a run of the plan may name."""
         return self.arms + self.det_arms
+
+    @property
+    def groups(self) -> dict[str, str]:
+        """arm -> its group of arms that differ only in load (one server per instance); empty: one per run."""
+        return self.server.groups if self.server.per_instance else {}
 
     @property
     def min_requests_per_run(self) -> int:
@@ -131,8 +138,9 @@ def prepare(opts: Options) -> Prepared:
     search = prepare_search(opts, exp, axes, slo)
     arms = armset.arms if search is None else searchcfg.probe_arms(exp, axes, search, search.ladder())
     blocks = 1 if search else opts.repeats
+    server = instances.choose(exp, arms, inv, opts.order)
     plan = make_plan([a.name for a in arms], blocks, opts.seed, opts.order, burn_in=exp.burn_in,
-                     burn_in_blocks=burn_in_blocks(opts, inv))
+                     burn_in_blocks=burn_in_blocks(opts, inv), groups=server.groups if server.per_instance else None)
     det = correctness.derive(exp, armset.arms) if opts.correctness else correctness.DeterministicPass()
     if opts.target_ci is None:      # with --target-ci the pass follows the design's last block (RunContext)
         plan += correctness.plan_block(det.names, plan, opts.seed, opts.order)
@@ -149,7 +157,8 @@ def prepare(opts: Options) -> Prepared:
     return Prepared(experiment=exp, inventory=inv, arms=arms,
                     notices=exp.warnings + armset.notices + checked + host_notices
                     + preflight.bind_warnings(arms) + validity.arm_notices(exp.arms, arms)
-                    + det.notices, plan=plan, det_arms=det.arms, slo=slo, search=search, axes=axes)
+                    + det.notices + instances.notices(exp, server, plan), plan=plan, det_arms=det.arms, slo=slo,
+                    search=search, axes=axes, server=server)
 
 
 def check_arms(exp: ExperimentSpec, arms: list[ArmSpec]) -> list[str]:

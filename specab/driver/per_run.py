@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from specab.config import plan
 from specab.config.plan import PlannedRun
 from specab.driver.context import InterruptedRun, MoreBlocks, RunContext
 from specab.driver.playbook import Failure, PlaybookResult, runner_ident
@@ -26,11 +27,13 @@ class PerRunExecutor:
         self.signal_time = signal_time            # when the user's SIGINT/SIGTERM came
         # the run the user interrupted after its server started: the caller's stop is its teardown
         self.interrupted: InterruptedRun | None = None
+        self.keeps: set[int] = set()              # runs whose server is kept for their instance's next run
 
     def loop(self, todo: list[PlannedRun], cancel: threading.Event, index: int, *,
              more: MoreBlocks | None = None, on_status=None) -> bool:
         """Run ``todo`` in order (then what ``more`` adds). Returns True when interrupted."""
         queue = list(todo)
+        self.keeps = plan.keeps(queue)
         while queue:
             if cancel.is_set():
                 return True
@@ -44,6 +47,7 @@ class PerRunExecutor:
                 return True
             if not queue and more is not None:
                 queue += more()
+                self.keeps |= plan.keeps(queue)
         return False
 
     def abort(self) -> None:
@@ -88,9 +92,11 @@ class PerRunExecutor:
             "specab_experiment_id": self.ctx.exp_id,
             "specab_run_id": pr.run_id,
             "specab_run_dir": str(run_dir),
-            "specab_stop_after": True,
+            "specab_stop_after": pr.seq not in self.keeps,
             "specab_score": self.ctx.score_spec(pr),       # a baseline run at temperature > 0: what it scores
         }
+        if pr.instance is not None:         # one server per instance (docs/decisions/0011)
+            extravars["specab_instance"] = {"id": str(pr.instance), "keep": pr.seq in self.keeps}
         started = time.time()
         try:
             result = self.ctx.runner.run(self.ctx.playbook, extravars, ident, cancel=cancel, on_phase=on_phase,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specab.config import bench, defaults
+from specab.config import bench, defaults, plan
 from specab.config.inventory import Host
 from specab.config.plan import PlannedRun
 from specab.driver import lease
@@ -203,12 +203,23 @@ def fail_unqueued(r: RunContext, host: Host, pr: PlannedRun, res: PlaybookResult
     r.progress.run_finished(st.FAILED, 0.0, reason)
 
 
-def enqueue_vars(r: RunContext, runs: list[PlannedRun], reset: bool, finish: bool) -> dict[str, Any]:
+def instance_entry(pr: PlannedRun, keeps: set[int], engine: str) -> dict[str, Any] | None:
+    """The queue entry's instance of run `pr` (docs/decisions/0011): its id, whether its server is kept up for the
+    instance's next run (`keeps`: the next run to run continues it), the engine whose cache reset it uses."""
+    if pr.instance is None:
+        return None
+    return {"id": str(pr.instance), "keep": pr.seq in keeps, "engine": engine}
+
+
+def enqueue_vars(r: RunContext, runs: list[PlannedRun], reset: bool, finish: bool,
+                 instance_of: Callable[[PlannedRun], dict[str, Any] | None]) -> dict[str, Any]:
     """enqueue.yml's extra vars: the runs to queue, each with its arm, its measured requests (the design by cost
-    chooses them per block) and its scoring, in its queue entry; whether the queue starts anew, whether it ends."""
+    chooses them per block), its scoring and its instance in its queue entry; whether the queue starts anew, whether
+    it ends."""
     return {"specab_experiment": r.experiment_extravar(), "specab_experiment_id": r.exp_id,
             "specab_runs": [{"seq": pr.seq, "run_id": pr.run_id, "arm": r.arms[pr.arm].to_extravar(),
-                             "num_requests": r.num_requests(pr), "score": r.score_spec(pr)} for pr in runs],
+                             "num_requests": r.num_requests(pr), "score": r.score_spec(pr),
+                             "instance": instance_of(pr)} for pr in runs],
             "specab_queue_reset": reset, "specab_queue_finish": finish}
 
 
@@ -229,12 +240,14 @@ class QueueExecutor:
         self.finish_sent = False
         self.stopped = False                      # interrupt: the node was stopped through stop.yml
         self.signal_time = signal_time            # when the user's SIGINT/SIGTERM came
+        self.keeps: set[int] = set()              # runs whose server is kept for their instance's next run
 
     # ------------------------------------------------------------------ playbooks
     def _enqueue(self, runs: list[PlannedRun], *, reset: bool, finish: bool,
                  cancel: threading.Event) -> PlaybookResult:
         r = self.ctx
-        extravars = enqueue_vars(r, runs, reset, finish)
+        extravars = enqueue_vars(r, runs, reset, finish,
+                                 lambda pr: instance_entry(pr, self.keeps, r.p.experiment.engine))
         ident = runner_ident("enqueue-" + ("-".join(pr.run_id.split("-", 1)[0] for pr in runs) or "none"))
         try:
             res = r.runner.run(ENQUEUE_PLAYBOOK, extravars, ident, cancel=cancel, secrets=r.secrets,
@@ -378,6 +391,7 @@ class QueueExecutor:
              more: MoreBlocks | None = None, on_status: Callable[[str], None] | None = None) -> bool:
         """Run `todo` (and what `more` adds when it runs out) through the queue. Returns True when
         interrupted (`cancel` set), after stopping the node's sequencer and server."""
+        self.keeps = plan.keeps(todo)
         over = threading.Event()
         watcher = threading.Thread(target=self._watch_cancel, args=(cancel, over), name="queue-hold", daemon=True)
         watcher.start()
@@ -448,7 +462,8 @@ class QueueExecutor:
             if not healthy:
                 reset = True              # the sequencer may be gone, halted or still busy: start it anew
             if not pending and not queued and more is not None:
-                added = more()
+                added = more()          # the design's next block, its kept servers among the instances' runs
+                self.keeps |= plan.keeps(added)
                 pending.extend(added)
                 if not added:
                     break

@@ -279,6 +279,15 @@ def ingest_teardown(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) 
     store.record_teardown(seq, stop=found.get("stop"), gpu_free=found.get("gpu_free"))
 
 
+def server_seq(run_dir: Path, seq: int) -> int:
+    """The run whose server start run `seq` measured on: the start its instance.json names (a run that continued its
+    instance's server, docs/decisions/0011), else the run itself."""
+    rec = read_json(run_dir / "instance.json")
+    started = str(rec.get("started_run_id") or "") if isinstance(rec, dict) else ""
+    head = started.split("-", 1)[0]
+    return int(head) if head.isdigit() else seq
+
+
 def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -> dict[str, Any]:
     """Read a collected run directory into the store (immediately after the run). A multi-node run's
     other ranks (their manifest, env check, GPU samples and small files) are stored under their hosts."""

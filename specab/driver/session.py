@@ -298,7 +298,7 @@ def first_runs(prepared: Prepared, opts: Options, first: economics.FirstBlock | 
         return list(prepared.plan)
     return make_plan([a.name for a in prepared.arms], 1, opts.seed, opts.order,
                      num_requests=first.requests if first.design is not None else None,
-                     burn_in=prepared.experiment.burn_in)
+                     burn_in=prepared.experiment.burn_in, groups=prepared.groups)
 
 
 def first_plan(prepared: Prepared, opts: Options, store: st.Store, fp: str

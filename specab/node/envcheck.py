@@ -23,6 +23,7 @@ Secret values (``*_TOKEN``, ``*_KEY``, ``*_SECRET``, ``*PASSWORD*``) are printed
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -214,7 +215,11 @@ def fetch_server_info(base: str, timeout: float) -> Tuple[str, Dict[str, Any]]:
     for path in ("/server_info", "/get_server_info"):
         try:
             with urllib.request.urlopen(base + path, timeout=timeout) as resp:
-                return path, json.loads(resp.read().decode("utf-8"))
+                info = json.loads(resp.read().decode("utf-8"))
+            if engines.is_vllm_dev_server_info(info):     # not SGLang's server args: vLLM's readback applies
+                errors.append("%s: vLLM's development route (VLLM_SERVER_DEV_MODE), not SGLang's server args" % path)
+                continue
+            return path, info
         except urllib.error.HTTPError as exc:
             errors.append("%s: HTTP %d" % (path, exc.code))
         except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -362,6 +367,14 @@ def check(a: EnvCheckSpec) -> Dict[str, Any]:
 
     procs = engine_processes(int(rec["pid"]))
     nccl_lines: List[Dict[str, Any]] = []
+    # the server's own log where it is another file than those given: a server kept across the loads of an
+    # instance (instance.py) writes on into its instance's log, whose start holds the lines of its start
+    logs = list(a.log)
+    live = rec.get("log")
+    if isinstance(live, str) and live and os.path.exists(live) \
+            and os.path.abspath(live) not in [os.path.abspath(p) for p in logs]:
+        logs.append(live)
+    a = dataclasses.replace(a, log=logs)
     for path in a.log:
         try:
             with open(path, "r", errors="replace") as fh:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from specab.node import loadgen, staging
 from specab.vocab import contract, phases
@@ -104,6 +104,7 @@ class Entry(object):
         mf = data.get("manifest") or {}
         self.seed = mf.get("seed", self.bench["seed"])
         self.extra: Dict[str, Any] = dict(mf.get("extra") or {})
+        self.instance, self.keep, self.engine = instance_of(data, name)
 
     def path(self, name: str) -> str:
         return os.path.join(self.run_dir, name)
@@ -115,6 +116,17 @@ class Entry(object):
         """A failure's headline in ``phase``, naming the host as the inventory does (the per-run path's words);
         ``hostname`` (the node's own name) where the entry does not say it."""
         return phases.failure_headline(phase, str(self.extra.get("inventory_hostname") or hostname), self.arm)
+
+
+def instance_of(data: Dict[str, Any], name: str) -> Tuple[Optional[str], bool, str]:
+    """The entry's instance (docs/decisions/0011): its id (None: the run has a server of its own), whether the run
+    keeps its server up for the instance's next run, and the engine kind whose cache reset it uses."""
+    inst = data.get("instance")
+    if inst is None:
+        return None, False, "sglang"
+    if not isinstance(inst, dict) or inst.get("id") in (None, "") or not isinstance(inst.get("keep", False), bool):
+        raise ValueError("queue entry %s: instance must be {id, keep: true|false, engine}, got %r" % (name, inst))
+    return str(inst["id"]), bool(inst.get("keep")), str(inst.get("engine") or "sglang")
 
 
 def queue_dir(node_dir: str) -> str:

@@ -15,7 +15,7 @@ import threading
 import traceback
 from typing import Any, Dict, Iterator, List, Optional, Protocol
 
-from specab.node import benchstep, cli, envcheck, manifest, osutil, ownership, ready, teardown
+from specab.node import benchstep, cli, envcheck, instance, manifest, osutil, ownership, ready, teardown
 from specab.node import start as start_tool
 from specab.node.cli import ToolError
 from specab.node.runqueue import POLL_S, Entry, now
@@ -116,7 +116,9 @@ class RunSteps(object):
         self.seq = seq
         self.e = entry
         self.phases = phases
-        self.started_server = False
+        self.started_server = False     # this run holds a server: its own start, or its instance's taken over
+        self.continues = False          # the run continues its instance's server (instance.py): no stop, no start
+        self.kept = False               # its instance's next run continues its server: no stop after it
         self.bench: Optional[benchstep.BenchStep] = None
         self.parts_thread: Optional[threading.Thread] = None
         self.parts: Dict[str, Any] = {}
@@ -182,6 +184,11 @@ class RunSteps(object):
 
     def prepare(self) -> None:
         s, e = self.seq, self.e
+        if e.instance is not None:
+            self.continues, why = instance.continues(s.node_dir, e.instance)
+            if self.continues:          # the per-run path skips the GPUs-free role alike
+                self.phases.begin("stopping-leftover", skipped=why)
+                return
         dirty = not s.clean or os.path.exists(os.path.join(s.node_dir, ownership.SERVER_JSON))
         if dirty:
             self.phases.begin("stopping-leftover")
@@ -202,13 +209,19 @@ class RunSteps(object):
         if self.seq.held():
             raise Interrupted("the driver's hold marker")
         self.phases.begin("starting")
-        rec = start_tool.start(start_tool.StartSpec(
-            node_dir=self.seq.node_dir, run_dir=e.run_dir, script=e.path("launch.sh"), host=str(e.data["host"]),
-            port=int(e.data["port"]), run_id=e.run_id, arm=e.arm))
+        if self.continues:
+            try:
+                rec = instance.take_over(self.seq.node_dir, e.run_dir, e.run_id, e.arm, str(e.instance))
+            except ToolError as exc:
+                raise RunFailed("starting", exc.message)
+        else:
+            rec = start_tool.start(start_tool.StartSpec(
+                node_dir=self.seq.node_dir, run_dir=e.run_dir, script=e.path("launch.sh"), host=str(e.data["host"]),
+                port=int(e.data["port"]), run_id=e.run_id, arm=e.arm, instance=e.instance))
+            self.seq.engines.append(int(rec["pid"]))
         self.started_server = True
         self.seq.clean = False
         self.server_pid = int(rec["pid"])
-        self.seq.engines.append(self.server_pid)
         # the client and the sampler start while the engine loads: released, they run at once
         env = dict(os.environ)
         env.update(e.bench_env)
@@ -224,6 +237,13 @@ class RunSteps(object):
     def wait_ready(self) -> None:
         e = self.e
         self.phases.begin("loading")
+        if self.continues:              # the server is up: its cache reset before this load is the ready step
+            try:
+                cli.recorded(e.path(instance.RESET_RECORD), lambda: instance.reset_cache(e.url, e.engine,
+                                                                                        instance.RESET_TIMEOUT_S))
+            except ToolError as exc:
+                raise RunFailed("loading", exc.message)
+            return
         a = ready.ReadySpec(url=e.url, pid=self.server_pid, log=e.path("server.log"), timeout=e.ready_s,
                             interval=POLL_S, phases_out=e.path("ready.json"), progress=e.path("ready_progress.json"))
         try:
@@ -304,12 +324,18 @@ class RunSteps(object):
     def teardown(self) -> Dict[str, Any]:
         s, e = self.seq, self.e
         halt: Optional[str] = None
+        if self.keep_server():
+            return self.finish(None)
+
+        def begin(phase: str) -> None:      # ("stopping" may be begun already, by a hand-over that failed)
+            if phase != self.phases.current:
+                self.phases.begin(phase)
         stopped, freed, failed = teardown.stop_and_free(
             lambda on_gone: s.stop_server(e.smi, e.stop_grace_s, e.path("stop.json") if self.started_server else None,
                                           on_gone=on_gone),
             lambda: s.wait_free(e.smi, e.gpus, e.gpu_free_s, e.gpu_free_threshold_mib, e.path("gpu_free.json"),
                                 e.path("gpu_free.csv")),
-            self.phases.begin, self.started_server or os.path.exists(os.path.join(s.node_dir, ownership.SERVER_JSON)))
+            begin, self.started_server or os.path.exists(os.path.join(s.node_dir, ownership.SERVER_JSON)))
         if stopped is not None:
             self.result["stop_s"] = stopped.get("total_s")
         if failed is not None:
@@ -318,6 +344,28 @@ class RunSteps(object):
         else:
             self.result["time_to_free_s"] = (freed or {}).get("time_to_free_s")
             s.clean = True
+        return self.finish(halt)
+
+    def keep_server(self) -> bool:
+        """The run is over and its instance's next run continues its server (the entry's ``keep``): the stop step
+        hands the server over (instance.keep) instead of stopping it. Not after a failure or a signal, and not when
+        the hand-over fails (the server is then stopped as after any run)."""
+        s, e = self.seq, self.e
+        if not (e.keep and e.instance is not None and self.started_server and self.result["ok"]
+                and not s.gate.requested):
+            return False
+        self.phases.begin("stopping", kept=True)
+        try:
+            instance.keep(s.node_dir, e.run_dir, e.instance)
+        except ToolError as exc:
+            cli.log("run %s: its server cannot be kept for its instance's next run: %s" % (e.run_id, exc.message))
+            return False
+        self.kept = True
+        return True
+
+    def finish(self, halt: Optional[str]) -> Dict[str, Any]:
+        """The end of the teardown: the manifest, the sampler's end, done.json."""
+        s, e = self.seq, self.e
         self.phases.begin("manifest")
         try:
             if self.parts_thread is not None:

@@ -59,6 +59,7 @@ class Sequencer(object):
         self.versions_cache: Dict[str, Any] = {}
         self.version_probes: Dict[str, threading.Thread] = {}   # engine python → its probe, running or done
         self.engines: List[int] = []     # engine pids start.py launched from this process (to reap)
+        self.last_entry: Optional[Entry] = None      # the run claimed last (its settings stop a kept server)
         self.hostname = os.uname().nodename
         st = procfs.proc_stat(os.getpid())
         self.record: Dict[str, Any] = {
@@ -199,6 +200,7 @@ class Sequencer(object):
                 "started_at": t, "finished_at": t, "time_to_ready_s": None, "stop_s": None, "time_to_free_s": None})
 
     def run_entry(self, entry: Entry) -> Optional[str]:
+        self.last_entry = entry
         for stale in ("done.json",):
             try:
                 os.remove(entry.path(stale))
@@ -218,6 +220,34 @@ class Sequencer(object):
         return steps.halt
 
     def serve(self) -> int:
+        try:
+            return self._serve()
+        finally:
+            self.stop_kept()
+
+    def stop_kept(self) -> None:
+        """On the way out: a server kept for an instance's next run (instance.py) that will not come to this
+        sequencer is stopped (its GPUs verified free), never left running."""
+        try:
+            rec = ownership.load_record(self.node_dir)
+        except ToolError:
+            return
+        entry = self.last_entry
+        smi = self.a.smi or (entry.smi if entry is not None else None)
+        if rec is None or not rec.get("kept") or not smi:
+            return
+        cli.log("stopping instance %s's server (pid %s): its next run will not come to this sequencer"
+                % (rec.get("instance"), rec.get("pid")))
+        try:
+            self.stop_server(smi, self.a.stop_grace, None)
+            self.wait_free(smi, self.a.gpus, self.a.gpu_free_timeout,
+                           entry.gpu_free_threshold_mib if entry is not None else self.a.gpu_free_threshold_mib)
+            self.clean = True
+        except ToolError as exc:
+            self.save(error="stopping the kept server: " + exc.message)
+            cli.log("stopping the kept server failed: " + exc.message)
+
+    def _serve(self) -> int:
         self.save()
         self.watch_hold()
         try:

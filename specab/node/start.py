@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from specab.node import cli, osutil, ownership, ports, procfs
+from specab.node import cli, instance, osutil, ownership, ports, procfs
 from specab.node.cli import ToolError
 from specab.vocab import contract
 
@@ -34,6 +34,8 @@ class StartSpec:
     run_id: Optional[str] = cli.arg("default: the run directory's name", default=None)
     arm: Optional[str] = cli.arg("default: the run id without its '<seq>-' prefix", default=None)
     log: Optional[str] = cli.arg("default: RUN_DIR/server.log", default=None)
+    instance: Optional[str] = cli.arg("the instance this server serves (docs/decisions/0011): recorded in server.json "
+                                      "and the run's instance.json (instance.py)", default=None)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> StartSpec:
@@ -142,6 +144,8 @@ def start(a: StartSpec) -> Dict[str, Any]:
         "log": log_path,
         "user": procfs.proc_user(os.getpid()),
     }
+    if a.instance is not None:
+        instance.record_start(rec, run_dir, run_id, a.instance)
     osutil.write_json(os.path.join(node_dir, ownership.SERVER_JSON), rec)
     cli.log("started %s: pid %d (session %d), log %s" % (script, proc.pid, rec["sid"], log_path))
     out = dict(rec)

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from specab.node import cli, nvsmi, osutil, ownership, procfs
+from specab.node import cli, instance, nvsmi, osutil, ownership, procfs
 from specab.node.cli import ToolError
 from specab.vocab import engines
 
@@ -330,6 +330,9 @@ def stop_server(a: StopSpec, on_gone: Optional[Callable[[], None]] = None,
     last["stop"] = {k: out.get(k) for k in ("escalated", "term_to_gone_s", "kill_to_gone_s", "total_s", "shutdown")}
     osutil.write_json(os.path.join(node_dir, ownership.LAST_SERVER_JSON), last)
     os.remove(os.path.join(node_dir, ownership.SERVER_JSON))
+    released = instance.release(node_dir, rec)     # an instance's server: the last run's part of its log
+    if released is not None:
+        out["instance_log"] = released
     if helpers_left:       # the server is stopped all the same; a retry finds them through last_server.json
         raise ToolError(helpers_left, out)
     if out["gpu_foreign"] and not a.force_foreign:

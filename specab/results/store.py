@@ -104,7 +104,10 @@ CREATE TABLE IF NOT EXISTS plan (
     num_requests INTEGER,                   -- measured requests the design by cost chose for the run's block;
                                             -- NULL: the experiment's bench.num_requests when the run runs (a
                                             -- --force-changed resume runs it with the changed experiment's)
-    burn_in  INTEGER NOT NULL DEFAULT 0     -- 1: an unmeasured start before its block (design.burn_in), not analysed
+    burn_in  INTEGER NOT NULL DEFAULT 0,    -- 1: an unmeasured start before its block (design.burn_in), not analysed
+    instance INTEGER,                       -- one server per instance: the seq of its instance's first run;
+                                            -- NULL: the run starts a server of its own
+    instance_pos INTEGER                    -- its position in that instance (1-based); NULL without one
 );
 CREATE TABLE IF NOT EXISTS runs (
     seq            INTEGER PRIMARY KEY REFERENCES plan(seq),
@@ -135,7 +138,9 @@ CREATE TABLE IF NOT EXISTS runs (
     stop_json        TEXT,                  -- stop.json (signals, escalation, durations)
     gpu_free_json    TEXT,                  -- gpu_free.json (time-to-free)
     gpus           INTEGER,                 -- GPUs the run's server held (tp_size x pp_size)
-    gpu_seconds    REAL                     -- duration_s x gpus: what the run cost (docs/statistics.md)
+    gpu_seconds    REAL,                    -- duration_s x gpus: what the run cost (docs/statistics.md)
+    server_seq     INTEGER                  -- the run whose server start this run measured on (itself, or the run
+                                            -- that started its instance's server: docs/decisions/0011)
 );
 CREATE TABLE IF NOT EXISTS run_phases (
     seq        INTEGER NOT NULL REFERENCES runs(seq),
@@ -214,7 +219,9 @@ ADDED_COLUMNS = (("gpu_samples", "uuid", "TEXT"),                     # 2026-11
                  ("plan", "num_requests", "INTEGER"),                 # 2026-12: the design by cost's requests
                  ("runs", "gpus", "INTEGER"), ("runs", "gpu_seconds", "REAL"),  # 2026-12: the verdict cost
                  ("plan", "burn_in", "INTEGER NOT NULL DEFAULT 0"),   # design.burn_in
-                 ("experiment", "options_json", "TEXT"))              # the options' record
+                 ("experiment", "options_json", "TEXT"),              # the options' record
+                 ("plan", "instance", "INTEGER"), ("plan", "instance_pos", "INTEGER"),   # one server per instance
+                 ("runs", "server_seq", "INTEGER"))                   # ... and the start each run measured on
 
 
 def migrate(c: sqlite3.Connection) -> None:
@@ -610,9 +617,10 @@ class Store(StoreReads):
     def write_plan(self, runs: Iterable[dict[str, Any]], repeats: int | None = None) -> None:
         with self._tx() as c:
             for r in runs:
-                c.execute("INSERT INTO plan(seq, run_id, block, position, arm, num_requests, burn_in)"
-                          " VALUES (?,?,?,?,?,?,?)", (r["seq"], r["run_id"], r["block"], r["position"], r["arm"],
-                                                     r.get("num_requests"), int(bool(r.get("burn_in")))))
+                c.execute("INSERT INTO plan(seq, run_id, block, position, arm, num_requests, burn_in, instance,"
+                          " instance_pos) VALUES (?,?,?,?,?,?,?,?,?)",
+                          (r["seq"], r["run_id"], r["block"], r["position"], r["arm"], r.get("num_requests"),
+                           int(bool(r.get("burn_in"))), r.get("instance"), r.get("instance_pos") or None))
             if repeats is not None:
                 c.execute("UPDATE experiment SET repeats=?", (repeats,))
 
@@ -665,8 +673,9 @@ class Store(StoreReads):
                    log_tail: str | None = None, partial: bool = False,
                    summary: dict[str, Any] | None = None, load_phases: Any = None,
                    server_info: Any = None, stop: Any = None, gpu_free: Any = None,
-                   gpus: int | None = None) -> float | None:
-        """Record the run's end; returns the GPU-seconds stored for it (what the report's verdict cost adds up)."""
+                   gpus: int | None = None, server_seq: int | None = None) -> float | None:
+        """Record the run's end; returns the GPU-seconds stored for it (what the report's verdict cost adds up).
+        ``server_seq``: the run whose server start it measured on (None: its own)."""
         now = time.time()
         with self._tx() as c:
             # the run held its GPUs from its first phase to its last on the node (the run queue's runs start
@@ -674,8 +683,8 @@ class Store(StoreReads):
             span = c.execute("SELECT MIN(started) AS a, MAX(COALESCE(finished, started)) AS b FROM run_phases"
                              " WHERE seq=?", (seq,)).fetchone()
             held = (span["b"] - span["a"]) if span["a"] is not None else None
-            c.execute("UPDATE runs SET gpus=?, gpu_seconds=COALESCE(?, ?-started)*? WHERE seq=?",
-                      (gpus, held, now, gpus, seq))
+            c.execute("UPDATE runs SET gpus=?, gpu_seconds=COALESCE(?, ?-started)*?, server_seq=? WHERE seq=?",
+                      (gpus, held, now, gpus, seq if server_seq is None else server_seq, seq))
             counts = c.execute("SELECT COUNT(*) AS n, COALESCE(SUM(ok), 0) AS k FROM requests"
                                " WHERE seq=? AND warmup=0", (seq,)).fetchone()
             c.execute("UPDATE runs SET status=?, finished=?, duration_s=?-started, failure_phase=?, failure_reason=?,"

@@ -6,6 +6,7 @@ Layout of the state directory::
     allocs/<pid>-<ticks>.json one file per process holding simulated GPU memory
     activity.json             which GPUs a server is currently computing on (utilization, clocks)
     instances                 launch counter (per-instance speed offset)
+    flushes.jsonl             one line per /flush_cache a server of this node answered: {instance, t, ok}
     watcher.lock              held by the death watcher (specab.sim.watcher)
 
 An allocation is a compute process while its pid is alive (same start time, not a zombie). When it
@@ -146,6 +147,19 @@ class GpuNode:
             n = int(counter.read_text()) if counter.is_file() else 0
             counter.write_text(str(n + 1))
         return n
+
+    def record_flush(self, instance: int, ok: bool) -> None:
+        """A /flush_cache answered by server instance ``instance`` (done, or refused while requests ran or waited)."""
+        self.ensure()
+        with _locked(self.state / ".instances.lock"), open(self.state / "flushes.jsonl", "a") as fh:
+            fh.write(json.dumps({"instance": instance, "t": time.time(), "ok": ok}) + "\n")
+
+    def flushes(self) -> list[dict[str, Any]]:
+        """Every /flush_cache answered on this node, in order (record_flush)."""
+        path = self.state / "flushes.jsonl"
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     # ----- allocations
     def allocate(self, gpu: int, mib: int, kind: str, release_lag_s: float,

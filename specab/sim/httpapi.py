@@ -3,11 +3,13 @@
 /health, /health_generate, /get_server_info, /server_info, /get_model_info, /model_info, /v1/models,
 /generate (SSE stream or JSON; with ``return_logprob`` and ``logprob_start_len`` the input's log-probabilities,
 scoring.py), /v1/completions, /v1/chat/completions, /tokenize and /v1/tokenize, /flush_cache, /metrics,
-/start_profile, /stop_profile. A request with a temperature > 0 is sampled (sampling.py); without one it is greedy.
+/start_profile, /stop_profile, /openapi.json. A request with a temperature > 0 is sampled (sampling.py); without one it
+is greedy.
 """
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 import json
 import os
 import time
@@ -20,7 +22,7 @@ from specab.sim.engine import GenRequest, count_prompt_tokens
 from specab.sim.limits import context_error
 from specab.sim.profiler import Profiler, ProfileRequestError
 from specab.sim.replies import (ServerState, finish_type, gen_out, metrics_text, model_info, openai_choice,
-                                openai_request, openai_usage, server_info, tokenized)
+                                openai_request, openai_usage, openapi_doc, server_info, tokenized)
 from specab.sim.sampling import Sampling
 from specab.sim import scoring
 
@@ -87,6 +89,17 @@ def _sampling(temperature: Any, top_p: Any) -> Optional[Sampling]:
     return Sampling(t, p) if t > 0 else None
 
 
+# (methods, path, Api handler): the SGLang routes the simulator serves
+ROUTES = (("GET", "/health", "health"), ("GET", "/health_generate", "health"),
+          ("GET", "/get_server_info", "get_server_info"), ("GET", "/server_info", "server_info"),
+          ("GET", "/get_model_info", "get_model_info"), ("GET", "/model_info", "model_info"),
+          ("GET", "/v1/models", "models"), ("POST PUT", "/generate", "generate"),
+          ("POST", "/v1/completions", "completions"), ("POST", "/v1/chat/completions", "chat"),
+          ("POST", "/tokenize", "tokenize"), ("POST", "/v1/tokenize", "tokenize"),
+          ("GET POST", "/flush_cache", "flush_cache"), ("GET", "/metrics", "metrics"), ("GET", "/openapi.json", "openapi"),
+          ("GET POST", "/start_profile", "start_profile"), ("GET POST", "/stop_profile", "stop_profile"))
+
+
 class Api:
     def __init__(self, state: ServerState):
         self.s = state
@@ -95,27 +108,10 @@ class Api:
     # ----- app
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._access_log])
-        r = app.router
-        r.add_get("/health", self.health)
-        r.add_get("/health_generate", self.health)
-        r.add_get("/get_server_info", self.get_server_info)
-        r.add_get("/server_info", self.server_info)
-        r.add_get("/get_model_info", self.get_model_info)
-        r.add_get("/model_info", self.model_info)
-        r.add_get("/v1/models", self.models)
-        r.add_route("POST", "/generate", self.generate)
-        r.add_route("PUT", "/generate", self.generate)
-        r.add_post("/v1/completions", self.completions)
-        r.add_post("/v1/chat/completions", self.chat)
-        r.add_post("/tokenize", self.tokenize)
-        r.add_post("/v1/tokenize", self.tokenize)
-        r.add_route("GET", "/flush_cache", self.flush_cache)
-        r.add_route("POST", "/flush_cache", self.flush_cache)
-        r.add_get("/metrics", self.metrics)
-        r.add_route("GET", "/start_profile", self.start_profile)
-        r.add_route("POST", "/start_profile", self.start_profile)
-        r.add_route("GET", "/stop_profile", self.stop_profile)
-        r.add_route("POST", "/stop_profile", self.stop_profile)
+        for methods, path, handler in ROUTES:
+            for method in methods.split():      # a GET answers HEAD too, as Starlette's (SGLang's) routes do
+                (app.router.add_get if method == "GET" else partial(app.router.add_route, method))(
+                    path, getattr(self, handler))
         return app
 
     @web.middleware
@@ -185,7 +181,13 @@ class Api:
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         ok = self.s.engine.flush_cache()
+        if self.s.on_flush is not None:
+            self.s.on_flush(ok)
         return web.Response(text=FLUSH_TEXT, status=200 if ok else 400)
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return _json(openapi_doc((r.method, r.resource.canonical if r.resource is not None else "")
+                                 for r in request.app.router.routes()))
 
     # ----- generation
     def _not_ready(self) -> Optional[web.Response]:

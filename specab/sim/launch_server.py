@@ -197,6 +197,21 @@ class Launch:
             return None
         return sock
 
+    def _sim_info(self, timing: TimingModel, engine: Any, instance: int, epoch: float) -> dict[str, Any]:
+        """/server_info's simulator entry: the profile, scale, seed, this start's instance and its true speed, and the
+        faults that shape it."""
+        st, slow = self.settings, self.settings.faults.slow_instance
+        info = {"profile": self.profile.name, "time_scale": st.time_scale, "seed": st.seed,
+                "instance": instance, "state": str(st.state), "nccl_factor": timing.nccl,
+                "true_decode_tok_s": round(timing.true_decode_tok_s((time.time() - epoch) * st.time_scale)
+                                           * st.time_scale / engine.slowdown(), 3)}
+        if st.faults.throttle is not None:
+            info["throttle"] = st.faults.throttle.to_dict()
+        if slow is not None:
+            info["slow_instance"] = {"instance": slow.instance, "last": slow.last, "pct": slow.pct,
+                                     "this_instance": slow.is_slow(instance)}
+        return info
+
     async def run(self) -> int:
         a, st = self.args, self.settings
         loop = asyncio.get_running_loop()
@@ -239,18 +254,11 @@ class Launch:
                         throttle=st.faults.throttle, started_at=started_at,
                         departure=st.faults.departure(forced=timing.simulate_acc_len is not None,
                                                       deterministic=a.enable_deterministic_inference))
-        sim_info = {"profile": self.profile.name, "time_scale": st.time_scale, "seed": st.seed,
-                    "instance": instance, "state": str(st.state), "nccl_factor": timing.nccl,
-                    "true_decode_tok_s": round(timing.true_decode_tok_s((time.time() - epoch) * st.time_scale)
-                                               * st.time_scale / engine.slowdown(), 3)}
-        if st.faults.throttle is not None:
-            sim_info["throttle"] = st.faults.throttle.to_dict()
-        if slow is not None:
-            sim_info["slow_instance"] = {"instance": slow.instance, "last": slow.last, "pct": slow.pct,
-                                         "this_instance": slow.is_slow(instance)}
         self.state = ServerState(args=a, cap=cap, engine=engine, log=self.log, version=versions.current().name,
-                                 architecture=self.profile.model.architecture, simulator=sim_info,
-                                 buffered_stream=st.faults.buffered_stream)
+                                 architecture=self.profile.model.architecture,
+                                 simulator=self._sim_info(timing, engine, instance, epoch),
+                                 buffered_stream=st.faults.buffered_stream,
+                                 on_flush=lambda ok: self.node.record_flush(instance, ok))
         await asyncio.sleep(self.profile.load.http_start_s / st.time_scale)
         sock = self.bind()
         if sock is None:

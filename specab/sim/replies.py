@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable, Optional
 
 from specab.sim import scoring, versions
 from specab.sim.args import ServerArgs
@@ -26,6 +26,7 @@ class ServerState:
     started_at: float = field(default_factory=time.time)
     simulator: dict[str, Any] = field(default_factory=dict)
     buffered_stream: bool = False     # fault: a starved front end, every stream's chunks sent at its end
+    on_flush: Optional[Callable[[bool], None]] = None     # told of every /flush_cache answered (done or refused)
 
 
 def internal_state(s: ServerState) -> dict[str, Any]:
@@ -224,3 +225,13 @@ def tokenized(vocab: scoring.Vocab, body: dict[str, Any], context_len: int) -> d
         raise ValueError("Invalid prompt type: expected str or List[str], or messages")
     return {"tokens": tokens, "count": count, "max_model_len": context_len}
 
+
+
+def openapi_doc(routes: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """FastAPI's route list (/openapi.json), as SGLang's server (a FastAPI app) serves it: every path of the
+    (method, path) routes with its methods."""
+    paths: dict[str, dict[str, Any]] = {}
+    for method, path in routes:
+        if method in ("GET", "POST", "PUT") and path:
+            paths.setdefault(path, {})[method.lower()] = {"summary": path.strip("/").replace("_", " ")}
+    return {"openapi": "3.1.0", "info": {"title": "FastAPI", "version": "0.1.0"}, "paths": paths}

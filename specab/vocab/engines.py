@@ -16,6 +16,7 @@ raises ``NoSpelling`` naming the flags the node does have. Sources: the 2026 eng
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import signal
 import time
@@ -797,3 +798,74 @@ def context_of_config(config: Dict[str, Any]) -> Optional[Tuple[int, str]]:
     if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1:
         return int(tokens * factor), "%s %d x rope_scaling factor %g" % (key, tokens, factor)
     return tokens, "%s %d" % (key, tokens)
+
+
+# --------------------------------------------------------------------------- the cache reset between two loads
+# One server across a load sweep (docs/decisions/0011) resets the engine's cache before each load after the first,
+# so a load never meets the prefix cache (or the counters) the previous one left. Per engine: the route, its method,
+# how the answer says it was done, and what a server must be started with to serve the route at all.
+# - SGLang: `/flush_cache` (GET or POST, every generation since 0.4): 200 "Cache flushed.\n..." when done, 400 with the
+#   same text while requests run or wait ("the operation will not be performed"); it also restarts the speculative
+#   counters (avg_spec_accept_length) (the 2026 engines reference; answered "Cache flushed." on a speculative
+#   0.5.17 server, facts 2026-12-06 §5).
+# - vLLM 0.32: `POST /reset_prefix_cache` answers {"success": bool}, false while blocks are held (running requests);
+#   it is one of the development routes, mounted only when the server starts with VLLM_SERVER_DEV_MODE=1
+#   (vllm/entrypoints/launchers/api_server/routers.py), which also mounts /collective_rpc, /sleep and /server_info.
+#   specab never sets that variable itself: an experiment that runs vLLM per instance sets it in its env.
+class CacheReset(NamedTuple):
+    method: str
+    path: str
+    answer: str                     # "text": the status decides (2xx done); "success": a JSON {"success": true}
+    needs_env: Dict[str, str]       # what the server's environment must hold for the route to be served
+    why_env: str                    # what that setting does besides, in words
+
+
+CACHE_RESETS: Dict[str, CacheReset] = {
+    SGLANG: CacheReset("POST", "/flush_cache", "text", {}, ""),
+    VLLM: CacheReset("POST", "/reset_prefix_cache", "success", {"VLLM_SERVER_DEV_MODE": "1"},
+                     "vLLM serves /reset_prefix_cache only among its development routes, mounted with "
+                     "VLLM_SERVER_DEV_MODE=1 (which also serves /collective_rpc, /sleep and /server_info to whoever "
+                     "reaches the port)"),
+}
+
+
+def cache_reset_refusal(kind: str, env: Dict[str, Any]) -> Optional[str]:
+    """Why a server of engine ``kind`` started with ``env`` cannot reset its cache between two loads, or None."""
+    reset = CACHE_RESETS.get(kind)
+    if reset is None:
+        return "specab knows no cache reset of engine %r" % kind
+    missing = {k: v for k, v in reset.needs_env.items() if str(env.get(k, "")) != v}
+    if missing:
+        return "%s; the arm's env does not set %s" % (reset.why_env, ", ".join("%s=%s" % kv for kv in missing.items()))
+    return None
+
+
+def cache_reset_done(reset: CacheReset, status: int, body: str) -> bool:
+    """Whether an answer of the reset route says the cache was reset."""
+    if not 200 <= status < 300:
+        return False
+    if reset.answer == "success":
+        try:
+            return bool(json.loads(body).get("success"))
+        except (ValueError, AttributeError):
+            return False
+    return True
+
+
+def is_vllm_dev_server_info(doc: Any) -> bool:
+    """Whether a /server_info answer is vLLM's development route (mounted with VLLM_SERVER_DEV_MODE=1: its config,
+    env and system, not SGLang's server args): vLLM's server args are read from its log line instead."""
+    return isinstance(doc, dict) and "vllm_config" in doc and "internal_states" not in doc
+
+
+def routes_of_openapi(text: str) -> Optional[Dict[str, List[str]]]:
+    """The routes a FastAPI server lists in its /openapi.json ({path: [METHOD, ...]}), or None when the text is not
+    such a document."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    paths = doc.get("paths") if isinstance(doc, dict) else None
+    if not isinstance(paths, dict):
+        return None
+    return {str(p): sorted(str(m).upper() for m in (ops or {}) if isinstance(ops, dict)) for p, ops in paths.items()}

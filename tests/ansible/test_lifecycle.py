@@ -44,3 +44,33 @@ def test_leftover_server_is_stopped_and_testinfra_sees_it(sim_node: SimNode) -> 
 
     free = sim_node.infra_check()
     assert free.rc == 0, f"testinfra must pass once the GPUs are free:\n{free}"
+
+
+def test_the_per_run_path_continues_an_instances_server_with_its_cache_reset(sim_node: SimNode) -> None:
+    """One server per instance on the per-run path (playbooks/tasks/run_arm.yml, docs/decisions/0011): the first run
+    of an instance keeps its server for the next (specab_instance keep), which continues it (no stop, no GPUs-free
+    wait, no start) with the engine's cache reset, and stops it. The simulator's own records are the truth: its
+    launch counter and its /flush_cache record."""
+    exp = experiment(sim_node.port)
+    sim_node.write_inventory()
+    runs = [("001-baseline", True), ("002-baseline", False)]
+    for run_id, keep in runs:
+        got = sim_node.playbook("arm.yml", _arm_vars(sim_node, exp, run_id, specab_stop_after=not keep,
+                                                     specab_instance={"id": "1", "keep": keep}))
+        assert got.rc == 0, str(got)
+        if keep:
+            kept = sim_node.server_record()
+            assert kept is not None and record_alive(kept) and kept["kept"] and kept["instance"] == "1"
+    assert (sim_node.state_dir / "instances").read_text() == "1", "one server start for the instance's two runs"
+    flushes = [json.loads(line) for line in (sim_node.state_dir / "flushes.jsonl").read_text().splitlines()]
+    assert [(f["instance"], f["ok"]) for f in flushes] == [(0, True)]
+    first, second = (sim_node.runs_dir / "t-life" / run_id for run_id, _ in runs)
+    assert json.loads((second / "cache_reset.json").read_text())["ok"]
+    assert json.loads((second / "instance.json").read_text())["started_run_id"] == "001-baseline"
+    assert not (first / "stop.json").exists() and not (first / "cache_reset.json").exists()
+    assert json.loads((second / "stop.json").read_text())["was_running"]
+    assert (first / "server.log").read_text().count("fired up") == 1
+    assert (second / "server.log").read_text().count("Cache flushed successfully!") == 1
+    manifests = [json.loads((d / "manifest.json").read_text())["extra"] for d in (first, second)]
+    assert manifests[0]["stop_s"] in (None, "null") and manifests[1]["time_to_ready_s"] in (None, "null")
+    assert sim_node.server_record() is None

@@ -207,7 +207,7 @@ def test_the_design_section_is_checked_like_the_others(write):
     with pytest.raises(ConfigError) as e:
         load_experiment(write("k.yml", EXPERIMENT + "  design:\n    burnin: 1\n"))
     assert "unknown key 'burnin' in design (did you mean 'burn_in'?)" in str(e.value)
-    assert "Allowed keys in design: burn_in." in str(e.value)
+    assert "Allowed keys in design: burn_in, server." in str(e.value)
     with pytest.raises(ConfigError, match=r":34:3: design must be a mapping"):
         load_experiment(write("m.yml", EXPERIMENT + "  design: 2\n"))
     assert load_experiment(write("ok.yml", EXPERIMENT + "  design:\n    burn_in: 2\n")).burn_in == 2

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 BENCH = {"api": "generate", "num_requests": 2, "warmup_requests": 1, "input_len": 16, "output_len": 16,
          "concurrency": 1, "seed": 1, "timeout_s": 60, "ignore_eos": True, "request_rate": 0,
-         "client_procs": "auto"}
+         "client_procs": "auto", "temperature": 0, "top_p": 1}
 
 
 def free_port() -> int:
@@ -115,8 +115,10 @@ class SeqNode:
 
     def batch_run(self, seq: int, arm: Dict[str, Any], bench: Optional[Dict[str, Any]] = None,
                   node_env_extra: Optional[Dict[str, str]] = None, experiment_id: Optional[str] = None,
-                  gpu_free_threshold_mib: float = 64, gpu_free_s: float = 30) -> Dict[str, Any]:
-        """One run of a `sequence.py stage` batch: its files rendered from the templates, its queue entry."""
+                  gpu_free_threshold_mib: float = 64, gpu_free_s: float = 30,
+                  instance: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """One run of a `sequence.py stage` batch: its files rendered from the templates, its queue entry
+        (``instance``: its instance {id, keep, engine}, one server across the loads, docs/decisions/0011)."""
         run_id = "%03d-%s" % (seq, arm["name"])
         run_dir = self.node_dir / "runs" / run_id
         env = render.environment()
@@ -140,6 +142,8 @@ class SeqNode:
                  "manifest": {"seed": 1, "extra": {"experiment_id": exp, "run_id": run_id, "arm": arm["name"],
                                                    "specab_git": "test", "ansible_version": "none",
                                                    "inventory_hostname": "simnode"}}}
+        if instance is not None:
+            entry["instance"] = instance
         return {"seq": seq, "run_id": run_id, "files": files, "entry": entry}
 
     def stage(self, runs: List[Dict[str, Any]], *extra: str, experiment_id: Optional[str] = None) -> Result:

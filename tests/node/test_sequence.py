@@ -33,7 +33,7 @@ SAMPLE_HEADER = ["timestamp", "index", "uuid", "clocks.sm", "clocks.mem", "clock
                  "temperature.gpu", "utilization.gpu", "clocks_event_reasons.active", "memory.used"]
 LONG_BENCH = {"api": "generate", "num_requests": 3, "warmup_requests": 1, "input_len": 8, "output_len": 4000,
               "concurrency": 1, "seed": 1, "timeout_s": 120, "ignore_eos": True,
-              "request_rate": 0, "client_procs": "auto"}
+              "request_rate": 0, "client_procs": "auto", "temperature": 0, "top_p": 1}
 SPEC = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/models/eagle3-head",
         "speculative_num_steps": 2, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 3}
 

@@ -169,6 +169,12 @@ def test_flush_cache_refuses_while_running_and_resets_accept_length(spec_server)
     _, info, _ = request_json(spec_server.port, "GET", "/server_info")
     assert info["internal_states"][0]["avg_spec_accept_length"] == 0.0
     assert "Cache flushed successfully!" in spec_server.log_text()
+    # the node's own record of every answer (the one-server-per-instance tests count the resets by it)
+    flushes = [json.loads(line) for line in (spec_server.state / "flushes.jsonl").read_text().splitlines()]
+    assert [f["ok"] for f in flushes] == [False, True] and len({f["instance"] for f in flushes}) == 1
+    # the route list FastAPI serves, as SGLang's server does: what the node reads before it relies on the route
+    _, routes, _ = request_json(spec_server.port, "GET", "/openapi.json")
+    assert set(routes["paths"]["/flush_cache"]) == {"get", "post"} and "post" in routes["paths"]["/generate"]
 
 
 def test_metrics_with_enable_metrics(spec_server):

@@ -20,7 +20,7 @@ from typing import Any, Dict
 
 import pytest
 
-from specab.node import cli, envcheck, gpufree, gpusample, loadgen, manifest, ready, sequence, start, stop
+from specab.node import cli, envcheck, gpufree, gpusample, instance, loadgen, manifest, ready, sequence, start, stop
 from specab.node.cli import spec_of
 
 REQUIRED = "<required>"
@@ -62,7 +62,8 @@ def flag_defaults(parser: argparse.ArgumentParser) -> Dict[str, Any]:
 TOOLS = {"envcheck": (envcheck.parse_args, envcheck.EnvCheckSpec), "gpufree": (gpufree.parse_args, gpufree.GpuFreeSpec),
          "gpusample": (gpusample.parse_args, gpusample.SampleSpec), "manifest": (manifest.parse_args, manifest.ManifestSpec),
          "ready": (ready.parse_args, ready.ReadySpec), "start": (start.parse_args, start.StartSpec),
-         "stop": (stop.parse_args, stop.StopSpec), "loadgen": (loadgen.parse_args, loadgen.BenchConfig)}
+         "stop": (stop.parse_args, stop.StopSpec), "loadgen": (loadgen.parse_args, loadgen.BenchConfig),
+         "instance": (instance.parse_args, instance.InstanceSpec)}
 
 
 @pytest.mark.parametrize("tool", sorted(TOOLS))
@@ -108,7 +109,7 @@ VALUES: Dict[str, Dict[str, Any]] = {
     "ready": dict(url="http://h:1", pid=123, log="/r/server.log", timeout=60.0, interval=0.5, traceback_grace=10.0,
                   phases_out="/r/ready.json", progress="/r/ready_progress.json"),
     "start": dict(node_dir="/nd", run_dir="/r", script="/r/launch.sh", host="127.0.0.1", port=30000, run_id="001-a",
-                  arm="a", log="/r/s.log"),
+                  arm="a", log="/r/s.log", instance="1"),
     "stop": dict(node_dir="/nd", smi=SMI, grace=5.0, kill_wait=3.0, force_foreign=True, smi_timeout=4.0,
                  out="/r/stop.json", sequencer_grace=7.0),
     "manifest": dict(run_dir="/r", node_dir="/nd", smi=SMI, python="/py", args_json="/a.json", env_file="/e.env",
@@ -117,6 +118,8 @@ VALUES: Dict[str, Dict[str, Any]] = {
     "envcheck": dict(node_dir="/nd", env_file="/e.env", expected_args="/a.json", url="http://h:1", no_server_info=True,
                      log=["/l1", "/l2"], http_timeout=3.0, allow_unverified=True, out="/o.json",
                      server_info_out="/s.json"),
+    "instance": dict(action="reset", node_dir="/nd", instance="7", run_dir="/r", run_id="008-a-c8", arm="a-c8",
+                     url="http://h:1", engine="vllm", timeout=9.0),
     "gpusample": dict(smi=SMI, interval=0.5, out="/g.csv", gpus="0", count=3, duration=2.5, smi_timeout=4.0,
                       keep_after_parent_exit=True),
     "loadgen": dict(url="http://h:1", api="chat", num_requests=5, warmup=1, input_len=16, output_len=8, concurrency=4,

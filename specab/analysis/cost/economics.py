@@ -17,6 +17,9 @@ from specab.analysis.evidence.model import Experiment, Run
 # tests/fixtures/known-truth/h200, run_phases medians): the final stop 5.7 s (SGLang's drain, SIGQUIT and process
 # tree kill), collect 1.3 s, warm-up 0.7 s, env check and GPUs-free waits 0.05 s: 7.7 s a run.
 DEFAULT_DEAD_S = 7.7
+# Of that dead time, the final stop (SGLang's drain and process tree kill): what a run that continues its instance's
+# server (docs/decisions/0011) does not wait for before it, besides the engine's load.
+DEFAULT_STOP_S = 5.7
 
 
 def gpus_of(server_args: Mapping[str, Any]) -> int:
@@ -29,6 +32,13 @@ def gpus_of(server_args: Mapping[str, Any]) -> int:
         except (TypeError, ValueError):
             pass
     return n
+
+
+def instance_saving_s(cost: design.RunCost, continued: int) -> float:
+    """GPU-seconds a plan does not spend when `continued` runs continue their instance's server instead of starting
+    one (docs/decisions/0011): each saves the engine's load and the stop before it (at most DEFAULT_STOP_S of the dead
+    time; a measured cost's restart, which holds all of a run's time besides its requests, counts whole)."""
+    return continued * (cost.load_s + min(DEFAULT_STOP_S, cost.dead_s)) * cost.gpus
 
 
 def run_gpu_seconds(run: Run) -> float | None:
@@ -67,7 +77,8 @@ def spend(exp: Experiment) -> Spend:
             s.burn_in_runs += 1
         else:
             s.per_arm[r.arm] = s.per_arm.get(r.arm, 0.0) + g
-            s.restarts_per_arm[r.arm] = s.restarts_per_arm.get(r.arm, 0) + 1
+            # a run that continued its instance's server (docs/decisions/0011) is no restart
+            s.restarts_per_arm[r.arm] = s.restarts_per_arm.get(r.arm, 0) + int(r.instance == r.seq)
         s.total += g
         s.runs += 1
         if not r.ok:

@@ -187,6 +187,15 @@ class Run:
     latency: dict | None = None
     spec_positions: dict | None = None       # bench_summary's spec_positions: cycles and the cycles that accepted
                                              # each draft position (analysis/measures/positions.py); None: not measured
+    # the run whose server start this run measured on (store runs.server_seq): another run's where it continued its
+    # instance's server (docs/decisions/0011); None: its own (a store before the column, or the run itself)
+    server_seq: int | None = None
+
+    @property
+    def instance(self) -> int:
+        """The server instance the run measured on: the seq of the run that started it (its own seq where it started
+        its own). Runs of one instance share its instance effect (docs/statistics.md)."""
+        return self.seq if self.server_seq is None else self.server_seq
 
     @property
     def ok(self) -> bool:
@@ -423,6 +432,11 @@ def read_bench_jsonl(path: Path) -> list[Request]:
 # a number from a CSV cell or a JSON value: empty, N/A-like and non-numbers are None, units as nvidia-smi writes them
 # stripped
 _num = contract.smi_number
+
+
+def _int(v: Any) -> int | None:
+    """A whole-number column (None: absent, or NULL in the store)."""
+    return None if v is None or isinstance(v, bool) else int(v)
 
 
 def read_gpu_samples(path: Path) -> list[GpuSample]:
@@ -833,7 +847,7 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
             phase_metrics=phase_files.get(r["seq"]), known_truth=summary.get("known_truth"),
             known_truth_problems=[str(p) for p in summary.get("known_truth_problems") or []],
             workload=_workload(summary), latency=_latency(summary, scale),
-            spec_positions=_spec_positions(summary)))
+            spec_positions=_spec_positions(summary), server_seq=_int(r.get("server_seq"))))
     argv = e.get("argv") or []
     arms, runs, det = _deterministic_apart(e["id"], arms, runs, arm_rows)
     scales = sorted({r.time_scale for r in runs})

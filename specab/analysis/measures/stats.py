@@ -265,6 +265,51 @@ def paired_speedup(exp: Experiment, arm: str, seed: int = DEFAULT_SEED,
     return Speedup(arm=arm, baseline=baseline, ratios=ratios, blocks=keys, ci=ci, verdict=verdict_of(ci, ratios))
 
 
+@dataclass
+class LoadRatio:
+    """How one configuration's measure changes between two of its loads: `arm` over `reference` (the same
+    configuration at another load), one ratio per block, with how many of those pairs ran on one server instance."""
+    arm: str
+    reference: str
+    ratios: list[float]
+    blocks: list[tuple[str, int]]
+    shared: int                         # pairs whose two runs measured on one server instance (one per instance)
+    ci: Interval | None
+
+    @property
+    def estimate(self) -> float | None:
+        return self.ci.estimate if self.ci else (self.ratios[0] if self.ratios else None)
+
+    def to_dict(self) -> dict:
+        return {"arm": self.arm, "reference": self.reference, "ratios": self.ratios,
+                "blocks": [list(b) for b in self.blocks], "shared_instance": self.shared, "estimate": self.estimate,
+                "ci": self.ci.to_dict() if self.ci else None}
+
+
+def load_ratio(exp: Experiment, arm: str, reference: str, seed: int = DEFAULT_SEED,
+               metric: Callable[[Run], float | None] = per_user_tok_s) -> LoadRatio:
+    """The ratio of `arm`'s run to `reference`'s run of the same block (and host), with its interval over blocks as
+    the paired speedup's: the comparison across loads of one configuration (the arms differ only in load). Where the
+    two runs measured on one server instance (design.server per-instance: Run.instance equal) the instance's own
+    effect is in both and cancels in the ratio; with a server per run each adds its own (docs/statistics.md)."""
+    ref = {_block_key(r): r for r in exp.runs_of(reference)}
+    ratios, keys, shared = [], [], 0
+    for r in sorted(exp.runs_of(arm), key=lambda r: (r.host, r.block)):
+        b = ref.get(_block_key(r))
+        mb, mr = (metric(b), metric(r)) if b is not None else (None, None)
+        if not mb or not mr:
+            continue
+        ratios.append(mr / mb)
+        keys.append(_block_key(r))
+        shared += int(b.instance == r.instance)    # type: ignore[union-attr]
+    ci = None
+    if len(ratios) >= 2:
+        strata = [k[0] for k in keys] if len({k[0] for k in keys}) > 1 else None
+        li = bootstrap_ci(np.log(ratios), seed=seed, strata=strata)
+        ci = Interval(math.exp(li.estimate), math.exp(li.lo), math.exp(li.hi), li.n, li.method + " of log ratios")
+    return LoadRatio(arm=arm, reference=reference, ratios=ratios, blocks=keys, shared=shared, ci=ci)
+
+
 def per_host_speedups(exp: Experiment, arm: str, seed: int = DEFAULT_SEED) -> dict[str, Speedup]:
     """The paired speedup per host (fleets): a host whose speedup differs is visible here."""
     out = {}
