@@ -14,7 +14,7 @@ from specab.analysis.evidence import model
 from specab.analysis.measures import stats
 from specab.analysis.cost import economics, search as searchdesign
 from specab.analysis.cost.history import HistoryError
-from specab.config import bench, correctness, scoring, search as searchcfg
+from specab.config import bench, correctness, instances, scoring, search as searchcfg
 from specab.config.fingerprint import fingerprint, fingerprint_doc
 from specab.config.inventory import Host
 from specab.config.plan import PlannedRun, make_plan
@@ -151,10 +151,11 @@ class NextBlocks:
         self.progress.notice(f"--search: {step.reason}")
         if not step.more:
             return []
-        names = [a.name for a in self.add_probe_arms(step.loads)]
+        arms = self.add_probe_arms(step.loads)
         last_seq = max(r["seq"] for r in self.store.plan())
-        new = make_plan(names, 1, exp_row["seed"], exp_row["order_mode"], first_block=blocks + 1,
-                        first_seq=last_seq + 1)
+        new = make_plan([a.name for a in arms], 1, exp_row["seed"], exp_row["order_mode"], first_block=blocks + 1,
+                        first_seq=last_seq + 1,      # each arm's probe loads on one server, as block 1's
+                        groups=instances.load_groups(arms) if self.p.server.per_instance else None)
         self.store.write_plan([r.to_json() for r in new], repeats=blocks + 1)
         self.progress.state.total = len(self.store.plan())
         return new
