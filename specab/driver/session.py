@@ -85,6 +85,8 @@ def execute(ctx: RunContext, todo: list[PlannedRun], resumed: bool = False) -> i
                 if resumed and isinstance(executor, QueueExecutor):
                     todo = keep.adopt(executor, todo, done_before)
                     done_before = len(ctx.store.plan()) - len(todo)
+                if not todo and more is not None:   # a design or search stopped between blocks: its next one
+                    todo = more()
                 interrupted = executor.loop(list(todo), intr.event, done_before, more=more,
                                             on_status=lambda status: fail_fast.observe(ctx.store, status))
             except SystematicFailure as exc:
@@ -374,8 +376,12 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
         det_block = pass_not_planned(store, prepared, ropts, todo)
         todo += det_block
         print(f"resuming {row['id']}: {len(todo)} of {len(store.plan()) + len(det_block)} runs to do", file=out)
-        if not todo:
+        designed = ropts.target_ci is not None or ropts.search is not None
+        if not todo and (row.get("status") == "finished" or not designed):
             return conclude(EXIT_OK, store, exp_dir, out), exp_dir
+        if not todo:        # stopped between blocks: the design (or search) decides the next one
+            print(f"{row['id']} was {row.get('status')} between blocks: the "
+                  f"{'search' if ropts.search else 'design'} decides whether another block follows", file=out)
         checked = check_nodes(prepared, out)
         doc = fingerprint_doc(prepared.experiment, prepared.arms)       # the logical arms, as start() hashed them
         prepared = spelled(dataclasses.replace(prepared, more_arms=stored_probe_arms(prepared, store)), checked)

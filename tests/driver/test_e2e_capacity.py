@@ -191,6 +191,17 @@ def test_search_finds_each_arms_capacity_at_the_slo(node: SimNode):
     assert [s["blocks"] for s in steps] == [0, 1, 2]          # the resume took the search up where it stopped
     assert (exp_dir / "report" / "throughput_vs_per_user.png").stat().st_size > 10_000
     _per_token_itl_is_the_trace(exp, node.root / "sim-trace.jsonl")
+    # a search stopped between blocks (interrupted with no planned run missing): a resume asks the search again,
+    # which decides from the stored runs (here: it has its brackets, so it stops again, planning nothing)
+    with st.Store.open(exp_dir) as store:
+        store.set_experiment_status("interrupted")
+        decided = store.design_steps()[-1]["decided"]
+    proc = driver("--resume", exp_dir.name, "-i", str(_inventory(node)), "--runs-dir", str(node.runs_dir))
+    again, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "between blocks: the search decides whether another block follows" in again, again
+    with st.Store.open(exp_dir) as store:
+        last = store.design_steps()[-1]
+        assert last["blocks"] == 2 and not last["more"] and last["decided"] > decided and not store.missing()
     print("capacity in flight (search / model): " + ", ".join(
         f"{n} {f['estimate']:.3f} / {truth[n]:.3f} (blocks {[b['estimate'] for b in f['blocks']]})"
         for n, f in fams.items()) + f"; iso-SLO ratio {ratio['estimate']:.3f} / {want:.3f}; {len(exp.runs)} runs")
