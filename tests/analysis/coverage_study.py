@@ -10,7 +10,7 @@ exactly as a real experiment's would. Two designs share everything but the order
 - interleaved: each block runs every arm once, in a seeded random order;
 - blocked: all baseline runs first, then all runs of the next arm, and so on.
 
-Run `python -m tests.analysis.coverage_study` to print the table in docs/statistics.md.
+Run `python -m tests.analysis.coverage_study` to print the table in docs/validation/statistics.md.
 """
 from __future__ import annotations
 
