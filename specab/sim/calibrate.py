@@ -2,7 +2,7 @@
 
 Starts one simulated TP8 server per arm (in a temporary state dir, at a time scale), streams
 single-stream 256-token requests with a stdlib client, and prints target vs measured as a Markdown
-table (the table in docs/simulator.md comes from this command). tok/s is the seed's definition:
+table (the table in docs/validation/simulator.md comes from this command). tok/s is the seed's definition:
 (output tokens - 1) / (t_last_token - t_first_token), reported at time scale 1.
 """
 from __future__ import annotations
