@@ -20,6 +20,7 @@ from specab.driver.playbook import PlaybookResult, runner_ident, scrub_tree
 from specab.driver.queue_executor import COLLECT_PLAYBOOK, Collected, QueueExecutor
 from specab.driver.record import read_json, unpack_fetched
 from specab.driver.remote import RemoteError, open_node
+from specab.driver.systematic import STOPPED
 from specab.results import store as st
 
 FINISHED = ("ok", "failed")          # done.json statuses of a run that ran to its end (recorded as it is)
@@ -39,8 +40,10 @@ _PROBE = ("import json, os, sys\n"
           "print(json.dumps(out))\n")
 
 
-def finished_on_node(ex: QueueExecutor, runs: list[PlannedRun]) -> list[PlannedRun]:
-    """The runs of `runs` (in their order) that the node finished for this experiment (one read-only probe)."""
+def finished_on_node(ex: QueueExecutor, runs: list[PlannedRun], statuses: tuple[str, ...] = FINISHED
+                     ) -> list[PlannedRun]:
+    """The runs of `runs` (in their order) that the node finished for this experiment with one of `statuses` (one
+    read-only probe)."""
     if not runs:
         return []
     host = ex.host
@@ -54,17 +57,18 @@ def finished_on_node(ex: QueueExecutor, runs: list[PlannedRun]) -> list[PlannedR
     finally:
         node.close()
     try:
-        statuses = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {}
+        found = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {}
     except (ValueError, IndexError):
-        statuses = {}
-    return [p for p in runs if statuses.get(p.run_id) in FINISHED]
+        found = {}
+    return [p for p in runs if found.get(p.run_id) in statuses]
 
 
-def finished_here(exp_dir: Path, exp_id: str, pr: PlannedRun) -> bool:
-    """Whether the experiment directory holds run `pr` as the node finished it (fetched, not yet recorded)."""
+def finished_here(exp_dir: Path, exp_id: str, pr: PlannedRun, statuses: tuple[str, ...] = FINISHED) -> bool:
+    """Whether the experiment directory holds run `pr` as the node finished it with one of `statuses` (fetched, not
+    yet recorded)."""
     entry, done = read_json(exp_dir / pr.run_id / "queue_entry.json"), read_json(exp_dir / pr.run_id / "done.json")
     return (isinstance(entry, dict) and entry.get("experiment_id") == exp_id and isinstance(done, dict)
-            and done.get("status") in FINISHED)
+            and done.get("status") in statuses)
 
 
 def fetch(ex: QueueExecutor, runs: list[PlannedRun]) -> list[str]:
@@ -110,16 +114,24 @@ def fetch_unrecorded(ex: QueueExecutor) -> list[str]:
     return [p.run_id for p in on_disk] + fetch(ex, finished_on_node(ex, [p for p in todo if p not in on_disk]))
 
 
-def adopt(ex: QueueExecutor, todo: list[PlannedRun], index: int,
+def adoptable(experiment: dict[str, Any]) -> tuple[str, ...]:
+    """The done.json statuses a resume of `experiment` (the store's row) records instead of running again."""
+    return ("ok",) if experiment.get("status") == STOPPED else FINISHED
+
+
+def adopt(ex: QueueExecutor, todo: list[PlannedRun], index: int, statuses: tuple[str, ...] = FINISHED,
           on_status: Callable[[str], None] | None = None) -> list[PlannedRun]:
-    """A resume: record each run of `todo` that the store holds no outcome of and the node finished (found in the
-    experiment directory, else fetched now) as it finished, and return the rest, which run."""
+    """A resume: record each run of `todo` that the store holds no outcome of and the node finished with one of
+    `statuses` (found in the experiment directory, else fetched now) as it finished, and return the rest, which run.
+    After a systematic stop only ok runs are taken: the queued runs the node went on with before the stop reached it
+    failed for the cause the user has fixed since, and run again."""
     r = ex.ctx
     open_runs = unrecorded(ex, todo)
-    fetch(ex, finished_on_node(ex, [p for p in open_runs if not finished_here(r.exp_dir, r.exp_id, p)]))
+    fetch(ex, finished_on_node(ex, [p for p in open_runs if not finished_here(r.exp_dir, r.exp_id, p, statuses)],
+                               statuses))
     rest = []
     for pr in todo:
-        if pr not in open_runs or not finished_here(r.exp_dir, r.exp_id, pr):
+        if pr not in open_runs or not finished_here(r.exp_dir, r.exp_id, pr, statuses):
             rest.append(pr)
             continue
         index += 1

@@ -68,9 +68,9 @@ def make_executor(ctx: RunContext, signal_time: Callable[[], float | None]) -> E
     return PerRunExecutor(ctx, signal_time=signal_time)
 
 
-def execute(ctx: RunContext, todo: list[PlannedRun], resumed: bool = False) -> int:
+def execute(ctx: RunContext, todo: list[PlannedRun], adopt: tuple[str, ...] = ()) -> int:
     """Run ``todo`` (and, with --target-ci, the blocks the statistics ask for) on one host set; a resume first
-    records the runs the node finished that were never recorded (``keep.adopt``)."""
+    records the runs the node finished with a done status in ``adopt`` that were never recorded (``keep.adopt``)."""
     done_before = len(ctx.store.plan()) - len(todo)
     interrupted = False
     stopped: SystematicFailure | None = None
@@ -82,8 +82,8 @@ def execute(ctx: RunContext, todo: list[PlannedRun], resumed: bool = False) -> i
         more = ctx.more_blocks if ctx.opts.target_ci is not None or ctx.p.search is not None else None
         try:
             try:
-                if resumed and isinstance(executor, QueueExecutor):
-                    todo = keep.adopt(executor, todo, done_before)
+                if adopt and isinstance(executor, QueueExecutor):
+                    todo = keep.adopt(executor, todo, done_before, adopt)
                     done_before = len(ctx.store.plan()) - len(todo)
                 if not todo and more is not None:   # a design or search stopped between blocks: its next one
                     todo = more()
@@ -137,7 +137,7 @@ def resume_command(exp_id: str, opts: Options, *extra: str) -> str:
 
 
 def _run(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, store: st.Store, todo: list[PlannedRun],
-         out: TextIO, progress: Progress, total: int, resumed: bool = False) -> int:
+         out: TextIO, progress: Progress, total: int, adopt: tuple[str, ...] = ()) -> int:
     # a resume counts what the store's runs spent already (a run started again replaces its row, so not its own)
     progress.start(exp_id, total, done=total - len(todo),
                    spent=store.spent_gpu_seconds(rerun={pr.seq for pr in todo}))
@@ -148,7 +148,7 @@ def _run(prepared: Prepared, opts: Options, exp_id: str, exp_dir: Path, store: s
     if opts.fleet:     # every host of gpu_nodes runs its own blocks at once (docs/scale.md)
         return run_fleet(prepared, opts, exp_id, exp_dir, todo, out, progress, total=total,
                          make_context=RunContext, make_executor=make_executor)
-    return execute(RunContext(prepared, opts, exp_id, exp_dir, store, out, progress), todo, resumed=resumed)
+    return execute(RunContext(prepared, opts, exp_id, exp_dir, store, out, progress), todo, adopt=adopt)
 
 
 def _git_sha() -> str | None:
@@ -390,7 +390,7 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
             store.mark_running()
             store.write_plan([r.to_json() for r in det_block])
             code = _run(prepared, ropts, row["id"], exp_dir, store, todo, out, progress or Progress(),
-                        total=len(store.plan()), resumed=True)
+                        total=len(store.plan()), adopt=keep.adoptable(row))
         return conclude(code, store, exp_dir, out), exp_dir
     finally:
         store.close()

@@ -82,17 +82,17 @@ def test_report_html_renders_in_headless_chromium(exp_dir, written, tmp_path):
     from PIL import Image
     shot = tmp_path / "report.png"
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
-           "--window-size=1200,3000", "--hide-scrollbars", "--disable-background-networking",
+           "--window-size=1200,12000", "--hide-scrollbars", "--disable-background-networking",
            "--disable-component-update", "--disable-sync", "--no-first-run",
            f"--user-data-dir={tmp_path / 'profile'}", (exp_dir / "report.html").as_uri()]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0 and shot.is_file(), r.stderr[-2000:]
     img = Image.open(shot).convert("RGB")
-    assert img.size == (1200, 3000)
+    assert img.size == (1200, 12000)
     # non-blank: many colours, and the plots' blue/red lines are present somewhere on the page
     colours = img.getcolors(maxcolors=1 << 20)
     assert colours is not None and len(colours) > 200
-    px = img.resize((300, 750)).tobytes()
+    px = img.resize((300, 3000)).tobytes()
     assert any(px[i + 2] > 150 and px[i] < 100 for i in range(0, len(px), 3))    # plot blue (#0969da)
 
 

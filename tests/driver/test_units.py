@@ -326,7 +326,7 @@ class _NoOkStore:
 
     def runs(self, status=None):
         rows = [{"seq": i, "run_id": f"00{i}-{a}", "arm": a, "status": "failed", "failure_phase": "start",
-                 "failure_reason": "port taken"} for i, a in ((1, "baseline"), (2, "eagle3"))]
+                 "failure_reason": "port taken", "burn_in": 0} for i, a in ((1, "baseline"), (2, "eagle3"))]
         return [r for r in rows if status is None or r["status"] == status]
 
     def requests(self):
