@@ -47,7 +47,7 @@ def log_tail(path: str, n: int = 12) -> str:
 # ---------------------------------------------------------------------------------------------
 
 class Entry(object):
-    """One queued run (the JSON the controller writes; docs/architecture.md "Queue entry")."""
+    """One queued run (the JSON the controller writes; its fields: specab/node/README.md, "queue entry")."""
 
     def __init__(self, data: Dict[str, Any], node_dir: str, name: str) -> None:
         self.data = data

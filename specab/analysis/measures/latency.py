@@ -1,6 +1,6 @@
 """Each measured request's latencies as a user of an open or closed load sees them, recomputed from the records.
 
-Definitions (docs/analysis.md, "Latency and queueing"):
+Definitions (the report's latency columns: docs/analysis.md, "Verdict per load"):
 - TTFT and end-to-end latency are counted from the request's scheduled arrival under an open load (bench.request_rate:
   the client's arrival plus its wait for a free slot of the in-flight cap, ``arrival_wait_s``), from its send in a
   closed loop, where a request arrives when a slot frees;

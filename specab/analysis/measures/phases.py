@@ -2,7 +2,7 @@
 verify and "other", from the engine's device-timer counters (phase_metrics.json, written by the benchmark
 client; schema in docs/results.md).
 
-Definitions (docs/statistics.md, "Per-phase breakdown"):
+Definitions (docs/analysis.md, "Per-phase breakdown"):
 - cycles = the engine's verify passes over the measured window (``verify_passes``): one pass verifies every
   request in the batch, so a request's cycle costs the whole pass; phase ms per cycle =
   Δ``forward_execution_seconds_total{category}`` / verify passes (``eagle_draft``, ``eagle_draft_extend``,
