@@ -30,8 +30,6 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from scipy import stats as sps
-
 from specab.analysis.evidence import outputs
 from specab.analysis.evidence.model import Experiment, Run
 
@@ -147,6 +145,7 @@ def _collect(exp: Experiment) -> tuple[dict[int, dict[int, _Req]], list[dict[str
 # --------------------------------------------------------------------------- the tests
 
 def _mann_whitney(a: list[float], b: list[float]) -> float:
+    from scipy import stats as sps      # (imported where used: the driver's start does not load scipy.stats)
     return float(sps.mannwhitneyu(a, b, alternative="two-sided").pvalue)
 
 
@@ -175,6 +174,7 @@ def _tests(arm: list[_Req], base: list[_Req]) -> tuple[dict[str, float], dict[st
     ka, kb = sum(q.stop for q in arm), sum(q.stop for q in base)
     values["eos"] = [ka / len(arm) if arm else None, kb / len(base) if base else None]
     if arm and base and 0 < ka + kb < len(arm) + len(base):
+        from scipy import stats as sps
         p["eos"] = float(sps.fisher_exact([[ka, len(arm) - ka], [kb, len(base) - kb]]).pvalue)
     return p, values
 
@@ -186,6 +186,7 @@ def power_note(a: list[float], b: list[float], tests: int) -> str:
     sd = math.sqrt(((len(a) - 1) * statistics.variance(a) + (len(b) - 1) * statistics.variance(b))
                    / (len(a) + len(b) - 2))
     level = ALPHA / max(1, tests)
+    from scipy import stats as sps
     z = sps.norm.ppf(1 - level / 2) + sps.norm.ppf(POWER)
     shift = z * sd * math.sqrt(1 / len(a) + 1 / len(b)) * math.sqrt(math.pi / 3)
     return (f"detects a shift of {shift:.3g} nats/token in the mean target log-prob ({shift / sd:.2g} SD of a "

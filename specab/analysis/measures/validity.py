@@ -31,8 +31,6 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from scipy import stats as sps
-
 from specab.analysis.evidence import outputs as outs
 from specab.analysis.measures import distribution
 from specab.analysis.evidence.model import Experiment, Run
@@ -168,6 +166,7 @@ def agreed_prefix(a: tuple[Any, ...] | str, b: tuple[Any, ...] | str) -> int:
 def wilson(k: int, n: int) -> tuple[float, float] | None:
     if n <= 0:
         return None
+    from scipy import stats as sps      # (imported where used: the driver's start does not load scipy.stats)
     ci = sps.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
     return (float(ci.low), float(ci.high))
 
