@@ -293,6 +293,17 @@ def _dumps(v: Any) -> str | None:
     return None if v is None else json.dumps(v, sort_keys=True)
 
 
+def store_file(path: str | Path) -> Path:
+    """The results store of `path`, an experiment directory or its store file; StoreError where there is none."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / FILENAME
+    if not p.exists():
+        raise StoreError(f"{p}: no results store here. Give an experiment directory runs/<experiment-id>/ "
+                         f"or its {FILENAME}.")
+    return p
+
+
 class StoreReads:
     """What the analysis and the driver read back from a store: any store this specab reads, one written by an older
     specab too (an absent table or column reads as empty), on read-only media too (nothing here writes)."""
@@ -545,12 +556,7 @@ class Store(StoreReads):
 
     @classmethod
     def open(cls, path: str | Path) -> "Store":
-        p = Path(path)
-        if p.is_dir():
-            p = p / FILENAME
-        if not p.exists():
-            raise StoreError(f"{p}: no results store here. Give an experiment directory runs/<experiment-id>/ "
-                             f"or its results.sqlite.")
+        p = store_file(path)
         conn = connect.connect(p)
         try:
             try:

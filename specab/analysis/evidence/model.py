@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator
 
 from specab.analysis.evidence import logparse
 from specab.config.spec import DETERMINISTIC_OF
-from specab.results.store import FILENAME, Store, gpu_csv_rows
+from specab.results.store import Store, StoreError, gpu_csv_rows, store_file
 from specab.vocab import contract, engines
 
 # Throttle / clock-event reason bits (nvml.h nvmlClocksEventReason*).
@@ -804,12 +804,10 @@ def _store_rows(p: Path) -> tuple[Any, ...]:
 
 
 def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
-    p = Path(path)
-    if p.is_dir():
-        p = p / FILENAME
-    if not p.exists():
-        raise AnalysisError(f"{p}: no results store here; give an experiment directory (runs/<experiment-id>) "
-                            f"or its {FILENAME}")
+    try:
+        p = store_file(path)
+    except StoreError as exc:       # the analysis's own error, which its callers catch
+        raise AnalysisError(str(exc)) from None
     e, arm_rows, run_rows, run_fps, reqs, samples, manifests, checks, phase_files, design_steps = _store_rows(p)
     arms = [Arm(name=a["name"], server_args=a.get("server_args") or {}, env=a.get("env") or {},
                 baseline=a.get("baseline"), matrix=a.get("matrix") or {}) for a in arm_rows]
