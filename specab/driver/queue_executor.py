@@ -35,7 +35,7 @@ from specab.driver.record import (INTERRUPTED_REASON, PhaseClock, UnpackError, c
 from specab.driver.remote import LogTail, read_tail
 from specab.results import store as st
 from specab.vocab.contract import LOAD_SUBPHASES
-from specab.vocab.phases import REPEATED_PHASES, display_phase
+from specab.vocab.phases import display_phase, stored_phase_name
 
 
 ENQUEUE_PLAYBOOK = "playbooks/enqueue.yml"
@@ -89,13 +89,8 @@ def phase_rows(lines: list[str], sub: list[tuple[str, float]] | None = None
         if phase is None:
             continue
         t1 = events[i + 1][1] if i + 1 < len(events) else None
-        name = phase
-        if phase in names:
-            name = REPEATED_PHASES.get(phase, phase)
-            if name in names:
-                name = f"{phase} ({names.count(phase) + 1})"
-        names.append(phase if name == phase else name)
-        rows.append((name, t0, t1))
+        names.append(stored_phase_name(phase, names))
+        rows.append((names[-1], t0, t1))
     return rows
 
 

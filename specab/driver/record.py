@@ -22,7 +22,7 @@ from specab.driver.progress import Progress
 from specab.driver.remote import open_node, shell_path
 from specab.results import store as st
 from specab.vocab.contract import FIRST_ERROR_RE, HELPERS_JSON, PRIVATE_RUN_FILES
-from specab.vocab.phases import REPEATED_PHASES
+from specab.vocab.phases import stored_phase_name
 
 MIN_FREE_MB = 50
 # a run's small files (JSON, CSV) are kept in the store up to this size each
@@ -81,14 +81,8 @@ class PhaseClock:
             now = time.time() if at is None else at
             if self.times and self.times[-1][2] is None:
                 self.times[-1] = (self.times[-1][0], self.times[-1][1], now)
-            names = [t[0] for t in self.times]
-            name = phase
-            if phase in names:
-                name = REPEATED_PHASES.get(phase, phase)
-                if name in names:
-                    name = f"{phase} ({names.count(phase) + 1})"
             self.current = phase
-            self.times.append((name, now, None))
+            self.times.append((stored_phase_name(phase, [t[0] for t in self.times]), now, None))
         self.progress.phase(phase)
 
     def close(self) -> None:

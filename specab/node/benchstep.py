@@ -355,16 +355,8 @@ class BenchStep(object):
     def complete(self) -> bool:
         """Whether bench.jsonl holds an answered (ok) record for every measured request."""
         want = int(self.config.num_requests)
-        ok = set()
         try:
-            with open(self.spec.path("bench.jsonl"), "rb") as fh:
-                for line in fh:
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue            # a line cut short
-                    if isinstance(rec, dict) and not rec.get("warmup") and rec.get("ok"):
-                        ok.add(rec.get("i"))
+            ok = {rec.get("i") for rec in scoring.measured_records(self.spec.run_dir)}
         except OSError:
             return False
         return want > 0 and len(ok) >= want

@@ -140,7 +140,8 @@ def _prompts(run_dir: str, summary: Dict[str, Any]) -> List[Any]:
     return prompts
 
 
-def _records(run_dir: str) -> List[Dict[str, Any]]:
+def measured_records(run_dir: str) -> List[Dict[str, Any]]:
+    """The run's measured, answered records in bench.jsonl (a line cut short is passed over)."""
     out = []
     with open(os.path.join(run_dir, "bench.jsonl"), encoding="utf-8") as fh:
         for line in fh:
@@ -176,7 +177,7 @@ def score_run(scorer: Scorer, run_id: str, run_dir: str, write: Callable[[Dict[s
         with open(os.path.join(run_dir, "bench_summary.json"), encoding="utf-8") as fh:
             summary = json.load(fh)
         prompts = _prompts(run_dir, summary)
-        records = _records(run_dir)
+        records = measured_records(run_dir)
     except (OSError, ValueError, KeyError, TypeError, dataset.DatasetError) as exc:
         raise ScoreError("its results cannot be read (%s: %s)" % (type(exc).__name__, exc))
     done = {"scored": 0, "unscored": 0, "tokens": 0, "reason": None}  # type: Dict[str, Any]

@@ -154,13 +154,6 @@ class GpuNode:
         with _locked(self.state / ".instances.lock"), open(self.state / "flushes.jsonl", "a") as fh:
             fh.write(json.dumps({"instance": instance, "t": time.time(), "ok": ok}) + "\n")
 
-    def flushes(self) -> list[dict[str, Any]]:
-        """Every /flush_cache answered on this node, in order (record_flush)."""
-        path = self.state / "flushes.jsonl"
-        if not path.is_file():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
     # ----- allocations
     def allocate(self, gpu: int, mib: int, kind: str, release_lag_s: float,
                  pid: Optional[int] = None, process_name: Optional[str] = None,

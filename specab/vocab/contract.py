@@ -108,24 +108,6 @@ def named_secret_values(text: str) -> List[str]:
     return learnable(out)
 
 
-def redact_argv(argv: Sequence[str]) -> List[str]:
-    out: List[str] = []
-    hide_next = False
-    for a in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        if a.startswith("--") and "=" in a and is_secret_name(a.split("=", 1)[0]):
-            out.append(a.split("=", 1)[0] + "=" + REDACTED)
-        elif a.startswith("--") and is_secret_name(a):
-            out.append(a)
-            hide_next = True
-        else:
-            out.append(redact_text(a))
-    return out
-
-
 def secret_values(*mappings: Dict[str, Any]) -> List[str]:
     """The values of secret-named keys (to scrub from files that may hold them verbatim)."""
     out: List[str] = []

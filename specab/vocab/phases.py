@@ -23,7 +23,7 @@ of ``RunSteps``. stdlib only (Python >= 3.8), part of the shared vocabulary.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 
 class Phase(NamedTuple):
@@ -89,6 +89,15 @@ ROLE_PHASES: Dict[str, str] = {p.role: p.display for p in PHASES if p.role is no
 
 # a phase that a run enters twice is stored under its second name
 REPEATED_PHASES: Dict[str, str] = {"stopping": "final stop", "waiting for GPUs": "waiting for GPUs after stop"}
+
+
+def stored_phase_name(phase: str, earlier: List[str]) -> str:
+    """The name a run's phase is stored under, given the names stored before it: its own the first time, then its
+    second name (REPEATED_PHASES), then numbered ("loading (2)")."""
+    if phase not in earlier:
+        return phase
+    name = REPEATED_PHASES.get(phase, phase)
+    return name if name not in earlier else f"{phase} ({earlier.count(phase) + 1})"
 
 
 def display_phase(node_phase: Optional[str]) -> Optional[str]:

@@ -3,29 +3,20 @@ streamed chunk reached the client and how many tokens it carried. The loaders le
 experiment holds millions of them); the latency analysis reads them here, run by run, when it needs them."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from specab.analysis.evidence.model import Experiment, Run
+from specab.analysis.evidence.model import Experiment, Run, bench_records
 from specab.results.store import Store
 
 Chunks = list[tuple[int, list[float], list[int]]]
 
 
 def _from_bench_jsonl(path: Path) -> Chunks | None:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
+    records = bench_records(path)
+    if records is None:
         return None
-    out: Chunks = []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue            # a line cut short by an interrupt: the loaders say so; here it has no chunks
-        if isinstance(rec, dict) and rec.get("ok") and not rec.get("warmup"):
-            out.append((int(rec.get("i") or 0), list(rec.get("chunk_t_s") or []), list(rec.get("chunk_tokens") or [])))
-    return out
+    return [(int(rec.get("i") or 0), list(rec.get("chunk_t_s") or []), list(rec.get("chunk_tokens") or []))
+            for rec in records if rec.get("ok") and not rec.get("warmup")]
 
 
 def _from_store(exp: Experiment, run: Run) -> Chunks | None:

@@ -292,7 +292,6 @@ def _parse_vllm(line: str, kind: str, fields: list) -> dict[str, Any]:
 _NUMERIC = {**{name: (0.0, None) for name in _BATCH_KEYS.values()}, "accept_rate": (0.0, 1.0),
             **{name: (0.0, None) for name, _, conv in _VLLM_SPEC + _VLLM_STATS if conv in (int, float)},
             "accept_rate_pct": (0.0, 100.0), "kv_cache_usage_pct": (0.0, 100.0), "prefix_cache_hit_pct": (0.0, 100.0)}
-_CHECKED_KINDS = ("decode", "prefill", "vllm_spec", "vllm_stats")
 
 
 def _checked(rec: dict[str, Any]) -> dict[str, Any]:

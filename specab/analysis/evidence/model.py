@@ -429,6 +429,24 @@ def read_bench_jsonl(path: Path) -> list[Request]:
     return out
 
 
+def bench_records(path: Path) -> list[dict[str, Any]] | None:
+    """Every record of a bench.jsonl as it stands (a line cut short by an interrupt is passed over); None where the
+    file cannot be read."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
 # a number from a CSV cell or a JSON value: empty, N/A-like and non-numbers are None, units as nvidia-smi writes them
 # stripped
 _num = contract.smi_number

@@ -7,12 +7,11 @@ read here per run, apart from the ``Request`` records, so the statistics never c
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from specab.analysis.evidence.model import Experiment, Run
+from specab.analysis.evidence.model import Experiment, Run, bench_records
 
 
 @dataclass(frozen=True)
@@ -54,26 +53,11 @@ def _records_of_store(path: Path, seqs: list[int]) -> dict[int, list[dict[str, A
         store.close()
 
 
-def _records_of_dir(run_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    try:
-        with open(run_dir / "bench.jsonl", encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict):
-                    out.append(rec)
-    except OSError:
-        return []
-    return out
-
-
 def read(exp: Experiment, runs: Iterable[Run]) -> dict[int, dict[int, Output]]:
     """Each run's measured outputs by request index, by the run's seq in ``exp`` (runs with none left out)."""
     by_store, elsewhere = exp.stores_of(runs)
-    records = {r.seq: _records_of_dir(Path(r.run_dir)) for r in elsewhere if r.run_dir is not None}
+    records = {r.seq: bench_records(Path(r.run_dir) / "bench.jsonl") or []
+               for r in elsewhere if r.run_dir is not None}
     for path, pairs in by_store.items():
         there = _records_of_store(path, [seq for _, seq in pairs])
         records.update({here: there[seq] for here, seq in pairs})

@@ -245,24 +245,36 @@ def paired_speedup(exp: Experiment, arm: str, seed: int = DEFAULT_SEED,
     host (host is a blocking factor). ``metric`` is the run's number compared (per-user tok/s by default; the
     run's total output throughput for the speedup in throughput): one rule for every speedup."""
     baseline = exp.baseline_of(arm)
-    base = {_block_key(r): r for r in exp.runs_of(baseline)}
-    ratios, keys = [], []
+    ratios, keys, _ = block_ratios(exp, arm, baseline, metric)
+    ci = ratio_ci(ratios, seed, [k[0] for k in keys])
+    return Speedup(arm=arm, baseline=baseline, ratios=ratios, blocks=keys, ci=ci, verdict=verdict_of(ci, ratios))
+
+
+def block_ratios(exp: Experiment, arm: str, reference: str, metric: Callable[[Run], float | None]
+                  ) -> tuple[list[float], list[tuple[str, int]], int]:
+    """`arm`'s run over `reference`'s run of the same block (and host), in (host, block) order, where both have the
+    metric: the ratios, their (host, block) keys and how many pairs measured on one server instance."""
+    ref = {_block_key(r): r for r in exp.runs_of(reference)}
+    ratios, keys, shared = [], [], 0
     for r in sorted(exp.runs_of(arm), key=lambda r: (r.host, r.block)):
-        b = base.get(_block_key(r))
-        if b is None:
-            continue
-        mb, mr = metric(b), metric(r)
+        b = ref.get(_block_key(r))
+        mb, mr = (metric(b), metric(r)) if b is not None else (None, None)
         if not mb or not mr:
             continue
         ratios.append(mr / mb)
         keys.append(_block_key(r))
-    ci = None
-    if len(ratios) >= 2:
-        logs = np.log(ratios)
-        strata = [k[0] for k in keys] if len({k[0] for k in keys}) > 1 else None
-        li = bootstrap_ci(logs, seed=seed, strata=strata)
-        ci = Interval(math.exp(li.estimate), math.exp(li.lo), math.exp(li.hi), li.n, li.method + " of log ratios")
-    return Speedup(arm=arm, baseline=baseline, ratios=ratios, blocks=keys, ci=ci, verdict=verdict_of(ci, ratios))
+        shared += int(b.instance == r.instance)    # type: ignore[union-attr]
+    return ratios, keys, shared
+
+
+def ratio_ci(ratios: list[float], seed: int, hosts: Sequence[str] = ()) -> Interval | None:
+    """The geometric-mean ratio with its interval over blocks (resampled within each host when `hosts`, one per
+    ratio, names several); None below two ratios."""
+    if len(ratios) < 2:
+        return None
+    strata = list(hosts) if len(set(hosts)) > 1 else None
+    li = bootstrap_ci(np.log(ratios), seed=seed, strata=strata)
+    return Interval(math.exp(li.estimate), math.exp(li.lo), math.exp(li.hi), li.n, li.method + " of log ratios")
 
 
 @dataclass
@@ -292,22 +304,9 @@ def load_ratio(exp: Experiment, arm: str, reference: str, seed: int = DEFAULT_SE
     the paired speedup's: the comparison across loads of one configuration (the arms differ only in load). Where the
     two runs measured on one server instance (design.server per-instance: Run.instance equal) the instance's own
     effect is in both and cancels in the ratio; with a server per run each adds its own (docs/statistics.md)."""
-    ref = {_block_key(r): r for r in exp.runs_of(reference)}
-    ratios, keys, shared = [], [], 0
-    for r in sorted(exp.runs_of(arm), key=lambda r: (r.host, r.block)):
-        b = ref.get(_block_key(r))
-        mb, mr = (metric(b), metric(r)) if b is not None else (None, None)
-        if not mb or not mr:
-            continue
-        ratios.append(mr / mb)
-        keys.append(_block_key(r))
-        shared += int(b.instance == r.instance)    # type: ignore[union-attr]
-    ci = None
-    if len(ratios) >= 2:
-        strata = [k[0] for k in keys] if len({k[0] for k in keys}) > 1 else None
-        li = bootstrap_ci(np.log(ratios), seed=seed, strata=strata)
-        ci = Interval(math.exp(li.estimate), math.exp(li.lo), math.exp(li.hi), li.n, li.method + " of log ratios")
-    return LoadRatio(arm=arm, reference=reference, ratios=ratios, blocks=keys, shared=shared, ci=ci)
+    ratios, keys, shared = block_ratios(exp, arm, reference, metric)
+    return LoadRatio(arm=arm, reference=reference, ratios=ratios, blocks=keys, shared=shared,
+                     ci=ratio_ci(ratios, seed, [k[0] for k in keys]))
 
 
 def per_host_speedups(exp: Experiment, arm: str, seed: int = DEFAULT_SEED) -> dict[str, Speedup]:

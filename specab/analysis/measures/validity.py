@@ -98,9 +98,7 @@ class ArmValidity:
         return sorted(q.agreed for q in self.requests if not q.identical)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["requests"] = [asdict(q) for q in self.requests]
-        return d
+        return asdict(self)             # its requests too: asdict converts the dataclasses in a list
 
 
 @dataclass
@@ -126,9 +124,7 @@ class DeterministicPass:
         return min((q for q in self.requests if not q.identical), key=lambda q: (q.agreed, q.i), default=None)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["requests"] = [asdict(q) for q in self.requests]
-        return d
+        return asdict(self)             # its requests too: asdict converts the dataclasses in a list
 
 
 @dataclass

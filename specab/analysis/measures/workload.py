@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import asdict, dataclass
 
@@ -143,27 +142,14 @@ def _tok_s(reqs: list[Request]) -> list[float]:
 def _block_ratios(exp: Experiment, arm: str, baseline: str, category: str) -> list[float]:
     """Per block (and host) with both runs measured: the arm's median decode tok/s over the category's requests
     divided by the baseline's. Pairing within a block keeps the block's conditions (clocks, drift) out of it."""
-    base = {(r.host, r.block): r for r in exp.runs_of(baseline)}
-    out = []
-    for r in sorted(exp.runs_of(arm), key=lambda r: (r.host, r.block)):
-        b = base.get((r.host, r.block))
-        if b is None:
-            continue
-        mine = _median(_tok_s([q for q in r.measured if q.category == category]))
-        theirs = _median(_tok_s([q for q in b.measured if q.category == category]))
-        if mine and theirs:
-            out.append(mine / theirs)
-    return out
+    def tok_s(run: Run) -> float | None:
+        return _median(_tok_s([q for q in run.measured if q.category == category]))
+    return stats.block_ratios(exp, arm, baseline, tok_s)[0]
 
 
 def _geo_ci(ratios: list[float], seed: int) -> tuple[float | None, stats.Interval | None]:
-    if not ratios:
-        return None, None
-    if len(ratios) < 2:
-        return ratios[0], None
-    li = stats.bootstrap_ci(np.log(ratios), seed=seed)
-    ci = stats.Interval(math.exp(li.estimate), math.exp(li.lo), math.exp(li.hi), li.n, li.method + " of log ratios")
-    return ci.estimate, ci
+    ci = stats.ratio_ci(ratios, seed)
+    return (ci.estimate if ci else ratios[0] if ratios else None), ci
 
 
 def category_rows(exp: Experiment, arm: str, seed: int = stats.DEFAULT_SEED) -> list[CategoryRow]:

@@ -333,9 +333,9 @@ def _host_blocks(exp: Any, st: Any) -> list[Any]:
         base = [r.tok_s for r in exp.runs_of(exp.baseline) if r.host == h and r.tok_s]
         for a, s in d.items():
             arm = [r.tok_s for r in exp.runs_of(a) if r.host == h and r.tok_s]
-            ci = f"{s.ci.lo:.3f}-{s.ci.hi:.3f}" if s.ci and math.isfinite(s.ci.lo) else "-"
             rows.append([h, a, str(len(s.ratios)), _f(statistics.median(base) if base else None),
-                         _f(statistics.median(arm) if arm else None), _f(s.estimate, ".3f"), ci, s.verdict])
+                         _f(statistics.median(arm) if arm else None), _f(s.estimate, ".3f"), _ci(s.ci, ".3f"),
+                         s.verdict])
     spread = []
     for a in sorted({a for d in st.host_speedups.values() for a in d}):
         est = {h: d[a].estimate for h, d in st.host_speedups.items()
@@ -355,10 +355,10 @@ def _f(v: float | None, fmt: str = ".1f") -> str:
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
 
 
-def _ci(d: stats.Dist, fmt: str = ".1f") -> str:
-    if not d.ci or not math.isfinite(d.ci.lo):
+def _ci(ci: stats.Interval | None, fmt: str = ".1f") -> str:
+    if not ci or not math.isfinite(ci.lo):
         return "-"
-    return f"{format(d.ci.lo, fmt)}-{format(d.ci.hi, fmt)}"
+    return f"{format(ci.lo, fmt)}-{format(ci.hi, fmt)}"
 
 
 def _iv(iv: phases.Interval) -> str:
@@ -610,7 +610,7 @@ def _arm_blocks(rep: Report, exp: Experiment, st: stats.ExperimentStats, loads: 
         extra = ", ".join(x for x in (f"+{s.runs_failed} failed" if s.runs_failed else "",
                                        f"+{s.runs_interrupted} interrupted" if s.runs_interrupted else "") if x)
         rows.append([a.name, str(s.runs) + (f" ({extra})" if extra else ""), str(s.requests),
-                     _f(s.tok_s_run.median), _f(s.tok_s_run.mean), _ci(s.tok_s_run),
+                     _f(s.tok_s_run.median), _f(s.tok_s_run.mean), _ci(s.tok_s_run.ci),
                      _f(s.tok_s_request_median), _f(s.ttft_s.median and s.ttft_s.median * 1000),
                      _f(s.tpot_s.median and s.tpot_s.median * 1000, ".2f"), _f(s.e2e_s.median, ".2f"), acc,
                      "-" if s.cuda_graph_share is None else f"{s.cuda_graph_share:.0%}"])
@@ -633,9 +633,8 @@ def _speedup_blocks(rep: Report, exp: Experiment, st: stats.ExperimentStats,
     rows = []
     for a in exp.spec_arms:
         sp = st.speedups[a.name]
-        ci = f"{sp.ci.lo:.3f}-{sp.ci.hi:.3f}" if sp.ci and math.isfinite(sp.ci.lo) else "-"
         v = val.arms.get(a.name)
-        rows.append([a.name, sp.baseline, str(len(sp.ratios)), _f(sp.estimate, ".3f"), ci,
+        rows.append([a.name, sp.baseline, str(len(sp.ratios)), _f(sp.estimate, ".3f"), _ci(sp.ci, ".3f"),
                      "-" if not sp.ci or not math.isfinite(sp.ci.lo) else f"+-{sp.ci.half_width_rel * 100:.1f}%",
                      (sp.verdict if v is None or v.status != validity.NOT_VALID else
                       ("cost only: no claim" if v.cost_only else f"{sp.verdict} -- NOT VALID (outputs)"))
