@@ -2,7 +2,9 @@
 spread within a run, on the real H100 stores, and the doctor's `instance-trend` rule against planted truth.
 
 The H100 stores (tests/fixtures/validity/h100): `validity-…-054331` is one block of five arms on a freshly started
-machine; `spread-…-054911` is baseline + EAGLE-3 s3 over four blocks on the same machine right after (warm)."""
+machine; `spread-…-054911` is baseline + EAGLE-3 s3 over four blocks on the same machine right after (warm);
+`spread-burn-in-…-140242` is baseline + EAGLE-3 s3 with design.burn_in: 1 on another freshly started H100, its
+burn-in and two blocks (the device call's limit cut the third)."""
 from __future__ import annotations
 
 import math
@@ -98,6 +100,27 @@ def test_no_first_instance_slowness_on_the_h100_so_the_rule_is_silent(h100):
     assert instances.trends(both) == [] and instances.trends(both, min_change=0.0) == []
     for e in h100.values():
         assert not [f for f in doctor.diagnose(e, stats.analyse(e)) if f.rule == "instance-trend"]
+
+
+def test_on_a_fresh_h100_the_burn_in_start_ran_as_fast_as_the_measured_ones_and_stays_out_of_the_analysis(tmp_path):
+    """The burn-in of a real store: the first start of a freshly started H100 (its Triton compilation included) ran
+    EAGLE-3 s3 within 0.2 % of the arm's measured instances, so on this node a burn-in buys nothing; the report
+    shows it apart with that change, computed from the store's own rates, and no analysis counts it."""
+    name = "spread-burn-in-h200-20261206-140242"
+    e = load_store(copy_store(H100 / name, tmp_path / name), read_logs=False)
+    [burn] = e.burn_in
+    measured = [r.tok_s for r in e.runs_of("eagle3-s3")]
+    assert (burn.run_id, burn.arm, len(measured)) == ("001-eagle3-s3", "eagle3-s3", 2)
+    change = burn.tok_s / statistics.fmean(measured) - 1
+    assert abs(change) < 0.002, (burn.tok_s, measured)
+    rep = instances.analyse(e)
+    [b] = rep.burn_in
+    assert b.change == pytest.approx(change, rel=1e-12)
+    assert f"001-eagle3-s3 {burn.tok_s:.1f} tok/s ({change:+.1%} against its measured instances on gpu0)" in \
+        " ".join(rep.notes())
+    assert [(a.arm, a.restarts) for a in rep.arms] == [("baseline", 2), ("eagle3-s3", 2)]
+    assert stats.analyse(e).arms["eagle3-s3"].runs == 2
+    assert instances.trends(e) == []
 
 
 def _slowed(factor: dict[int, float]):
