@@ -141,14 +141,15 @@ def _prompts(run_dir: str, summary: Dict[str, Any]) -> List[Any]:
 
 
 def measured_records(run_dir: str) -> List[Dict[str, Any]]:
-    """The run's measured, answered records in bench.jsonl (a line cut short is passed over)."""
+    """The run's measured, answered records in bench.jsonl (a line that does not parse, cut short or with bytes that
+    are not UTF-8, is passed over: read as bytes, each line is decoded on its own)."""
     out = []
-    with open(os.path.join(run_dir, "bench.jsonl"), encoding="utf-8") as fh:
+    with open(os.path.join(run_dir, "bench.jsonl"), "rb") as fh:
         for line in fh:
             try:
                 rec = json.loads(line)
             except ValueError:
-                continue            # a line cut short
+                continue            # a line cut short, or not UTF-8
             if isinstance(rec, dict) and not rec.get("warmup") and rec.get("ok"):
                 out.append(rec)
     return out
