@@ -131,18 +131,52 @@ def _order_key(run: Run) -> tuple[float, int]:
     return (run.started if run.started is not None else math.inf, run.seq)
 
 
+def _gpus(run: Run) -> tuple[str, ...]:
+    """The UUIDs of the GPUs the run's manifest recorded (nvidia-smi's, at the run's start)."""
+    gpu = run.manifest.get("gpu")
+    gpus = gpu.get("gpus") if isinstance(gpu, dict) else None
+    return tuple(sorted(str(g["uuid"]) for g in gpus or [] if isinstance(g, dict) and g.get("uuid")))
+
+
+def machines(exp: Experiment) -> dict[str, str]:
+    """The machine each run (burn-in starts included) ran on, by run id: its host's inventory name, with its GPUs'
+    UUIDs where that name held more than one set of GPUs over the experiment (a resume on another machine behind
+    the same name). Instances are compared per machine: two machines differ by more than a restart does."""
+    runs = exp.runs + exp.burn_in
+    sets: dict[str, set[tuple[str, ...]]] = {}
+    for r in runs:
+        sets.setdefault(r.host, set()).add(_gpus(r))
+    return {r.run_id: (f"{r.host} ({', '.join(u[:12] for u in _gpus(r))})"
+                       if len(sets[r.host]) > 1 and _gpus(r) else r.host) for r in runs}
+
+
+def machine_changes(exp: Experiment) -> list[str]:
+    """One line per host whose runs ran on more than one machine: each machine with its runs, in run order."""
+    of = machines(exp)
+    out = []
+    for host in sorted({r.host for r in exp.runs}):
+        runs = sorted((r for r in exp.runs + exp.burn_in if r.host == host), key=_order_key)
+        labels = list(dict.fromkeys(of[r.run_id] for r in runs))
+        if len(labels) > 1:
+            out.append(f"{host} ran on {len(labels)} machines (its GPUs' UUIDs changed, e.g. a resume on another "
+                       "machine): " + "; ".join(f"{m}: {', '.join(r.run_id for r in runs if of[r.run_id] == m)}"
+                                               for m in labels)
+                       + ". Burn-in and run-order trends are judged per machine.")
+    return out
+
+
 # ------------------------------------------------------------------------------------------ burn-in
 
 @dataclass(frozen=True)
 class BurnIn:
     """An unmeasured start before block 1 (design.burn_in): how fast it ran against its arm's measured instances
-    on the same host."""
+    on the same machine."""
     run_id: str
     arm: str
-    host: str
+    host: str                               # the machine (`machines`): the host, with its GPUs where it changed
     status: str
     tok_s: float | None
-    measured_tok_s: float | None            # the mean of the arm's measured instances on that host
+    measured_tok_s: float | None            # the mean of the arm's measured instances on that machine
 
     @property
     def change(self) -> float | None:
@@ -153,9 +187,10 @@ class BurnIn:
 
 def burn_ins(exp: Experiment) -> list[BurnIn]:
     out = []
+    of = machines(exp)
     for r in sorted(exp.burn_in, key=_order_key):
-        later = [x.tok_s for x in exp.runs_of(r.arm) if x.host == r.host and x.tok_s]
-        out.append(BurnIn(r.run_id, r.arm, r.host, r.status if r.ok else "failed", r.tok_s if r.ok else None,
+        later = [x.tok_s for x in exp.runs_of(r.arm) if of[x.run_id] == of[r.run_id] and x.tok_s]
+        out.append(BurnIn(r.run_id, r.arm, of[r.run_id], r.status if r.ok else "failed", r.tok_s if r.ok else None,
                           statistics.fmean(later) if later else None))
     return out
 
@@ -166,6 +201,7 @@ def burn_ins(exp: Experiment) -> list[BurnIn]:
 class InstanceReport:
     arms: list[ArmSpread] = field(default_factory=list)
     burn_in: list[BurnIn] = field(default_factory=list)
+    machine_changes: list[str] = field(default_factory=list)
 
     HEADER = ["arm", "restarts", "tok/s per instance (min-max)", "between instances sd (95% CI)",
               "within a run: sd per request", "its se of a run (requests)", "verdict's interval set by"]
@@ -187,11 +223,12 @@ class InstanceReport:
         if self.burn_in:
             out.append(f"Burn-in (design.burn_in: {len(self.burn_in)} unmeasured start(s) before block 1, not "
                        f"analysed): " + "; ".join(_burn_in_text(b) for b in self.burn_in) + ".")
-        return out
+        return out + self.machine_changes
 
     def to_dict(self) -> dict:
         return {"arms": {a.arm: a.to_dict() for a in self.arms},
-                "burn_in": [{**asdict(b), "change": b.change} for b in self.burn_in]}
+                "burn_in": [{**asdict(b), "change": b.change} for b in self.burn_in],
+                "machine_changes": self.machine_changes}
 
 
 INTRO = ("Each run is one server instance (a restart). Per arm: its instances' tok/s, the sd of an instance's speed "
@@ -204,7 +241,7 @@ INTRO = ("Each run is one server instance (a restart). Per arm: its instances' t
 
 def analyse(exp: Experiment) -> InstanceReport:
     arms = [s for s in (arm_spread(exp, a.name) for a in exp.arms) if s is not None]
-    return InstanceReport(arms=arms, burn_in=burn_ins(exp))
+    return InstanceReport(arms=arms, burn_in=burn_ins(exp), machine_changes=machine_changes(exp))
 
 
 def _between_cell(a: ArmSpread) -> str:
@@ -234,7 +271,7 @@ def _burn_in_text(b: BurnIn) -> str:
 
 @dataclass(frozen=True)
 class Trend:
-    """An arm's instances on one host whose speed moved with the order they started in. kind "first": the first
+    """An arm's instances on one machine (`machines`) whose speed moved with the order they started in. kind "first": the first
     `lead` of them ran low against the later ones; kind "order": tok/s rose along the run order (a node warming up;
     one that slows along the run order is drifting, the baseline-drift rule's finding)."""
     arm: str
@@ -279,17 +316,18 @@ class Trend:
 
 
 def trends(exp: Experiment, min_change: float = 0.02) -> list[Trend]:
-    """Every arm's instances per host checked against their run order (3 or more instances): the leading one or
+    """Every arm's instances per machine checked against their run order (3 or more instances): the leading one or
     two low (`_first_low`), else tok/s rising along the order (`_order_drift`, 4 or more). Judged against the
     later instances' spread, never below what their requests alone explain, and only a change of `min_change` or
     more counts (a smaller one moves no verdict made at the usual precision)."""
     out = []
-    for host in sorted({r.host for r in exp.runs}):
-        started = sorted([r for r in exp.runs + exp.burn_in if r.host == host], key=_order_key)
+    of = machines(exp)
+    for host in sorted({of[r.run_id] for r in exp.runs}):
+        started = sorted([r for r in exp.runs + exp.burn_in if of[r.run_id] == host], key=_order_key)
         start_of = {r.run_id: i for i, r in enumerate(started, 1)}
-        burned = sum(1 for r in exp.burn_in if r.host == host)
+        burned = sum(1 for r in exp.burn_in if of[r.run_id] == host)
         for a in exp.arms:
-            runs = sorted((r for r in exp.runs_of(a.name) if r.host == host and r.tok_s), key=_order_key)
+            runs = sorted((r for r in exp.runs_of(a.name) if of[r.run_id] == host and r.tok_s), key=_order_key)
             if len(runs) < 3:
                 continue
             logs = [_logs(r) for r in runs]
