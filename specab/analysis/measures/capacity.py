@@ -53,10 +53,14 @@ class BlockCapacity:
     failed: float | None = None      # the lowest load that did not
     censored: str | None = None      # "above": every probe met it; "below": none below the first miss did
     bound: Term | None = None        # the term furthest beyond its target at ``failed``
+    # loads above ``failed`` that met the SLO again: pass and fail not monotone in load, so the block's capacity
+    # rests on the noise of one run's percentile (kept at the first miss: the capacity is the load it holds up to)
+    met_above: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"block": self.block, "loads": self.loads, "estimate": self.estimate, "passed": self.passed,
-                "failed": self.failed, "censored": self.censored, "bound": self.bound.key if self.bound else None}
+                "failed": self.failed, "censored": self.censored, "bound": self.bound.key if self.bound else None,
+                "met_above": self.met_above}
 
 
 @dataclass
@@ -159,6 +163,7 @@ def block_capacity(block: int, probes: list[Probe]) -> BlockCapacity:
         return out
     below = [p for p in ps if p.load < fail.load and p.slo.met]
     out.failed, out.bound = fail.load, fail.slo.bound
+    out.met_above = [p.load for p in ps if p.load > fail.load and p.slo.met]
     if not below:
         out.censored = "below"
         return out

@@ -77,13 +77,34 @@ def _cap_cell(fc: FamilyCapacity) -> str:
 def _block_cell(fc: FamilyCapacity) -> str:
     parts = []
     for b in fc.blocks:
+        again = f", met again at {', '.join(f'{x:g}' for x in b.met_above)}" if b.met_above else ""
         if b.estimate is not None:
-            parts.append(f"b{b.block}: {b.estimate:.3g} ({b.passed:g}-{b.failed:g})")
+            parts.append(f"b{b.block}: {b.estimate:.3g} ({b.passed:g}-{b.failed:g}{again})")
         elif b.censored == "above":
             parts.append(f"b{b.block}: above {b.passed:g}")
         elif b.censored == "below":
-            parts.append(f"b{b.block}: below {b.failed:g}")
+            parts.append(f"b{b.block}: below {b.failed:g}{again}")
     return "; ".join(parts) or "-"
+
+
+def not_monotone(cap: CapacityReport) -> list[str]:
+    """One line per block whose SLO result was not monotone in load: a miss with a pass above it. Its capacity is
+    taken at the first miss, which rests on one run's percentile: the requests beyond it are few."""
+    out = []
+    for name, fc in cap.families.items():
+        for b in fc.blocks:
+            if not b.met_above:
+                continue
+            miss = next((p for p in fc.probes if p.block == b.block and p.load == b.failed), None)
+            n = miss.slo.requests if miss else 0
+            term = b.bound.text() if b.bound else "the SLO"
+            tail = (f" ({term} over {n} requests rests on its {max(1, math.ceil(n * (1 - b.bound.q / 100)))}"
+                    f" slowest)" if b.bound and n else "")
+            out.append(f"{name}, block {b.block}: missed at {b.failed:g} {cap.unit}{tail} but met the SLO again at "
+                       f"{', '.join(f'{x:g}' for x in b.met_above)}: the block's capacity, taken at the first miss, "
+                       f"is that run's noise as much as the load's; more measured requests per run "
+                       f"(bench.num_requests) steady a percentile, more blocks average it.")
+    return out
 
 
 def _ms(v: float | None) -> str:
@@ -144,7 +165,7 @@ def capacity_section(rep: Report, exp: Experiment, *, times: dict[str, RunTimes]
                    "per block (passed-failed)", "output tok/s per GPU at capacity",
                    "USD per million output tokens" + (f" (at ${usd:g}/GPU-hour)" if usd else " (--gpu-hour-usd)")],
                   rows),
-            Bullets(cap.verdicts()))
+            Bullets(cap.verdicts() + not_monotone(cap)))
     rep.summary.extend(f"Capacity: {v}" for v in cap.verdicts())
     if plots:
         rep.add(Image("throughput_vs_per_user.png", "output tok/s per GPU against per-user tok/s, per configuration "
@@ -153,12 +174,13 @@ def capacity_section(rep: Report, exp: Experiment, *, times: dict[str, RunTimes]
 
 
 def _ci(values: list[float], seed: int = stats.DEFAULT_SEED) -> tuple[float, float, float]:
-    """(median, low, high): the 95 % interval of the mean over blocks where there are two or more values."""
+    """(median, low, high): the 95 % interval over blocks where there are two or more values, taken on their logs (a
+    rate is positive: with two blocks a linear t interval reaches below zero)."""
     med = statistics.median(values)
-    if len(values) < 2:
+    if len(values) < 2 or min(values) <= 0:
         return med, med, med
-    iv = stats.bootstrap_ci(values, seed=seed)
-    return med, min(med, iv.lo), max(med, iv.hi)
+    iv = stats.bootstrap_ci([math.log(v) for v in values], seed=seed)
+    return med, min(med, math.exp(iv.lo)), max(med, math.exp(iv.hi))
 
 
 def plot_pareto(exp: Experiment, cap: CapacityReport) -> bytes:
