@@ -1,8 +1,8 @@
-"""The capacity search of a real SGLang 0.5.17 on an H100 (`capacity-h200-20261206-155300`, docs/validation/capacity.md):
-baseline and EAGLE-3 s3 on the known-truth pair, 48 requests a run at seeded Poisson arrivals, the request rate
-searched per arm over three blocks at p95 TTFT <= 200 ms and p95 TPOT <= 4 ms. The store is the truth: each probe's
-percentiles are recomputed here from its stored requests, and the iso-SLO ratio from those, without specab's
-capacity or stats code, so an error in either would show."""
+"""The capacity search of a real SGLang 0.5.17 on an H100 (`capacity-h200-20261206-155300`,
+docs/validation/capacity.md): baseline and EAGLE-3 s3 on the known-truth pair, 48 requests a run at seeded Poisson
+arrivals, the request rate searched per arm over three blocks at p95 TTFT <= 200 ms and p95 TPOT <= 4 ms. The store
+is the truth: each probe's percentiles are recomputed here from its stored requests, and the iso-SLO ratio from
+those, without specab's capacity or stats code, so an error in either would show."""
 from __future__ import annotations
 
 import math

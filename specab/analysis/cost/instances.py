@@ -271,9 +271,9 @@ def _burn_in_text(b: BurnIn) -> str:
 
 @dataclass(frozen=True)
 class Trend:
-    """An arm's instances on one machine (`machines`) whose speed moved with the order they started in. kind "first": the first
-    `lead` of them ran low against the later ones; kind "order": tok/s rose along the run order (a node warming up;
-    one that slows along the run order is drifting, the baseline-drift rule's finding)."""
+    """An arm's instances on one machine (`machines`) whose speed moved with the order they started in. kind
+    "first": the first `lead` of them ran low against the later ones; kind "order": tok/s rose along the run order (a
+    node warming up; one that slows along the run order is drifting, the baseline-drift rule's finding)."""
     arm: str
     host: str
     kind: str
@@ -322,19 +322,20 @@ def trends(exp: Experiment, min_change: float = 0.02) -> list[Trend]:
     more counts (a smaller one moves no verdict made at the usual precision)."""
     out = []
     of = machines(exp)
-    for host in sorted({of[r.run_id] for r in exp.runs}):
-        started = sorted([r for r in exp.runs + exp.burn_in if of[r.run_id] == host], key=_order_key)
+    for machine in sorted({of[r.run_id] for r in exp.runs}):
+        started = sorted([r for r in exp.runs + exp.burn_in if of[r.run_id] == machine], key=_order_key)
         start_of = {r.run_id: i for i, r in enumerate(started, 1)}
-        burned = sum(1 for r in exp.burn_in if of[r.run_id] == host)
+        burned = sum(1 for r in exp.burn_in if of[r.run_id] == machine)
         for a in exp.arms:
-            runs = sorted((r for r in exp.runs_of(a.name) if of[r.run_id] == host and r.tok_s), key=_order_key)
+            runs = sorted((r for r in exp.runs_of(a.name) if of[r.run_id] == machine and r.tok_s), key=_order_key)
             if len(runs) < 3:
                 continue
             logs = [_logs(r) for r in runs]
             found = _first_low(logs, min_change) or _order_drift(logs, min_change)
             if found is not None:
                 kind, lead, change, noise = found
-                out.append(Trend(a.name, host, kind, [r.run_id for r in runs], [float(r.tok_s) for r in runs],  # type: ignore
+                out.append(Trend(a.name, machine, kind, [r.run_id for r in runs],
+                                 [float(r.tok_s) for r in runs],  # type: ignore
                                  [start_of[r.run_id] for r in runs], lead, change, noise, burned))
     return out
 

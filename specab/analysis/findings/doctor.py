@@ -474,16 +474,17 @@ def baseline_drift(exp: Experiment, ctx: Context) -> list[Finding]:
     # one experiment in twenty, and a trend of 1% moves no verdict made at the usual 2% precision
     if d.beyond_noise and d.change_rel is not None and abs(d.change_rel) >= ctx.config.drift_min_change:
         pts = ", ".join(f"{t / 60:.0f} min: {v:.1f}" for t, v in d.points[:8])
+        moved = instances.machine_changes(exp)
         out.append(Finding(
             "baseline-drift", "warning",
             f"The baseline drifted {d.change_rel * 100:+.1f}% during the experiment, beyond run-to-run noise. "
             + ("Its host changed machines during the experiment (see the evidence): that, not the run order, may be "
-               "the drift. " if instances.machine_changes(exp) else "")
+               "the drift. " if moved else "")
             + ("Paired blocks cancel a slow drift in the speedup, but absolute tok/s numbers are not comparable "
                "across sessions; record node temperature/clocks and look for other load."
                if not d.exposed else
                "This experiment ran in blocked order, so the drift biases the speedups: rerun with --order interleaved."),
-            [d.message, f"baseline tok/s over time: {pts}"] + instances.machine_changes(exp), exp.baseline, []))
+            [d.message, f"baseline tok/s over time: {pts}"] + moved, exp.baseline, []))
     elif d.exposed:
         out.append(Finding(
             "blocked-order", "info",
