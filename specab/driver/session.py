@@ -377,11 +377,15 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
         todo += det_block
         print(f"resuming {row['id']}: {len(todo)} of {len(store.plan()) + len(det_block)} runs to do", file=out)
         designed = ropts.target_ci is not None or ropts.search is not None
-        if not todo and (row.get("status") == "finished" or not designed):
+        # a finished design or search allowed more blocks than it has (--max-repeats above its blocks): asked again
+        raised = designed and opts.max_repeats is not None and opts.max_repeats > int(row["repeats"])
+        if not todo and ((row.get("status") == "finished" and not raised) or not designed):
             return conclude(EXIT_OK, store, exp_dir, out), exp_dir
-        if not todo:        # stopped between blocks: the design (or search) decides the next one
-            print(f"{row['id']} was {row.get('status')} between blocks: the "
-                  f"{'search' if ropts.search else 'design'} decides whether another block follows", file=out)
+        if not todo:        # stopped between blocks, or allowed more: the design (or search) decides the next one
+            why = (f"finished with {row['repeats']} blocks, now allowed {opts.max_repeats}" if raised
+                   else f"{row.get('status')} between blocks")
+            print(f"{row['id']} was {why}: the {'search' if ropts.search else 'design'} decides whether another "
+                  f"block follows", file=out)
         checked = check_nodes(prepared, out)
         doc = fingerprint_doc(prepared.experiment, prepared.arms)       # the logical arms, as start() hashed them
         prepared = spelled(dataclasses.replace(prepared, more_arms=stored_probe_arms(prepared, store)), checked)

@@ -15,8 +15,10 @@ from specab/sim/timing.py alone:
   throughput ratio of two saturated arms is mu_spec / mu_base; far below mu both keep up.
 
 The probes' batches are the engine's own (a request that ends leaves one pass at c - 1 before its successor is
-prefilled), so the measured TPOT lies a few per cent under the line: the capacities are held within CAP_TOL of the
-model, the final bracket must contain the model's capacity, and the per-token ITL is held to the trace's emission gaps.
+prefilled), so the measured TPOT lies a few per cent under the line, and a box that falls behind the simulator's
+schedule moves it further (CI saw the EAGLE-3 capacity 8.2 % above the model's): the final bracket must contain the
+model's capacity, and each capacity is held to the one the simulator's own trace gives (the probes' TPOT from the
+times it emitted the tokens, `_trace_capacity`), as is the per-token ITL to the trace's emission gaps.
 """
 from __future__ import annotations
 
@@ -37,12 +39,16 @@ from specab.results import store as st
 from specab.sim.profile import PROFILE_DIR, profile_from_dict
 from specab.sim.timing import TimingModel
 from tests.driver.simnode import SimNode, driver, free_port, reap_driver, wait_for
+from tests.driver.simtrace import trace_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SCALE = 2
 OUTPUT_LEN = 33                 # the first token, then 32: 32 baseline steps, 8 speculative cycles of 4
 TPOT_TARGET_MS = 22.0
 CAP_TOL = 0.08                  # the probes' TPOT lies a few per cent under the model's line (the module's note)
+# the client's TPOT reads the simulator's emissions a little late on a loaded box (its first and last chunk); the
+# interpolation in log load carries that into the capacity
+TRACE_TOL = 0.03
 CAP = 4                         # requests in flight at most under an arrival rate
 SPEC = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/models/known-truth-eagle3",
         "speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
@@ -122,6 +128,26 @@ def _exp_dir(node: SimNode) -> Path:
     return max((d for d in node.runs_dir.iterdir() if (d / st.FILENAME).exists()), key=lambda d: d.stat().st_mtime)
 
 
+def _trace_capacity(exp, trace: Path, fam: dict) -> float:
+    """A family's capacity from the simulator's trace: in each block, its passing and failing probes' p50 TPOT from the
+    times the simulator emitted their tokens (simulated seconds), the margin log(TPOT / target) crossing 0
+    interpolated in log load (docs/analysis.md, SLO and capacity); the geometric mean over blocks."""
+    runs = {r.run_id: r for r in exp.runs}
+    logs = []
+    for b in fam["blocks"]:
+        margin = {}
+        for load in (b["passed"], b["failed"]):
+            [probe] = [p for p in fam["probes"] if p["block"] == b["block"] and p["load"] == load]
+            recs = [rec for _, rec in trace_of(trace, runs[probe["run_id"]])]
+            tpot = statistics.median((rec["emit_mono"][-1] - rec["emit_mono"][0]) * rec["time_scale"]
+                                     / (rec["completion_tokens"] - 1) for rec in recs)
+            margin[load] = math.log(tpot * 1000.0 / TPOT_TARGET_MS)
+        x0, x1 = b["passed"], b["failed"]
+        t = min(1.0, max(0.0, -margin[x0] / (margin[x1] - margin[x0])))
+        logs.append(math.log(x0) + t * (math.log(x1) - math.log(x0)))
+    return math.exp(statistics.fmean(logs))
+
+
 def _run(node: SimNode, exp: Path, *args: str) -> tuple[str, Path]:
     proc = driver("-e", str(exp), "-i", str(_inventory(node)), "--runs-dir", str(node.runs_dir), *args)
     out, _ = proc.communicate(timeout=800)
@@ -167,6 +193,8 @@ def test_search_finds_each_arms_capacity_at_the_slo(node: SimNode):
     data = json.loads((exp_dir / "report.json").read_text())["capacity"]
     fams = data["families"]
     assert set(fams) == {"baseline", "eagle3"} and data["axis"] == "concurrency"
+    exp = load_store(exp_dir)
+    traced = {name: _trace_capacity(exp, node.root / "sim-trace.jsonl", fam) for name, fam in fams.items()}
     for name, fam in fams.items():
         blocks = fam["blocks"]
         assert blocks[0]["loads"] == [2, 4, 8]                      # block 1: the ladder from 2 doubling to 8
@@ -174,17 +202,17 @@ def test_search_finds_each_arms_capacity_at_the_slo(node: SimNode):
         # the search stopped with the model's capacity inside the last block's own bracket, one grid step wide
         assert last["passed"] < truth[name] < last["failed"] and last["failed"] / last["passed"] <= 1.5, (name, last)
         assert all(b["estimate"] is not None for b in blocks) and len(blocks) == 2
-        assert fam["estimate"] == pytest.approx(truth[name], rel=CAP_TOL), (name, fam["estimate"], truth[name])
+        assert fam["estimate"] == pytest.approx(traced[name], rel=TRACE_TOL), (name, fam["estimate"], traced[name])
         assert fam["bound"] == "tpot_ms:p50"
     [ratio] = data["ratios"]
-    want = truth["eagle3"] / truth["baseline"]
-    # (no noise: the two blocks agree to a per cent, so the interval is that narrow; the engine's batches hold the
-    # estimate a per cent or two off the model's line, which is why the estimate is held to CAP_TOL, not the interval)
-    assert ratio["estimate"] == pytest.approx(want, rel=CAP_TOL) and len(ratio["ratios"]) == 2 and ratio["ci"]
+    want = traced["eagle3"] / traced["baseline"]
+    # (no noise: the two blocks agree to a per cent, so the interval is that narrow; the client's reading of the
+    # emissions holds the estimate a per cent or two off the trace's, which is why it is held to a tolerance, not
+    # to the interval)
+    assert ratio["estimate"] == pytest.approx(want, rel=2 * TRACE_TOL) and len(ratio["ratios"]) == 2 and ratio["ci"]
     line = next(li for li in out.splitlines() if li.startswith("capacity: "))
     assert f"at p50 TPOT <= 22 ms, eagle3 serves {ratio['estimate']:.2f}x the requests in flight of baseline" in line
     # every probe an ordinary stored run: block 2 probed each configuration at two neighbouring grid points
-    exp = load_store(exp_dir)
     steps = exp.meta["design_steps"]
     assert [s["more"] for s in steps] == [True, True, False] and "block 1, the ladder" in steps[0]["reason"]
     assert sorted({r.block for r in exp.runs}) == [1, 2] and all(r.ok for r in exp.runs)
@@ -202,9 +230,20 @@ def test_search_finds_each_arms_capacity_at_the_slo(node: SimNode):
     with st.Store.open(exp_dir) as store:
         last = store.design_steps()[-1]
         assert last["blocks"] == 2 and not last["more"] and last["decided"] > decided and not store.missing()
-    print("capacity in flight (search / model): " + ", ".join(
-        f"{n} {f['estimate']:.3f} / {truth[n]:.3f} (blocks {[b['estimate'] for b in f['blocks']]})"
-        for n, f in fams.items()) + f"; iso-SLO ratio {ratio['estimate']:.3f} / {want:.3f}; {len(exp.runs)} runs")
+        assert store.experiment()["status"] == "finished"
+    # a finished search allowed more blocks than it has (--max-repeats 3 over its 2): the resume asks the search again
+    # rather than only concluding (here it has its brackets, so it stops again, planning nothing)
+    proc = driver("--resume", exp_dir.name, "--max-repeats", "3", "-i", str(_inventory(node)),
+                  "--runs-dir", str(node.runs_dir))
+    more, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, more
+    assert "was finished with 2 blocks, now allowed 3: the search decides whether another block follows" in more, more
+    with st.Store.open(exp_dir) as store:
+        again_step = store.design_steps()[-1]
+        assert again_step["decided"] > last["decided"] and not again_step["more"] and not store.missing()
+    print("capacity in flight (search / trace / model): " + ", ".join(
+        f"{n} {f['estimate']:.3f} / {traced[n]:.3f} / {truth[n]:.3f} (blocks {[b['estimate'] for b in f['blocks']]})"
+        for n, f in fams.items()) + f"; iso-SLO ratio {ratio['estimate']:.3f} / {want:.3f} (trace); {len(exp.runs)} runs")
 
 
 def _per_token_itl_is_the_trace(exp, trace_file: Path) -> None:
