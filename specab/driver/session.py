@@ -378,8 +378,9 @@ def resume(exp_ref: str, opts: Options, out: TextIO, progress: Progress | None =
         print(f"resuming {row['id']}: {len(todo)} of {len(store.plan()) + len(det_block)} runs to do", file=out)
         designed = ropts.target_ci is not None or ropts.search is not None
         # a finished design or search allowed more blocks than it has (--max-repeats above its blocks): asked again
-        raised = designed and opts.max_repeats is not None and opts.max_repeats > int(row["repeats"])
-        if not todo and ((row.get("status") == "finished" and not raised) or not designed):
+        finished = row.get("status") == "finished"
+        raised = finished and designed and opts.max_repeats is not None and opts.max_repeats > int(row["repeats"])
+        if not todo and ((finished and not raised) or not designed):
             return conclude(EXIT_OK, store, exp_dir, out), exp_dir
         if not todo:        # stopped between blocks, or allowed more: the design (or search) decides the next one
             why = (f"finished with {row['repeats']} blocks, now allowed {opts.max_repeats}" if raised

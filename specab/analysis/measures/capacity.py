@@ -176,7 +176,9 @@ def block_capacity(block: int, probes: list[Probe]) -> BlockCapacity:
     return out
 
 
-def _log_interval(values: list[float], seed: int) -> stats.Interval | None:
+def log_interval(values: list[float], seed: int) -> stats.Interval | None:
+    """The 95 % interval of positive values taken on their logs (the geometric mean and its bounds): a rate or a
+    capacity never gets a bound below zero."""
     if not values:
         return None
     li = stats.bootstrap_ci(list(np.log(values)), seed=seed)
@@ -209,7 +211,7 @@ def analyse_capacity(exp: Experiment, slo: Slo, times: dict[str, RunTimes], axis
     for fc in rep.families.values():
         blocks = sorted({p.block for p in fc.probes})
         fc.blocks = [block_capacity(b, [p for p in fc.probes if p.block == b]) for b in blocks]
-        fc.ci = _log_interval([b.estimate for b in fc.bracketed], seed) if len(fc.bracketed) >= 2 else None
+        fc.ci = log_interval([b.estimate for b in fc.bracketed], seed) if len(fc.bracketed) >= 2 else None
     for fc in rep.families.values():
         base = rep.families.get(fc.baseline or "")
         if base is None:
@@ -218,5 +220,5 @@ def analyse_capacity(exp: Experiment, slo: Slo, times: dict[str, RunTimes], axis
         pairs = [(b.block, b.estimate / bcap[b.block]) for b in fc.bracketed if b.block in bcap]
         ratios = [r for _, r in pairs]
         rep.ratios.append(CapacityRatio(fc.family, base.family, ratios, [b for b, _ in pairs],
-                                        _log_interval(ratios, seed) if len(ratios) >= 2 else None))
+                                        log_interval(ratios, seed) if len(ratios) >= 2 else None))
     return rep

@@ -13,7 +13,7 @@ from specab.analysis.cost.economics import gpus_of
 from specab.analysis.evidence.model import Experiment, Run
 from specab.analysis.measures import stats
 from specab.analysis.measures.capacity import (CONCURRENCY, RATE, CapacityReport, FamilyCapacity, analyse_capacity,
-                                               load_axis)
+                                               load_axis, log_interval)
 from specab.analysis.measures.latency import RunTimes, times_of
 from specab.analysis.measures.slo import evaluate
 from specab.analysis.render.document import Bullets, Heading, Image, Para, Report, Table
@@ -179,8 +179,8 @@ def _ci(values: list[float], seed: int = stats.DEFAULT_SEED) -> tuple[float, flo
     med = statistics.median(values)
     if len(values) < 2 or min(values) <= 0:
         return med, med, med
-    iv = stats.bootstrap_ci([math.log(v) for v in values], seed=seed)
-    return med, min(med, math.exp(iv.lo)), max(med, math.exp(iv.hi))
+    iv = log_interval(values, seed)
+    return med, min(med, iv.lo), max(med, iv.hi)                                   # type: ignore[union-attr]
 
 
 def plot_pareto(exp: Experiment, cap: CapacityReport) -> bytes:
