@@ -1,4 +1,4 @@
-"""Keeps the AnsiballZ payloads of ansible-core's own modules between ansible-playbook runs.
+"""Keeps the AnsiballZ payloads of ansible-core's modules and the repository's own between ansible-playbook runs.
 
 ansible-core zips each module with the module_utils it imports (AnsiballZ) once per ansible-playbook process, in a
 cache under that process's own temporary directory (``local_tmp``), and deletes it at exit. specab runs a short
@@ -7,10 +7,12 @@ CPU in the suite's e2e tests (a py-spy profile, docs/performance.md §7). This c
 of the repository, copies the payloads a previous run built into the new process's cache before the first task, and
 copies the new ones back when the playbook ends.
 
-Only ansible-core's own modules (``ansible.modules.*``) are kept, in a directory keyed by ansible-core's version, its
-install path and the Python version: a module of a role or collection, which can change without ansible-core
-changing, is built by ansible as before. Nothing here changes what a task does; if ansible's cache is not where this
-expects it, the callback does nothing.
+Kept: ansible-core's own modules (``ansible.modules.*``) and the repository's own modules (``plugins/modules``, run as
+``ansible.legacy.<name>``: specab_node, in every per-run play), in a directory keyed by ansible-core's version, its
+install path, the Python version and the bytes of the repository's module files, so an edited module is built
+anew. A module of a role or collection, which can change without any of these changing, is built by ansible as
+before. Nothing here changes what a task does; if ansible's cache is not where this expects it, the callback does
+nothing.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from __future__ import annotations
 DOCUMENTATION = """
 name: ansiballz_cache
 type: aggregate
-short_description: keep the AnsiballZ payloads of ansible-core's modules between playbook runs
+short_description: keep the AnsiballZ payloads of ansible-core's and the repository's modules between playbook runs
 description:
-  - Copies the AnsiballZ payloads of ansible-core's own modules from a persistent cache into the new process's
+  - Copies the AnsiballZ payloads of ansible-core's and the repository's own modules from a persistent cache into the new process's
     ansiballz_cache before the first task, and the new ones back when the playbook ends.
   - The cache is C($XDG_CACHE_HOME/specab/ansiballz/<key>) (default C(~/.cache)), the key a hash of ansible-core's
-    version, its install path and the Python version.
+    version, its install path, the Python version and the repository's module files (C(plugins/modules)).
 requirements: []
 """
 
@@ -38,12 +40,16 @@ import ansible
 from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
 
-_PREFIX = "ansible.modules."  # the cache file names of ansible-core's own modules start with their FQN
+# the repository's own modules, which ansible runs as ansible.legacy.<file name>
+_MODULES = Path(__file__).resolve().parents[1] / "modules"
+# the cache file names start with the module's FQN: ansible-core's own, and the repository's
+_PREFIXES = ("ansible.modules.",) + tuple(f"ansible.legacy.{p.stem}-" for p in sorted(_MODULES.glob("*.py")))
 
 
 def persistent_dir() -> Path:
-    """The cache directory for this ansible-core install and Python."""
-    key = "\0".join((ansible.__version__, os.path.dirname(ansible.__file__), sys.version))
+    """The cache directory for this ansible-core install, Python and the repository's module files."""
+    sources = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_MODULES.glob("*.py")))).hexdigest()
+    key = "\0".join((ansible.__version__, os.path.dirname(ansible.__file__), sys.version, sources))
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return root / "specab" / "ansiballz" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
@@ -55,7 +61,7 @@ def process_dir() -> Path | None:
 
 
 def _kept(path: Path) -> bool:
-    return path.is_file() and path.name.startswith(_PREFIX) and not path.name.endswith((".lock", "-part"))
+    return path.is_file() and path.name.startswith(_PREFIXES) and not path.name.endswith((".lock", "-part"))
 
 
 def copy_new(src: Path, dst: Path) -> int:

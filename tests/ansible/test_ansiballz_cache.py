@@ -1,9 +1,10 @@
 """plugins/callback/ansiballz_cache.py: ansible-core's module payloads are built once per machine, not per playbook.
 
-What a user relies on: a playbook run after the first does not rebuild ansible-core's modules and still works,
-through plain ``ansible-playbook`` (ansible.cfg) and through the driver's ansible-runner (which sets
-ANSIBLE_CALLBACK_PLUGINS itself); a module of a role or collection is never kept (it can change without
-ansible-core changing); a half-written or locked file is never copied; a kept payload is never overwritten.
+What a user relies on: a playbook run after the first does not rebuild ansible-core's modules nor the repository's
+specab_node and still works, through plain ``ansible-playbook`` (ansible.cfg) and through the driver's ansible-runner
+(which sets ANSIBLE_CALLBACK_PLUGINS itself); a module of a role or collection is never kept (it can change without
+ansible-core changing); an edited module of the repository is built anew (the cache's key holds its bytes); a
+half-written or locked file is never copied; a kept payload is never overwritten.
 """
 from __future__ import annotations
 
@@ -34,6 +35,13 @@ PLAYBOOK = """\
     - name: Run a command
       ansible.builtin.command: "true"
       changed_when: false
+    - name: The repository's own module (check mode runs its payload, which returns at once)
+      specab_node:
+        tool: gpufree
+        node_dir: {path}
+        fail_msg: unused in check mode
+        spec: {{}}
+      check_mode: true
 """
 
 
@@ -66,13 +74,15 @@ def test_copy_new_keeps_only_finished_ansible_core_payloads_and_never_overwrites
                        ("ansible.modules.command-ZIP_DEFLATED-none", b"new command"),
                        ("ansible.modules.copy-ZIP_DEFLATED-none.lock", b""),
                        ("ansible.modules.file-ZIP_DEFLATED-none-part", b"half"),
+                       ("ansible.legacy.specab_node-ZIP_DEFLATED-none", b"the repository's module"),
                        ("ansible.legacy.my_role_module-ZIP_DEFLATED-none", b"a role's module")]:
         (src / name).write_bytes(data)
     dst.mkdir(mode=0o700)
     (dst / "ansible.modules.command-ZIP_DEFLATED-none").write_bytes(b"kept command")
 
-    assert plugin.copy_new(src, dst) == 1
-    assert sorted(p.name for p in dst.iterdir()) == ["ansible.modules.command-ZIP_DEFLATED-none",
+    assert plugin.copy_new(src, dst) == 2
+    assert sorted(p.name for p in dst.iterdir()) == ["ansible.legacy.specab_node-ZIP_DEFLATED-none",
+                                                      "ansible.modules.command-ZIP_DEFLATED-none",
                                                       "ansible.modules.stat-ZIP_DEFLATED-none"]
     assert (dst / "ansible.modules.stat-ZIP_DEFLATED-none").read_bytes() == b"new stat"
     assert (dst / "ansible.modules.command-ZIP_DEFLATED-none").read_bytes() == b"kept command"
@@ -85,6 +95,19 @@ def test_cache_is_keyed_by_the_ansible_core_install(tmp_path: Path, monkeypatch:
     first = plugin.persistent_dir()
     assert first.parent == tmp_path / "specab" / "ansiballz"
     monkeypatch.setattr(plugin.ansible, "__version__", "0.0.0-other")
+    assert plugin.persistent_dir() != first
+
+
+def test_an_edited_module_of_the_repository_gets_a_cache_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin = _plugin()
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "specab_node.py").write_text((REPO / "plugins" / "modules" / "specab_node.py").read_text())
+    monkeypatch.setattr(plugin, "_MODULES", modules)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = plugin.persistent_dir()
+    assert plugin.persistent_dir() == first
+    (modules / "specab_node.py").write_text((modules / "specab_node.py").read_text() + "# edited\n")
     assert plugin.persistent_dir() != first
 
 
@@ -101,7 +124,8 @@ def test_second_playbook_builds_no_ansible_core_payload_and_the_driver_loads_the
     runner = PlaybookRunner(REPO, inventory, tmp_path / "runner", stream=lambda line: None)
     result = runner.run(str(playbook), {}, "first")
     assert result.status == "successful", result.stdout_tail
-    assert _kept(cache) == ["ansible.modules.command-ZIP_DEFLATED-none", "ansible.modules.stat-ZIP_DEFLATED-none"]
+    assert _kept(cache) == ["ansible.legacy.specab_node-ZIP_DEFLATED-none", "ansible.modules.command-ZIP_DEFLATED-none",
+                            "ansible.modules.stat-ZIP_DEFLATED-none"]
 
     # the README's way: ansible-playbook from the repository root (ansible.cfg), ansible's debug log on
     env = {**os.environ, "ANSIBLE_DEBUG": "1", "ANSIBLE_NOCOLOR": "1",
@@ -110,6 +134,6 @@ def test_second_playbook_builds_no_ansible_core_payload_and_the_driver_loads_the
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    assert "ok=2" in out
+    assert "ok=2" in out and "skipped=1" in out
     assert CREATING not in out, "the second run rebuilt a payload the first one kept"
     assert "ANSIBALLZ: using cached module" in out
