@@ -7,6 +7,7 @@ type 'dict' has no attribute 'path' >>") on every run after the first.
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,11 @@ def test_task_names_render_when_deploying_and_when_already_deployed(tmp_path: Pa
     try:
         first = _stop_playbook(node)
         assert list((node.node_dir / "bin").glob(".tools-*")), "the first run deploys the node tools"
+        # byte-compiled once on the node (the suite's environment sets PYTHONDONTWRITEBYTECODE: no tool start would
+        # keep what it compiles), for the Python that runs them (specab_python: this interpreter)
+        tag = subprocess.run([sys.executable, "-c", "import sys; print(sys.implementation.cache_tag)"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        assert (node.node_dir / "bin" / "specab" / "node" / "__pycache__" / f"sequence.{tag}.pyc").is_file()
         second = _stop_playbook(node)
     finally:
         node.stop()
