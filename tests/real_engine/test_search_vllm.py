@@ -24,9 +24,7 @@ from specab.analysis.measures.latency import run_times
 from tests.real_engine.conftest import RealVllm, free_port, vllm_run_env
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500),
-              pytest.mark.xdist_group("real-vllm-rest")]
-# on the other worker than the known-truth matrix: in the clean-clone CI of 29132a9 the matrix worker's tests took
-# 763 s with this one (121 s) among them and the other worker's 611 s, so the stage waited on the matrix worker
+              pytest.mark.xdist_group("real-vllm-matrix")]     # beside the known-truth matrix: the workers balance
 REPO = Path(__file__).resolve().parents[2]
 TTFT_MS, TPOT_MS = 200.0, 1000.0
 
