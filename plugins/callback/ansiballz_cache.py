@@ -22,8 +22,8 @@ name: ansiballz_cache
 type: aggregate
 short_description: keep the AnsiballZ payloads of ansible-core's and the repository's modules between playbook runs
 description:
-  - Copies the AnsiballZ payloads of ansible-core's and the repository's own modules from a persistent cache into the new process's
-    ansiballz_cache before the first task, and the new ones back when the playbook ends.
+  - Copies the AnsiballZ payloads of ansible-core's and the repository's own modules from a persistent cache into
+    the new process's ansiballz_cache before the first task, and the new ones back when the playbook ends.
   - The cache is C($XDG_CACHE_HOME/specab/ansiballz/<key>) (default C(~/.cache)), the key a hash of ansible-core's
     version, its install path, the Python version and the repository's module files (C(plugins/modules)).
 requirements: []
