@@ -98,7 +98,8 @@ def test_cache_is_keyed_by_the_ansible_core_install(tmp_path: Path, monkeypatch:
     assert plugin.persistent_dir() != first
 
 
-def test_an_edited_module_of_the_repository_gets_a_cache_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_edited_module_of_the_repository_gets_a_cache_of_its_own(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     plugin = _plugin()
     modules = tmp_path / "modules"
     modules.mkdir()

@@ -37,8 +37,7 @@ def test_task_names_render_when_deploying_and_when_already_deployed(tmp_path: Pa
         assert list((node.node_dir / "bin").glob(".tools-*")), "the first run deploys the node tools"
         # byte-compiled once on the node (the suite's environment sets PYTHONDONTWRITEBYTECODE: no tool start would
         # keep what it compiles), for the Python that runs them (specab_python: this interpreter)
-        tag = subprocess.run([sys.executable, "-c", "import sys; print(sys.implementation.cache_tag)"], capture_output=True,
-                             text=True, check=True).stdout.strip()
+        tag = sys.implementation.cache_tag
         assert (node.node_dir / "bin" / "specab" / "node" / "__pycache__" / f"sequence.{tag}.pyc").is_file()
         second = _stop_playbook(node)
     finally:
