@@ -25,6 +25,10 @@ from tests.stores import copy_store
 
 H100 = Path(__file__).resolve().parents[1] / "fixtures" / "validity" / "h100"
 FRESH, WARM = "validity-h200-20261206-054331", "spread-h200-20261206-054911"
+# The H200 stores (tests/fixtures/validity/h200): three device calls, one after another, on ONE freshly started H200:
+# the five arms of one block, then the spread without a burn-in, then with one (docs/validation/validity.md)
+H200 = H100.parent / "h200"
+H200_STORES = ("validity-h200-20261206-221559", "spread-h200-20261206-222136", "spread-burn-in-h200-20261206-222835")
 
 
 @pytest.fixture(scope="module")
@@ -225,3 +229,33 @@ def _with_first_measured_slow(e: Experiment) -> Experiment:
     for q in e.runs_of("baseline")[0].requests:
         q.decode_tok_s *= 0.7
     return e
+
+
+def test_on_a_fresh_h200_no_first_start_was_slow_and_the_burn_in_changed_nothing(tmp_path):
+    """The H200 claim, from the stores' own rates: the 22 server starts of three device calls ran on one GPU (one
+    UUID in every manifest), the machine's first start (eagle3-s3, Triton compilation included) 0.1 % below the
+    arm's later instances' median, every baseline instance within 0.14 % of every other (9 starts) and every EAGLE-3
+    s3 instance within 1.4 % (10 starts), where the H200 facts saw 532-677 tok/s over 8 instances on two machines.
+    The burn-in start ran +0.35 % against the measured instances: it bought nothing, and no instance-trend fires on
+    any store (whatever effect size the rule is asked for) or on the 22 starts in run order."""
+    stores = {n: load_store(copy_store(H200 / n, tmp_path / n), read_logs=False) for n in H200_STORES}
+    runs = sorted((r for e in stores.values() for r in e.runs + e.burn_in), key=lambda r: r.started)
+    assert len(runs) == 22 and len({r.manifest["gpu"]["gpus"][0]["uuid"] for r in runs}) == 1
+    assert runs[0].run_id == "001-eagle3-s3" and runs[0].arm == "eagle3-s3"
+    tok = {arm: [r.tok_s for r in runs if r.arm == arm] for arm in ("baseline", "eagle3-s3")}
+    assert [len(t) for t in tok.values()] == [9, 10]
+    assert -0.0011 < tok["eagle3-s3"][0] / statistics.median(tok["eagle3-s3"][1:]) - 1 < 0
+    assert max(tok["baseline"]) / min(tok["baseline"]) - 1 < 0.0014
+    assert max(tok["eagle3-s3"]) / min(tok["eagle3-s3"]) - 1 < 0.014
+    burn_store = stores["spread-burn-in-h200-20261206-222835"]
+    [burn] = burn_store.burn_in
+    change = burn.tok_s / statistics.fmean(r.tok_s for r in burn_store.runs_of("eagle3-s3")) - 1
+    [b] = instances.analyse(burn_store).burn_in
+    assert (b.run_id, round(b.change, 4)) == ("001-eagle3-s3", 0.0035) and b.change == pytest.approx(change, rel=1e-12)
+    for e in stores.values():
+        assert instances.trends(e) == [] and instances.trends(e, min_change=0.0) == []
+        assert "instance-trend" not in {f.rule for f in doctor.diagnose(e, stats.analyse(e))}
+    # the report's rows for the spread without a burn-in (SGLang 0.5.17, known-truth pair, 12 requests x 256 tokens)
+    assert instances.analyse(stores["spread-h200-20261206-222136"]).rows() == [
+        ["baseline", "4", "430.5-430.9", "0.00% (0.00%-0.14%)", "0.13%", "0.05% (12)", "- (baseline)"],
+        ["eagle3-s3", "4", "701.2-702.3", "0.08% (0.04%-0.28%)*", "5.01%", "1.81% (12)", "restarts (100%)*"]]

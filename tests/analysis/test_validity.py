@@ -1,9 +1,9 @@
 """Output validity on real engine output and on its own terms.
 
-The real stores: SGLang 0.5.17 on an H100 with a known-truth pair (tests/fixtures/validity/h100/, docs/validation/
-validity.md), where greedy parity is exact by construction: EAGLE-3 at steps 1-3 must be identical to the baseline on
-every request, and the same steps-3 arm under SGLANG_SIMULATE_ACC_LEN must not be (its outputs departed at the first
-decoded token, measured). The rules' arithmetic is checked on outputs built here, and bad `validity:` input is refused
+The real stores: SGLang 0.5.17 on an H100 and on an H200 with a known-truth pair (tests/fixtures/validity/h100/ and
+h200/, docs/validation/validity.md), where greedy parity is exact by construction: EAGLE-3 at steps 1-3 must be
+identical to the baseline on every request, and the same steps-3 arm under SGLANG_SIMULATE_ACC_LEN must not be (its
+outputs departed at the first decoded token on both cards, measured). The rules' arithmetic is checked on outputs built here, and bad `validity:` input is refused
 when the experiment is loaded.
 """
 from __future__ import annotations
@@ -22,17 +22,21 @@ from specab.config.spec import load_experiment
 from specab.config.yamlfile import ConfigError
 from tests.stores import copy_store
 
-H100 = Path(__file__).resolve().parents[1] / "fixtures" / "validity" / "h100"
-STEPS = H100 / "validity-h200-20261206-054331"
-SPREAD = H100 / "spread-h200-20261206-054911"
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "validity"
+STEPS = {"h100": REAL / "h100" / "validity-h200-20261206-054331",
+         "h200": REAL / "h200" / "validity-h200-20261206-221559"}
+SPREAD = {"h100": REAL / "h100" / "spread-h200-20261206-054911",
+          "h200": REAL / "h200" / "spread-h200-20261206-222136"}
+CARDS = pytest.mark.parametrize("card", ["h100", "h200"])
 
 
 def _load(src: Path, tmp: Path) -> Experiment:
     return load_store(copy_store(src, tmp / src.name), read_logs=False)
 
 
-def test_real_eagle3_at_steps_1_to_3_is_identical_and_forced_acceptance_is_not(tmp_path: Path) -> None:
-    e = _load(STEPS, tmp_path)
+@CARDS
+def test_real_eagle3_at_steps_1_to_3_is_identical_and_forced_acceptance_is_not(card: str, tmp_path: Path) -> None:
+    e = _load(STEPS[card], tmp_path)
     v = validity.check(e)
     for arm in ("eagle3-s1", "eagle3-s2", "eagle3-s3"):
         a = v.arms[arm]
@@ -48,7 +52,7 @@ def test_real_eagle3_at_steps_1_to_3_is_identical_and_forced_acceptance_is_not(t
                                   "token (median)")
     # an independent recount from the raw store: every output id list against the baseline run's
     import sqlite3
-    conn = sqlite3.connect(tmp_path / STEPS.name / "results.sqlite")
+    conn = sqlite3.connect(tmp_path / STEPS[card].name / "results.sqlite")
     arms = dict(conn.execute("SELECT seq, arm FROM runs"))
     ids: dict[str, dict[int, list[int]]] = {}
     for seq, i, extra in conn.execute("SELECT seq, i, extra_json FROM requests WHERE warmup=0"):
@@ -57,11 +61,12 @@ def test_real_eagle3_at_steps_1_to_3_is_identical_and_forced_acceptance_is_not(t
         assert a.identical == sum(ids[arm][i] == ids["baseline"][i] for i in ids["baseline"]), arm
 
 
-def test_the_report_doctor_and_verdicts_on_the_real_store(tmp_path: Path) -> None:
-    e = _load(STEPS, tmp_path)
+@pytest.mark.parametrize("card, speedup", [("h100", "1.640"), ("h200", "1.627")])
+def test_the_report_doctor_and_verdicts_on_the_real_store(card: str, speedup: str, tmp_path: Path) -> None:
+    e = _load(STEPS[card], tmp_path)
     rep = report.build_report(e, plots=False)
     verdicts = rep.data["verdicts"]
-    assert verdicts["eagle3-s3"] == ("eagle3-s3 vs baseline: x1.640 from one block, not enough blocks for an "
+    assert verdicts["eagle3-s3"] == (f"eagle3-s3 vs baseline: x{speedup} from one block, not enough blocks for an "
                                      "interval over 1 paired block(s), outputs identical to the baseline on 12/12 "
                                      "requests.")
     assert " -- NOT VALID: outputs differ from the baseline on 12/12 requests" in verdicts["eagle3-s3-forced"]
@@ -83,8 +88,9 @@ def test_the_report_doctor_and_verdicts_on_the_real_store(tmp_path: Path) -> Non
     assert "Left out of the model: eagle3-s3-forced" in md
 
 
-def test_the_restart_spread_store_is_identical_across_every_instance(tmp_path: Path) -> None:
-    v = validity.check(_load(SPREAD, tmp_path))
+@CARDS
+def test_the_restart_spread_store_is_identical_across_every_instance(card: str, tmp_path: Path) -> None:
+    v = validity.check(_load(SPREAD[card], tmp_path))
     s3 = v.arms["eagle3-s3"]
     assert (s3.identical, s3.compared) == (48, 48) and s3.identical_ci[0] > 0.92
     assert v.baseline_self == {"baseline": (36, 36)}        # the baseline's three later restarts against its first
