@@ -147,19 +147,15 @@ class Deferred(object):
 
     def signal(self, sig: int) -> None:
         if self.released and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(OSError):
                 self.proc.send_signal(sig)
-            except OSError:
-                pass
 
     def finish(self, term_after: float) -> Optional[int]:
         """Wait up to ``term_after`` s, then SIGTERM, then SIGKILL; return the exit status."""
         for sig, wait in ((None, term_after), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
             if sig is not None and self.proc.poll() is None:
-                try:
+                with contextlib.suppress(OSError):
                     self.proc.send_signal(sig)
-                except OSError:
-                    pass
             try:
                 return self.proc.wait(timeout=wait)
             except subprocess.TimeoutExpired:
@@ -282,10 +278,8 @@ class BenchStep(object):
         assert self.after is not None
         self.after.join(timeout=60)
         summary: Dict[str, Any] = {}
-        try:
+        with contextlib.suppress(OSError, ValueError):
             summary = osutil.read_json(s.path("bench_summary.json"))
-        except (OSError, ValueError):
-            pass
         if rc != 0:
             errors = summary.get("errors") or []
             log = self.client_log if self.client_log is not None else (
@@ -304,11 +298,9 @@ class BenchStep(object):
         path = self.spec.path("gpu_samples.csv")
         deadline = time.monotonic() + SAMPLER_HEADER_WAIT_S
         while time.monotonic() < deadline and self.sampler.proc.poll() is None:
-            try:
+            with contextlib.suppress(OSError):
                 if os.path.getsize(path) > 0:
                     return
-            except OSError:
-                pass
             time.sleep(SAMPLER_HEADER_POLL_S)
 
     def wait_client(self, warmup: int, total: int, on_phase: Callable[[str], None]) -> int:

@@ -12,6 +12,7 @@ sample and is counted; it is fatal only when no sample at all succeeded.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import select
@@ -67,18 +68,14 @@ class StopFlag(object):
 
     def close(self) -> None:
         for fd in (self.r, self.w):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.stop = True
         self.signal = signal.Signals(signum).name
-        try:
+        with contextlib.suppress(OSError):
             os.write(self.w, b"x")
-        except OSError:
-            pass
 
     def sleep(self, seconds: float) -> None:
         if self.stop or seconds <= 0:

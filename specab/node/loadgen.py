@@ -1001,10 +1001,8 @@ class _ProcPool(object):
                 theirs.close()          # the worker's end is the worker's alone: its exit is our EOF
             self.conns.append(mp_connection.Connection(mine.detach()))
             self.alive.add(w)
-            try:
+            with contextlib.suppress(OSError):  # its EOF is read below
                 self.conns[w].send((settings, self.kt, n))
-            except OSError:
-                pass                    # its EOF is read below
         waiting = set(self.alive)       # not ready yet
         for w in sorted(self.alive):
             while w in waiting and w in self.alive:
@@ -1063,10 +1061,8 @@ class _ProcPool(object):
                         break
                     nxt += 1
                 if not self.held[w] and (self.died is not None or nxt >= len(self.prompts)):
-                    try:
+                    with contextlib.suppress(OSError):
                         conns[w].send(None)
-                    except OSError:
-                        pass
                     finished.add(w)
             if self.died is not None:
                 for i in range(nxt, len(self.prompts)):
@@ -1094,10 +1090,8 @@ class _ProcPool(object):
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
                 self._lost(w, proc)
                 waiting.discard(w)
                 return

@@ -2,6 +2,7 @@
 keyed by the requested fields, and the GPU selection of a tool (stdlib only)."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
@@ -37,14 +38,10 @@ def run_command(argv: Sequence[str], timeout: float) -> Tuple[int, str, str]:
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in D state: leave it, we cannot do better
             proc.communicate(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            pass  # stuck in D state: leave it, we cannot do better
         raise
     return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 

@@ -3,6 +3,7 @@ start.py started, ``helpers.json`` of a run's helper processes, ``sequencer.json
 the signals sent only to them. Nothing is ever matched or killed by name (stdlib only)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -106,10 +107,8 @@ def record_helpers(run_dir: str, helpers: Sequence[Tuple[str, int]]) -> None:
 
 def forget_helpers(run_dir: str) -> None:
     """The run's helpers are gone: their record goes (a run directory keeps no stale pids)."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(run_dir, HELPERS_JSON))
-    except FileNotFoundError:
-        pass
 
 
 def helper_is_ours(entry: Dict[str, Any]) -> bool:

@@ -2,6 +2,7 @@
 its descendants, and its description for messages (stdlib only)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 from typing import Any, Dict, List, Optional
@@ -131,7 +132,7 @@ def proc_comm(pid: int) -> str:
 
 def proc_user(pid: int) -> str:
     """The real user of ``pid`` (``/proc/PID/status`` Uid → passwd name; the uid if unknown)."""
-    try:
+    with contextlib.suppress(OSError):
         with open("%s/%d/status" % (PROC, pid)) as fh:
             for line in fh:
                 if line.startswith("Uid:"):
@@ -140,8 +141,6 @@ def proc_user(pid: int) -> str:
                         return pwd.getpwuid(uid).pw_name
                     except KeyError:
                         return "uid %d" % uid
-    except OSError:
-        pass
     return "unknown"
 
 

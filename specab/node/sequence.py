@@ -120,10 +120,8 @@ def spawn(a: ServeSpec) -> Dict[str, Any]:
     deadline = time.monotonic() + a.stop_grace + a.gpu_free_timeout + 60
     while True:
         rec = None
-        try:
+        with contextlib.suppress(ToolError):  # being written
             rec = ownership.load_sequencer(a.node_dir)
-        except ToolError:
-            pass            # being written
         if rec and rec.get("pid") == proc.pid:
             if rec.get("state") in ("halted", "exited"):
                 raise ToolError("the sequencer for %s stopped at startup (%s): %s. Log tail of %s:\n%s"
@@ -338,10 +336,8 @@ def cmd_serve(a: ServeSpec) -> Dict[str, Any]:
     except OSError:
         os.close(fd)
         rec = None
-        try:
+        with contextlib.suppress(ToolError):
             rec = ownership.load_sequencer(a.node_dir)
-        except ToolError:
-            pass
         raise ToolError("another sequencer holds %s (recorded: pid %s, experiment %s); use `sequence.py ensure` "
                         "(it replaces it) or `stop.py` to stop it" % (os.path.join(a.node_dir, SERVE_LOCK),
                                                                       (rec or {}).get("pid"),

@@ -6,6 +6,7 @@ a controller without sign of life. stdlib only, like every node tool; imports it
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -187,10 +188,8 @@ class Sequencer(object):
         cli.log("queue entry %s refused: %s" % (name, why))
         m = ENTRY_RE.match(name)
         run_dir = os.path.join(self.node_dir, "runs", m.group("run_id")) if m else None
-        try:
+        with contextlib.suppress(OSError):
             os.replace(path, path + ".refused")
-        except OSError:
-            pass
         if run_dir and os.path.isdir(run_dir):
             t = round(now(), 4)
             osutil.write_json(os.path.join(run_dir, "done.json"), {
@@ -202,10 +201,8 @@ class Sequencer(object):
     def run_entry(self, entry: Entry) -> Optional[str]:
         self.last_entry = entry
         for stale in ("done.json",):
-            try:
+            with contextlib.suppress(OSError):
                 os.remove(entry.path(stale))
-            except OSError:
-                pass
         phases = PhaseLog(entry.path("phases.jsonl"))
         try:
             phases.begin("claimed", seq=entry.seq)
@@ -301,9 +298,7 @@ class Sequencer(object):
                 self.save(state="exited", run_id=None,
                           reason="idle for %gs without work (--idle-timeout)" % self.a.idle_timeout)
                 return 0
-            try:
+            with contextlib.suppress(Interrupted):
                 with self.gate.armed():
                     time.sleep(POLL_S)
-            except Interrupted:
-                pass
 

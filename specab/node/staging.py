@@ -20,6 +20,7 @@ stdlib only, like every node tool; the queue's layout and the entry's rules come
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -200,10 +201,8 @@ def stage(runs: Sequence[StagedRun], queue: str, staging: str) -> Dict[str, Any]
             staged.append(path)
     except OSError as exc:
         for path in staged:          # a batch is queued whole or not at all
-            try:
+            with contextlib.suppress(OSError):
                 os.remove(path)
-            except OSError:
-                pass
         raise ToolError("staging the batch failed at %s: %s; nothing of it was queued" % (exc.filename or "?", exc))
     queued: List[str] = []
     for run, path in zip(runs, staged):

@@ -8,6 +8,7 @@ table (the table in docs/validation/simulator.md comes from this command). tok/s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -103,11 +104,9 @@ def measure_arm(arm: Arm, requests: int, scale: float, output_len: int, root: Pa
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"{arm.name}: server exited rc={proc.returncode}; see {log.name}")
-            try:
+            with contextlib.suppress(OSError):
                 if _get(port, "/health_generate")[0] == 200:
                     break
-            except OSError:
-                pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{arm.name}: server not ready in 120 s")
             time.sleep(0.05)
@@ -119,10 +118,8 @@ def measure_arm(arm: Arm, requests: int, scale: float, output_len: int, root: Pa
                 "tok_s_sd": (statistics.stdev(rates) / scale) if len(rates) > 1 else 0.0,
                 "accept_mean": statistics.fmean(accepts), "requests": requests, "scale": scale}
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
 
 

@@ -16,6 +16,7 @@ Two nodes with different state directories share nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -210,10 +211,8 @@ class GpuNode:
         remaining = 0
         for a in self.allocations():
             if a.dead_at is not None and now >= a.dead_at + a.release_lag_s:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     a.path.unlink()
-                except FileNotFoundError:
-                    pass
             else:
                 remaining += 1
         return remaining

@@ -10,6 +10,7 @@ while the schedulers "load"; then the HTTP server starts, a warm-up request runs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import importlib
@@ -99,10 +100,8 @@ class Launch:
         """SGLang's kill_process_tree: SIGKILL every child, then this process."""
         if not self.settings.faults.orphan_workers:
             for p in self.procs:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     p.kill()
-                except ProcessLookupError:
-                    pass
         if include_parent:
             sys.stderr.flush()
             if self.settings.faults.orphan_workers:

@@ -9,6 +9,7 @@ error and the node's server goes down through the SIGQUIT path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -107,11 +108,9 @@ class NodeLink:
     async def watch(self, on_lost: Callable[[int], Awaitable[None] | None]) -> None:
         """Return (after calling ``on_lost(node_rank)``) when any link breaks."""
         async def wait_eof(rank: int, reader: asyncio.StreamReader) -> int:
-            try:
+            with contextlib.suppress(OSError):
                 while await reader.read(4096):
                     pass
-            except OSError:
-                pass
             return rank
         tasks = [asyncio.create_task(wait_eof(r, rd)) for r, rd in self.readers.items()]
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

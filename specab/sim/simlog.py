@@ -5,6 +5,7 @@ process. Lines are written whole with one ``write`` so concurrent processes do n
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -47,7 +48,5 @@ class SimLogger:
             self.stream.write(data.decode())
             self.stream.flush()
             return
-        try:
+        with contextlib.suppress(OSError):
             os.write(sys.stderr.fileno(), data)
-        except OSError:
-            pass

@@ -6,6 +6,7 @@ configuration on stdin, then commands (``crash``). Reports on stdout as JSON lin
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,10 +48,8 @@ def _oom_text(gpu: int, total_mib: int, free_mib: int, want_mib: int) -> str:
 
 def _fail(log: SimLogger, parent: int, text: str, where: str) -> None:
     _traceback(log, text, where)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(parent, signal.SIGQUIT)
-    except ProcessLookupError:
-        pass
     sys.exit(1)
 
 

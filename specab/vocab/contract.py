@@ -12,6 +12,7 @@ What lives here:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
@@ -131,10 +132,8 @@ def nested_secret_values(value: Any) -> List[str]:
         for v in value:
             out += nested_secret_values(v)
     elif isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
-        try:
+        with contextlib.suppress(ValueError):
             out += nested_secret_values(json.loads(value))
-        except ValueError:
-            pass
     return out
 
 

@@ -4,6 +4,7 @@ experiment; the run cost of a simulated node's profile; the plan's text (docs/st
 The pure model lives in specab.analysis.cost.design; this module feeds it from an Experiment and a profile."""
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
@@ -27,10 +28,8 @@ def gpus_of(server_args: Mapping[str, Any]) -> int:
     --tensor-parallel-size, --pipeline-parallel-size; 1 if unset)."""
     n = 1
     for k in ("tp_size", "pp_size", "tensor_parallel_size", "pipeline_parallel_size"):
-        try:
+        with contextlib.suppress(TypeError, ValueError):
             n *= max(1, int(server_args.get(k) or 1))
-        except (TypeError, ValueError):
-            pass
     return n
 
 

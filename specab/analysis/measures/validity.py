@@ -26,6 +26,7 @@ speculation, so the pass is judged with ``greedy_min_match`` 1: any difference i
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -195,10 +196,8 @@ def _temperature(exp: Experiment, arm: str) -> float:
     config = exp.meta.get("config") if isinstance(exp.meta, dict) else None
     if isinstance(config, dict) and isinstance(config.get("bench"), dict):
         bench = dict(config["bench"])
-    try:
+    with contextlib.suppress(Exception):  # an arm not in the experiment: the experiment's bench
         bench.update(exp.arm(arm).matrix.get("bench") or {})
-    except Exception:       # an arm not in the experiment: the experiment's bench
-        pass
     try:
         return float(bench.get("temperature") or 0.0)
     except (TypeError, ValueError):
