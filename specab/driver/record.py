@@ -100,11 +100,8 @@ class PhaseClock:
         start = next((t0 for name, t0, _ in self.times if name == "starting"), None)
         if start is None:
             return {}
-        out = {}
-        for name, t0, _ in self.times:
-            if name in ("loading weights", "capturing graphs", "ready"):
-                out[name.replace(" ", "_") + "_s"] = round(t0 - start, 3)
-        return out
+        return {name.replace(" ", "_") + "_s": round(t0 - start, 3) for name, t0, _ in self.times
+                if name in ("loading weights", "capturing graphs", "ready")}
 
 
 def phase_at(rows: list[tuple[str, float, float | None]], t: float) -> str | None:

@@ -136,11 +136,8 @@ def make_prompts(seed: int, kind: str, count: int, input_len: int) -> List[str]:
 
 def make_token_prompts(seed: int, kind: str, count: int, input_len: int, first: int, vocab: int) -> List[List[int]]:
     """Deterministic token-id prompts over [first, vocab) (known-truth models: no special token)."""
-    out = []
-    for index in range(count):
-        rng = random.Random("specab:%d:%s:%d:ids" % (seed, kind, index))
-        out.append([rng.randrange(first, vocab) for _ in range(input_len)])
-    return out
+    rngs = (random.Random("specab:%d:%s:%d:ids" % (seed, kind, index)) for index in range(count))
+    return [[rng.randrange(first, vocab) for _ in range(input_len)] for rng in rngs]
 
 
 def dataset_hash(prompts: List[Any]) -> str:
@@ -302,9 +299,7 @@ class ChunkCounter:
     def _from_cumulative(self, completion_tokens: int, source: str) -> int:
         self._set_source(source)
         self.reported_total = completion_tokens
-        new = completion_tokens - self.total
-        if new < 0:
-            new = 0
+        new = max(0, completion_tokens - self.total)
         self.total += new
         return new
 
@@ -331,10 +326,7 @@ class ChunkCounter:
                 # Cumulative lists start with the previous list; incremental ones do not (as a rule).
                 self._ids_cumulative = len(ids) >= len(prev) and ids[: len(prev)] == prev
             self._prev_ids = ids
-            if self._ids_cumulative:
-                new = max(0, len(ids) - self.total)
-            else:
-                new = len(ids)
+            new = max(0, len(ids) - self.total) if self._ids_cumulative else len(ids)
             self.total += new
             return new
         return self._guess_one(bool(event.get("text")))

@@ -45,13 +45,8 @@ def redact_env(env: Dict[str, Any]) -> Dict[str, Any]:
 def redact_mapping(mapping: Any) -> Any:
     """Deep copy of a JSON-like value with the values of secret-named keys replaced."""
     if isinstance(mapping, dict):
-        out = {}
-        for k, v in mapping.items():
-            if isinstance(k, str) and is_secret_name(k) and v not in (None, "", False):
-                out[k] = REDACTED
-            else:
-                out[k] = redact_mapping(v)
-        return out
+        return {k: REDACTED if isinstance(k, str) and is_secret_name(k) and v not in (None, "", False)
+                else redact_mapping(v) for k, v in mapping.items()}
     if isinstance(mapping, list):
         return [redact_mapping(v) for v in mapping]
     return mapping

@@ -131,11 +131,8 @@ def probe_run_s(cost: design.RunCost, search: Search, load: float, requests: int
     """What one probe run is expected to hold its GPUs for: its restart, then its requests, which an arrival rate
     spreads over requests / rate seconds (plus one request's time), and a closed loop of c in flight over
     requests / c request times."""
-    if search.axis == "request_rate":
-        bench = requests / load + cost.per_request_s
-    else:
-        bench = math.ceil(requests / load) * cost.per_request_s
-    return cost.restart_s + bench
+    return cost.restart_s + (requests / load + cost.per_request_s if search.axis == "request_rate"
+                             else math.ceil(requests / load) * cost.per_request_s)
 
 
 def plan_lines(search: Search, slo: Slo, *, families: int, arms: int, requests: int, min_blocks: int,

@@ -65,10 +65,7 @@ class RunSlo:
 
 
 def request_meets(r: RequestTimes, term: Term) -> bool:
-    if term.metric == "itl_token_s":
-        v = percentile(r.itl_token_s, term.q)
-    else:
-        v = getattr(r, term.metric)
+    v = percentile(r.itl_token_s, term.q) if term.metric == "itl_token_s" else getattr(r, term.metric)
     return v is None or v <= term.target_s
 
 

@@ -218,11 +218,7 @@ def _pairs(exp: Experiment, arm: str, baseline: str, got: dict[int, dict[int, ou
     """Each run of ``arm`` with outputs, with its block's baseline run (another block's where that one has none)."""
     base_runs = [r for r in exp.runs_of(baseline) if r.seq in got]
     by_block = {r.block: r for r in base_runs}
-    pairs = []
-    for r in exp.runs_of(arm):
-        if r.seq in got and base_runs:
-            pairs.append((r, by_block.get(r.block, base_runs[0])))
-    return pairs
+    return [(r, by_block.get(r.block, base_runs[0])) for r in exp.runs_of(arm) if r.seq in got and base_runs]
 
 
 def _mean_len(outputs: list[outs.Output]) -> float | None:

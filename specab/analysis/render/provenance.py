@@ -148,10 +148,7 @@ def load_manifest(ref: str, runs_dir: str | Path | None = None) -> tuple[str, di
         return str(p), _read_manifest(p)
     if p.is_dir() and (p / "manifest.json").is_file():
         return str(p), _read_manifest(p / "manifest.json")
-    if runs_dir:
-        base = Path(runs_dir)
-    else:
-        base = default_runs_dir()
+    base = Path(runs_dir) if runs_dir else default_runs_dir()
     exp_part, _, run_part = ref.rstrip("/").rpartition("/")
     if not exp_part:
         raise ProvenanceError(f"run {ref!r} not found: give a run directory, a manifest.json, or "

@@ -277,10 +277,8 @@ def plot_gpu_clocks(exp: Experiment, grid: tuple[int, int] | None = PLOT_GRID) -
     for r in exp.runs:
         for s in r.gpu_samples:
             if s.sm_mhz is not None:
-                if s.index not in ts:
-                    ts[s.index], sm[s.index] = [], []
-                ts[s.index].append(s.ts)
-                sm[s.index].append(s.sm_mhz)
+                ts.setdefault(s.index, []).append(s.ts)
+                sm.setdefault(s.index, []).append(s.sm_mhz)
                 mx = max(mx, s.max_sm_mhz or 0)
     if ts:
         t0 = min(min(v) for v in ts.values())
@@ -673,14 +671,12 @@ def _phase_blocks(rep: Report, exp: Experiment, ph: phases.PhaseReport, plots: b
     if exp.spec_arms:
         rep.add(Heading("Where the cycle goes (measured)"))
         if ph.arms:
-            rows = []
-            for name, a in ph.arms.items():
-                rows.append([name, str(len(a.runs)), _iv(a.draft_ms), _iv(a.draft_extend_ms), _iv(a.verify_ms),
-                             _iv(a.other_ms), _iv(a.implied_cycle_ms), f"{a.verify_share:.0%}",
-                             "-" if a.graph_share is None else f"{a.graph_share:.0%}",
-                             _f(a.baseline_step_ms, ".2f") + (f" (timer {a.baseline_step_measured_ms:.2f})"
-                                                              if a.baseline_step_measured_ms else ""),
-                             _f(a.tau_star(), ".2f"), f"{a.consistency:.0%}"])
+            rows = [[name, str(len(a.runs)), _iv(a.draft_ms), _iv(a.draft_extend_ms), _iv(a.verify_ms),
+                     _iv(a.other_ms), _iv(a.implied_cycle_ms), f"{a.verify_share:.0%}",
+                     "-" if a.graph_share is None else f"{a.graph_share:.0%}",
+                     _f(a.baseline_step_ms, ".2f") + (f" (timer {a.baseline_step_measured_ms:.2f})"
+                                                      if a.baseline_step_measured_ms else ""),
+                     _f(a.tau_star(), ".2f"), f"{a.consistency:.0%}"] for name, a in ph.arms.items()]
             batched = {name: a.batch for name, a in ph.arms.items() if a.batch > 1.05}
             rep.add(Para("ms per cycle from the engine's device timer (sglang:forward_execution_seconds_total by "
                          "category over the measured window / verify passes); other = implied cycle (tau / tok/s) "
