@@ -528,10 +528,7 @@ def _finish_reason(api: str, obj: Dict[str, Any]) -> Optional[Any]:
         if isinstance(fr, dict):
             return fr.get("type")
         return fr
-    for choice in obj.get("choices") or []:
-        if choice.get("finish_reason"):
-            return choice["finish_reason"]
-    return None
+    return next((c["finish_reason"] for c in obj.get("choices") or [] if c.get("finish_reason")), None)
 
 
 def _buffered(chunk_t: List[float], chunk_n: List[int], after_first: int, per_token_s: float) -> bool:
@@ -557,15 +554,11 @@ def _finish_record(rec: Dict[str, Any], counter: ChunkCounter, e2e: float) -> No
     chunk_t = rec["chunk_t_s"]
     chunk_n = rec["chunk_tokens"]
     out = counter.reported_total if counter.reported_total is not None else counter.total
+    e2e = round(e2e, 6)  # derived values below use the stored (rounded) times
     rec.update(decode_tok_s=None, tpot_s=None, spec_verify_ct=None, accept_len=None, spec_correct_drafts=None,
-               spec_proposed_drafts=None)
-    rec["ok"] = True
-    rec["output_tokens"] = out
-    rec["prompt_tokens"] = counter.prompt_tokens
-    rec["ttft_s"] = chunk_t[0]
-    rec["e2e_s"] = e2e = round(e2e, 6)  # derived values below use the stored (rounded) times
-    rec["tokens_from"] = counter.source
-    rec["chunk_tokens_exact"] = counter.exact and counter.total == out
+               spec_proposed_drafts=None, ok=True, output_tokens=out, prompt_tokens=counter.prompt_tokens,
+               ttft_s=chunk_t[0], e2e_s=e2e, tokens_from=counter.source,
+               chunk_tokens_exact=counter.exact and counter.total == out)
     # Tokens that arrived after the first chunk, over the time they took to arrive. Equals
     # (output_tokens - 1) / (t_last - t_first) when the first chunk carries one token.
     span = chunk_t[-1] - chunk_t[0]
@@ -838,26 +831,31 @@ def _run_phase(cfg: BenchConfig, target: Target, prompts: List[Any], warmup: boo
     # warm-ups go back to back: the arrival schedule is the measured load's
     due = arrival_offsets(0.0 if warmup else cfg.request_rate, len(prompts), cfg.seed)
     open_load = not warmup and cfg.request_rate > 0
-    for i, p in enumerate(prompts):
-        jobs.put((i, p))
+    slots = min(cfg.concurrency, len(prompts))
     t0 = time.monotonic()
+    for i, p in enumerate(prompts):
+        jobs.put((i, p, t0 + due[i], warmup, due[i] if open_load else None))
+    for _ in range(slots):
+        jobs.put(None)          # after every job: a slot that takes one finds no more work
+    for t in _start_slots(slots, jobs, cfg, target, kt, per_request_vllm, lambda i, rec: recorder.write(rec)):
+        t.join()
 
-    def worker() -> None:
-        while True:
-            try:
-                i, prompt = jobs.get_nowait()
-            except queue.Empty:
-                return
-            _sleep_until(t0 + due[i])
-            recorder.write(_one_request(cfg, target, i, prompt, warmup, kt, per_request_vllm,
-                                        (due[i], t0 + due[i]) if open_load else None))
 
-    threads = [threading.Thread(target=worker, name="loadgen-%d" % k, daemon=True)
-               for k in range(min(cfg.concurrency, len(prompts)))]
+def _start_slots(slots: int, jobs: "queue.Queue[Any]", cfg: BenchConfig, target: Target, kt: Optional[Dict[str, Any]],
+                 per_request_vllm: bool, done: Callable[[int, Dict[str, Any]], None]) -> List[threading.Thread]:
+    """``slots`` threads started, each sending the jobs it takes from ``jobs`` one at a time until it takes a None: (i,
+    prompt, due on time.monotonic(), warmup, the scheduled arrival from the phase's start under an open load or None);
+    each record goes to ``done(i, record)`` as it finishes."""
+    def slot() -> None:
+        for i, prompt, due, warmup, offset in iter(jobs.get, None):
+            _sleep_until(due)
+            done(i, _one_request(cfg, target, i, prompt, warmup, kt, per_request_vllm,
+                                 None if offset is None else (offset, due)))
+
+    threads = [threading.Thread(target=slot, name="loadgen-%d" % k, daemon=True) for k in range(slots)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    return threads
 
 
 # A worker process's program: a fresh interpreter that imports this module by name from the package root (argv[1])
@@ -896,23 +894,10 @@ def _worker_main(conn: Any, settings: Dict[str, Any], kt: Optional[Dict[str, Any
         with send_lock:
             conn.send(msg)
 
-    def slot(jobs: "queue.Queue[Any]") -> None:
-        while True:
-            job = jobs.get()
-            if job is None:
-                return
-            i, prompt, due, warmup, offset = job
-            _sleep_until(due)
-            send(("rec", i, _one_request(cfg, target, i, prompt, warmup, kt, False,
-                                         None if offset is None else (offset, due))))
-
     send(("ready", os.getpid()))
     while True:
         jobs = queue.Queue()  # type: queue.Queue
-        threads = [threading.Thread(target=slot, args=(jobs,), name="loadgen-%d" % k, daemon=True)
-                   for k in range(slots)]
-        for t in threads:
-            t.start()
+        threads = _start_slots(slots, jobs, cfg, target, kt, False, lambda i, rec: send(("rec", i, rec)))
         cpu0 = time.process_time()
         given = 0
         while True:
@@ -1455,17 +1440,12 @@ def parse_args(argv: Optional[List[str]] = None) -> BenchConfig:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    try:
-        cfg = parse_args(argv)
-        cfg.validate()
-    except UsageError as exc:
-        print("loadgen: %s" % exc, file=sys.stderr)
-        return 2
-
     def log(msg: str) -> None:
         print("loadgen: " + msg, file=sys.stderr, flush=True)
 
     try:
+        cfg = parse_args(argv)
+        cfg.validate()
         summary = run_benchmark(cfg, log)
     except UsageError as exc:
         print("loadgen: %s" % exc, file=sys.stderr)
