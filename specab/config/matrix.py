@@ -345,10 +345,7 @@ def _is_spec_arm(arm: dict[str, Any]) -> bool:
 
 
 def _template_arm(exp: ExperimentSpec) -> dict[str, Any] | None:
-    for arm in exp.arms:
-        if _is_spec_arm(arm):
-            return arm
-    return None
+    return next((arm for arm in exp.arms if _is_spec_arm(arm)), None)
 
 
 _ADJUSTED = re.compile(r"^(?P<where>.*): draft_tokens adjusted (?P<old>\d+) -> (?P<new>\d+) (?P<why>\(rule .*)$")

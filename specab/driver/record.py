@@ -106,10 +106,8 @@ class PhaseClock:
 
 def phase_at(rows: list[tuple[str, float, float | None]], t: float) -> str | None:
     """The phase of stored phase rows (name, start, end) that was current at time `t` (None before the first)."""
-    for name, t0, _ in sorted(rows, key=lambda r: r[1], reverse=True):
-        if t0 <= t:
-            return re.sub(r" \(\d+\)$", "", name)
-    return None
+    return next((re.sub(r" \(\d+\)$", "", name) for name, t0, _ in sorted(rows, key=lambda r: r[1], reverse=True)
+                 if t0 <= t), None)
 
 
 def log_excerpt(text: str, lines: int = 40, context: int = 6) -> str:

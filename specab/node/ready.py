@@ -143,10 +143,8 @@ class LogWatcher(object):
     def root_cause_line(self) -> Optional[str]:
         """The exception line that names the cause: the first one that is not an engine's report of another
         process's death (vLLM's API server logs EngineDeadError; its worker logged the cause, in either order)."""
-        for line in self.exception_lines:
-            if not any(c in line for c in engines.CONSEQUENCE_ERRORS):
-                return line
-        return self.exception_lines[0] if self.exception_lines else None
+        return next((line for line in self.exception_lines if not any(c in line for c in engines.CONSEQUENCE_ERRORS)),
+                    self.exception_lines[0] if self.exception_lines else None)
 
     def phase(self) -> str:
         p = self.phases

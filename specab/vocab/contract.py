@@ -211,10 +211,7 @@ LOAD_SUBPHASES: Tuple[Tuple[str, str], ...] = (("load_weight_begin", "loading we
 
 def load_phase(line: str) -> Optional[str]:
     """The load sub-phase a server-log line announces, if any."""
-    for ll in LOAD_LINES:
-        if ll.needle in line and ll.display is not None:
-            return ll.display
-    return None
+    return next((ll.display for ll in LOAD_LINES if ll.needle in line and ll.display is not None), None)
 
 
 # Lines after which the server will not become ready: readiness fails fast on them (named for the message).

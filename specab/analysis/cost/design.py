@@ -365,10 +365,8 @@ def _smooth_cost(m: float, dvar: float, done: int, comps: Components, cost: RunC
 
 def _best_blocks(m: int, dvar: float, done: int, comps: Components, target_rel: float, level: float,
                  min_blocks: int, max_blocks: int) -> int | None:
-    for n in range(max(min_blocks, done + 1), max_blocks + 1):
-        if _half_width(n, dvar, done, comps, m, level) <= target_rel:
-            return n
-    return None
+    return next((n for n in range(max(min_blocks, done + 1), max_blocks + 1)
+                 if _half_width(n, dvar, done, comps, m, level) <= target_rel), None)
 
 
 def _half_width(n: int, dvar: float, done: int, comps: Components, m: float, level: float) -> float:
@@ -406,10 +404,8 @@ def _blocks_for(comps: Components, m: float, target_rel: float, level: float, mi
                 done_var: Sequence[float]) -> int:
     """Blocks until the expected half-width meets the target with m requests per run (capped)."""
     done = len(done_var)
-    for n in range(max(min_blocks, done + 1), max_blocks + 1):
-        if _half_width(n, float(sum(done_var)), done, comps, m, level) <= target_rel:
-            return n
-    return max_blocks
+    return next((n for n in range(max(min_blocks, done + 1), max_blocks + 1)
+                 if _half_width(n, float(sum(done_var)), done, comps, m, level) <= target_rel), max_blocks)
 
 
 def model_half_width(comps: Components, requests_per_block: Sequence[float], level: float = 0.95) -> float:

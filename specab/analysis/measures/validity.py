@@ -27,7 +27,6 @@ speculation, so the pass is judged with ``greedy_min_match`` 1: any difference i
 from __future__ import annotations
 
 import contextlib
-import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -154,10 +153,7 @@ class Validity:
 def agreed_prefix(a: tuple[Any, ...] | str, b: tuple[Any, ...] | str) -> int:
     """How many leading tokens (characters of a text) two outputs share."""
     n = min(len(a), len(b))
-    for k in range(n):
-        if a[k] != b[k]:
-            return k
-    return n
+    return next((k for k in range(n) if a[k] != b[k]), n)
 
 
 def wilson(k: int, n: int) -> tuple[float, float] | None:
