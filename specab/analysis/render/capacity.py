@@ -3,7 +3,6 @@ configuration's capacity at the SLO with its interval over blocks, the iso-SLO r
 tokens at the SLO, and the throughput-per-GPU against per-user tok/s plot (docs/analysis.md, "SLO and capacity")."""
 from __future__ import annotations
 
-import io
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -16,7 +15,8 @@ from specab.analysis.measures.capacity import (CONCURRENCY, RATE, CapacityReport
                                                load_axis, log_interval)
 from specab.analysis.measures.latency import RunTimes, times_of
 from specab.analysis.measures.slo import evaluate
-from specab.analysis.render.document import Bullets, Heading, Image, Para, Report, Table
+from specab.analysis.render.document import Bullets, Heading, Image, Para, Report, Table, legend_outside, subplots
+from specab.analysis.render.document import fig_png as _fig_png     # the name tests/analysis patch
 from specab.config import slo as slocfg
 from specab.config.slo import Slo
 
@@ -186,10 +186,7 @@ def _ci(values: list[float], seed: int = stats.DEFAULT_SEED) -> tuple[float, flo
 def plot_pareto(exp: Experiment, cap: CapacityReport) -> bytes:
     """Per configuration, its loads as points of (per-user decode tok/s, output tok/s per GPU), joined in load order,
     each with its 95 % interval over blocks; hollow where the load missed the SLO in most blocks."""
-    import matplotlib
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = subplots((8, 5))
     colors = ["#57606a", "#0969da", "#cf222e", "#1a7f37", "#8250df", "#bf8700"]
     for i, (name, fc) in enumerate(cap.families.items()):
         by_load: dict[float, list[tuple[Run, bool | None]]] = {}
@@ -216,13 +213,5 @@ def plot_pareto(exp: Experiment, cap: CapacityReport) -> bytes:
     ax.set_ylabel("output tok/s per GPU (the run's throughput / GPUs)")
     ax.set_title(f"throughput per GPU vs per-user speed over the loads ({cap.unit} beside each point)")
     ax.grid(alpha=.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=7)
+    legend_outside(ax)
     return _fig_png(fig)
-
-
-def _fig_png(fig: Any) -> bytes:
-    import matplotlib.pyplot as plt
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()

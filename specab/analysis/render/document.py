@@ -1,10 +1,11 @@
 """The report's document model: a list of blocks (headings, paragraphs, tables, images) rendered twice, as
 Markdown and as self-contained HTML, from the same data. The report and the sections built in their own modules
-(render/capacity.py) add blocks to one Report."""
+(render/capacity.py) add blocks to one Report; the plots' figures are made and turned into an Image's PNG here."""
 from __future__ import annotations
 
 import base64
 import html
+import io
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,28 @@ class Report:
 
     def add(self, *blocks: Any) -> None:
         self.blocks.extend(blocks)
+
+
+def subplots(figsize: tuple[float, float] = (8, 4)) -> Any:
+    """(figure, axes) of a new plot, drawn by matplotlib's Agg backend (no display)."""
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    return plt.subplots(figsize=figsize)
+
+
+def fig_png(fig: Any) -> bytes:
+    """The figure as PNG (100 dpi, tight), the figure closed."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def legend_outside(ax: Any, **kw: Any) -> None:
+    """The legend to the right of the plot, never over the data."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=7, **kw)
 
 
 def _md_cell(s: str) -> str:

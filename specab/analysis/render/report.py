@@ -8,7 +8,6 @@ the statistics, the spec model and the doctor, writes both files into the experi
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
@@ -34,7 +33,8 @@ from specab.analysis.evidence.model import (AnalysisError, Experiment, Run, arm_
 from specab.analysis.measures import validity
 # the document model (Report and its blocks, Markdown and HTML), used here and by the callers as report.<name>
 from specab.analysis.render.document import (Bullets, Heading, Image, Para, Pre, Report, Table,  # noqa: F401
-                                             to_html, to_markdown)
+                                             legend_outside, subplots, to_html, to_markdown)
+from specab.analysis.render.document import fig_png as _fig_png     # the name tests/analysis patch
 from specab.analysis.render.capacity import CapacityOptions, capacity_section
 from specab.analysis.render.loadserve import serve_blocks
 from specab.config.yamlfile import ConfigError
@@ -43,26 +43,10 @@ from specab.analysis.subcommand import standalone_main
 
 # ------------------------------------------------------------------------------ plots
 
-def _fig_png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-    plt.close(fig)
-    return buf.getvalue()
-
-
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def plot_tok_s(exp: Experiment, st: stats.ExperimentStats) -> bytes:
     """Each run's tok/s, each arm's median over runs (the Arms table's headline) and the table's 95 % interval, on
     an axis from zero so a gap of a few percent looks like one."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = subplots()
     for i, a in enumerate(exp.arms):
         s = st.arms[a.name]
         vals = [r["tok_s"] for r in s.per_run if r["tok_s"]]
@@ -80,13 +64,8 @@ def plot_tok_s(exp: Experiment, st: stats.ExperimentStats) -> bytes:
     ax.set_title("tok/s per arm: runs, median and 95% interval over runs")
     ax.grid(axis="y", alpha=.3)
     if ax.get_legend_handles_labels()[0]:
-        _legend_outside(ax)
+        legend_outside(ax)
     return _fig_png(fig)
-
-
-def _legend_outside(ax, **kw: Any) -> None:
-    """The legend to the right of the plot, never over the data."""
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=7, **kw)
 
 
 def _model_for(exp: Experiment, st: stats.ExperimentStats, baseline: str,
@@ -113,8 +92,7 @@ def _model_for(exp: Experiment, st: stats.ExperimentStats, baseline: str,
 
 
 def plot_speedup_vs_steps(exp: Experiment, st: stats.ExperimentStats, model: specmodel.ModelResult | None) -> bytes:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = subplots()
     for a in exp.spec_arms:
         sp = st.speedups.get(a.name)
         if not sp or not a.steps or sp.estimate is None:
@@ -138,8 +116,7 @@ def plot_speedup_vs_steps(exp: Experiment, st: stats.ExperimentStats, model: spe
 
 
 def plot_tau(exp: Experiment, st: stats.ExperimentStats, model: specmodel.ModelResult | None) -> bytes:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = subplots()
     arms = model.arms if model else []
     for i, m in enumerate(arms):
         s = st.arms[m.name]
@@ -160,8 +137,7 @@ def plot_tau(exp: Experiment, st: stats.ExperimentStats, model: specmodel.ModelR
 
 
 def plot_baseline_over_time(exp: Experiment, st: stats.ExperimentStats) -> bytes:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = subplots()
     t0 = min((r.midpoint for r in exp.runs if r.midpoint is not None), default=0.0)
     for a in exp.arms:
         pts = sorted(((r.midpoint - t0) / 60, r.tok_s) for r in exp.runs_of(a.name) if r.midpoint and r.tok_s)
@@ -181,7 +157,48 @@ def plot_baseline_over_time(exp: Experiment, st: stats.ExperimentStats) -> bytes
     ax.set_ylabel("tok/s")
     ax.set_title("runs over time (baseline drift)")
     ax.grid(alpha=.3)
-    _legend_outside(ax)
+    legend_outside(ax)
+    return _fig_png(fig)
+
+
+def plot_speedup_vs_concurrency(rep: concurrency.LoadReport) -> bytes:
+    """Speedup per user (solid) and in throughput (dashed) against requests in flight (log scale), each point with
+    its 95 % interval, the per-user crossover and its range shaded."""
+    fig, ax = subplots()
+    colors = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#bf8700", "#57606a"]
+    for i, f in enumerate(rep.families):
+        color = colors[i % len(colors)]
+        for attr, style, what in (("per_user", "-o", "per user"), ("throughput", "--s", "throughput")):
+            xs, ys, lo, hi = [], [], [], []
+            for p in f.points:
+                sp = getattr(p, attr)
+                if sp.estimate is None:
+                    continue
+                xs.append(p.load)
+                ys.append(sp.estimate)
+                ok = sp.ci is not None and math.isfinite(sp.ci.lo)
+                lo.append(sp.estimate - (sp.ci.lo if ok else sp.estimate))   # type: ignore[union-attr]
+                hi.append((sp.ci.hi if ok else sp.estimate) - sp.estimate)   # type: ignore[union-attr]
+            if xs:
+                ax.errorbar(xs, ys, yerr=[lo, hi], fmt=style, color=color, capsize=4, alpha=1.0 if attr == "per_user"
+                            else .7, label=f"{f.name} {what}")
+        x = f.per_user
+        if x.estimate is not None:
+            ax.axvline(x.estimate, color=color, lw=1, ls=":")
+            left = x.lo if x.lo is not None else min(x.loads)
+            right = x.hi if x.hi is not None else max(x.loads)
+            ax.axvspan(left, right, color=color, alpha=.08)
+    ax.axhline(1.0, color="#57606a", lw=1)
+    ax.set_xscale("log", base=2)
+    loads = rep.loads
+    ax.set_xticks(loads, [f"{c:g}" for c in loads])
+    ax.set_xlabel("requests per second (arrival rate)" if rep.unit == concurrency.PER_SECOND else "requests in flight (concurrency)")
+    ax.set_ylabel("speedup vs the baseline at the same load")
+    ax.set_title(f"speedup vs {'arrival rate' if rep.unit == concurrency.PER_SECOND else 'concurrency'} (95% intervals; "
+                 "dotted: per-user crossover, shaded: its range)")
+    ax.grid(alpha=.3)
+    if ax.get_legend_handles_labels()[0]:
+        legend_outside(ax)
     return _fig_png(fig)
 
 
@@ -269,8 +286,7 @@ def _gpu_colors(n: int) -> list[Any]:
 def plot_gpu_clocks(exp: Experiment, grid: tuple[int, int] | None = PLOT_GRID) -> bytes:
     """SM clock of every GPU sample over time (grid: see distinct_points; None draws every sample)."""
     import numpy as np
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = subplots()
     ts: dict[int, list[float]] = {}
     sm: dict[int, list[float]] = {}
     mx = 0.0
@@ -311,7 +327,7 @@ def plot_gpu_clocks(exp: Experiment, grid: tuple[int, int] | None = PLOT_GRID) -
         if mx:
             handles.append(ax.axhline(mx, color="#57606a", lw=1, ls="--"))
             labels.append("max SM clock")
-        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=7)
+        legend_outside(ax, handles=handles, labels=labels)
     else:
         ax.text(.5, .5, "no GPU samples recorded", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("minutes since the first sample")
@@ -365,9 +381,8 @@ def _iv(iv: phases.Interval) -> str:
 
 def plot_phases(ph: phases.PhaseReport) -> bytes:
     """Stacked bar per speculative arm (draft, draft-extend, verify, other) with the baseline step beside it."""
-    plt = _plt()
     names = list(ph.arms)
-    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(names) + 2), 4))
+    fig, ax = subplots((max(5, 1.6 * len(names) + 2), 4))
     bottom = [0.0] * len(names)
     for label, key, color in (("draft", "draft_ms", "#4c72b0"), ("draft-extend", "draft_extend_ms", "#8172b2"),
                               ("verify", "verify_ms", "#c44e52"), ("other", "other_ms", "#999999")):
@@ -379,7 +394,7 @@ def plot_phases(ph: phases.PhaseReport) -> bytes:
         ax.scatter(names, [s or 0 for s in steps], marker="_", s=900, color="black", zorder=3,
                    label="baseline step")
     ax.set_ylabel("ms per cycle")
-    _legend_outside(ax, markerscale=0.3)       # the baseline step's bar marker is wide: keep it in its row
+    legend_outside(ax, markerscale=0.3)       # the baseline step's bar marker is wide: keep it in its row
     return _fig_png(fig)
 
 
@@ -870,7 +885,7 @@ def _load_blocks(rep: Report, loads: concurrency.LoadReport, plots: bool) -> Non
     if plots:
         rep.add(Image("speedup_vs_concurrency.png", "speedup per user and in throughput vs "
                       + ("arrival rate" if loads.unit == concurrency.PER_SECOND else "requests in flight"),
-                      concurrency.plot_speedup_vs_concurrency(loads)))
+                      plot_speedup_vs_concurrency(loads)))
 
 
 def _position_blocks(rep: Report, exp: Experiment) -> list[positions.ArmPositions]:
