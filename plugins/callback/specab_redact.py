@@ -133,49 +133,17 @@ class CallbackModule(DefaultCallbackModule):
                         self._redactor.learn(dict(group.get_vars()))
         super().v2_playbook_on_play_start(play)
 
-    def _learn(self, result: Any) -> None:
+
+def _learning(name: str) -> Callable[..., None]:
+    """The default callback's method ``name``, the task result's secret values learnt before it prints them."""
+    def method(self: CallbackModule, result: Any, *args: Any, **kwargs: Any) -> None:
         self._redactor.learn(result.result)
+        getattr(super(CallbackModule, self), name)(result, *args, **kwargs)
+    method.__name__ = method.__qualname__ = name
+    return method
 
-    def v2_runner_on_ok(self, result: Any) -> None:
-        self._learn(result)
-        super().v2_runner_on_ok(result)
 
-    def v2_runner_on_failed(self, result: Any, ignore_errors: bool = False) -> None:
-        self._learn(result)
-        super().v2_runner_on_failed(result, ignore_errors)
-
-    def v2_runner_on_skipped(self, result: Any) -> None:
-        self._learn(result)
-        super().v2_runner_on_skipped(result)
-
-    def v2_runner_on_unreachable(self, result: Any) -> None:
-        self._learn(result)
-        super().v2_runner_on_unreachable(result)
-
-    def v2_runner_item_on_ok(self, result: Any) -> None:
-        self._learn(result)
-        super().v2_runner_item_on_ok(result)
-
-    def v2_runner_item_on_failed(self, result: Any) -> None:
-        self._learn(result)
-        super().v2_runner_item_on_failed(result)
-
-    def v2_runner_item_on_skipped(self, result: Any) -> None:
-        self._learn(result)
-        super().v2_runner_item_on_skipped(result)
-
-    def v2_runner_retry(self, result: Any) -> None:
-        self._learn(result)
-        super().v2_runner_retry(result)
-
-    def v2_on_file_diff(self, result: Any) -> None:
-        self._learn(result)
-        super().v2_on_file_diff(result)
-
-    def v2_runner_on_async_ok(self, result: Any) -> None:
-        self._learn(result)
-        super().v2_runner_on_async_ok(result)
-
-    def v2_runner_on_async_failed(self, result: Any) -> None:
-        self._learn(result)
-        super().v2_runner_on_async_failed(result)
+for _name in ("v2_runner_on_ok", "v2_runner_on_failed", "v2_runner_on_skipped", "v2_runner_on_unreachable",
+              "v2_runner_item_on_ok", "v2_runner_item_on_failed", "v2_runner_item_on_skipped", "v2_runner_retry",
+              "v2_on_file_diff", "v2_runner_on_async_ok", "v2_runner_on_async_failed"):
+    setattr(CallbackModule, _name, _learning(_name))
