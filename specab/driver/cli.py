@@ -510,10 +510,8 @@ def _target_ci_runs(prepared: Any, opts: Options, first: economics.FirstBlock, e
     m_now = {r.num_requests for r in now}.pop() or int(prepared.experiment.bench_settings["num_requests"])
     burned = sum(r.burn_in for r in now)
     blocks_now = "block 1" if started == 1 else f"blocks 1-{started}"
-    if est is not None:
-        after = f"{who} expects {expected} blocks = {expected * len(arms)} runs"
-    else:
-        after = f"no estimate of the blocks {who} adds"
+    after = (f"{who} expects {expected} blocks = {expected * len(arms)} runs" if est is not None
+             else f"no estimate of the blocks {who} adds")
     headline = (f"{len(arms)} arms: {blocks_now} now ({len(now) - burned} runs of {m_now} measured requests"
                 f"{f', after {burned} burn-in runs' if burned else ''}), {after}, at most "
                 f"--max-repeats {cap} blocks = {cap * len(arms)} runs")

@@ -78,10 +78,8 @@ class Output:
         self.stop_at = target_end
         self._other = random.Random(f"other:{digest}:{other_seed}")
         if self.diverged_at is not None:
-            if self.loop is not None:
-                self.stop_at = max(0, max_new)
-            else:
-                self.stop_at = max(self.diverged_at + 1, _end(self._other, max_new, ignore_eos))
+            self.stop_at = (max(0, max_new) if self.loop is not None
+                            else max(self.diverged_at + 1, _end(self._other, max_new, ignore_eos)))
 
     def _sampled(self, digest: str, max_new: int, ignore_eos: bool, d: Departure, draw: random.Random,
                  s: sampling.Sampling, other_seed: str) -> None:

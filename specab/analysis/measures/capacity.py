@@ -111,10 +111,8 @@ class CapacityRatio:
         if self.estimate is None:
             return (f"at {slo.text()}, no iso-SLO ratio of {self.family} to {self.baseline}: no block placed both "
                     f"capacities (see Capacity at the SLO)")
-        if self.ci is None or not math.isfinite(self.ci.lo):
-            iv = "one block, no interval"
-        else:
-            iv = f"95% CI {self.ci.lo:.2f}-{self.ci.hi:.2f}, {len(self.ratios)} blocks"
+        iv = ("one block, no interval" if self.ci is None or not math.isfinite(self.ci.lo)
+              else f"95% CI {self.ci.lo:.2f}-{self.ci.hi:.2f}, {len(self.ratios)} blocks")
         return f"at {slo.text()}, {self.family} serves {self.estimate:.2f}x {what} of {self.baseline} ({iv})"
 
     def to_dict(self) -> dict[str, Any]:
