@@ -358,8 +358,7 @@ def check(a: EnvCheckSpec) -> Dict[str, Any]:
                         % (rec["pid"], rec.get("log", "server.log")))
     expected_env = envfile.parse_env_file(a.env_file)
     try:
-        with open(a.expected_args) as fh:
-            expected_args = json.load(fh)
+        expected_args = osutil.read_json(a.expected_args)
     except (OSError, ValueError) as exc:
         raise ToolError("cannot read the expected args %s: %s" % (a.expected_args, exc))
     if not isinstance(expected_args, dict):

@@ -166,8 +166,7 @@ def model_info(path: Optional[str]) -> Optional[Dict[str, Any]]:
         info["config_sha256"] = files.get("config.json")
         if "config.json" in files:
             try:
-                with open(os.path.join(path, "config.json")) as fh:
-                    cfg = json.load(fh)
+                cfg = osutil.read_json(os.path.join(path, "config.json"))
                 info["architectures"] = cfg.get("architectures")
                 info["max_position_embeddings"] = cfg.get("max_position_embeddings")
             except (OSError, ValueError):
@@ -257,8 +256,7 @@ def engine_info(run_dir: str, versions_part: Any) -> Dict[str, Any]:
 
 def _read_json(path: str) -> Dict[str, Any]:
     try:
-        with open(path) as fh:
-            data = json.load(fh)
+        data = osutil.read_json(path)
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
