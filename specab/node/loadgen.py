@@ -665,23 +665,15 @@ class BenchConfig:
                    temperature=float(bench["temperature"]), top_p=float(bench["top_p"]))
 
     def to_argv(self) -> List[str]:
-        """The client's command line for this config (``parse_args(cfg.to_argv()) == cfg`` when it has a summary)."""
-        argv = ["--url", self.url, "--api", self.api, "--num-requests", str(self.num_requests),
-                "--warmup", str(self.warmup), "--input-len", str(self.input_len), "--output-len", str(self.output_len),
-                "--ignore-eos", "true" if self.ignore_eos else "false",
-                "--concurrency", str(self.concurrency), "--request-rate", repr(self.request_rate),
-                "--client-procs", str(self.client_procs),
-                "--seed", str(self.seed), "--timeout", repr(self.timeout),
-                "--temperature", repr(self.temperature), "--top-p", repr(self.top_p),
-                "--out", self.out]
-        if self.summary is not None:
-            argv += ["--summary", self.summary]
-        if self.model is not None:
-            argv += ["--model", self.model]
-        if self.phase_metrics is not None:
-            argv += ["--phase-metrics", self.phase_metrics]
-        if self.dataset is not None:        # <node_dir>/datasets/<name>, copied there by node_prepare
-            argv += ["--dataset", self.dataset]
+        """The client's command line for this config (``parse_args(cfg.to_argv()) == cfg`` when it has a summary): a
+        flag per field that is set (--ignore-eos true|false, a float as its repr; --dataset: <node_dir>/datasets/<name>,
+        copied there by node_prepare)."""
+        argv = []  # type: List[str]
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                argv += ["--" + f.name.replace("_", "-"), ("true" if value else "false") if isinstance(value, bool)
+                         else repr(value) if isinstance(value, float) else str(value)]
         return argv
 
     def validate(self) -> None:
