@@ -281,7 +281,6 @@ def wait_done(a: WaitSpec) -> Dict[str, Any]:
             return cli.Verbatim(res)
         if time.monotonic() >= next_check:
             next_check = time.monotonic() + 0.5
-            rec = None
             try:
                 rec = ownership.load_sequencer(a.node_dir)
             except ToolError as exc:
