@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -404,18 +405,24 @@ def test_a_real_engine_summary_has_g_unless_the_driver_run_was_skipped(tmp_path)
     assert "driver.py run to a report: skipped (--no-driver)" in gv.render_summary(res, gv.evaluate(res, tmp_path))
 
 
-STUB_DRIVER = """#!/bin/bash
-# stands in for the python that runs driver.py: records its argv, answers SIGINT as the driver does
-printf '%s\\n' "$@" > "$(dirname "$0")/argv.txt"
-runs=""; prev=""
-for a in "$@"; do [[ "$prev" == "--runs-dir" ]] && runs="$a"; prev="$a"; done
-mkdir -p "$runs/real-sglang-1" && : > "$runs/real-sglang-1/results.sqlite"
-if [[ -n "${STUB_HANG:-}" ]]; then
-  trap 'kill "$pid"; echo interrupted > "$(dirname "$0")/sigint.txt"; exit 130' INT
-  sleep 60 & pid=$!
-  : > "$(dirname "$0")/trap-set"
-  wait "$pid"
-fi
+# Stands in for the python that runs driver.py: records its argv and answers SIGINT as the driver does
+# (specab/driver/signals.py installs its own handler, whatever SIGINT's disposition was when it started: a bash trap
+# cannot, where the shell that started the run left SIGINT ignored, e.g. `nohup ... &` or a script's `cmd &`).
+STUB_DRIVER = f"""#!{sys.executable}
+import os, signal, sys, time
+from pathlib import Path
+here, args = Path(sys.argv[0]).parent, sys.argv[1:]
+(here / "argv.txt").write_text("".join(a + "\\n" for a in args))
+exp = Path(args[args.index("--runs-dir") + 1]) / "real-sglang-1"
+exp.mkdir(parents=True, exist_ok=True)
+(exp / "results.sqlite").touch()
+if os.environ.get("STUB_HANG"):
+    def interrupted(signum, frame):
+        (here / "sigint.txt").write_text("interrupted\\n")
+        sys.exit(130)
+    signal.signal(signal.SIGINT, interrupted)
+    (here / "trap-set").touch()
+    time.sleep(60)
 """
 
 
@@ -435,8 +442,10 @@ class _TimeoutOnceTrapSet(subprocess.Popen):
         return super().wait(timeout)
 
 
-@pytest.mark.parametrize("hang", [False, True])
-def test_the_driver_step_runs_driver_py_and_interrupts_it_at_its_timeout(tmp_path, monkeypatch, hang):
+@pytest.mark.parametrize("hang, sigint_ignored", [(False, False), (True, False), (True, True)])
+def test_the_driver_step_runs_driver_py_and_interrupts_it_at_its_timeout(tmp_path, monkeypatch, hang, sigint_ignored):
+    """sigint_ignored: gpu_validation started where SIGINT is ignored (`nohup ... &`): the driver inherits that, and
+    the timeout's SIGINT still interrupts it, because the driver installs its own handler."""
     stub = tmp_path / "python"
     stub.write_text(STUB_DRIVER)
     stub.chmod(0o755)
@@ -446,7 +455,12 @@ def test_the_driver_step_runs_driver_py_and_interrupts_it_at_its_timeout(tmp_pat
     ctx = gv.Ctx(tp=1, work=tmp_path, python=str(stub), cpu_sim=False, time_scale="4", engine="real-sglang",
                  real_site="/tmp/bundle", driver_timeout_s=1.0 if hang else 60.0)
     gv.load_experiment(ctx)
-    out = gv.step_driver(ctx)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if sigint_ignored else None    # the child inherits it
+    try:
+        out = gv.step_driver(ctx)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     argv = (tmp_path / "argv.txt").read_text().splitlines()
     assert argv == [str(REPO / "driver.py"), "-i", str(tmp_path / "driver-inventory.yml"), "-e",
                     str(REPO / "experiments" / "real-sglang.yml"), "--repeats", "2", "--runs-dir",
