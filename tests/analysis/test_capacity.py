@@ -226,3 +226,23 @@ def test_per_token_itl_is_recomputed_from_the_stores_chunk_arrays(tmp_path):
     per_request = [0.002 * 2, 0.002 * 2, 0.002 * 2, 0.002 * 2, 0.002 * 2]   # 2 ms, 3 x 2 ms, 2 ms: x scale 2
     assert all(r.itl_token_s == pytest.approx(per_request) for r in t.requests) and len(t.requests) == 8
     assert t.percentile("itl_chunk_s", 50) == pytest.approx(0.004)
+
+
+def test_a_block_with_one_capacity_censored_bounds_the_ratio_from_one_side():
+    """Per block the two capacities' spans give the ratio's range: the arm above its highest probe against the
+    baseline's estimate is at least their ratio, the arm below its first miss at most; both censored the same way
+    bound nothing; the verdict lists the bounds and says when all of them lie against the paired estimate."""
+    B = capacity.BlockCapacity
+    arm = capacity.FamilyCapacity("eagle3", "baseline", [
+        B(1, [], estimate=6.0), B(2, [], passed=8.0, censored="above"), B(3, [], failed=4.0, censored="below"),
+        B(4, [], passed=8.0, censored="above"), B(5, [], estimate=5.0)])
+    base = capacity.FamilyCapacity("baseline", None, [
+        B(1, [], estimate=3.0), B(2, [], estimate=4.0), B(3, [], estimate=5.0),
+        B(4, [], passed=6.0, censored="above"), B(5, [], failed=2.0, censored="below")])
+    assert capacity.one_sided(arm, base, {1}) == [(2, 2.0, math.inf), (3, 0.0, 0.8), (5, 2.5, math.inf)]
+    ratio = capacity.CapacityRatio("eagle3", "baseline", [0.5], [1], None, capacity.one_sided(arm, base, {1}))
+    text = ratio.text(SLO, "concurrency")
+    assert text.endswith("from one side: >= 2.00x (block 2), <= 0.80x (block 3), >= 2.50x (block 5)")
+    ratio.bounds = [(2, 2.0, math.inf), (5, 2.5, math.inf)]
+    assert text != (t2 := ratio.text(SLO, "concurrency")) and t2.endswith("all against the estimate: the paired "
+                                                                          "blocks do not decide it")

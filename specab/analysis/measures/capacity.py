@@ -12,6 +12,9 @@ Definitions (docs/analysis.md, "SLO and capacity"):
   interval of stats.bootstrap_ci on their logs, a t interval below 5 blocks);
 - the iso-SLO ratio: per block where both the arm's and its baseline's configuration were bracketed, the ratio of
   their capacities; the geometric mean with its interval over blocks, as every paired speedup (stats.paired_speedup);
+  a block where one of the two was censored still bounds its ratio from one side (the arm above its highest probe
+  against the baseline's estimate: at least that ratio), and the verdict states those bounds beside the estimate:
+  the paired blocks alone can point the other way;
 - the term that bound: the term furthest beyond its target at the failing probe, the configuration's most common.
 """
 from __future__ import annotations
@@ -57,6 +60,16 @@ class BlockCapacity:
     # rests on the noise of one run's percentile (kept at the first miss: the capacity is the load it holds up to)
     met_above: list[float] = field(default_factory=list)
 
+    def span(self) -> tuple[float, float] | None:
+        """The capacities the block allows: its estimate, above its highest probe, or below its first miss."""
+        if self.estimate is not None:
+            return self.estimate, self.estimate
+        if self.censored == "above" and self.passed is not None:
+            return self.passed, math.inf
+        if self.censored == "below" and self.failed is not None:
+            return 0.0, self.failed
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         return {"block": self.block, "loads": self.loads, "estimate": self.estimate, "passed": self.passed,
                 "failed": self.failed, "censored": self.censored, "bound": self.bound.key if self.bound else None,
@@ -101,6 +114,8 @@ class CapacityRatio:
     ratios: list[float]
     blocks: list[int]
     ci: stats.Interval | None
+    # per block with one capacity censored: (block, lowest, highest ratio) the two capacities allow, one side finite
+    bounds: list[tuple[int, float, float]] = field(default_factory=list)
 
     @property
     def estimate(self) -> float | None:
@@ -113,11 +128,24 @@ class CapacityRatio:
                     f"capacities (see Capacity at the SLO)")
         iv = ("one block, no interval" if self.ci is None or not math.isfinite(self.ci.lo)
               else f"95% CI {self.ci.lo:.2f}-{self.ci.hi:.2f}, {len(self.ratios)} blocks")
-        return f"at {slo.text()}, {self.family} serves {self.estimate:.2f}x {what} of {self.baseline} ({iv})"
+        return (f"at {slo.text()}, {self.family} serves {self.estimate:.2f}x {what} of {self.baseline} ({iv})"
+                + self._bounds_text())
+
+    def _bounds_text(self) -> str:
+        if not self.bounds:
+            return ""
+        each = ", ".join(f">= {lo:.2f}x (block {b})" if math.isinf(hi) else f"<= {hi:.2f}x (block {b})"
+                         for b, lo, hi in self.bounds)
+        est = self.estimate or 1.0
+        against = all((lo > 1.0 >= est) or (hi < 1.0 <= est) for _, lo, hi in self.bounds)
+        return (f"; {len(self.bounds)} more block(s) placed one of the two capacities beyond its probes and bound the "
+                f"ratio from one side: {each}" + (", all against the estimate: the paired blocks do not decide it"
+                                                  if against else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return {"family": self.family, "baseline": self.baseline, "ratios": self.ratios, "blocks": self.blocks,
-                "estimate": self.estimate, "ci": self.ci.to_dict() if self.ci else None}
+                "estimate": self.estimate, "ci": self.ci.to_dict() if self.ci else None,
+                "bounds": [{"block": b, "lo": lo, "hi": None if math.isinf(hi) else hi} for b, lo, hi in self.bounds]}
 
 
 @dataclass
@@ -174,6 +202,22 @@ def block_capacity(block: int, probes: list[Probe]) -> BlockCapacity:
     return out
 
 
+def one_sided(fc: FamilyCapacity, base: FamilyCapacity, paired: set[int]) -> list[tuple[int, float, float]]:
+    """Per block outside ``paired`` where both configurations probed: the ratio's range their spans allow, kept
+    where one side of it is finite and informative (both censored the same way bound nothing)."""
+    bspan = {b.block: b.span() for b in base.blocks}
+    out = []
+    for b in fc.blocks:
+        a, s = b.span(), bspan.get(b.block)
+        if b.block in paired or a is None or s is None:
+            continue
+        lo = a[0] / s[1] if s[1] > 0 else 0.0
+        hi = a[1] / s[0] if s[0] > 0 else math.inf
+        if lo > 0 or math.isfinite(hi):
+            out.append((b.block, lo, hi))
+    return out
+
+
 def log_interval(values: list[float], seed: int) -> stats.Interval | None:
     """The 95 % interval of positive values taken on their logs (the geometric mean and its bounds): a rate or a
     capacity never gets a bound below zero."""
@@ -218,5 +262,6 @@ def analyse_capacity(exp: Experiment, slo: Slo, times: dict[str, RunTimes], axis
         pairs = [(b.block, b.estimate / bcap[b.block]) for b in fc.bracketed if b.block in bcap]
         ratios = [r for _, r in pairs]
         rep.ratios.append(CapacityRatio(fc.family, base.family, ratios, [b for b, _ in pairs],
-                                        log_interval(ratios, seed) if len(ratios) >= 2 else None))
+                                        log_interval(ratios, seed) if len(ratios) >= 2 else None,
+                                        one_sided(fc, base, {b for b, _ in pairs})))
     return rep
