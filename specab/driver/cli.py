@@ -283,7 +283,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         runs, later, headline = _target_ci_runs(prepared, opts, first, est)
     if prepared.search is not None:
         cost_lines, headline = _search_plan(prepared, opts, host, exp_fp)
-    burn = _burn_in_plan(prepared, opts, inputs, runs)
+    burn = _burn_in_plan(prepared, inputs, runs)
     det = _pass_plan(prepared, opts, inputs, [r for r, _ in later] or runs, list(cached.values()))
     later += [(r, "after the design's last block") for r in det["planned"] if opts.target_ci is not None]
     if args.format == "json":
@@ -401,8 +401,7 @@ def _pass_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs 
 BURN_IN_MARK = "burn-in: not measured"
 
 
-def _burn_in_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs | None, runs: list[Any]
-                  ) -> dict[str, Any]:
+def _burn_in_plan(prepared: Any, inputs: design_inputs.DesignInputs | None, runs: list[Any]) -> dict[str, Any]:
     """The burn-in runs of the plan (design.burn_in) and what they are expected to cost: their count, GPU-minutes at
     the run cost `plan --target-ci` uses (the node's history, else the simulator profile; None where neither is
     known) and the plan's line saying so."""

@@ -267,8 +267,6 @@ class ChunkCounter:
         self.reported_total = None  # type: Optional[int]  # server's completion_tokens, last seen
         self.prompt_tokens = None  # type: Optional[int]
         self.meta = {}  # type: Dict[str, Any]  # last meta_info (generate)
-        self._prev_ids = None  # type: Optional[List[int]]
-        self._ids_cumulative = None  # type: Optional[bool]
         self.text = ""  # the output text so far (generate: SGLang's cumulative text; OpenAI: the deltas joined)
         self.ids = []  # type: List[int]  # generate's output_ids so far, when the server sends them
         self._ids_seen = None  # type: Optional[List[int]]
@@ -281,6 +279,7 @@ class ChunkCounter:
     def _add_ids(self, ids: List[int]) -> None:
         prev = self._ids_seen
         if self._ids_mode is None and prev is not None:
+            # Cumulative lists start with the previous list; incremental ones do not (as a rule).
             self._ids_mode = len(ids) >= len(prev) and ids[: len(prev)] == prev
         self._ids_seen = ids
         self.ids = list(ids) if self._ids_mode in (None, True) and len(ids) >= len(self.ids) else self.ids + list(ids)
@@ -321,12 +320,7 @@ class ChunkCounter:
         ids = event.get("output_ids")
         if isinstance(ids, list):
             self._set_source("output_ids")
-            prev = self._prev_ids
-            if self._ids_cumulative is None and prev is not None:
-                # Cumulative lists start with the previous list; incremental ones do not (as a rule).
-                self._ids_cumulative = len(ids) >= len(prev) and ids[: len(prev)] == prev
-            self._prev_ids = ids
-            new = max(0, len(ids) - self.total) if self._ids_cumulative else len(ids)
+            new = max(0, len(ids) - self.total) if self._ids_mode else len(ids)
             self.total += new
             return new
         return self._guess_one(bool(event.get("text")))
