@@ -293,6 +293,15 @@ def _dumps(v: Any) -> str | None:
     return None if v is None else json.dumps(v, sort_keys=True)
 
 
+def _decoded(rows: list[dict[str, Any]], *columns: str) -> list[dict[str, Any]]:
+    """`rows` with each `<name>_json` column of `columns` replaced by `<name>`, its JSON decoded (NULL: None)."""
+    for r in rows:
+        for k in columns:
+            v = r.pop(k)
+            r[k[:-5]] = json.loads(v) if v else None
+    return rows
+
+
 def store_file(path: str | Path) -> Path:
     """The results store of `path`, an experiment directory or its store file; StoreError where there is none."""
     p = Path(path)
@@ -352,17 +361,14 @@ class StoreReads:
         rows = self._rows("SELECT * FROM experiment")
         if not rows:
             raise StoreError(f"{self.path}: no experiment recorded.")
-        e = rows[0]
-        for k in ("config_json", "matrix_json", "argv_json", "hosts_json"):
-            e[k[:-5]] = json.loads(e.pop(k))
+        e = _decoded(rows, "config_json", "matrix_json", "argv_json", "hosts_json")[0]
         e["options"] = json.loads(e.pop("options_json", None) or "null")     # None: a store before the record
         return e
 
     def arms(self) -> list[dict[str, Any]]:
-        out = self._rows("SELECT * FROM arms ORDER BY position")
+        out = _decoded(self._rows("SELECT * FROM arms ORDER BY position"), "server_args_json", "env_json",
+                       "matrix_json")
         for a in out:
-            for k in ("server_args_json", "env_json", "matrix_json"):
-                a[k[:-5]] = json.loads(a.pop(k))
             a["is_baseline"] = bool(a["is_baseline"])
         return out
 
@@ -380,14 +386,12 @@ class StoreReads:
 
     def runs(self, status: str | None = None) -> list[dict[str, Any]]:
         sql = "SELECT * FROM runs" + (" WHERE status=?" if status else "") + " ORDER BY seq"
-        out = self._rows(sql, (status,) if status else ())
+        out = _decoded(self._rows(sql, (status,) if status else ()), "summary_json", "load_phases_json",
+                       "server_info_json", "stop_json", "gpu_free_json")
         burn_in = self.burn_in_seqs()
         for r in out:
             r["burn_in"] = r["seq"] in burn_in
             r.pop("timings_json", None)     # a version-1 store's column, no longer read
-            for k in ("summary_json", "load_phases_json", "server_info_json", "stop_json", "gpu_free_json"):
-                v = r.pop(k)
-                r[k[:-5]] = json.loads(v) if v else None
             r["partial"] = bool(r["partial"])
         return out
 
@@ -481,8 +485,7 @@ class StoreReads:
         """GPU samples with a timestamp as tuples in GPU_SAMPLE_ROW order, by seq and then as inserted (the CSV's
         order, which is by time: sort a run's rows by ts where it is not). uuid is the CSV row's `uuid` column
         (None when the CSV had none): the uuid column, or raw_json's for rows written before it existed."""
-        cols = ("seq, ts, gpu, sm_clock_mhz, max_sm_clock_mhz, mem_clock_mhz, util_pct, power_w, temp_c, "
-                "throttle_reasons, host")
+        cols = ", ".join(self.GPU_SAMPLE_ROW[:-1])
         order = " FROM gpu_samples WHERE ts IS NOT NULL ORDER BY seq, rowid"     # the seq index's order: no sort
         from_raw = "json_extract(raw_json, '$.uuid')"
         uuid = f"COALESCE(uuid, {from_raw})" if self._has_gpu_uuid_column() else from_raw
@@ -504,16 +507,10 @@ class StoreReads:
         return self._rows("SELECT * FROM gpu_samples WHERE seq=? ORDER BY ts", (seq,))
 
     def manifests(self) -> list[dict[str, Any]]:
-        out = self._rows("SELECT * FROM manifests ORDER BY seq")
-        for m in out:
-            m["manifest"] = json.loads(m.pop("manifest_json"))
-        return out
+        return _decoded(self._rows("SELECT * FROM manifests ORDER BY seq"), "manifest_json")
 
     def env_checks(self) -> list[dict[str, Any]]:
-        out = self._rows("SELECT * FROM env_checks ORDER BY seq")
-        for m in out:
-            m["check"] = json.loads(m.pop("check_json"))
-        return out
+        return _decoded(self._rows("SELECT * FROM env_checks ORDER BY seq"), "check_json")
 
     def phase_metrics(self) -> dict[int, dict[str, Any]]:
         """seq -> phase_metrics.json of its first host (a run file, docs/results.md); {} for stores without any."""
@@ -728,9 +725,7 @@ class Store(StoreReads):
                          if k not in REQUEST_FIELDS and k not in ("chunk_t_s", "chunk_tokens")}
                 c.execute("INSERT OR REPLACE INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                           (seq, host, line, rec.get("i"), int(bool(rec.get("warmup"))), int(bool(rec.get("ok"))),
-                           rec.get("error"), rec.get("start_ts"), rec.get("prompt_tokens"), rec.get("output_tokens"),
-                           rec.get("ttft_s"), rec.get("e2e_s"), rec.get("decode_tok_s"), rec.get("tpot_s"),
-                           rec.get("spec_verify_ct"), rec.get("accept_len"), _dumps(rec.get("chunk_t_s")),
+                           *(rec.get(k) for k in REQUEST_FIELDS[3:]), _dumps(rec.get("chunk_t_s")),
                            _dumps(rec.get("chunk_tokens")), _dumps(extra) if extra else None))
                 n += 1
         return n
