@@ -87,13 +87,8 @@ def learnable(values: List[str]) -> List[str]:
 def named_secret_values(text: str) -> List[str]:
     """The values a run file itself names as secret: the secret-named keys of a JSON document (a queue entry,
     args.json) and the secret-named assignments and flags of a text (launch.sh, nccl.env)."""
-    words: List[str] = []
-    for m in ASSIGN_RE.finditer(text):
-        if is_secret_name(m.group("name")):
-            words.append(m.group("value"))
-    for m in FLAG_RE.finditer(text):
-        if is_secret_name(m.group("flag")):
-            words.append(m.group("value"))
+    words = [m.group("value") for m in ASSIGN_RE.finditer(text) if is_secret_name(m.group("name"))]
+    words += [m.group("value") for m in FLAG_RE.finditer(text) if is_secret_name(m.group("flag"))]
     out = nested_secret_values(text) if text.lstrip()[:1] in ("{", "[") else []
     for w in words:
         if len(w) >= 2 and w[0] == w[-1] and w[0] in "'\"":

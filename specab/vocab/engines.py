@@ -16,6 +16,7 @@ raises ``NoSpelling`` naming the flags the node does have. Sources: the 2026 eng
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 import signal
@@ -201,11 +202,7 @@ def readback(key: str, server_info: Dict[str, Any]) -> Tuple[bool, Any, str]:
 
 def spec_meta(meta: Dict[str, Any]) -> Dict[str, Any]:
     """A meta_info's per-request spec fields under the 0.5.23 names (0.5.9 names translated)."""
-    out: Dict[str, Any] = {}
-    for k, v in meta.items():
-        if k.startswith("spec_"):
-            out[SPEC_META_RENAMES.get(k, k)] = v
-    return out
+    return {SPEC_META_RENAMES.get(k, k): v for k, v in meta.items() if k.startswith("spec_")}
 
 
 def accepted_per_position(histogram: Any) -> Optional[List[int]]:
@@ -220,11 +217,7 @@ def accepted_per_position(histogram: Any) -> Optional[List[int]]:
     if not isinstance(histogram, list) or not histogram or \
             not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in histogram):
         return None
-    out, reached = [], 0
-    for count in reversed(histogram[1:]):
-        reached += count
-        out.append(reached)
-    return out[::-1]
+    return list(itertools.accumulate(reversed(histogram[1:])))[::-1]
 
 
 # --------------------------------------------------------------------------- shutdown and startup lines
