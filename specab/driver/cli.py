@@ -401,7 +401,8 @@ def _pass_plan(prepared: Any, opts: Options, inputs: design_inputs.DesignInputs 
 BURN_IN_MARK = "burn-in: not measured"
 
 
-def _burn_in_plan(prepared: Any, inputs: design_inputs.DesignInputs | None, runs: list[Any]) -> dict[str, Any]:
+def _burn_in_plan(prepared: Any, inputs: design_inputs.DesignInputs | None, runs: list[Any]
+                  ) -> dict[str, Any]:
     """The burn-in runs of the plan (design.burn_in) and what they are expected to cost: their count, GPU-minutes at
     the run cost `plan --target-ci` uses (the node's history, else the simulator profile; None where neither is
     known) and the plan's line saying so."""

@@ -92,9 +92,7 @@ class FailFast:
         """The stop when every arm's latest finished run of this session failed at start-up with one cause."""
         mine = [r for r in runs if r["arm"] in self.arms and r["started"] >= self.since
                 and r["status"] in (st.OK, st.FAILED) and (self.host is None or r.get("host") == self.host)]
-        latest: dict[str, dict[str, Any]] = {}
-        for r in sorted(mine, key=lambda r: (r["finished"] or 0, r["seq"])):
-            latest[r["arm"]] = r
+        latest = {r["arm"]: r for r in sorted(mine, key=lambda r: (r["finished"] or 0, r["seq"]))}
         if not self.arms or set(latest) != set(self.arms):
             return None
         causes = set()

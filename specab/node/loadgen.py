@@ -1123,11 +1123,8 @@ def per_token_latencies(chunk_t: List[float], chunk_n: List[int]) -> List[float]
     it carries, one value per token (a chunk of 3 tokens 6 ms after the previous one: three values of 2 ms). Their
     mean is the request's time per token after its first chunk: a speculative arm's chunks of several tokens compare
     with a baseline's chunks of one. A chunk that carries no token count is skipped."""
-    out = []  # type: List[float]
-    for a, b, n in zip(chunk_t, chunk_t[1:], chunk_n[1:]):
-        if n and n > 0:
-            out.extend([(b - a) / n] * int(n))
-    return out
+    return [(b - a) / n for a, b, n in zip(chunk_t, chunk_t[1:], chunk_n[1:]) if n and n > 0
+            for _ in range(int(n))]
 
 
 def latency_percentiles(ok: List[Dict[str, Any]]) -> Dict[str, Dict[str, Optional[float]]]:

@@ -294,7 +294,7 @@ def _dumps(v: Any) -> str | None:
 
 
 def _decoded(rows: list[dict[str, Any]], *columns: str) -> list[dict[str, Any]]:
-    """`rows` with each `<name>_json` column of `columns` replaced by `<name>`, its JSON decoded (NULL: None)."""
+    """`rows` with each `<name>_json` column of `columns` replaced by `<name>`, decoded (NULL: None)."""
     for r in rows:
         for k in columns:
             v = r.pop(k)

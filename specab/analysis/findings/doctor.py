@@ -947,8 +947,6 @@ def diagnose(exp: Experiment, stats: ExperimentStats | None = None, config: Doct
              rules: dict[str, Rule] | None = None,
              validity: validity_analysis.Validity | None = None) -> list[Finding]:
     ctx = Context(stats or analyse(exp), config or DoctorConfig(), validity)
-    out: list[Finding] = []
-    for rule in (rules or RULES).values():
-        out.extend(rule(exp, ctx))
+    out = [f for rule in (rules or RULES).values() for f in rule(exp, ctx)]
     out.sort(key=lambda f: SEVERITIES.index(f.severity))
     return out

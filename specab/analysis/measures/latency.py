@@ -29,11 +29,8 @@ PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 def per_token_latencies(chunk_t: list[float], chunk_n: list[int]) -> list[float]:
     """One value per token after the first chunk: its chunk's gap over the tokens the chunk carried (the client's
     rule, node/loadgen.per_token_latencies, restated here: the analysis does not import the node tools)."""
-    out: list[float] = []
-    for a, b, n in zip(chunk_t, chunk_t[1:], chunk_n[1:]):
-        if n and n > 0:
-            out.extend([(b - a) / n] * int(n))
-    return out
+    return [(b - a) / n for a, b, n in zip(chunk_t, chunk_t[1:], chunk_n[1:]) if n and n > 0
+            for _ in range(int(n))]
 
 
 def percentile(values: list[float], q: float) -> float | None:
