@@ -13,6 +13,7 @@ Pitfalls handled (the ansible-runner, testinfra and fabric reference §0-§1):
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -79,12 +80,10 @@ def failure_message(res: dict[str, Any]) -> str:
     for key in ("stdout", "module_stdout"):
         text = res.get(key)
         if isinstance(text, str) and text.strip().startswith("{"):
-            try:
+            with contextlib.suppress(json.JSONDecodeError):
                 data = json.loads(text)
                 if isinstance(data, dict) and data.get("error"):
                     return str(data["error"])
-            except json.JSONDecodeError:
-                pass
     msg = res.get("msg")
     if isinstance(msg, str) and msg and msg != "non-zero return code":
         return msg

@@ -138,11 +138,9 @@ class Deferred(object):
     def discard(self) -> None:
         """Never released: close its stdin (it exits at once); kill it if it does not."""
         if self.proc.poll() is None and not self.released:
-            try:
+            with contextlib.suppress(OSError):
                 assert self.proc.stdin is not None
                 self.proc.stdin.close()
-            except OSError:
-                pass
         self.finish(term_after=2.0)
 
     def signal(self, sig: int) -> None:
@@ -314,7 +312,7 @@ class BenchStep(object):
             on_phase("benchmarking")
         while True:
             rc = self.client.proc.poll()
-            try:
+            with contextlib.suppress(OSError):
                 with open(path, "rb") as fh:
                     fh.seek(offset)
                     data = fh.read()
@@ -328,8 +326,6 @@ class BenchStep(object):
                         warm_seen += 1
                     else:
                         warm_seen = warmup
-            except OSError:
-                pass
             if not measuring and (warm_seen >= warmup or rc is not None):
                 measuring = True
                 on_phase("benchmarking")

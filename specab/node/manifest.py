@@ -15,6 +15,7 @@ prefix and ``--help`` fingerprint from ``engine.json``, the version the server r
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -165,12 +166,10 @@ def model_info(path: Optional[str]) -> Optional[Dict[str, Any]]:
         info["json_sha256"] = files
         info["config_sha256"] = files.get("config.json")
         if "config.json" in files:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 cfg = osutil.read_json(os.path.join(path, "config.json"))
                 info["architectures"] = cfg.get("architectures")
                 info["max_position_embeddings"] = cfg.get("max_position_embeddings")
-            except (OSError, ValueError):
-                pass
     elif os.path.isfile(path) and os.path.getsize(path) <= SMALL_FILE:
         info["sha256"] = sha256_file(path)
     return info

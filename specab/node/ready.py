@@ -14,6 +14,7 @@ durations come from that line (10 ms, not whole-second timestamps) and it is kep
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
@@ -222,13 +223,11 @@ def probe_generation(base: str, timeout: float) -> Tuple[bool, str]:
     comes from /v1/models (vLLM refuses an unknown one)."""
     body: Dict[str, Any] = {"prompt": " ".join("w%d" % i for i in range(1, 21)), "max_tokens": 8,
                             "temperature": 0, "ignore_eos": True}
-    try:
+    with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
         with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as resp:
             models = json.loads(resp.read().decode("utf-8")).get("data") or []
         if models:
             body["model"] = models[0].get("id")
-    except (urllib.error.URLError, OSError, ValueError):
-        pass
     req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
     try:

@@ -173,11 +173,9 @@ def cmd_reset(a: ResetSpec) -> Dict[str, Any]:
                 continue
             for name in names:
                 if ENTRY_RE.match(name) or name.startswith(END_PREFIX) or name.endswith(".refused"):
-                    try:
+                    with contextlib.suppress(OSError):
                         os.remove(os.path.join(d, name))
                         removed.append(prefix + name)
-                    except OSError:
-                        pass
         return {"experiment_id": a.experiment_id, "sequencer": stopped, "removed": removed}
 
 

@@ -86,7 +86,7 @@ class NodeLink:
     async def _join_head(self) -> None:
         said = False
         while True:
-            try:
+            with contextlib.suppress(OSError):
                 reader, writer = await asyncio.open_connection(self.host, self.port)
                 writer.write((json.dumps({"node_rank": self.node_rank, "pid": os.getpid(),
                                           "host": socket.gethostname()}) + "\n").encode())
@@ -94,8 +94,6 @@ class NodeLink:
                 if (await reader.readline()).strip() == b"ok":
                     break
                 writer.close()
-            except OSError:
-                pass
             if not said:
                 self.log.info(f"Waiting for the head node at {self.host}:{self.port}.")
                 said = True
