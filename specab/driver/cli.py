@@ -187,15 +187,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _commands(parser: argparse.ArgumentParser) -> list[str]:
+    """The parser's subcommands."""
+    return next((list(a.choices) for a in parser._actions if isinstance(a, argparse._SubParsersAction)), [])
+
+
 def _normalise_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """`driver.py --matrix ...` means `driver.py run --matrix ...`."""
     if argv and argv[0] in ("-h", "--help"):
         return argv
-    choices = set()
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            choices = set(action.choices)
-    if not argv or argv[0] not in choices:
+    if not argv or argv[0] not in _commands(parser):
         return ["run", *argv]
     return argv
 
@@ -203,10 +204,7 @@ def _normalise_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[st
 def usage_error(argv: list[str], parser: argparse.ArgumentParser) -> str | None:
     """A hint for the two common slips argparse only calls "unrecognized arguments": a misspelt subcommand
     (`driver.py rnu`) and a subcommand after its options (`driver.py --matrix steps=2 plan`)."""
-    choices: list[str] = []
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            choices = list(action.choices)
+    choices = _commands(parser)
     if not argv or argv[0] in choices or argv[0] in ("-h", "--help"):
         return None
     if not argv[0].startswith("-"):
@@ -545,14 +543,11 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         if not r.ok:
             t.add_row(r.host, "-", "-", "-", "unreachable", r.error or "")
             continue
-        srv = "-"
-        arm = ""
+        srv, arm = "none", ""
         if r.server:
             srv = f"running (pid {r.server.get('pid')}, port {r.server.get('port')})" if r.server_running \
                 else "not running (stale server.json)"
             arm = f"{r.server.get('arm', '?')} / {r.server.get('run_id', '?')}"
-        else:
-            srv = "none"
         for i, g in enumerate(r.gpus or [None]):
             if g is None:
                 t.add_row(r.host, "-", "-", "-", srv, arm)

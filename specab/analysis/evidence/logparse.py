@@ -211,12 +211,10 @@ def _parse_load(line: str) -> dict[str, Any] | None:
                     for g, name in (("k", "k_size_gb"), ("v", "v_size_gb"), ("kv", "kv_size_gb")):
                         if k.group(g):
                             rec[name] = float(k.group(g))
-            a = _AVAIL.search(line)
-            if a:
-                rec["avail_mem_gb"] = float(a.group(1))
-            u = _MEM_USAGE.search(line)
-            if u:
-                rec["mem_usage_gb"] = float(u.group(1))
+            for rx, name in ((_AVAIL, "avail_mem_gb"), (_MEM_USAGE, "mem_usage_gb")):
+                x = rx.search(line)
+                if x:
+                    rec[name] = float(x.group(1))
             return rec
     c = _CAPTURE.search(line)
     if c:
@@ -455,9 +453,8 @@ class Summary:
             self.prefill_cached_tokens += rec.get("cached_token") or 0
         elif kind == "load":
             self.phases.setdefault(rec["phase"] + ("_" + rec["graph"] if "graph" in rec else ""), ts)
-        elif kind == "ready":
-            if self.ready_ts is None:
-                self.ready_ts = ts
+        elif kind == "ready" and self.ready_ts is None:
+            self.ready_ts = ts
         elif kind == "capacity":
             self.capacity = {k: v for k, v in rec.items() if k not in ("kind", "ts", "rank", "line")}
         elif kind == "nccl_env":
