@@ -13,7 +13,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from specab.sim.launch_server import free_port
 
 TUNED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
          "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
@@ -51,12 +52,6 @@ ARMS = [
     Arm("EAGLE-3 steps=1", spec_args(1), TUNED, None, None),
     Arm("EAGLE-3 steps=3", spec_args(3), TUNED, 60.0, None),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(port: int, path: str) -> tuple[int, bytes]:
@@ -91,7 +86,7 @@ def _stream(port: int, i: int, output_len: int) -> tuple[float, float]:
 
 
 def measure_arm(arm: Arm, requests: int, scale: float, output_len: int, root: Path) -> dict:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SPECAB_SIM_", "SGLANG_"))}
     env.update(arm.env)
     env.update({"SPECAB_SIM_STATE": str(root / f"node-{port}"), "SPECAB_SIM_TIME_SCALE": str(scale)})

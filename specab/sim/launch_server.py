@@ -120,7 +120,7 @@ class Launch:
             host, _, port = a.dist_init_addr.rpartition(":")
             dist_init = f"{host}:{int(port) + 1}"
         else:
-            dist_init = a.dist_init_addr or f"127.0.0.1:{_free_port()}"
+            dist_init = a.dist_init_addr or f"127.0.0.1:{free_port()}"
         detok = None
         if a.node_rank == 0:
             detok = await self._spawn({"role": "detokenizer", "parent_pid": os.getpid(),
@@ -277,7 +277,7 @@ class Launch:
             req = engine.submit(["The", "capital", "city", "of", "France", "is"], 8, False, internal=True)
             while not (await req.queue.get()).finished:
                 pass
-            self.log.raw(f'INFO:     127.0.0.1:{_free_port()} - "POST /generate HTTP/1.1" 200 OK')
+            self.log.raw(f'INFO:     127.0.0.1:{free_port()} - "POST /generate HTTP/1.1" 200 OK')
         self.state.status = "ready"
         self.log.info("The server is fired up and ready to roll!")
         await self.exit_event.wait()
@@ -348,7 +348,7 @@ class Launch:
         return 0
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
