@@ -19,7 +19,7 @@ interval is always over instances, never over requests pooled as if independent.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -118,8 +118,7 @@ class Components:
         return (v - self.between) / v if v > 0 else 0.0
 
     def to_dict(self) -> dict:
-        return {"between": self.between, "within": self.within, "between_df": self.between_df,
-                "within_df": self.within_df, "source": self.source}
+        return asdict(self)
 
 
 def estimate_components(ratios: Sequence[float], requests: Sequence[tuple[Sequence[float], Sequence[float]]],

@@ -21,7 +21,7 @@ the replicates of the interval); the later blocks' narrower brackets make their 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specab.analysis.cost import design
@@ -41,7 +41,7 @@ class SearchStep:
     windows: dict[str, str] = field(default_factory=dict)     # configuration -> what its probes are
 
     def to_dict(self) -> dict[str, Any]:
-        return {"more": self.more, "loads": self.loads, "reason": self.reason, "windows": self.windows}
+        return asdict(self)
 
 
 def widths(fc: FamilyCapacity, n: int) -> list[int]:

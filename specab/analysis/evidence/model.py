@@ -871,11 +871,9 @@ def _load_store(path: str | Path, *, read_logs: bool) -> Experiment:
                      baseline=baseline, name=e.get("name") or "", root=p.parent,
                      target_ci=_percent(_argv_option(argv, "--target-ci")),
                      max_repeats=int(_argv_option(argv, "--max-repeats") or 0) or None,
-                     meta={"status": e.get("status"), "seed": e.get("seed"), "repeats": e.get("repeats"),
-                           "created": e.get("created"), "finished": e.get("finished"),
-                           "git_sha": e.get("git_sha"), "config": e.get("config"), "hosts": e.get("hosts"),
-                           "matrix": e.get("matrix"), "time_scales": scales, "design_steps": design_steps,
-                           "argv": list(argv),
+                     meta={**{k: e.get(k) for k in ("status", "seed", "repeats", "created", "finished",
+                                                    "git_sha", "config", "hosts", "matrix")},
+                           "time_scales": scales, "design_steps": design_steps, "argv": list(argv),
                            "run_fingerprints": {r["run_id"]: run_fps[r["seq"]] for r in run_rows
                                                 if r["seq"] in run_fps and not r.get("burn_in")}},
                      burn_in=burn_in)

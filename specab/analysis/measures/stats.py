@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -53,8 +53,7 @@ class Interval:
         return (self.hi - self.lo) / 2.0 / abs(self.estimate) if self.estimate else math.inf
 
     def to_dict(self) -> dict:
-        return {"estimate": self.estimate, "lo": self.lo, "hi": self.hi, "n": self.n, "method": self.method,
-                "half_width_rel": self.half_width_rel}
+        return {**asdict(self), "half_width_rel": self.half_width_rel}
 
 
 def _expanded_alpha(n: int, level: float) -> float:
