@@ -186,11 +186,7 @@ def known_truth_of(run_dir: str) -> Tuple[Optional[Dict[str, Any]], List[str]]:
     what keeps it from being checked: a known_truth.json of the target or the draft that cannot be used, or a
     speculative run on a known-truth target whose draft has none (each names the file)."""
     problems = []  # type: List[str]
-    try:
-        with open(os.path.join(run_dir, "args.json"), encoding="utf-8") as fh:
-            args = json.load(fh)
-    except (OSError, ValueError):
-        return None, problems
+    args = osutil.json_or_none(os.path.join(run_dir, "args.json"))
     if not isinstance(args, dict):
         return None, problems
     target = _read_known_truth(args.get("model_path") or args.get("model"), problems)

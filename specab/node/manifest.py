@@ -306,11 +306,7 @@ def bench_dataset(run_dir: str) -> Optional[Dict[str, Any]]:
     """Where the run's prompts came from, as the benchmark client recorded it (bench_summary.json): the seeded word
     list (kind synthetic) or a file with its path and sha256, and whether answers ran past the model's end; None
     before the benchmark ran."""
-    try:
-        with open(os.path.join(run_dir, "bench_summary.json"), encoding="utf-8") as fh:
-            summary = json.load(fh)
-    except (OSError, ValueError):
-        return None
+    summary = osutil.json_or_none(os.path.join(run_dir, "bench_summary.json"))
     data = summary.get("dataset") if isinstance(summary, dict) else None
     if not isinstance(data, dict):
         return None

@@ -31,6 +31,15 @@ def read_json(path: str) -> Any:
         return json.load(fh)
 
 
+def json_or_none(path: str) -> Any:
+    """``path``'s JSON (UTF-8), or None where it cannot be read or is not JSON."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
 @contextlib.contextmanager
 def flocked(path: str) -> Iterator[None]:
     """An exclusive flock of ``path`` (created 0600) held for the block: one process at a time."""

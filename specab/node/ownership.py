@@ -10,7 +10,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from specab.node.cli import ToolError, log
-from specab.node.osutil import poll_until, read_json, write_json
+from specab.node.osutil import json_or_none, poll_until, read_json, write_json
 from specab.node.procfs import ProcStat, all_stats, describe_text, proc_cmdline, proc_stat
 from specab.vocab import contract
 
@@ -124,10 +124,7 @@ def helper_is_ours(entry: Dict[str, Any]) -> bool:
 
 def recorded_helpers(run_dir: str) -> List[Dict[str, Any]]:
     """The helpers recorded for the run in ``run_dir``, running or not (none without a readable record)."""
-    try:
-        rec = read_json(os.path.join(run_dir, HELPERS_JSON))
-    except (OSError, ValueError):
-        return []
+    rec = json_or_none(os.path.join(run_dir, HELPERS_JSON))
     entries = rec.get("helpers") if isinstance(rec, dict) else None
     return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 

@@ -30,7 +30,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from specab.node import loadgen
+from specab.node import loadgen, osutil
 from specab.vocab import dataset
 
 SCORES_FILE = "scores.jsonl"
@@ -159,11 +159,7 @@ def _belongs(run_dir: str, experiment_id: str) -> bool:
     """Whether a run directory holds a run of this experiment (its manifest or queue entry says so): a run id is
     reused by every experiment on the node."""
     for name, key in (("manifest.json", ("extra", "experiment_id")), ("queue_entry.json", ("experiment_id",))):
-        try:
-            with open(os.path.join(run_dir, name), encoding="utf-8") as fh:
-                doc = json.load(fh)
-        except (OSError, ValueError):
-            continue
+        doc = osutil.json_or_none(os.path.join(run_dir, name))
         for k in key:
             doc = doc.get(k) if isinstance(doc, dict) else None
         if doc is not None:
