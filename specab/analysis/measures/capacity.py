@@ -125,7 +125,7 @@ class CapacityRatio:
         what = "the request rate" if axis == RATE else "the requests in flight"
         if self.estimate is None:
             return (f"at {slo.text()}, no iso-SLO ratio of {self.family} to {self.baseline}: no block placed both "
-                    f"capacities (see Capacity at the SLO)")
+                    f"capacities (see Capacity at the SLO)" + self._bounds_text())
         iv = ("one block, no interval" if self.ci is None or not math.isfinite(self.ci.lo)
               else f"95% CI {self.ci.lo:.2f}-{self.ci.hi:.2f}, {len(self.ratios)} blocks")
         return (f"at {slo.text()}, {self.family} serves {self.estimate:.2f}x {what} of {self.baseline} ({iv})"
@@ -136,9 +136,10 @@ class CapacityRatio:
             return ""
         each = ", ".join(f">= {lo:.2f}x (block {b})" if math.isinf(hi) else f"<= {hi:.2f}x (block {b})"
                          for b, lo, hi in self.bounds)
-        est = self.estimate or 1.0
-        against = all((lo > 1.0 >= est) or (hi < 1.0 <= est) for _, lo, hi in self.bounds)
-        return (f"; {len(self.bounds)} more block(s) placed one of the two capacities beyond its probes and bound the "
+        est = self.estimate
+        against = est is not None and all((lo > 1.0 >= est) or (hi < 1.0 <= est) for _, lo, hi in self.bounds)
+        more = "more " if self.ratios else ""
+        return (f"; {len(self.bounds)} {more}block(s) placed one of the two capacities beyond its probes and bound the "
                 f"ratio from one side: {each}" + (", all against the estimate: the paired blocks do not decide it"
                                                   if against else ""))
 
