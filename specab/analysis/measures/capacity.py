@@ -24,8 +24,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from specab.analysis.evidence.model import Experiment, Run, arm_concurrency, arm_rate
 from specab.analysis.measures import stats
 from specab.analysis.measures.concurrency import family_name
@@ -219,16 +217,6 @@ def one_sided(fc: FamilyCapacity, base: FamilyCapacity, paired: set[int]) -> lis
     return out
 
 
-def log_interval(values: list[float], seed: int) -> stats.Interval | None:
-    """The 95 % interval of positive values taken on their logs (the geometric mean and its bounds): a rate or a
-    capacity never gets a bound below zero."""
-    if not values:
-        return None
-    li = stats.bootstrap_ci(list(np.log(values)), seed=seed)
-    return stats.Interval(math.exp(li.estimate), math.exp(li.lo) if math.isfinite(li.lo) else -math.inf,
-                          math.exp(li.hi) if math.isfinite(li.hi) else math.inf, li.n, li.method + " of logs")
-
-
 def probes_of(exp: Experiment, slo: Slo, axis: str, times: dict[str, RunTimes]) -> dict[str, FamilyCapacity]:
     """Every ok run as a probe of its configuration, evaluated against the SLO."""
     fams: dict[str, FamilyCapacity] = {}
@@ -254,7 +242,7 @@ def analyse_capacity(exp: Experiment, slo: Slo, times: dict[str, RunTimes], axis
     for fc in rep.families.values():
         blocks = sorted({p.block for p in fc.probes})
         fc.blocks = [block_capacity(b, [p for p in fc.probes if p.block == b]) for b in blocks]
-        fc.ci = log_interval([b.estimate for b in fc.bracketed], seed) if len(fc.bracketed) >= 2 else None
+        fc.ci = stats.log_interval([b.estimate for b in fc.bracketed], seed) if len(fc.bracketed) >= 2 else None
     for fc in rep.families.values():
         base = rep.families.get(fc.baseline or "")
         if base is None:
@@ -263,6 +251,6 @@ def analyse_capacity(exp: Experiment, slo: Slo, times: dict[str, RunTimes], axis
         pairs = [(b.block, b.estimate / bcap[b.block]) for b in fc.bracketed if b.block in bcap]
         ratios = [r for _, r in pairs]
         rep.ratios.append(CapacityRatio(fc.family, base.family, ratios, [b for b, _ in pairs],
-                                        log_interval(ratios, seed) if len(ratios) >= 2 else None,
+                                        stats.log_interval(ratios, seed) if len(ratios) >= 2 else None,
                                         one_sided(fc, base, {b for b, _ in pairs})))
     return rep

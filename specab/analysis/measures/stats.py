@@ -123,11 +123,23 @@ class Dist:
                 "ci": self.ci.to_dict() if self.ci else None}
 
 
+def log_interval(values: Sequence[float], seed: int = DEFAULT_SEED) -> Interval | None:
+    """The 95 % interval of positive values taken on their logs (the geometric mean and its bounds): a rate, a time
+    or a capacity never gets a bound below zero, where a linear t interval over two or three values can."""
+    if not values:
+        return None
+    li = bootstrap_ci(list(np.log(values)), seed=seed)
+    return Interval(math.exp(li.estimate), math.exp(li.lo) if math.isfinite(li.lo) else -math.inf,
+                    math.exp(li.hi) if math.isfinite(li.hi) else math.inf, li.n, li.method + " of logs")
+
+
 def _dist(values: Sequence[float | None], seed: int) -> Dist:
+    """Median, mean and the 95 % interval over runs; of positive values (tok/s, a time, an accept length) the
+    interval is taken on their logs."""
     v = [float(x) for x in values if x is not None and math.isfinite(x)]
     if not v:
         return Dist(None, None, None, 0)
-    ci = bootstrap_ci(v, seed=seed) if len(v) >= 2 else None
+    ci = None if len(v) < 2 else log_interval(v, seed) if min(v) > 0 else bootstrap_ci(v, seed=seed)
     return Dist(statistics.median(v), statistics.fmean(v), ci, len(v))
 
 

@@ -12,7 +12,7 @@ from specab.analysis.cost.economics import gpus_of
 from specab.analysis.evidence.model import Experiment, Run
 from specab.analysis.measures import stats
 from specab.analysis.measures.capacity import (CONCURRENCY, RATE, CapacityReport, FamilyCapacity, analyse_capacity,
-                                               load_axis, log_interval)
+                                               load_axis)
 from specab.analysis.measures.latency import RunTimes, times_of
 from specab.analysis.measures.slo import evaluate
 from specab.analysis.render.document import Bullets, Heading, Image, Para, Report, Table, legend_outside, subplots
@@ -179,7 +179,7 @@ def _ci(values: list[float], seed: int = stats.DEFAULT_SEED) -> tuple[float, flo
     med = statistics.median(values)
     if len(values) < 2 or min(values) <= 0:
         return med, med, med
-    iv = log_interval(values, seed)
+    iv = stats.log_interval(values, seed)
     return med, min(med, iv.lo), max(med, iv.hi)                                   # type: ignore[union-attr]
 
 

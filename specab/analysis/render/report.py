@@ -124,8 +124,10 @@ def plot_tau(exp: Experiment, st: stats.ExperimentStats, model: specmodel.ModelR
         ax.bar([i], [m.accept_len], color="#2da44e" if m.margin > 0 else "#cf222e", alpha=.7,
                label="accept length tau (requests)" if i == 0 else None)
         if ci and math.isfinite(ci.lo):
-            ax.errorbar([i], [m.accept_len], yerr=[[m.accept_len - ci.lo], [ci.hi - m.accept_len]], color="k",
-                        capsize=4)
+            # the interval is the geometric mean's (stats._dist): where the runs agree to rounding it can sit a hair
+            # above or below the bar's mean
+            ax.errorbar([i], [m.accept_len], yerr=[[max(0.0, m.accept_len - ci.lo)], [max(0.0, ci.hi - m.accept_len)]],
+                        color="k", capsize=4)
         ax.plot([i - .4, i + .4], [m.tau_star] * 2, color="#0969da", lw=3, label="break-even tau*" if i == 0 else None)
     ax.set_xticks(range(len(arms)), [m.name for m in arms], rotation=20, ha="right")
     ax.set_ylabel("tokens per cycle")
