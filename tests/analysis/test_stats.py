@@ -36,6 +36,20 @@ def test_arm_interval_is_over_runs_not_pooled_requests():
     assert (ci.hi - ci.lo) / 2 > 3 * 1.96 * sem_pooled * 0.5
 
 
+def test_an_arm_interval_over_two_runs_is_the_geometric_means_and_never_below_zero():
+    # two runs 57 % apart (51 and 80 tok/s): the linear t interval (12.7 standard errors) reaches below zero tok/s; the interval is
+    # taken on the logs, recomputed here with scipy's t quantile
+    from scipy.stats import t
+    exp = F.experiment({"baseline": 82.2, "eagle3-s2": 60.5}, blocks=2, run_cv=0.2, seed=12)
+    v = [r.tok_s for r in exp.runs_of("baseline")]
+    linear = np.mean(v) - t.ppf(0.975, 1) * np.std(v, ddof=1) / math.sqrt(2)
+    logs = np.log(v)
+    h = t.ppf(0.975, 1) * np.std(logs, ddof=1) / math.sqrt(2)
+    ci = stats.arm_stats(exp, "baseline").tok_s_run.ci
+    assert linear < 0 < ci.lo
+    assert (ci.estimate, ci.lo, ci.hi) == pytest.approx(tuple(np.exp([logs.mean(), logs.mean() - h, logs.mean() + h])))
+
+
 def test_paired_speedup_of_the_seed_is_slower_with_a_covering_interval():
     exp = F.experiment({"baseline": 82.2, "eagle3-s2": 60.5}, blocks=6, accept={"eagle3-s2": 2.1})
     sp = stats.paired_speedup(exp, "eagle3-s2")

@@ -27,9 +27,15 @@ def test_the_summary_prints_the_analysis_numbers_the_h200_run_printed(tmp_path: 
     out = io.StringIO()
     progress.print_summary(Store.open(d), out)
     recorded = (H200 / "driver-resume.out").read_text()
-    # the recorded table's columns, then the outputs column added since: the known-truth outputs, identical
+    # the recorded table's columns, then the outputs column added since: the known-truth outputs, identical; the
+    # interval of run tok/s (column 5) is taken on the logs since, the geometric mean's, and is the analysis's
+    res = stats.analyse(model.load_store(d))
     for arm in ("baseline", "eagle3"):
-        assert _cells(out.getvalue(), arm)[:-1] == _cells(recorded, arm)
+        now, then = _cells(out.getvalue(), arm), _cells(recorded, arm)
+        assert now[:5] + now[6:-1] == then[:5] + then[6:]
+        ci = res.arms[arm].tok_s_run.ci
+        assert now[5] == f"[{ci.lo:.1f}, {ci.hi:.1f}]" and ci.method.endswith(" of logs")
+    assert _cells(out.getvalue(), "eagle3")[5] == "[813.8, 869.3]"        # recorded [814.1, 868.8], the linear one
     assert _cells(out.getvalue(), "eagle3")[-2:] == ["1.976 [1.892, 2.057]", "266/266 identical"]
     assert _cells(out.getvalue(), "baseline")[-1] == "-"
     assert "no statistics" not in out.getvalue()
