@@ -246,3 +246,15 @@ def test_a_block_with_one_capacity_censored_bounds_the_ratio_from_one_side():
     ratio.bounds = [(2, 2.0, math.inf), (5, 2.5, math.inf)]
     assert text != (t2 := ratio.text(SLO, "concurrency")) and t2.endswith("all against the estimate: the paired "
                                                                           "blocks do not decide it")
+
+
+def test_the_term_that_bound_a_family_names_each_term_where_its_blocks_differ():
+    B, T = capacity.BlockCapacity, slocfg.Term
+    tpot, ttft = T("tpot_ms", 95.0, 4.0), T("ttft_ms", 95.0, 200.0)
+    fc = capacity.FamilyCapacity("eagle3", "baseline", [B(1, [], estimate=6.0, bound=tpot),
+                                                        B(2, [], estimate=5.0, bound=ttft)])
+    assert fc.bound_text() == "p95 TPOT <= 4 ms (1 of 2 blocks), p95 TTFT <= 200 ms (1 of 2 blocks)"
+    fc.blocks.append(B(3, [], estimate=5.5, bound=ttft))
+    assert fc.bound_text() == "p95 TTFT <= 200 ms (2 of 3 blocks), p95 TPOT <= 4 ms (1 of 3 blocks)"
+    fc.blocks[:2] = [B(1, [], estimate=6.0, bound=ttft), B(2, [], passed=8.0, censored="above")]
+    assert fc.bound_text() == "p95 TTFT <= 200 ms"

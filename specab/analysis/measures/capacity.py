@@ -98,6 +98,14 @@ class FamilyCapacity:
         terms = Counter(b.bound for b in self.bracketed if b.bound is not None)
         return terms.most_common(1)[0][0] if terms else None
 
+    def bound_text(self) -> str:
+        """The term that bound the bracketed blocks; where blocks differ, each with its count of blocks (a tie
+        names no one term)."""
+        terms = Counter(b.bound for b in self.bracketed if b.bound is not None)
+        if len(terms) <= 1:
+            return self.bound.text() if self.bound else "-"
+        return ", ".join(f"{t.text()} ({n} of {len(self.bracketed)} blocks)" for t, n in terms.most_common())
+
     def to_dict(self) -> dict[str, Any]:
         return {"family": self.family, "baseline": self.baseline, "estimate": self.estimate,
                 "ci": self.ci.to_dict() if self.ci else None, "bound": self.bound.key if self.bound else None,

@@ -131,7 +131,7 @@ def _family_rows(cap: CapacityReport, usd: float | None) -> tuple[list[list[str]
         cost = usd * 1e6 / (3600.0 * per_gpu) if usd and per_gpu else None
         data[name] = {"per_gpu_tok_s_at_capacity": per_gpu, "usd_per_million_output_tokens": cost}
         rows.append([name, f"{len(fc.bracketed)}/{len(fc.blocks)}", _cap_cell(fc),
-                     fc.bound.text() if fc.bound else "-", _block_cell(fc),
+                     fc.bound_text(), _block_cell(fc),
                      "-" if per_gpu is None else f"{per_gpu:.0f}", "-" if cost is None else f"${cost:.3f}"])
     return rows, data
 
