@@ -275,9 +275,7 @@ class BenchStep(object):
             self.take_after()
         assert self.after is not None
         self.after.join(timeout=60)
-        summary: Dict[str, Any] = {}
-        with contextlib.suppress(OSError, ValueError):
-            summary = osutil.read_json(s.path("bench_summary.json"))
+        summary: Dict[str, Any] = osutil.json_or_none(s.path("bench_summary.json")) or {}
         if rc != 0:
             errors = summary.get("errors") or []
             log = self.client_log if self.client_log is not None else (

@@ -846,7 +846,6 @@ def _start_slots(slots: int, jobs: "queue.Queue[Any]", cfg: BenchConfig, target:
 # and not fork, which copies whatever lock another thread of the parent holds at that moment.
 WORKER_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from specab.node import loadgen; "
                "loadgen.worker_process(int(sys.argv[2]))")
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def worker_process(fd: int) -> None:
@@ -951,7 +950,7 @@ class _ProcPool(object):
             mine, theirs = socket.socketpair()
             try:
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-c", WORKER_BOOT, PACKAGE_ROOT, str(theirs.fileno())],
+                    [sys.executable, "-c", WORKER_BOOT, cli.PACKAGE_ROOT, str(theirs.fileno())],
                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
             except BaseException:
                 mine.close()

@@ -254,10 +254,7 @@ def engine_info(run_dir: str, versions_part: Any) -> Dict[str, Any]:
 
 
 def _read_json(path: str) -> Dict[str, Any]:
-    try:
-        data = osutil.read_json(path)
-    except (OSError, ValueError):
-        return {}
+    data = osutil.json_or_none(path)
     return data if isinstance(data, dict) else {}
 
 

@@ -259,12 +259,6 @@ def wait_done(a: WaitSpec) -> Dict[str, Any]:
     missing_entry = 0
     next_check = 0.0
 
-    def read_done() -> Optional[Dict[str, Any]]:
-        try:
-            return osutil.read_json(done)
-        except (OSError, ValueError):
-            return None
-
     def phase() -> str:
         try:
             with open(os.path.join(run_dir, "phases.jsonl")) as fh:
@@ -274,7 +268,7 @@ def wait_done(a: WaitSpec) -> Dict[str, Any]:
             return "not claimed yet"
 
     while True:
-        res = read_done()
+        res = osutil.json_or_none(done)
         if res is not None:
             return cli.Verbatim(res)
         if time.monotonic() >= next_check:
@@ -286,7 +280,7 @@ def wait_done(a: WaitSpec) -> Dict[str, Any]:
             alive = ownership.sequencer_alive(rec)
             if not alive or (rec or {}).get("state") in ("halted", "exited"):
                 time.sleep(POLL_S)
-                res = read_done()
+                res = osutil.json_or_none(done)
                 if res is not None:
                     return cli.Verbatim(res)
                 if rec is None:
