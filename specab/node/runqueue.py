@@ -6,7 +6,6 @@ stdlib only, like every node tool; imports its siblings.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from specab.node import loadgen, staging
@@ -24,10 +23,6 @@ ENTRY_RE = contract.QUEUE_ENTRY_RE
 ID_RE = contract.ID_RE
 # What failed, in the words of the per-run path's task names (playbooks/tasks/run_arm.yml).
 TASKS = phases.TASKS
-
-
-def now() -> float:
-    return time.time()
 
 
 def log_tail(path: str, n: int = 12) -> str:

@@ -12,13 +12,14 @@ import json
 import os
 import signal
 import threading
+import time
 import traceback
 from typing import Any, Dict, Iterator, List, Optional, Protocol
 
 from specab.node import benchstep, cli, envcheck, instance, manifest, osutil, ownership, ready, teardown
 from specab.node import start as start_tool
 from specab.node.cli import ToolError
-from specab.node.runqueue import POLL_S, Entry, now
+from specab.node.runqueue import POLL_S, Entry
 from specab.vocab import contract, phases
 
 PHASES = phases.NODE_PHASES
@@ -82,7 +83,7 @@ class PhaseLog(object):
     def begin(self, phase: str, **extra: Any) -> None:
         assert phase in PHASES, phase
         self.current = phase
-        rec = {"phase": phase, "t": round(now(), 4)}
+        rec = {"phase": phase, "t": round(time.time(), 4)}
         rec.update(extra)
         self.fh.write(json.dumps(rec) + "\n")
         self.fh.flush()
@@ -123,7 +124,7 @@ class RunSteps(object):
         self.parts_thread: Optional[threading.Thread] = None
         self.parts: Dict[str, Any] = {}
         self.result: Dict[str, Any] = {"ok": True, "status": "ok", "phase": None, "task": None, "error": None,
-                                       "run_id": entry.run_id, "started_at": round(now(), 4),
+                                       "run_id": entry.run_id, "started_at": round(time.time(), 4),
                                        "finished_at": None, "time_to_ready_s": None, "stop_s": None,
                                        "time_to_free_s": None}
 
@@ -384,7 +385,7 @@ class RunSteps(object):
         self.phases.begin("done")
         if halt is not None and self.failure() != halt:
             self.result["teardown_error"] = halt
-        self.result["finished_at"] = round(now(), 4)
+        self.result["finished_at"] = round(time.time(), 4)
         osutil.write_json(e.path("done.json"), self.result)
         self.halt = halt
         return self.result

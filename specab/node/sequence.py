@@ -106,10 +106,6 @@ def live_record(node_dir: str) -> Optional[Dict[str, Any]]:
     return rec if ownership.sequencer_alive(rec) else None
 
 
-def stop_live(node_dir: str, grace: float) -> Optional[Dict[str, Any]]:
-    return ownership.stop_sequencer(node_dir, grace)
-
-
 def spawn(a: ServeSpec) -> Dict[str, Any]:
     argv = cli.tool_argv(sys.executable, "sequence") + [
         cli.SPEC_FLAG, json.dumps(dict(asdict(a), command="serve"))]
@@ -151,7 +147,7 @@ def cmd_ensure(a: ServeSpec) -> Dict[str, Any]:
             return dict(rec, ensured="running")
         if rec is not None:
             # ours (recorded in sequencer.json) but for another experiment, or on its way out
-            replaced = stop_live(a.node_dir, a.stop_grace + a.gpu_free_timeout + 30)
+            replaced = ownership.stop_sequencer(a.node_dir, a.stop_grace + a.gpu_free_timeout + 30)
         rec = spawn(a)
         out = dict(rec, ensured="started")
         if replaced is not None:
@@ -162,7 +158,7 @@ def cmd_ensure(a: ServeSpec) -> Dict[str, Any]:
 def cmd_reset(a: ResetSpec) -> Dict[str, Any]:
     make_queue_dir(a.node_dir)
     with ensure_lock(a.node_dir):
-        stopped = stop_live(a.node_dir, a.stop_grace + a.gpu_free_timeout + 30)
+        stopped = ownership.stop_sequencer(a.node_dir, a.stop_grace + a.gpu_free_timeout + 30)
         removed = []
         qdir = queue_dir(a.node_dir)
         staged = os.path.join(qdir, STAGING_DIR)      # `stage` writes entries here, then renames them in

@@ -18,7 +18,7 @@ from specab.node import cli, gpufree, lease, manifest, osutil, ownership, procfs
 from specab.node import stop as stop_tool
 from specab.node.cli import ToolError
 from specab.node.runqueue import (END_PREFIX, ENTRY_RE, POLL_S, SEQUENCER_LOG, SEQUENCER_START, TASKS,
-                                  Entry, now, queue_dir, queued_names)
+                                  Entry, queue_dir, queued_names)
 from specab.node.runsteps import Interrupted, PhaseLog, RunSteps, SignalGate
 from specab.vocab.phases import failure_headline
 
@@ -65,13 +65,13 @@ class Sequencer(object):
         st = procfs.proc_stat(os.getpid())
         self.record: Dict[str, Any] = {
             "pid": os.getpid(), "starttime": st.starttime if st else None, "sid": os.getsid(0),
-            "experiment_id": self.experiment_id, "started_at": round(now(), 4), "state": "running",
+            "experiment_id": self.experiment_id, "started_at": round(time.time(), 4), "state": "running",
             "run_id": None, "error": None, "log": os.path.join(self.node_dir, SEQUENCER_LOG),
             "idle_timeout_s": a.idle_timeout, "startup": None, "runs_done": 0, "updated_at": None}
 
     def save(self, **changes: Any) -> None:
         self.record.update(changes)
-        self.record["updated_at"] = round(now(), 4)
+        self.record["updated_at"] = round(time.time(), 4)
         osutil.write_json(os.path.join(self.node_dir, ownership.SEQUENCER_JSON), self.record)
 
     def prefetch_versions(self, python: str) -> None:
@@ -126,7 +126,7 @@ class Sequencer(object):
     def startup(self) -> None:
         """Stop any leftover server of ours and wait for free GPUs (needs --smi)."""
         a = self.a
-        res: Dict[str, Any] = {"t": round(now(), 4)}
+        res: Dict[str, Any] = {"t": round(time.time(), 4)}
         if a.smi:
             try:
                 res["stop"] = self.stop_server(a.smi, a.stop_grace, None)
@@ -139,7 +139,7 @@ class Sequencer(object):
         else:
             res["note"] = "no --smi: the first run stops leftovers and waits for free GPUs itself"
         res["ok"] = True
-        res["elapsed_s"] = round(now() - res["t"], 4)
+        res["elapsed_s"] = round(time.time() - res["t"], 4)
         osutil.write_json(os.path.join(self.node_dir, SEQUENCER_START), res)
         self.save(startup={"ok": True, "clean": self.clean, "elapsed_s": res["elapsed_s"]})
 
@@ -191,7 +191,7 @@ class Sequencer(object):
         with contextlib.suppress(OSError):
             os.replace(path, path + ".refused")
         if run_dir and os.path.isdir(run_dir):
-            t = round(now(), 4)
+            t = round(time.time(), 4)
             osutil.write_json(os.path.join(run_dir, "done.json"), {
                 "ok": False, "status": "failed", "phase": "claimed", "task": TASKS["claimed"],
                 "headline": failure_headline("claimed", self.hostname),

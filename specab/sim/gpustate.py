@@ -130,9 +130,6 @@ class GpuNode:
             "gpus": [{"index": i, "uuid": gpu_uuid(self.state, i)} for i in range(g.count)],
         }
 
-    def node(self) -> dict[str, Any]:
-        return self.ensure()
-
     def describe(self) -> dict[str, Any]:
         """The node as a query sees it, written nowhere: nvidia-smi changes nothing on a node, so a node nothing ran
         on yet is described from its profile without creating its state (the same GPUs and UUIDs `ensure` writes)."""

@@ -217,7 +217,7 @@ class Launch:
         loop.add_signal_handler(signal.SIGQUIT, self._on_sigquit)
         started_at = time.time()
         instance = self.node.next_instance()
-        epoch = float(self.node.node()["created_at"])
+        epoch = float(self.node.ensure()["created_at"])
         if not await self.launch_subprocesses():
             self.kill_tree(include_parent=False)
             return 1
