@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from specab.analysis.evidence.model import bench_records
 from specab.config.inventory import Host
 from specab.driver.options import ExperimentError
 from specab.driver.progress import Progress
@@ -284,19 +285,8 @@ def ingest_run_dir(store: st.Store, seq: int, run_dir: Path, hosts: list[str]) -
     for host, d in host_dirs(run_dir, hosts):
         if not d.is_dir():
             continue
-        bench = d / "bench.jsonl"
-        if bench.exists():
-            records = []
-            for line in bench.read_text(errors="replace").splitlines():
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue       # a line cut by a crash
-                if isinstance(rec, dict):
-                    records.append(rec)
+        records = bench_records(d / "bench.jsonl")
+        if records is not None:
             store.add_requests(seq, host, records)
             out["measured"] += sum(1 for r in records if not r.get("warmup"))
             out["measured_ok"] += sum(1 for r in records if not r.get("warmup") and r.get("ok"))

@@ -430,10 +430,10 @@ def read_bench_jsonl(path: Path) -> list[Request]:
 
 
 def bench_records(path: Path) -> list[dict[str, Any]] | None:
-    """Every record of a bench.jsonl as it stands (a line cut short by an interrupt is passed over); None where the
-    file cannot be read."""
+    """Every record of a bench.jsonl as it stands (a line cut short by an interrupt or a crash is passed over); None
+    where the file cannot be read."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return None
     out = []
