@@ -32,11 +32,6 @@ class Table:
 
 
 @dataclass
-class Pre:
-    text: str
-
-
-@dataclass
 class Image:
     name: str          # file name under report/
     title: str
@@ -96,8 +91,6 @@ def to_markdown(rep: Report, image_dir: str = "report") -> str:
             out.append("|" + "---|" * len(b.header))
             out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in b.rows]
             out.append("")
-        elif isinstance(b, Pre):
-            out += ["```", b.text, "```", ""]
         elif isinstance(b, Image):
             out += [f"![{b.title}]({image_dir}/{b.name})", ""]
     return "\n".join(out)
@@ -127,8 +120,6 @@ def to_html(rep: Report) -> str:
             out.append("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in b.header) + "</tr></thead><tbody>"
                        + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in b.rows)
                        + "</tbody></table>")
-        elif isinstance(b, Pre):
-            out.append(f"<pre>{e(b.text)}</pre>")
         elif isinstance(b, Image):
             data = base64.b64encode(b.png).decode("ascii")
             out.append(f"<figure><img alt=\"{e(b.title)}\" title=\"{e(b.title)}\" "

@@ -32,7 +32,7 @@ from specab.analysis.evidence.model import (AnalysisError, Experiment, Run, arm_
                                             bench_concurrency, gc_paused, load_label, load_store, tok_s_meaning)
 from specab.analysis.measures import validity
 # the document model (Report and its blocks, Markdown and HTML), used here and by the callers as report.<name>
-from specab.analysis.render.document import (Bullets, Heading, Image, Para, Pre, Report, Table,  # noqa: F401
+from specab.analysis.render.document import (Bullets, Heading, Image, Para, Report, Table,  # noqa: F401
                                              legend_outside, subplots, to_html, to_markdown)
 from specab.analysis.render.document import fig_png as _fig_png     # the name tests/analysis patch
 from specab.analysis.render.capacity import CapacityOptions, capacity_section
