@@ -344,10 +344,6 @@ def _is_spec_arm(arm: dict[str, Any]) -> bool:
     return engines.speculative_view(arm.get("server_args") or {}).algorithm is not None
 
 
-def _template_arm(exp: ExperimentSpec) -> dict[str, Any] | None:
-    return next((arm for arm in exp.arms if _is_spec_arm(arm)), None)
-
-
 _ADJUSTED = re.compile(r"^(?P<where>.*): draft_tokens adjusted (?P<old>\d+) -> (?P<new>\d+) (?P<why>\(rule .*)$")
 
 
@@ -391,7 +387,7 @@ def _spec_configs(exp: ExperimentSpec, spec_axes: list[Axis], baseline: dict[str
         return [(str(arm["name"]), dict(arm.get("server_args") or {}), dict(arm.get("env") or {}), {})
                 for arm in exp.arms if arm is not baseline]
     vllm = exp.engine == engines.VLLM
-    template = _template_arm(exp)
+    template = next((arm for arm in exp.arms if _is_spec_arm(arm)), None)
     if template is None and vllm:
         raise MatrixError(f"--matrix {', '.join(a.label for a in spec_axes)}: {exp.path} has no speculative arm "
                           f"to vary; add one with server_args.speculative_config (method, model, "

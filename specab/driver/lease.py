@@ -40,10 +40,6 @@ class LeaseHeld(LeaseError):
     """Another experiment holds a node's lease."""
 
 
-def _python(host: Host) -> str:
-    return str(host.vars.get("specab_python") or "python3")
-
-
 def lease_argv(python: str, spec: node_lease.LeaseSpec) -> list[str]:
     """The argv that runs the lease tool with ``spec`` where no node tool is deployed."""
     return [python, "-c", nodeprogram.tool_program("lease"), "--spec-json",
@@ -53,7 +49,8 @@ def lease_argv(python: str, spec: node_lease.LeaseSpec) -> list[str]:
 def call(host: Host, command: str, timeout: float = CALL_TIMEOUT_S, **fields: Any) -> tuple[int, dict[str, Any]]:
     """Run the lease tool's ``command`` on ``host`` (``fields``: the rest of its ``LeaseSpec``): (exit status, its
     JSON output)."""
-    argv = lease_argv(_python(host), node_lease.LeaseSpec(node_dir=host.node_dir, command=command, **fields))
+    python = str(host.vars.get("specab_python") or "python3")
+    argv = lease_argv(python, node_lease.LeaseSpec(node_dir=host.node_dir, command=command, **fields))
     node = open_node(host)
     try:
         rc, out, err = node.run(argv, timeout=timeout)

@@ -1423,7 +1423,6 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         cfg = parse_args(argv)
-        cfg.validate()
         summary = run_benchmark(cfg, log)
     except UsageError as exc:
         print("loadgen: %s" % exc, file=sys.stderr)

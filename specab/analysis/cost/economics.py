@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from specab.analysis.measures import stats
@@ -148,8 +148,7 @@ class Decision:
     arms: dict[str, str] = field(default_factory=dict)      # per compared arm, its own step in words
 
     def to_dict(self) -> dict:
-        return {"more": self.more, "requests": self.requests, "reason": self.reason, "design": self.design,
-                "plan": self.plan.to_dict() if self.plan else None, "arms": self.arms}
+        return {**asdict(self), "plan": self.plan.to_dict() if self.plan else None}
 
 
 def decide_block(exp: Experiment, target_rel: float, *, max_blocks: int, keep_requests: int,

@@ -267,7 +267,7 @@ class Run:
         return None
 
 
-def _bench_of(config: Any) -> dict[str, Any] | None:
+def bench_of(config: Any) -> dict[str, Any] | None:
     """The ``bench`` section of a stored experiment config, None where it has none readable."""
     bench = config.get("bench") if isinstance(config, dict) else None
     return bench if isinstance(bench, dict) else None
@@ -277,7 +277,7 @@ def bench_concurrency(config: Any) -> int:
     """Requests in flight of an experiment's benchmark (``bench.concurrency`` of its config; the roles' default
     when unset, 1 when the config says nothing readable)."""
     from specab.config import defaults
-    bench = _bench_of(config)
+    bench = bench_of(config)
     try:
         value = bench.get("concurrency", defaults.get("bench_concurrency")) if bench is not None else 1
         return max(1, int(value))
@@ -305,7 +305,7 @@ def arm_rate(exp: "Experiment", arm: str) -> float:
     except AnalysisError:
         value = None
     if value is None:
-        bench = _bench_of(exp.meta.get("config") if isinstance(exp.meta, dict) else None)
+        bench = bench_of(exp.meta.get("config") if isinstance(exp.meta, dict) else None)
         value = bench.get("request_rate") if bench is not None else None
     try:
         rate = float(value) if value is not None else 0.0

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specab.analysis.evidence.model import Experiment, Run, arm_concurrency, arm_rate
@@ -69,9 +69,7 @@ class BlockCapacity:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"block": self.block, "loads": self.loads, "estimate": self.estimate, "passed": self.passed,
-                "failed": self.failed, "censored": self.censored, "bound": self.bound.key if self.bound else None,
-                "met_above": self.met_above}
+        return {**asdict(self), "bound": self.bound.key if self.bound else None}
 
 
 @dataclass

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specab.analysis.measures import loadserve, stats
@@ -175,9 +175,7 @@ class Crossover:
         return f"{verb} {self.measure} at ~{self.estimate:.1f} {self.unit} (95% range {lo} to {hi})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"measure": self.measure, "estimate": self.estimate, "lo": self.lo, "hi": self.hi,
-                "lo_open": self.lo_open, "hi_open": self.hi_open, "direction": self.direction, "pays": self.pays,
-                "loads": list(self.loads), "unit": self.unit, "note": self.note, "text": self.text()}
+        return {**asdict(self), "loads": list(self.loads), "text": self.text()}
 
 
 @dataclass

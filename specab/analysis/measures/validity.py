@@ -33,7 +33,7 @@ from typing import Any
 
 from specab.analysis.evidence import outputs as outs
 from specab.analysis.measures import distribution
-from specab.analysis.evidence.model import Experiment, Run
+from specab.analysis.evidence.model import Experiment, Run, bench_of
 from specab.config.validity import DEFAULTS
 from specab.vocab import engines
 
@@ -188,10 +188,7 @@ def _compare(spec: outs.Output, base: outs.Output, block: int, rules: Rules) -> 
 
 
 def _temperature(exp: Experiment, arm: str) -> float:
-    bench = {}
-    config = exp.meta.get("config") if isinstance(exp.meta, dict) else None
-    if isinstance(config, dict) and isinstance(config.get("bench"), dict):
-        bench = dict(config["bench"])
+    bench = dict(bench_of(exp.meta.get("config") if isinstance(exp.meta, dict) else None) or {})
     with contextlib.suppress(Exception):  # an arm not in the experiment: the experiment's bench
         bench.update(exp.arm(arm).matrix.get("bench") or {})
     try:
