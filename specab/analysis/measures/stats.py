@@ -66,21 +66,19 @@ def _expanded_alpha(n: int, level: float) -> float:
     return 2.0 * float(scipy_stats.norm.sf(z))
 
 
-def bootstrap_ci(values: Sequence[float], stat: Callable[[np.ndarray], np.ndarray] | None = None, *,
-                 level: float = 0.95, n_boot: int = DEFAULT_BOOT, seed: int = DEFAULT_SEED,
-                 strata: Sequence[object] | None = None) -> Interval:
-    """Seeded bootstrap CI of stat (default: mean) over the given values (one per run or block).
+def bootstrap_ci(values: Sequence[float], *, level: float = 0.95, n_boot: int = DEFAULT_BOOT,
+                 seed: int = DEFAULT_SEED, strata: Sequence[object] | None = None) -> Interval:
+    """Seeded bootstrap CI of the mean over the given values (one per run or block).
 
     strata: resample within each stratum (e.g. host), keeping the design's composition."""
     x = np.asarray(values, dtype=float)
     n = len(x)
     if n == 0:
         raise ValueError("bootstrap of no values")
-    f = stat or (lambda a: a.mean(axis=-1))
-    est = float(f(x[None, :])[0])
+    est = float(x[None, :].mean(axis=-1)[0])
     if n == 1:
         return Interval(est, -math.inf, math.inf, 1, "one value: no interval")
-    if n < MIN_BOOTSTRAP_N and stat is None:
+    if n < MIN_BOOTSTRAP_N:
         # the bootstrap of a mean cannot reach beyond [min, max] of so few values: t interval instead
         sd = float(x.std(ddof=1))
         h = t_ppf(0.5 + level / 2.0, n - 1) * sd / math.sqrt(n)
@@ -97,14 +95,13 @@ def bootstrap_ci(values: Sequence[float], stat: Callable[[np.ndarray], np.ndarra
             m = np.asarray(members)
             cols.append(m[rng.integers(0, len(m), size=(n_boot, len(m)))])
         idx = np.concatenate(cols, axis=1)
-    boots = f(x[idx])
+    boots = x[idx].mean(axis=-1)
     a = _expanded_alpha(n, level)
     lo, hi = (float(q) for q in np.quantile(boots, [a / 2.0, 1.0 - a / 2.0]))
-    if stat is None:
-        # never narrower than the t interval of the mean: the bootstrap keeps its asymmetry, the t
-        # interval guards nominal coverage with few blocks (docs/statistics.md, coverage study)
-        h = t_ppf(0.5 + level / 2.0, n - 1) * float(x.std(ddof=1)) / math.sqrt(n)
-        lo, hi = min(lo, est - h), max(hi, est + h)
+    # never narrower than the t interval of the mean: the bootstrap keeps its asymmetry, the t
+    # interval guards nominal coverage with few blocks (docs/statistics.md, coverage study)
+    h = t_ppf(0.5 + level / 2.0, n - 1) * float(x.std(ddof=1)) / math.sqrt(n)
+    lo, hi = min(lo, est - h), max(hi, est + h)
     return Interval(est, lo, hi, n, "expanded percentile bootstrap")
 
 
