@@ -33,9 +33,8 @@ from specab.sim.procutil import is_alive, proc_start_ticks
 DEFAULT_STATE = "/tmp/specab-sim/default"
 
 
-def state_dir_from_env(env: Optional[dict[str, str]] = None) -> Path:
-    env = os.environ if env is None else env
-    return Path(env.get("SPECAB_SIM_STATE") or DEFAULT_STATE)
+def state_dir_from_env() -> Path:
+    return Path(os.environ.get("SPECAB_SIM_STATE") or DEFAULT_STATE)
 
 
 def _atomic_write(path: Path, data: Any) -> None:
@@ -153,18 +152,17 @@ class GpuNode:
             fh.write(json.dumps({"instance": instance, "t": time.time(), "ok": ok}) + "\n")
 
     # ----- allocations
-    def allocate(self, gpu: int, mib: int, kind: str, release_lag_s: float,
-                 pid: Optional[int] = None, process_name: Optional[str] = None,
-                 spawn_watcher: bool = True, app_exit_lag_s: float = 0.0) -> Allocation:
+    def allocate(self, gpu: int, mib: int, kind: str, release_lag_s: float, spawn_watcher: bool = True,
+                 app_exit_lag_s: float = 0.0) -> Allocation:
         node = self.ensure()
         if not 0 <= gpu < len(node["gpus"]):
             raise ValueError(f"GPU {gpu} does not exist on this simulated node "
                              f"({len(node['gpus'])} GPUs, state {self.state})")
-        pid = os.getpid() if pid is None else pid
+        pid = os.getpid()
         ticks = proc_start_ticks(pid)
         path = self.allocs_dir / f"{pid}-{ticks}.json"
         data = {"pid": pid, "start_ticks": ticks, "gpu": gpu, "mib": int(mib),
-                "process_name": process_name or sys.executable, "kind": kind,
+                "process_name": sys.executable, "kind": kind,
                 "release_lag_s": float(release_lag_s), "dead_at": None,
                 "app_exit_lag_s": float(min(app_exit_lag_s, release_lag_s))}
         self.allocs_dir.mkdir(parents=True, exist_ok=True)
@@ -202,9 +200,9 @@ class GpuNode:
             d["dead_at"] = when
             _atomic_write(alloc.path, d)
 
-    def reap_released(self, now: Optional[float] = None) -> int:
+    def reap_released(self) -> int:
         """Delete allocation files whose memory has been released; returns how many remain."""
-        now = time.time() if now is None else now
+        now = time.time()
         remaining = 0
         for a in self.allocations():
             if a.dead_at is not None and now >= a.dead_at + a.release_lag_s:

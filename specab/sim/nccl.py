@@ -88,5 +88,5 @@ def nccl_info_lines(env: Mapping[str, str], world_size: int, cuda_dev: int, pid:
     return lines
 
 
-def debug_file_path(template: str, pid: int, host: str | None = None) -> str:
-    return template.replace("%h", host or socket.gethostname()).replace("%p", str(pid))
+def debug_file_path(template: str, pid: int) -> str:
+    return template.replace("%h", socket.gethostname()).replace("%p", str(pid))

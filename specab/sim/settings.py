@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Optional
 
 from specab.sim.gpustate import DEFAULT_STATE
 from specab.sim.outputs import Departure
@@ -113,8 +113,8 @@ class SimSettings:
     trace: Optional[str] = None
 
     @classmethod
-    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "SimSettings":
-        env = os.environ if env is None else env
+    def from_env(cls) -> "SimSettings":
+        env = os.environ
         raw_scale = env.get("SPECAB_SIM_TIME_SCALE", "") or "1"
         try:
             scale = float(raw_scale)

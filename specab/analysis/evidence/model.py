@@ -561,8 +561,7 @@ def _read_json(path: Path) -> dict:
         raise AnalysisError(f"{path}: not valid JSON ({e})") from e
 
 
-def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = None, block: int = 0,
-                 host: str = "localhost", status: str | None = None) -> Run:
+def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = None, block: int = 0) -> Run:
     """One `runs/<experiment>/<seq>-<arm>/` directory -> Run (missing files leave fields empty). A simulated
     node's time-scaled times are converted back to simulated seconds, as `load_store` does, so a run reads the
     same from its directory as from the store."""
@@ -589,9 +588,8 @@ def load_run_dir(run_dir: Path, *, arm: str | None = None, seq: int | None = Non
     starts = [r.start_ts for r in requests if r.start_ts is not None]
     ts = manifest.get("timestamps", {}) if isinstance(manifest.get("timestamps"), dict) else {}
     return Run(run_id=run_dir.name, arm=arm, seq=seq, block=block,
-               host=manifest.get("host", host) if isinstance(manifest.get("host"), str) else host,
-               status=status or ("ok" if requests and all(r.ok for r in requests if not r.warmup) else
-                                 "failed" if requests else "failed"),
+               host=manifest["host"] if isinstance(manifest.get("host"), str) else "localhost",
+               status="ok" if requests and all(r.ok for r in requests if not r.warmup) else "failed",
                started=_num(ts.get("started")) or (min(starts) if starts else None),
                finished=_num(ts.get("finished")),
                server_args=server_args, env=env, requests=requests, log=log,

@@ -944,9 +944,8 @@ RULES: dict[str, Rule] = {
 
 
 def diagnose(exp: Experiment, stats: ExperimentStats | None = None, config: DoctorConfig | None = None,
-             rules: dict[str, Rule] | None = None,
              validity: validity_analysis.Validity | None = None) -> list[Finding]:
     ctx = Context(stats or analyse(exp), config or DoctorConfig(), validity)
-    out = [f for rule in (rules or RULES).values() for f in rule(exp, ctx)]
+    out = [f for rule in RULES.values() for f in rule(exp, ctx)]
     out.sort(key=lambda f: SEVERITIES.index(f.severity))
     return out

@@ -339,11 +339,10 @@ def _serve(points: list[LoadPoint], exp: Experiment, times: dict[str, RunTimes],
 
 
 def analyse_loads(exp: Experiment, seed: int = stats.DEFAULT_SEED,
-                  per_user: dict[str, stats.Speedup] | None = None,
-                  times: dict[str, RunTimes] | None = None) -> LoadReport:
+                  per_user: dict[str, stats.Speedup] | None = None) -> LoadReport:
     """Every speculative arm as a point (configuration, load), grouped into families. ``per_user``: speedups
-    already computed (stats.analyse), reused rather than drawn again; ``times``: the runs' request latencies
-    (latency.times_of), read here where several loads or an arrival rate need them and not given."""
+    already computed (stats.analyse), reused rather than drawn again. The runs' request latencies
+    (latency.times_of) are read where several loads or an arrival rate need them."""
     groups: dict[str, list[LoadPoint]] = {}
     for a in exp.spec_arms:
         c = arm_concurrency(exp, a.name)
@@ -364,7 +363,7 @@ def analyse_loads(exp: Experiment, seed: int = stats.DEFAULT_SEED,
     points = [p for pts in groups.values() for p in pts]
     if len({p.load for p in points}) > 1 or any(p.rate > 0 for p in points):
         wanted = list({r.run_id: r for p in points for name in (p.arm, p.baseline) for r in exp.runs_of(name)}.values())
-        times = times if times is not None else times_of(exp, wanted)
+        times = times_of(exp, wanted)
         _serve(points, exp, times, seed)
         rep.times = times
     for name, pts in groups.items():
