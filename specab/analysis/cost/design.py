@@ -250,8 +250,7 @@ def _requests_needed(n: int, done_var: float, done: int, comps: Components, targ
 def plan_design(comps: Components, cost: RunCost, target_rel: float, *, arms: int = 2, level: float = 0.95,
                 min_blocks: int = MIN_RESTARTS, max_blocks: int = 60, min_requests: int = 2,
                 max_requests: int = 400, done_var: Sequence[float] = (), done_gpu_s: float = 0.0,
-                range_sd: float = 1.0, keep_requests: int | None = None,
-                min_saving: float = KEEP_UNLESS_SAVING) -> Design:
+                range_sd: float = 1.0, keep_requests: int | None = None) -> Design:
     """The two-stage allocation: blocks n >= min_blocks and requests m per run (in the blocks still to run)
     that meet the target half-width at the least expected GPU-seconds.
 
@@ -260,7 +259,7 @@ def plan_design(comps: Components, cost: RunCost, target_rel: float, *, arms: in
     no m helps (the between-instance variance alone is too large for n blocks) n grows: the fall-back to
     more restarts. `range_sd` widens the expected cost by the uncertainty of the between component.
     `keep_requests`: the experiment's own requests per run, kept unless the best design saves at least
-    `min_saving` of the expected cost (a plan that moves for a 2 % saving moves on noise)."""
+    KEEP_UNLESS_SAVING of the expected cost (a plan that moves for a 2 % saving moves on noise)."""
     if not 0 < target_rel < 1:
         raise DesignError(f"target half-width must lie in (0, 1) (0.02 = +-2 %), got {target_rel}")
     if min_blocks < 2 or max_blocks < min_blocks:
@@ -307,7 +306,7 @@ def plan_design(comps: Components, cost: RunCost, target_rel: float, *, arms: in
                                   arms, done_gpu_s)
             s_best = _smooth_cost(m_int, dvar, done, comps, cost, target_log, level, min_blocks, max_blocks, arms,
                                   done_gpu_s)
-            if s_keep <= s_best * (1.0 + min_saving):
+            if s_keep <= s_best * (1.0 + KEEP_UNLESS_SAVING):
                 g, n, m_int = g_keep, kept, keep_requests
     hw = _half_width(n, dvar, done, comps, m_int, level)
     lo, hi = g, g
@@ -417,19 +416,18 @@ def model_half_width(comps: Components, requests_per_block: Sequence[float], lev
 
 
 def implausibly_narrow(comps: Components, requests_per_block: Sequence[float], ci_half_width: float,
-                       level: float = 0.95, alpha: float | None = None) -> bool:
+                       level: float = 0.95) -> bool:
     """Do the blocks agree better than the variance components make plausible? The interval's own variance of a
     block's log ratio (the t interval inverted: n (asinh(h) / t_{n-1})^2; the report's bootstrap interval is never
     narrower than the t interval, so this errs towards letting the stop pass) against the model's mean block
-    variance, a chi-square test with n - 1 degrees of freedom at `alpha` (GATE_ALPHA unless given)."""
+    variance, a chi-square test with n - 1 degrees of freedom at GATE_ALPHA."""
     from scipy import stats as scipy_stats
-    alpha = GATE_ALPHA if alpha is None else alpha
     n = len(requests_per_block)
     if n < 2 or not math.isfinite(ci_half_width):
         return False
     data_var = n * (math.asinh(ci_half_width) / t_quantile(level, n - 1)) ** 2
     model_var = sum(comps.block_var(m) for m in requests_per_block) / n
-    return data_var < model_var * float(scipy_stats.chi2.ppf(alpha, n - 1)) / (n - 1)
+    return data_var < model_var * float(scipy_stats.chi2.ppf(GATE_ALPHA, n - 1)) / (n - 1)
 
 
 # ------------------------------------------------------------------------------------------ when to stop
