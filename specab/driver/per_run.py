@@ -73,10 +73,8 @@ class PerRunExecutor:
         def on_phase(phase: str, at: float | None = None) -> None:
             if phase == "benchmarking" and warmups > 0 and clock.current not in ("warming up", "benchmarking"):
                 phase = "warming up"            # the client sends the warm-up requests first
-            if phase == "loading":
-                if clock.current in ("loading weights", "capturing graphs", "ready"):
-                    return
-                phase = "loading"
+            if phase == "loading" and clock.current in ("loading weights", "capturing graphs", "ready"):
+                return
             # from the load on: the server_start role empties the run directory of an earlier attempt first
             if phase == "loading" and not tails:
                 node_dir = node_run_dir(head, pr.run_id)

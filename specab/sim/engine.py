@@ -314,9 +314,7 @@ class Engine:
         # the event loop may wake a timer up to its clock resolution early: wait until the deadline has passed
         while (delay := deadline - time.monotonic()) > 0:
             await asyncio.sleep(delay)
-        lag = time.monotonic() - deadline
-        if lag > self.stats.schedule_lag_max_s:
-            self.stats.schedule_lag_max_s = lag
+        self.stats.schedule_lag_max_s = max(self.stats.schedule_lag_max_s, time.monotonic() - deadline)
 
     def _finish(self, req: GenRequest) -> None:
         if req.internal:
