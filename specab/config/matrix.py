@@ -190,6 +190,10 @@ def parse_matrix(specs: list[str], engine: str = engines.SGLANG) -> list[Axis]:
             key = label
         elif label in (ENGINE, CONCURRENCY, RATE):
             key = label
+        elif label == "model_path":
+            errors.append("--matrix model_path: the target model is fixed per experiment; use another "
+                          "experiment file.")
+            continue
         elif engine == engines.VLLM:
             key = ALIASES.get(label, label)
             problem = _vllm_key_problem(label, key)
@@ -203,10 +207,6 @@ def parse_matrix(specs: list[str], engine: str = engines.SGLANG) -> list[Axis]:
                 hint = f" Did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
                 errors.append(f"--matrix {label}: unknown key '{label}'. Use steps, topk, draft_tokens, an SGLang "
                               f"server argument by its field name, env.NAME, or engine.{hint}")
-                continue
-            if key == "model_path":
-                errors.append("--matrix model_path: the target model is fixed per experiment; use another "
-                              "experiment file.")
                 continue
         if key in seen:
             errors.append(f"--matrix {label}: duplicate key (already given as --matrix {seen[key]}=...). "
@@ -287,8 +287,6 @@ def _vllm_key_problem(label: str, key: str) -> str | None:
     if not re.fullmatch(r"[a-z][a-z0-9_]*", key):
         return (f"--matrix {label}: not a vLLM argument name (lowercase letters, digits and '_', as "
                 f"`vllm serve --help` lists them with '_' for '-'), steps, env.NAME or engine.")
-    if key == "model_path":
-        return "--matrix model_path: the target model is fixed per experiment; use another experiment file."
     return None
 
 

@@ -464,11 +464,11 @@ class StoreReads:
         cur.row_factory = None          # plain tuples: a quarter of sqlite3.Row's cost per row
         return cur.execute(sql, args)
 
-    def request_rows(self, include_warmup: bool = True) -> Iterator[tuple[Any, ...]]:
+    def request_rows(self) -> Iterator[tuple[Any, ...]]:
         """Request records as tuples in REQUEST_ROW order (warmup and ok as 0/1), ordered like requests(); the
         REQUEST_EXTRAS read from extra_json (None where a record had no such key)."""
         cols = ", ".join(("seq",) + REQUEST_FIELDS)
-        tail = " FROM requests" + ("" if include_warmup else " WHERE warmup=0") + " ORDER BY seq, host, line"
+        tail = " FROM requests ORDER BY seq, host, line"
         extras = ", ".join(f"json_extract(extra_json, '$.{k}')" for k in self.REQUEST_EXTRAS)
         try:
             cur = self._tuples(f"SELECT {cols}, {extras}{tail}")

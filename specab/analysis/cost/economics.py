@@ -192,8 +192,7 @@ def decide_block(exp: Experiment, target_rel: float, *, max_blocks: int, keep_re
                         plan=max((v.plan for v in steps.values() if v is not None), key=lambda d: d.gpu_s,
                                  default=None))
     m = max((v.requests for v in going.values() if v is not None), default=keep_requests)
-    plans = [v.plan for v in going.values() if v is not None]
-    plan = max(plans, key=lambda d: d.gpu_s) if plans else None
+    plan = max((v.plan for v in going.values() if v is not None), key=lambda d: d.gpu_s, default=None)
     return Decision(True, m, "; ".join(f"{k}: {w}" for k, w in words.items() if k in going), arms=words, plan=plan)
 
 

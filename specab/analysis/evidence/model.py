@@ -726,7 +726,7 @@ def _store_requests(store: Any) -> dict[int, list[Request]]:
     pos = [cols.index(n) for n in names]
     flags = {cols.index("warmup"), cols.index("ok")}
     out: dict[int, list[Request]] = {}
-    for row in store.request_rows(include_warmup=True):
+    for row in store.request_rows():
         vals = row[1:]
         out.setdefault(row[0], []).append(Request(*[bool(vals[i]) if i in flags else vals[i] for i in pos]))
     return out

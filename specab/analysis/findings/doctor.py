@@ -815,9 +815,8 @@ def forced_continuation(exp: Experiment, ctx: Context) -> list[Finding]:
             f"themselves (output_len then caps them); keep it true only to hold output lengths equal across arms.",
             [f"{r.run_id}: workload {workload.describe(r.workload)}, ignore_eos true (bench_summary.json)"
              for r in runs][:3]
-            + [f"finish reason length on {length} of {len(reqs)} measured requests (the engine's own), "
-               f"output tokens {min(toks)}-{max(toks)}" if toks else
-               f"finish reason length on {length} of {len(reqs)} measured requests (the engine's own)"],
+            + [f"finish reason length on {length} of {len(reqs)} measured requests (the engine's own)"
+               + (f", output tokens {min(toks)}-{max(toks)}" if toks else "")],
             arm.name, [r.run_id for r in runs]))
     return out
 
