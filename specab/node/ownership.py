@@ -218,10 +218,8 @@ def stop_sequencer(node_dir: str, grace: float, kill_wait: float = 15.0) -> Opti
     out["escalated"] = True
     st = proc_stat(pid)
     t_kill = time.time()
-    if st is not None and st.pgrp == pid and st.session == pid:
-        send(signal.SIGKILL, "pgid", pid, "grace period of %gs expired" % grace)
-    else:
-        send(signal.SIGKILL, "pid", pid, "grace period of %gs expired" % grace)
+    leads_group = st is not None and st.pgrp == pid and st.session == pid
+    send(signal.SIGKILL, "pgid" if leads_group else "pid", pid, "grace period of %gs expired" % grace)
     if not poll_until(lambda: not sequencer_alive(rec), kill_wait, 0.05):
         raise ToolError("the sequencer (pid %d) survived SIGKILL for %gs (uninterruptible sleep?): %s"
                         % (pid, kill_wait, describe_text(pid)), {"sequencer": out})

@@ -60,8 +60,6 @@ _BATCH_KEYS = {
     "#pending-token": "pending_token",
 }
 
-_READY = READY_LINE          # the node contract's ready line (specab/vocab/contract.py)
-
 _NUM = r"(-?[0-9.]+)"
 # (marker substring, phase name)
 _LOAD = [
@@ -327,7 +325,7 @@ def parse_line(line: str) -> dict[str, Any] | None:
         return _checked(_parse_vllm(line, "vllm_spec", _VLLM_SPEC))
     if "Avg generation throughput:" in line:
         return _checked(_parse_vllm(line, "vllm_stats", _VLLM_STATS))
-    if _READY in line:
+    if READY_LINE in line:       # the node contract's ready line (specab/vocab/contract.py)
         rec: dict[str, Any] = {"kind": "ready", "ts": None, "rank": None}
         _sgl_prefix(line, rec)
         return rec
