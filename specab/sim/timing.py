@@ -230,11 +230,7 @@ class TimingModel:
         """Conditional acceptance probability of draft positions 1..max accepted."""
         base = self.profile.spec.acceptance
         n = min(self.steps, max(0, self.draft_tokens - 1))
-        probs = []
-        for i in range(n):
-            a = base[min(i, len(base) - 1)]
-            probs.append(1.0 - (1.0 - a) ** self.topk)
-        return probs
+        return [1.0 - (1.0 - base[min(i, len(base) - 1)]) ** self.topk for i in range(n)]
 
     def expected_accept_length(self) -> float:
         """Expected tokens per verify step including the bonus token (1.0 without speculation)."""

@@ -120,11 +120,8 @@ def next_block(exp: Experiment, search: Search, slo: Slo, *, min_blocks: int, ma
 
 
 def summary(cap: CapacityReport) -> str:
-    parts = []
-    for name, fc in cap.families.items():
-        est = fc.estimate
-        parts.append(f"{name} {est:.3g} {cap.unit}" if est is not None else f"{name} not placed")
-    return ", ".join(parts)
+    return ", ".join(f"{name} {fc.estimate:.3g} {cap.unit}" if fc.estimate is not None else f"{name} not placed"
+                     for name, fc in cap.families.items())
 
 
 def probe_run_s(cost: design.RunCost, search: Search, load: float, requests: int) -> float:
