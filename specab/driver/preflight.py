@@ -14,6 +14,7 @@ All only read: `--help` and the port probe start no server and write nothing on 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import hashlib
@@ -216,12 +217,10 @@ def engine_flags(host: Host, node: Any | None = None, build: EngineBuild | None 
         version = _engine_version(node, host, build)
         cache = _cache_file(host, build, version) if version else None
         if cache is not None and cache.exists():
-            try:
+            with contextlib.suppress(OSError, ValueError, KeyError):     # a broken cache file is rebuilt below
                 data = json.loads(cache.read_text())
                 return EngineFlags(host.name, tuple(cmd), version, frozenset(data["flags"]),
                                    build=build.name, shapes=data.get("shapes") or {})
-            except (OSError, ValueError, KeyError):
-                pass        # a broken cache file is rebuilt below
         rc, out, err = node.run(cmd + ["--help"], timeout=HELP_TIMEOUT_S, env=env)
     finally:
         if own:
@@ -234,14 +233,13 @@ def engine_flags(host: Host, node: Any | None = None, build: EngineBuild | None 
             + (f" exited {rc}" if rc != 0 else " listed no flags")
             + (f": {(err or out).strip().splitlines()[-1]}" if (err or out).strip() else ""))
     if cache is not None:
-        try:
+        # an unwritable cache costs the next run a `--help`, not this run its flag check
+        with contextlib.suppress(OSError):
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_suffix(f".tmp{os.getpid()}")
             tmp.write_text(json.dumps({"host": host.name, "engine_cmd": cmd, "build": build.name, "env": env,
                                        "version": version, "flags": sorted(flags), "shapes": shapes}))
             tmp.replace(cache)
-        except OSError:
-            pass        # an unwritable cache costs the next run a `--help`, not this run its flag check
     return EngineFlags(host.name, tuple(cmd), version, frozenset(flags), build=build.name,
                        shapes=shapes)
 

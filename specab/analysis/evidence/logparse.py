@@ -21,6 +21,7 @@ path over a binary file object for the decode statistics of large logs. Run as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -127,10 +128,8 @@ def _value(text: str) -> Any:
     if text == "False":
         return False
     if "." not in text:         # int() never takes a ".": skip its exception for every decimal number
-        try:
+        with contextlib.suppress(ValueError):
             return int(text)
-        except ValueError:
-            pass
     try:
         return float(text)
     except ValueError:
