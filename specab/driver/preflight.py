@@ -250,7 +250,7 @@ def cached_engine_flags(host: Host, build: EngineBuild | None = None) -> EngineF
     cmd = list(build.cmd)
     env = _node_env(host, build)
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", host.name)[:40]
-    best: tuple[float, EngineFlags] | None = None
+    found: list[tuple[float, EngineFlags]] = []        # (the file's mtime, its flags)
     for path in cache_dir().glob(f"{safe}-*.json"):
         try:
             data = json.loads(path.read_text())
@@ -260,12 +260,10 @@ def cached_engine_flags(host: Host, build: EngineBuild | None = None) -> EngineF
             ef = EngineFlags(host.name, tuple(cmd), data.get("version"), frozenset(data["flags"]),
                              shapes=data.get("shapes") or {},
                              build=build.name)
-            mtime = path.stat().st_mtime
+            found.append((path.stat().st_mtime, ef))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if best is None or mtime > best[0]:
-            best = (mtime, ef)
-    return best[1] if best else None
+    return max(found, key=lambda f: f[0])[1] if found else None
 
 
 def builds_of(arms: Iterable[ArmSpec], host: Host) -> list[EngineBuild]:
