@@ -103,13 +103,9 @@ def snapshot(smi: Sequence[str], timeout: float, gpus_spec: str) -> Dict[str, An
 
 
 def is_free(snap: Dict[str, Any], threshold: float) -> bool:
-    for g in snap["gpus"]:
-        if g["compute_processes"]:
-            return False
-        mem = g["memory_used_mib"]
-        if not isinstance(mem, (int, float)) or mem > threshold:
-            return False
-    return True
+    """Every GPU of the snapshot has no compute process and a memory.used (a number: nvidia-smi's) <= threshold."""
+    return all(not g["compute_processes"] and isinstance(g["memory_used_mib"], (int, float))
+               and g["memory_used_mib"] <= threshold for g in snap["gpus"])
 
 
 def table_text(snap: Dict[str, Any], threshold: float, recs: List[Dict[str, Any]]) -> str:
