@@ -601,10 +601,10 @@ def _phase_metric_rows(s: st.Store) -> list[dict[str, Any]]:
                                "available": pm.get("available"), "reason": pm.get("reason"),
                                "window_s": pm.get("window_s"), "spec_verify_calls": pm.get("spec_verify_calls"),
                                "generation_tokens": pm.get("generation_tokens")}
-        for cat in ("eagle_draft", "eagle_draft_extend", "target_verify", "decode", "extend"):
-            row[f"forward_s.{cat}"] = (pm.get("forward_s") or {}).get(cat)
-        for mode in ("decode_cuda_graph", "decode_none"):
-            row[f"graph_passes.{mode}"] = (pm.get("graph_passes") or {}).get(mode)
+        row.update({f"forward_s.{cat}": (pm.get("forward_s") or {}).get(cat)
+                    for cat in ("eagle_draft", "eagle_draft_extend", "target_verify", "decode", "extend")})
+        row.update({f"graph_passes.{mode}": (pm.get("graph_passes") or {}).get(mode)
+                    for mode in ("decode_cuda_graph", "decode_none")})
         out.append(row)
     return out
 

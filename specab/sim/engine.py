@@ -454,13 +454,11 @@ class Engine:
     def _account_forward(self, bs: int, wall: float, graph: bool) -> dict[str, float]:
         """The device timer's view of one decode step or speculative cycle (wall seconds per category, returned)."""
         shares = None
-        out: dict[str, float] = {}
         if self.timing.speculative:
             shares = self.timing.nominal_spec_phases_ms(bs).shares()
-            for cat in ("eagle_draft", "eagle_draft_extend", "target_verify"):
-                out[cat] = wall * shares[cat]
+            out = {cat: wall * shares[cat] for cat in ("eagle_draft", "eagle_draft_extend", "target_verify")}
         else:
-            out["decode"] = wall
+            out = {"decode": wall}
         for cat, sec in out.items():
             self.stats.add_forward(cat, sec)
         self.stats.add_pass("decode_cuda_graph" if graph else "decode_none")   # the target's forward

@@ -332,8 +332,7 @@ def parse_line(line: str) -> dict[str, Any] | None:
         rec = {"kind": "capacity", "ts": None, "rank": None}
         _sgl_prefix(line, rec)
         body = line[line.index("max_total_num_tokens="):]
-        for k, v in _CAPACITY.findall(body):
-            rec[k] = _value(v)
+        rec.update({k: _value(v) for k, v in _CAPACITY.findall(body)})
         return rec
     if ("Load weight" in line or "graph begin" in line or "graph end" in line or "Init torch" in line
             or "KV Cache is" in line or "Memory pool end" in line or "Completed |" in line):
