@@ -99,10 +99,8 @@ def resolve(base: Mapping[str, Any], experiment_bench: Mapping[str, Any] | None,
         merged.update({k: v for k, v in dict(layer or {}).items() if v is not None})
     try:
         out = {k: v for k, v in defaults.bench(merged).items() if k in SETTINGS}
-        for key in INTS:
-            out[key] = int(out[key])
-        for key in FLOATS:
-            out[key] = float(out[key])
+        out.update({key: int(out[key]) for key in INTS})
+        out.update({key: float(out[key]) for key in FLOATS})
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"a bench setting has no usable value ({type(exc).__name__}: {exc}); counts must be "
                           f"integers, bench.request_rate, bench.timeout_s, bench.temperature and bench.top_p numbers") from exc

@@ -160,10 +160,8 @@ class ArmStats:
     runs_interrupted: int = 0          # cut by the user's SIGINT/SIGTERM (resumable), not failures
 
     def to_dict(self) -> dict:
-        d = dict(self.__dict__)
-        for k in ("tok_s_run", "ttft_s", "tpot_s", "e2e_s", "accept_len"):
-            d[k] = getattr(self, k).to_dict()
-        return d
+        return {**self.__dict__, **{k: getattr(self, k).to_dict()
+                                    for k in ("tok_s_run", "ttft_s", "tpot_s", "e2e_s", "accept_len")}}
 
 
 def _run_median(run: Run, attr: str) -> float | None:
