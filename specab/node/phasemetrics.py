@@ -60,8 +60,7 @@ def delta(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
     for key in ("forward_s", "graph_passes"):
         b, a = before.get(key) or {}, after.get(key) or {}
         out[key] = {k: a[k] - b.get(k, 0.0) for k in sorted(a)}
-    for key in ("spec_verify_calls", "generation_tokens"):
-        out[key] = sub(before.get(key), after.get(key))
+    out.update({key: sub(before.get(key), after.get(key)) for key in ("spec_verify_calls", "generation_tokens")})
     return out
 
 

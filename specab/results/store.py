@@ -330,10 +330,9 @@ class StoreReads:
         """The design's decisions in block order ([] for a store without any: no --target-ci, or older)."""
         if not self._has_table("design_steps"):
             return []
-        out = self._rows("SELECT * FROM design_steps ORDER BY blocks")
+        out = _decoded(self._rows("SELECT * FROM design_steps ORDER BY blocks"), "plan_json")
         for r in out:
             r["more"] = bool(r["more"])
-            r["plan"] = json.loads(r.pop("plan_json") or "null")
         return out
 
     def _has_table(self, name: str) -> bool:
