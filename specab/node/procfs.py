@@ -73,12 +73,7 @@ def list_pids() -> List[int]:
 
 
 def all_stats() -> List[ProcStat]:
-    out = []
-    for pid in list_pids():
-        st = proc_stat(pid)
-        if st is not None:
-            out.append(st)
-    return out
+    return [st for st in map(proc_stat, list_pids()) if st is not None]
 
 
 def is_alive(pid: int) -> bool:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import subprocess
@@ -220,12 +221,8 @@ def pack_runs(node_dir: str, run_ids: Sequence[str], dest: str) -> None:
 def finished_after(node_dir: str, run_ids: Sequence[str]) -> List[str]:
     """The leading runs of `run_ids` (queue order) that have their done.json now: the sequencer wrote nothing
     more into their directories (done.json is a run's last file); stops at the first one without it."""
-    out = []
-    for run_id in run_ids:
-        if not os.path.isfile(os.path.join(node_dir, "runs", run_id, "done.json")):
-            break
-        out.append(run_id)
-    return out
+    return list(itertools.takewhile(lambda run_id: os.path.isfile(os.path.join(node_dir, "runs", run_id, "done.json")),
+                                    run_ids))
 
 
 def cmd_wait(a: WaitSpec) -> Dict[str, Any]:

@@ -184,12 +184,7 @@ class GpuNode:
     def allocations(self) -> list[Allocation]:
         if not self.allocs_dir.is_dir():
             return []
-        out = []
-        for path in sorted(self.allocs_dir.glob("*.json")):
-            a = self._load(path)
-            if a is not None:
-                out.append(a)
-        return out
+        return [a for a in map(self._load, sorted(self.allocs_dir.glob("*.json"))) if a is not None]
 
     def record_death(self, alloc: Allocation, when: float) -> None:
         try:
