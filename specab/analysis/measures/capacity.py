@@ -91,15 +91,18 @@ class FamilyCapacity:
         est = [b.estimate for b in self.bracketed]
         return est[0] if est else None
 
+    def _bound_terms(self) -> Counter[Term]:
+        return Counter(b.bound for b in self.bracketed if b.bound is not None)
+
     @property
     def bound(self) -> Term | None:
-        terms = Counter(b.bound for b in self.bracketed if b.bound is not None)
+        terms = self._bound_terms()
         return terms.most_common(1)[0][0] if terms else None
 
     def bound_text(self) -> str:
         """The term that bound the bracketed blocks; where blocks differ, each with its count of blocks (a tie
         names no one term)."""
-        terms = Counter(b.bound for b in self.bracketed if b.bound is not None)
+        terms = self._bound_terms()
         if len(terms) <= 1:
             return self.bound.text() if self.bound else "-"
         return ", ".join(f"{t.text()} ({n} of {len(self.bracketed)} blocks)" for t, n in terms.most_common())

@@ -75,7 +75,7 @@ def bootstrap_ci(values: Sequence[float], *, level: float = 0.95, n_boot: int = 
     n = len(x)
     if n == 0:
         raise ValueError("bootstrap of no values")
-    est = float(x[None, :].mean(axis=-1)[0])
+    est = float(x.mean())
     if n == 1:
         return Interval(est, -math.inf, math.inf, 1, "one value: no interval")
     if n < MIN_BOOTSTRAP_N:
