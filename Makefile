@@ -53,7 +53,7 @@ lint: $(STAMP)
 PYTEST_WORKERS ?= 2
 PYTEST_LANES ?= 0
 XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,$(if $(filter 1,$(PYTEST_LANES)),-n 3 --dist loadgroup,-n $(PYTEST_WORKERS) --dist loadfile) --no-loadscope-reorder)
-# the real engines: the two real-vLLM matrices in one worker, the other real tests in the other (tests/real_engine)
+# the real engines: two workers, one group of tests each (tests/real_engine/conftest.py, WORKER_A and WORKER_B)
 REAL_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n 2 --dist loadgroup)
 
 # The architecture contract (layers, no circle: pyproject.toml [tool.importlinter]) is checked first: it is

@@ -45,6 +45,13 @@ if _BIND is not None:
     os.environ["SPECAB_VLLM_CPU_BIND"] = _BIND
 
 
+# The stage's two pytest-xdist workers (`make test`: --dist loadgroup), one group each, balanced on the tests' own
+# durations (a vLLM start is ~30-50 s of the 2-core machine; CI, 2026-12-07, s): A: the A/B round 155, the search
+# 110, HumanEval ~100, the stop mid-benchmark 33; B: the known-truth matrix 170 with its builder check 12, the
+# distribution 136, SIGKILL mid-benchmark 38, the engine that dies after /health 32.
+WORKER_A = pytest.mark.xdist_group("real-vllm-a")
+WORKER_B = pytest.mark.xdist_group("real-vllm-b")
+
 # the project's venv: driver.py's Python and the ansible-playbook it runs
 VENV_BIN = Path(sys.executable).parent
 

