@@ -129,8 +129,10 @@ def test_queue_sigint_mid_experiment_stops_sequencer_and_server_then_resume(node
     server, no GPU memory; run 1 kept ok (also when the driver had not collected it yet: it is fetched
     after the stop), run 2 interrupted, runs 3 and 4 missing; --resume runs exactly those three through
     a fresh queue."""
-    node.profile, node.time_scale = "default", "0.5"    # seconds of load and benchmark: a window to hit
-    exp = node.write_experiment("qi", num_requests=6, output_len=48)
+    # the default profile's load phases (their names are asserted below) at real time, and a benchmark of ~7 s a run
+    # (6 + 1 requests of 96 tokens at ~82 tok/s): the window the SIGINT must hit, with the stop's Ansible start-up
+    node.profile = "default"
+    exp = node.write_experiment("qi", num_requests=6, output_len=96)
     inv = node.write_inventory()
     common = ["-e", str(exp), "-i", str(inv), "--runs-dir", str(node.runs_dir)]
     proc = driver("--repeats", "2", "--order", "blocked", *common)
