@@ -46,9 +46,9 @@ if _BIND is not None:
 
 
 # The stage's two pytest-xdist workers (`make test`: --dist loadgroup), one group each, balanced on the tests' own
-# durations (a vLLM start is ~30-50 s of the 2-core machine; CI, 2026-12-07, s): A: the A/B round 155, the search
-# 110, HumanEval ~100, the stop mid-benchmark 33; B: the known-truth matrix 170 with its builder check 12, the
-# distribution 136, SIGKILL mid-benchmark 38, the engine that dies after /health 32.
+# durations (a vLLM start is ~30-50 s of the 2-core machine; measured 2026-12-07, s): A: the A/B round 154, HumanEval
+# 122, the search 117, the stop mid-benchmark 44 (438 in all); B: the known-truth matrix 204 with its builder check 10,
+# the distribution 145, SIGKILL mid-benchmark 41, the engine that dies after /health 31 (431).
 WORKER_A = pytest.mark.xdist_group("real-vllm-a")
 WORKER_B = pytest.mark.xdist_group("real-vllm-b")
 
