@@ -8,7 +8,7 @@ request in flight and at four (`--matrix concurrency=1,4`: each load its own bas
 One driver run of four runs (baseline and the target as its own draft, 3 tokens, at each load), 4 measured requests of
 up to 32 tokens each, on two real vLLM starts: one server per instance (`design.server: per-instance`), each arm's
 second load continuing its server after vLLM's own POST /reset_prefix_cache (mounted by VLLM_SERVER_DEV_MODE=1, which
-the experiment sets), as tests/real_engine/test_search_vllm.py holds in detail."""
+the experiment sets), held by the check it shares with the search test (conftest.py)."""
 from __future__ import annotations
 
 import json
